@@ -1,0 +1,1 @@
+"""Relay workers: claim outbox rows under leases and perform each row's one effect."""
