@@ -1,0 +1,44 @@
+# agent-outbox: every target sets itself up; a fresh machine needs only Python 3.11+.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST := $(BIN)/pytest -p no:cacheprovider
+
+.DEFAULT_GOAL := help
+.PHONY: help setup demo test lint bench soak clean
+
+help: ## List the targets.
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-7s %s\n", $$1, $$2}'
+
+setup: $(STAMP) ## Create .venv and install the project with its dev extras.
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit("agent-outbox needs Python 3.11+; run: make PYTHON=python3.11 ..." if sys.version_info < (3, 11) else 0)'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+demo: setup ## Run the demo on the embedded PostgreSQL (or OUTBOX_DATABASE_URL).
+	$(BIN)/outbox demo $(ARGS)
+
+test: setup ## Run the test suite (bounded chaos tests; no soak).
+	$(PYTEST) -m "not soak" $(ARGS)
+
+lint: setup ## ruff, ruff format --check, mypy strict, import-linter layer contracts.
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+bench: setup ## Throughput and latency beside a raw SKIP LOCKED baseline (prints a table).
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(BIN)/python -m bench $(ARGS)
+
+soak: setup ## The long chaos/soak tests.
+	$(PYTEST) -m soak $(ARGS)
+
+clean: ## Stop the embedded PostgreSQL and remove .venv and .outbox.
+	-$(BIN)/outbox db stop
+	rm -rf $(VENV) .outbox

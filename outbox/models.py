@@ -1,0 +1,359 @@
+"""Typed SQLAlchemy 2 models of the outbox schema, for reading and for the migration check.
+
+The schema itself is written as SQL in ``alembic/versions`` (the only way it changes); these
+models mirror it so that backends can query with the ORM and a test can prove, with
+Alembic's ``compare_metadata``, that the two never drift apart. Tables live in the schema
+``outbox`` by default; ``metadata_for(name)`` gives the same tables in another schema.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Double,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Identity,
+    Index,
+    Integer,
+    Interval,
+    MetaData,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+DEFAULT_SCHEMA = "outbox"
+ACTIVE_RUN_STATUSES = ("queued", "in_progress", "requires_action")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(schema=DEFAULT_SCHEMA)
+
+
+def _now() -> Any:
+    return mapped_column(DateTime(timezone=True), nullable=False, server_default=text("now()"))
+
+
+def _pk() -> Any:
+    return mapped_column(BigInteger, Identity(always=True), primary_key=True)
+
+
+class Thread(Base):
+    __tablename__ = "threads"
+    __table_args__ = (UniqueConstraint("id", "tenant_id", name="threads_id_tenant_key"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(
+        UUID, primary_key=True, server_default=text("gen_random_uuid()")
+    )
+    tenant_id: Mapped[str] = mapped_column(Text)
+    title: Mapped[str | None] = mapped_column(Text)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB)
+    next_seq: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    created_at: Mapped[datetime] = _now()
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["thread_id", "tenant_id"],
+            ["threads.id", "threads.tenant_id"],
+            name="runs_thread_fk",
+        ),
+        UniqueConstraint("tenant_id", "idempotency_key", name="runs_tenant_idempotency_key"),
+        UniqueConstraint("id", "tenant_id", name="runs_id_tenant_key"),
+        Index(
+            "runs_one_active_per_thread",
+            "thread_id",
+            unique=True,
+            postgresql_where=text("status IN ('queued', 'in_progress', 'requires_action')"),
+        ),
+        Index("runs_tenant_status", "tenant_id", "status", "created_at"),
+        Index(
+            "runs_action_deadline",
+            "action_deadline",
+            postgresql_where=text("status = 'requires_action'"),
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(
+        UUID, primary_key=True, server_default=text("gen_random_uuid()")
+    )
+    tenant_id: Mapped[str] = mapped_column(Text)
+    thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    status: Mapped[str] = mapped_column(Text, server_default=text("'queued'"))
+    model: Mapped[str] = mapped_column(Text)
+    api: Mapped[str] = mapped_column(Text, server_default=text("'responses'"))
+    base_url: Mapped[str | None] = mapped_column(Text)
+    instructions: Mapped[str | None] = mapped_column(Text)
+    tool_names: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    step_count: Mapped[int] = mapped_column(Integer)
+    max_steps: Mapped[int] = mapped_column(Integer)
+    max_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    tokens_used: Mapped[int] = mapped_column(BigInteger)
+    loop_limit: Mapped[int] = mapped_column(Integer)
+    action_timeout: Mapped[timedelta] = mapped_column(Interval)
+    action_deadline: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    idempotency_key: Mapped[str | None] = mapped_column(Text)
+    correlation_id: Mapped[str] = mapped_column(Text)
+    failure_reason: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Message(Base):
+    __tablename__ = "messages"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["thread_id", "tenant_id"],
+            ["threads.id", "threads.tenant_id"],
+            name="messages_thread_fk",
+        ),
+        ForeignKeyConstraint(
+            ["tool_call_ref", "thread_id"],
+            ["tool_calls.id", "tool_calls.thread_id"],
+            name="messages_tool_call_fk",
+            use_alter=True,
+        ),
+        UniqueConstraint("thread_id", "seq", name="messages_thread_seq_key"),
+        UniqueConstraint("id", "thread_id", name="messages_id_thread_key"),
+        UniqueConstraint("tool_call_ref", name="messages_one_per_tool_call"),
+    )
+
+    id: Mapped[int] = _pk()
+    tenant_id: Mapped[str] = mapped_column(Text)
+    thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    seq: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(Text)
+    content: Mapped[str | None] = mapped_column(Text)
+    run_id: Mapped[uuid.UUID | None] = mapped_column(UUID, ForeignKey("runs.id"))
+    tool_call_ref: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = _now()
+
+
+class ModelTurn(Base):
+    __tablename__ = "model_turns"
+    __table_args__ = (UniqueConstraint("run_id", "step_no", name="model_turns_run_step_key"),)
+
+    id: Mapped[int] = _pk()
+    tenant_id: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID, ForeignKey("runs.id"))
+    step_no: Mapped[int] = mapped_column(Integer)
+    message_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("messages.id"))
+    response_id: Mapped[str | None] = mapped_column(Text)
+    input_tokens: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = _now()
+
+
+class ToolBatch(Base):
+    __tablename__ = "tool_batches"
+    __table_args__ = (
+        UniqueConstraint("run_id", "step_no", name="tool_batches_run_step_key"),
+        ForeignKeyConstraint(
+            ["message_id", "thread_id"],
+            ["messages.id", "messages.thread_id"],
+            name="tool_batches_message_fk",
+        ),
+    )
+
+    id: Mapped[int] = _pk()
+    tenant_id: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID, ForeignKey("runs.id"))
+    thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    step_no: Mapped[int] = mapped_column(Integer)
+    message_id: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(Integer)
+    pending: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = _now()
+    completed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ToolCall(Base):
+    __tablename__ = "tool_calls"
+    __table_args__ = (
+        UniqueConstraint("run_id", "tool_call_id", name="tool_calls_run_call_key"),
+        UniqueConstraint("batch_id", "position", name="tool_calls_batch_position_key"),
+        UniqueConstraint("id", "thread_id", name="tool_calls_id_thread_key"),
+        UniqueConstraint("tenant_id", "idempotency_key", name="tool_calls_idempotency_key"),
+        ForeignKeyConstraint(
+            ["message_id", "thread_id"],
+            ["messages.id", "messages.thread_id"],
+            name="tool_calls_message_fk",
+        ),
+        Index("tool_calls_batch", "batch_id"),
+        Index(
+            "tool_calls_status",
+            "status",
+            postgresql_where=text("status IN ('outcome_unknown', 'quarantined')"),
+        ),
+    )
+
+    id: Mapped[int] = _pk()
+    tenant_id: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID, ForeignKey("runs.id"))
+    thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    batch_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("tool_batches.id"))
+    message_id: Mapped[int] = mapped_column(BigInteger)
+    position: Mapped[int] = mapped_column(Integer)
+    tool_call_id: Mapped[str] = mapped_column(Text)
+    tool_name: Mapped[str] = mapped_column(Text)
+    tool_version: Mapped[int | None] = mapped_column(Integer)
+    arguments: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    arguments_raw: Mapped[str] = mapped_column(Text)
+    arguments_hash: Mapped[str] = mapped_column(Text)
+    executor: Mapped[str] = mapped_column(Text)
+    idempotency_mode: Mapped[str | None] = mapped_column(Text)
+    idempotency_key: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer)
+    dispatched_attempt: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    updated_at: Mapped[datetime] = _now()
+
+
+class ToolResult(Base):
+    __tablename__ = "tool_results"
+
+    tool_call_ref: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("tool_calls.id"), primary_key=True
+    )
+    tenant_id: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    batch_id: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(Text)
+    output: Mapped[Any | None] = mapped_column(JSONB)
+    error: Mapped[str | None] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer)
+    source: Mapped[str] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+
+
+class OrphanedResult(Base):
+    __tablename__ = "orphaned_results"
+
+    id: Mapped[int] = _pk()
+    tenant_id: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
+    batch_id: Mapped[int | None] = mapped_column(BigInteger)
+    tool_call_ref: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("tool_calls.id"))
+    tool_call_id: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text)
+    output: Mapped[Any | None] = mapped_column(JSONB)
+    error: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(Text)
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = _now()
+
+
+class Submission(Base):
+    __tablename__ = "submissions"
+    __table_args__ = (UniqueConstraint("batch_id", name="submissions_one_per_batch"),)
+
+    id: Mapped[int] = _pk()
+    tenant_id: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID, ForeignKey("runs.id"))
+    batch_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("tool_batches.id"))
+    outputs_count: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = _now()
+
+
+class OutboxRow(Base):
+    __tablename__ = "outbox"
+    __table_args__ = (
+        UniqueConstraint("dedup_key", name="outbox_dedup_key"),
+        Index("outbox_ready", "available_at", "id", postgresql_where=text("status = 'ready'")),
+        Index("outbox_leased", "lease_expires_at", postgresql_where=text("status = 'leased'")),
+        Index("outbox_run", "run_id"),
+    )
+
+    id: Mapped[int] = _pk()
+    tenant_id: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(Text)
+    dedup_key: Mapped[str] = mapped_column(Text)
+    thread_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
+    run_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
+    batch_id: Mapped[int | None] = mapped_column(BigInteger)
+    tool_call_ref: Mapped[int | None] = mapped_column(BigInteger)
+    correlation_id: Mapped[str | None] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text)
+    available_at: Mapped[datetime] = _now()
+    attempts: Mapped[int] = mapped_column(Integer)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    lease_owner: Mapped[str | None] = mapped_column(Text)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = _now()
+
+
+class Tool(Base):
+    __tablename__ = "tools"
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    description: Mapped[str] = mapped_column(Text)
+    json_schema: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    executor: Mapped[str] = mapped_column(Text)
+    endpoint: Mapped[str | None] = mapped_column(Text)
+    lookup_endpoint: Mapped[str | None] = mapped_column(Text)
+    callable: Mapped[str | None] = mapped_column(Text)
+    credential_ref: Mapped[str | None] = mapped_column(Text)
+    timeout_s: Mapped[float] = mapped_column(Double)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    idempotency_mode: Mapped[str] = mapped_column(Text)
+    risk_tier: Mapped[str] = mapped_column(Text)
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[datetime] = _now()
+
+
+class JournalEvent(Base):
+    __tablename__ = "journal"
+    __table_args__ = (Index("journal_run", "run_id", "id"), Index("journal_at", "at"))
+
+    id: Mapped[int] = _pk()
+    at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("clock_timestamp()")
+    )
+    tenant_id: Mapped[str] = mapped_column(Text)
+    event: Mapped[str] = mapped_column(Text)
+    thread_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
+    run_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
+    batch_id: Mapped[int | None] = mapped_column(BigInteger)
+    tool_call_ref: Mapped[int | None] = mapped_column(BigInteger)
+    tool_call_id: Mapped[str | None] = mapped_column(Text)
+    outbox_id: Mapped[int | None] = mapped_column(BigInteger)
+    correlation_id: Mapped[str | None] = mapped_column(Text)
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    worker: Mapped[str | None] = mapped_column(Text)
+    actor: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSONB)
+
+
+def metadata_for(schema: str) -> MetaData:
+    """The models' tables as they appear in ``schema`` (for migrations and comparisons)."""
+    if schema == DEFAULT_SCHEMA:
+        return Base.metadata
+    copy = MetaData(schema=schema)
+    for table in Base.metadata.sorted_tables:
+        table.to_metadata(copy, schema=schema)
+    return copy

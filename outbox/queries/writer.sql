@@ -1,0 +1,230 @@
+-- name: insert_thread
+-- Create a thread; its message counter starts at 1.
+INSERT INTO {s}.threads (tenant_id, title, metadata)
+VALUES (%(tenant_id)s, %(title)s, %(metadata)s)
+RETURNING id, tenant_id, title, created_at
+
+-- name: lock_thread
+-- Lock a thread row: serialises run starts and message numbering on that thread.
+SELECT id, tenant_id FROM {s}.threads WHERE id = %(thread_id)s FOR UPDATE
+
+-- name: take_seqs
+-- Reserve n consecutive message numbers on a thread; returns the first.
+UPDATE {s}.threads SET next_seq = next_seq + %(n)s
+WHERE id = %(thread_id)s
+RETURNING next_seq - %(n)s AS first_seq
+
+-- name: insert_message
+-- Append one message to a thread at a reserved position.
+INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id, tool_call_ref)
+VALUES (%(tenant_id)s, %(thread_id)s, %(seq)s, %(role)s, %(content)s, %(run_id)s,
+        %(tool_call_ref)s)
+RETURNING id
+
+-- name: run_by_key
+-- The run a tenant already started under this idempotency key, if any.
+SELECT * FROM {s}.runs WHERE tenant_id = %(tenant_id)s AND idempotency_key = %(key)s
+
+-- name: active_run
+-- The thread's active run (at most one, by a partial unique index).
+SELECT id, status FROM {s}.runs
+WHERE thread_id = %(thread_id)s AND status IN ('queued', 'in_progress', 'requires_action')
+
+-- name: insert_run
+-- Start a run; a concurrent twin with the same idempotency key makes this return nothing.
+INSERT INTO {s}.runs (tenant_id, thread_id, model, api, base_url, instructions, tool_names,
+                      max_steps, max_tokens, loop_limit, action_timeout, idempotency_key,
+                      correlation_id)
+VALUES (%(tenant_id)s, %(thread_id)s, %(model)s, %(api)s, %(base_url)s, %(instructions)s,
+        %(tool_names)s, %(max_steps)s, %(max_tokens)s, %(loop_limit)s,
+        make_interval(secs => %(action_timeout_s)s), %(idempotency_key)s, %(correlation_id)s)
+ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+RETURNING *
+
+-- name: lock_run
+-- Lock a run row: every write that moves a run forward goes through this lock.
+SELECT * FROM {s}.runs WHERE id = %(run_id)s FOR UPDATE
+
+-- name: get_run
+-- One run.
+SELECT * FROM {s}.runs WHERE id = %(run_id)s
+
+-- name: insert_outbox
+-- Enqueue one unit of work; a repeated dedup key is a no-op.
+INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id, tool_call_ref,
+                        correlation_id, max_attempts, payload)
+VALUES (%(tenant_id)s, %(kind)s, %(dedup_key)s, %(thread_id)s, %(run_id)s, %(batch_id)s,
+        %(tool_call_ref)s, %(correlation_id)s, %(max_attempts)s, %(payload)s)
+ON CONFLICT (dedup_key) DO NOTHING
+RETURNING id
+
+-- name: model_turn_by_step
+-- The response already recorded for a run's model turn, if any.
+SELECT mt.*, b.id AS batch_id
+FROM {s}.model_turns mt
+LEFT JOIN {s}.tool_batches b ON b.run_id = mt.run_id AND b.step_no = mt.step_no
+WHERE mt.run_id = %(run_id)s AND mt.step_no = %(step_no)s
+
+-- name: insert_model_turn
+-- Record the one response of a model turn.
+INSERT INTO {s}.model_turns (tenant_id, run_id, step_no, message_id, response_id,
+                             input_tokens, output_tokens)
+VALUES (%(tenant_id)s, %(run_id)s, %(step_no)s, %(message_id)s, %(response_id)s,
+        %(input_tokens)s, %(output_tokens)s)
+RETURNING id
+
+-- name: run_after_turn
+-- Count the step and the tokens of a recorded turn and set the run's new status.
+UPDATE {s}.runs
+SET step_count = greatest(step_count, %(step_no)s),
+    tokens_used = tokens_used + %(tokens)s,
+    status = %(status)s,
+    action_deadline = CASE WHEN %(status)s = 'requires_action' THEN now() + action_timeout END,
+    ended_at = CASE WHEN %(status)s IN ('completed', 'failed') THEN now() END,
+    failure_reason = %(failure_reason)s,
+    last_error = %(last_error)s,
+    updated_at = now()
+WHERE id = %(run_id)s
+RETURNING *
+
+-- name: insert_batch
+-- A model turn's tool calls, as one batch at the turn's step.
+INSERT INTO {s}.tool_batches (tenant_id, run_id, thread_id, step_no, message_id, status, size,
+                              pending, completed_at)
+VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(step_no)s, %(message_id)s,
+        CASE WHEN %(pending)s = 0 THEN 'complete' ELSE 'open' END, %(size)s, %(pending)s,
+        CASE WHEN %(pending)s = 0 THEN now() END)
+RETURNING id, status
+
+-- name: insert_tool_call
+-- One tool-call intent.
+INSERT INTO {s}.tool_calls (tenant_id, run_id, thread_id, batch_id, message_id, position,
+                            tool_call_id, tool_name, tool_version, arguments, arguments_raw,
+                            arguments_hash, executor, idempotency_mode, idempotency_key,
+                            status)
+VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(batch_id)s, %(message_id)s, %(position)s,
+        %(tool_call_id)s, %(tool_name)s, %(tool_version)s, %(arguments)s, %(arguments_raw)s,
+        %(arguments_hash)s, %(executor)s, %(idempotency_mode)s, %(idempotency_key)s,
+        %(status)s)
+RETURNING id
+
+-- name: calls_of_batch
+-- A batch's calls in the order the model asked for them.
+SELECT tc.*, r.status AS result_status, r.output, r.error
+FROM {s}.tool_calls tc
+LEFT JOIN {s}.tool_results r ON r.tool_call_ref = tc.id
+WHERE tc.batch_id = %(batch_id)s
+ORDER BY tc.position
+
+-- name: call_for_result
+-- A tool call with its batch, locking the batch: results of one batch are recorded one at a
+-- time, so exactly one of them sees the batch complete.
+SELECT tc.id, tc.tenant_id, tc.run_id, tc.thread_id, tc.batch_id, tc.tool_call_id,
+       tc.status AS call_status, b.status AS batch_status, r.correlation_id
+FROM {s}.tool_calls tc
+JOIN {s}.tool_batches b ON b.id = tc.batch_id
+JOIN {s}.runs r ON r.id = tc.run_id
+WHERE tc.id = %(tool_call_ref)s
+FOR UPDATE OF b
+
+-- name: call_by_provider_id
+-- Resolve a provider call id within a run.
+SELECT id FROM {s}.tool_calls WHERE run_id = %(run_id)s AND tool_call_id = %(tool_call_id)s
+
+-- name: insert_result
+-- The one result of a tool call; a repeat returns nothing.
+INSERT INTO {s}.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status, output, error,
+                              attempt, source, worker)
+VALUES (%(tool_call_ref)s, %(tenant_id)s, %(run_id)s, %(batch_id)s, %(status)s, %(output)s,
+        %(error)s, %(attempt)s, %(source)s, %(worker)s)
+ON CONFLICT (tool_call_ref) DO NOTHING
+RETURNING *
+
+-- name: get_result
+-- The stored result of a tool call.
+SELECT * FROM {s}.tool_results WHERE tool_call_ref = %(tool_call_ref)s
+
+-- name: insert_orphan
+-- Keep a result that arrived for a closed batch, out of every context.
+INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref, tool_call_id,
+                                  status, output, error, reason, source, attempt)
+VALUES (%(tenant_id)s, %(run_id)s, %(batch_id)s, %(tool_call_ref)s, %(tool_call_id)s,
+        %(status)s, %(output)s, %(error)s, %(reason)s, %(source)s, %(attempt)s)
+RETURNING id
+
+-- name: call_done
+-- Mark a call terminal.
+UPDATE {s}.tool_calls SET status = %(status)s, last_error = %(error)s, updated_at = now()
+WHERE id = %(tool_call_ref)s
+
+-- name: batch_result_counted
+-- Count one result against its batch; the batch is complete when none is pending.
+UPDATE {s}.tool_batches
+SET pending = pending - 1,
+    status = CASE WHEN pending - 1 = 0 THEN 'complete' ELSE status END,
+    completed_at = CASE WHEN pending - 1 = 0 THEN now() END
+WHERE id = %(batch_id)s
+RETURNING pending, step_no
+
+-- name: lock_batch
+-- Lock a batch for delivery.
+SELECT * FROM {s}.tool_batches WHERE id = %(batch_id)s FOR UPDATE
+
+-- name: insert_submission
+-- The one submission of a batch's outputs; a repeat returns nothing.
+INSERT INTO {s}.submissions (tenant_id, run_id, batch_id, outputs_count)
+VALUES (%(tenant_id)s, %(run_id)s, %(batch_id)s, %(outputs_count)s)
+ON CONFLICT (batch_id) DO NOTHING
+RETURNING id
+
+-- name: batch_delivered
+-- Close a batch after its outputs entered the history.
+UPDATE {s}.tool_batches SET status = 'delivered', delivered_at = now() WHERE id = %(batch_id)s
+
+-- name: run_status
+-- Move a run to a new status (the caller holds the run lock and checked the transition).
+UPDATE {s}.runs
+SET status = %(status)s,
+    failure_reason = %(failure_reason)s,
+    last_error = coalesce(%(last_error)s, last_error),
+    action_deadline = CASE WHEN %(status)s = 'requires_action'
+                           THEN coalesce(action_deadline, now() + action_timeout) END,
+    ended_at = CASE WHEN %(status)s IN ('completed', 'failed', 'cancelled', 'expired')
+                    THEN now() END,
+    updated_at = now()
+WHERE id = %(run_id)s
+RETURNING *
+
+-- name: thread_messages
+-- A thread's messages in order, each tool message with the call it answers.
+SELECT m.seq, m.role, m.content, m.id, tc.tool_call_id AS answers_call
+FROM {s}.messages m
+LEFT JOIN {s}.tool_calls tc ON tc.id = m.tool_call_ref
+WHERE m.thread_id = %(thread_id)s
+ORDER BY m.seq
+
+-- name: thread_calls
+-- Every tool call asked for in a thread, by assistant message and position.
+SELECT message_id, tool_call_id, tool_name, arguments_raw
+FROM {s}.tool_calls
+WHERE thread_id = %(thread_id)s
+ORDER BY message_id, position
+
+-- name: get_thread
+-- One thread.
+SELECT * FROM {s}.threads WHERE id = %(thread_id)s
+
+-- name: journal
+-- Append one event to the journal.
+INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
+                         tool_call_id, outbox_id, correlation_id, attempt, worker, actor, detail)
+VALUES (%(tenant_id)s, %(event)s, %(thread_id)s, %(run_id)s, %(batch_id)s, %(tool_call_ref)s,
+        %(tool_call_id)s, %(outbox_id)s, %(correlation_id)s, %(attempt)s, %(worker)s,
+        %(actor)s, %(detail)s)
+
+-- name: tools_by_name
+-- The newest enabled version of each named tool visible to a tenant (its own before shared).
+SELECT DISTINCT ON (name) *
+FROM {s}.tools
+WHERE name = ANY(%(names)s) AND tenant_id IN (%(tenant_id)s, '*')
+ORDER BY name, (tenant_id = '*'), version DESC

@@ -1,0 +1,190 @@
+"""The tool registry: what each tool is, how it is reached, and how it treats retries.
+
+A tool is registered as a numbered version (a new registration never changes what an
+in-flight call was planned against). Its ``executor`` says who runs it: ``http`` (the relay
+POSTs the arguments to ``endpoint``), ``client`` (the backend runs it and submits the output)
+or ``python`` (an in-process callable named by import path). Its ``idempotency_mode`` says
+what a retry after an ambiguous attempt may do: ``key`` (the tool honours
+``Idempotency-Key``: retry with the same key), ``lookup`` (ask ``lookup_endpoint`` first),
+``none`` (never re-execute on a guess).
+
+``plan_call`` turns a model's tool call into a plan or into an error the model will see:
+unknown tools, disabled tools and arguments that are not JSON or fail the schema never raise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jsonschema
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from outbox.errors import InvalidInput, NotFound
+from outbox.schemas import ToolCallIn, ToolName
+from outbox.sql import queries
+
+Q = queries("registry.sql")
+Row = dict[str, Any]
+
+
+class ToolSpec(BaseModel):
+    """A tool version to register."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: ToolName
+    tenant_id: str = "*"
+    description: str = ""
+    json_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    executor: Literal["http", "client", "python"] = "http"
+    endpoint: str | None = None
+    lookup_endpoint: str | None = None
+    callable: str | None = None
+    credential_ref: str | None = None
+    timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    max_attempts: int = Field(default=5, gt=0, le=100)
+    idempotency_mode: Literal["key", "lookup", "none"] = "key"
+    risk_tier: Literal["low", "medium", "high"] = "low"
+    enabled: bool = True
+    version: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ToolSpec:
+        if self.executor == "http" and not self.endpoint:
+            raise ValueError("an http tool needs an endpoint URL")
+        if self.executor == "python" and not self.callable:
+            raise ValueError("a python tool needs a callable ('package.module:function')")
+        if (
+            self.executor == "http"
+            and self.idempotency_mode == "lookup"
+            and not self.lookup_endpoint
+        ):
+            raise ValueError("idempotency mode 'lookup' needs a lookup_endpoint URL")
+        try:
+            jsonschema.Draft202012Validator.check_schema(self.json_schema)
+        except jsonschema.SchemaError as err:
+            raise ValueError(f"json_schema is not a valid JSON Schema: {err.message}") from err
+        return self
+
+
+def register(conn: psycopg.Connection[Any], spec: ToolSpec) -> Row:
+    """Register a new version of a tool (the next number unless ``spec.version`` is set)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        version = spec.version
+        if version is None:
+            cur.execute(Q.next_version, {"tenant_id": spec.tenant_id, "name": spec.name})
+            found = cur.fetchone()
+            assert found is not None
+            version = int(found["version"])
+        params = spec.model_dump()
+        params.update(version=version, json_schema=Jsonb(spec.json_schema))
+        try:
+            cur.execute(Q.insert_tool, params)
+        except psycopg.errors.UniqueViolation as err:
+            raise InvalidInput(
+                f"tool {spec.name} version {version} is already registered",
+                hint="omit the version to register the next one",
+            ) from err
+        row = cur.fetchone()
+        assert row is not None
+        return row
+
+
+def list_tools(conn: psycopg.Connection[Any]) -> list[Row]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(Q.list_tools)
+        return cur.fetchall()
+
+
+def versions(conn: psycopg.Connection[Any], name: str, tenant_id: str = "*") -> list[Row]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(Q.tool_versions, {"name": name, "tenant_id": tenant_id})
+        rows = cur.fetchall()
+    if not rows:
+        raise NotFound(f"tool {name!r} is not registered", hint="`outbox tools list` shows them")
+    return rows
+
+
+def set_enabled(
+    conn: psycopg.Connection[Any], name: str, enabled: bool, tenant_id: str = "*"
+) -> None:
+    with conn.cursor() as cur:
+        cur.execute(Q.set_enabled, {"name": name, "enabled": enabled, "tenant_id": tenant_id})
+        if cur.rowcount == 0:
+            raise NotFound(f"tool {name!r} is not registered", hint="`outbox tools list`")
+
+
+def resolve(conn: psycopg.Connection[Any], tenant_id: str, names: list[str]) -> dict[str, Row]:
+    """The newest version of each named tool visible to ``tenant_id``, by name."""
+    from outbox.writer import Q as WQ
+
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(WQ.tools_by_name, {"names": sorted(set(names)), "tenant_id": tenant_id})
+        return {row["name"]: row for row in cur.fetchall()}
+
+
+def check_tools_exist(conn: psycopg.Connection[Any], tenant_id: str, names: list[str]) -> None:
+    missing = sorted(set(names) - set(resolve(conn, tenant_id, names)))
+    if missing:
+        raise NotFound(
+            f"unknown tools {missing}: they are not in the tool registry",
+            hint="register them first (`outbox tools register`)",
+        )
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """How a call will run, or ``error``: the text of the error result the model will see."""
+
+    executor: str
+    version: int | None
+    idempotency_mode: str | None
+    arguments: Any
+    max_attempts: int
+    error: str | None
+
+
+def plan_call(call: ToolCallIn, tool: Row | None, allowed: list[str]) -> CallPlan:
+    def refuse(error: str, arguments: Any = None) -> CallPlan:
+        version = tool["version"] if tool else None
+        return CallPlan("none", version, None, arguments, 1, error)
+
+    if tool is None:
+        return refuse(f"unknown tool {call.name!r}: it is not in the tool registry")
+    if allowed and call.name not in allowed:
+        return refuse(f"tool {call.name!r} is not available in this run (allowed: {allowed})")
+    if not tool["enabled"]:
+        return refuse(f"tool {call.name!r} is disabled")
+    try:
+        arguments = json.loads(call.arguments)
+    except ValueError as err:
+        return refuse(f"arguments for {call.name!r} are not valid JSON: {err}")
+    problem = schema_problem(tool["json_schema"], arguments)
+    if problem:
+        return refuse(
+            f"arguments for {call.name!r} v{tool['version']} do not match its schema: {problem}",
+            arguments,
+        )
+    return CallPlan(
+        tool["executor"],
+        tool["version"],
+        tool["idempotency_mode"],
+        arguments,
+        tool["max_attempts"],
+        None,
+    )
+
+
+def schema_problem(schema: dict[str, Any], value: Any) -> str | None:
+    """The first JSON-Schema violation as readable text, or None."""
+    validator = jsonschema.Draft202012Validator(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    return f"at {where}: {error.message}"

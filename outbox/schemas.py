@@ -1,0 +1,146 @@
+"""Inputs of the writer API, validated at the boundary with pydantic.
+
+Anything a backend, the relay or an import hands to the writer passes through these models:
+ids have a fixed shape, JSON must parse, and sizes are capped with an error that names the
+field, its size and the limit. Once past this layer, the database constraints take over.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from outbox import config
+from outbox.errors import PayloadTooLarge
+
+TenantId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")]
+ProviderCallId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
+ToolName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+
+
+def check_size(what: str, value: str | None) -> None:
+    """Raise ``PayloadTooLarge`` when ``value`` is over ``MAX_PAYLOAD_BYTES`` encoded."""
+    if value is None:
+        return
+    size = len(value.encode())
+    if size > config.MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(
+            f"{what} is {size} bytes, over the cap of {config.MAX_PAYLOAD_BYTES} bytes",
+            hint="shorten it, store large data elsewhere and pass a reference, or raise "
+            "OUTBOX_MAX_PAYLOAD_BYTES",
+        )
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NewMessage(_In):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+    @field_validator("content")
+    @classmethod
+    def _cap(cls, value: str) -> str:
+        check_size("message content", value)
+        return value
+
+
+class StartRun(_In):
+    """A user turn that starts a run on a thread."""
+
+    tenant_id: TenantId
+    thread_id: uuid.UUID
+    model: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    message: str | None = None
+    tools: list[ToolName] = Field(default_factory=list, max_length=128)
+    api: Literal["responses", "chat"] = "responses"
+    base_url: str | None = None
+    instructions: str | None = None
+    max_steps: int = Field(default_factory=lambda: config.DEFAULT_MAX_STEPS, gt=0, le=10_000)
+    max_tokens: int | None = Field(default=None, gt=0)
+    loop_limit: int = Field(default_factory=lambda: config.DEFAULT_LOOP_LIMIT, gt=1)
+    action_timeout_s: float = Field(default_factory=lambda: config.DEFAULT_ACTION_TIMEOUT_S, gt=0)
+    idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+    correlation_id: Annotated[str, StringConstraints(max_length=255)] | None = None
+
+    @field_validator("message", "instructions")
+    @classmethod
+    def _cap(cls, value: str | None) -> str | None:
+        check_size("message", value)
+        return value
+
+
+class ToolCallIn(_In):
+    """One call the model asked for; ``arguments`` is the raw JSON text the model produced."""
+
+    tool_call_id: ProviderCallId
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    arguments: str
+
+    @field_validator("arguments", mode="before")
+    @classmethod
+    def _as_text(cls, value: Any) -> Any:
+        return value if isinstance(value, str) else json.dumps(value)
+
+    @field_validator("arguments")
+    @classmethod
+    def _cap(cls, value: str) -> str:
+        check_size("tool call arguments", value)
+        return value
+
+
+class ModelTurnIn(_In):
+    """The response of one model turn, as the relay (or a backend) records it."""
+
+    tenant_id: TenantId
+    run_id: uuid.UUID
+    step_no: int = Field(gt=0)
+    content: str | None = None
+    tool_calls: list[ToolCallIn] = Field(
+        default_factory=list, max_length=config.MAX_TOOL_CALLS_PER_TURN
+    )
+    response_id: str | None = None
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+
+    @field_validator("content")
+    @classmethod
+    def _cap(cls, value: str | None) -> str | None:
+        check_size("assistant message", value)
+        return value
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _unique_ids(cls, calls: list[ToolCallIn]) -> list[ToolCallIn]:
+        ids = [c.tool_call_id for c in calls]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"tool_call_id repeated within one turn: {ids}")
+        return calls
+
+
+class ToolResultIn(_In):
+    """The outcome of one tool call: ``ok`` with a JSON output, or ``error`` with a message."""
+
+    tenant_id: TenantId
+    tool_call_ref: int = Field(gt=0)
+    status: Literal["ok", "error"]
+    output: Any = None
+    error: str | None = None
+    source: Literal["relay", "client", "lookup", "operator", "validation", "system"] = "relay"
+    attempt: int = Field(default=0, ge=0)
+    worker: str | None = None
+
+    @field_validator("error")
+    @classmethod
+    def _cap_error(cls, value: str | None) -> str | None:
+        check_size("tool error", value)
+        return value
+
+    def model_post_init(self, _context: Any) -> None:
+        check_size("tool result output", json.dumps(self.output))
+        if self.status == "error" and not self.error:
+            raise ValueError("an error result needs an error message")

@@ -1,0 +1,645 @@
+"""The writer API: what a backend (or the relay) calls inside its own transaction.
+
+Guarantee: every function here runs its statements on the connection you pass and never
+commits, rolls back or opens a transaction of its own. Nothing is visible to anyone else
+before *your* commit, and a rollback leaves no trace: no message, no intent, no outbox row.
+Pass a psycopg 3 connection (inside a transaction) or a SQLAlchemy ``Session``/``Connection``
+on the ``postgresql+psycopg`` driver; both reach the same code through the same DBAPI
+connection.
+
+Dedup is the database's job (DESIGN invariant 2): repeats meet a unique constraint with
+``ON CONFLICT DO NOTHING`` and the function returns what is already stored, so a redelivered
+event or a retried request never raises ``IntegrityError`` at the caller. Writes that move
+one run forward take that run's row lock first, so concurrent writers queue up instead of
+interleaving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from outbox import registry
+from outbox.errors import (
+    ActiveRunExists,
+    IdempotencyKeyReused,
+    InvalidInput,
+    NeedsTransaction,
+    NotFound,
+    WrongTenant,
+)
+from outbox.schemas import ModelTurnIn, NewMessage, StartRun, ToolResultIn, check_size
+from outbox.sql import queries
+
+Q = queries("writer.sql")
+Row = dict[str, Any]
+ACTIVE = ("queued", "in_progress", "requires_action")
+ENDED = ("completed", "failed", "cancelled", "expired")
+
+
+# -- connections ------------------------------------------------------------------------
+
+
+def pg(db: Any) -> psycopg.Connection[Any]:
+    """The psycopg connection behind ``db``, checked to be inside a transaction."""
+    conn = db
+    if not isinstance(conn, psycopg.Connection):
+        get_connection = getattr(db, "connection", None)
+        if get_connection is None:
+            raise TypeError(f"expected a psycopg Connection or SQLAlchemy Session, got {db!r}")
+        sa_conn = get_connection() if callable(get_connection) else get_connection
+        conn = sa_conn.connection.driver_connection
+        if not isinstance(conn, psycopg.Connection):
+            raise TypeError(
+                "the SQLAlchemy engine must use the psycopg 3 driver "
+                "(URL scheme postgresql+psycopg://)"
+            )
+    if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        raise NeedsTransaction("the connection is in autocommit mode outside a transaction")
+    return conn
+
+
+def fetch_one(conn: psycopg.Connection[Any], query: Any, params: Row) -> Row | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query, params)
+        return cur.fetchone()
+
+
+def fetch_all(conn: psycopg.Connection[Any], query: Any, params: Row) -> list[Row]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query, params)
+        return cur.fetchall()
+
+
+def journal(conn: psycopg.Connection[Any], event: str, tenant_id: str, **fields: Any) -> None:
+    """Append one journal event (in the caller's transaction)."""
+    detail = fields.pop("detail", None) or {}
+    params: Row = dict.fromkeys(
+        (
+            "thread_id",
+            "run_id",
+            "batch_id",
+            "tool_call_ref",
+            "tool_call_id",
+            "outbox_id",
+            "correlation_id",
+            "attempt",
+            "worker",
+            "actor",
+        )
+    )
+    params.update(fields, tenant_id=tenant_id, event=event, detail=Jsonb(detail))
+    conn.execute(Q.journal, params)
+
+
+def _owned(row: Row | None, what: str, ident: object, tenant_id: str) -> Row:
+    if row is None:
+        raise NotFound(f"{what} {ident} does not exist", hint=f"check the {what} id")
+    if row["tenant_id"] != tenant_id:
+        raise WrongTenant(f"{what} {ident} does not belong to tenant {tenant_id!r}")
+    return row
+
+
+# -- threads ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ThreadRef:
+    id: uuid.UUID
+    tenant_id: str
+
+
+def create_thread(
+    db: Any,
+    tenant_id: str,
+    *,
+    title: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    messages: list[NewMessage] | None = None,
+) -> ThreadRef:
+    """Create a thread, optionally with opening messages (system prompt, earlier turns)."""
+    conn = pg(db)
+    _check_tenant(tenant_id)
+    row = fetch_one(
+        conn,
+        Q.insert_thread,
+        {"tenant_id": tenant_id, "title": title, "metadata": Jsonb(metadata or {})},
+    )
+    assert row is not None
+    for message in messages or []:
+        append_message(conn, row["id"], tenant_id, message.role, message.content)
+    journal(conn, "thread.created", tenant_id, thread_id=row["id"])
+    return ThreadRef(row["id"], tenant_id)
+
+
+def _check_tenant(tenant_id: str) -> None:
+    from pydantic import TypeAdapter, ValidationError
+
+    from outbox.schemas import TenantId
+
+    try:
+        TypeAdapter(TenantId).validate_python(tenant_id)
+    except ValidationError as err:
+        raise InvalidInput(
+            f"tenant id {tenant_id!r} is not valid", hint="use 1-128 letters, digits or _.:@-"
+        ) from err
+
+
+def append_message(
+    conn: psycopg.Connection[Any],
+    thread_id: uuid.UUID,
+    tenant_id: str,
+    role: str,
+    content: str | None,
+    *,
+    run_id: uuid.UUID | None = None,
+    tool_call_ref: int | None = None,
+) -> int:
+    """Append a message at the thread's next position; returns its id."""
+    check_size(f"{role} message", content)
+    seq = fetch_one(conn, Q.take_seqs, {"thread_id": thread_id, "n": 1})
+    if seq is None:
+        raise NotFound(f"thread {thread_id} does not exist")
+    row = fetch_one(
+        conn,
+        Q.insert_message,
+        {
+            "tenant_id": tenant_id,
+            "thread_id": thread_id,
+            "seq": seq["first_seq"],
+            "role": role,
+            "content": content,
+            "run_id": run_id,
+            "tool_call_ref": tool_call_ref,
+        },
+    )
+    assert row is not None
+    return int(row["id"])
+
+
+# -- runs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A run as stored; ``created`` is False when an earlier identical request made it."""
+
+    id: uuid.UUID
+    thread_id: uuid.UUID
+    tenant_id: str
+    status: str
+    correlation_id: str
+    created: bool
+    row: Row = field(repr=False, compare=False)
+
+
+def _run_ref(row: Row, created: bool) -> RunRef:
+    return RunRef(
+        row["id"],
+        row["thread_id"],
+        row["tenant_id"],
+        row["status"],
+        row["correlation_id"],
+        created,
+        row,
+    )
+
+
+def start_run(db: Any, request: StartRun) -> RunRef:
+    """Start a run: the user message, the run and its first model turn, all or nothing.
+
+    The same ``idempotency_key`` again returns the existing run (``created=False``), also
+    when two requests race. A different turn while the thread has an active run raises
+    ``ActiveRunExists`` naming that run.
+    """
+    conn = pg(db)
+    if request.idempotency_key:
+        existing = fetch_one(
+            conn, Q.run_by_key, {"tenant_id": request.tenant_id, "key": request.idempotency_key}
+        )
+        if existing:
+            return _same_request(existing, request)
+    thread = fetch_one(conn, Q.lock_thread, {"thread_id": request.thread_id})
+    _owned(thread, "thread", request.thread_id, request.tenant_id)
+    active = fetch_one(conn, Q.active_run, {"thread_id": request.thread_id})
+    if active:
+        if request.idempotency_key:
+            # A twin with our key may have committed while we waited for the thread lock.
+            twin = fetch_one(
+                conn,
+                Q.run_by_key,
+                {"tenant_id": request.tenant_id, "key": request.idempotency_key},
+            )
+            if twin:
+                return _same_request(twin, request)
+        raise ActiveRunExists(request.thread_id, active["id"], active["status"])
+    registry.check_tools_exist(conn, request.tenant_id, request.tools)
+    correlation_id = request.correlation_id or uuid.uuid4().hex
+    params = request.model_dump(exclude={"message", "thread_id", "tools"})
+    params.update(
+        thread_id=request.thread_id, tool_names=request.tools, correlation_id=correlation_id
+    )
+    run = fetch_one(conn, Q.insert_run, params)
+    if run is None:  # the same key won a race on another thread of this tenant
+        existing = fetch_one(
+            conn, Q.run_by_key, {"tenant_id": request.tenant_id, "key": request.idempotency_key}
+        )
+        assert existing is not None
+        return _same_request(existing, request)
+    if request.message is not None:
+        append_message(
+            conn, request.thread_id, request.tenant_id, "user", request.message, run_id=run["id"]
+        )
+    enqueue(conn, run, "model_turn", f"model_turn:{run['id']}:1", payload={"step_no": 1})
+    journal(
+        conn,
+        "run.created",
+        request.tenant_id,
+        thread_id=request.thread_id,
+        run_id=run["id"],
+        correlation_id=correlation_id,
+        detail={"model": request.model, "tools": request.tools},
+    )
+    return _run_ref(run, created=True)
+
+
+def _same_request(existing: Row, request: StartRun) -> RunRef:
+    if existing["thread_id"] != request.thread_id:
+        raise IdempotencyKeyReused(
+            f"idempotency key {request.idempotency_key!r} already started run {existing['id']} "
+            f"on thread {existing['thread_id']}, not on {request.thread_id}",
+            hint="use a new key for a new turn",
+        )
+    return _run_ref(existing, created=False)
+
+
+def enqueue(
+    conn: psycopg.Connection[Any],
+    run: Row,
+    kind: str,
+    dedup_key: str,
+    *,
+    batch_id: int | None = None,
+    tool_call_ref: int | None = None,
+    max_attempts: int = 5,
+    payload: Row | None = None,
+) -> int | None:
+    """Add an outbox row for ``run``; returns its id, or None when the dedup key exists."""
+    row = fetch_one(
+        conn,
+        Q.insert_outbox,
+        {
+            "tenant_id": run["tenant_id"],
+            "kind": kind,
+            "dedup_key": dedup_key,
+            "thread_id": run["thread_id"],
+            "run_id": run["id"],
+            "batch_id": batch_id,
+            "tool_call_ref": tool_call_ref,
+            "correlation_id": run["correlation_id"],
+            "max_attempts": max_attempts,
+            "payload": Jsonb(payload or {}),
+        },
+    )
+    return None if row is None else int(row["id"])
+
+
+def lock_run(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant_id: str | None) -> Row:
+    row = fetch_one(conn, Q.lock_run, {"run_id": run_id})
+    if tenant_id is None:
+        if row is None:
+            raise NotFound(f"run {run_id} does not exist")
+        return row
+    return _owned(row, "run", run_id, tenant_id)
+
+
+def get_run(db: Any, run_id: uuid.UUID, tenant_id: str | None = None) -> Row:
+    """The run's row as a dict (``NotFound``/``WrongTenant`` when it is not yours)."""
+    row = fetch_one(pg(db), Q.get_run, {"run_id": run_id})
+    if tenant_id is None:
+        if row is None:
+            raise NotFound(f"run {run_id} does not exist")
+        return row
+    return _owned(row, "run", run_id, tenant_id)
+
+
+# -- model turns ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """What a recorded model turn produced; ``created`` is False for a repeat."""
+
+    model_turn_id: int | None
+    message_id: int | None
+    batch_id: int | None
+    tool_call_refs: list[int]
+    run_status: str
+    created: bool
+
+
+def idempotency_key(run_id: uuid.UUID, tool_call_id: str) -> str:
+    """The stable key of a tool-call intent: identical on every retry and every worker."""
+    digest = hashlib.sha256(f"{run_id}:{tool_call_id}".encode()).hexdigest()
+    return f"ob-{digest[:40]}"
+
+
+def arguments_hash(name: str, arguments_raw: str) -> str:
+    try:
+        canonical = json.dumps(json.loads(arguments_raw), sort_keys=True, separators=(",", ":"))
+    except ValueError:
+        canonical = arguments_raw
+    return hashlib.sha256(f"{name}\x00{canonical}".encode()).hexdigest()
+
+
+def record_model_turn(db: Any, turn: ModelTurnIn) -> TurnRecord:
+    """Record a model response: the assistant message, the batch of tool-call intents and
+    their outbox rows, token usage and the run's new status, in the caller's transaction.
+
+    Only one response is recorded per (run, step): a repeat returns the stored turn with
+    ``created=False``. Calls to unknown or disabled tools, or with arguments that are not
+    JSON or fail the tool's schema, are stored with an error result the model will see on
+    the next turn; they never raise and never lose the turn.
+    """
+    conn = pg(db)
+    run = lock_run(conn, turn.run_id, turn.tenant_id)
+    existing = fetch_one(conn, Q.model_turn_by_step, {"run_id": run["id"], "step_no": turn.step_no})
+    if existing:
+        refs = [
+            int(r["id"])
+            for r in fetch_all(conn, Q.calls_of_batch, {"batch_id": existing["batch_id"]})
+        ]
+        return TurnRecord(
+            existing["id"], existing["message_id"], existing["batch_id"], refs, run["status"], False
+        )
+    if run["status"] in ENDED:
+        journal(
+            conn,
+            "model_turn.discarded",
+            run["tenant_id"],
+            thread_id=run["thread_id"],
+            run_id=run["id"],
+            correlation_id=run["correlation_id"],
+            detail={"step_no": turn.step_no, "reason": f"run is {run['status']}"},
+        )
+        return TurnRecord(None, None, None, [], run["status"], False)
+
+    message_id = append_message(
+        conn, run["thread_id"], run["tenant_id"], "assistant", turn.content, run_id=run["id"]
+    )
+    turn_row = fetch_one(
+        conn,
+        Q.insert_model_turn,
+        {
+            "tenant_id": run["tenant_id"],
+            "run_id": run["id"],
+            "step_no": turn.step_no,
+            "message_id": message_id,
+            "response_id": turn.response_id,
+            "input_tokens": turn.input_tokens,
+            "output_tokens": turn.output_tokens,
+        },
+    )
+    assert turn_row is not None
+    ids = {"thread_id": run["thread_id"], "run_id": run["id"]}
+    ids["correlation_id"] = run["correlation_id"]
+    journal(
+        conn,
+        "model_turn.recorded",
+        run["tenant_id"],
+        **ids,
+        detail={
+            "step_no": turn.step_no,
+            "tool_calls": len(turn.tool_calls),
+            "input_tokens": turn.input_tokens,
+            "output_tokens": turn.output_tokens,
+        },
+    )
+    tokens = turn.input_tokens + turn.output_tokens
+    if not turn.tool_calls:
+        updated = _after_turn(conn, run, turn.step_no, tokens, "completed")
+        journal(conn, "run.completed", run["tenant_id"], **ids)
+        return TurnRecord(turn_row["id"], message_id, None, [], updated["status"], True)
+
+    batch_id, refs, waits_for_client = _record_batch(conn, run, turn, message_id)
+    status = "requires_action" if waits_for_client else "in_progress"
+    updated = _after_turn(conn, run, turn.step_no, tokens, status)
+    return TurnRecord(turn_row["id"], message_id, batch_id, refs, updated["status"], True)
+
+
+def _after_turn(
+    conn: psycopg.Connection[Any], run: Row, step_no: int, tokens: int, status: str
+) -> Row:
+    row = fetch_one(
+        conn,
+        Q.run_after_turn,
+        {
+            "run_id": run["id"],
+            "step_no": step_no,
+            "tokens": tokens,
+            "status": status,
+            "failure_reason": None,
+            "last_error": None,
+        },
+    )
+    assert row is not None
+    return row
+
+
+def _record_batch(
+    conn: psycopg.Connection[Any], run: Row, turn: ModelTurnIn, message_id: int
+) -> tuple[int, list[int], bool]:
+    tools = registry.resolve(conn, run["tenant_id"], [c.name for c in turn.tool_calls])
+    plans = [
+        registry.plan_call(call, tools.get(call.name), run["tool_names"])
+        for call in turn.tool_calls
+    ]
+    pending = sum(1 for p in plans if p.error is None)
+    batch = fetch_one(
+        conn,
+        Q.insert_batch,
+        {
+            "tenant_id": run["tenant_id"],
+            "run_id": run["id"],
+            "thread_id": run["thread_id"],
+            "step_no": turn.step_no,
+            "message_id": message_id,
+            "size": len(plans),
+            "pending": pending,
+        },
+    )
+    assert batch is not None
+    batch_id = int(batch["id"])
+    refs: list[int] = []
+    waits_for_client = False
+    ids = {"thread_id": run["thread_id"], "run_id": run["id"], "batch_id": batch_id}
+    ids["correlation_id"] = run["correlation_id"]
+    for position, (call, plan) in enumerate(zip(turn.tool_calls, plans, strict=True)):
+        row = fetch_one(
+            conn,
+            Q.insert_tool_call,
+            {
+                "tenant_id": run["tenant_id"],
+                "run_id": run["id"],
+                "thread_id": run["thread_id"],
+                "batch_id": batch_id,
+                "message_id": message_id,
+                "position": position,
+                "tool_call_id": call.tool_call_id,
+                "tool_name": call.name,
+                "tool_version": plan.version,
+                "arguments": None if plan.arguments is None else Jsonb(plan.arguments),
+                "arguments_raw": call.arguments,
+                "arguments_hash": arguments_hash(call.name, call.arguments),
+                "executor": plan.executor,
+                "idempotency_mode": plan.idempotency_mode,
+                "idempotency_key": idempotency_key(run["id"], call.tool_call_id),
+                "status": "pending" if plan.error is None else "failed",
+            },
+        )
+        assert row is not None
+        ref = int(row["id"])
+        refs.append(ref)
+        call_ids = {**ids, "tool_call_ref": ref, "tool_call_id": call.tool_call_id}
+        journal(
+            conn,
+            "tool_call.intended",
+            run["tenant_id"],
+            **call_ids,
+            detail={"tool": call.name, "executor": plan.executor, "error": plan.error},
+        )
+        if plan.error is not None:
+            conn.execute(
+                Q.insert_result,
+                {
+                    "tool_call_ref": ref,
+                    "tenant_id": run["tenant_id"],
+                    "run_id": run["id"],
+                    "batch_id": batch_id,
+                    "status": "error",
+                    "output": None,
+                    "error": plan.error,
+                    "attempt": 0,
+                    "source": "validation",
+                    "worker": None,
+                },
+            )
+        elif plan.executor == "client":
+            waits_for_client = True
+        else:
+            enqueue(
+                conn,
+                run,
+                "tool_call",
+                f"tool_call:{ref}",
+                batch_id=batch_id,
+                tool_call_ref=ref,
+                max_attempts=plan.max_attempts,
+            )
+    if pending == 0:
+        enqueue(conn, run, "deliver_batch", f"deliver:{batch_id}", batch_id=batch_id)
+    return batch_id, refs, waits_for_client
+
+
+# -- tool results -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """Where a result went: ``stored``, ``duplicate`` (already stored) or ``orphaned``."""
+
+    outcome: str
+    result: Row | None
+    batch_complete: bool
+
+
+def record_tool_result(db: Any, result: ToolResultIn) -> ResultRecord:
+    """Store the one result of a tool call, in the caller's transaction.
+
+    A repeat is a no-op that returns the stored result (``outcome="duplicate"``). A result
+    for a batch that is already closed goes to ``orphaned_results`` and never into a
+    context. When this result completes its batch, the batch's delivery is enqueued in the
+    same transaction (exactly one result sees the batch complete: the batch row is locked).
+    """
+    conn = pg(db)
+    call = fetch_one(conn, Q.call_for_result, {"tool_call_ref": result.tool_call_ref})
+    call = _owned(call, "tool call", result.tool_call_ref, result.tenant_id)
+    stored = fetch_one(conn, Q.get_result, {"tool_call_ref": call["id"]})
+    if stored is not None:
+        return ResultRecord("duplicate", stored, False)
+    ids = {
+        "thread_id": call["thread_id"],
+        "run_id": call["run_id"],
+        "batch_id": call["batch_id"],
+        "tool_call_ref": call["id"],
+        "tool_call_id": call["tool_call_id"],
+        "correlation_id": call["correlation_id"],
+        "attempt": result.attempt,
+        "worker": result.worker,
+    }
+    values = {
+        "tenant_id": call["tenant_id"],
+        "run_id": call["run_id"],
+        "batch_id": call["batch_id"],
+        "tool_call_ref": call["id"],
+        "status": result.status,
+        "output": Jsonb(result.output),
+        "error": result.error,
+        "attempt": result.attempt,
+        "source": result.source,
+    }
+    if call["batch_status"] != "open":
+        conn.execute(
+            Q.insert_orphan,
+            {**values, "tool_call_id": call["tool_call_id"], "reason": "batch_closed"},
+        )
+        journal(
+            conn,
+            "tool_result.orphaned",
+            call["tenant_id"],
+            **ids,
+            detail={"batch_status": call["batch_status"], "source": result.source},
+        )
+        return ResultRecord("orphaned", None, False)
+    row = fetch_one(conn, Q.insert_result, {**values, "worker": result.worker})
+    assert row is not None  # the batch lock serialises results of this batch
+    status = "succeeded" if result.status == "ok" else "failed"
+    conn.execute(
+        Q.call_done, {"tool_call_ref": call["id"], "status": status, "error": result.error}
+    )
+    counted = fetch_one(conn, Q.batch_result_counted, {"batch_id": call["batch_id"]})
+    assert counted is not None
+    journal(
+        conn,
+        "tool_result.stored",
+        call["tenant_id"],
+        **ids,
+        detail={"status": result.status, "source": result.source},
+    )
+    complete = counted["pending"] == 0
+    if complete:
+        run = {
+            "id": call["run_id"],
+            "tenant_id": call["tenant_id"],
+            "thread_id": call["thread_id"],
+            "correlation_id": call["correlation_id"],
+        }
+        enqueue(
+            conn, run, "deliver_batch", f"deliver:{call['batch_id']}", batch_id=call["batch_id"]
+        )
+        journal(conn, "batch.complete", call["tenant_id"], **{**ids, "tool_call_ref": None})
+    return ResultRecord("stored", row, complete)
+
+
+def tool_message_content(status: str, output: Any, error: str | None) -> str:
+    """The canonical text a tool result takes in the conversation."""
+    if status == "ok":
+        return output if isinstance(output, str) else json.dumps(output)
+    return json.dumps({"error": error})
