@@ -262,6 +262,58 @@ def tools_enable(name: str, tenant: str) -> None:
     click.echo(f"enabled {name}")
 
 
+# -- relay ------------------------------------------------------------------------------
+
+
+@main.command("relay")
+@click.option("--concurrency", default=16, show_default=True, help="Execution slots per process.")
+@click.option("--processes", default=1, show_default=True, help="Worker processes to supervise.")
+@click.option("--lease", "lease_s", default=30.0, show_default=True, help="Lease length, s.")
+@click.option("--poll-interval", "poll_s", default=1.0, show_default=True, help="Fallback poll, s.")
+@click.option(
+    "--no-listen", is_flag=True, help="Poll only (for poolers in transaction mode: no LISTEN)."
+)
+@click.option("--grace", "grace_s", default=20.0, show_default=True, help="SIGTERM grace, s.")
+@click.option(
+    "--retry-base", "retry_base_s", default=0.5, show_default=True, help="First retry delay, s."
+)
+@click.option(
+    "--rescue-interval", "rescue_s", default=2.0, show_default=True, help="Sweep period, s."
+)
+@click.option("--kind", "kinds", multiple=True, help="Only these kinds (repeatable); default all.")
+@click.option("--metrics-port", type=int, help="Serve Prometheus metrics (port + process index).")
+@click.option("--log-level", default="INFO", show_default=True)
+def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts: Any) -> None:
+    """Run relay workers: claim outbox rows, call tools and models, record the outcomes.
+
+    Logs are JSON lines on stderr. SIGTERM or Ctrl-C stops claiming, lets in-flight work
+    finish within the grace period and releases the rest; a second signal exits at once.
+    """
+    from relay import logs, supervisor, worker
+    from relay.config import ALL_KINDS, RelayConfig
+
+    url = db.database_url()
+    with db.connect(url) as conn:
+        db.check_schema_current(conn)
+    cfg = RelayConfig(
+        database_url=url,
+        schema=db.schema_name(),
+        concurrency=opts["concurrency"],
+        lease_s=opts["lease_s"],
+        poll_interval_s=opts["poll_s"],
+        listen=not opts["no_listen"],
+        grace_s=opts["grace_s"],
+        retry_base_s=opts["retry_base_s"],
+        rescue_interval_s=opts["rescue_s"],
+        kinds=kinds or ALL_KINDS,
+        metrics_port=opts["metrics_port"],
+    )
+    logs.setup(log_level)
+    if processes > 1:
+        sys.exit(supervisor.supervise(cfg, processes, log_level))
+    sys.exit(worker.run_worker(cfg))
+
+
 # -- demo -------------------------------------------------------------------------------
 
 

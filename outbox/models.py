@@ -167,6 +167,11 @@ class ToolBatch(Base):
             ["messages.id", "messages.thread_id"],
             name="tool_batches_message_fk",
         ),
+        Index(
+            "tool_batches_complete",
+            "completed_at",
+            postgresql_where=text("status = 'complete'"),
+        ),
     )
 
     id: Mapped[int] = _pk()

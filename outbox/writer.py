@@ -643,3 +643,115 @@ def tool_message_content(status: str, output: Any, error: str | None) -> str:
     if status == "ok":
         return output if isinstance(output, str) else json.dumps(output)
     return json.dumps({"error": error})
+
+
+# -- delivery ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What delivering a batch did: ``delivered``, ``already`` (a repeat) or ``closed``."""
+
+    outcome: str
+    next_step: int | None
+    run_status: str
+
+
+def deliver_batch(db: Any, batch_id: int) -> Delivery:
+    """Submit a complete batch's outputs: once, in the order the model asked for them.
+
+    In one transaction (the caller's): the submission row (one per batch, by constraint),
+    one tool message per call appended to the history in call order, the batch marked
+    delivered, and the run's next model turn enqueued, unless a limit says the run must
+    stop (``step_cap`` or ``budget``: the run fails with that reason, journaled). A repeat
+    is a no-op; a batch that was closed (run cancelled or expired) delivers nothing.
+    """
+    conn = pg(db)
+    batch = fetch_one(conn, Q.lock_batch, {"batch_id": batch_id})
+    if batch is None:
+        raise NotFound(f"batch {batch_id} does not exist")
+    run = lock_run(conn, batch["run_id"], None)
+    if batch["status"] != "complete":
+        outcome = "already" if batch["status"] == "delivered" else "closed"
+        return Delivery(outcome, None, run["status"])
+    calls = fetch_all(conn, Q.calls_of_batch, {"batch_id": batch_id})
+    submitted = fetch_one(
+        conn,
+        Q.insert_submission,
+        {
+            "tenant_id": batch["tenant_id"],
+            "run_id": batch["run_id"],
+            "batch_id": batch_id,
+            "outputs_count": len(calls),
+        },
+    )
+    if submitted is None:
+        return Delivery("already", None, run["status"])
+    for call in calls:
+        content = tool_message_content(call["result_status"], call["output"], call["error"])
+        append_message(
+            conn,
+            batch["thread_id"],
+            batch["tenant_id"],
+            "tool",
+            content,
+            run_id=batch["run_id"],
+            tool_call_ref=call["id"],
+        )
+    conn.execute(Q.batch_delivered, {"batch_id": batch_id})
+    ids = {
+        "thread_id": run["thread_id"],
+        "run_id": run["id"],
+        "batch_id": batch_id,
+        "correlation_id": run["correlation_id"],
+    }
+    journal(conn, "batch.delivered", run["tenant_id"], **ids, detail={"outputs": len(calls)})
+    if run["status"] in ENDED:
+        return Delivery("delivered", None, run["status"])
+    next_step = batch["step_no"] + 1
+    reason = limit_reached(run, next_step)
+    if reason is not None:
+        failed = fail_run(conn, run, reason[0], reason[1])
+        return Delivery("delivered", None, failed["status"])
+    enqueue(
+        conn,
+        run,
+        "model_turn",
+        f"model_turn:{run['id']}:{next_step}",
+        payload={"step_no": next_step},
+    )
+    moved = fetch_one(
+        conn,
+        Q.run_status,
+        {"run_id": run["id"], "status": "in_progress", "failure_reason": None, "last_error": None},
+    )
+    assert moved is not None
+    return Delivery("delivered", next_step, moved["status"])
+
+
+def limit_reached(run: Row, next_step: int) -> tuple[str, str] | None:
+    """The reason a run may not take ``next_step``: (``step_cap`` | ``budget``, message)."""
+    if next_step > run["max_steps"]:
+        return "step_cap", f"the run reached its step cap of {run['max_steps']} model turns"
+    if run["max_tokens"] is not None and run["tokens_used"] >= run["max_tokens"]:
+        return (
+            "budget",
+            f"the run used {run['tokens_used']} tokens, its budget is {run['max_tokens']}",
+        )
+    return None
+
+
+def fail_run(conn: psycopg.Connection[Any], run: Row, reason: str, error: str) -> Row:
+    """End ``run`` as failed with ``reason``, journaled (the caller holds the run lock)."""
+    row = fetch_one(conn, Q.fail_run, {"run_id": run["id"], "reason": reason, "error": error})
+    assert row is not None
+    journal(
+        conn,
+        "run.failed",
+        run["tenant_id"],
+        thread_id=run["thread_id"],
+        run_id=run["id"],
+        correlation_id=run["correlation_id"],
+        detail={"reason": reason, "error": error},
+    )
+    return row

@@ -125,6 +125,10 @@ CREATE TABLE {{s}}.tool_batches (
     CONSTRAINT tool_batches_open_until_done CHECK (status <> 'open' OR pending > 0)
 );
 
+-- The rescue sweep looks for complete batches whose delivery never happened.
+CREATE INDEX tool_batches_complete ON {{s}}.tool_batches (completed_at)
+    WHERE status = 'complete';
+
 CREATE TABLE {{s}}.tool_calls (
     id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     tenant_id          text NOT NULL,

@@ -228,3 +228,11 @@ SELECT DISTINCT ON (name) *
 FROM {s}.tools
 WHERE name = ANY(%(names)s) AND tenant_id IN (%(tenant_id)s, '*')
 ORDER BY name, (tenant_id = '*'), version DESC
+
+-- name: fail_run
+-- End a run as failed with a reason (step cap, budget, loop, errors).
+UPDATE {s}.runs
+SET status = 'failed', failure_reason = %(reason)s, last_error = %(error)s, ended_at = now(),
+    action_deadline = NULL, updated_at = now()
+WHERE id = %(run_id)s
+RETURNING *

@@ -1,0 +1,42 @@
+"""Relay settings: one frozen object, built from the CLI or the environment."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+
+ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    database_url: str
+    schema: str = "outbox"
+    concurrency: int = 16  # execution slots per process
+    lease_s: float = 30.0  # seconds a claim is valid without a heartbeat
+    poll_interval_s: float = 1.0  # fallback poll when no NOTIFY arrives
+    listen: bool = True  # LISTEN/NOTIFY wake-ups (off behind a transaction-mode pooler)
+    rescue_interval_s: float = 2.0  # how often expired leases and stalled batches are swept
+    stalled_batch_grace_s: float = 5.0  # a complete batch this old with no delivery is stalled
+    grace_s: float = 20.0  # on SIGTERM, how long in-flight rows may finish
+    retry_base_s: float = 0.5  # first retry delay; doubles per attempt, with jitter
+    retry_cap_s: float = 60.0  # longest retry delay
+    completion_batch: int = 256  # most outcomes written in one transaction
+    kinds: tuple[str, ...] = ALL_KINDS
+    metrics_port: int | None = None
+    worker_id: str = field(default_factory=new_worker_id)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.lease_s <= 1:
+            raise ValueError("lease_s must be over 1 second")
+        unknown = set(self.kinds) - set(ALL_KINDS)
+        if unknown:
+            raise ValueError(f"unknown kinds {sorted(unknown)}; known: {ALL_KINDS}")

@@ -1,0 +1,55 @@
+"""Structured logs: one JSON object per line, always carrying the row's identities.
+
+Every line names tenant, thread, run, batch, tool call, correlation id, attempt and worker
+(null where a line concerns no such thing), so an operator can follow one run across
+workers with ``grep`` or ``jq``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+IDENTITY_FIELDS = (
+    "tenant_id",
+    "thread_id",
+    "run_id",
+    "batch_id",
+    "tool_call_ref",
+    "tool_call_id",
+    "correlation_id",
+    "attempt",
+    "worker",
+)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "event": record.getMessage(),
+        }
+        context = getattr(record, "ctx", {})
+        for name in IDENTITY_FIELDS:
+            line[name] = context.get(name)
+        line.update({k: v for k, v in context.items() if k not in IDENTITY_FIELDS})
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def setup(level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger("relay")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def log(logger: logging.Logger, level: int, event: str, **context: Any) -> None:
+    if logger.isEnabledFor(level):
+        logger.log(level, event, extra={"ctx": context})

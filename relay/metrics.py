@@ -1,0 +1,49 @@
+"""Prometheus metrics of one relay process (served with ``--metrics-port``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.claimed = Counter("outbox_relay_claimed", "Rows claimed", ["kind"], registry=r)
+        self.succeeded = Counter(
+            "outbox_relay_succeeded", "Rows completed with a result", ["kind"], registry=r
+        )
+        self.failed = Counter(
+            "outbox_relay_failed", "Tool calls completed with an error result", registry=r
+        )
+        self.retried = Counter("outbox_relay_retried", "Attempts scheduled again", registry=r)
+        self.quarantined = Counter(
+            "outbox_relay_quarantined", "Rows parked for an operator", ["reason"], registry=r
+        )
+        self.fenced = Counter(
+            "outbox_relay_fenced_writes", "Completion writes refused: lease lost", registry=r
+        )
+        self.rescued = Counter("outbox_relay_rescued", "Expired leases taken back", registry=r)
+        self.claim_to_start = Histogram(
+            "outbox_relay_claim_to_start_seconds",
+            "From claim to the start of the effect",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_lag = Histogram(
+            "outbox_relay_queue_lag_seconds",
+            "From a row being due to its claim",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.depth = Gauge(
+            "outbox_queue_depth", "Outbox rows by status and kind", ["status", "kind"], registry=r
+        )
+        self.oldest_ready = Gauge(
+            "outbox_queue_oldest_ready_seconds", "Age of the oldest due ready row", registry=r
+        )
+
+    def serve(self, port: int) -> None:
+        start_http_server(port, addr="127.0.0.1", registry=self.registry)

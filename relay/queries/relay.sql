@@ -1,0 +1,160 @@
+-- name: claim
+-- Claim up to n due rows in one statement: lock ready rows with SKIP LOCKED through the
+-- partial index, lease them from the database clock, bump the attempt (the fencing token),
+-- and return each with what its executor needs.
+WITH ready AS (
+    SELECT id FROM {s}.outbox
+    WHERE status = 'ready' AND available_at <= now() AND kind = ANY(%(kinds)s)
+    ORDER BY available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {s}.outbox o
+    SET status = 'leased', attempts = o.attempts + 1, lease_owner = %(worker)s,
+        lease_expires_at = now() + make_interval(secs => %(lease_s)s), claimed_at = now()
+    FROM ready
+    WHERE o.id = ready.id
+    RETURNING o.id, o.kind, o.tenant_id, o.thread_id, o.run_id, o.batch_id, o.tool_call_ref,
+              o.correlation_id, o.attempts, o.max_attempts, o.payload, o.available_at,
+              o.claimed_at
+)
+SELECT c.*,
+       extract(epoch FROM clock_timestamp() - c.available_at) AS lag_s,
+       tc.tool_call_id, tc.tool_name, tc.arguments, tc.idempotency_key, tc.idempotency_mode,
+       tc.executor, tc.dispatched_attempt,
+       t.endpoint, t.lookup_endpoint, t.callable, t.timeout_s, t.credential_ref
+FROM claimed c
+LEFT JOIN {s}.tool_calls tc ON tc.id = c.tool_call_ref
+LEFT JOIN LATERAL (
+    SELECT * FROM {s}.tools t
+    WHERE t.name = tc.tool_name AND t.version = tc.tool_version
+      AND t.tenant_id IN (tc.tenant_id, '*')
+    ORDER BY t.tenant_id = '*'
+    LIMIT 1
+) t ON true
+ORDER BY c.available_at, c.id
+
+-- name: finish
+-- Remove a done row from the hot table, only for the current lease holder (fencing).
+DELETE FROM {s}.outbox
+WHERE id = %(id)s AND lease_owner = %(worker)s AND attempts = %(attempt)s AND status = 'leased'
+RETURNING id
+
+-- name: retry_later
+-- Put a row back for a later attempt, only for the current lease holder.
+UPDATE {s}.outbox
+SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
+    available_at = now() + make_interval(secs => %(delay_s)s)
+WHERE id = %(id)s AND lease_owner = %(worker)s AND attempts = %(attempt)s AND status = 'leased'
+RETURNING id
+
+-- name: quarantine
+-- Park a row for an operator, only for the current lease holder.
+UPDATE {s}.outbox
+SET status = 'quarantined', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s
+WHERE id = %(id)s AND lease_owner = %(worker)s AND attempts = %(attempt)s AND status = 'leased'
+RETURNING id
+
+-- name: call_status
+-- Record a call's state after an attempt.
+UPDATE {s}.tool_calls
+SET status = %(status)s, attempts = %(attempt)s, last_error = %(error)s, updated_at = now()
+WHERE id = %(tool_call_ref)s
+
+-- name: mark_dispatched
+-- Before a tool that cannot dedup is called: note that this attempt may reach it, but only
+-- while we still hold an unexpired lease (otherwise we must not call it at all).
+UPDATE {s}.tool_calls tc
+SET dispatched_attempt = %(attempt)s, attempts = %(attempt)s, status = 'running',
+    updated_at = now()
+WHERE tc.id = %(tool_call_ref)s
+  AND EXISTS (SELECT 1 FROM {s}.outbox o
+              WHERE o.id = %(id)s AND o.lease_owner = %(worker)s AND o.status = 'leased'
+                AND o.attempts = %(attempt)s AND o.lease_expires_at > now())
+RETURNING tc.id
+
+-- name: heartbeat
+-- Extend the leases this worker still holds.
+UPDATE {s}.outbox
+SET lease_expires_at = now() + make_interval(secs => %(lease_s)s)
+WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'leased'
+RETURNING id
+
+-- name: release
+-- Give back rows on shutdown: ready again at once. The attempt stays counted: the fencing
+-- token must never be handed out twice.
+UPDATE {s}.outbox
+SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, available_at = now(),
+    last_error = 'released by ' || %(worker)s || ' at shutdown'
+WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'leased'
+RETURNING id
+
+-- name: rescue_expired
+-- Take back rows whose lease expired (the holder died or stalled): ready again, or
+-- quarantined when out of attempts; journaled either way.
+WITH expired AS (
+    SELECT id, lease_owner AS previous_owner FROM {s}.outbox
+    WHERE status = 'leased' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE {s}.outbox o
+    SET status = CASE WHEN o.attempts >= o.max_attempts THEN 'quarantined' ELSE 'ready' END,
+        last_error = 'lease of ' || expired.previous_owner || ' expired during attempt '
+                     || o.attempts,
+        lease_owner = NULL, lease_expires_at = NULL, available_at = now()
+    FROM expired
+    WHERE o.id = expired.id
+    RETURNING o.*, expired.previous_owner
+), journaled AS (
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
+                             outbox_id, correlation_id, attempt, worker, detail)
+    SELECT tenant_id,
+           CASE WHEN status = 'quarantined' THEN 'lease.expired.quarantined'
+                ELSE 'lease.expired.rescued' END,
+           thread_id, run_id, batch_id, tool_call_ref, id, correlation_id, attempts,
+           %(worker)s, jsonb_build_object('previous_owner', previous_owner, 'kind', kind)
+    FROM moved
+), parked AS (
+    UPDATE {s}.tool_calls tc SET status = 'quarantined', last_error = moved.last_error,
+           updated_at = now()
+    FROM moved
+    WHERE moved.status = 'quarantined' AND tc.id = moved.tool_call_ref
+)
+SELECT id, kind, status, previous_owner FROM moved
+
+-- name: rescue_stalled_batches
+-- Complete batches whose delivery is missing (the stall at requires_action): enqueue it.
+WITH stalled AS (
+    INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
+                            correlation_id)
+    SELECT b.tenant_id, 'deliver_batch', 'deliver:' || b.id, b.thread_id, b.run_id, b.id,
+           r.correlation_id
+    FROM {s}.tool_batches b
+    JOIN {s}.runs r ON r.id = b.run_id
+    WHERE b.status = 'complete'
+      AND b.completed_at < now() - make_interval(secs => %(grace_s)s)
+      AND NOT EXISTS (SELECT 1 FROM {s}.outbox o WHERE o.dedup_key = 'deliver:' || b.id)
+    ON CONFLICT (dedup_key) DO NOTHING
+    RETURNING *
+), journaled AS (
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, outbox_id,
+                             correlation_id, worker)
+    SELECT tenant_id, 'batch.delivery_rescued', thread_id, run_id, batch_id, id,
+           correlation_id, %(worker)s
+    FROM stalled
+)
+SELECT batch_id FROM stalled
+
+-- name: next_due
+-- Seconds until the next ready row is due (null when none is waiting).
+SELECT extract(epoch FROM min(available_at) - now()) AS due_in_s
+FROM {s}.outbox WHERE status = 'ready'
+
+-- name: queue_depth
+-- Rows per status and kind, and the lag of the oldest due ready row.
+SELECT status, kind, count(*) AS n,
+       coalesce(extract(epoch FROM now() - min(available_at))
+                FILTER (WHERE status = 'ready' AND available_at <= now()), 0) AS lag_s
+FROM {s}.outbox GROUP BY status, kind

@@ -1,0 +1,576 @@
+"""One relay worker process: claim due outbox rows, perform their effects, record outcomes.
+
+Concurrency model: threads, not asyncio. The writer API that backends call is synchronous
+psycopg, and the relay records outcomes through that very code, so a result written by the
+relay and one submitted by a backend take the same path. Effects are blocking I/O (HTTP, a
+model call), so K execution slots are K threads of a pool; the work that matters for
+correctness happens in Postgres. Each thread that talks to the database owns its connection.
+
+Threads in a worker:
+
+- the *claim loop* (the caller's thread): claims at most as many rows as there are free
+  slots, in one statement, and hands them to the slots. When it gets fewer rows than it
+  asked for, it sleeps until a NOTIFY, a freed slot, the next due row or the poll interval;
+  an idle relay does not busy-loop.
+- K *slots*: perform effects and queue ``Outcome``s.
+- the *completer*: writes queued outcomes, many per transaction. Every write that completes
+  a row is fenced on (lease holder, attempt); a refused write is journaled, never applied.
+- *maintenance*: heartbeats the leases of rows in flight, rescues expired leases of any
+  worker, re-enqueues deliveries of complete batches that never happened.
+- the *listener*: ``LISTEN outbox_ready`` (off with ``listen=False`` for transaction-mode
+  poolers); polling is always the fallback.
+
+Shutdown: the first SIGTERM/SIGINT stops claiming, lets effects in flight finish within the
+grace period, releases the rest and flushes outcomes; a second signal exits at once (leases
+then expire and any worker rescues the rows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from outbox import db, writer
+from outbox.schemas import ToolResultIn
+from outbox.sql import Queries
+from relay.config import RelayConfig
+from relay.executors import Claimed, Outcome, ToolExecutor, retry
+from relay.logs import log
+from relay.metrics import Metrics
+
+logger = logging.getLogger("relay.worker")
+RECONNECT_MAX_S = 5.0  # longest wait between reconnection attempts
+Executor = Callable[[Claimed], Outcome]
+
+
+class Link:
+    """One thread's database connection, reopened after the server or network fails."""
+
+    def __init__(self, url: str, name: str, *, autocommit: bool = False) -> None:
+        self.url = url
+        self.name = name
+        self.autocommit = autocommit
+        self.conn: psycopg.Connection[Any] | None = None
+        self.failures = 0
+
+    def get(self) -> psycopg.Connection[Any]:
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self.conn = psycopg.connect(
+                self.url,
+                autocommit=self.autocommit,
+                connect_timeout=db.CONNECT_TIMEOUT_S,
+                application_name=f"outbox-relay-{self.name}",
+            )
+        return self.conn
+
+    def failed(self, err: Exception) -> float:
+        """Drop the connection after ``err``; returns how long to wait before trying again."""
+        self.failures += 1
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+        self.conn = None
+        log(logger, logging.WARNING, "db.connection_lost", link=self.name, error=str(err))
+        return float(min(RECONNECT_MAX_S, 0.05 * 2**self.failures))
+
+    def ok(self) -> None:
+        self.failures = 0
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+class Worker:
+    """A relay worker; ``run()`` blocks until stopped (``stop()`` or SIGTERM/SIGINT)."""
+
+    def __init__(self, cfg: RelayConfig, executors: dict[str, Executor] | None = None) -> None:
+        self.cfg = cfg
+        self.q = Queries(Path(__file__).parent / "queries" / "relay.sql", cfg.schema)
+        self.metrics = Metrics()
+        self.stopping = threading.Event()  # no more claims
+        self.wake = threading.Event()
+        self.lock = threading.Lock()
+        self.idle = threading.Condition(self.lock)
+        self.executing = 0
+        self.inflight: dict[int, Claimed] = {}  # claimed, outcome not yet written
+        self.outcomes: queue.Queue[Outcome] = queue.Queue()
+        self.done = threading.Event()  # completer and side threads may finish
+        self.http = httpx2.Client(
+            limits=httpx2.Limits(
+                max_connections=cfg.concurrency * 2, max_keepalive_connections=cfg.concurrency
+            )
+        )
+        self.dispatch_link = threading.local()
+        tools = ToolExecutor(self.http, self._mark_dispatched)
+        self.executors: dict[str, Executor] = {
+            "tool_call": tools.run,
+            "deliver_batch": lambda row: Outcome(row, "deliver"),
+        }
+        self.executors.update(executors or {})
+        self.kinds = [k for k in cfg.kinds if k in self.executors]
+        self.slots = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="slot")
+        self.signals = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        if self.cfg.metrics_port is not None:
+            self.metrics.serve(self.cfg.metrics_port)
+        sides = [threading.Thread(target=self._complete_loop, name="completer")]
+        sides.append(threading.Thread(target=self._maintenance_loop, name="maintenance"))
+        if self.cfg.listen:
+            sides.append(threading.Thread(target=self._listen_loop, name="listener"))
+        for thread in sides:
+            thread.start()
+        log(logger, logging.INFO, "relay.started", worker=self.cfg.worker_id, kinds=self.kinds)
+        try:
+            self._claim_loop()
+        finally:
+            self._shutdown(sides)
+        return 0
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signals += 1
+        if self.signals > 1:
+            os._exit(128 + signum)
+        log(logger, logging.INFO, "relay.stopping", worker=self.cfg.worker_id, signal=signum)
+        self.stop()
+
+    def _shutdown(self, sides: list[threading.Thread]) -> None:
+        deadline = time.monotonic() + self.cfg.grace_s
+        with self.idle:
+            while self.executing and time.monotonic() < deadline:
+                self.idle.wait(timeout=max(0.0, deadline - time.monotonic()))
+        # Let the completer write what finished before deciding what to release.
+        self.outcomes.join()
+        with self.lock:
+            unfinished = list(self.inflight)
+        if unfinished:
+            self._release(unfinished)
+        self.done.set()
+        for thread in sides:
+            thread.join()
+        self.slots.shutdown(wait=False, cancel_futures=True)
+        self.http.close()
+        log(
+            logger,
+            logging.INFO,
+            "relay.stopped",
+            worker=self.cfg.worker_id,
+            released=len(unfinished),
+        )
+
+    # -- claiming -------------------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        link = Link(self.cfg.database_url, "claim")
+        while not self.stopping.is_set():
+            with self.lock:
+                free = self.cfg.concurrency - self.executing
+            if free <= 0:
+                self.wake.wait(self.cfg.poll_interval_s)
+                self.wake.clear()
+                continue
+            self.wake.clear()
+            try:
+                rows = self._claim(link, free)
+                link.ok()
+            except psycopg.Error as err:
+                self.stopping.wait(link.failed(err))
+                continue
+            for row in rows:
+                self._dispatch(row)
+            if len(rows) < free:
+                self.wake.wait(self._idle_wait(link))
+        link.close()
+
+    def _claim(self, link: Link, limit: int) -> list[Claimed]:
+        conn = link.get()
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(
+                self.q.claim,
+                {
+                    "limit": limit,
+                    "worker": self.cfg.worker_id,
+                    "lease_s": self.cfg.lease_s,
+                    "kinds": self.kinds,
+                },
+            )
+            rows = [Claimed.from_row(r) for r in cur.fetchall()]
+        with self.lock:
+            for row in rows:
+                self.inflight[row.id] = row
+            self.executing += len(rows)
+        for row in rows:
+            self.metrics.claimed.labels(row.kind).inc()
+            self.metrics.queue_lag.observe(max(0.0, row.lag_s))
+        return rows
+
+    def _idle_wait(self, link: Link) -> float:
+        """Seconds to sleep when nothing is due: until the next due row, at most a poll."""
+        try:
+            conn = link.get()
+            with conn.transaction():
+                row = conn.execute(self.q.next_due).fetchone()
+        except psycopg.Error:
+            return self.cfg.poll_interval_s
+        due_in = row[0] if row and row[0] is not None else None
+        if due_in is None:
+            return self.cfg.poll_interval_s
+        return max(0.0, min(self.cfg.poll_interval_s, float(due_in)))
+
+    def _dispatch(self, row: Claimed) -> None:
+        self.slots.submit(self._execute, row)
+
+    def _execute(self, row: Claimed) -> None:
+        self.metrics.claim_to_start.observe(time.monotonic() - row.claimed_at_monotonic)
+        try:
+            outcome = self.executors[row.kind](row)
+        except Exception as err:
+            log(logger, logging.ERROR, "executor.crashed", error=repr(err), **row.context())
+            outcome = retry(row, f"executor crashed: {type(err).__name__}: {err}")
+        finally:
+            with self.idle:
+                self.executing -= 1
+                self.idle.notify_all()
+            self.wake.set()
+        self.outcomes.put(outcome)
+
+    def _mark_dispatched(self, row: Claimed) -> bool:
+        link: Link | None = getattr(self.dispatch_link, "link", None)
+        if link is None:
+            link = Link(self.cfg.database_url, "dispatch")
+            self.dispatch_link.link = link
+        try:
+            conn = link.get()
+            with conn.transaction():
+                marked = conn.execute(
+                    self.q.mark_dispatched,
+                    {
+                        "tool_call_ref": row.tool_call_ref,
+                        "id": row.id,
+                        "worker": self.cfg.worker_id,
+                        "attempt": row.attempt,
+                    },
+                ).fetchone()
+            link.ok()
+        except psycopg.Error as err:
+            link.failed(err)
+            return False
+        return marked is not None
+
+    # -- completing -----------------------------------------------------------------------
+
+    def _complete_loop(self) -> None:
+        link = Link(self.cfg.database_url, "complete")
+        pending: list[Outcome] = []
+        while True:
+            if not pending:
+                try:
+                    pending.append(self.outcomes.get(timeout=0.1))
+                except queue.Empty:
+                    if self.done.is_set():
+                        break
+                    continue
+            while len(pending) < self.cfg.completion_batch:
+                try:
+                    pending.append(self.outcomes.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._write(link, pending)
+                link.ok()
+            except psycopg.OperationalError as err:
+                # The database went away: keep the outcomes and write them once it is back
+                # (if our leases expired meanwhile, the fence refuses them, as it should).
+                time.sleep(link.failed(err))
+                continue
+            except psycopg.Error as err:
+                log(logger, logging.ERROR, "complete.batch_failed", error=str(err), n=len(pending))
+                link.failed(err)
+                for outcome in pending:
+                    self._write_alone(link, outcome)
+            for _ in pending:
+                self.outcomes.task_done()
+            pending = []
+        link.close()
+
+    def _write(self, link: Link, outcomes: list[Outcome]) -> None:
+        conn = link.get()
+        with conn.transaction():
+            applied = [self._apply(conn, outcome) for outcome in outcomes]
+        self._after_commit(outcomes, applied)
+
+    def _write_alone(self, link: Link, outcome: Outcome) -> None:
+        """Write one outcome on its own; if even that fails, leave the row to lease expiry."""
+        try:
+            self._write(link, [outcome])
+        except psycopg.Error as err:
+            link.failed(err)
+            log(logger, logging.ERROR, "complete.failed", error=str(err), **outcome.row.context())
+            with self.lock:
+                self.inflight.pop(outcome.row.id, None)
+
+    def _after_commit(self, outcomes: list[Outcome], applied: list[str]) -> None:
+        with self.lock:
+            for outcome in outcomes:
+                self.inflight.pop(outcome.row.id, None)
+        for outcome, what in zip(outcomes, applied, strict=True):
+            row = outcome.row
+            level = (
+                logging.WARNING if what in ("fenced", "quarantined", "unknown") else logging.INFO
+            )
+            log(
+                logger,
+                level,
+                f"{row.kind}.{what}",
+                worker=self.cfg.worker_id,
+                error=outcome.error,
+                duration_s=round(outcome.duration_s, 4),
+                **row.context(),
+            )
+
+    def _fence(
+        self, conn: psycopg.Connection[Any], query: Any, outcome: Outcome, **extra: Any
+    ) -> bool:
+        row = outcome.row
+        params = {"id": row.id, "worker": self.cfg.worker_id, "attempt": row.attempt, **extra}
+        if conn.execute(query, params).fetchone() is not None:
+            return True
+        self.metrics.fenced.inc()
+        writer.journal(
+            conn,
+            "write.fenced",
+            row.tenant_id,
+            **self._ids(row),
+            detail={"action": outcome.action, "status": outcome.status, "error": outcome.error},
+        )
+        if outcome.action == "result" and row.tool_call_ref is not None:
+            conn.execute(
+                writer.Q.insert_orphan,
+                {
+                    "tenant_id": row.tenant_id,
+                    "run_id": row.run_id,
+                    "batch_id": row.batch_id,
+                    "tool_call_ref": row.tool_call_ref,
+                    "tool_call_id": row.tool_call_id,
+                    "status": outcome.status,
+                    "output": Jsonb(outcome.output),
+                    "error": outcome.error,
+                    "reason": "fenced",
+                    "source": outcome.source,
+                    "attempt": row.attempt,
+                },
+            )
+        return False
+
+    def _ids(self, row: Claimed) -> dict[str, Any]:
+        return {
+            "thread_id": row.thread_id,
+            "run_id": row.run_id,
+            "batch_id": row.batch_id,
+            "tool_call_ref": row.tool_call_ref,
+            "tool_call_id": row.tool_call_id,
+            "outbox_id": row.id,
+            "correlation_id": row.correlation_id,
+            "attempt": row.attempt,
+            "worker": self.cfg.worker_id,
+        }
+
+    def _apply(self, conn: psycopg.Connection[Any], outcome: Outcome) -> str:
+        """Write one outcome inside the completer's transaction; returns what happened."""
+        row = outcome.row
+        if outcome.action == "lost":
+            return "lost"
+        if outcome.action in ("result", "deliver"):
+            if not self._fence(conn, self.q.finish, outcome):
+                return "fenced"
+            self.metrics.succeeded.labels(row.kind).inc()
+            if outcome.action == "deliver":
+                assert row.batch_id is not None
+                return "delivered_" + writer.deliver_batch(conn, row.batch_id).outcome
+            assert row.tool_call_ref is not None and outcome.status is not None
+            if outcome.status == "error":
+                self.metrics.failed.inc()
+            stored = writer.record_tool_result(
+                conn,
+                ToolResultIn(
+                    tenant_id=row.tenant_id,
+                    tool_call_ref=row.tool_call_ref,
+                    status=outcome.status,
+                    output=outcome.output,
+                    error=outcome.error,
+                    source=outcome.source,
+                    attempt=row.attempt,
+                    worker=self.cfg.worker_id,
+                ),
+            )
+            return f"result_{stored.outcome}"
+        if outcome.action == "retry" and row.attempt < row.max_attempts:
+            delay = self._backoff(row.attempt)
+            if not self._fence(
+                conn, self.q.retry_later, outcome, error=outcome.error, delay_s=delay
+            ):
+                return "fenced"
+            self._call_status(conn, row, "pending", outcome.error)
+            self.metrics.retried.inc()
+            writer.journal(
+                conn,
+                f"{row.kind}.retry_scheduled",
+                row.tenant_id,
+                **self._ids(row),
+                detail={"error": outcome.error, "delay_s": round(delay, 3)},
+            )
+            return "retry_scheduled"
+        reason = "outcome_unknown" if outcome.action == "unknown" else "max_attempts"
+        if not self._fence(conn, self.q.quarantine, outcome, error=outcome.error):
+            return "fenced"
+        status = "outcome_unknown" if reason == "outcome_unknown" else "quarantined"
+        self._call_status(conn, row, status, outcome.error)
+        self.metrics.quarantined.labels(reason).inc()
+        writer.journal(
+            conn,
+            f"{row.kind}.{status}",
+            row.tenant_id,
+            **self._ids(row),
+            detail={"error": outcome.error, "reason": reason},
+        )
+        return "quarantined" if reason == "max_attempts" else "unknown"
+
+    def _call_status(
+        self, conn: psycopg.Connection[Any], row: Claimed, status: str, error: str | None
+    ) -> None:
+        if row.tool_call_ref is not None:
+            conn.execute(
+                self.q.call_status,
+                {
+                    "tool_call_ref": row.tool_call_ref,
+                    "status": status,
+                    "attempt": row.attempt,
+                    "error": error,
+                },
+            )
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential backoff with jitter: half the nominal delay, plus up to as much again."""
+        nominal = float(min(self.cfg.retry_cap_s, self.cfg.retry_base_s * 2 ** (attempt - 1)))
+        return nominal / 2 + random.uniform(0, nominal / 2)
+
+    def _release(self, ids: list[int]) -> None:
+        link = Link(self.cfg.database_url, "release")
+        try:
+            conn = link.get()
+            with conn.transaction():
+                released = conn.execute(
+                    self.q.release, {"ids": ids, "worker": self.cfg.worker_id}
+                ).fetchall()
+            log(logger, logging.INFO, "relay.released", worker=self.cfg.worker_id, n=len(released))
+        except psycopg.Error as err:
+            log(logger, logging.WARNING, "relay.release_failed", error=str(err))
+        finally:
+            link.close()
+
+    # -- side threads ---------------------------------------------------------------------
+
+    def _maintenance_loop(self) -> None:
+        link = Link(self.cfg.database_url, "maintenance")
+        interval = min(self.cfg.lease_s / 3, self.cfg.rescue_interval_s)
+        last_rescue = 0.0
+        while not self.done.wait(interval):
+            try:
+                self._heartbeat(link)
+                if time.monotonic() - last_rescue >= self.cfg.rescue_interval_s:
+                    self._rescue(link)
+                    last_rescue = time.monotonic()
+                link.ok()
+            except psycopg.Error as err:
+                self.done.wait(link.failed(err))
+        link.close()
+
+    def _heartbeat(self, link: Link) -> None:
+        with self.lock:
+            ids = list(self.inflight)
+        if not ids:
+            return
+        conn = link.get()
+        with conn.transaction():
+            kept = conn.execute(
+                self.q.heartbeat,
+                {"ids": ids, "worker": self.cfg.worker_id, "lease_s": self.cfg.lease_s},
+            ).fetchall()
+        if len(kept) < len(ids):
+            log(
+                logger,
+                logging.DEBUG,
+                "lease.not_extended",
+                worker=self.cfg.worker_id,
+                n=len(ids) - len(kept),
+            )
+
+    def _rescue(self, link: Link) -> None:
+        conn = link.get()
+        with conn.transaction():
+            rescued = conn.execute(
+                self.q.rescue_expired, {"limit": 1000, "worker": self.cfg.worker_id}
+            ).fetchall()
+            stalled = conn.execute(
+                self.q.rescue_stalled_batches,
+                {"grace_s": self.cfg.stalled_batch_grace_s, "worker": self.cfg.worker_id},
+            ).fetchall()
+        if rescued:
+            self.metrics.rescued.inc(len(rescued))
+            self.wake.set()
+            log(logger, logging.WARNING, "lease.rescued", worker=self.cfg.worker_id, n=len(rescued))
+        if stalled:
+            self.wake.set()
+            log(
+                logger,
+                logging.WARNING,
+                "batch.delivery_rescued",
+                worker=self.cfg.worker_id,
+                batches=[r[0] for r in stalled],
+            )
+
+    def _listen_loop(self) -> None:
+        link = Link(self.cfg.database_url, "listen", autocommit=True)
+        while not self.done.is_set():
+            try:
+                conn = link.get()
+                conn.execute("LISTEN outbox_ready")
+                link.ok()
+                self.wake.set()  # anything committed while we were not listening
+                while not self.done.is_set():
+                    for _ in conn.notifies(timeout=0.5):
+                        self.wake.set()
+            except psycopg.Error as err:
+                self.done.wait(link.failed(err))
+        link.close()
+
+
+def run_worker(cfg: RelayConfig) -> int:
+    """Entry point of a worker process."""
+    return Worker(cfg).run()

@@ -1,0 +1,307 @@
+"""The relay against a real PostgreSQL and real HTTP tools (invariants 2-6 and 9)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox import writer
+from outbox.fakes.tools import FakeToolService
+from tests.relay_harness import (
+    all_settled,
+    register_tool,
+    relay_thread,
+    scalar,
+    seed,
+    tool_call_states,
+    wait_until,
+)
+
+
+@pytest.fixture
+def service() -> Iterator[FakeToolService]:
+    with FakeToolService() as svc:
+        svc.add_tool("keyed", "key")
+        svc.add_tool("looked_up", "lookup")
+        svc.add_tool("blind", "none")
+        yield svc
+
+
+@pytest.fixture
+def tools(db_url: str, service: FakeToolService) -> FakeToolService:
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "keyed", "key")
+        register_tool(conn, service, "looked_up", "lookup")
+        register_tool(conn, service, "blind", "none")
+        register_tool(conn, service, "quick_timeout", "key", timeout_s=0.3, max_attempts=3)
+        conn.commit()
+    service.add_tool("quick_timeout", "key")
+    return service
+
+
+def args(n: int) -> dict[str, Any]:
+    return {"n": n}
+
+
+def test_drains_every_intent_once_and_delivers_each_batch_once(db_url, tools):
+    refs = seed(db_url, ["keyed"], runs=30, calls_per_batch=4, args=args)
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the outbox to drain")
+    assert tool_call_states(db_url) == {"succeeded": len(refs)}
+    keyed = tools.tool("keyed")
+    assert len(keyed.effects) == len(refs)
+    assert keyed.duplicate_effects() == 0
+    assert scalar(db_url, "SELECT count(*) FROM outbox.submissions") == 30
+    assert (
+        scalar(db_url, "SELECT count(*) FROM outbox.tool_batches WHERE status = 'delivered'") == 30
+    )
+    # outputs entered the history in call order, one tool message per call
+    assert scalar(db_url, "SELECT count(*) FROM outbox.messages WHERE role = 'tool'") == len(refs)
+    # each delivered batch enqueued exactly the next model turn
+    assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE kind = 'model_turn'") == 30 * 2
+
+
+def test_requests_carry_stable_key_and_trace_headers(db_url, tools):
+    refs = seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=args)
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url))
+    delivery = tools.tool("keyed").deliveries[0]
+    with psycopg.connect(db_url) as conn:
+        key, run_id, call_id, corr = conn.execute(
+            "SELECT tc.idempotency_key, tc.run_id, tc.tool_call_id, r.correlation_id "
+            "FROM outbox.tool_calls tc JOIN outbox.runs r ON r.id = tc.run_id WHERE tc.id = %s",
+            refs,
+        ).fetchone()
+    assert delivery.key == key == writer.idempotency_key(run_id, call_id)
+    assert delivery.headers["x-outbox-run-id"] == str(run_id)
+    assert delivery.headers["x-outbox-tool-call-id"] == call_id
+    assert delivery.headers["x-correlation-id"] == corr
+    assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", delivery.headers["traceparent"])
+
+
+def test_4xx_is_a_terminal_error_result_the_model_sees(db_url, tools):
+    tools.tool("keyed").fail(status=400, n=1)
+    seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=args)
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url))
+    assert tool_call_states(db_url) == {"failed": 1}
+    assert len(tools.tool("keyed").deliveries) == 1
+    content = scalar(db_url, "SELECT content FROM outbox.messages WHERE role = 'tool'")
+    assert "HTTP 400" in content
+
+
+def test_5xx_retries_with_the_same_key_then_succeeds(db_url, tools):
+    tools.tool("keyed").fail(status=500, n=2)
+    seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=args)
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url))
+    deliveries = tools.tool("keyed").deliveries
+    assert [d.status for d in deliveries] == [500, 500, 200]
+    assert len({d.key for d in deliveries}) == 1
+    assert tool_call_states(db_url) == {"succeeded": 1}
+    assert (
+        scalar(db_url, "SELECT count(*) FROM outbox.journal WHERE event LIKE '%retry_scheduled'")
+        == 2
+    )
+
+
+def test_out_of_attempts_is_quarantined_with_its_last_error(db_url, tools):
+    tools.tool("quick_timeout").fail(status=503, n=None)
+    seed(db_url, ["quick_timeout"], runs=1, calls_per_batch=1, args=args)
+    with relay_thread(db_url):
+        wait_until(
+            lambda: scalar(
+                db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'quarantined'"
+            )
+        )
+    assert tool_call_states(db_url) == {"quarantined": 1}
+    assert len(tools.tool("quick_timeout").deliveries) == 3
+    error = scalar(db_url, "SELECT last_error FROM outbox.outbox WHERE kind = 'tool_call'")
+    assert "HTTP 503" in error
+
+
+def test_timeout_after_side_effect_with_key_tool_makes_one_effect(db_url, tools):
+    tools.tool("quick_timeout").stall_after_commit(1.0, n=1)
+    seed(db_url, ["quick_timeout"], runs=1, calls_per_batch=1, args=args)
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url))
+    tool = tools.tool("quick_timeout")
+    assert len(tool.deliveries) == 2  # the timed-out one and the retry with the same key
+    assert len(tool.effects) == 1
+    assert tool_call_states(db_url) == {"succeeded": 1}
+
+
+def test_timeout_after_side_effect_with_lookup_tool_is_reconciled(db_url, tools):
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE outbox.tools SET timeout_s = 0.3 WHERE name = 'looked_up'")
+        conn.commit()
+    tools.tool("looked_up").stall_after_commit(1.0, n=1)
+    seed(db_url, ["looked_up"], runs=1, calls_per_batch=1, args=args)
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url))
+    tool = tools.tool("looked_up")
+    assert len(tool.effects) == 1
+    assert len(tool.deliveries) == 1  # never sent again: the lookup found it
+    assert tool.lookups == 1
+    assert scalar(db_url, "SELECT source FROM outbox.tool_results") == "lookup"
+    assert tool_call_states(db_url) == {"succeeded": 1}
+
+
+def test_timeout_after_side_effect_with_none_tool_is_never_repeated(db_url, tools):
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE outbox.tools SET timeout_s = 0.3 WHERE name = 'blind'")
+        conn.commit()
+    tools.tool("blind").stall_after_commit(1.0, n=1)
+    seed(db_url, ["blind"], runs=1, calls_per_batch=1, args=args)
+    with relay_thread(db_url):
+        wait_until(
+            lambda: scalar(
+                db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'quarantined'"
+            )
+        )
+    assert len(tools.tool("blind").deliveries) == 1
+    assert tool_call_states(db_url) == {"outcome_unknown": 1}
+    assert "outcome" in scalar(
+        db_url, "SELECT last_error FROM outbox.outbox WHERE kind = 'tool_call'"
+    )
+
+
+def test_none_tool_reclaimed_after_a_crash_mid_call_is_not_called_again(db_url, tools):
+    seed(db_url, ["blind"], runs=1, calls_per_batch=1, args=args)
+    with psycopg.connect(db_url) as conn:
+        # A worker that claimed the row, marked it dispatched, then died.
+        conn.execute(
+            "UPDATE outbox.outbox SET status = 'leased', attempts = 1, lease_owner = 'dead', "
+            "lease_expires_at = now() - interval '1 second' WHERE kind = 'tool_call'"
+        )
+        conn.execute("UPDATE outbox.tool_calls SET dispatched_attempt = 1, status = 'running'")
+        conn.commit()
+    with relay_thread(db_url):
+        wait_until(
+            lambda: scalar(
+                db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'quarantined'"
+            )
+        )
+    assert tools.tool("blind").deliveries == []
+    assert tool_call_states(db_url) == {"outcome_unknown": 1}
+    assert (
+        scalar(db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'lease.expired.rescued'")
+        == 1
+    )
+
+
+def test_late_write_of_an_expired_lease_holder_is_fenced(db_url, tools):
+    seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=args)
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            "UPDATE outbox.outbox SET status = 'leased', attempts = 1, lease_owner = 'ghost', "
+            "lease_expires_at = now() - interval '1 second' WHERE kind = 'tool_call'"
+        )
+        conn.commit()
+        row_id = conn.execute("SELECT id FROM outbox.outbox WHERE kind = 'tool_call'").fetchone()
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url))
+    # The ghost wakes up and tries to complete its (old) attempt: the fence refuses it.
+    from relay.worker import Worker
+    from tests.relay_harness import config
+
+    ghost = Worker(config(db_url, worker_id="ghost"))
+    from relay.executors import Claimed, Outcome
+
+    claimed = Claimed(
+        id=row_id[0],
+        kind="tool_call",
+        tenant_id="acme",
+        thread_id=None,
+        run_id=None,
+        batch_id=None,
+        tool_call_ref=None,
+        correlation_id=None,
+        attempt=1,
+        max_attempts=8,
+        payload={},
+        lag_s=0.0,
+    )
+    with psycopg.connect(db_url) as conn:
+        with conn.transaction():
+            what = ghost._apply(conn, Outcome(claimed, "result", "ok", {"late": True}))
+    ghost.http.close()
+    assert what == "fenced"
+    assert scalar(db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'write.fenced'") == 1
+    assert scalar(db_url, "SELECT output FROM outbox.tool_results") != {"late": True}
+
+
+def test_relay_survives_its_connections_being_killed(db_url, tools):
+    tools.tool("keyed").latency(0.02, n=None)
+    refs = seed(db_url, ["keyed"], runs=40, calls_per_batch=5, args=args)
+    with relay_thread(db_url, concurrency=4):
+        wait_until(lambda: tool_call_states(db_url).get("succeeded", 0) >= 20)
+        killed = scalar(
+            db_url,
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name LIKE 'outbox-relay-%'",
+        )
+        assert killed >= 2
+        wait_until(lambda: all_settled(db_url), timeout_s=60, what="drain after the kill")
+    assert tool_call_states(db_url) == {"succeeded": len(refs)}
+    assert tools.tool("keyed").duplicate_effects() == 0
+    assert scalar(db_url, "SELECT count(*) FROM outbox.submissions") == 40
+
+
+def test_complete_batch_with_a_lost_delivery_is_driven_on(db_url, tools):
+    refs = seed(db_url, ["keyed"], runs=1, calls_per_batch=2, args=args)
+    with psycopg.connect(db_url) as conn:
+        from outbox.schemas import ToolResultIn
+
+        for ref in refs:
+            writer.record_tool_result(
+                conn, ToolResultIn(tenant_id="acme", tool_call_ref=ref, status="ok", output=1)
+            )
+        conn.execute("DELETE FROM outbox.outbox")  # the delivery row is lost
+        conn.commit()
+    with relay_thread(db_url):
+        wait_until(lambda: scalar(db_url, "SELECT count(*) FROM outbox.submissions") == 1)
+    assert (
+        scalar(db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'batch.delivery_rescued'")
+        == 1
+    )
+
+
+def test_claim_uses_the_partial_index(db_url, tools):
+    seed(db_url, ["keyed"], runs=50, calls_per_batch=10, args=args)
+    from relay.worker import Worker
+    from tests.relay_harness import config
+
+    worker = Worker(config(db_url))
+    worker.http.close()
+    with psycopg.connect(db_url) as conn:
+        conn.execute("ANALYZE outbox.outbox")
+        plan = conn.execute(
+            "EXPLAIN (FORMAT JSON) " + worker.q.claim,
+            {"limit": 10, "worker": "w", "lease_s": 30, "kinds": ["tool_call"]},
+        ).fetchone()[0]
+        conn.rollback()
+    assert "outbox_ready" in str(plan), plan
+
+
+def test_notify_wakes_an_idle_relay_long_before_its_poll(db_url, tools):
+    with relay_thread(db_url, poll_interval_s=120.0):
+        wait_until(
+            lambda: scalar(
+                db_url,
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN outbox_ready%'",
+            )
+        )
+        seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=args)
+        wait_until(lambda: all_settled(db_url), timeout_s=20, what="a NOTIFY wake-up")
+
+
+def test_without_listen_the_relay_polls(db_url, tools):
+    with relay_thread(db_url, listen=False, poll_interval_s=0.1):
+        seed(db_url, ["keyed"], runs=2, calls_per_batch=2, args=args)
+        wait_until(lambda: all_settled(db_url))
+    assert tool_call_states(db_url) == {"succeeded": 4}

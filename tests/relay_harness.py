@@ -1,0 +1,133 @@
+"""Shared pieces for relay tests: seed intents, run relays (threads or processes), wait."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from outbox import registry, writer
+from outbox.fakes.tools import FakeToolService
+from relay.config import RelayConfig
+from relay.worker import Worker
+from tests.helpers import TENANT, new_run, turn
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "") -> Any:
+    """Poll ``predicate`` until it is truthy; fail with ``what`` after the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
+        time.sleep(0.05)  # polling interval of a condition with a deadline
+
+
+def scalar(db_url: str, query: str, params: Any = None) -> Any:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        row = conn.execute(query, params).fetchone()
+    return None if row is None else row[0]
+
+
+def register_tool(
+    conn: psycopg.Connection[Any], service: FakeToolService, name: str, mode: str, **kw: Any
+) -> None:
+    spec: dict[str, Any] = {
+        "name": name,
+        "executor": "http",
+        "endpoint": service.endpoint(name),
+        "idempotency_mode": mode,
+        "timeout_s": 2.0,
+        "max_attempts": 8,
+    }
+    if mode == "lookup":
+        spec["lookup_endpoint"] = service.lookup_endpoint(name)
+    spec.update(kw)
+    registry.register(conn, registry.ToolSpec(**spec))
+
+
+def seed(
+    db_url: str, tools: list[str], runs: int, calls_per_batch: int, args: Callable[[int], Any]
+) -> list[int]:
+    """``runs`` runs, each with one batch of ``calls_per_batch`` calls cycling over ``tools``."""
+    refs: list[int] = []
+    n = 0
+    with psycopg.connect(db_url) as conn:
+        for _ in range(runs):
+            run = new_run(conn, tools=sorted(set(tools)))
+            calls = []
+            for position in range(calls_per_batch):
+                calls.append((f"call_{position}", tools[n % len(tools)], args(n)))
+                n += 1
+            refs += writer.record_model_turn(conn, turn(run, 1, *calls)).tool_call_refs
+            conn.commit()
+    return refs
+
+
+def config(db_url: str, **overrides: Any) -> RelayConfig:
+    values: dict[str, Any] = {
+        "database_url": db_url,
+        "concurrency": 8,
+        "lease_s": 5.0,
+        "poll_interval_s": 0.2,
+        "rescue_interval_s": 0.3,
+        "stalled_batch_grace_s": 0.5,
+        "retry_base_s": 0.05,
+        "retry_cap_s": 0.5,
+        "grace_s": 5.0,
+        "kinds": ("tool_call", "deliver_batch"),
+    }
+    values.update(overrides)
+    return RelayConfig(**values)
+
+
+@contextmanager
+def relay_thread(db_url: str, **overrides: Any) -> Iterator[Worker]:
+    worker = Worker(config(db_url, **overrides))
+    thread = threading.Thread(target=worker.run, name="relay-under-test")
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "relay thread did not stop"
+
+
+def start_relay_process(db_url: str, log_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OUTBOX_DATABASE_URL": db_url}
+    command = [sys.executable, "-m", "cli", "relay", "--kind", "tool_call"]
+    command += ["--kind", "deliver_batch", "--log-level", "WARNING", *args]
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
+
+
+def tool_call_states(db_url: str) -> dict[str, int]:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT status, count(*) FROM outbox.tool_calls GROUP BY 1").fetchall()
+    return {status: n for status, n in rows}
+
+
+def all_settled(db_url: str) -> bool:
+    """No tool call or delivery left to do (terminal or parked for an operator)."""
+    left = scalar(
+        db_url,
+        "SELECT count(*) FROM outbox.outbox WHERE kind IN ('tool_call', 'deliver_batch') "
+        "AND status <> 'quarantined'",
+    )
+    return left == 0
+
+
+__all__ = ["TENANT"]
