@@ -226,9 +226,8 @@ def test_late_write_of_an_expired_lease_holder_is_fenced(db_url, tools):
         payload={},
         lag_s=0.0,
     )
-    with psycopg.connect(db_url) as conn:
-        with conn.transaction():
-            what = ghost._apply(conn, Outcome(claimed, "result", "ok", {"late": True}))
+    with psycopg.connect(db_url) as conn, conn.transaction():
+        what = ghost._apply(conn, Outcome(claimed, "result", "ok", {"late": True}))
     ghost.http.close()
     assert what == "fenced"
     assert scalar(db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'write.fenced'") == 1
