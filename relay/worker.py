@@ -320,6 +320,9 @@ class Worker:
         link.close()
 
     def _write(self, link: Link, outcomes: list[Outcome]) -> None:
+        # One lock order for every completer in every process (batch, then row), so two
+        # transactions completing calls of the same batches queue up instead of deadlocking.
+        outcomes.sort(key=lambda o: (o.row.batch_id or 0, o.row.id))
         conn = link.get()
         with conn.transaction():
             applied = [self._apply(conn, outcome) for outcome in outcomes]

@@ -74,11 +74,19 @@ WHERE tc.id = %(tool_call_ref)s
 RETURNING tc.id
 
 -- name: heartbeat
--- Extend the leases this worker still holds.
-UPDATE {s}.outbox
+-- Extend the leases this worker still holds. Rows locked by a completion in progress are
+-- skipped, not waited for: waiting here deadlocks with the completer's transaction.
+WITH mine AS (
+    SELECT id FROM {s}.outbox
+    WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'leased'
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {s}.outbox o
 SET lease_expires_at = now() + make_interval(secs => %(lease_s)s)
-WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'leased'
-RETURNING id
+FROM mine
+WHERE o.id = mine.id
+RETURNING o.id
 
 -- name: release
 -- Give back rows on shutdown: ready again at once. The attempt stays counted: the fencing

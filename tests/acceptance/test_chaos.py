@@ -1,0 +1,255 @@
+"""Relay processes under abuse: kill -9 at random, SIGSTOP past the lease, SIGTERM, restarts.
+
+Every check reads the fake services' own audit trails and the database, never the relay's
+opinion of itself.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+
+from outbox.fakes.tools import FakeToolService
+from tests.relay_harness import (
+    all_settled,
+    register_tool,
+    scalar,
+    seed,
+    start_relay_process,
+    tool_call_states,
+    wait_until,
+)
+
+FAST = [
+    "--lease",
+    "2",
+    "--rescue-interval",
+    "0.3",
+    "--retry-base",
+    "0.05",
+    "--poll-interval",
+    "0.2",
+]
+
+
+@pytest.fixture
+def service() -> Iterator[FakeToolService]:
+    with FakeToolService(standard_tools=False) as svc:
+        yield svc
+
+
+def stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def run_chaos(
+    db_url: str, service: FakeToolService, tmp_path: Path, calls: int, kills: int
+) -> None:
+    rng = random.Random(int(os.environ.get("CHAOS_SEED", "7")))
+    for name, mode in (("keyed", "key"), ("looked_up", "lookup"), ("blind", "none")):
+        service.add_tool(name, mode).latency(0.01, n=None)
+    with psycopg.connect(db_url) as conn:
+        for name, mode in (("keyed", "key"), ("looked_up", "lookup"), ("blind", "none")):
+            register_tool(conn, service, name, mode, max_attempts=50)
+        conn.commit()
+    mix = ["keyed", "keyed", "keyed", "looked_up", "blind"]
+    seed(db_url, mix, runs=calls // 5, calls_per_batch=5, args=lambda n: {"n": n})
+    log = tmp_path / "relays.log"
+    relays = [start_relay_process(db_url, log, "--concurrency", "8", *FAST) for _ in range(3)]
+    try:
+        done_kills = 0
+        while done_kills < kills and not all_settled(db_url):
+            time.sleep(rng.uniform(0.2, 0.8))  # chaos pacing: when the next kill lands
+            victim = rng.randrange(len(relays))
+            relays[victim].send_signal(signal.SIGKILL)
+            relays[victim].wait(timeout=10)
+            relays[victim] = start_relay_process(db_url, log, "--concurrency", "8", *FAST)
+            done_kills += 1
+        wait_until(lambda: all_settled(db_url), timeout_s=120, what="drain after the kills")
+    finally:
+        stop_all(relays)
+
+    states = tool_call_states(db_url)
+    assert sum(states.values()) == calls, states
+    # 0 lost intents: every call has a result, except non-idempotent ones parked as unknown.
+    assert set(states) <= {"succeeded", "outcome_unknown"}, states
+    unknown = scalar(
+        db_url,
+        "SELECT count(*) FROM outbox.tool_calls WHERE status = 'outcome_unknown' "
+        "AND idempotency_mode <> 'none'",
+    )
+    assert unknown == 0
+    # 0 duplicate side effects, counted by the tools themselves.
+    keyed = service.tool("keyed")
+    n_keyed = scalar(db_url, "SELECT count(*) FROM outbox.tool_calls WHERE tool_name = 'keyed'")
+    assert len(keyed.effects) == n_keyed and keyed.duplicate_effects() == 0
+    assert service.tool("looked_up").duplicate_effects() == 0
+    assert service.tool("blind").duplicate_effects() == 0  # never executed twice
+    # Every batch whose calls all have results was delivered exactly once, in full.
+    undelivered = scalar(
+        db_url,
+        "SELECT count(*) FROM outbox.tool_batches b WHERE b.status <> 'delivered' AND NOT EXISTS "
+        "(SELECT 1 FROM outbox.tool_calls c WHERE c.batch_id = b.id "
+        "AND c.status = 'outcome_unknown')",
+    )
+    if undelivered:
+        with psycopg.connect(db_url) as conn:
+            detail = conn.execute(
+                "SELECT b.id, b.status, b.pending, b.size, "
+                "(SELECT count(*) FROM outbox.tool_results r WHERE r.batch_id = b.id), "
+                "(SELECT array_agg(c.tool_name || ':' || c.status || ':' || c.attempts || ':' "
+                " || coalesce(c.dispatched_attempt, 0) || ':' || (r.tool_call_ref IS NOT NULL)) "
+                " FROM outbox.tool_calls c LEFT JOIN outbox.tool_results r "
+                " ON r.tool_call_ref = c.id WHERE c.batch_id = b.id) "
+                "FROM outbox.tool_batches b WHERE b.status <> 'delivered' AND NOT EXISTS "
+                "(SELECT 1 FROM outbox.tool_calls c WHERE c.batch_id = b.id "
+                "AND c.status = 'outcome_unknown') LIMIT 3"
+            ).fetchall()
+            events = conn.execute(
+                "SELECT event, tool_call_ref, attempt, worker, detail FROM outbox.journal "
+                "WHERE batch_id = %s ORDER BY id",
+                [detail[0][0]],
+            ).fetchall()
+        raise AssertionError(f"{undelivered} batches not delivered: {detail} {events}")
+    delivered = scalar(
+        db_url, "SELECT count(*) FROM outbox.tool_batches WHERE status = 'delivered'"
+    )
+    assert scalar(db_url, "SELECT count(*) FROM outbox.submissions") == delivered
+    tool_messages = scalar(
+        db_url,
+        "SELECT count(*) FROM outbox.messages m JOIN outbox.tool_calls c ON c.id = m.tool_call_ref "
+        "JOIN outbox.tool_batches b ON b.id = c.batch_id WHERE b.status = 'delivered'",
+    )
+    assert tool_messages == delivered * 5
+    raw = sum(len(service.tool(n).deliveries) for n in ("keyed", "looked_up", "blind"))
+    print(f"chaos: {calls} intents, {kills} kills, {raw} raw deliveries, states {states}")
+
+
+def test_kill_9_relays_while_2000_tool_calls_run(db_url, service, tmp_path):
+    run_chaos(db_url, service, tmp_path, calls=2000, kills=6)
+
+
+@pytest.mark.soak
+def test_kill_9_soak(db_url, service, tmp_path):
+    run_chaos(db_url, service, tmp_path, calls=20000, kills=60)
+
+
+def test_worker_paused_past_its_lease_cannot_overwrite_the_new_holder(db_url, service, tmp_path):
+    tool = service.add_tool("keyed", "key")
+    tool.stall_after_commit(1.5, n=1)  # the first holder waits for its answer when paused
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "keyed", "key", timeout_s=10)
+        conn.commit()
+    seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+    log = tmp_path / "relays.log"
+    first = start_relay_process(db_url, log, *FAST)
+    relays = [first]
+    try:
+        owner = f"%:{first.pid}:%"
+        wait_until(
+            lambda: (
+                scalar(
+                    db_url, "SELECT count(*) FROM outbox.outbox WHERE lease_owner LIKE %s", [owner]
+                )
+                and len(tool.deliveries) == 1
+            ),
+            what="the first relay to be mid-call",
+        )
+        first.send_signal(signal.SIGSTOP)
+        relays.append(start_relay_process(db_url, log, *FAST))
+        wait_until(lambda: all_settled(db_url), what="the second relay to finish the call")
+        assert scalar(db_url, "SELECT attempt FROM outbox.tool_results") == 2
+        first.send_signal(signal.SIGCONT)
+        wait_until(
+            lambda: scalar(
+                db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'write.fenced'"
+            ),
+            what="the late write to be fenced off",
+        )
+    finally:
+        first.send_signal(signal.SIGCONT)
+        stop_all(relays)
+    assert len(tool.effects) == 1
+    assert scalar(db_url, "SELECT attempt FROM outbox.tool_results") == 2
+    assert (
+        scalar(db_url, "SELECT count(*) FROM outbox.orphaned_results WHERE reason = 'fenced'") == 1
+    )
+
+
+def test_sigterm_finishes_in_flight_calls_and_leaves_the_rest(db_url, service, tmp_path):
+    tool = service.add_tool("keyed", "key")
+    tool.stall_after_commit(1.0, n=None)
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "keyed", "key", timeout_s=10)
+        conn.commit()
+    seed(db_url, ["keyed"], runs=1, calls_per_batch=6, args=lambda n: {"n": n})
+    relay = start_relay_process(db_url, tmp_path / "r.log", "--concurrency", "2", *FAST)
+    try:
+        wait_until(lambda: len(tool.deliveries) == 2, what="two calls in flight")
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=30) == 0
+    finally:
+        stop_all([relay])
+    assert tool_call_states(db_url) == {"succeeded": 2, "pending": 4}
+    assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'leased'") == 0
+
+
+def test_sigterm_past_the_grace_period_releases_in_flight_rows(db_url, service, tmp_path):
+    tool = service.add_tool("keyed", "key")
+    tool.stall_after_commit(5.0, n=None)
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "keyed", "key", timeout_s=10)
+        conn.commit()
+    seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+    relay = start_relay_process(db_url, tmp_path / "r.log", "--grace", "0.2", *FAST)
+    try:
+        wait_until(lambda: len(tool.deliveries) == 1, what="the call in flight")
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=30) == 0
+    finally:
+        stop_all([relay])
+    assert scalar(db_url, "SELECT status FROM outbox.outbox WHERE kind = 'tool_call'") == "ready"
+    assert "released" in scalar(
+        db_url, "SELECT last_error FROM outbox.outbox WHERE kind = 'tool_call'"
+    )
+
+
+def test_supervisor_restarts_a_killed_worker_and_stops_cleanly(db_url, service, tmp_path):
+    service.add_tool("keyed", "key")
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "keyed", "key")
+        conn.commit()
+    supervisor = start_relay_process(db_url, tmp_path / "s.log", "--processes", "2", *FAST)
+    try:
+        parent = psutil.Process(supervisor.pid)
+
+        def workers() -> list[int]:  # spawn also starts a resource tracker: not a worker
+            children = parent.children()
+            return [c.pid for c in children if "spawn_main" in " ".join(c.cmdline())]
+
+        victim = wait_until(lambda: len(workers()) == 2 and workers())[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_until(
+            lambda: len(workers()) == 2 and victim not in workers(), what="a replacement worker"
+        )
+        seed(db_url, ["keyed"], runs=5, calls_per_batch=4, args=lambda n: {"n": n})
+        wait_until(lambda: all_settled(db_url))
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0
+        assert parent.is_running() is False or parent.status() == psutil.STATUS_ZOMBIE
+    finally:
+        stop_all([supervisor])
+    assert tool_call_states(db_url) == {"succeeded": 20}
+    assert service.tool("keyed").duplicate_effects() == 0
