@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox import writer
+from outbox import tenancy, writer
 
 Message = dict[str, Any]
 UNANSWERED = "no result was recorded for this call ({reason})"
@@ -142,6 +142,7 @@ def replay(
     closed in the replayed copy only; the stored history is not changed.
     """
     conn = writer.pg(db)
+    tenancy.scope(conn, tenant_id)
     thread = writer.fetch_one(conn, writer.Q.get_thread, {"thread_id": thread_id})
     writer._owned(thread, "thread", thread_id, tenant_id)
     messages, report = repair(stored_messages(conn, thread_id), reason="batch not delivered")

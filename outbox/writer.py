@@ -26,7 +26,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from outbox import registry
+from outbox import registry, tenancy
 from outbox.errors import (
     ActiveRunExists,
     IdempotencyKeyReused,
@@ -127,6 +127,7 @@ def create_thread(
     """Create a thread, optionally with opening messages (system prompt, earlier turns)."""
     conn = pg(db)
     _check_tenant(tenant_id)
+    tenancy.scope(conn, tenant_id)
     row = fetch_one(
         conn,
         Q.insert_thread,
@@ -220,6 +221,7 @@ def start_run(db: Any, request: StartRun) -> RunRef:
     ``ActiveRunExists`` naming that run.
     """
     conn = pg(db)
+    tenancy.scope(conn, request.tenant_id)
     if request.idempotency_key:
         existing = fetch_one(
             conn, Q.run_by_key, {"tenant_id": request.tenant_id, "key": request.idempotency_key}
@@ -322,7 +324,10 @@ def lock_run(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant_id: str | 
 
 def get_run(db: Any, run_id: uuid.UUID, tenant_id: str | None = None) -> Row:
     """The run's row as a dict (``NotFound``/``WrongTenant`` when it is not yours)."""
-    row = fetch_one(pg(db), Q.get_run, {"run_id": run_id})
+    conn = pg(db)
+    if tenant_id is not None:
+        tenancy.scope(conn, tenant_id)
+    row = fetch_one(conn, Q.get_run, {"run_id": run_id})
     if tenant_id is None:
         if row is None:
             raise NotFound(f"run {run_id} does not exist")
@@ -369,6 +374,7 @@ def record_model_turn(db: Any, turn: ModelTurnIn) -> TurnRecord:
     the next turn; they never raise and never lose the turn.
     """
     conn = pg(db)
+    tenancy.scope(conn, turn.tenant_id)
     run = lock_run(conn, turn.run_id, turn.tenant_id)
     existing = fetch_one(conn, Q.model_turn_by_step, {"run_id": run["id"], "step_no": turn.step_no})
     if existing:
@@ -569,6 +575,7 @@ def record_tool_result(db: Any, result: ToolResultIn) -> ResultRecord:
     same transaction (exactly one result sees the batch complete: the batch row is locked).
     """
     conn = pg(db)
+    tenancy.scope(conn, result.tenant_id)
     call = fetch_one(conn, Q.call_for_result, {"tool_call_ref": result.tool_call_ref})
     call = _owned(call, "tool call", result.tool_call_ref, result.tenant_id)
     stored = fetch_one(conn, Q.get_result, {"tool_call_ref": call["id"]})

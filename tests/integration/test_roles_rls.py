@@ -1,0 +1,321 @@
+"""Least-privilege roles and tenant row-level security (migration 0002), attacked for real.
+
+Each test connects as the superuser that owns the test database and drops to a role with
+``SET LOCAL ROLE`` inside a transaction, exactly the rights a backend, a relay or an auditor
+logged in as a member of that role would have.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from outbox import db, migrate, ops, tenancy, writer
+from outbox.errors import OutboxError
+from outbox.schemas import ToolResultIn
+from outbox.sql import Queries
+from tests.helpers import add_tool, new_run, turn
+
+A, B = "tenant-a", "tenant-b"
+RELAY_Q = Queries(Path(__file__).parents[2] / "relay" / "queries" / "relay.sql", "outbox")
+TENANT_TABLES = [
+    "threads",
+    "runs",
+    "messages",
+    "model_turns",
+    "tool_batches",
+    "tool_calls",
+    "tool_results",
+    "orphaned_results",
+    "submissions",
+    "outbox",
+    "tools",
+    "journal",
+]
+
+
+def seed(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """Each tenant: a thread, a run, a model turn with one http tool call (an outbox row)."""
+    add_tool(conn)
+    made: dict[str, Any] = {}
+    for tenant in (A, B):
+        run = new_run(conn, tenant=tenant, tools=["lookup_order"])
+        rec = writer.record_model_turn(
+            conn, turn(run, 1, (f"call_{tenant}", "lookup_order", {"order_id": "1"}))
+        )
+        made[tenant] = {"run": run, "call": rec.tool_call_refs[0]}
+    conn.commit()
+    return made
+
+
+def as_role(conn: psycopg.Connection[Any], role: str, tenant: str | None = None) -> None:
+    conn.execute(f"SET LOCAL ROLE {role}")
+    if tenant is not None:
+        tenancy.scope(conn, tenant)
+
+
+def tenants_seen(conn: psycopg.Connection[Any], table: str) -> set[str]:
+    return {r[0] for r in conn.execute(f"SELECT DISTINCT tenant_id FROM outbox.{table}")}
+
+
+def test_roles_exist_without_bypass_and_own_nothing(conn):
+    roles = conn.execute(
+        "SELECT rolname, rolsuper, rolbypassrls, rolcanlogin FROM pg_roles "
+        "WHERE rolname LIKE 'outbox\\_%' ORDER BY rolname"
+    ).fetchall()
+    assert [r[0] for r in roles] == ["outbox_auditor", "outbox_relay", "outbox_writer"]
+    assert all(not r[1] and not r[2] and not r[3] for r in roles), roles
+    owned = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'outbox' AND pg_get_userbyid(c.relowner) LIKE 'outbox\\_%'"
+    ).fetchall()
+    assert owned == []
+
+
+def test_every_tenant_table_forces_row_level_security(conn):
+    rows = conn.execute(
+        "SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'tenant_id' "
+        "WHERE n.nspname = 'outbox' AND c.relkind = 'r' ORDER BY c.relname"
+    ).fetchall()
+    assert sorted(r[0] for r in rows) == sorted(TENANT_TABLES)
+    assert all(r[1] and r[2] for r in rows), rows
+
+
+def test_writer_sees_only_its_tenant(conn):
+    seed(conn)
+    as_role(conn, "outbox_writer", A)
+    for table in ("threads", "runs", "messages", "tool_batches", "tool_calls", "outbox"):
+        assert tenants_seen(conn, table) == {A}, table
+    # shared tools ('*') stay visible
+    assert tenants_seen(conn, "tools") == {"*"}
+
+
+def test_writer_without_a_tenant_sees_nothing(conn):
+    seed(conn)
+    as_role(conn, "outbox_writer")
+    for table in ("threads", "runs", "tool_calls", "outbox"):
+        assert tenants_seen(conn, table) == set(), table
+
+
+def test_tenant_scope_ends_with_the_transaction(conn):
+    seed(conn)
+    as_role(conn, "outbox_writer", A)
+    assert tenants_seen(conn, "runs") == {A}
+    conn.commit()
+    as_role(conn, "outbox_writer")
+    assert tenants_seen(conn, "runs") == set()
+
+
+def test_writer_cannot_insert_rows_for_another_tenant(conn):
+    made = seed(conn)
+    as_role(conn, "outbox_writer", A)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+        conn.execute("INSERT INTO outbox.threads (tenant_id) VALUES (%s)", [B])
+    conn.rollback()
+    as_role(conn, "outbox_writer", A)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+        conn.execute(
+            "INSERT INTO outbox.outbox (tenant_id, kind, dedup_key, run_id) "
+            "VALUES (%s, 'model_turn', 'evil', %s)",
+            [B, made[B]["run"].id],
+        )
+
+
+def test_writer_cannot_update_or_move_rows_of_another_tenant(conn):
+    made = seed(conn)
+    b_run = made[B]["run"].id
+    as_role(conn, "outbox_writer", A)
+    cur = conn.execute("UPDATE outbox.runs SET model = 'hijacked' WHERE id = %s", [b_run])
+    assert cur.rowcount == 0
+    # nor move its own row into tenant B
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+        conn.execute("UPDATE outbox.runs SET tenant_id = %s WHERE id = %s", [B, made[A]["run"].id])
+    conn.rollback()
+    row = conn.execute("SELECT model, tenant_id FROM outbox.runs WHERE id = %s", [b_run]).fetchone()
+    assert row == ("scripted", B)
+
+
+def test_writer_api_of_one_tenant_cannot_reach_another(conn):
+    made = seed(conn)
+    as_role(conn, "outbox_writer", A)
+    with pytest.raises(OutboxError, match="does not exist"):
+        writer.get_run(conn, made[B]["run"].id, A)
+    with pytest.raises(OutboxError, match="does not exist"):
+        writer.record_tool_result(
+            conn, ToolResultIn(tenant_id=A, tool_call_ref=made[B]["call"], status="ok")
+        )
+
+
+def test_writer_api_works_with_writer_rights_only(conn):
+    add_tool(conn, "approve", executor="client", endpoint=None)
+    conn.commit()
+    as_role(conn, "outbox_writer")
+    run = new_run(conn, tenant=A, tools=["approve"])
+    rec = writer.record_model_turn(conn, turn(run, 1, ("c1", "approve", {"order_id": "7"})))
+    assert rec.run_status == "requires_action"
+    stored = writer.record_tool_result(
+        conn,
+        ToolResultIn(
+            tenant_id=A, tool_call_ref=rec.tool_call_refs[0], status="ok", source="client"
+        ),
+    )
+    assert stored.outcome == "stored" and stored.batch_complete
+    assert writer.get_run(conn, run.id, A)["status"] == "requires_action"
+    conn.commit()
+    kinds = conn.execute("SELECT kind FROM outbox.outbox ORDER BY id").fetchall()
+    assert kinds == [("model_turn",), ("deliver_batch",)]
+
+
+def test_writer_cannot_claim_lease_or_finish_rows(conn):
+    seed(conn)
+    as_role(conn, "outbox_writer", A)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+        conn.execute(
+            RELAY_Q.claim,
+            {"kinds": ["tool_call", "model_turn"], "limit": 10, "worker": "w", "lease_s": 30},
+        )
+    conn.rollback()
+    for statement in (
+        "UPDATE outbox.outbox SET status = 'leased', lease_owner = 'w', lease_expires_at = now()",
+        "DELETE FROM outbox.outbox",
+        "SELECT id FROM outbox.outbox FOR UPDATE SKIP LOCKED",
+    ):
+        as_role(conn, "outbox_writer", A)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+            conn.execute(statement)
+        conn.rollback()
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SELECT count(*) FROM outbox.journal",
+        "UPDATE outbox.journal SET event = 'x'",
+        "DELETE FROM outbox.journal",
+        "TRUNCATE outbox.journal",
+        "SELECT outbox.prune_journal(interval '1 day')",
+    ],
+)
+def test_writer_cannot_read_or_change_the_journal(conn, statement):
+    seed(conn)
+    as_role(conn, "outbox_writer", A)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(statement)
+
+
+def test_writer_appends_journal_events_only_for_its_tenant(conn):
+    seed(conn)
+    as_role(conn, "outbox_writer", A)
+    writer.journal(conn, "backend.note", A)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+        writer.journal(conn, "backend.note", B)
+
+
+def test_relay_sees_and_claims_every_tenant(conn):
+    seed(conn)
+    as_role(conn, "outbox_relay")
+    assert tenants_seen(conn, "runs") == {A, B}
+    claimed = conn.execute(
+        RELAY_Q.claim,
+        {"kinds": ["tool_call"], "limit": 10, "worker": "w1", "lease_s": 30},
+    ).fetchall()
+    assert len(claimed) == 2
+    # and completes: done rows leave the hot table
+    ids = [r[0] for r in claimed]
+    for outbox_id in ids:
+        done = conn.execute(
+            RELAY_Q.finish, {"id": outbox_id, "worker": "w1", "attempt": 1}
+        ).fetchone()
+        assert done == (outbox_id,)
+    assert conn.execute(
+        "SELECT count(*) FROM outbox.outbox WHERE kind = 'tool_call'"
+    ).fetchone() == (0,)
+
+
+def test_relay_cannot_change_the_journal(conn):
+    seed(conn)
+    as_role(conn, "outbox_relay")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("DELETE FROM outbox.journal")
+
+
+def test_auditor_reads_journal_and_views_of_every_tenant(conn):
+    seed(conn)
+    as_role(conn, "outbox_auditor")
+    assert tenants_seen(conn, "journal") == {A, B}
+    lag = conn.execute("SELECT tenant_id, kind, due FROM outbox.queue_lag ORDER BY 1, 2").fetchall()
+    # nobody ran the relay: each tenant has its first model turn and its tool call due
+    assert lag == [
+        (A, "model_turn", 1),
+        (A, "tool_call", 1),
+        (B, "model_turn", 1),
+        (B, "tool_call", 1),
+    ]
+    events = conn.execute("SELECT count(DISTINCT run_id) FROM outbox.run_timeline").fetchone()
+    assert events == (2,)
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "SELECT count(*) FROM outbox.runs",
+        "INSERT INTO outbox.journal (tenant_id, event) VALUES ('tenant-a', 'x')",
+        "INSERT INTO outbox.threads (tenant_id) VALUES ('tenant-a')",
+        "UPDATE outbox.outbox SET status = 'quarantined'",
+        "DELETE FROM outbox.outbox",
+        "DELETE FROM outbox.journal",
+        "UPDATE outbox.tools SET enabled = false",
+        "SELECT outbox.prune_journal(interval '1 day')",
+    ],
+)
+def test_auditor_cannot_write_anything(conn, statement):
+    seed(conn)
+    as_role(conn, "outbox_auditor")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(statement)
+
+
+def test_prune_as_non_owner_is_refused_with_a_hint(conn):
+    as_role(conn, "outbox_auditor")
+    with pytest.raises(OutboxError, match="refused") as err:
+        ops.prune(conn, ops.parse_age("1d"), actor="mallory")
+    assert "owns the outbox schema" in err.value.hint
+
+
+def _as_user(url: str, user: str, password: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{user}:{password}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def test_a_non_superuser_owner_migrates_and_keeps_working(server_url):
+    """FORCE ROW LEVEL SECURITY must not lock out the (non-superuser) owner of the tables."""
+    suffix = uuid.uuid4().hex[:10]
+    owner, database = f"outbox_owner_{suffix}", f"outbox_own_{suffix}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {owner} LOGIN PASSWORD 'pw' NOSUPERUSER NOBYPASSRLS")
+        admin.execute(f"CREATE DATABASE {database} OWNER {owner}")
+    try:
+        url = _as_user(db.with_database(server_url, database), owner, "pw")
+        migrate.upgrade(url, schema="outbox")
+        with psycopg.connect(url) as conn:
+            seed(conn)  # no tenant scope: the owner writes for both tenants
+            assert tenants_seen(conn, "runs") == {A, B}
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
+                conn.execute("DELETE FROM outbox.journal")
+            conn.rollback()
+            assert ops.prune(conn, ops.parse_age("1d"), actor="owner") == 0
+            conn.commit()
+        migrate.downgrade(url, "base", schema="outbox")
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+            admin.execute(f"DROP ROLE IF EXISTS {owner}")
