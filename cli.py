@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,8 +18,9 @@ from typing import Any, TypeVar
 import click
 import psycopg
 
-from outbox import db, migrate, ops, registry
+from outbox import db, history, lifecycle, migrate, ops, registry, writer
 from outbox.errors import OutboxError
+from outbox.schemas import NewMessage, StartRun
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -446,6 +448,122 @@ def runs_show(run: str, as_json: bool) -> None:
         for e in shown["timeline"]
     ]
     emit(rows, False, TIMELINE_COLUMNS)
+    if r["status"] == "requires_action":
+        with connection() as conn:
+            waiting = lifecycle.pending_client_calls(conn, r["id"])
+        click.echo("\nwaiting for client outputs (outbox runs submit-outputs RUN FILE):")
+        emit(waiting, False, ["tool_call_id", "tool_name", "arguments_raw"])
+
+
+@runs_group.command("create")
+@click.option("--thread", "thread_id", required=True, help="Thread id (see threads create).")
+@click.option("--tenant", required=True, help="The tenant that owns the thread.")
+@click.option("--message", required=True, help="The user turn that starts the run.")
+@click.option("--model", required=True, help="Model name sent to the provider.")
+@click.option("--tool", "tools", multiple=True, help="A registered tool the model may call.")
+@click.option("--api", type=click.Choice(["responses", "chat"]), default="responses")
+@click.option("--base-url", help="OpenAI-compatible server (default: $OPENAI_BASE_URL).")
+@click.option("--instructions", help="System instructions for the model.")
+@click.option("--max-steps", type=int, help="Most model turns in this run.")
+@click.option("--max-tokens", type=int, help="Token budget of this run.")
+@click.option("--idempotency-key", help="Resending the same turn with this key returns the run.")
+@json_option
+def runs_create(
+    thread_id: str, tenant: str, tools: tuple[str, ...], as_json: bool, **opts: Any
+) -> None:
+    """Start a run on a thread: the user message and the first model turn, atomically."""
+    fields = {k: v for k, v in opts.items() if v is not None}
+    with connection() as conn:
+        run = writer.start_run(
+            conn,
+            StartRun(tenant_id=tenant, thread_id=uuid.UUID(thread_id), tools=list(tools), **fields),
+        )
+        conn.commit()
+    if as_json:
+        echo_json({"id": run.id, "status": run.status, "created": run.created})
+        return
+    click.echo(f"{'created' if run.created else 'existing'} run {run.id} ({run.status})")
+
+
+@runs_group.command("cancel")
+@click.argument("run")
+@actor_option
+def runs_cancel(run: str, actor: str) -> None:
+    """Cancel RUN: no new claims; in-flight tool calls finish into orphaned_results."""
+    with connection() as conn:
+        found = ops.resolve_run(conn, run)
+        ended = lifecycle.cancel_run(conn, found["id"], found["tenant_id"], actor=actor)
+        conn.commit()
+    click.echo(f"run {ended['id']} cancelled")
+
+
+@runs_group.command("submit-outputs")
+@click.argument("run")
+@click.argument("file", type=click.File())
+def runs_submit_outputs(run: str, file: Any) -> None:
+    """Submit client tool outputs for RUN from FILE (JSON list; '-' reads stdin).
+
+    FILE holds [{"tool_call_id": "...", "output": ...} | {"tool_call_id": "...", "error": "..."}].
+    Submitting the same outputs twice is a no-op.
+    """
+    outputs = json.load(file)
+    with connection() as conn:
+        found = ops.resolve_run(conn, run)
+        status = lifecycle.submit_tool_outputs(conn, found["tenant_id"], found["id"], outputs)
+        conn.commit()
+    click.echo(f"run {found['id']}: {status}")
+
+
+# -- threads ----------------------------------------------------------------------------
+
+
+@main.group("threads")
+def threads_group() -> None:
+    """Threads: create, show the history as a provider would get it, import."""
+
+
+@threads_group.command("create")
+@click.option("--tenant", required=True)
+@click.option("--title")
+@click.option("--system", "system_prompt", help="An opening system message.")
+def threads_create(tenant: str, title: str | None, system_prompt: str | None) -> None:
+    """Create a thread; prints its id."""
+    messages = [NewMessage(role="system", content=system_prompt)] if system_prompt else []
+    with connection() as conn:
+        thread = writer.create_thread(conn, tenant, title=title, messages=messages)
+        conn.commit()
+    click.echo(str(thread.id))
+
+
+@threads_group.command("show")
+@click.argument("thread_id")
+@click.option("--tenant", required=True)
+@click.option("--api", type=click.Choice(["chat", "responses"]), default="chat")
+def threads_show(thread_id: str, tenant: str, api: str) -> None:
+    """Print the thread as provider messages (JSON), every call paired with its result."""
+    with connection() as conn:
+        messages, report = history.replay(conn, uuid.UUID(thread_id), tenant, api=api)
+    echo_json(messages)
+    if report.changed:
+        click.echo(f"repaired on replay: {report.as_detail()}", err=True)
+
+
+@threads_group.command("import")
+@click.argument("file", type=click.File())
+@click.option("--tenant", required=True)
+@click.option("--title")
+def threads_import(file: Any, tenant: str, title: str | None) -> None:
+    """Import a conversation (a JSON list of OpenAI chat messages), repairing its pairing."""
+    messages = json.load(file)
+    with connection() as conn:
+        thread, report = lifecycle.import_thread(conn, tenant, messages, title=title)
+        conn.commit()
+    click.echo(f"thread {thread.id}: {len(messages)} messages imported")
+    if report.changed:
+        click.echo(
+            f"repaired: dropped {len(report.dropped_orphans)} orphan results, "
+            f"closed {len(report.closed_calls)} unanswered calls"
+        )
 
 
 @main.command("requeue")
@@ -590,11 +708,50 @@ def prune_cmd(older_than: str, actor: str, as_json: bool) -> None:
 
 
 @main.command("demo")
-def demo() -> None:
-    """Run the end-to-end demo on the embedded PostgreSQL (or OUTBOX_DATABASE_URL)."""
+@click.option("--runs", default=200, show_default=True, help="Conversations to drive.")
+@click.option("--processes", default=3, show_default=True, help="Relay processes to run.")
+@click.option("--seed", default=7, show_default=True, help="Seed of the scenario and faults.")
+@click.option(
+    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write JSON."
+)
+@click.option(
+    "--database-url",
+    help="Server to use (default OUTBOX_DATABASE_URL, else embedded); the demo drops and "
+    "re-creates its own database `outbox_demo` there.",
+)
+@click.option("--database-name", default="outbox_demo", hidden=True)
+@click.option("--no-naive", is_flag=True, help="Skip the naive coordinator's run.")
+def demo(
+    runs: int,
+    processes: int,
+    seed: int,
+    json_path: Path | None,
+    database_url: str | None,
+    database_name: str,
+    no_naive: bool,
+) -> None:
+    """Replay the duplicate-ticket incident under faults: the outbox beside a naive loop.
+
+    Starts a scripted model and three audited tool services over HTTP, PROCESSES relay
+    processes, and RUNS conversations with parallel tool calls, client-run approvals and
+    double-submitted turns; injects stalls past the tool timeout, kill -9 of relay
+    processes and duplicate callbacks. Prints what the services' own audits saw, for the
+    outbox and for a naive coordinator under the same faults. Exit status 1 when the
+    outbox side shows any duplicate side effect, orphan tool result or stuck run.
+    """
     from relay import demo as demo_module
 
-    sys.exit(demo_module.run())
+    if runs < 1 or processes < 1:
+        raise click.BadParameter("--runs and --processes must be at least 1")
+    cfg = demo_module.DemoConfig(
+        runs=runs,
+        processes=processes,
+        seed=seed,
+        server_url=database_url,
+        database=database_name,
+        naive=not no_naive,
+    )
+    sys.exit(demo_module.run(cfg, json_path))
 
 
 if __name__ == "__main__":

@@ -437,7 +437,24 @@ def record_model_turn(db: Any, turn: ModelTurnIn) -> TurnRecord:
     batch_id, refs, waits_for_client = _record_batch(conn, run, turn, message_id)
     status = "requires_action" if waits_for_client else "in_progress"
     updated = _after_turn(conn, run, turn.step_no, tokens, status)
+    if _repeats_itself(conn, updated, turn.step_no):
+        error = (
+            f"the model asked for the same tool calls with the same arguments "
+            f"{run['loop_limit']} turns in a row"
+        )
+        updated = end_run(conn, updated, "failed", "loop", error)
     return TurnRecord(turn_row["id"], message_id, batch_id, refs, updated["status"], True)
+
+
+def _repeats_itself(conn: psycopg.Connection[Any], run: Row, step_no: int) -> bool:
+    """True when the last ``loop_limit`` consecutive turns asked for identical calls."""
+    limit = run["loop_limit"]
+    recent = fetch_all(
+        conn, Q.recent_batch_signatures, {"run_id": run["id"], "step_no": step_no, "n": limit}
+    )
+    steps = [r["step_no"] for r in recent]
+    consecutive = steps == list(range(step_no, step_no - limit, -1))
+    return consecutive and len({tuple(r["signature"]) for r in recent}) == 1
 
 
 def _after_turn(
@@ -718,7 +735,7 @@ def deliver_batch(db: Any, batch_id: int) -> Delivery:
     next_step = batch["step_no"] + 1
     reason = limit_reached(run, next_step)
     if reason is not None:
-        failed = fail_run(conn, run, reason[0], reason[1])
+        failed = end_run(conn, run, "failed", reason[0], reason[1])
         return Delivery("delivered", None, failed["status"])
     enqueue(
         conn,
@@ -748,17 +765,77 @@ def limit_reached(run: Row, next_step: int) -> tuple[str, str] | None:
     return None
 
 
-def fail_run(conn: psycopg.Connection[Any], run: Row, reason: str, error: str) -> Row:
-    """End ``run`` as failed with ``reason``, journaled (the caller holds the run lock)."""
-    row = fetch_one(conn, Q.fail_run, {"run_id": run["id"], "reason": reason, "error": error})
+def end_run(
+    conn: psycopg.Connection[Any],
+    run: Row,
+    status: str,
+    reason: str,
+    error: str | None = None,
+    *,
+    actor: str | None = None,
+) -> Row:
+    """End ``run`` (``failed``, ``cancelled`` or ``expired``) and keep its thread replayable.
+
+    The caller holds the run lock. Rows nobody holds a lease on are removed (no new claims);
+    every batch whose outputs did not reach the history is closed, and each of its calls
+    gets a tool message right away: its result if it has one, else an explicit error. Work
+    still in flight finishes, and its results land in ``orphaned_results``.
+    """
+    batch_status = "expired" if status == "expired" else "cancelled"
+    closed = 0
+    for batch in fetch_all(conn, Q.undelivered_batches, {"run_id": run["id"]}):
+        closed += close_batch(conn, batch, batch_status, f"the run was {status} ({reason})")
+    dropped = fetch_all(conn, Q.drop_waiting_rows, {"run_id": run["id"]})
+    row = fetch_one(
+        conn,
+        Q.run_status,
+        {"run_id": run["id"], "status": status, "failure_reason": reason, "last_error": error},
+    )
     assert row is not None
     journal(
         conn,
-        "run.failed",
+        f"run.{status}",
         run["tenant_id"],
         thread_id=run["thread_id"],
         run_id=run["id"],
         correlation_id=run["correlation_id"],
-        detail={"reason": reason, "error": error},
+        actor=actor,
+        detail={
+            "reason": reason,
+            "error": error,
+            "closed_calls": closed,
+            "dropped_rows": [r["kind"] for r in dropped],
+        },
     )
     return row
+
+
+def close_batch(conn: psycopg.Connection[Any], batch: Row, status: str, why: str) -> int:
+    """Close ``batch`` and answer every call without a tool message; returns how many."""
+    conn.execute(Q.close_batch, {"batch_id": batch["id"], "status": status})
+    conn.execute(Q.cancel_waiting_calls, {"batch_id": batch["id"]})
+    calls = fetch_all(conn, Q.unanswered_calls, {"batch_id": batch["id"]})
+    for call in calls:
+        if call["result_status"] is not None:
+            content = tool_message_content(call["result_status"], call["output"], call["error"])
+        else:
+            content = tool_message_content("error", None, f"not executed: {why}")
+        append_message(
+            conn,
+            batch["thread_id"],
+            batch["tenant_id"],
+            "tool",
+            content,
+            run_id=batch["run_id"],
+            tool_call_ref=call["id"],
+        )
+    journal(
+        conn,
+        "batch.closed",
+        batch["tenant_id"],
+        thread_id=batch["thread_id"],
+        run_id=batch["run_id"],
+        batch_id=batch["id"],
+        detail={"status": status, "answered_calls": len(calls), "why": why},
+    )
+    return len(calls)

@@ -26,16 +26,20 @@ import importlib
 import json
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx2
 
 from outbox import config as outbox_config
+from relay import failpoints
 
-Action = Literal["result", "retry", "unknown", "deliver", "lost"]
+Action = Literal["result", "retry", "unknown", "deliver", "lost", "turn", "fail_run", "skip"]
 NOT_PROCESSED = {408, 429, 503}
 RESPONSE_PREVIEW_CHARS = 500
 NOT_REPEATED = (
@@ -123,7 +127,9 @@ class Outcome:
     """What an attempt produced. ``result``: a terminal result (ok or error) to store;
     ``retry``: try again later (or quarantine when out of attempts); ``unknown``: ambiguous
     and not safely repeatable; ``deliver``: a batch delivery to perform in the completion
-    transaction; ``lost``: the lease was gone before the effect, nothing to write."""
+    transaction; ``lost``: the lease was gone before the effect, nothing to write;
+    ``turn``: a model response (a ``ModelTurnIn`` in ``output``) to record; ``fail_run``:
+    end the run as failed (``model_error``); ``skip``: nothing to do but finish the row."""
 
     row: Claimed
     action: Action
@@ -243,9 +249,9 @@ class ToolExecutor:
                     return found
         if mode in ("none", "lookup") and not self.mark_dispatched(row):
             return Outcome(row, "lost", error="lease lost before dispatch; not called")
-        if row.executor == "python":
-            return self._call_python(row)
-        return self._call_http(row)
+        outcome = self._call_python(row) if row.executor == "python" else self._call_http(row)
+        failpoints.hit("tool.after_call")
+        return outcome
 
     def _lookup(self, row: Claimed) -> Outcome | None:
         """Ask the tool whether an earlier attempt happened: its result, or None to execute."""
@@ -313,14 +319,28 @@ class ToolExecutor:
         return ambiguous(row, f"HTTP {status} from {row.endpoint}: {preview(response)}")
 
     def _call_python(self, row: Claimed) -> Outcome:
+        """Call an in-process tool with the tool's timeout, on the shared python-tool pool.
+
+        The call runs on a pool thread and the slot waits at most ``timeout_s`` for it. A
+        call still queued at the deadline is cancelled and never runs: retried in every
+        mode. A call that started and did not finish is ambiguous (Python cannot stop a
+        thread; it keeps running and its late answer is dropped): it follows the tool's
+        idempotency mode like a timed-out HTTP call.
+        """
         try:
             function = self._load(row.callable or "")
         except Exception as err:
             return error_result(row, f"cannot load python tool {row.callable!r}: {err}")
+        timeout_s = row.timeout_s or 30.0
+        future = python_tool_pool().submit(_call_tool, function, row.arguments or {})
         try:
-            output = function(**(row.arguments or {}))
-        except Exception as err:
-            return error_result(row, f"{type(err).__name__}: {err}")
+            output = future.result(timeout=timeout_s)
+        except FutureTimeout:
+            if future.cancel():
+                return retry(row, f"python tool {row.callable} did not start within {timeout_s}s")
+            return ambiguous(row, f"python tool {row.callable} did not return within {timeout_s}s")
+        except ToolRaised as err:
+            return error_result(row, str(err))
         try:
             size = len(json.dumps(output))
         except (TypeError, ValueError) as err:
@@ -350,3 +370,36 @@ def describe(err: Exception) -> str:
 def preview(response: httpx2.Response) -> str:
     text = response.text
     return text if len(text) <= RESPONSE_PREVIEW_CHARS else text[:RESPONSE_PREVIEW_CHARS] + "..."
+
+
+# -- in-process tools -------------------------------------------------------------------
+
+PYTHON_TOOL_THREADS = 64  # pool threads running in-process tools, per worker process
+_python_pool: ThreadPoolExecutor | None = None
+_python_pool_lock = threading.Lock()
+
+
+class ToolRaised(Exception):
+    """An in-process tool raised; the message is the error result the model will see."""
+
+
+def python_tool_pool() -> ThreadPoolExecutor:
+    """The process's pool for in-process tools (created on first use).
+
+    One small pool instead of a thread per call: its threads are reused, so a call costs a
+    hand-off, not a thread start. A tool stuck past its timeout keeps its thread until it
+    returns; when all are stuck, new calls wait in the queue and, cancelled unstarted at
+    their deadline, are retried later rather than treated as ambiguous.
+    """
+    global _python_pool
+    with _python_pool_lock:
+        if _python_pool is None:
+            _python_pool = ThreadPoolExecutor(PYTHON_TOOL_THREADS, thread_name_prefix="pytool")
+        return _python_pool
+
+
+def _call_tool(function: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+    try:
+        return function(**arguments)
+    except BaseException as err:  # a tool's SystemExit must not end a relay thread
+        raise ToolRaised(f"{type(err).__name__}: {err}") from None

@@ -45,13 +45,15 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from outbox import db, writer
+from outbox import db, lifecycle, writer
 from outbox.schemas import ToolResultIn
 from outbox.sql import Queries
+from relay import failpoints
 from relay.config import RelayConfig
 from relay.executors import Claimed, Outcome, ToolExecutor, retry
 from relay.logs import log
 from relay.metrics import Metrics
+from relay.model import ModelExecutor
 
 logger = logging.getLogger("relay.worker")
 RECONNECT_MAX_S = 5.0  # longest wait between reconnection attempts
@@ -119,9 +121,11 @@ class Worker:
         )
         self.dispatch_link = threading.local()
         tools = ToolExecutor(self.http, self._mark_dispatched)
+        model = ModelExecutor(self._thread_connection)
         self.executors: dict[str, Executor] = {
             "tool_call": tools.run,
             "deliver_batch": lambda row: Outcome(row, "deliver"),
+            "model_turn": model.run,
         }
         self.executors.update(executors or {})
         self.kinds = [k for k in cfg.kinds if k in self.executors]
@@ -221,6 +225,8 @@ class Worker:
                 },
             )
             rows = [Claimed.from_row(r) for r in cur.fetchall()]
+        if rows:
+            failpoints.hit("claim.after_commit")
         with self.lock:
             for row in rows:
                 self.inflight[row.id] = row
@@ -259,6 +265,14 @@ class Worker:
                 self.idle.notify_all()
             self.wake.set()
         self.outcomes.put(outcome)
+
+    def _thread_connection(self) -> psycopg.Connection[Any]:
+        """This slot thread's own connection (reopened when it broke)."""
+        link: Link | None = getattr(self.dispatch_link, "link", None)
+        if link is None:
+            link = Link(self.cfg.database_url, "slot")
+            self.dispatch_link.link = link
+        return link.get()
 
     def _mark_dispatched(self, row: Claimed) -> bool:
         link: Link | None = getattr(self.dispatch_link, "link", None)
@@ -325,8 +339,95 @@ class Worker:
         outcomes.sort(key=lambda o: (o.row.batch_id or 0, o.row.id))
         conn = link.get()
         with conn.transaction():
-            applied = [self._apply(conn, outcome) for outcome in outcomes]
+            applied = self._apply_all(conn, outcomes)
+            failpoints.hit("complete.before_commit")
+        failpoints.hit("complete.after_commit")
         self._after_commit(outcomes, applied)
+
+    def _apply_all(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> list[str]:
+        """Write sorted outcomes in the completer's transaction; what happened to each.
+
+        Terminal tool results take a set-based fast path, a fixed number of statements
+        however many there are: the batches of the whole transaction are locked first in
+        id order (the one lock order, so the per-row writes below never take a batch lock
+        out of order), the rows are fenced together (lease holder and attempt per row),
+        then ``store_results`` does what ``writer.record_tool_result`` does per row, and
+        ``enqueue_deliveries`` enqueues (once, by dedup key) and journals each batch this
+        transaction completed. Fenced rows and every other action go through ``_apply``.
+        """
+        fast = [
+            i
+            for i, o in enumerate(outcomes)
+            if o.action == "result"
+            and o.row.kind == "tool_call"
+            and o.row.tool_call_ref is not None
+            and o.row.batch_id is not None
+            and (o.status == "ok" or (o.status == "error" and o.error))
+        ]
+        if not fast:
+            return [self._apply(conn, outcome) for outcome in outcomes]
+        batch_ids = sorted({o.row.batch_id for o in outcomes if o.row.batch_id is not None})
+        conn.execute(self.q.lock_batches, {"ids": batch_ids})
+        applied: list[str | None] = [None] * len(outcomes)
+        self._store_results(conn, [outcomes[i] for i in fast], fast, applied)
+        return [
+            what if what is not None else self._apply(conn, outcome)
+            for outcome, what in zip(outcomes, applied, strict=True)
+        ]
+
+    def _store_results(
+        self,
+        conn: psycopg.Connection[Any],
+        results: list[Outcome],
+        positions: list[int],
+        applied: list[str | None],
+    ) -> None:
+        """The fast path of ``_apply_all``; leaves ``applied`` None for fenced rows."""
+        worker = self.cfg.worker_id
+        kept = {
+            r[0]
+            for r in conn.execute(
+                self.q.finish_many,
+                {
+                    "ids": [o.row.id for o in results],
+                    "attempts": [o.row.attempt for o in results],
+                    "worker": worker,
+                },
+            ).fetchall()
+        }
+        passed = [(o, i) for o, i in zip(results, positions, strict=True) if o.row.id in kept]
+        if not passed:
+            return
+        rows = conn.execute(
+            self.q.store_results,
+            {
+                "refs": [o.row.tool_call_ref for o, _ in passed],
+                "statuses": [o.status for o, _ in passed],
+                "outputs": [Jsonb(o.output) for o, _ in passed],
+                "errors": [o.error for o, _ in passed],
+                "sources": [o.source for o, _ in passed],
+                "attempts": [o.row.attempt for o, _ in passed],
+                "worker": worker,
+            },
+        ).fetchall()
+        stored = {ref: what for ref, what, _ in rows}
+        completed = {ref: batch for ref, _, batch in rows if batch is not None}
+        for outcome, i in passed:
+            applied[i] = "result_" + stored.get(outcome.row.tool_call_ref, "duplicate")
+            self.metrics.succeeded.labels(outcome.row.kind).inc()
+            if outcome.status == "error":
+                self.metrics.failed.inc()
+        if completed:
+            attempts = {o.row.tool_call_ref: o.row.attempt for o, _ in passed}
+            conn.execute(
+                self.q.enqueue_deliveries,
+                {
+                    "batch_ids": list(completed.values()),
+                    "refs": list(completed),
+                    "attempts": [attempts[ref] for ref in completed],
+                    "worker": worker,
+                },
+            )
 
     def _write_alone(self, link: Link, outcome: Outcome) -> None:
         """Write one outcome on its own; if even that fails, leave the row to lease expiry."""
@@ -409,6 +510,8 @@ class Worker:
         row = outcome.row
         if outcome.action == "lost":
             return "lost"
+        if outcome.action in ("turn", "fail_run", "skip"):
+            return self._apply_model(conn, outcome)
         if outcome.action in ("result", "deliver"):
             if not self._fence(conn, self.q.finish, outcome):
                 return "fenced"
@@ -463,6 +566,23 @@ class Worker:
             detail={"error": outcome.error, "reason": reason},
         )
         return "quarantined" if reason == "max_attempts" else "unknown"
+
+    def _apply_model(self, conn: psycopg.Connection[Any], outcome: Outcome) -> str:
+        """Record a model turn's response, or end its run, or just finish the row."""
+        if not self._fence(conn, self.q.finish, outcome):
+            return "fenced"
+        row = outcome.row
+        self.metrics.succeeded.labels(row.kind).inc()
+        if outcome.action == "turn":
+            record = writer.record_model_turn(conn, outcome.output)
+            return f"recorded_{record.run_status}" if record.created else "already_recorded"
+        if outcome.action == "skip":
+            return "skipped"
+        run = writer.lock_run(conn, row.run_id, None)
+        if run["status"] in writer.ENDED:
+            return "skipped"
+        writer.end_run(conn, run, "failed", "model_error", outcome.error)
+        return "run_failed"
 
     def _call_status(
         self, conn: psycopg.Connection[Any], row: Claimed, status: str, error: str | None
@@ -544,6 +664,18 @@ class Worker:
                 self.q.rescue_stalled_batches,
                 {"grace_s": self.cfg.stalled_batch_grace_s, "worker": self.cfg.worker_id},
             ).fetchall()
+            expired = lifecycle.expire_due_runs(conn)
+        for run in expired:
+            log(
+                logger,
+                logging.WARNING,
+                "run.expired",
+                worker=self.cfg.worker_id,
+                tenant_id=run["tenant_id"],
+                thread_id=run["thread_id"],
+                run_id=run["id"],
+                correlation_id=run["correlation_id"],
+            )
         if rescued:
             self.metrics.rescued.inc(len(rescued))
             self.wake.set()

@@ -106,10 +106,14 @@ def relay_thread(db_url: str, **overrides: Any) -> Iterator[Worker]:
         assert not thread.is_alive(), "relay thread did not stop"
 
 
-def start_relay_process(db_url: str, log_path: Path, *args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OUTBOX_DATABASE_URL": db_url}
-    command = [sys.executable, "-m", "cli", "relay", "--kind", "tool_call"]
-    command += ["--kind", "deliver_batch", "--log-level", "WARNING", *args]
+def start_relay_process(
+    db_url: str, log_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A relay process; without ``--kind`` arguments it runs tool calls and deliveries."""
+    env = {**os.environ, "OUTBOX_DATABASE_URL": db_url, **(env or {})}
+    kinds = [] if "--kind" in args else ["--kind", "tool_call", "--kind", "deliver_batch"]
+    level = [] if "--log-level" in args else ["--log-level", "WARNING"]
+    command = [sys.executable, "-m", "cli", "relay", *kinds, *level, *args]
     with open(log_path, "ab") as log:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
 

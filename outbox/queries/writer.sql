@@ -229,10 +229,70 @@ FROM {s}.tools
 WHERE name = ANY(%(names)s) AND tenant_id IN (%(tenant_id)s, '*')
 ORDER BY name, (tenant_id = '*'), version DESC
 
--- name: fail_run
--- End a run as failed with a reason (step cap, budget, loop, errors).
-UPDATE {s}.runs
-SET status = 'failed', failure_reason = %(reason)s, last_error = %(error)s, ended_at = now(),
-    action_deadline = NULL, updated_at = now()
-WHERE id = %(run_id)s
+-- name: undelivered_batches
+-- A run's batches whose outputs have not entered the history, locked.
+SELECT * FROM {s}.tool_batches
+WHERE run_id = %(run_id)s AND status IN ('open', 'complete')
+ORDER BY id
+FOR UPDATE
+
+-- name: close_batch
+-- Close a batch: results that arrive later are orphaned, never put into a context.
+UPDATE {s}.tool_batches SET status = %(status)s WHERE id = %(batch_id)s
+
+-- name: unanswered_calls
+-- A batch's calls that have no tool message in the history yet, in call order.
+SELECT tc.id, tc.status, r.status AS result_status, r.output, r.error
+FROM {s}.tool_calls tc
+LEFT JOIN {s}.tool_results r ON r.tool_call_ref = tc.id
+WHERE tc.batch_id = %(batch_id)s
+  AND NOT EXISTS (SELECT 1 FROM {s}.messages m WHERE m.tool_call_ref = tc.id)
+ORDER BY tc.position
+
+-- name: cancel_waiting_calls
+-- Calls of a closed batch that never ran (or were parked) will not run.
+UPDATE {s}.tool_calls SET status = 'cancelled', updated_at = now()
+WHERE batch_id = %(batch_id)s AND status IN ('pending', 'quarantined')
+
+-- name: drop_waiting_rows
+-- Stop new claims for a run: remove its rows nobody holds a lease on.
+DELETE FROM {s}.outbox WHERE run_id = %(run_id)s AND status IN ('ready', 'quarantined')
+RETURNING kind
+
+-- name: recent_batch_signatures
+-- The tool calls (as argument hashes) of a run's latest batches, newest first.
+SELECT b.step_no, array_agg(tc.arguments_hash ORDER BY tc.arguments_hash) AS signature
+FROM {s}.tool_batches b
+JOIN {s}.tool_calls tc ON tc.batch_id = b.id
+WHERE b.run_id = %(run_id)s AND b.step_no <= %(step_no)s
+GROUP BY b.step_no
+ORDER BY b.step_no DESC
+LIMIT %(n)s
+
+-- name: due_expiries
+-- Runs left in requires_action past their deadline (skipping any another worker holds).
+SELECT id FROM {s}.runs
+WHERE status = 'requires_action' AND action_deadline < now()
+ORDER BY action_deadline
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: submit_tool_outputs
+-- Client outputs go through the one SQL implementation (sql/functions.sql).
+SELECT {s}.submit_tool_outputs_v1(%(tenant_id)s, %(run_id)s, %(outputs)s) AS status
+
+-- name: insert_import_run
+-- The closed run that owns the tool calls of an imported conversation.
+INSERT INTO {s}.runs (tenant_id, thread_id, status, model, correlation_id, ended_at,
+                      step_count)
+VALUES (%(tenant_id)s, %(thread_id)s, 'completed', 'import', %(correlation_id)s, now(),
+        %(steps)s)
 RETURNING *
+
+-- name: pending_client_calls
+-- The client calls a run is waiting for, in call order.
+SELECT tc.tool_call_id, tc.tool_name, tc.arguments_raw
+FROM {s}.tool_calls tc
+JOIN {s}.tool_batches b ON b.id = tc.batch_id AND b.status = 'open'
+WHERE tc.run_id = %(run_id)s AND tc.executor = 'client' AND tc.status = 'pending'
+ORDER BY b.step_no, tc.position

@@ -166,3 +166,117 @@ SELECT status, kind, count(*) AS n,
        coalesce(extract(epoch FROM now() - min(available_at))
                 FILTER (WHERE status = 'ready' AND available_at <= now()), 0) AS lag_s
 FROM {s}.outbox GROUP BY status, kind
+
+-- name: lock_batches
+-- Lock every batch a completion transaction touches, in id order, before anything else:
+-- all completers take batch locks in this one order, so they queue up, never deadlock.
+SELECT id FROM {s}.tool_batches WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE
+
+-- name: finish_many
+-- Fencing for many done rows at once: each row leaves the hot table only for its current
+-- lease holder and attempt. Rows not returned were fenced off (their caller journals it).
+DELETE FROM {s}.outbox o
+USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS f(id, attempt)
+WHERE o.id = f.id AND o.attempts = f.attempt AND o.lease_owner = %(worker)s
+  AND o.status = 'leased'
+RETURNING o.id
+
+-- name: store_results
+-- Set-based record_tool_result for many fenced results (their batches are locked): one
+-- result per call (a repeat is a duplicate, a closed batch sends it to orphaned_results),
+-- the call marked terminal, the batch's pending count lowered, a journal event per result.
+-- Returns each input's outcome; for a result that completed its batch, that batch's id.
+WITH input AS (
+    SELECT * FROM unnest(%(refs)s::bigint[], %(statuses)s::text[], %(outputs)s::jsonb[],
+                         %(errors)s::text[], %(sources)s::text[], %(attempts)s::int[])
+        AS i(ref, status, output, error, source, attempt)
+), calls AS (
+    SELECT i.*, tc.tenant_id, tc.run_id, tc.thread_id, tc.batch_id, tc.tool_call_id,
+           b.status AS batch_status, r.correlation_id,
+           EXISTS (SELECT 1 FROM {s}.tool_results x WHERE x.tool_call_ref = i.ref) AS repeat
+    FROM input i
+    JOIN {s}.tool_calls tc ON tc.id = i.ref
+    JOIN {s}.tool_batches b ON b.id = tc.batch_id
+    JOIN {s}.runs r ON r.id = tc.run_id
+), stored AS (
+    INSERT INTO {s}.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status, output,
+                                  error, attempt, source, worker)
+    SELECT ref, tenant_id, run_id, batch_id, status, output, error, attempt, source, %(worker)s
+    FROM calls WHERE NOT repeat AND batch_status = 'open'
+    ON CONFLICT (tool_call_ref) DO NOTHING
+    RETURNING tool_call_ref, batch_id, status, error
+), orphaned AS (
+    INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
+                                      tool_call_id, status, output, error, reason, source,
+                                      attempt)
+    SELECT tenant_id, run_id, batch_id, ref, tool_call_id, status, output, error,
+           'batch_closed', source, attempt
+    FROM calls WHERE NOT repeat AND batch_status <> 'open'
+    RETURNING tool_call_ref
+), done AS (
+    UPDATE {s}.tool_calls tc
+    SET status = CASE WHEN s.status = 'ok' THEN 'succeeded' ELSE 'failed' END,
+        last_error = s.error, updated_at = now()
+    FROM stored s
+    WHERE tc.id = s.tool_call_ref
+), counted AS (
+    UPDATE {s}.tool_batches b
+    SET pending = b.pending - n.n,
+        status = CASE WHEN b.pending - n.n = 0 THEN 'complete' ELSE b.status END,
+        completed_at = CASE WHEN b.pending - n.n = 0 THEN now() END
+    FROM (SELECT batch_id, count(*) AS n, max(tool_call_ref) AS last_ref
+          FROM stored GROUP BY batch_id) n
+    WHERE b.id = n.batch_id
+    RETURNING b.id, b.pending, n.last_ref
+), journaled AS (
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
+                             tool_call_id, correlation_id, attempt, worker, detail)
+    SELECT c.tenant_id,
+           CASE WHEN s.tool_call_ref IS NOT NULL THEN 'tool_result.stored'
+                ELSE 'tool_result.orphaned' END,
+           c.thread_id, c.run_id, c.batch_id, c.ref, c.tool_call_id, c.correlation_id,
+           c.attempt, %(worker)s,
+           CASE WHEN s.tool_call_ref IS NOT NULL
+                THEN jsonb_build_object('status', c.status, 'source', c.source)
+                ELSE jsonb_build_object('batch_status', c.batch_status, 'source', c.source) END
+    FROM calls c
+    LEFT JOIN stored s ON s.tool_call_ref = c.ref
+    LEFT JOIN orphaned o ON o.tool_call_ref = c.ref
+    WHERE s.tool_call_ref IS NOT NULL OR o.tool_call_ref IS NOT NULL
+    ORDER BY c.batch_id, c.ref
+)
+SELECT i.ref,
+       CASE WHEN s.tool_call_ref IS NOT NULL THEN 'stored'
+            WHEN o.tool_call_ref IS NOT NULL THEN 'orphaned'
+            ELSE 'duplicate' END AS outcome,
+       k.id AS completed_batch
+FROM input i
+LEFT JOIN stored s ON s.tool_call_ref = i.ref
+LEFT JOIN orphaned o ON o.tool_call_ref = i.ref
+LEFT JOIN counted k ON k.last_ref = i.ref AND k.pending = 0
+
+-- name: enqueue_deliveries
+-- The batches store_results completed: enqueue each delivery once (dedup key) and journal
+-- 'batch.complete' with the result that completed it, as record_tool_result does.
+WITH done AS (
+    SELECT * FROM unnest(%(batch_ids)s::bigint[], %(refs)s::bigint[], %(attempts)s::int[])
+        AS d(batch_id, ref, attempt)
+), info AS (
+    SELECT d.*, tc.tenant_id, tc.thread_id, tc.run_id, tc.tool_call_id, r.correlation_id
+    FROM done d
+    JOIN {s}.tool_calls tc ON tc.id = d.ref
+    JOIN {s}.runs r ON r.id = tc.run_id
+), queued AS (
+    INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
+                            correlation_id)
+    SELECT tenant_id, 'deliver_batch', 'deliver:' || batch_id, thread_id, run_id, batch_id,
+           correlation_id
+    FROM info ORDER BY batch_id
+    ON CONFLICT (dedup_key) DO NOTHING
+    RETURNING batch_id
+)
+INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_id,
+                         correlation_id, attempt, worker)
+SELECT tenant_id, 'batch.complete', thread_id, run_id, batch_id, tool_call_id,
+       correlation_id, attempt, %(worker)s
+FROM info ORDER BY batch_id

@@ -304,3 +304,46 @@ def test_without_listen_the_relay_polls(db_url, tools):
         seed(db_url, ["keyed"], runs=2, calls_per_batch=2, args=args)
         wait_until(lambda: all_settled(db_url))
     assert tool_call_states(db_url) == {"succeeded": 4}
+
+
+def test_metrics_endpoint_counts_the_work(db_url, tools):
+    import socket
+
+    import httpx2
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    tools.tool("keyed").fail(status=500, n=1)
+    seed(db_url, ["keyed"], runs=2, calls_per_batch=3, args=args)
+    with relay_thread(db_url, metrics_port=port):
+        wait_until(lambda: all_settled(db_url))
+        text = httpx2.get(f"http://127.0.0.1:{port}/metrics").text
+    assert 'outbox_relay_claimed_total{kind="tool_call"} 7.0' in text  # 6 calls + 1 retry
+    assert "outbox_relay_retried_total 1.0" in text
+    assert 'outbox_relay_succeeded_total{kind="deliver_batch"} 2.0' in text
+    assert "outbox_relay_claim_to_start_seconds_count" in text
+
+
+def test_log_lines_carry_every_identity(db_url, tools, tmp_path):
+    import json as json_module
+
+    from relay.logs import IDENTITY_FIELDS
+    from tests.relay_harness import start_relay_process
+
+    refs = seed(db_url, ["keyed"], runs=1, calls_per_batch=2, args=args)
+    log = tmp_path / "relay.log"
+    relay = start_relay_process(db_url, log, "--poll-interval", "0.1", "--log-level", "INFO")
+    try:
+        wait_until(lambda: all_settled(db_url))
+    finally:
+        relay.terminate()
+        relay.wait(timeout=30)
+    lines = [
+        json_module.loads(line) for line in log.read_text().splitlines() if line.startswith("{")
+    ]
+    results = [line for line in lines if line["event"] == "tool_call.result_stored"]
+    assert len(results) == len(refs)
+    for line in results:
+        assert set(IDENTITY_FIELDS) <= set(line)
+        assert all(line[f] is not None for f in IDENTITY_FIELDS), line

@@ -1,0 +1,243 @@
+"""The end of a run, and what comes from outside it: cancel, expiry, client outputs, imports.
+
+Every function takes the caller's connection or Session and never commits, like the
+writer. Ending a run always goes through ``writer.end_run``: rows nobody holds are dropped
+(no new claims), every call of an undelivered batch gets a tool message at once (its
+result, or an explicit error), and whatever is still in flight lands in
+``orphaned_results`` when it finishes. So a thread is replayable the moment its run ends,
+and a new run can start on it.
+
+Client outputs have one implementation, the SQL function ``submit_tool_outputs_v1`` in
+``sql/functions.sql``, which backends without Python call directly; ``submit_tool_outputs``
+only validates the shape and maps its errors onto ours.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from outbox import history, tenancy
+from outbox.errors import InvalidInput, InvalidTransition, NotFound
+from outbox.schemas import check_size
+from outbox.writer import (
+    ENDED,
+    Q,
+    Row,
+    ThreadRef,
+    append_message,
+    arguments_hash,
+    create_thread,
+    end_run,
+    fetch_all,
+    fetch_one,
+    idempotency_key,
+    journal,
+    lock_run,
+    pg,
+)
+
+
+def cancel_run(
+    db: Any, run_id: uuid.UUID, tenant_id: str | None = None, *, actor: str | None = None
+) -> Row:
+    """Cancel a run: no new claims; in-flight calls finish and their results are orphaned."""
+    conn = pg(db)
+    if tenant_id is not None:
+        tenancy.scope(conn, tenant_id)
+    run = lock_run(conn, run_id, tenant_id)
+    if run["status"] in ENDED:
+        raise InvalidTransition(
+            f"run {run_id} is already {run['status']}: there is nothing to cancel",
+            hint="start a new run on the thread if more work is needed",
+        )
+    return end_run(conn, run, "cancelled", "cancelled", "cancelled by request", actor=actor)
+
+
+def expire_due_runs(db: Any, limit: int = 100) -> list[Row]:
+    """Expire runs left in ``requires_action`` past their deadline; returns them."""
+    conn = pg(db)
+    expired = []
+    for due in fetch_all(conn, Q.due_expiries, {"limit": limit}):
+        run = lock_run(conn, due["id"], None)
+        error = "no tool outputs were submitted before the deadline"
+        expired.append(end_run(conn, run, "expired", "expired", error))
+    return expired
+
+
+def pending_client_calls(db: Any, run_id: uuid.UUID) -> list[Row]:
+    """The client-executed calls a run is waiting for (what to submit outputs for)."""
+    return fetch_all(pg(db), Q.pending_client_calls, {"run_id": run_id})
+
+
+def submit_tool_outputs(
+    db: Any, tenant_id: str, run_id: uuid.UUID, outputs: list[dict[str, Any]]
+) -> str:
+    """Record the outputs of client-executed calls; returns the run's status afterwards.
+
+    ``outputs`` is ``[{"tool_call_id": ..., "output": <JSON>}`` or ``{..., "error": text}]``.
+    All or nothing: unknown ids, ids of another run or of relay-run tools, or a set that
+    leaves a waiting call unanswered raise ``InvalidInput`` and change nothing (your
+    transaction stays usable). The same outputs again are a no-op. Outputs for a run that
+    already ended go to ``orphaned_results``.
+    """
+    conn = pg(db)
+    tenancy.scope(conn, tenant_id)
+    for output in outputs:
+        if not isinstance(output, dict) or "tool_call_id" not in output:
+            raise InvalidInput(f"each output needs a tool_call_id: {output!r}")
+        check_size(f"output of {output['tool_call_id']}", json.dumps(output))
+    try:
+        with conn.transaction():  # a savepoint: a refusal leaves the caller's work intact
+            row = fetch_one(
+                conn,
+                Q.submit_tool_outputs,
+                {"tenant_id": tenant_id, "run_id": run_id, "outputs": Jsonb(outputs)},
+            )
+    except psycopg.errors.NoDataFound as err:
+        raise NotFound(_message(err), hint=_hint(err)) from err
+    except (psycopg.errors.InvalidParameterValue, psycopg.errors.InsufficientPrivilege) as err:
+        raise InvalidInput(_message(err), hint=_hint(err)) from err
+    assert row is not None
+    return str(row["status"])
+
+
+def _message(err: psycopg.Error) -> str:
+    return err.diag.message_primary or str(err)
+
+
+def _hint(err: psycopg.Error) -> str:
+    return err.diag.message_hint or ""
+
+
+def import_thread(
+    db: Any, tenant_id: str, messages: list[dict[str, Any]], *, title: str | None = None
+) -> tuple[ThreadRef, history.Repair]:
+    """Import a conversation given as OpenAI chat-format messages.
+
+    A repair pass first drops tool results that answer no earlier call and closes calls
+    left unanswered with an explicit error output; the counts are journaled. Tool calls get
+    real intents (owned by a completed run named ``import``), so the stored history keeps
+    its foreign keys: every tool message references the call it answers.
+    """
+    conn = pg(db)
+    tenancy.scope(conn, tenant_id)
+    _check_shape(messages)
+    fixed, report = history.repair(messages, reason="missing in the imported history")
+    thread = create_thread(conn, tenant_id, title=title)
+    steps = sum(1 for m in fixed if m["role"] == "assistant" and m.get("tool_calls"))
+    run = fetch_one(
+        conn,
+        Q.insert_import_run,
+        {
+            "tenant_id": tenant_id,
+            "thread_id": thread.id,
+            "correlation_id": uuid.uuid4().hex,
+            "steps": steps,
+        },
+    )
+    assert run is not None
+    calls: dict[str, int] = {}
+    step = 0
+    for message in fixed:
+        if message["role"] == "tool":
+            append_message(
+                conn,
+                thread.id,
+                tenant_id,
+                "tool",
+                _text(message.get("content")),
+                run_id=run["id"],
+                tool_call_ref=calls[message["tool_call_id"]],
+            )
+            continue
+        message_id = append_message(
+            conn, thread.id, tenant_id, message["role"], _text(message.get("content"))
+        )
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            step += 1
+            calls.update(_import_batch(conn, run, message_id, step, message["tool_calls"]))
+    journal(
+        conn,
+        "thread.imported",
+        tenant_id,
+        thread_id=thread.id,
+        run_id=run["id"],
+        detail={"messages": len(messages), **report.as_detail()},
+    )
+    return thread, report
+
+
+def _import_batch(
+    conn: psycopg.Connection[Any], run: Row, message_id: int, step: int, calls: list[Any]
+) -> dict[str, int]:
+    batch = fetch_one(
+        conn,
+        Q.insert_batch,
+        {
+            "tenant_id": run["tenant_id"],
+            "run_id": run["id"],
+            "thread_id": run["thread_id"],
+            "step_no": step,
+            "message_id": message_id,
+            "size": len(calls),
+            "pending": 0,
+        },
+    )
+    assert batch is not None
+    conn.execute(Q.batch_delivered, {"batch_id": batch["id"]})
+    refs: dict[str, int] = {}
+    for position, call in enumerate(calls):
+        arguments = call["function"].get("arguments") or "{}"
+        row = fetch_one(
+            conn,
+            Q.insert_tool_call,
+            {
+                "tenant_id": run["tenant_id"],
+                "run_id": run["id"],
+                "thread_id": run["thread_id"],
+                "batch_id": batch["id"],
+                "message_id": message_id,
+                "position": position,
+                "tool_call_id": call["id"],
+                "tool_name": call["function"]["name"],
+                "tool_version": None,
+                "arguments": None,
+                "arguments_raw": arguments,
+                "arguments_hash": arguments_hash(call["function"]["name"], arguments),
+                "executor": "none",
+                "idempotency_mode": None,
+                "idempotency_key": idempotency_key(run["id"], call["id"]),
+                "status": "succeeded",
+            },
+        )
+        assert row is not None
+        refs[call["id"]] = int(row["id"])
+    return refs
+
+
+def _text(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    return json.dumps(content)
+
+
+def _check_shape(messages: list[dict[str, Any]]) -> None:
+    if not isinstance(messages, list):
+        raise InvalidInput("an imported conversation is a JSON list of messages")
+    for index, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("system", "user", "assistant", "tool"):
+            raise InvalidInput(
+                f"message {index} has role {role!r}",
+                hint="roles are system, user, assistant and tool (OpenAI chat format)",
+            )
+        if role == "tool" and not message.get("tool_call_id"):
+            raise InvalidInput(f"tool message {index} has no tool_call_id")
+        for call in message.get("tool_calls") or []:
+            if not call.get("id") or not (call.get("function") or {}).get("name"):
+                raise InvalidInput(f"a tool call of message {index} needs an id and a name")
