@@ -67,6 +67,10 @@ class IdempotencyKeyReused(OutboxError):
     """The same idempotency key was sent with a different request."""
 
 
+class BudgetExceeded(OutboxError):
+    """A tenant's token budget is spent: no new model turns until it is raised."""
+
+
 class InvalidTransition(OutboxError):
     """The requested state change does not make sense from the current state."""
 

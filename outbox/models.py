@@ -354,6 +354,15 @@ class JournalEvent(Base):
     detail: Mapped[dict[str, Any]] = mapped_column(JSONB)
 
 
+class TenantBudget(Base):
+    __tablename__ = "tenant_budgets"
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    max_tokens: Mapped[int] = mapped_column(BigInteger)
+    tokens_used: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = _now()
+
+
 def metadata_for(schema: str) -> MetaData:
     """The models' tables as they appear in ``schema`` (for migrations and comparisons)."""
     if schema == DEFAULT_SCHEMA:

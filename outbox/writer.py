@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb
 from outbox import registry, tenancy
 from outbox.errors import (
     ActiveRunExists,
+    BudgetExceeded,
     IdempotencyKeyReused,
     InvalidInput,
     NeedsTransaction,
@@ -243,6 +244,9 @@ def start_run(db: Any, request: StartRun) -> RunRef:
                 return _same_request(twin, request)
         raise ActiveRunExists(request.thread_id, active["id"], active["status"])
     registry.check_tools_exist(conn, request.tenant_id, request.tools)
+    spent = tenant_budget_spent(conn, request.tenant_id)
+    if spent is not None:
+        raise BudgetExceeded(spent, hint="raise the tenant's budget (`outbox tenants budget`)")
     correlation_id = request.correlation_id or uuid.uuid4().hex
     params = request.model_dump(exclude={"message", "thread_id", "tools"})
     params.update(
@@ -429,6 +433,7 @@ def record_model_turn(db: Any, turn: ModelTurnIn) -> TurnRecord:
         },
     )
     tokens = turn.input_tokens + turn.output_tokens
+    conn.execute(Q.count_tenant_tokens, {"tenant_id": run["tenant_id"], "tokens": tokens})
     if not turn.tool_calls:
         updated = _after_turn(conn, run, turn.step_no, tokens, "completed")
         journal(conn, "run.completed", run["tenant_id"], **ids)
@@ -733,7 +738,7 @@ def deliver_batch(db: Any, batch_id: int) -> Delivery:
     if run["status"] in ENDED:
         return Delivery("delivered", None, run["status"])
     next_step = batch["step_no"] + 1
-    reason = limit_reached(run, next_step)
+    reason = limit_reached(run, next_step, conn)
     if reason is not None:
         failed = end_run(conn, run, "failed", reason[0], reason[1])
         return Delivery("delivered", None, failed["status"])
@@ -753,7 +758,32 @@ def deliver_batch(db: Any, batch_id: int) -> Delivery:
     return Delivery("delivered", next_step, moved["status"])
 
 
-def limit_reached(run: Row, next_step: int) -> tuple[str, str] | None:
+def tenant_budget_spent(conn: psycopg.Connection[Any], tenant_id: str) -> str | None:
+    """Why the tenant may start no more model turns, or None while its budget lasts."""
+    budget = fetch_one(conn, Q.tenant_budget, {"tenant_id": tenant_id})
+    if budget is None or budget["tokens_used"] < budget["max_tokens"]:
+        return None
+    return (
+        f"tenant {tenant_id!r} used {budget['tokens_used']} tokens, "
+        f"its budget is {budget['max_tokens']}"
+    )
+
+
+def set_tenant_budget(db: Any, tenant_id: str, max_tokens: int) -> Row:
+    """Set a tenant's token budget over all its runs (tokens already used stay counted)."""
+    conn = pg(db)
+    _check_tenant(tenant_id)
+    if max_tokens <= 0:
+        raise InvalidInput(f"a token budget must be positive, got {max_tokens}")
+    row = fetch_one(conn, Q.set_tenant_budget, {"tenant_id": tenant_id, "max_tokens": max_tokens})
+    assert row is not None
+    journal(conn, "tenant.budget_set", tenant_id, detail={"max_tokens": max_tokens})
+    return row
+
+
+def limit_reached(
+    run: Row, next_step: int, conn: psycopg.Connection[Any] | None = None
+) -> tuple[str, str] | None:
     """The reason a run may not take ``next_step``: (``step_cap`` | ``budget``, message)."""
     if next_step > run["max_steps"]:
         return "step_cap", f"the run reached its step cap of {run['max_steps']} model turns"
@@ -762,6 +792,9 @@ def limit_reached(run: Row, next_step: int) -> tuple[str, str] | None:
             "budget",
             f"the run used {run['tokens_used']} tokens, its budget is {run['max_tokens']}",
         )
+    spent = tenant_budget_spent(conn, run["tenant_id"]) if conn is not None else None
+    if spent is not None:
+        return "budget", spent
     return None
 
 

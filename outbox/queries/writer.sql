@@ -296,3 +296,19 @@ FROM {s}.tool_calls tc
 JOIN {s}.tool_batches b ON b.id = tc.batch_id AND b.status = 'open'
 WHERE tc.run_id = %(run_id)s AND tc.executor = 'client' AND tc.status = 'pending'
 ORDER BY b.step_no, tc.position
+
+-- name: count_tenant_tokens
+-- Count a recorded turn's tokens against its tenant's budget (when it has one).
+UPDATE {s}.tenant_budgets
+SET tokens_used = tokens_used + %(tokens)s, updated_at = now()
+WHERE tenant_id = %(tenant_id)s
+
+-- name: tenant_budget
+-- A tenant's budget and what it has used.
+SELECT max_tokens, tokens_used FROM {s}.tenant_budgets WHERE tenant_id = %(tenant_id)s
+
+-- name: set_tenant_budget
+-- Set (or change) a tenant's token budget.
+INSERT INTO {s}.tenant_budgets (tenant_id, max_tokens) VALUES (%(tenant_id)s, %(max_tokens)s)
+ON CONFLICT (tenant_id) DO UPDATE SET max_tokens = excluded.max_tokens, updated_at = now()
+RETURNING tenant_id, max_tokens, tokens_used

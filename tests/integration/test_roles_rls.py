@@ -36,6 +36,7 @@ TENANT_TABLES = [
     "outbox",
     "tools",
     "journal",
+    "tenant_budgets",
 ]
 
 
