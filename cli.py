@@ -514,6 +514,24 @@ def runs_submit_outputs(run: str, file: Any) -> None:
     click.echo(f"run {found['id']}: {status}")
 
 
+# -- tenants ----------------------------------------------------------------------------
+
+
+@main.group("tenants")
+def tenants_group() -> None:
+    """Per-tenant settings."""
+
+
+@tenants_group.command("budget")
+@click.argument("tenant")
+@click.option("--max-tokens", type=int, required=True, help="Tokens over all the tenant's runs.")
+def tenants_budget(tenant: str, max_tokens: int) -> None:
+    """Set TENANT's token budget: once used up, no new model turns start for it."""
+    with connection() as conn:
+        row = writer.set_tenant_budget(conn, tenant, max_tokens)
+    click.echo(f"tenant {tenant}: budget {row['max_tokens']} tokens, used {row['tokens_used']}")
+
+
 # -- threads ----------------------------------------------------------------------------
 
 
