@@ -696,10 +696,13 @@ def deliver_batch(db: Any, batch_id: int) -> Delivery:
     is a no-op; a batch that was closed (run cancelled or expired) delivers nothing.
     """
     conn = pg(db)
-    batch = fetch_one(conn, Q.lock_batch, {"batch_id": batch_id})
-    if batch is None:
+    # The one lock order of every writer path: the run, then its batch.
+    owner = fetch_one(conn, Q.batch_run, {"batch_id": batch_id})
+    if owner is None:
         raise NotFound(f"batch {batch_id} does not exist")
-    run = lock_run(conn, batch["run_id"], None)
+    run = lock_run(conn, owner["run_id"], None)
+    batch = fetch_one(conn, Q.lock_batch, {"batch_id": batch_id})
+    assert batch is not None
     if batch["status"] != "complete":
         outcome = "already" if batch["status"] == "delivered" else "closed"
         return Delivery(outcome, None, run["status"])

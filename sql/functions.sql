@@ -20,6 +20,7 @@
 --     kept in orphaned_results and never reach a context;
 --   * when the last output of a batch lands, the batch's delivery is enqueued in the same
 --     transaction, exactly once.
+-- Locks the run, then batches: the one lock order of every writer path.
 -- Runs as the schema owner (SECURITY DEFINER) so that a least-privilege writer role only
 -- needs EXECUTE; it refuses a tenant other than the one the session is scoped to.
 CREATE OR REPLACE FUNCTION {s}.submit_tool_outputs_v1(
@@ -150,9 +151,8 @@ BEGIN
     WHERE id = p_run_id AND status = 'requires_action'
       AND NOT EXISTS (SELECT 1 FROM {s}.tool_calls tc
                       WHERE tc.run_id = p_run_id AND tc.executor = 'client'
-                        AND tc.status = 'pending')
-    RETURNING status INTO v_run.status;
-    RETURN v_run.status;
+                        AND tc.status = 'pending');
+    RETURN (SELECT status FROM {s}.runs WHERE id = p_run_id);
 END $$;
 REVOKE ALL ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) TO outbox_writer;

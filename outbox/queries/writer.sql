@@ -166,6 +166,10 @@ SET pending = pending - 1,
 WHERE id = %(batch_id)s
 RETURNING pending, step_no
 
+-- name: batch_run
+-- The run a batch belongs to (read without a lock: the run is locked first).
+SELECT run_id FROM {s}.tool_batches WHERE id = %(batch_id)s
+
 -- name: lock_batch
 -- Lock a batch for delivery.
 SELECT * FROM {s}.tool_batches WHERE id = %(batch_id)s FOR UPDATE

@@ -173,7 +173,8 @@ def test_client_tools_wait_for_outputs_and_refuse_bad_submissions(setup, model):
             assert lifecycle.submit_tool_outputs(conn, TENANT, run.id, outputs) == "in_progress"
             conn.commit()
             # The same outputs again: a no-op that returns the run's status.
-            assert lifecycle.submit_tool_outputs(conn, TENANT, run.id, outputs)
+            again = lifecycle.submit_tool_outputs(conn, TENANT, run.id, outputs)
+            assert again == run_status(setup, run.id)
             conn.commit()
         wait_until(lambda: ended(setup, run.id))
     assert run_status(setup, run.id) == "completed"

@@ -1,0 +1,79 @@
+"""One lock order (run, then batch) for every writer path, so they queue and never deadlock.
+
+Found by the demo: a backend re-sending its client outputs while the relay delivered the
+same batch deadlocked (delivery took the batch before the run, the SQL function the run
+before the batch).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+
+from outbox import lifecycle, registry, writer
+from outbox.schemas import ModelTurnIn, StartRun, ToolCallIn
+from tests.relay_harness import scalar, wait_until
+
+OUTPUTS = [{"tool_call_id": "c1", "output": {"ok": True}}]
+
+
+def waiting_backends(db_url: str) -> int:
+    return scalar(db_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+
+
+def test_delivery_and_a_resent_submission_queue_behind_the_run_lock(db_url):
+    with psycopg.connect(db_url) as conn:
+        registry.register(conn, registry.ToolSpec(name="approve", executor="client"))
+        thread = writer.create_thread(conn, "acme")
+        run = writer.start_run(
+            conn, StartRun(tenant_id="acme", thread_id=thread.id, model="m", tools=["approve"])
+        )
+        turn = writer.record_model_turn(
+            conn,
+            ModelTurnIn(
+                tenant_id="acme",
+                run_id=run.id,
+                step_no=1,
+                tool_calls=[ToolCallIn(tool_call_id="c1", name="approve", arguments="{}")],
+            ),
+        )
+        assert lifecycle.submit_tool_outputs(conn, "acme", run.id, OUTPUTS) == "in_progress"
+        conn.commit()
+    errors: list[Any] = []
+    results: dict[str, Any] = {}
+
+    def deliver() -> None:
+        with psycopg.connect(db_url) as conn:
+            try:
+                results["deliver"] = writer.deliver_batch(conn, turn.batch_id).outcome
+                conn.commit()
+            except Exception as err:
+                errors.append(err)
+
+    def resubmit() -> None:
+        with psycopg.connect(db_url) as conn:
+            try:
+                results["resubmit"] = lifecycle.submit_tool_outputs(conn, "acme", run.id, OUTPUTS)
+                conn.commit()
+            except Exception as err:
+                errors.append(err)
+
+    with psycopg.connect(db_url) as blocker:
+        writer.lock_run(blocker, run.id, None)
+        # The resubmission queues for the run first; the delivery comes second. With
+        # delivery locking its batch before the run, the two would deadlock on release.
+        first = threading.Thread(target=resubmit)
+        first.start()
+        wait_until(lambda: waiting_backends(db_url) == 1, what="the resubmission to wait")
+        second = threading.Thread(target=deliver)
+        second.start()
+        wait_until(lambda: waiting_backends(db_url) == 2, what="delivery to wait")
+        blocker.rollback()
+    first.join(timeout=30)
+    second.join(timeout=30)
+    assert errors == []
+    assert results["deliver"] == "delivered"
+    assert results["resubmit"] == "in_progress"  # a no-op that returns the run's status
+    assert scalar(db_url, "SELECT count(*) FROM outbox.submissions") == 1
