@@ -1,0 +1,183 @@
+"""``python -m bench [--quick] [--calls N] [--json PATH]``: run every measurement, print
+the markdown table on stdout (progress on stderr), keep JSON and a PNG in bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import db as bdb
+from bench import http, notify, report, seed, throughput
+from bench.throughput import stderr
+from outbox import db
+
+PYTHON_TOOL = "bench_noop"
+HTTP_TOOL = "noop"
+SEED_PROCESSES = 4  # writer processes seeding the template
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small numbers (about a minute)")
+    parser.add_argument("--calls", type=int, help="in-process calls to drain (200,000)")
+    parser.add_argument("--http-calls", type=int, help="HTTP tool calls per run (10,000)")
+    parser.add_argument("--processes", default="1,2,4", help="relay process counts")
+    parser.add_argument("--concurrency", type=int, default=16, help="relay slots per process")
+    parser.add_argument("--latency-intents", type=int, help="intents for the latency (500)")
+    parser.add_argument("--notify-commits", type=int, help="commits per writer thread (250)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.calls = args.calls or (5_000 if quick else 200_000)
+    args.http_calls = args.http_calls or min(args.calls, 1_000 if quick else 10_000)
+    args.latency_intents = args.latency_intents or (100 if quick else 500)
+    args.notify_commits = args.notify_commits or (25 if quick else 250)
+    args.process_counts = [int(p) for p in args.processes.split(",")]
+    return args
+
+
+def seeded_template(server: str, name: str, tool: str, calls: int, register: Any) -> str:
+    """A database holding ``calls`` writer-made intents of ``tool``; returns its name."""
+    url = bdb.create(server, bdb.name_for(name))
+    register(url)
+    seed.seed_calls(
+        url,
+        tool,
+        calls,
+        processes=SEED_PROCESSES if calls >= 2_000 else 1,
+        progress=seed.progress_printer(f"seeding {name}", calls),
+    )
+    with bdb.admin(url) as conn:
+        # The step-1 model turns are a model relay's work, which is not measured here.
+        conn.execute("DELETE FROM outbox.outbox WHERE kind = 'model_turn'")
+        conn.execute("VACUUM ANALYZE")
+    return bdb.name_for(name)
+
+
+def relay_overhead(server: str, args: argparse.Namespace, log: Path, out: dict[str, Any]) -> None:
+    n = args.calls
+    template = seeded_template(
+        server,
+        "tpl",
+        PYTHON_TOOL,
+        n,
+        lambda url: seed.register_python_tool(url, PYTHON_TOOL, "bench.tools:noop"),
+    )
+    try:
+        for p in args.process_counts:
+            with bdb.scratch(server, f"relay_{p}", template=template) as url:
+                drain = throughput.drain_relay(url, n, p, args.concurrency, log)
+                throughput.check_relay_outcome(url, n)
+            out["relay"][str(p)] = drain.rate
+            stderr(f"  relay, {p} process(es): {drain.rate:,.0f} calls/s ({drain.seconds:.1f} s)")
+    finally:
+        bdb.drop(server, template)
+    for p in args.process_counts:
+        with bdb.scratch(server, f"raw_{p}", migrated=False) as url:
+            drain = throughput.drain_raw(url, n, p)
+        out["raw"][str(p)] = drain.rate
+        stderr(f"  raw loop, {p} process(es): {drain.rate:,.0f} rows/s")
+    try:
+        with bdb.scratch(server, "pgqueuer", migrated=False) as url:
+            drain = throughput.drain_pgqueuer(url, n)
+        out["pgqueuer"] = drain.rate
+        stderr(f"  PgQueuer: {drain.rate:,.0f} jobs/s")
+    except ImportError:
+        stderr("  PgQueuer is not installed: pip install -e '.[bench]'")
+
+
+def end_to_end(server: str, args: argparse.Namespace, log: Path, out: dict[str, Any]) -> None:
+    n = args.http_calls
+    tools = http.ToolServer()
+    out["http"] = {"calls": n, "relay": {}, "server": {}}
+    try:
+        template = seeded_template(
+            server,
+            "http_tpl",
+            HTTP_TOOL,
+            n,
+            lambda url: seed.register_http_tool(url, HTTP_TOOL, tools.endpoint(), timeout_s=30),
+        )
+        try:
+            for p in args.process_counts:
+                tools.reset()
+                with bdb.scratch(server, f"http_{p}", template=template) as url:
+                    drain = throughput.drain_relay(url, n, p, args.concurrency, log)
+                    throughput.check_relay_outcome(url, n)
+                alone = http.server_alone(tools, n, p, args.concurrency)
+                out["http"]["relay"][str(p)] = drain.rate
+                out["http"]["server"][str(p)] = alone.rate
+                stderr(
+                    f"  http, {p} process(es): relay {drain.rate:,.0f}/s, "
+                    f"server alone {alone.rate:,.0f}/s"
+                )
+        finally:
+            bdb.drop(server, template)
+        with bdb.scratch(server, "latency") as url:
+            out["latency_rate"] = 50.0
+            out["latency"] = http.latency(url, tools, args.latency_intents, 50.0, log)
+        stderr(
+            f"  latency: p50 {out['latency']['p50_ms']:.1f} ms, "
+            f"p99 {out['latency']['p99_ms']:.1f} ms"
+        )
+    finally:
+        tools.close()
+
+
+def notify_cost(server: str, args: argparse.Namespace, out: dict[str, Any]) -> None:
+    threads = 8
+    with bdb.scratch(server, "notify") as url:
+        seed.register_python_tool(url, PYTHON_TOOL, "bench.tools:noop")
+        off = notify.commits_per_s(url, PYTHON_TOOL, threads, args.notify_commits, False)
+        on = notify.commits_per_s(url, PYTHON_TOOL, threads, args.notify_commits, True)
+    out["notify"] = {"threads": threads, "on": on, "off": off}
+    stderr(f"  NOTIFY: on {on:,.0f} commits/s, off {off:,.0f} commits/s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    server = db.database_url()
+    report.RESULTS.mkdir(exist_ok=True)
+    log = report.RESULTS / f"relay-{stamp}.log"
+    out: dict[str, Any] = {
+        "calls": args.calls,
+        "processes": args.process_counts,
+        "concurrency": args.concurrency,
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+        "server": _server_version(server),
+        "relay": {},
+        "raw": {},
+    }
+    started = time.monotonic()
+    stderr(f"relay overhead: {args.calls:,} calls")
+    relay_overhead(server, args, log, out)
+    stderr(f"end to end over HTTP: {args.http_calls:,} calls")
+    end_to_end(server, args, log, out)
+    stderr("NOTIFY cost")
+    notify_cost(server, args, out)
+    out["seconds"] = round(time.monotonic() - started, 1)
+    table = report.markdown(out)
+    print(table)
+    if not args.no_chart:
+        json_path, png = report.write(out, stamp)
+        stderr(f"results: {json_path}" + (f", {png}" if png else ""))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def _server_version(server: str) -> str:
+    return str(bdb.scalar(server, "SHOW server_version"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

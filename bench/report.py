@@ -1,0 +1,140 @@
+"""The benchmark's outputs: a markdown table with ratios, JSON, and a PNG chart."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def fmt(rate: float | None) -> str:
+    return "—" if rate is None else f"{rate:,.0f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "—" if not a or not b else f"{a / b:.2f}x"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The table printed to stdout and kept in ``docs/benchmarks.md``."""
+    lines: list[str] = []
+    relay = results["relay"]
+    raw = results["raw"]
+    pgq = results.get("pgqueuer")
+    n = results["calls"]
+    lines += [
+        f"### Relay overhead: drain {n:,} in-process tool calls (per second)",
+        "",
+        "| processes | relay | raw SKIP LOCKED loop | PgQueuer 1.6 "
+        "| relay / raw | relay / PgQueuer |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in results["processes"]:
+        r, b = relay.get(str(p)), raw.get(str(p))
+        q = pgq if p == 1 else None
+        lines.append(f"| {p} | {fmt(r)} | {fmt(b)} | {fmt(q)} | {ratio(r, b)} | {ratio(r, pgq)} |")
+    lines += ["", "Targets: relay ≥ 0.5x raw, ≥ 1.5x PgQueuer (one queue manager, batch 100).", ""]
+    http = results.get("http")
+    if http:
+        lines += [
+            f"### End to end over HTTP: {http['calls']:,} calls to a no-op tool (per second)",
+            "",
+            "| processes | relay | tool server alone, same concurrency | relay / server |",
+            "|---:|---:|---:|---:|",
+        ]
+        for p in results["processes"]:
+            r, s = http["relay"].get(str(p)), http["server"].get(str(p))
+            lines.append(f"| {p} | {fmt(r)} | {fmt(s)} | {ratio(r, s)} |")
+        lines += ["", "Target: relay ≥ 60 % of the tool server's own rate.", ""]
+    latency = results.get("latency")
+    if latency:
+        lines += [
+            f"### Latency: intent commit → tool request ({int(latency['n'])} intents at "
+            f"{results['latency_rate']:.0f}/s, NOTIFY on, 1 process)",
+            "",
+            "| p50 | p99 | max |",
+            "|---:|---:|---:|",
+            f"| {latency['p50_ms']:.1f} ms | {latency['p99_ms']:.1f} ms | "
+            f"{latency['max_ms']:.1f} ms |",
+            "",
+            "Target: p50 ≤ 3 ms, p99 ≤ 10 ms.",
+            "",
+        ]
+    notify = results.get("notify")
+    if notify:
+        lines += [
+            f"### NOTIFY cost: commits/s of {notify['threads']} concurrent writers "
+            "(start_run + record_model_turn per transaction)",
+            "",
+            "| NOTIFY on | NOTIFY off | on / off |",
+            "|---:|---:|---:|",
+            f"| {fmt(notify['on'])} | {fmt(notify['off'])} "
+            f"| {ratio(notify['on'], notify['off'])} |",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def write(results: dict[str, Any], stamp: str) -> tuple[Path, Path | None]:
+    """JSON and, when matplotlib is there, a PNG chart into ``bench/results/``."""
+    RESULTS.mkdir(exist_ok=True)
+    json_path = RESULTS / f"bench-{stamp}.json"
+    json_path.write_text(json.dumps(results, indent=2))
+    try:
+        png = chart(results, RESULTS / f"bench-{stamp}.png")
+    except ImportError:
+        png = None
+    return json_path, png
+
+
+def chart(results: dict[str, Any], path: Path) -> Path:
+    # Imported by name: the bench extra is optional, and mypy must pass without it.
+    matplotlib = importlib.import_module("matplotlib")
+    matplotlib.use("Agg")
+    plt = importlib.import_module("matplotlib.pyplot")
+
+    processes = results["processes"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.25
+    xs = range(len(processes))
+    drain = axes[0]
+    drain.bar(
+        [x - width for x in xs],
+        [results["relay"].get(str(p), 0) for p in processes],
+        width,
+        label="relay",
+    )
+    drain.bar(list(xs), [results["raw"].get(str(p), 0) for p in processes], width, label="raw loop")
+    if results.get("pgqueuer"):
+        drain.bar([width], [results["pgqueuer"]], width, label="PgQueuer (1 manager)")
+    drain.set_xticks(list(xs), [str(p) for p in processes])
+    drain.set_xlabel("processes")
+    drain.set_ylabel("per second")
+    drain.set_title(f"Drain {results['calls']:,} in-process calls")
+    drain.legend()
+    http = results.get("http")
+    if http:
+        e2e = axes[1]
+        e2e.bar(
+            [x - width / 2 for x in xs],
+            [http["relay"].get(str(p), 0) for p in processes],
+            width,
+            label="relay",
+        )
+        e2e.bar(
+            [x + width / 2 for x in xs],
+            [http["server"].get(str(p), 0) for p in processes],
+            width,
+            label="server alone",
+        )
+        e2e.set_xticks(list(xs), [str(p) for p in processes])
+        e2e.set_xlabel("processes")
+        e2e.set_title("HTTP no-op tool calls per second")
+        e2e.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

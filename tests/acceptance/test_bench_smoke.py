@@ -1,0 +1,39 @@
+"""The benchmark runs end to end with tiny numbers (CI smoke test: no timing asserts).
+
+It runs ``python -m bench`` as a user would, in a subprocess against the test server, and
+checks that every section produced a figure and the table was printed; what the figures
+are is the benchmark's business, not the test suite's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.relay_harness import REPO
+
+pytest.importorskip("pgqueuer", reason="the bench extra is not installed")
+pytest.importorskip("matplotlib", reason="the bench extra is not installed")
+
+
+@pytest.mark.timeout(180)
+def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "bench", "--quick", "--calls", "300", "--http-calls", "100"]
+    command += ["--processes", "1,2", "--latency-intents", "20", "--notify-commits", "5"]
+    command += ["--json", str(out), "--no-chart"]
+    env = {**os.environ, "OUTBOX_DATABASE_URL": server_url}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "### Relay overhead" in done.stdout and "relay / raw" in done.stdout
+    results = json.loads(out.read_text())
+    assert set(results["relay"]) == set(results["raw"]) == {"1", "2"}
+    assert all(rate > 0 for rate in results["relay"].values())
+    assert results["pgqueuer"] > 0
+    assert set(results["http"]["relay"]) == {"1", "2"}
+    assert results["latency"]["n"] == 20
+    assert results["notify"]["on"] > 0 and results["notify"]["off"] > 0

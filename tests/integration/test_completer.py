@@ -1,0 +1,155 @@
+"""The completer's set-based fast path writes what the per-row path writes.
+
+Several terminal results are written in one completion transaction: fenced together,
+stored together, batches counted together. These tests drive ``Worker._write`` directly
+with hand-made leases, so each invariant is checked on the rows themselves: fencing per
+row (a row leased to someone else is refused, journaled and its result orphaned), one
+result per call, the delivery enqueued exactly once when the last result of a batch lands,
+results for a closed batch in ``orphaned_results``, a journal event per result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from relay.executors import Claimed, Outcome
+from relay.worker import Link, Worker
+from tests.helpers import TENANT
+from tests.relay_harness import config, scalar, seed
+
+WORKER = "completer-under-test"
+
+
+def lease(db_url: str, owner: str, attempt: int = 1) -> dict[int, Claimed]:
+    """Lease every ready tool_call row to ``owner``; the claimed rows by tool call."""
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            "UPDATE outbox.outbox SET status = 'leased', attempts = %s, lease_owner = %s, "
+            "lease_expires_at = now() + interval '1 minute' "
+            "WHERE kind = 'tool_call' AND status = 'ready' "
+            "RETURNING id, batch_id, tool_call_ref, run_id, thread_id",
+            [attempt, owner],
+        ).fetchall()
+        conn.commit()
+    return {
+        ref: Claimed(
+            id=row_id,
+            kind="tool_call",
+            tenant_id=TENANT,
+            thread_id=thread_id,
+            run_id=run_id,
+            batch_id=batch_id,
+            tool_call_ref=ref,
+            correlation_id=None,
+            attempt=attempt,
+            max_attempts=5,
+            payload={},
+            lag_s=0.0,
+        )
+        for row_id, batch_id, ref, run_id, thread_id in rows
+    }
+
+
+def write(db_url: str, outcomes: list[Outcome]) -> list[str]:
+    worker = Worker(config(db_url, worker_id=WORKER))
+    link = Link(db_url, "test")
+    applied: list[str] = []
+    original = worker._after_commit
+    worker._after_commit = lambda o, a: (applied.extend(a), original(o, a))  # type: ignore[method-assign]
+    try:
+        worker._write(link, outcomes)
+    finally:
+        link.close()
+        worker.http.close()
+    return applied
+
+
+def events(db_url: str) -> dict[str, int]:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT event, count(*) FROM outbox.journal GROUP BY 1").fetchall()
+    return dict(rows)
+
+
+def test_many_results_in_one_transaction_keep_every_invariant(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        conn.execute("SET outbox.notify = 'off'")
+        register_tool_stub(conn)
+        conn.commit()
+    refs = seed(db_url, ["stub"], runs=2, calls_per_batch=3, args=lambda n: {"n": n})
+    claimed = lease(db_url, WORKER)
+    first, second = refs[:3], refs[3:]
+    with psycopg.connect(db_url) as conn:  # one row of the first batch now belongs elsewhere
+        conn.execute(
+            "UPDATE outbox.outbox SET lease_owner = 'someone-else' WHERE tool_call_ref = %s",
+            [first[2]],
+        )
+        conn.commit()
+    outcomes = [
+        Outcome(claimed[first[0]], "result", "ok", {"a": 1}),
+        Outcome(claimed[first[1]], "result", "error", None, "it broke"),
+        Outcome(claimed[first[2]], "result", "ok", {"late": True}),
+        *[Outcome(claimed[ref], "result", "ok", {"ref": ref}) for ref in second],
+    ]
+    applied = write(db_url, outcomes)
+
+    by_ref = dict(zip([o.row.tool_call_ref for o in outcomes], applied, strict=True))
+    assert by_ref[first[2]] == "fenced"
+    assert [by_ref[r] for r in (first[0], first[1], *second)] == ["result_stored"] * 5
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        statuses = dict(conn.execute("SELECT id, status FROM outbox.tool_calls").fetchall())
+    assert statuses[first[0]] == "succeeded" and statuses[first[1]] == "failed"
+    assert statuses[first[2]] == "pending"
+    assert scalar(db_url, "SELECT count(*) FROM outbox.tool_results") == 5
+    assert (
+        scalar(db_url, "SELECT error FROM outbox.tool_results WHERE tool_call_ref = %s", [first[1]])
+        == "it broke"
+    )
+    # the fenced write: journaled, its result kept out of every context
+    assert scalar(db_url, "SELECT reason FROM outbox.orphaned_results") == "fenced"
+    # batch bookkeeping: the first batch waits for one result, the second is complete
+    pending = "SELECT pending, status FROM outbox.tool_batches WHERE id = %s"
+    batch_of = {o.row.tool_call_ref: o.row.batch_id for o in outcomes}
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert conn.execute(pending, [batch_of[first[0]]]).fetchone() == (1, "open")
+        assert conn.execute(pending, [batch_of[second[0]]]).fetchone() == (0, "complete")
+    deliveries = "SELECT batch_id FROM outbox.outbox WHERE kind = 'deliver_batch'"
+    assert scalar(db_url, "SELECT count(*) FROM (" + deliveries + ") d") == 1
+    assert scalar(db_url, deliveries) == batch_of[second[0]]
+    seen = events(db_url)
+    assert seen["tool_result.stored"] == 5
+    assert seen["write.fenced"] == 1
+    assert seen["batch.complete"] == 1
+    complete = (
+        "SELECT tool_call_id, attempt, worker FROM outbox.journal WHERE event = 'batch.complete'"
+    )
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert conn.execute(complete).fetchone() == ("call_2", 1, WORKER)
+
+    # The rightful holder's late result for a batch that was closed meanwhile: orphaned.
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            "UPDATE outbox.outbox SET lease_owner = %s WHERE tool_call_ref = %s",
+            [WORKER, first[2]],
+        )
+        conn.execute(
+            "UPDATE outbox.tool_batches SET status = 'cancelled' WHERE id = %s",
+            [batch_of[first[0]]],
+        )
+        conn.commit()
+    again = [Outcome(claimed[first[2]], "result", "ok", {"on": "time"})]
+    assert write(db_url, again) == ["result_orphaned"]
+    assert events(db_url)["tool_result.orphaned"] == 1
+    assert scalar(db_url, "SELECT count(*) FROM outbox.tool_results") == 5
+    reasons = "SELECT array_agg(reason ORDER BY id) FROM outbox.orphaned_results"
+    assert scalar(db_url, reasons) == ["fenced", "batch_closed"]
+    assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE kind = 'deliver_batch'") == 1
+
+
+def register_tool_stub(conn: psycopg.Connection[Any]) -> None:
+    from outbox import registry
+
+    registry.register(
+        conn, registry.ToolSpec(name="stub", executor="python", callable="tests.tooling:echo")
+    )

@@ -1,0 +1,55 @@
+"""In-process tool callables for the tests, registered as ``tests.tooling:<name>``.
+
+A relay process imports them by path like any python tool, so they keep their evidence
+where a test in another process can read it: ``record_run`` appends one line per
+execution to a file named in the arguments.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from outbox import config
+
+RELEASE = threading.Event()  # set by a test to let ``block`` return
+BLOCK_MAX_S = 10.0  # seconds ``block`` waits at most, so no test can hang on it
+CRASH_SLEEP_S = 60.0  # seconds the first execution of ``record_run`` sleeps (it is killed)
+
+
+def echo(**arguments: Any) -> dict[str, Any]:
+    return {"echo": arguments}
+
+
+def boom(**arguments: Any) -> None:
+    raise ValueError(f"boom with {sorted(arguments)}")
+
+
+def exits(**arguments: Any) -> None:
+    raise SystemExit(3)
+
+
+def block(**arguments: Any) -> dict[str, Any]:
+    """Wait until a test sets ``RELEASE`` (bounded): longer than any tool timeout used."""
+    RELEASE.wait(BLOCK_MAX_S)
+    return {"released": True}
+
+
+def too_big(**arguments: Any) -> str:
+    return "x" * (config.MAX_PAYLOAD_BYTES + 1)
+
+
+def not_json(**arguments: Any) -> object:
+    return object()
+
+
+def record_run(path: str, **arguments: Any) -> dict[str, Any]:
+    """Append a line to ``path``; the first execution then sleeps (to be killed mid-call)."""
+    with open(path, "a") as handle:
+        handle.write("ran\n")
+    runs = len(Path(path).read_text().splitlines())
+    if runs == 1:
+        time.sleep(CRASH_SLEEP_S)  # the call in flight when the test kills the relay
+    return {"runs": runs}
