@@ -186,6 +186,29 @@ def append_message(
     return int(row["id"])
 
 
+def append_tool_messages(
+    conn: psycopg.Connection[Any], batch: Row, answers: list[tuple[int, str]]
+) -> None:
+    """Append one tool message per (tool call ref, content), in order, in one statement."""
+    if not answers:
+        return
+    for _, content in answers:
+        check_size("tool message", content)
+    seq = fetch_one(conn, Q.take_seqs, {"thread_id": batch["thread_id"], "n": len(answers)})
+    assert seq is not None
+    conn.execute(
+        Q.insert_tool_messages,
+        {
+            "tenant_id": batch["tenant_id"],
+            "thread_id": batch["thread_id"],
+            "run_id": batch["run_id"],
+            "first_seq": seq["first_seq"],
+            "refs": [ref for ref, _ in answers],
+            "contents": [content for _, content in answers],
+        },
+    )
+
+
 # -- runs -------------------------------------------------------------------------------
 
 
@@ -719,17 +742,14 @@ def deliver_batch(db: Any, batch_id: int) -> Delivery:
     )
     if submitted is None:
         return Delivery("already", None, run["status"])
-    for call in calls:
-        content = tool_message_content(call["result_status"], call["output"], call["error"])
-        append_message(
-            conn,
-            batch["thread_id"],
-            batch["tenant_id"],
-            "tool",
-            content,
-            run_id=batch["run_id"],
-            tool_call_ref=call["id"],
-        )
+    append_tool_messages(
+        conn,
+        batch,
+        [
+            (c["id"], tool_message_content(c["result_status"], c["output"], c["error"]))
+            for c in calls
+        ],
+    )
     conn.execute(Q.batch_delivered, {"batch_id": batch_id})
     ids = {
         "thread_id": run["thread_id"],
@@ -851,20 +871,20 @@ def close_batch(conn: psycopg.Connection[Any], batch: Row, status: str, why: str
     conn.execute(Q.close_batch, {"batch_id": batch["id"], "status": status})
     conn.execute(Q.cancel_waiting_calls, {"batch_id": batch["id"]})
     calls = fetch_all(conn, Q.unanswered_calls, {"batch_id": batch["id"]})
-    for call in calls:
-        if call["result_status"] is not None:
-            content = tool_message_content(call["result_status"], call["output"], call["error"])
-        else:
-            content = tool_message_content("error", None, f"not executed: {why}")
-        append_message(
-            conn,
-            batch["thread_id"],
-            batch["tenant_id"],
-            "tool",
-            content,
-            run_id=batch["run_id"],
-            tool_call_ref=call["id"],
-        )
+    not_executed = tool_message_content("error", None, f"not executed: {why}")
+    append_tool_messages(
+        conn,
+        batch,
+        [
+            (
+                c["id"],
+                tool_message_content(c["result_status"], c["output"], c["error"])
+                if c["result_status"] is not None
+                else not_executed,
+            )
+            for c in calls
+        ],
+    )
     journal(
         conn,
         "batch.closed",

@@ -57,6 +57,7 @@ from relay.model import ModelExecutor
 
 logger = logging.getLogger("relay.worker")
 RECONNECT_MAX_S = 5.0  # longest wait between reconnection attempts
+BUSY_ROW_WAIT_S = 0.02  # idle wait when the only due rows are being claimed by others
 Executor = Callable[[Claimed], Outcome]
 
 
@@ -241,13 +242,15 @@ class Worker:
         try:
             conn = link.get()
             with conn.transaction():
-                row = conn.execute(self.q.next_due).fetchone()
+                row = conn.execute(self.q.next_due, {"kinds": self.kinds}).fetchone()
         except psycopg.Error:
             return self.cfg.poll_interval_s
         due_in = row[0] if row and row[0] is not None else None
         if due_in is None:
             return self.cfg.poll_interval_s
-        return max(0.0, min(self.cfg.poll_interval_s, float(due_in)))
+        # A row already due that our claim did not get is locked by another worker's claim:
+        # it will be leased in a moment, so wait briefly instead of spinning on it.
+        return max(BUSY_ROW_WAIT_S, min(self.cfg.poll_interval_s, float(due_in)))
 
     def _dispatch(self, row: Claimed) -> None:
         self.slots.submit(self._execute, row)
@@ -347,10 +350,11 @@ class Worker:
     def _apply_all(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> list[str]:
         """Write sorted outcomes in the completer's transaction; what happened to each.
 
-        Terminal tool results take a set-based fast path, a fixed number of statements
-        however many there are: the batches of the whole transaction are locked first in
-        id order (the one lock order, so the per-row writes below never take a batch lock
-        out of order), the rows are fenced together (lease holder and attempt per row),
+        First the runs, then the batches of the whole transaction are locked, each in id
+        order: the one lock order of every writer path (run before batch), so completers,
+        cancels and client submissions queue up instead of deadlocking. Terminal tool
+        results then take a set-based fast path, a fixed number of statements however many
+        there are: the rows are fenced together (lease holder and attempt per row),
         then ``store_results`` does what ``writer.record_tool_result`` does per row, and
         ``enqueue_deliveries`` enqueues (once, by dedup key) and journals each batch this
         transaction completed. Fenced rows and every other action go through ``_apply``.
@@ -364,10 +368,12 @@ class Worker:
             and o.row.batch_id is not None
             and (o.status == "ok" or (o.status == "error" and o.error))
         ]
-        if not fast:
-            return [self._apply(conn, outcome) for outcome in outcomes]
+        run_ids = sorted({o.row.run_id for o in outcomes if o.row.run_id is not None})
+        conn.execute(self.q.lock_runs, {"ids": run_ids})
         batch_ids = sorted({o.row.batch_id for o in outcomes if o.row.batch_id is not None})
         conn.execute(self.q.lock_batches, {"ids": batch_ids})
+        if not fast:
+            return [self._apply(conn, outcome) for outcome in outcomes]
         applied: list[str | None] = [None] * len(outcomes)
         self._store_results(conn, [outcomes[i] for i in fast], fast, applied)
         return [

@@ -21,6 +21,13 @@ VALUES (%(tenant_id)s, %(thread_id)s, %(seq)s, %(role)s, %(content)s, %(run_id)s
         %(tool_call_ref)s)
 RETURNING id
 
+-- name: insert_tool_messages
+-- Append a batch's tool messages at reserved consecutive positions, in the given order.
+INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id, tool_call_ref)
+SELECT %(tenant_id)s, %(thread_id)s, %(first_seq)s + a.ord - 1, 'tool', a.content,
+       %(run_id)s, a.ref
+FROM unnest(%(refs)s::bigint[], %(contents)s::text[]) WITH ORDINALITY AS a(ref, content, ord)
+
 -- name: run_by_key
 -- The run a tenant already started under this idempotency key, if any.
 SELECT * FROM {s}.runs WHERE tenant_id = %(tenant_id)s AND idempotency_key = %(key)s

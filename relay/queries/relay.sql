@@ -156,9 +156,9 @@ WITH stalled AS (
 SELECT batch_id FROM stalled
 
 -- name: next_due
--- Seconds until the next ready row is due (null when none is waiting).
+-- Seconds until the next ready row of these kinds is due (null when none is waiting).
 SELECT extract(epoch FROM min(available_at) - now()) AS due_in_s
-FROM {s}.outbox WHERE status = 'ready'
+FROM {s}.outbox WHERE status = 'ready' AND kind = ANY(%(kinds)s)
 
 -- name: queue_depth
 -- Rows per status and kind, and the lag of the oldest due ready row.
@@ -166,6 +166,11 @@ SELECT status, kind, count(*) AS n,
        coalesce(extract(epoch FROM now() - min(available_at))
                 FILTER (WHERE status = 'ready' AND available_at <= now()), 0) AS lag_s
 FROM {s}.outbox GROUP BY status, kind
+
+-- name: lock_runs
+-- Lock every run a completion transaction touches, in id order, first: every writer path
+-- takes a run before its batches, so completers, cancels and client submissions queue up.
+SELECT id FROM {s}.runs WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE
 
 -- name: lock_batches
 -- Lock every batch a completion transaction touches, in id order, before anything else:
