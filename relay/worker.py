@@ -57,6 +57,7 @@ from relay.model import ModelExecutor
 
 logger = logging.getLogger("relay.worker")
 RECONNECT_MAX_S = 5.0  # longest wait between reconnection attempts
+DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with metrics on)
 BUSY_ROW_WAIT_S = 0.02  # idle wait when the only due rows are being claimed by others
 Executor = Callable[[Claimed], Outcome]
 
@@ -326,9 +327,10 @@ class Worker:
                 # (if our leases expired meanwhile, the fence refuses them, as it should).
                 time.sleep(link.failed(err))
                 continue
-            except psycopg.Error as err:
-                log(logger, logging.ERROR, "complete.batch_failed", error=str(err), n=len(pending))
-                link.failed(err)
+            except Exception as err:  # a bad outcome must not stop the others being written
+                log(logger, logging.ERROR, "complete.batch_failed", error=repr(err), n=len(pending))
+                if isinstance(err, psycopg.Error):
+                    link.failed(err)
                 for outcome in pending:
                     self._write_alone(link, outcome)
             for _ in pending:
@@ -413,6 +415,7 @@ class Worker:
                 "errors": [o.error for o, _ in passed],
                 "sources": [o.source for o, _ in passed],
                 "attempts": [o.row.attempt for o, _ in passed],
+                "lags": [round(max(0.0, o.row.lag_s), 4) for o, _ in passed],
                 "worker": worker,
             },
         ).fetchall()
@@ -439,9 +442,10 @@ class Worker:
         """Write one outcome on its own; if even that fails, leave the row to lease expiry."""
         try:
             self._write(link, [outcome])
-        except psycopg.Error as err:
-            link.failed(err)
-            log(logger, logging.ERROR, "complete.failed", error=str(err), **outcome.row.context())
+        except Exception as err:
+            if isinstance(err, psycopg.Error):
+                link.failed(err)
+            log(logger, logging.ERROR, "complete.failed", error=repr(err), **outcome.row.context())
             with self.lock:
                 self.inflight.pop(outcome.row.id, None)
 
@@ -628,17 +632,34 @@ class Worker:
     def _maintenance_loop(self) -> None:
         link = Link(self.cfg.database_url, "maintenance")
         interval = min(self.cfg.lease_s / 3, self.cfg.rescue_interval_s)
-        last_rescue = 0.0
+        last_rescue = last_depth = 0.0
         while not self.done.wait(interval):
             try:
                 self._heartbeat(link)
                 if time.monotonic() - last_rescue >= self.cfg.rescue_interval_s:
                     self._rescue(link)
                     last_rescue = time.monotonic()
+                if self.cfg.metrics_port is not None and (
+                    time.monotonic() - last_depth >= DEPTH_INTERVAL_S
+                ):
+                    self._measure_depth(link)
+                    last_depth = time.monotonic()
                 link.ok()
             except psycopg.Error as err:
                 self.done.wait(link.failed(err))
+            except Exception as err:  # keep leases alive and rescues going whatever happens
+                log(logger, logging.ERROR, "maintenance.failed", error=repr(err))
         link.close()
+
+    def _measure_depth(self, link: Link) -> None:
+        """Queue depth per status and kind, and the age of the oldest due row (gauges)."""
+        conn = link.get()
+        with conn.transaction():
+            rows = conn.execute(self.q.queue_depth).fetchall()
+        self.metrics.depth.clear()
+        for status, kind, n, _lag in rows:
+            self.metrics.depth.labels(status, kind).set(n)
+        self.metrics.oldest_ready.set(max((float(r[3]) for r in rows), default=0.0))
 
     def _heartbeat(self, link: Link) -> None:
         with self.lock:

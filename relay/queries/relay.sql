@@ -163,8 +163,8 @@ FROM {s}.outbox WHERE status = 'ready' AND kind = ANY(%(kinds)s)
 -- name: queue_depth
 -- Rows per status and kind, and the lag of the oldest due ready row.
 SELECT status, kind, count(*) AS n,
-       coalesce(extract(epoch FROM now() - min(available_at))
-                FILTER (WHERE status = 'ready' AND available_at <= now()), 0) AS lag_s
+       coalesce(extract(epoch FROM now() - min(available_at)
+                FILTER (WHERE status = 'ready' AND available_at <= now())), 0) AS lag_s
 FROM {s}.outbox GROUP BY status, kind
 
 -- name: lock_runs
@@ -189,12 +189,14 @@ RETURNING o.id
 -- name: store_results
 -- Set-based record_tool_result for many fenced results (their batches are locked): one
 -- result per call (a repeat is a duplicate, a closed batch sends it to orphaned_results),
--- the call marked terminal, the batch's pending count lowered, a journal event per result.
+-- the call marked terminal, the batch's pending count lowered, a journal event per result
+-- (with lag_s: how long the row waited, due, before a worker claimed it).
 -- Returns each input's outcome; for a result that completed its batch, that batch's id.
 WITH input AS (
     SELECT * FROM unnest(%(refs)s::bigint[], %(statuses)s::text[], %(outputs)s::jsonb[],
-                         %(errors)s::text[], %(sources)s::text[], %(attempts)s::int[])
-        AS i(ref, status, output, error, source, attempt)
+                         %(errors)s::text[], %(sources)s::text[], %(attempts)s::int[],
+                         %(lags)s::float8[])
+        AS i(ref, status, output, error, source, attempt, lag_s)
 ), calls AS (
     SELECT i.*, tc.tenant_id, tc.run_id, tc.thread_id, tc.batch_id, tc.tool_call_id,
            b.status AS batch_status, r.correlation_id,
@@ -242,7 +244,8 @@ WITH input AS (
            c.thread_id, c.run_id, c.batch_id, c.ref, c.tool_call_id, c.correlation_id,
            c.attempt, %(worker)s,
            CASE WHEN s.tool_call_ref IS NOT NULL
-                THEN jsonb_build_object('status', c.status, 'source', c.source)
+                THEN jsonb_build_object('status', c.status, 'source', c.source,
+                                        'lag_s', c.lag_s)
                 ELSE jsonb_build_object('batch_status', c.batch_status, 'source', c.source) END
     FROM calls c
     LEFT JOIN stored s ON s.tool_call_ref = c.ref

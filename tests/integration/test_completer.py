@@ -153,3 +153,33 @@ def register_tool_stub(conn: psycopg.Connection[Any]) -> None:
     registry.register(
         conn, registry.ToolSpec(name="stub", executor="python", callable="tests.tooling:echo")
     )
+
+
+def test_an_outcome_that_cannot_be_written_does_not_stop_the_others(db_url):
+    import threading
+
+    with psycopg.connect(db_url) as conn:
+        from outbox import registry
+
+        registry.register(
+            conn,
+            registry.ToolSpec(name="t", executor="http", endpoint="http://127.0.0.1:9/t"),
+        )
+        conn.commit()
+    seed(db_url, ["t"], runs=1, calls_per_batch=2, args=lambda n: {"n": n})
+    worker = Worker(config(db_url))
+    link = Link(db_url, "test")
+    bad, good = worker._claim(link, 10)
+    worker.outcomes.put(Outcome(bad, "result", "ok", object()))  # not JSON: cannot be written
+    worker.outcomes.put(Outcome(good, "result", "ok", {"fine": True}))
+    completer = threading.Thread(target=worker._complete_loop)
+    completer.start()
+    worker.outcomes.join()  # the completer went through both, and is still alive
+    assert completer.is_alive()
+    worker.done.set()
+    completer.join(timeout=10)
+    link.close()
+    worker.http.close()
+    assert scalar(db_url, "SELECT count(*) FROM outbox.tool_results") == 1
+    leased = scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'leased'")
+    assert leased == 1  # the bad one waits for its lease to expire and be rescued

@@ -318,11 +318,22 @@ def test_metrics_endpoint_counts_the_work(db_url, tools):
     seed(db_url, ["keyed"], runs=2, calls_per_batch=3, args=args)
     with relay_thread(db_url, metrics_port=port):
         wait_until(lambda: all_settled(db_url))
+        wait_until(
+            lambda: "outbox_queue_depth{" in httpx2.get(f"http://127.0.0.1:{port}/metrics").text,
+            what="the depth gauges",
+        )
         text = httpx2.get(f"http://127.0.0.1:{port}/metrics").text
     assert 'outbox_relay_claimed_total{kind="tool_call"} 7.0' in text  # 6 calls + 1 retry
     assert "outbox_relay_retried_total 1.0" in text
     assert 'outbox_relay_succeeded_total{kind="deliver_batch"} 2.0' in text
     assert "outbox_relay_claim_to_start_seconds_count" in text
+    assert "outbox_queue_depth{" in text and "outbox_queue_oldest_ready_seconds" in text
+    lags = scalar(
+        db_url,
+        "SELECT count(*) FROM outbox.journal "
+        "WHERE event = 'tool_result.stored' AND detail ? 'lag_s'",
+    )
+    assert lags == 6
 
 
 def test_log_lines_carry_every_identity(db_url, tools, tmp_path):
