@@ -478,7 +478,6 @@ def runs_create(
             conn,
             StartRun(tenant_id=tenant, thread_id=uuid.UUID(thread_id), tools=list(tools), **fields),
         )
-        conn.commit()
     if as_json:
         echo_json({"id": run.id, "status": run.status, "created": run.created})
         return
@@ -493,7 +492,6 @@ def runs_cancel(run: str, actor: str) -> None:
     with connection() as conn:
         found = ops.resolve_run(conn, run)
         ended = lifecycle.cancel_run(conn, found["id"], found["tenant_id"], actor=actor)
-        conn.commit()
     click.echo(f"run {ended['id']} cancelled")
 
 
@@ -510,7 +508,6 @@ def runs_submit_outputs(run: str, file: Any) -> None:
     with connection() as conn:
         found = ops.resolve_run(conn, run)
         status = lifecycle.submit_tool_outputs(conn, found["tenant_id"], found["id"], outputs)
-        conn.commit()
     click.echo(f"run {found['id']}: {status}")
 
 
@@ -549,7 +546,6 @@ def threads_create(tenant: str, title: str | None, system_prompt: str | None) ->
     messages = [NewMessage(role="system", content=system_prompt)] if system_prompt else []
     with connection() as conn:
         thread = writer.create_thread(conn, tenant, title=title, messages=messages)
-        conn.commit()
     click.echo(str(thread.id))
 
 
@@ -575,7 +571,6 @@ def threads_import(file: Any, tenant: str, title: str | None) -> None:
     messages = json.load(file)
     with connection() as conn:
         thread, report = lifecycle.import_thread(conn, tenant, messages, title=title)
-        conn.commit()
     click.echo(f"thread {thread.id}: {len(messages)} messages imported")
     if report.changed:
         click.echo(

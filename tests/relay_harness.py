@@ -21,6 +21,17 @@ from relay.worker import Worker
 from tests.helpers import TENANT, new_run, turn
 
 REPO = Path(__file__).resolve().parent.parent
+# Relay flags for tests: short leases and sweeps, so crashes are rescued in about 2 s.
+FAST = [
+    "--lease",
+    "2",
+    "--rescue-interval",
+    "0.3",
+    "--retry-base",
+    "0.05",
+    "--poll-interval",
+    "0.2",
+]
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "") -> Any:

@@ -14,18 +14,8 @@ from outbox.fakes.model import ScriptedModel
 from outbox.fakes.tools import FakeToolService
 from outbox.schemas import StartRun
 from relay.failpoints import CRASH_EXIT_CODE, POINTS
-from tests.relay_harness import register_tool, scalar, start_relay_process, wait_until
+from tests.relay_harness import FAST, register_tool, scalar, start_relay_process, wait_until
 
-FAST = [
-    "--lease",
-    "2",
-    "--rescue-interval",
-    "0.3",
-    "--retry-base",
-    "0.05",
-    "--poll-interval",
-    "0.2",
-]
 ALL = ["--kind", "model_turn", "--kind", "tool_call", "--kind", "deliver_batch"]
 TICKET = {"name": "create_ticket", "arguments": {"title": "broken order"}}
 EMAIL = {"name": "send_email", "arguments": {"to": "a@b.c", "subject": "sorry"}}
