@@ -3,7 +3,8 @@
 Each child is a fresh interpreter (``spawn``) with its own worker id, connections and, with
 ``--metrics-port P``, metrics on port P + its index. A child that dies is started again
 after a short backoff; its leases expire and any worker rescues its rows. SIGTERM/SIGINT are
-passed on to the children, which shut down gracefully; a second signal kills them.
+passed on to the children, which shut down gracefully; a second signal kills them. A child
+whose supervisor dies (even by kill -9) notices and shuts down gracefully too.
 """
 
 from __future__ import annotations
@@ -13,21 +14,40 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.process
+import os
 import signal
+import threading
 import time
 
 from relay import logs
 from relay.config import RelayConfig, new_worker_id
 from relay.logs import log
-from relay.worker import run_worker
+from relay.worker import Worker
 
 logger = logging.getLogger("relay.supervisor")
 RESTART_BACKOFF_MAX_S = 10.0
+PARENT_CHECK_S = 1.0  # how often a worker checks that its supervisor is still alive
 
 
-def _child(cfg: RelayConfig, log_level: str) -> None:
+def _child(cfg: RelayConfig, log_level: str, supervisor_pid: int) -> None:
     logs.setup(log_level)
-    raise SystemExit(run_worker(dataclasses.replace(cfg, worker_id=new_worker_id())))
+    worker = Worker(dataclasses.replace(cfg, worker_id=new_worker_id()))
+    # The supervisor's pid comes from the supervisor: by the time this child has imported
+    # everything, the supervisor may already be dead and getppid() would not tell.
+    watcher = threading.Thread(
+        target=_stop_when_orphaned, args=(worker, supervisor_pid), name="parent", daemon=True
+    )
+    watcher.start()
+    raise SystemExit(worker.run())
+
+
+def _stop_when_orphaned(worker: Worker, supervisor_pid: int) -> None:
+    """A worker whose supervisor died (even by kill -9) stops gracefully, never lingers."""
+    while not worker.done.wait(PARENT_CHECK_S):
+        if os.getppid() != supervisor_pid:
+            log(logger, logging.WARNING, "relay.supervisor_gone", supervisor=supervisor_pid)
+            worker.stop()
+            return
 
 
 def _config_for(cfg: RelayConfig, index: int) -> RelayConfig:
@@ -56,7 +76,9 @@ def supervise(cfg: RelayConfig, processes: int, log_level: str = "INFO") -> int:
 
     def start(index: int) -> None:
         child = context.Process(
-            target=_child, args=(_config_for(cfg, index), log_level), name=f"relay-{index}"
+            target=_child,
+            args=(_config_for(cfg, index), log_level, os.getpid()),
+            name=f"relay-{index}",
         )
         child.start()
         children[index] = child

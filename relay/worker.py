@@ -171,8 +171,12 @@ class Worker:
         with self.idle:
             while self.executing and time.monotonic() < deadline:
                 self.idle.wait(timeout=max(0.0, deadline - time.monotonic()))
-        # Let the completer write what finished before deciding what to release.
-        self.outcomes.join()
+        # Let the completer write what finished before deciding what to release, within the
+        # grace period: if the database is gone, the leases expire and others rescue the rows.
+        flush_deadline = time.monotonic() + self.cfg.grace_s
+        with self.outcomes.all_tasks_done:
+            while self.outcomes.unfinished_tasks and time.monotonic() < flush_deadline:
+                self.outcomes.all_tasks_done.wait(timeout=flush_deadline - time.monotonic())
         with self.lock:
             unfinished = list(self.inflight)
         if unfinished:
@@ -323,6 +327,11 @@ class Worker:
                 self._write(link, pending)
                 link.ok()
             except psycopg.OperationalError as err:
+                if self.done.is_set():  # shutting down and still unreachable: leave to rescue
+                    log(logger, logging.WARNING, "complete.abandoned", n=len(pending))
+                    for _ in pending:
+                        self.outcomes.task_done()
+                    break
                 # The database went away: keep the outcomes and write them once it is back
                 # (if our leases expired meanwhile, the fence refuses them, as it should).
                 time.sleep(link.failed(err))

@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 import psycopg
@@ -35,6 +36,19 @@ from tests.relay_harness import (
 def service() -> Iterator[FakeToolService]:
     with FakeToolService(standard_tools=False) as svc:
         yield svc
+
+
+def worker_children(parent: psutil.Process) -> list[psutil.Process]:
+    """The supervisor's worker processes (spawn also starts a resource tracker), skipping
+    children that are gone or not yet reaped."""
+    found = []
+    for child in parent.children():
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
 
 
 def stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -227,9 +241,8 @@ def test_supervisor_restarts_a_killed_worker_and_stops_cleanly(db_url, service, 
     try:
         parent = psutil.Process(supervisor.pid)
 
-        def workers() -> list[int]:  # spawn also starts a resource tracker: not a worker
-            children = parent.children()
-            return [c.pid for c in children if "spawn_main" in " ".join(c.cmdline())]
+        def workers() -> list[int]:
+            return [c.pid for c in worker_children(parent)]
 
         victim = wait_until(lambda: len(workers()) == 2 and workers())[0]
         os.kill(victim, signal.SIGKILL)
@@ -245,3 +258,38 @@ def test_supervisor_restarts_a_killed_worker_and_stops_cleanly(db_url, service, 
         stop_all([supervisor])
     assert tool_call_states(db_url) == {"succeeded": 20}
     assert service.tool("keyed").duplicate_effects() == 0
+
+
+def test_workers_stop_when_their_supervisor_is_killed(db_url, service, tmp_path):
+    supervisor = start_relay_process(db_url, tmp_path / "s.log", "--processes", "2", *FAST)
+    parent = psutil.Process(supervisor.pid)
+    children = wait_until(
+        lambda: len(worker_children(parent)) == 2 and worker_children(parent), what="two workers"
+    )
+    supervisor.send_signal(signal.SIGKILL)
+    supervisor.wait(timeout=10)
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert alive == [], f"workers outlived their supervisor: {alive}"
+    assert len(gone) == 2
+
+
+def test_sigterm_exits_even_when_the_database_is_gone(db_url, server_url, service, tmp_path):
+    tool = service.add_tool("keyed", "key")
+    tool.stall_after_commit(2.0, n=None)
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "keyed", "key", timeout_s=10)
+        conn.commit()
+    seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+    # The grace period outlasts the call: its outcome is queued while the database is gone.
+    relay = start_relay_process(db_url, tmp_path / "r.log", "--grace", "4", *FAST)
+    try:
+        wait_until(lambda: len(tool.deliveries) == 1, what="the call in flight")
+        name = urlsplit(db_url).path.lstrip("/")
+        with psycopg.connect(server_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        relay.send_signal(signal.SIGTERM)
+        # The outcome can never be written: the relay gives up after its grace period
+        # (the rows' leases would expire and another worker rescue them) instead of hanging.
+        assert relay.wait(timeout=45) == 0
+    finally:
+        stop_all([relay])
