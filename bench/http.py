@@ -27,7 +27,7 @@ import httpx2
 import psycopg
 
 from bench import seed
-from bench.throughput import Drain, start_relay, stop_relay
+from bench.throughput import Drain, run_timed, start_relay, stop_relay
 from outbox import writer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -101,15 +101,7 @@ def server_alone(server: ToolServer, n: int, processes: int, concurrency: int) -
         )
         for i in range(processes)
     ]
-    for worker in workers:
-        worker.start()
-    for ready in readies:
-        ready.wait(60)
-    started = time.perf_counter()
-    go.set()
-    for worker in workers:
-        worker.join()
-    elapsed = time.perf_counter() - started
+    elapsed = run_timed(workers, readies, go)
     return Drain((share - concurrency) * processes, elapsed)
 
 

@@ -128,6 +128,19 @@ def _raw_worker(url: str, ready: Any, go: Any) -> None:
             conn.execute(RAW.complete, {"ids": ids})
 
 
+def run_timed(workers: list[Any], readies: list[Any], go: Any) -> float:
+    """Start worker processes, wait until each is ready, then time them from go to done."""
+    for worker in workers:
+        worker.start()
+    for ready in readies:
+        ready.wait(60)  # seconds a worker may take to start
+    started = time.perf_counter()
+    go.set()
+    for worker in workers:
+        worker.join()
+    return time.perf_counter() - started
+
+
 def drain_raw(url: str, n: int, processes: int) -> Drain:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(RAW.create_jobs)
@@ -140,15 +153,7 @@ def drain_raw(url: str, n: int, processes: int) -> Drain:
         context.Process(target=_raw_worker, args=(url, readies[i], go), name=f"raw-{i}")
         for i in range(processes)
     ]
-    for worker in workers:
-        worker.start()
-    for ready in readies:
-        ready.wait(60)
-    started = time.perf_counter()
-    go.set()
-    for worker in workers:
-        worker.join()
-    elapsed = time.perf_counter() - started
+    elapsed = run_timed(workers, readies, go)
     left = bdb.scalar(url, "SELECT count(*) FROM bench_raw.jobs WHERE status <> 'done'")
     if left:
         raise RuntimeError(f"the raw loop left {left} jobs")

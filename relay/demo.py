@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -576,25 +576,37 @@ class OurSide:
         self, conn: psycopg.Connection[Any], threads: list[dict[str, Any]], report: SideReport
     ) -> None:
         """Replay every stored thread: no repair allowed, and the model must accept it."""
-        client = openai.OpenAI(base_url=self.model.url + "/v1", api_key="x", max_retries=0)
-        rejections: Counter[str] = Counter()
-        try:
+
+        def replayed() -> Iterator[list[dict[str, Any]]]:
             for thread in threads:
                 items, repair = history.replay(
                     conn, thread["id"], thread["tenant_id"], api="responses"
                 )
                 conn.commit()
-                report.threads_replayed += 1
                 report.repaired_threads += 1 if repair.changed else 0
                 report.orphan_results += len(repair.dropped_orphans)
-                try:
-                    client.responses.create(model=MODEL, input=items)  # type: ignore[arg-type]
-                except openai.BadRequestError as err:
-                    rejections[rejection_kind(err)] += 1
-        finally:
-            client.close()
-        report.rejected_threads = sum(rejections.values())
-        report.rejections = dict(rejections)
+                yield items
+
+        send_to_model(self.model.url, replayed(), report)
+
+
+def send_to_model(
+    model_url: str, histories: Iterable[list[dict[str, Any]]], report: SideReport
+) -> None:
+    """Send each history to the strict scripted model; count those it rejects, by kind."""
+    client = openai.OpenAI(base_url=model_url + "/v1", api_key="x", max_retries=0)
+    rejections: Counter[str] = Counter()
+    try:
+        for items in histories:
+            report.threads_replayed += 1
+            try:
+                client.responses.create(model=MODEL, input=items)  # type: ignore[arg-type]
+            except openai.BadRequestError as err:
+                rejections[rejection_kind(err)] += 1
+    finally:
+        client.close()
+    report.rejected_threads = sum(rejections.values())
+    report.rejections = dict(rejections)
 
 
 def rejection_kind(err: openai.BadRequestError) -> str:
@@ -713,7 +725,7 @@ class NaiveSide:
             problems = history_problems(items)
             report.orphan_results += problems["orphan"]
             report.duplicate_outputs += problems["duplicate"]
-        self._replay_all(store, report)
+        send_to_model(self.model.url, store.values(), report)
         latencies = [
             o.completed_at - o.submitted_at
             for o in outcomes.values()
@@ -722,21 +734,6 @@ class NaiveSide:
         report.latency_p50_s = incident.percentile(latencies, 0.5)
         report.latency_p95_s = incident.percentile(latencies, 0.95)
         return report
-
-    def _replay_all(self, store: dict[str, list[dict[str, Any]]], report: SideReport) -> None:
-        client = openai.OpenAI(base_url=self.model.url + "/v1", api_key="x", max_retries=0)
-        rejections: Counter[str] = Counter()
-        try:
-            for items in store.values():
-                report.threads_replayed += 1
-                try:
-                    client.responses.create(model=MODEL, input=items)  # type: ignore[arg-type]
-                except openai.BadRequestError as err:
-                    rejections[rejection_kind(err)] += 1
-        finally:
-            client.close()
-        report.rejected_threads = sum(rejections.values())
-        report.rejections = dict(rejections)
 
 
 # -- the report -----------------------------------------------------------------------------
