@@ -21,6 +21,16 @@ def _config(url: str, schema: str) -> Config:
     return config
 
 
+def schema_sql(template: str) -> str:
+    """Migration SQL with ``{s}`` replaced by the quoted name of the schema being migrated
+    (inside an Alembic migration: the schema comes from the migration context)."""
+    from alembic import op
+
+    config = op.get_context().config
+    assert config is not None, "schema_sql runs inside an Alembic migration"
+    return template.replace("{s}", db.quote_ident(config.attributes["schema"]))
+
+
 def head_revision() -> str:
     head = ScriptDirectory.from_config(_config("", "outbox")).get_current_head()
     assert head is not None

@@ -11,6 +11,7 @@ Written as SQL (not op.create_table) so DBAs can read exactly what the database 
 from __future__ import annotations
 
 from alembic import op
+from outbox.migrate import schema_sql
 
 revision = "0001"
 down_revision = None
@@ -326,15 +327,9 @@ DROP FUNCTION {s}.journal_refuse_change(), {s}.outbox_notify();
 """
 
 
-def _sql(template: str) -> str:
-    schema = op.get_context().config.attributes["schema"]
-    quoted = '"' + schema.replace('"', '""') + '"'
-    return template.replace("{s}", quoted)
-
-
 def upgrade() -> None:
-    op.execute(_sql(UPGRADE))
+    op.execute(schema_sql(UPGRADE))
 
 
 def downgrade() -> None:
-    op.execute(_sql(DOWNGRADE))
+    op.execute(schema_sql(DOWNGRADE))

@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 
 from alembic import op
+from outbox.migrate import schema_sql
 
 revision = "0002"
 down_revision = "0001"
@@ -181,22 +182,16 @@ def view_names(text: str) -> list[str]:
     return re.findall(r"CREATE OR REPLACE VIEW \{s\}\.(\w+)", text)
 
 
-def _sql(template: str) -> str:
-    schema = op.get_context().config.attributes["schema"]
-    quoted = '"' + schema.replace('"', '""') + '"'
-    return template.replace("{s}", quoted)
-
-
 def upgrade() -> None:
     for role in ROLES:
         op.execute(CREATE_ROLE.format(role=role))
-    op.execute(_sql(_grants()))
-    op.execute(_sql(_rls()))
-    op.execute(_sql(JOURNAL_GUARD))
+    op.execute(schema_sql(_grants()))
+    op.execute(schema_sql(_rls()))
+    op.execute(schema_sql(JOURNAL_GUARD))
     views = VIEWS_FILE.read_text()
-    op.execute(_sql(views))
+    op.execute(schema_sql(views))
     names = ", ".join(f"{{s}}.{name}" for name in view_names(views))
-    op.execute(_sql(f"GRANT SELECT ON {names} TO outbox_auditor;"))
+    op.execute(schema_sql(f"GRANT SELECT ON {names} TO outbox_auditor;"))
 
 
 def downgrade() -> None:
@@ -213,7 +208,7 @@ ALTER TABLE {{s}}.{table} DISABLE ROW LEVEL SECURITY;
     )
     roles = ", ".join(ROLES)
     op.execute(
-        _sql(
+        schema_sql(
             f"""
 DROP VIEW IF EXISTS {views};
 DROP FUNCTION IF EXISTS {{s}}.prune_journal(interval, text);

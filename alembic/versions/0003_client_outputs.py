@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from alembic import op
+from outbox.migrate import schema_sql
 
 revision = "0003"
 down_revision = "0002"
@@ -22,14 +23,9 @@ depends_on = None
 FUNCTIONS_FILE = Path(__file__).resolve().parents[2] / "sql" / "functions.sql"
 
 
-def _sql(template: str) -> str:
-    schema = op.get_context().config.attributes["schema"]
-    return template.replace("{s}", '"' + schema.replace('"', '""') + '"')
-
-
 def upgrade() -> None:
-    op.execute(_sql(FUNCTIONS_FILE.read_text()))
+    op.execute(schema_sql(FUNCTIONS_FILE.read_text()))
 
 
 def downgrade() -> None:
-    op.execute(_sql("DROP FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb)"))
+    op.execute(schema_sql("DROP FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb)"))

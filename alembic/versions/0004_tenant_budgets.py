@@ -13,6 +13,7 @@ Row-level security as for every tenant table (see 0002).
 from __future__ import annotations
 
 from alembic import op
+from outbox.migrate import schema_sql
 
 revision = "0004"
 down_revision = "0003"
@@ -41,14 +42,9 @@ GRANT SELECT ON {s}.tenant_budgets TO outbox_auditor;
 """
 
 
-def _sql(template: str) -> str:
-    schema = op.get_context().config.attributes["schema"]
-    return template.replace("{s}", '"' + schema.replace('"', '""') + '"')
-
-
 def upgrade() -> None:
-    op.execute(_sql(UPGRADE))
+    op.execute(schema_sql(UPGRADE))
 
 
 def downgrade() -> None:
-    op.execute(_sql("DROP TABLE {s}.tenant_budgets"))
+    op.execute(schema_sql("DROP TABLE {s}.tenant_budgets"))
