@@ -268,7 +268,18 @@ def tools_enable(name: str, tenant: str) -> None:
 
 
 @main.command("relay")
-@click.option("--concurrency", default=16, show_default=True, help="Execution slots per process.")
+@click.option(
+    "--concurrency",
+    default=16,
+    show_default=True,
+    help="Execution slots per process: HTTP tool calls, model turns, deliveries in flight.",
+)
+@click.option(
+    "--inprocess-slots",
+    default=256,
+    show_default=True,
+    help="In-process (python) tool calls in flight per process, beside the slots.",
+)
 @click.option("--processes", default=1, show_default=True, help="Worker processes to supervise.")
 @click.option("--lease", "lease_s", default=30.0, show_default=True, help="Lease length, s.")
 @click.option("--poll-interval", "poll_s", default=1.0, show_default=True, help="Fallback poll, s.")
@@ -301,6 +312,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         database_url=url,
         schema=db.schema_name(),
         concurrency=opts["concurrency"],
+        inprocess_slots=opts["inprocess_slots"],
         lease_s=opts["lease_s"],
         poll_interval_s=opts["poll_s"],
         listen=not opts["no_listen"],

@@ -3,8 +3,9 @@
 
 The relay is started as users start it (``python -m cli relay --processes P``); the clock
 starts when the first outbox row is leased, so interpreter start-up is not counted, and
-stops when no ``tool_call`` row is left in the outbox (results, fencing, journal and batch
-bookkeeping all written). The raw loop and PgQueuer are timed from the moment their workers
+stops when no ``tool_call`` or ``deliver_batch`` row is left in the outbox: results,
+fencing, journal, batch bookkeeping and every batch delivery (tool messages in the history,
+the submission, the next model turn enqueued) all written. The raw loop and PgQueuer are timed from the moment their workers
 are connected and ready to the moment the queue is empty.
 """
 
@@ -90,7 +91,8 @@ def drain_relay(url: str, n: int, processes: int, concurrency: int, log_path: Pa
             started = time.perf_counter()
             deadline = time.monotonic() + DRAIN_TIMEOUT_S
             while conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM outbox.outbox WHERE kind = 'tool_call')"
+                "SELECT EXISTS (SELECT 1 FROM outbox.outbox "
+                "WHERE kind IN ('tool_call', 'deliver_batch'))"
             ).fetchone()[0]:  # type: ignore[index]
                 if relay.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the relay stopped before draining; see {log_path}")

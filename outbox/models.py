@@ -201,11 +201,6 @@ class ToolCall(Base):
             name="tool_calls_message_fk",
         ),
         Index("tool_calls_batch", "batch_id"),
-        Index(
-            "tool_calls_status",
-            "status",
-            postgresql_where=text("status IN ('outcome_unknown', 'quarantined')"),
-        ),
     )
 
     id: Mapped[int] = _pk()

@@ -18,7 +18,8 @@ def new_worker_id() -> str:
 class RelayConfig:
     database_url: str
     schema: str = "outbox"
-    concurrency: int = 16  # execution slots per process
+    concurrency: int = 16  # execution slots per process (HTTP tools, model turns, deliveries)
+    inprocess_slots: int = 256  # in-process tool calls in flight per process, beside the slots
     lease_s: float = 30.0  # seconds a claim is valid without a heartbeat
     poll_interval_s: float = 1.0  # fallback poll when no NOTIFY arrives
     listen: bool = True  # LISTEN/NOTIFY wake-ups (off behind a transaction-mode pooler)
@@ -35,6 +36,8 @@ class RelayConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.inprocess_slots < 1:
+            raise ValueError("inprocess_slots must be at least 1")
         if self.lease_s <= 1:
             raise ValueError("lease_s must be over 1 second")
         unknown = set(self.kinds) - set(ALL_KINDS)

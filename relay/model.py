@@ -29,7 +29,7 @@ from outbox import history, registry, writer
 from outbox.errors import OutboxError
 from outbox.schemas import ModelTurnIn, ToolCallIn
 from relay import failpoints
-from relay.executors import Claimed, Outcome, retry
+from relay.outcomes import Claimed, Outcome, retry
 
 MODEL_TIMEOUT_S = float(os.environ.get("OUTBOX_MODEL_TIMEOUT_S", "120"))  # per request
 RETRYABLE = (

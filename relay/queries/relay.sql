@@ -1,7 +1,9 @@
 -- name: claim
 -- Claim up to n due rows in one statement: lock ready rows with SKIP LOCKED through the
 -- partial index, lease them from the database clock, bump the attempt (the fencing token),
--- and return each with what its executor needs.
+-- and return each with what its executor needs. Every lookup goes through a primary key
+-- (the claimed ids as an array, each row's call by its id), so a claim costs the same on a
+-- backlog of a million rows as on an empty queue.
 WITH ready AS (
     SELECT id FROM {s}.outbox
     WHERE status = 'ready' AND available_at <= now() AND kind = ANY(%(kinds)s)
@@ -12,8 +14,7 @@ WITH ready AS (
     UPDATE {s}.outbox o
     SET status = 'leased', attempts = o.attempts + 1, lease_owner = %(worker)s,
         lease_expires_at = now() + make_interval(secs => %(lease_s)s), claimed_at = now()
-    FROM ready
-    WHERE o.id = ready.id
+    WHERE o.id = ANY(ARRAY(SELECT id FROM ready))
     RETURNING o.id, o.kind, o.tenant_id, o.thread_id, o.run_id, o.batch_id, o.tool_call_ref,
               o.correlation_id, o.attempts, o.max_attempts, o.payload, o.available_at,
               o.claimed_at
@@ -24,7 +25,9 @@ SELECT c.*,
        tc.executor, tc.dispatched_attempt,
        t.endpoint, t.lookup_endpoint, t.callable, t.timeout_s, t.credential_ref
 FROM claimed c
-LEFT JOIN {s}.tool_calls tc ON tc.id = c.tool_call_ref
+LEFT JOIN LATERAL (
+    SELECT * FROM {s}.tool_calls WHERE id = c.tool_call_ref OFFSET 0
+) tc ON true
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tools t
     WHERE t.name = tc.tool_name AND t.version = tc.tool_version
@@ -180,10 +183,12 @@ SELECT id FROM {s}.tool_batches WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE
 -- name: finish_many
 -- Fencing for many done rows at once: each row leaves the hot table only for its current
 -- lease holder and attempt. Rows not returned were fenced off (their caller journals it).
+-- The rows are found by primary key (not through the lease index, whose dead entries grow
+-- with every finished row until vacuum).
 DELETE FROM {s}.outbox o
 USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS f(id, attempt)
-WHERE o.id = f.id AND o.attempts = f.attempt AND o.lease_owner = %(worker)s
-  AND o.status = 'leased'
+WHERE o.id = ANY(%(ids)s::bigint[]) AND o.id = f.id AND o.attempts = f.attempt
+  AND o.lease_owner = %(worker)s AND o.status = 'leased'
 RETURNING o.id
 
 -- name: store_results
@@ -198,13 +203,13 @@ WITH input AS (
                          %(lags)s::float8[])
         AS i(ref, status, output, error, source, attempt, lag_s)
 ), calls AS (
+    -- Each lookup is by primary key, whatever the size of the tables.
     SELECT i.*, tc.tenant_id, tc.run_id, tc.thread_id, tc.batch_id, tc.tool_call_id,
-           b.status AS batch_status, r.correlation_id,
+           (SELECT b.status FROM {s}.tool_batches b WHERE b.id = tc.batch_id) AS batch_status,
+           (SELECT r.correlation_id FROM {s}.runs r WHERE r.id = tc.run_id) AS correlation_id,
            EXISTS (SELECT 1 FROM {s}.tool_results x WHERE x.tool_call_ref = i.ref) AS repeat
     FROM input i
-    JOIN {s}.tool_calls tc ON tc.id = i.ref
-    JOIN {s}.tool_batches b ON b.id = tc.batch_id
-    JOIN {s}.runs r ON r.id = tc.run_id
+    JOIN {s}.tool_calls tc ON tc.id = i.ref AND tc.id = ANY(%(refs)s::bigint[])
 ), stored AS (
     INSERT INTO {s}.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status, output,
                                   error, attempt, source, worker)

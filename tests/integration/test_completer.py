@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from relay.executors import Claimed, Outcome
+from relay.outcomes import Claimed, Outcome
 from relay.worker import Link, Worker
 from tests.helpers import TENANT
 from tests.relay_harness import config, scalar, seed

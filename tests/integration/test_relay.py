@@ -210,7 +210,7 @@ def test_late_write_of_an_expired_lease_holder_is_fenced(db_url, tools):
     from tests.relay_harness import config
 
     ghost = Worker(config(db_url, worker_id="ghost"))
-    from relay.executors import Claimed, Outcome
+    from relay.outcomes import Claimed, Outcome
 
     claimed = Claimed(
         id=row_id[0],

@@ -1,0 +1,174 @@
+"""In-process (python) tools, run in chunks: many calls per thread hop, each with its own timeout.
+
+An in-process tool may take microseconds, less than the hand-offs around it: a slot thread
+and a pool thread per call would cost more than the tool. So a chunk of claimed calls runs
+on one pool thread, one call after the other, while the caller watches the call in progress
+against that call's own timeout (it wakes when the chunk ends or a deadline passes, not
+after every call).
+
+What a timeout means is the same as for one call alone:
+
+- a call that started and did not return in time is *ambiguous*: Python cannot stop a
+  thread, so it runs on and its late answer is dropped; the tool's idempotency mode decides
+  (``key`` retries, ``none`` goes to ``outcome_unknown``). The chunk is abandoned there and
+  the calls after it, which never started, run in a new chunk;
+- a chunk that has not started by its first call's deadline (every pool thread is stuck in
+  a tool that overran) is cancelled: none of its calls ran, so all are retried later.
+
+Import errors, exceptions (even ``SystemExit``), results that are not JSON or over the
+payload cap become error results the model sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from outbox import config as outbox_config
+from relay.outcomes import Claimed, Outcome, ambiguous, error_result, result, retry
+
+POOL_THREADS = 64  # pool threads running in-process tools, per worker process
+DEFAULT_TIMEOUT_S = 30.0  # a tool version always has one; this is for rows without a tool
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_callables: dict[str, Callable[..., Any]] = {}
+
+
+def pool() -> ThreadPoolExecutor:
+    """The process's pool for in-process tools (created on first use).
+
+    A tool stuck past its timeout keeps its thread until it returns; when all are stuck,
+    new chunks wait in the queue and, cancelled unstarted at their deadline, are retried.
+    """
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="pytool")
+        return _pool
+
+
+def load(path: str) -> Callable[..., Any]:
+    """The callable named ``package.module:function`` (imported once per process)."""
+    function = _callables.get(path)
+    if function is None:
+        module_name, _, attr = path.partition(":")
+        function = getattr(importlib.import_module(module_name), attr)
+        if not callable(function):
+            raise TypeError(f"{path} is not callable")
+        _callables[path] = function
+    return function
+
+
+@dataclass
+class _Chunk:
+    """Calls run one after the other on a pool thread; shared with the waiting caller."""
+
+    functions: list[Callable[..., Any]]
+    arguments: list[dict[str, Any]]
+    answers: list[tuple[bool, Any, float]] = field(default_factory=list)  # (ok, value, s)
+    current: int = -1  # index of the call in progress; -1 before the first
+    started_at: float = 0.0  # monotonic start of the call in progress
+    finished: bool = False
+    abandoned: bool = False
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def run(self) -> None:
+        for i, (function, arguments) in enumerate(zip(self.functions, self.arguments, strict=True)):
+            started = time.monotonic()
+            with self.cond:
+                if self.abandoned:
+                    return
+                self.current, self.started_at = i, started
+            try:
+                answer: tuple[bool, Any, float] = (True, function(**arguments), 0.0)
+            except BaseException as err:  # a tool's SystemExit must not end a relay thread
+                answer = (False, f"{type(err).__name__}: {err}", 0.0)
+            answer = (answer[0], answer[1], time.monotonic() - started)
+            with self.cond:
+                if self.abandoned:  # the caller gave up on this call: drop its late answer
+                    return
+                self.answers.append(answer)
+        with self.cond:
+            self.finished = True
+            self.cond.notify_all()
+
+
+def run_calls(rows: list[Claimed]) -> list[Outcome]:
+    """Run the in-process tool calls of ``rows``; one outcome per row, in any order."""
+    outcomes: list[Outcome] = []
+    todo: list[tuple[Claimed, Callable[..., Any]]] = []
+    for row in rows:
+        try:
+            todo.append((row, load(row.callable or "")))
+        except Exception as err:
+            outcomes.append(error_result(row, f"cannot load python tool {row.callable!r}: {err}"))
+    while todo:
+        todo = _run_chunk(todo, outcomes)
+    return outcomes
+
+
+def _timeout(row: Claimed) -> float:
+    return row.timeout_s or DEFAULT_TIMEOUT_S
+
+
+def _run_chunk(
+    todo: list[tuple[Claimed, Callable[..., Any]]], outcomes: list[Outcome]
+) -> list[tuple[Claimed, Callable[..., Any]]]:
+    """Run one chunk; append outcomes; return the calls that never started and must run."""
+    chunk = _Chunk([f for _, f in todo], [row.arguments or {} for row, _ in todo])
+    submitted = time.monotonic()
+    future = pool().submit(chunk.run)
+    overran = -1
+    with chunk.cond:
+        while not chunk.finished:
+            i = chunk.current
+            start = submitted if i < 0 else chunk.started_at
+            left = start + _timeout(todo[max(i, 0)][0]) - time.monotonic()
+            if left > 0:
+                chunk.cond.wait(left)
+                continue
+            if i >= 0:
+                chunk.abandoned, overran = True, i
+                break
+            if not future.cancel():  # starting this instant: its first call gets its full time
+                submitted = time.monotonic()
+                continue
+            for row, _ in todo:
+                outcomes.append(
+                    retry(row, f"python tool {row.callable} did not start within {_timeout(row)}s")
+                )
+            return []
+        answers = list(chunk.answers)  # stops short of the call that overran
+    for (row, _), (ok, value, seconds) in zip(todo, answers, strict=False):
+        outcomes.append(_judge(row, ok, value, seconds))
+    if overran < 0:
+        return []
+    row = todo[overran][0]
+    outcomes.append(
+        ambiguous(row, f"python tool {row.callable} did not return within {_timeout(row)}s")
+    )
+    return todo[overran + 1 :]
+
+
+def _judge(row: Claimed, ok: bool, value: Any, seconds: float) -> Outcome:
+    """The outcome of one finished call: its result, or the error the model will see."""
+    outcome = result(row, value)
+    if not ok:
+        outcome = error_result(row, str(value))
+    else:
+        try:
+            size = len(json.dumps(value))
+        except (TypeError, ValueError) as err:
+            outcome = error_result(row, f"python tool returned something not JSON: {err}")
+        else:
+            if size > outbox_config.MAX_PAYLOAD_BYTES:
+                cap = outbox_config.MAX_PAYLOAD_BYTES
+                outcome = error_result(row, f"tool result is {size} bytes, over the cap of {cap}")
+    return dataclasses.replace(outcome, duration_s=seconds)

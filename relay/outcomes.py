@@ -1,0 +1,135 @@
+"""What the relay works on and what an attempt produced: ``Claimed`` rows and ``Outcome``s.
+
+Executors (``relay.executors``, ``relay.inprocess``, ``relay.model``) turn a ``Claimed`` row
+into an ``Outcome``; only the worker's completer writes outcomes, fenced. The helpers below
+name the outcome kinds every executor shares, so a timeout means the same for every tool.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Action = Literal["result", "retry", "unknown", "deliver", "lost", "turn", "fail_run", "skip"]
+NOT_REPEATED = (
+    "the tool honours no idempotency key and offers no lookup, so it is not called again: "
+    "check the tool and run `outbox reconcile TOOL_CALL --happened --result JSON` or "
+    "`--not-happened`"
+)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A claimed outbox row with what its executor needs (the claim query's columns)."""
+
+    id: int
+    kind: str
+    tenant_id: str
+    thread_id: Any
+    run_id: Any
+    batch_id: int | None
+    tool_call_ref: int | None
+    correlation_id: str | None
+    attempt: int
+    max_attempts: int
+    payload: dict[str, Any]
+    lag_s: float
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    arguments: Any = None
+    idempotency_key: str | None = None
+    idempotency_mode: str | None = None
+    executor: str | None = None
+    dispatched_attempt: int | None = None
+    endpoint: str | None = None
+    lookup_endpoint: str | None = None
+    callable: str | None = None
+    timeout_s: float | None = None
+    credential_ref: str | None = None
+    claimed_at_monotonic: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Claimed:
+        return cls(
+            id=row["id"],
+            kind=row["kind"],
+            tenant_id=row["tenant_id"],
+            thread_id=row["thread_id"],
+            run_id=row["run_id"],
+            batch_id=row["batch_id"],
+            tool_call_ref=row["tool_call_ref"],
+            correlation_id=row["correlation_id"],
+            attempt=row["attempts"],
+            max_attempts=row["max_attempts"],
+            payload=row["payload"] or {},
+            lag_s=float(row["lag_s"] or 0.0),
+            tool_call_id=row["tool_call_id"],
+            tool_name=row["tool_name"],
+            arguments=row["arguments"],
+            idempotency_key=row["idempotency_key"],
+            idempotency_mode=row["idempotency_mode"],
+            executor=row["executor"],
+            dispatched_attempt=row["dispatched_attempt"],
+            endpoint=row["endpoint"],
+            lookup_endpoint=row["lookup_endpoint"],
+            callable=row["callable"],
+            timeout_s=row["timeout_s"],
+            credential_ref=row["credential_ref"],
+        )
+
+    def context(self) -> dict[str, Any]:
+        """The identities every log line and journal event about this row carries."""
+        return {
+            "tenant_id": self.tenant_id,
+            "thread_id": self.thread_id,
+            "run_id": self.run_id,
+            "batch_id": self.batch_id,
+            "tool_call_ref": self.tool_call_ref,
+            "tool_call_id": self.tool_call_id,
+            "correlation_id": self.correlation_id,
+            "attempt": self.attempt,
+        }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an attempt produced. ``result``: a terminal result (ok or error) to store;
+    ``retry``: try again later (or quarantine when out of attempts); ``unknown``: ambiguous
+    and not safely repeatable; ``deliver``: a batch delivery to perform in the completion
+    transaction; ``lost``: the lease was gone before the effect, nothing to write;
+    ``turn``: a model response (a ``ModelTurnIn`` in ``output``) to record; ``fail_run``:
+    end the run as failed (``model_error``); ``skip``: nothing to do but finish the row."""
+
+    row: Claimed
+    action: Action
+    status: Literal["ok", "error"] | None = None
+    output: Any = None
+    error: str | None = None
+    source: str = "relay"
+    duration_s: float = 0.0
+
+
+def result(row: Claimed, output: Any, source: str = "relay") -> Outcome:
+    return Outcome(row, "result", "ok", output, None, source)
+
+
+def error_result(row: Claimed, error: str) -> Outcome:
+    return Outcome(row, "result", "error", None, error)
+
+
+def retry(row: Claimed, error: str) -> Outcome:
+    return Outcome(row, "retry", error=error)
+
+
+def ambiguous(row: Claimed, error: str) -> Outcome:
+    """An attempt whose effect may or may not have happened, per the tool's mode."""
+    if row.idempotency_mode == "none":
+        return Outcome(row, "unknown", error=f"outcome unknown: {error}; {NOT_REPEATED}")
+    return retry(row, error)
+
+
+def runs_in_chunks(row: Claimed) -> bool:
+    """An in-process tool call that may run in a chunk (``relay.inprocess``): its tool
+    honours idempotency keys, so it needs no dispatch mark written before the call."""
+    return row.kind == "tool_call" and row.executor == "python" and row.idempotency_mode == "key"
