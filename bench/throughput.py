@@ -5,8 +5,9 @@ The relay is started as users start it (``python -m cli relay --processes P``); 
 starts when the first outbox row is leased, so interpreter start-up is not counted, and
 stops when no ``tool_call`` or ``deliver_batch`` row is left in the outbox: results,
 fencing, journal, batch bookkeeping and every batch delivery (tool messages in the history,
-the submission, the next model turn enqueued) all written. The raw loop and PgQueuer are timed from the moment their workers
-are connected and ready to the moment the queue is empty.
+the submission, the next model turn enqueued) all written. The raw loop and PgQueuer are
+timed from the moment their workers are connected and ready to the moment the queue is
+empty.
 """
 
 from __future__ import annotations
