@@ -275,6 +275,12 @@ def tools_enable(name: str, tenant: str) -> None:
     help="Execution slots per process: HTTP tool calls, model turns, deliveries in flight.",
 )
 @click.option(
+    "--completers",
+    default=2,
+    show_default=True,
+    help="Threads writing outcomes per process (each has its own connection).",
+)
+@click.option(
     "--inprocess-slots",
     default=256,
     show_default=True,
@@ -313,6 +319,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         schema=db.schema_name(),
         concurrency=opts["concurrency"],
         inprocess_slots=opts["inprocess_slots"],
+        completers=opts["completers"],
         lease_s=opts["lease_s"],
         poll_interval_s=opts["poll_s"],
         listen=not opts["no_listen"],

@@ -29,6 +29,7 @@ class RelayConfig:
     retry_base_s: float = 0.5  # first retry delay; doubles per attempt, with jitter
     retry_cap_s: float = 60.0  # longest retry delay
     completion_batch: int = 256  # most outcomes written in one transaction
+    completers: int = 2  # threads writing outcomes, each with its own connection
     kinds: tuple[str, ...] = ALL_KINDS
     metrics_port: int | None = None
     worker_id: str = field(default_factory=new_worker_id)
@@ -36,6 +37,8 @@ class RelayConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.completers < 1:
+            raise ValueError("completers must be at least 1")
         if self.inprocess_slots < 1:
             raise ValueError("inprocess_slots must be at least 1")
         if self.lease_s <= 1:

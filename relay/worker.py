@@ -13,7 +13,11 @@ Threads in a worker:
   asked for, it sleeps until a NOTIFY, a freed slot, the next due row or the poll interval;
   an idle relay does not busy-loop.
 - K *slots*: perform effects and queue ``Outcome``s.
-- the *completer*: writes queued outcomes, many per transaction. Every write that completes
+- *in-process chunks*: tool calls of ``python`` tools that honour keys run 32 per thread hop
+  (``relay.inprocess``) and take no slot: ``--inprocess-slots`` of them may be in flight.
+- the *completers* (``--completers``, 2): write queued outcomes, many per transaction, each
+  on its own connection. A run's outcomes always go to the same completer, so completers of
+  one process never queue on each other's run and batch locks. Every write that completes
   a row is fenced on (lease holder, attempt); a refused write is journaled, never applied.
 - *maintenance*: heartbeats the leases of rows in flight, rescues expired leases of any
   worker, re-enqueues deliveries of complete batches that never happened.
@@ -122,7 +126,9 @@ class Worker:
         self.io_executing = 0  # of which on I/O slots (the rest are in-process tool calls)
         self.claims_inprocess = False  # did the last claim hold in-process tool calls?
         self.inflight: dict[int, Claimed] = {}  # claimed, outcome not yet written
-        self.outcomes: queue.Queue[Outcome] = queue.Queue()
+        # One queue per completer; a run's outcomes always go to the same one, so completers
+        # of one process never wait for each other's run and batch locks.
+        self.outcomes = [queue.Queue[Outcome]() for _ in range(cfg.completers)]
         self.done = threading.Event()  # completer and side threads may finish
         self.http = httpx2.Client(
             limits=httpx2.Limits(
@@ -153,7 +159,10 @@ class Worker:
             signal.signal(signal.SIGINT, self._on_signal)
         if self.cfg.metrics_port is not None:
             self.metrics.serve(self.cfg.metrics_port)
-        sides = [threading.Thread(target=self._complete_loop, name="completer")]
+        sides = [
+            threading.Thread(target=self._complete_loop, args=(q,), name=f"completer-{i}")
+            for i, q in enumerate(self.outcomes)
+        ]
         sides.append(threading.Thread(target=self._maintenance_loop, name="maintenance"))
         if self.cfg.listen:
             sides.append(threading.Thread(target=self._listen_loop, name="listener"))
@@ -185,9 +194,10 @@ class Worker:
         # Let the completer write what finished before deciding what to release, within the
         # grace period: if the database is gone, the leases expire and others rescue the rows.
         flush_deadline = time.monotonic() + self.cfg.grace_s
-        with self.outcomes.all_tasks_done:
-            while self.outcomes.unfinished_tasks and time.monotonic() < flush_deadline:
-                self.outcomes.all_tasks_done.wait(timeout=flush_deadline - time.monotonic())
+        for outcomes in self.outcomes:
+            with outcomes.all_tasks_done:
+                while outcomes.unfinished_tasks and time.monotonic() < flush_deadline:
+                    outcomes.all_tasks_done.wait(timeout=flush_deadline - time.monotonic())
         with self.lock:
             unfinished = list(self.inflight)
         if unfinished:
@@ -307,7 +317,7 @@ class Worker:
             outcome = retry(row, f"executor crashed: {type(err).__name__}: {err}")
         finally:
             self._finished(1, 1)
-        self.outcomes.put(outcome)
+        self._queue(outcome)
 
     def _execute_chunk(self, rows: list[Claimed]) -> None:
         now = time.monotonic()
@@ -321,7 +331,11 @@ class Worker:
         finally:
             self._finished(len(rows), 0)
         for outcome in outcomes:
-            self.outcomes.put(outcome)
+            self._queue(outcome)
+
+    def _queue(self, outcome: Outcome) -> None:
+        """Hand an outcome to the completer of its run."""
+        self.outcomes[hash(outcome.row.run_id) % len(self.outcomes)].put(outcome)
 
     def _finished(self, n: int, io: int) -> None:
         with self.idle:
@@ -363,20 +377,20 @@ class Worker:
 
     # -- completing -----------------------------------------------------------------------
 
-    def _complete_loop(self) -> None:
+    def _complete_loop(self, outcomes: queue.Queue[Outcome]) -> None:
         link = Link(self.cfg.database_url, "complete")
         pending: list[Outcome] = []
         while True:
             if not pending:
                 try:
-                    pending.append(self.outcomes.get(timeout=0.1))
+                    pending.append(outcomes.get(timeout=0.1))
                 except queue.Empty:
                     if self.done.is_set():
                         break
                     continue
             while len(pending) < self.cfg.completion_batch:
                 try:
-                    pending.append(self.outcomes.get_nowait())
+                    pending.append(outcomes.get_nowait())
                 except queue.Empty:
                     break
             try:
@@ -386,7 +400,7 @@ class Worker:
                 if self.done.is_set():  # shutting down and still unreachable: leave to rescue
                     log(logger, logging.WARNING, "complete.abandoned", n=len(pending))
                     for _ in pending:
-                        self.outcomes.task_done()
+                        outcomes.task_done()
                     break
                 # The database went away: keep the outcomes and write them once it is back
                 # (if our leases expired meanwhile, the fence refuses them, as it should).
@@ -399,7 +413,7 @@ class Worker:
                 for outcome in pending:
                     self._write_alone(link, outcome)
             for _ in pending:
-                self.outcomes.task_done()
+                outcomes.task_done()
             pending = []
         link.close()
 

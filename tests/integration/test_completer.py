@@ -170,11 +170,12 @@ def test_an_outcome_that_cannot_be_written_does_not_stop_the_others(db_url):
     worker = Worker(config(db_url))
     link = Link(db_url, "test")
     bad, good = worker._claim(link, 10)
-    worker.outcomes.put(Outcome(bad, "result", "ok", object()))  # not JSON: cannot be written
-    worker.outcomes.put(Outcome(good, "result", "ok", {"fine": True}))
-    completer = threading.Thread(target=worker._complete_loop)
+    outcomes = worker.outcomes[0]  # one completer, like a run's outcomes always share one
+    outcomes.put(Outcome(bad, "result", "ok", object()))  # not JSON: cannot be written
+    outcomes.put(Outcome(good, "result", "ok", {"fine": True}))
+    completer = threading.Thread(target=worker._complete_loop, args=(outcomes,))
     completer.start()
-    worker.outcomes.join()  # the completer went through both, and is still alive
+    outcomes.join()  # the completer went through both, and is still alive
     assert completer.is_alive()
     worker.done.set()
     completer.join(timeout=10)
