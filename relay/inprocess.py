@@ -3,8 +3,8 @@
 An in-process tool may take microseconds, less than the hand-offs around it: a slot thread
 and a pool thread per call would cost more than the tool. So a chunk of claimed calls runs
 on one pool thread, one call after the other, while the caller watches the call in progress
-against that call's own timeout (it wakes when the chunk ends or a deadline passes, not
-after every call).
+against that call's own timeout. It wakes when the chunk ends, when the watched deadline
+passes, or when a call starts whose deadline comes sooner; not after every call.
 
 What a timeout means is the same as for one call alone:
 
@@ -72,9 +72,11 @@ class _Chunk:
 
     functions: list[Callable[..., Any]]
     arguments: list[dict[str, Any]]
+    timeouts: list[float]  # seconds, per call
     answers: list[tuple[bool, Any, float]] = field(default_factory=list)  # (ok, value, s)
     current: int = -1  # index of the call in progress; -1 before the first
     started_at: float = 0.0  # monotonic start of the call in progress
+    watched_until: float = float("inf")  # monotonic time the waiting caller sleeps until
     finished: bool = False
     abandoned: bool = False
     cond: threading.Condition = field(default_factory=threading.Condition)
@@ -86,6 +88,8 @@ class _Chunk:
                 if self.abandoned:
                     return
                 self.current, self.started_at = i, started
+                if started + self.timeouts[i] < self.watched_until:
+                    self.cond.notify_all()  # this call's deadline comes first: re-arm the watch
             try:
                 answer: tuple[bool, Any, float] = (True, function(**arguments), 0.0)
             except BaseException as err:  # a tool's SystemExit must not end a relay thread
@@ -122,7 +126,11 @@ def _run_chunk(
     todo: list[tuple[Claimed, Callable[..., Any]]], outcomes: list[Outcome]
 ) -> list[tuple[Claimed, Callable[..., Any]]]:
     """Run one chunk; append outcomes; return the calls that never started and must run."""
-    chunk = _Chunk([f for _, f in todo], [row.arguments or {} for row, _ in todo])
+    chunk = _Chunk(
+        [f for _, f in todo],
+        [row.arguments or {} for row, _ in todo],
+        [_timeout(r) for r, _ in todo],
+    )
     submitted = time.monotonic()
     future = pool().submit(chunk.run)
     overran = -1
@@ -130,7 +138,8 @@ def _run_chunk(
         while not chunk.finished:
             i = chunk.current
             start = submitted if i < 0 else chunk.started_at
-            left = start + _timeout(todo[max(i, 0)][0]) - time.monotonic()
+            chunk.watched_until = start + chunk.timeouts[max(i, 0)]
+            left = chunk.watched_until - time.monotonic()
             if left > 0:
                 chunk.cond.wait(left)
                 continue

@@ -65,30 +65,31 @@ RECONNECT_MAX_S = 5.0  # longest wait between reconnection attempts
 DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with metrics on)
 BUSY_ROW_WAIT_S = 0.02  # idle wait when the only due rows are being claimed by others
 INPROCESS_CHUNK = 32  # in-process tool calls run one after the other per thread hop
+PREPARE_THRESHOLD = 5  # psycopg's default: executions before a statement is prepared
 Executor = Callable[[Claimed], Outcome]
 
 
 class Link:
     """One thread's database connection, reopened after the server or network fails."""
 
-    def __init__(self, url: str, name: str, *, autocommit: bool = False) -> None:
+    def __init__(
+        self, url: str, name: str, *, autocommit: bool = False, prepare: bool = True
+    ) -> None:
         self.url = url
         self.name = name
         self.autocommit = autocommit
+        self.prepare = prepare
         self.conn: psycopg.Connection[Any] | None = None
         self.failures = 0
 
     def get(self) -> psycopg.Connection[Any]:
         if self.conn is None or self.conn.closed or self.conn.broken:
-            # No server-side prepared statements: a prepared statement switches to a generic
-            # plan that cannot see how many ids an array holds (measured: the fenced delete
-            # went from 8 to 50 us a row), and transaction-mode poolers reject them.
             self.conn = psycopg.connect(
                 self.url,
                 autocommit=self.autocommit,
                 connect_timeout=db.CONNECT_TIMEOUT_S,
                 application_name=f"outbox-relay-{self.name}",
-                prepare_threshold=None,
+                prepare_threshold=PREPARE_THRESHOLD if self.prepare else None,
             )
         return self.conn
 
@@ -377,8 +378,15 @@ class Worker:
 
     # -- completing -----------------------------------------------------------------------
 
+    def completion_link(self) -> Link:
+        """A completer's connection. It prepares no statements: a prepared statement may
+        drift to a generic plan that cannot see how many ids its arrays hold (measured: the
+        fenced delete went from 8 to 50 us a row). The claim keeps its prepared plan, the
+        same either way, which saves about 1 ms of parsing and planning per claim."""
+        return Link(self.cfg.database_url, "complete", prepare=False)
+
     def _complete_loop(self, outcomes: queue.Queue[Outcome]) -> None:
-        link = Link(self.cfg.database_url, "complete")
+        link = self.completion_link()
         pending: list[Outcome] = []
         while True:
             if not pending:

@@ -31,6 +31,19 @@ def exits(**arguments: Any) -> None:
     raise SystemExit(3)
 
 
+def count_call(path: str, **arguments: Any) -> dict[str, Any]:
+    """Append a line to ``path`` per execution: a test counts how often a call really ran."""
+    with open(path, "a") as handle:
+        handle.write("ran\n")
+    return {"ran": True}
+
+
+def pause(seconds: float, **arguments: Any) -> dict[str, Any]:
+    """A slow tool: takes ``seconds`` to answer."""
+    time.sleep(seconds)  # the tool's own work, not a wait for another thread
+    return {"paused": seconds}
+
+
 def block(**arguments: Any) -> dict[str, Any]:
     """Wait until a test sets ``RELEASE`` (bounded): longer than any tool timeout used."""
     RELEASE.wait(BLOCK_MAX_S)
