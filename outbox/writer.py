@@ -73,10 +73,18 @@ def fetch_one(conn: psycopg.Connection[Any], query: Any, params: Row) -> Row | N
         return cur.fetchone()
 
 
-def fetch_all(conn: psycopg.Connection[Any], query: Any, params: Row) -> list[Row]:
+def fetch_all(
+    conn: psycopg.Connection[Any], query: Any, params: Row, *, prepare: bool | None = None
+) -> list[Row]:
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query, params)
+        cur.execute(query, params, prepare=prepare)
         return cur.fetchall()
+
+
+# A statement that joins another table to an array of ids is never prepared: a prepared
+# statement may drift to a generic plan that cannot see how many ids the array holds and
+# scans the joined table (measured: 2 ms instead of 0.1 ms to read one batch's outputs).
+UNPREPARED = False
 
 
 def journal(conn: psycopg.Connection[Any], event: str, tenant_id: str, **fields: Any) -> None:
@@ -190,23 +198,43 @@ def append_tool_messages(
     conn: psycopg.Connection[Any], batch: Row, answers: list[tuple[int, str]]
 ) -> None:
     """Append one tool message per (tool call ref, content), in order, in one statement."""
-    if not answers:
+    append_tool_messages_to(conn, [(batch, answers)])
+
+
+def append_tool_messages_to(
+    conn: psycopg.Connection[Any], batches: list[tuple[Row, list[tuple[int, str]]]]
+) -> None:
+    """``append_tool_messages`` for several batches (of different threads) at once: each
+    thread's next message numbers are reserved in one statement, the messages inserted in
+    another."""
+    batches = [(batch, answers) for batch, answers in batches if answers]
+    if not batches:
         return
-    for _, content in answers:
-        check_size("tool message", content)
-    seq = fetch_one(conn, Q.take_seqs, {"thread_id": batch["thread_id"], "n": len(answers)})
-    assert seq is not None
-    conn.execute(
-        Q.insert_tool_messages,
-        {
-            "tenant_id": batch["tenant_id"],
-            "thread_id": batch["thread_id"],
-            "run_id": batch["run_id"],
-            "first_seq": seq["first_seq"],
-            "refs": [ref for ref, _ in answers],
-            "contents": [content for _, content in answers],
-        },
+    for _, answers in batches:
+        for _, content in answers:
+            check_size("tool message", content)
+    wanted: dict[Any, int] = {}
+    for batch, answers in batches:
+        wanted[batch["thread_id"]] = wanted.get(batch["thread_id"], 0) + len(answers)
+    firsts = fetch_all(
+        conn,
+        Q.take_seqs_many,
+        {"thread_ids": list(wanted), "ns": list(wanted.values())},
+        prepare=UNPREPARED,
     )
+    next_seq = {r["id"]: r["first_seq"] for r in firsts}
+    columns: dict[str, list[Any]] = {k: [] for k in ("tenants", "threads", "runs", "seqs")}
+    columns.update(refs=[], contents=[])
+    for batch, answers in batches:
+        for ref, content in answers:
+            columns["tenants"].append(batch["tenant_id"])
+            columns["threads"].append(batch["thread_id"])
+            columns["runs"].append(batch["run_id"])
+            columns["seqs"].append(next_seq[batch["thread_id"]])
+            columns["refs"].append(ref)
+            columns["contents"].append(content)
+            next_seq[batch["thread_id"]] += 1
+    conn.execute(Q.insert_tool_messages, columns)
 
 
 # -- runs -------------------------------------------------------------------------------
@@ -718,78 +746,105 @@ def deliver_batch(db: Any, batch_id: int) -> Delivery:
     stop (``step_cap`` or ``budget``: the run fails with that reason, journaled). A repeat
     is a no-op; a batch that was closed (run cancelled or expired) delivers nothing.
     """
+    return deliver_batches(db, [batch_id])[batch_id]
+
+
+def deliver_batches(db: Any, batch_ids: list[int]) -> dict[int, Delivery]:
+    """``deliver_batch`` for many batches at once, each with the same guarantees; the relay
+    delivers every batch of a completion transaction with one call.
+
+    A fixed number of statements however many batches (a run that must stop at a limit
+    costs the statements of ``end_run``), so a delivery's cost is its tool messages, not
+    round trips. Locks every run, then every batch, each in id order: the one lock order
+    of every writer path.
+    """
     conn = pg(db)
-    # The one lock order of every writer path: the run, then its batch.
-    owner = fetch_one(conn, Q.batch_run, {"batch_id": batch_id})
-    if owner is None:
-        raise NotFound(f"batch {batch_id} does not exist")
-    run = lock_run(conn, owner["run_id"], None)
-    batch = fetch_one(conn, Q.lock_batch, {"batch_id": batch_id})
-    assert batch is not None
-    if batch["status"] != "complete":
-        outcome = "already" if batch["status"] == "delivered" else "closed"
-        return Delivery(outcome, None, run["status"])
-    calls = fetch_all(conn, Q.calls_of_batch, {"batch_id": batch_id})
-    submitted = fetch_one(
-        conn,
-        Q.insert_submission,
-        {
-            "tenant_id": batch["tenant_id"],
-            "run_id": batch["run_id"],
-            "batch_id": batch_id,
-            "outputs_count": len(calls),
-        },
-    )
-    if submitted is None:
-        return Delivery("already", None, run["status"])
-    append_tool_messages(
-        conn,
-        batch,
-        [
+    owners = fetch_all(conn, Q.batch_owners, {"batch_ids": batch_ids})
+    missing = set(batch_ids) - {o["id"] for o in owners}
+    if missing:
+        raise NotFound(f"batch {min(missing)} does not exist")
+    run_ids = sorted({o["run_id"] for o in owners})
+    runs = {r["id"]: r for r in fetch_all(conn, Q.lock_runs, {"run_ids": run_ids})}
+    done: dict[int, Delivery] = {}
+    complete: list[Row] = []
+    for batch in fetch_all(conn, Q.lock_batches, {"batch_ids": sorted(set(batch_ids))}):
+        run_status = runs[batch["run_id"]]["status"]
+        if batch["status"] == "complete":
+            complete.append(batch)
+        elif batch["status"] == "delivered":
+            done[batch["id"]] = Delivery("already", None, run_status)
+        else:
+            done[batch["id"]] = Delivery("closed", None, run_status)
+    if complete:
+        ids = [b["id"] for b in complete]
+        submitted = {
+            r["batch_id"] for r in fetch_all(conn, Q.insert_submissions, {"batch_ids": ids})
+        }
+        for batch in complete:
+            if batch["id"] not in submitted:  # a concurrent delivery won; the lock serialised us
+                done[batch["id"]] = Delivery("already", None, runs[batch["run_id"]]["status"])
+        done.update(_deliver(conn, [b for b in complete if b["id"] in submitted], runs))
+    return done
+
+
+def _deliver(
+    conn: psycopg.Connection[Any], batches: list[Row], runs: dict[Any, Row]
+) -> dict[int, Delivery]:
+    """The submitted ``batches``: their tool messages, delivered, and each run's next step."""
+    if not batches:
+        return {}
+    ids = [b["id"] for b in batches]
+    answers: dict[int, list[tuple[int, str]]] = {i: [] for i in ids}
+    for c in fetch_all(conn, Q.batch_outputs, {"batch_ids": ids}, prepare=UNPREPARED):
+        answers[c["batch_id"]].append(
             (c["id"], tool_message_content(c["result_status"], c["output"], c["error"]))
-            for c in calls
-        ],
-    )
-    conn.execute(Q.batch_delivered, {"batch_id": batch_id})
-    ids = {
-        "thread_id": run["thread_id"],
-        "run_id": run["id"],
-        "batch_id": batch_id,
-        "correlation_id": run["correlation_id"],
-    }
-    journal(conn, "batch.delivered", run["tenant_id"], **ids, detail={"outputs": len(calls)})
-    if run["status"] in ENDED:
-        return Delivery("delivered", None, run["status"])
-    next_step = batch["step_no"] + 1
-    reason = limit_reached(run, next_step, conn)
-    if reason is not None:
-        failed = end_run(conn, run, "failed", reason[0], reason[1])
-        return Delivery("delivered", None, failed["status"])
-    enqueue(
-        conn,
-        run,
-        "model_turn",
-        f"model_turn:{run['id']}:{next_step}",
-        payload={"step_no": next_step},
-    )
-    moved = fetch_one(
-        conn,
-        Q.run_status,
-        {"run_id": run["id"], "status": "in_progress", "failure_reason": None, "last_error": None},
-    )
-    assert moved is not None
-    return Delivery("delivered", next_step, moved["status"])
+        )
+    append_tool_messages_to(conn, [(b, answers[b["id"]]) for b in batches])
+    conn.execute(Q.mark_delivered, {"batch_ids": ids}, prepare=UNPREPARED)
+    spent = tenant_budgets_spent(conn, sorted({b["tenant_id"] for b in batches}))
+    done: dict[int, Delivery] = {}
+    going_on: list[tuple[Row, int]] = []
+    for batch in batches:
+        run = runs[batch["run_id"]]
+        next_step = batch["step_no"] + 1
+        reason = (
+            None
+            if run["status"] in ENDED
+            else limit_reached(run, next_step, spent.get(run["tenant_id"]))
+        )
+        if run["status"] in ENDED:
+            done[batch["id"]] = Delivery("delivered", None, run["status"])
+        elif reason is not None:
+            failed = end_run(conn, run, "failed", reason[0], reason[1])
+            done[batch["id"]] = Delivery("delivered", None, failed["status"])
+        else:
+            going_on.append((batch, next_step))
+    if going_on:
+        moved = fetch_all(
+            conn,
+            Q.next_model_turns,
+            {"run_ids": [b["run_id"] for b, _ in going_on], "steps": [n for _, n in going_on]},
+            prepare=UNPREPARED,
+        )
+        status = {r["id"]: r["status"] for r in moved}
+        for batch, next_step in going_on:
+            done[batch["id"]] = Delivery("delivered", next_step, status[batch["run_id"]])
+    return done
 
 
 def tenant_budget_spent(conn: psycopg.Connection[Any], tenant_id: str) -> str | None:
     """Why the tenant may start no more model turns, or None while its budget lasts."""
-    budget = fetch_one(conn, Q.tenant_budget, {"tenant_id": tenant_id})
-    if budget is None or budget["tokens_used"] < budget["max_tokens"]:
-        return None
-    return (
-        f"tenant {tenant_id!r} used {budget['tokens_used']} tokens, "
-        f"its budget is {budget['max_tokens']}"
-    )
+    return tenant_budgets_spent(conn, [tenant_id]).get(tenant_id)
+
+
+def tenant_budgets_spent(conn: psycopg.Connection[Any], tenant_ids: list[str]) -> dict[str, str]:
+    """For each of ``tenant_ids`` whose budget is spent: why it may start no more turns."""
+    return {
+        b["tenant_id"]: f"tenant {b['tenant_id']!r} used {b['tokens_used']} tokens, "
+        f"its budget is {b['max_tokens']}"
+        for b in fetch_all(conn, Q.tenant_budgets, {"tenant_ids": tenant_ids})
+        if b["tokens_used"] >= b["max_tokens"]
+    }
 
 
 def set_tenant_budget(db: Any, tenant_id: str, max_tokens: int) -> Row:
@@ -805,9 +860,10 @@ def set_tenant_budget(db: Any, tenant_id: str, max_tokens: int) -> Row:
 
 
 def limit_reached(
-    run: Row, next_step: int, conn: psycopg.Connection[Any] | None = None
+    run: Row, next_step: int, tenant_spent: str | None = None
 ) -> tuple[str, str] | None:
-    """The reason a run may not take ``next_step``: (``step_cap`` | ``budget``, message)."""
+    """The reason a run may not take ``next_step``: (``step_cap`` | ``budget``, message).
+    ``tenant_spent`` is ``tenant_budgets_spent``'s word on the run's tenant."""
     if next_step > run["max_steps"]:
         return "step_cap", f"the run reached its step cap of {run['max_steps']} model turns"
     if run["max_tokens"] is not None and run["tokens_used"] >= run["max_tokens"]:
@@ -815,9 +871,8 @@ def limit_reached(
             "budget",
             f"the run used {run['tokens_used']} tokens, its budget is {run['max_tokens']}",
         )
-    spent = tenant_budget_spent(conn, run["tenant_id"]) if conn is not None else None
-    if spent is not None:
-        return "budget", spent
+    if tenant_spent is not None:
+        return "budget", tenant_spent
     return None
 
 

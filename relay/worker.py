@@ -442,13 +442,15 @@ class Worker:
         First the runs, then the batches of the whole transaction are locked, each in id
         order: the one lock order of every writer path (run before batch), so completers,
         cancels and client submissions queue up instead of deadlocking. Terminal tool
-        results then take a set-based fast path, a fixed number of statements however many
-        there are: the rows are fenced together (lease holder and attempt per row),
-        then ``store_results`` does what ``writer.record_tool_result`` does per row, and
-        ``enqueue_deliveries`` enqueues (once, by dedup key) and journals each batch this
-        transaction completed. Fenced rows and every other action go through ``_apply``.
+        results and batch deliveries then take set-based paths, a fixed number of
+        statements however many there are: their rows are fenced together (lease holder
+        and attempt per row); ``store_results`` does what ``writer.record_tool_result``
+        does per row, and ``enqueue_deliveries`` enqueues (once, by dedup key) and
+        journals each batch this transaction completed; ``writer.deliver_batches``
+        delivers every batch at once. Fenced rows and every other action go through
+        ``_apply``, which journals a refused write.
         """
-        fast = [
+        results = [
             i
             for i, o in enumerate(outcomes)
             if o.action == "result"
@@ -457,40 +459,74 @@ class Worker:
             and o.row.batch_id is not None
             and (o.status == "ok" or (o.status == "error" and o.error))
         ]
+        deliveries = [
+            i
+            for i, o in enumerate(outcomes)
+            if o.action == "deliver" and o.row.batch_id is not None
+        ]
         run_ids = sorted({o.row.run_id for o in outcomes if o.row.run_id is not None})
         conn.execute(self.q.lock_runs, {"ids": run_ids})
         batch_ids = sorted({o.row.batch_id for o in outcomes if o.row.batch_id is not None})
         conn.execute(self.q.lock_batches, {"ids": batch_ids})
-        if not fast:
-            return [self._apply(conn, outcome) for outcome in outcomes]
         applied: list[str | None] = [None] * len(outcomes)
-        self._store_results(conn, [outcomes[i] for i in fast], fast, applied)
+        if results:
+            self._store_results(conn, outcomes, results, applied)
+        if deliveries:
+            self._deliver(conn, outcomes, deliveries, applied)
         return [
             what if what is not None else self._apply(conn, outcome)
             for outcome, what in zip(outcomes, applied, strict=True)
         ]
 
-    def _store_results(
-        self,
-        conn: psycopg.Connection[Any],
-        results: list[Outcome],
-        positions: list[int],
-        applied: list[str | None],
-    ) -> None:
-        """The fast path of ``_apply_all``; leaves ``applied`` None for fenced rows."""
-        worker = self.cfg.worker_id
+    def _fence_many(
+        self, conn: psycopg.Connection[Any], outcomes: list[Outcome], positions: list[int]
+    ) -> list[tuple[Outcome, int]]:
+        """Finish the rows at ``positions`` where this worker still holds their lease; the
+        outcomes (and positions) that passed. The others are left to ``_apply``."""
+        chosen = [outcomes[i] for i in positions]
         kept = {
             r[0]
             for r in conn.execute(
                 self.q.finish_many,
                 {
-                    "ids": [o.row.id for o in results],
-                    "attempts": [o.row.attempt for o in results],
-                    "worker": worker,
+                    "ids": [o.row.id for o in chosen],
+                    "attempts": [o.row.attempt for o in chosen],
+                    "worker": self.cfg.worker_id,
                 },
             ).fetchall()
         }
-        passed = [(o, i) for o, i in zip(results, positions, strict=True) if o.row.id in kept]
+        return [(o, i) for o, i in zip(chosen, positions, strict=True) if o.row.id in kept]
+
+    def _deliver(
+        self,
+        conn: psycopg.Connection[Any],
+        outcomes: list[Outcome],
+        positions: list[int],
+        applied: list[str | None],
+    ) -> None:
+        """Deliver the batches of fenced ``deliver`` rows at once (``writer.deliver_batches``)."""
+        passed = self._fence_many(conn, outcomes, positions)
+        if not passed:
+            return
+        delivered = writer.deliver_batches(
+            conn, [o.row.batch_id for o, _ in passed if o.row.batch_id]
+        )
+        for outcome, i in passed:
+            assert outcome.row.batch_id is not None
+            applied[i] = "delivered_" + delivered[outcome.row.batch_id].outcome
+        self.metrics.succeeded.labels("deliver_batch").inc(len(passed))
+
+    def _store_results(
+        self,
+        conn: psycopg.Connection[Any],
+        outcomes: list[Outcome],
+        positions: list[int],
+        applied: list[str | None],
+    ) -> None:
+        """Store the fenced tool results at ``positions``; leaves ``applied`` None for the
+        rows whose lease this worker lost."""
+        worker = self.cfg.worker_id
+        passed = self._fence_many(conn, outcomes, positions)
         if not passed:
             return
         rows = conn.execute(

@@ -21,12 +21,21 @@ VALUES (%(tenant_id)s, %(thread_id)s, %(seq)s, %(role)s, %(content)s, %(run_id)s
         %(tool_call_ref)s)
 RETURNING id
 
+-- name: take_seqs_many
+-- Reserve n consecutive message numbers on each of several (distinct) threads; the first of
+-- each.
+UPDATE {s}.threads t SET next_seq = t.next_seq + w.n
+FROM unnest(%(thread_ids)s::uuid[], %(ns)s::int[]) AS w(thread_id, n)
+WHERE t.id = w.thread_id
+RETURNING t.id, t.next_seq - w.n AS first_seq
+
 -- name: insert_tool_messages
--- Append a batch's tool messages at reserved consecutive positions, in the given order.
+-- Append tool messages at reserved positions.
 INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id, tool_call_ref)
-SELECT %(tenant_id)s, %(thread_id)s, %(first_seq)s + a.ord - 1, 'tool', a.content,
-       %(run_id)s, a.ref
-FROM unnest(%(refs)s::bigint[], %(contents)s::text[]) WITH ORDINALITY AS a(ref, content, ord)
+SELECT m.tenant_id, m.thread_id, m.seq, 'tool', m.content, m.run_id, m.ref
+FROM unnest(%(tenants)s::text[], %(threads)s::uuid[], %(runs)s::uuid[], %(seqs)s::int[],
+            %(refs)s::bigint[], %(contents)s::text[])
+    AS m(tenant_id, thread_id, run_id, seq, ref, content)
 
 -- name: run_by_key
 -- The run a tenant already started under this idempotency key, if any.
@@ -173,24 +182,71 @@ SET pending = pending - 1,
 WHERE id = %(batch_id)s
 RETURNING pending, step_no
 
--- name: batch_run
--- The run a batch belongs to (read without a lock: the run is locked first).
-SELECT run_id FROM {s}.tool_batches WHERE id = %(batch_id)s
+-- name: batch_owners
+-- The runs batches belong to (read without a lock: the runs are locked first).
+SELECT id, run_id FROM {s}.tool_batches WHERE id = ANY(%(batch_ids)s)
 
--- name: lock_batch
--- Lock a batch for delivery.
-SELECT * FROM {s}.tool_batches WHERE id = %(batch_id)s FOR UPDATE
+-- name: lock_runs
+-- Lock runs in id order: the one lock order of every writer path is runs, then batches.
+SELECT * FROM {s}.runs WHERE id = ANY(%(run_ids)s) ORDER BY id FOR UPDATE
 
--- name: insert_submission
--- The one submission of a batch's outputs; a repeat returns nothing.
+-- name: lock_batches
+-- Lock batches in id order, after their runs.
+SELECT * FROM {s}.tool_batches WHERE id = ANY(%(batch_ids)s) ORDER BY id FOR UPDATE
+
+-- name: insert_submissions
+-- The one submission of each batch's outputs; a repeat returns nothing for that batch.
 INSERT INTO {s}.submissions (tenant_id, run_id, batch_id, outputs_count)
-VALUES (%(tenant_id)s, %(run_id)s, %(batch_id)s, %(outputs_count)s)
+SELECT tenant_id, run_id, id, size FROM {s}.tool_batches WHERE id = ANY(%(batch_ids)s)
+ORDER BY id
 ON CONFLICT (batch_id) DO NOTHING
-RETURNING id
+RETURNING batch_id
+
+-- name: batch_outputs
+-- What each batch's calls answered, in the order the model asked for them.
+SELECT tc.batch_id, tc.id, r.status AS result_status, r.output, r.error
+FROM {s}.tool_calls tc
+LEFT JOIN {s}.tool_results r ON r.tool_call_ref = tc.id
+WHERE tc.batch_id = ANY(%(batch_ids)s)
+ORDER BY tc.batch_id, tc.position
 
 -- name: batch_delivered
--- Close a batch after its outputs entered the history.
+-- Mark a batch delivered (an imported conversation's batches are in the history already).
 UPDATE {s}.tool_batches SET status = 'delivered', delivered_at = now() WHERE id = %(batch_id)s
+
+-- name: mark_delivered
+-- Close batches whose outputs entered the history, and journal each delivery.
+WITH delivered AS (
+    UPDATE {s}.tool_batches SET status = 'delivered', delivered_at = now()
+    WHERE id = ANY(%(batch_ids)s)
+    RETURNING id, tenant_id, thread_id, run_id, size
+)
+INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, correlation_id, detail)
+SELECT d.tenant_id, 'batch.delivered', d.thread_id, d.run_id, d.id, r.correlation_id,
+       jsonb_build_object('outputs', d.size)
+FROM delivered d JOIN {s}.runs r ON r.id = d.run_id
+ORDER BY d.id
+
+-- name: next_model_turns
+-- Enqueue each run's next model turn (once, by dedup key) and put the runs in progress
+-- (the caller holds the run locks and checked no limit stops them).
+WITH next AS (
+    SELECT * FROM unnest(%(run_ids)s::uuid[], %(steps)s::int[]) AS n(run_id, step_no)
+), queued AS (
+    INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, correlation_id,
+                            payload)
+    SELECT r.tenant_id, 'model_turn', 'model_turn:' || r.id || ':' || n.step_no, r.thread_id,
+           r.id, r.correlation_id, jsonb_build_object('step_no', n.step_no)
+    FROM next n JOIN {s}.runs r ON r.id = n.run_id
+    ORDER BY r.id
+    ON CONFLICT (dedup_key) DO NOTHING
+)
+UPDATE {s}.runs r
+SET status = 'in_progress', failure_reason = NULL, action_deadline = NULL, ended_at = NULL,
+    updated_at = now()
+FROM next n
+WHERE r.id = n.run_id
+RETURNING r.id, r.status
 
 -- name: run_status
 -- Move a run to a new status (the caller holds the run lock and checked the transition).
@@ -314,9 +370,10 @@ UPDATE {s}.tenant_budgets
 SET tokens_used = tokens_used + %(tokens)s, updated_at = now()
 WHERE tenant_id = %(tenant_id)s
 
--- name: tenant_budget
--- A tenant's budget and what it has used.
-SELECT max_tokens, tokens_used FROM {s}.tenant_budgets WHERE tenant_id = %(tenant_id)s
+-- name: tenant_budgets
+-- Tenants' budgets and what they have used (tenants without a budget have no row).
+SELECT tenant_id, max_tokens, tokens_used FROM {s}.tenant_budgets
+WHERE tenant_id = ANY(%(tenant_ids)s)
 
 -- name: set_tenant_budget
 -- Set (or change) a tenant's token budget.
