@@ -46,7 +46,6 @@ from typing import Any
 
 import httpx2
 import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from outbox import db, lifecycle, writer
@@ -260,7 +259,7 @@ class Worker:
 
     def _claim(self, link: Link, limit: int) -> list[Claimed]:
         conn = link.get()
-        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        with conn.transaction(), conn.cursor() as cur:
             cur.execute(
                 self.q.claim,
                 {
@@ -270,7 +269,8 @@ class Worker:
                     "kinds": self.kinds,
                 },
             )
-            rows = [Claimed.from_row(r) for r in cur.fetchall()]
+            now = time.monotonic()
+            rows = [Claimed._make((*r, now)) for r in cur.fetchall()]
         if rows:
             failpoints.hit("claim.after_commit")
         io_rows = sum(1 for row in rows if not runs_in_chunks(row))
@@ -529,18 +529,21 @@ class Worker:
         passed = self._fence_many(conn, outcomes, positions)
         if not passed:
             return
-        rows = conn.execute(
-            self.q.store_results,
+        results = [
             {
-                "refs": [o.row.tool_call_ref for o, _ in passed],
-                "statuses": [o.status for o, _ in passed],
-                "outputs": [Jsonb(o.output) for o, _ in passed],
-                "errors": [o.error for o, _ in passed],
-                "sources": [o.source for o, _ in passed],
-                "attempts": [o.row.attempt for o, _ in passed],
-                "lags": [round(max(0.0, o.row.lag_s), 4) for o, _ in passed],
-                "worker": worker,
-            },
+                "ref": o.row.tool_call_ref,
+                "status": o.status,
+                "output": o.output,
+                "error": o.error,
+                "source": o.source,
+                "attempt": o.row.attempt,
+                "lag_s": round(max(0.0, o.row.lag_s), 4),
+            }
+            for o, _ in passed
+        ]
+        refs = [o.row.tool_call_ref for o, _ in passed]
+        rows = conn.execute(
+            self.q.store_results, {"results": Jsonb(results), "refs": refs, "worker": worker}
         ).fetchall()
         stored = {ref: what for ref, what, _ in rows}
         completed = {ref: batch for ref, _, batch in rows if batch is not None}

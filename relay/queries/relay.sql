@@ -16,11 +16,12 @@ WITH ready AS (
         lease_expires_at = now() + make_interval(secs => %(lease_s)s), claimed_at = now()
     WHERE o.id = ANY(ARRAY(SELECT id FROM ready))
     RETURNING o.id, o.kind, o.tenant_id, o.thread_id, o.run_id, o.batch_id, o.tool_call_ref,
-              o.correlation_id, o.attempts, o.max_attempts, o.payload, o.available_at,
-              o.claimed_at
+              o.correlation_id, o.attempts, o.max_attempts, o.payload, o.available_at
 )
-SELECT c.*,
-       extract(epoch FROM clock_timestamp() - c.available_at) AS lag_s,
+-- The columns of relay.outcomes.Claimed, in its order.
+SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call_ref,
+       c.correlation_id, c.attempts, c.max_attempts, c.payload,
+       extract(epoch FROM clock_timestamp() - c.available_at)::float8 AS lag_s,
        tc.tool_call_id, tc.tool_name, tc.arguments, tc.idempotency_key, tc.idempotency_mode,
        tc.executor, tc.dispatched_attempt,
        t.endpoint, t.lookup_endpoint, t.callable, t.timeout_s, t.credential_ref
@@ -197,11 +198,12 @@ RETURNING o.id
 -- the call marked terminal, the batch's pending count lowered, a journal event per result
 -- (with lag_s: how long the row waited, due, before a worker claimed it).
 -- Returns each input's outcome; for a result that completed its batch, that batch's id.
+-- The results come as one JSON array of objects (one document to encode, not an array
+-- parameter per column).
 WITH input AS (
-    SELECT * FROM unnest(%(refs)s::bigint[], %(statuses)s::text[], %(outputs)s::jsonb[],
-                         %(errors)s::text[], %(sources)s::text[], %(attempts)s::int[],
-                         %(lags)s::float8[])
-        AS i(ref, status, output, error, source, attempt, lag_s)
+    SELECT * FROM jsonb_to_recordset(%(results)s::jsonb)
+        AS i(ref bigint, status text, output jsonb, error text, source text, attempt int,
+             lag_s float8)
 ), calls AS (
     -- Each lookup is by primary key, whatever the size of the tables.
     SELECT i.*, tc.tenant_id, tc.run_id, tc.thread_id, tc.batch_id, tc.tool_call_id,

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from outbox import registry
 from relay.outcomes import Outcome
@@ -65,20 +66,9 @@ def test_claim_and_completion_find_rows_by_primary_key(db_url, python_tool):
         finish_plan = explain(
             conn, q.finish_many, {"ids": ids, "attempts": [1] * len(ids), "worker": "w"}
         )
-        n = len(refs)
+        results = [{"ref": ref, "status": "ok", "source": "relay", "attempt": 1} for ref in refs]
         store_plan = explain(
-            conn,
-            q.store_results,
-            {
-                "refs": refs,
-                "statuses": ["ok"] * n,
-                "outputs": [None] * n,
-                "errors": [None] * n,
-                "sources": ["relay"] * n,
-                "attempts": [1] * n,
-                "lags": [0.0] * n,
-                "worker": "w",
-            },
+            conn, q.store_results, {"results": Jsonb(results), "refs": refs, "worker": "w"}
         )
         conn.rollback()
     assert len(rows) == 200
