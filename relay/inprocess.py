@@ -21,7 +21,6 @@ payload cap become error results the model sees.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import threading
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outbox import config as outbox_config
-from relay.outcomes import Claimed, Outcome, ambiguous, error_result, result, retry
+from relay.outcomes import Claimed, Outcome, ambiguous, error_result, retry
 
 POOL_THREADS = 64  # pool threads running in-process tools, per worker process
 DEFAULT_TIMEOUT_S = 30.0  # a tool version always has one; this is for rows without a tool
@@ -168,16 +167,16 @@ def _run_chunk(
 
 def _judge(row: Claimed, ok: bool, value: Any, seconds: float) -> Outcome:
     """The outcome of one finished call: its result, or the error the model will see."""
-    outcome = result(row, value)
-    if not ok:
-        outcome = error_result(row, str(value))
-    else:
+    error = None if ok else str(value)
+    if ok:
         try:
             size = len(json.dumps(value))
         except (TypeError, ValueError) as err:
-            outcome = error_result(row, f"python tool returned something not JSON: {err}")
+            error = f"python tool returned something not JSON: {err}"
         else:
             if size > outbox_config.MAX_PAYLOAD_BYTES:
                 cap = outbox_config.MAX_PAYLOAD_BYTES
-                outcome = error_result(row, f"tool result is {size} bytes, over the cap of {cap}")
-    return dataclasses.replace(outcome, duration_s=seconds)
+                error = f"tool result is {size} bytes, over the cap of {cap}"
+    if error is None:
+        return Outcome(row, "result", "ok", value, None, "relay", seconds)
+    return Outcome(row, "result", "error", None, error, "relay", seconds)

@@ -549,9 +549,8 @@ class Worker:
         completed = {ref: batch for ref, _, batch in rows if batch is not None}
         for outcome, i in passed:
             applied[i] = "result_" + stored.get(outcome.row.tool_call_ref, "duplicate")
-            self.metrics.succeeded.labels(outcome.row.kind).inc()
-            if outcome.status == "error":
-                self.metrics.failed.inc()
+        self.metrics.succeeded.labels("tool_call").inc(len(passed))
+        self.metrics.failed.inc(sum(1 for o, _ in passed if o.status == "error"))
         if completed:
             attempts = {o.row.tool_call_ref: o.row.attempt for o, _ in passed}
             conn.execute(
@@ -580,11 +579,14 @@ class Worker:
             for outcome in outcomes:
                 self.inflight.pop(outcome.row.id, None)
         self.wake.set()  # written rows free claim capacity (see _free)
+        info = logger.isEnabledFor(logging.INFO)  # asked once: thousands of outcomes a second
         for outcome, what in zip(outcomes, applied, strict=True):
             row = outcome.row
             level = (
                 logging.WARNING if what in ("fenced", "quarantined", "unknown") else logging.INFO
             )
+            if level == logging.INFO and not info:
+                continue
             log(
                 logger,
                 level,
