@@ -465,9 +465,9 @@ class Worker:
             if o.action == "deliver" and o.row.batch_id is not None
         ]
         run_ids = sorted({o.row.run_id for o in outcomes if o.row.run_id is not None})
-        conn.execute(self.q.lock_runs, {"ids": run_ids})
+        conn.execute(writer.Q.lock_runs, {"run_ids": run_ids})
         batch_ids = sorted({o.row.batch_id for o in outcomes if o.row.batch_id is not None})
-        conn.execute(self.q.lock_batches, {"ids": batch_ids})
+        conn.execute(writer.Q.lock_batches, {"batch_ids": batch_ids})
         applied: list[str | None] = [None] * len(outcomes)
         if results:
             self._store_results(conn, outcomes, results, applied)

@@ -171,16 +171,6 @@ SELECT status, kind, count(*) AS n,
                 FILTER (WHERE status = 'ready' AND available_at <= now())), 0) AS lag_s
 FROM {s}.outbox GROUP BY status, kind
 
--- name: lock_runs
--- Lock every run a completion transaction touches, in id order, first: every writer path
--- takes a run before its batches, so completers, cancels and client submissions queue up.
-SELECT id FROM {s}.runs WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE
-
--- name: lock_batches
--- Lock every batch a completion transaction touches, in id order, before anything else:
--- all completers take batch locks in this one order, so they queue up, never deadlock.
-SELECT id FROM {s}.tool_batches WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE
-
 -- name: finish_many
 -- Fencing for many done rows at once: each row leaves the hot table only for its current
 -- lease holder and attempt. Rows not returned were fenced off (their caller journals it).
