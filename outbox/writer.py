@@ -806,15 +806,12 @@ def _deliver(
     going_on: list[tuple[Row, int]] = []
     for batch in batches:
         run = runs[batch["run_id"]]
-        next_step = batch["step_no"] + 1
-        reason = (
-            None
-            if run["status"] in ENDED
-            else limit_reached(run, next_step, spent.get(run["tenant_id"]))
-        )
         if run["status"] in ENDED:
             done[batch["id"]] = Delivery("delivered", None, run["status"])
-        elif reason is not None:
+            continue
+        next_step = batch["step_no"] + 1
+        reason = limit_reached(run, next_step, spent.get(run["tenant_id"]))
+        if reason is not None:
             failed = end_run(conn, run, "failed", reason[0], reason[1])
             done[batch["id"]] = Delivery("delivered", None, failed["status"])
         else:

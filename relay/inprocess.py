@@ -90,10 +90,10 @@ class _Chunk:
                 if started + self.timeouts[i] < self.watched_until:
                     self.cond.notify_all()  # this call's deadline comes first: re-arm the watch
             try:
-                answer: tuple[bool, Any, float] = (True, function(**arguments), 0.0)
+                ok, value = True, function(**arguments)
             except BaseException as err:  # a tool's SystemExit must not end a relay thread
-                answer = (False, f"{type(err).__name__}: {err}", 0.0)
-            answer = (answer[0], answer[1], time.monotonic() - started)
+                ok, value = False, f"{type(err).__name__}: {err}"
+            answer = (ok, value, time.monotonic() - started)
             with self.cond:
                 if self.abandoned:  # the caller gave up on this call: drop its late answer
                     return
