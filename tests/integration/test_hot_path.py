@@ -2,26 +2,24 @@
 
 - every statement of a claim and of a completion finds its rows by primary key, so its cost
   does not grow with the backlog or with the dead entries of the lease index;
-- relay connections prepare no statements (a prepared statement drifts to a generic plan
-  that cannot see how many ids an array holds);
+- relay connections prepare their statements on generic plans, and those plans find rows
+  by primary key (a fenced delete through the lease index grew with its dead entries);
 - a result's status update on its call is a HOT update (no index entry written);
 - rows claimed and not yet written never exceed the I/O slots and in-process slots together.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 
 from outbox import registry
 from relay.outcomes import Outcome
 from relay.worker import Link, Worker
 from tests.relay_harness import config, scalar, seed
-
-CLAIM = {"worker": "w", "lease_s": 30, "kinds": ["tool_call"]}
 
 
 @pytest.fixture
@@ -47,49 +45,71 @@ def scans(plan: Any) -> set[tuple[str, str]]:
     return found
 
 
-def explain(conn: psycopg.Connection[Any], query: Any, params: dict[str, Any]) -> set[Any]:
-    plan = conn.execute("EXPLAIN (FORMAT JSON) " + query, params).fetchone()
-    assert plan is not None
-    return scans(plan[0])
+def generic_plans(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """The generic plan (JSON) of every statement prepared on ``conn``, by statement text.
+    Under force_generic_plan the arguments cannot change a plan, so NULLs stand for them."""
+    plans = {}
+    prepared = conn.execute(
+        "SELECT name, statement, cardinality(parameter_types) FROM pg_prepared_statements"
+    ).fetchall()
+    for name, statement, n in prepared:
+        args = f"({', '.join(['NULL'] * n)})" if n else ""
+        plan = conn.execute(f"EXPLAIN (FORMAT JSON) EXECUTE {name}{args}").fetchone()
+        assert plan is not None
+        plans[statement] = plan[0]
+    return plans
 
 
-def test_claim_and_completion_find_rows_by_primary_key(db_url, python_tool):
+def test_relay_statements_run_on_generic_plans_that_find_rows_by_primary_key(db_url, python_tool):
     seed(db_url, [python_tool], runs=40, calls_per_batch=50, args=lambda n: {"n": n})
-    worker = Worker(config(db_url))
-    worker.http.close()
-    q = worker.q
-    with psycopg.connect(db_url) as conn:
+    with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("ANALYZE")
-        claim_plan = explain(conn, q.claim, {"limit": 200, **CLAIM})
-        rows = conn.execute(q.claim, {"limit": 200, **CLAIM}).fetchall()
-        ids, refs = [r[0] for r in rows], [r[6] for r in rows]
-        finish_plan = explain(
-            conn, q.finish_many, {"ids": ids, "attempts": [1] * len(ids), "worker": "w"}
-        )
-        results = [{"ref": ref, "status": "ok", "source": "relay", "attempt": 1} for ref in refs]
-        store_plan = explain(
-            conn, q.store_results, {"results": Jsonb(results), "refs": refs, "worker": "w"}
-        )
-        conn.rollback()
-    assert len(rows) == 200
-    for plan in (claim_plan, finish_plan, store_plan):
-        # The tables that grow with the backlog are never scanned (tiny ones, like the 40
-        # runs here, may be: a seq scan of one page is the cheapest plan there).
-        full_scans = {rel for node, rel in plan if node == "Seq Scan"}
-        assert not full_scans & {"outbox", "tool_calls"}, plan
-
-
-def test_completers_prepare_no_statements(db_url):
     worker = Worker(config(db_url))
     worker.http.close()
-    link = worker.completion_link()
-    conn = link.get()
-    for _ in range(8):  # psycopg prepares a statement on its 5th execution by default
-        with conn.transaction():
-            conn.execute(worker.q.finish_many, {"ids": [1], "attempts": [1], "worker": "w"})
-    prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
-    link.close()
-    assert prepared == (0,)
+    claim_link, completion_link = Link(db_url, "claim"), worker.completion_link()
+    # Claim and complete as the relay does (results, batch completions, deliveries): the
+    # links prepare every statement they run.
+    while claimed := worker._claim(claim_link, 120):
+        worker._write(
+            completion_link,
+            [
+                Outcome(row, "deliver")
+                if row.kind == "deliver_batch"
+                else Outcome(row, "result", "ok", {})
+                for row in claimed
+            ],
+        )
+    modes = {
+        link.get().execute("SHOW plan_cache_mode").fetchone()
+        for link in (claim_link, completion_link)
+    }
+    plans = generic_plans(claim_link.get()) | generic_plans(completion_link.get())
+    claim_link.close()
+    completion_link.close()
+
+    def plan_of(fragment: str) -> Any:
+        found = [plan for statement, plan in plans.items() if fragment in statement]
+        assert found, f"no prepared statement holds {fragment!r}"
+        return found[0]
+
+    assert modes == {("force_generic_plan",)}
+    # The claim, the fence, the result write, the delivery enqueue and the tool messages of
+    # a delivery were all prepared, so the loop below looks at the relay's own plans.
+    for fragment in (
+        "FOR UPDATE SKIP LOCKED",
+        "DELETE FROM",
+        'INSERT INTO "outbox".tool_results',
+        "'deliver:' ||",
+        'INSERT INTO "outbox".messages',
+    ):
+        plan_of(fragment)
+    for statement, plan in plans.items():
+        full_scans = {rel for node, rel in scans(plan) if node == "Seq Scan"}
+        assert not full_scans & {"outbox", "tool_calls", "messages", "journal"}, statement
+    # The fence finds each row by primary key, not through the lease index: the planner's
+    # statistics see that one nearly empty, while every finished row leaves a dead entry.
+    fence = json.dumps(plan_of("DELETE FROM"))
+    assert '"outbox_pkey"' in fence and "outbox_leased" not in fence, fence
 
 
 def test_a_result_updates_its_call_without_writing_an_index_entry(db_url, python_tool):
