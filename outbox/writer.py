@@ -194,47 +194,13 @@ def append_message(
     return int(row["id"])
 
 
-def append_tool_messages(
-    conn: psycopg.Connection[Any], batch: Row, answers: list[tuple[int, str]]
-) -> None:
-    """Append one tool message per (tool call ref, content), in order, in one statement."""
-    append_tool_messages_to(conn, [(batch, answers)])
-
-
-def append_tool_messages_to(
-    conn: psycopg.Connection[Any], batches: list[tuple[Row, list[tuple[int, str]]]]
-) -> None:
-    """``append_tool_messages`` for several batches (of different threads) at once: each
-    thread's next message numbers are reserved in one statement, the messages inserted in
-    another."""
-    batches = [(batch, answers) for batch, answers in batches if answers]
-    if not batches:
-        return
-    for _, answers in batches:
-        for _, content in answers:
-            check_size("tool message", content)
-    wanted: dict[Any, int] = {}
-    for batch, answers in batches:
-        wanted[batch["thread_id"]] = wanted.get(batch["thread_id"], 0) + len(answers)
-    firsts = fetch_all(
-        conn,
-        Q.take_seqs_many,
-        {"thread_ids": list(wanted), "ns": list(wanted.values())},
-        prepare=UNPREPARED,
-    )
-    next_seq = {r["id"]: r["first_seq"] for r in firsts}
-    columns: dict[str, list[Any]] = {k: [] for k in ("tenants", "threads", "runs", "seqs")}
-    columns.update(refs=[], contents=[])
-    for batch, answers in batches:
-        for ref, content in answers:
-            columns["tenants"].append(batch["tenant_id"])
-            columns["threads"].append(batch["thread_id"])
-            columns["runs"].append(batch["run_id"])
-            columns["seqs"].append(next_seq[batch["thread_id"]])
-            columns["refs"].append(ref)
-            columns["contents"].append(content)
-            next_seq[batch["thread_id"]] += 1
-    conn.execute(Q.insert_tool_messages, columns)
+def answer_calls(
+    conn: psycopg.Connection[Any], batch_ids: list[int], why: str = "no result was recorded"
+) -> int:
+    """Append the tool message of every call of ``batch_ids`` that has none yet, in call
+    order, from its stored result (or ``not executed: why`` when it has none); how many.
+    One statement however many batches and threads (``answer_calls`` in writer.sql)."""
+    return conn.execute(Q.answer_calls, {"batch_ids": batch_ids, "why": why}).rowcount
 
 
 # -- runs -------------------------------------------------------------------------------
@@ -718,13 +684,6 @@ def record_tool_result(db: Any, result: ToolResultIn) -> ResultRecord:
     return ResultRecord("stored", row, complete)
 
 
-def tool_message_content(status: str, output: Any, error: str | None) -> str:
-    """The canonical text a tool result takes in the conversation."""
-    if status == "ok":
-        return output if isinstance(output, str) else json.dumps(output)
-    return json.dumps({"error": error})
-
-
 # -- delivery ---------------------------------------------------------------------------
 
 
@@ -794,12 +753,7 @@ def _deliver(
     if not batches:
         return {}
     ids = [b["id"] for b in batches]
-    answers: dict[int, list[tuple[int, str]]] = {i: [] for i in ids}
-    for c in fetch_all(conn, Q.batch_outputs, {"batch_ids": ids}, prepare=UNPREPARED):
-        answers[c["batch_id"]].append(
-            (c["id"], tool_message_content(c["result_status"], c["output"], c["error"]))
-        )
-    append_tool_messages_to(conn, [(b, answers[b["id"]]) for b in batches])
+    answer_calls(conn, ids)
     conn.execute(Q.mark_delivered, {"batch_ids": ids}, prepare=UNPREPARED)
     spent = tenant_budgets_spent(conn, sorted({b["tenant_id"] for b in batches}))
     done: dict[int, Delivery] = {}
@@ -922,21 +876,7 @@ def close_batch(conn: psycopg.Connection[Any], batch: Row, status: str, why: str
     """Close ``batch`` and answer every call without a tool message; returns how many."""
     conn.execute(Q.close_batch, {"batch_id": batch["id"], "status": status})
     conn.execute(Q.cancel_waiting_calls, {"batch_id": batch["id"]})
-    calls = fetch_all(conn, Q.unanswered_calls, {"batch_id": batch["id"]})
-    not_executed = tool_message_content("error", None, f"not executed: {why}")
-    append_tool_messages(
-        conn,
-        batch,
-        [
-            (
-                c["id"],
-                tool_message_content(c["result_status"], c["output"], c["error"])
-                if c["result_status"] is not None
-                else not_executed,
-            )
-            for c in calls
-        ],
-    )
+    closed = answer_calls(conn, [batch["id"]], why)
     journal(
         conn,
         "batch.closed",
@@ -944,6 +884,6 @@ def close_batch(conn: psycopg.Connection[Any], batch: Row, status: str, why: str
         thread_id=batch["thread_id"],
         run_id=batch["run_id"],
         batch_id=batch["id"],
-        detail={"status": status, "answered_calls": len(calls), "why": why},
+        detail={"status": status, "answered_calls": closed, "why": why},
     )
-    return len(calls)
+    return closed

@@ -65,18 +65,25 @@ DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with m
 BUSY_ROW_WAIT_S = 0.02  # idle wait when the only due rows are being claimed by others
 INPROCESS_CHUNK = 32  # in-process tool calls run one after the other per thread hop
 PREPARE_THRESHOLD = 0  # prepared at once: the first execution runs the generic plan too
-GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"  # see Link
+# Settings of a link that prepares (see Link).
+GENERIC_PLANS = ("SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off")
 Executor = Callable[[Claimed], Outcome]
 
 
 class Link:
     """One thread's database connection, reopened after the server or network fails.
 
-    A link that prepares runs each statement it repeats on one *generic* plan
-    (``plan_cache_mode = force_generic_plan``), planned once per connection: planning the
-    completion statements cost about 20 us a call, as much as running some of them. Every
-    relay statement is written so that its generic plan finds rows by primary key, and
-    ``tests/integration/test_hot_path.py`` checks those very plans.
+    A link that prepares (the claim loop, the completers, the slots) runs each statement on
+    one *generic* plan (``plan_cache_mode = force_generic_plan``), planned once per
+    connection: planning the completion statements cost about 20 us a call, as much as
+    running some of them. A generic plan keeps the choices it made with the statistics of
+    its moment, and results, messages and the journal start empty and grow by thousands a
+    second (a repeat check planned as a scan of an "empty" tool_results went quadratic:
+    313 us a call). So these links also turn sequential scans off: wherever an index can
+    find the rows, it does (a table with no usable index is still scanned). Every relay
+    statement finds its rows by an index, and ``tests/integration/test_hot_path.py``
+    checks the very plans the relay runs. The maintenance side (rescue, depth gauges) runs
+    a few statements a second: it keeps custom plans.
     """
 
     def __init__(
@@ -99,7 +106,8 @@ class Link:
                 prepare_threshold=PREPARE_THRESHOLD if self.prepare else None,
             )
             if self.prepare:
-                self.conn.execute(GENERIC_PLANS)
+                for setting in GENERIC_PLANS:
+                    self.conn.execute(setting, prepare=False)
                 if not self.autocommit:
                     self.conn.commit()
         return self.conn
@@ -752,7 +760,7 @@ class Worker:
         return nominal / 2 + random.uniform(0, nominal / 2)
 
     def _release(self, ids: list[int]) -> None:
-        link = Link(self.cfg.database_url, "release")
+        link = Link(self.cfg.database_url, "release", prepare=False)
         try:
             conn = link.get()
             with conn.transaction():
@@ -768,7 +776,7 @@ class Worker:
     # -- side threads ---------------------------------------------------------------------
 
     def _maintenance_loop(self) -> None:
-        link = Link(self.cfg.database_url, "maintenance")
+        link = Link(self.cfg.database_url, "maintenance", prepare=False)
         interval = min(self.cfg.lease_s / 3, self.cfg.rescue_interval_s)
         last_rescue = last_depth = 0.0
         while not self.done.wait(interval):
@@ -856,7 +864,7 @@ class Worker:
             )
 
     def _listen_loop(self) -> None:
-        link = Link(self.cfg.database_url, "listen", autocommit=True)
+        link = Link(self.cfg.database_url, "listen", autocommit=True, prepare=False)
         while not self.done.is_set():
             try:
                 conn = link.get()

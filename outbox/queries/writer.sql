@@ -21,22 +21,6 @@ VALUES (%(tenant_id)s, %(thread_id)s, %(seq)s, %(role)s, %(content)s, %(run_id)s
         %(tool_call_ref)s)
 RETURNING id
 
--- name: take_seqs_many
--- Reserve n consecutive message numbers on each of several (distinct) threads; the first of
--- each.
-UPDATE {s}.threads t SET next_seq = t.next_seq + w.n
-FROM unnest(%(thread_ids)s::uuid[], %(ns)s::int[]) AS w(thread_id, n)
-WHERE t.id = w.thread_id
-RETURNING t.id, t.next_seq - w.n AS first_seq
-
--- name: insert_tool_messages
--- Append tool messages at reserved positions.
-INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id, tool_call_ref)
-SELECT m.tenant_id, m.thread_id, m.seq, 'tool', m.content, m.run_id, m.ref
-FROM unnest(%(tenants)s::text[], %(threads)s::uuid[], %(runs)s::uuid[], %(seqs)s::int[],
-            %(refs)s::bigint[], %(contents)s::text[])
-    AS m(tenant_id, thread_id, run_id, seq, ref, content)
-
 -- name: run_by_key
 -- The run a tenant already started under this idempotency key, if any.
 SELECT * FROM {s}.runs WHERE tenant_id = %(tenant_id)s AND idempotency_key = %(key)s
@@ -202,13 +186,43 @@ ORDER BY id
 ON CONFLICT (batch_id) DO NOTHING
 RETURNING batch_id
 
--- name: batch_outputs
--- What each batch's calls answered, in the order the model asked for them.
-SELECT tc.batch_id, tc.id, r.status AS result_status, r.output, r.error
-FROM {s}.tool_calls tc
-LEFT JOIN {s}.tool_results r ON r.tool_call_ref = tc.id
-WHERE tc.batch_id = ANY(%(batch_ids)s)
-ORDER BY tc.batch_id, tc.position
+-- name: answer_calls
+-- Append a tool message for every call of these batches that has none yet, in the order the
+-- model asked for them, all in one statement (each thread's message numbers are reserved
+-- here too). A message holds the canonical text of the call's result: a JSON string as
+-- itself, any other output as its JSON text, an error as {"error": ...}; a call without a
+-- result gets {"error": "not executed: <why>"}. The text is built from the stored result,
+-- capped when it was stored, without a trip through the client.
+WITH answers AS (
+    SELECT tc.tenant_id, tc.thread_id, tc.run_id, tc.batch_id, tc.position, tc.id AS ref,
+           CASE WHEN r.status = 'ok' AND jsonb_typeof(r.output) = 'string'
+                    THEN r.output #>> '{}'
+                WHEN r.status = 'ok' THEN coalesce(r.output::text, 'null')
+                WHEN r.status = 'error' THEN jsonb_build_object('error', r.error)::text
+                ELSE jsonb_build_object('error', 'not executed: ' || %(why)s::text)::text
+           END AS content
+    FROM {s}.tool_calls tc
+    -- OFFSET 0 keeps each lookup below a probe of a unique index per call, whatever the
+    -- statistics say: a scan of results or messages would grow with the whole history.
+    LEFT JOIN LATERAL (
+        SELECT * FROM {s}.tool_results WHERE tool_call_ref = tc.id OFFSET 0
+    ) r ON true
+    WHERE tc.batch_id = ANY(%(batch_ids)s::bigint[])
+      AND NOT EXISTS (SELECT 1 FROM {s}.messages m WHERE m.tool_call_ref = tc.id OFFSET 0)
+), numbered AS (
+    SELECT a.*, count(*) OVER (PARTITION BY a.thread_id) AS n,
+           row_number() OVER (PARTITION BY a.thread_id ORDER BY a.batch_id, a.position) AS k
+    FROM answers a
+), seqs AS (
+    UPDATE {s}.threads t SET next_seq = t.next_seq + w.n
+    FROM (SELECT DISTINCT thread_id, n FROM numbered) w
+    WHERE t.id = w.thread_id
+    RETURNING t.id, t.next_seq - w.n AS first_seq
+)
+INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id, tool_call_ref)
+SELECT m.tenant_id, m.thread_id, s.first_seq + m.k - 1, 'tool', m.content, m.run_id, m.ref
+FROM numbered m JOIN seqs s ON s.id = m.thread_id
+ORDER BY m.thread_id, m.k
 
 -- name: batch_delivered
 -- Mark a batch delivered (an imported conversation's batches are in the history already).
@@ -306,15 +320,6 @@ FOR UPDATE
 -- name: close_batch
 -- Close a batch: results that arrive later are orphaned, never put into a context.
 UPDATE {s}.tool_batches SET status = %(status)s WHERE id = %(batch_id)s
-
--- name: unanswered_calls
--- A batch's calls that have no tool message in the history yet, in call order.
-SELECT tc.id, tc.status, r.status AS result_status, r.output, r.error
-FROM {s}.tool_calls tc
-LEFT JOIN {s}.tool_results r ON r.tool_call_ref = tc.id
-WHERE tc.batch_id = %(batch_id)s
-  AND NOT EXISTS (SELECT 1 FROM {s}.messages m WHERE m.tool_call_ref = tc.id)
-ORDER BY tc.position
 
 -- name: cancel_waiting_calls
 -- Calls of a closed batch that never ran (or were parked) will not run.

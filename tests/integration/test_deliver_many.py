@@ -8,6 +8,7 @@ fails, and every thread's history stays well-formed (each call answered once, in
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import psycopg
@@ -79,3 +80,49 @@ def test_delivering_the_same_batches_again_changes_nothing(conn):
     assert {d.outcome for d in first.values()} == {"delivered"}
     assert {d.outcome for d in again.values()} == {"already"}
     assert conn.execute("SELECT count(*) FROM outbox.messages").fetchone() == messages
+
+
+def test_tool_messages_hold_the_canonical_text_of_each_result(conn):
+    """The delivery writes each message from the stored result, in PostgreSQL: a JSON
+    string as itself, other JSON as its text (UTF-8, not escaped), an error as
+    {"error": ...}; a call of a closed batch without a result is answered 'not executed'."""
+    add_tool(conn)
+    run = new_run(conn, tools=["lookup_order"])
+    outputs = [{"städte": ["Zürich", "Malmö"], "n": 2}, "plain text", None, "failed"]
+    calls = [(f"c{i}", "lookup_order", {"order_id": str(i)}) for i in range(len(outputs))]
+    record = writer.record_model_turn(conn, turn(run, 1, *calls))
+    assert record.batch_id is not None
+    for ref, output in zip(record.tool_call_refs, outputs, strict=True):
+        failed = output == "failed"
+        writer.record_tool_result(
+            conn,
+            ToolResultIn(
+                tenant_id=run.tenant_id,
+                tool_call_ref=ref,
+                status="error" if failed else "ok",
+                output=None if failed else output,
+                error='tool said "no" \n twice' if failed else None,
+            ),
+        )
+    writer.deliver_batch(conn, record.batch_id)
+    unanswered = new_run(conn, tools=["lookup_order"])
+    writer.record_model_turn(conn, turn(unanswered, 1, ("c0", "lookup_order", {"order_id": "9"})))
+    lifecycle.cancel_run(conn, unanswered.id, TENANT, actor="test")
+
+    contents = [
+        m["content"] for m in history.stored_messages(conn, run.thread_id) if m["role"] == "tool"
+    ]
+    assert contents == [
+        '{"n": 2, "städte": ["Zürich", "Malmö"]}',  # jsonb's text: its key order, raw UTF-8
+        "plain text",
+        "null",
+        '{"error": "tool said \\"no\\" \\n twice"}',
+    ]
+    for content in contents[:1] + contents[2:]:
+        json.loads(content)  # each is JSON a model can read back
+    (cancelled,) = [
+        m["content"]
+        for m in history.stored_messages(conn, unanswered.thread_id)
+        if m["role"] == "tool"
+    ]
+    assert json.loads(cancelled)["error"].startswith("not executed: ")
