@@ -165,3 +165,23 @@ def test_claims_never_hold_more_than_both_capacities(db_url, python_tool):
     assert len(third) == 3
     leased = scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'leased'")
     assert leased == 9  # nothing was completed in the database: all still leased
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "status = 'ready', lease_expires_at = NULL",  # released, the owner left behind
+        "status = 'ready', lease_owner = NULL",  # released, the expiry left behind
+    ],
+)
+def test_a_lease_owner_always_means_a_leased_row(db_url, python_tool, change):
+    """The fences test the lease holder, not the status: the database must make the one
+    imply the other (migration 0006), or a stale holder could finish a requeued row."""
+    seed(db_url, [python_tool], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+    worker = Worker(config(db_url))
+    worker.http.close()
+    link = Link(db_url, "claim")
+    (row,) = worker._claim(link, 1)
+    link.close()
+    with psycopg.connect(db_url) as conn, pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(f"UPDATE outbox.outbox SET {change} WHERE id = %s", (row.id,))
