@@ -272,7 +272,10 @@ def tools_enable(name: str, tenant: str) -> None:
     "--concurrency",
     default=16,
     show_default=True,
-    help="Execution slots per process: HTTP tool calls, model turns, deliveries in flight.",
+    help=(
+        "Execution slots per process: HTTP tool calls, model turns, deliveries in flight "
+        "(and as many claimed rows waiting behind busy slots)."
+    ),
 )
 @click.option(
     "--completers",

@@ -5,7 +5,8 @@
 - relay connections prepare their statements on generic plans, and those plans find rows
   by primary key (a fenced delete through the lease index grew with its dead entries);
 - a result's status update on its call is a HOT update (no index entry written);
-- rows claimed and not yet written never exceed the I/O slots and in-process slots together.
+- rows claimed and not yet written never exceed the I/O slots (and a row waiting behind
+  each) and in-process slots together; busy slots claim in gulps, not row by row.
 """
 
 from __future__ import annotations
@@ -149,22 +150,44 @@ def test_claims_never_hold_more_than_both_capacities(db_url, python_tool):
     worker = Worker(config(db_url, concurrency=2, inprocess_slots=4))
     worker.http.close()
     link = Link(db_url, "claim")
-    first = worker._claim(link, worker._free())  # before any in-process row: one per slot
-    second = worker._claim(link, worker._free())  # in-process rows seen: the slots grow
-    assert (len(first), len(second)) == (2, 4)
-    assert worker._free() == 0  # 6 claimed, none written: 2 slots + 4 in-process slots
+    # Before any in-process row: one per slot and one waiting behind each (PREFETCH).
+    first = worker._claim(link, worker._free())
+    second = worker._claim(link, worker._free())  # in-process rows seen: their slots too
+    assert (len(first), len(second)) == (4, 4)
+    assert worker._free() == 0  # 8 claimed, none written: 4 I/O places + 4 in-process slots
     # Three finish executing but are not written yet: still no room.
     worker._finished(3, 0)
     assert worker._free() == 0
     # Once written, they make room for three more.
-    done = [Outcome(row, "result", "ok", {}) for row in first + second[:1]]
+    done = [Outcome(row, "result", "ok", {}) for row in first[:3]]
     worker._after_commit(done, ["result_stored"] * 3)
     assert worker._free() == 3
     third = worker._claim(link, worker._free())
     link.close()
     assert len(third) == 3
     leased = scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'leased'")
-    assert leased == 9  # nothing was completed in the database: all still leased
+    assert leased == 11  # nothing was completed in the database: all still leased
+
+
+def test_busy_slots_claim_in_gulps_not_one_row_per_freed_slot(db_url):
+    """A claim or a completion of one row costs nearly what one of ten does: while I/O rows
+    are executing, the claim waits until half the slots' worth has room."""
+    with psycopg.connect(db_url) as conn:
+        spec = registry.ToolSpec(name="remote", executor="http", endpoint="http://127.0.0.1:9")
+        registry.register(conn, spec)
+        conn.commit()
+    seed(db_url, ["remote"], runs=2, calls_per_batch=10, args=lambda n: {"n": n})
+    worker = Worker(config(db_url, concurrency=4))
+    worker.http.close()
+    assert worker._free() == 8  # idle: every slot and a row waiting behind each
+    link = Link(db_url, "claim")
+    assert len(worker._claim(link, worker._free())) == 8
+    worker._finished(1, 1)  # one slot frees: one row would be a claim too small
+    assert worker._free() == 0
+    worker._finished(1, 1)  # half the slots' worth
+    assert worker._free() == 2
+    assert len(worker._claim(link, worker._free())) == 2
+    link.close()
 
 
 @pytest.mark.parametrize(
