@@ -237,32 +237,33 @@ WITH input AS (
     WHERE b.id = n.batch_id
     RETURNING b.id, b.pending, n.last_ref
 ), journaled AS (
+    -- Each input row is matched against the stored and orphaned refs as one array each: a
+    -- join of these CTEs, each estimated at one row, was a nested loop over both (n^2).
     INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
                              tool_call_id, correlation_id, attempt, worker, detail)
     SELECT c.tenant_id,
-           CASE WHEN s.tool_call_ref IS NOT NULL THEN 'tool_result.stored'
-                ELSE 'tool_result.orphaned' END,
+           CASE WHEN c.stored THEN 'tool_result.stored' ELSE 'tool_result.orphaned' END,
            c.thread_id, c.run_id, c.batch_id, c.ref, c.tool_call_id, c.correlation_id,
            c.attempt, %(worker)s,
-           CASE WHEN s.tool_call_ref IS NOT NULL
+           CASE WHEN c.stored
                 THEN jsonb_build_object('status', c.status, 'source', c.source,
                                         'lag_s', c.lag_s)
                 ELSE jsonb_build_object('batch_status', c.batch_status, 'source', c.source) END
-    FROM calls c
-    LEFT JOIN stored s ON s.tool_call_ref = c.ref
-    LEFT JOIN orphaned o ON o.tool_call_ref = c.ref
-    WHERE s.tool_call_ref IS NOT NULL OR o.tool_call_ref IS NOT NULL
+    FROM (
+        SELECT calls.*, calls.ref = ANY (ARRAY(SELECT tool_call_ref FROM stored)) AS stored,
+               calls.ref = ANY (ARRAY(SELECT tool_call_ref FROM orphaned)) AS orphaned
+        FROM calls
+    ) c
+    WHERE c.stored OR c.orphaned
     ORDER BY c.batch_id, c.ref
 )
 SELECT i.ref,
-       CASE WHEN s.tool_call_ref IS NOT NULL THEN 'stored'
-            WHEN o.tool_call_ref IS NOT NULL THEN 'orphaned'
+       CASE WHEN i.ref = ANY (ARRAY(SELECT tool_call_ref FROM stored)) THEN 'stored'
+            WHEN i.ref = ANY (ARRAY(SELECT tool_call_ref FROM orphaned)) THEN 'orphaned'
             ELSE 'duplicate' END AS outcome,
-       k.id AS completed_batch
+       (SELECT k.id FROM counted k WHERE k.last_ref = i.ref AND k.pending = 0)
+           AS completed_batch
 FROM input i
-LEFT JOIN stored s ON s.tool_call_ref = i.ref
-LEFT JOIN orphaned o ON o.tool_call_ref = i.ref
-LEFT JOIN counted k ON k.last_ref = i.ref AND k.pending = 0
 
 -- name: enqueue_deliveries
 -- The batches store_results completed: enqueue each delivery once (dedup key) and journal
