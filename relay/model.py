@@ -49,7 +49,7 @@ class ModelExecutor:
         self._lock = threading.Lock()
 
     def run(self, row: Claimed) -> Outcome:
-        step_no = int(row.payload.get("step_no", 1))
+        step_no = int((row.payload or {}).get("step_no", 1))
         conn = self.connect()
         with conn.transaction():
             run = writer.get_run(conn, row.run_id)

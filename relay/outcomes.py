@@ -32,7 +32,7 @@ class Claimed(NamedTuple):
     correlation_id: str | None
     attempt: int
     max_attempts: int
-    payload: dict[str, Any]
+    payload: dict[str, Any] | None  # None for tool calls (see the claim query)
     lag_s: float
     tool_call_id: str | None = None
     tool_name: str | None = None

@@ -31,6 +31,7 @@ then expire and any worker rescues the rows).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -317,8 +318,9 @@ class Worker:
             self.io_executing += io_rows
             if rows:
                 self.claims_inprocess = io_rows < len(rows)
+        for kind, n in collections.Counter(row.kind for row in rows).items():
+            self.metrics.claimed.labels(kind).inc(n)
         for row in rows:
-            self.metrics.claimed.labels(row.kind).inc()
             self.metrics.queue_lag.observe(max(0.0, row.lag_s))
         return rows
 

@@ -19,8 +19,11 @@ WITH ready AS (
               o.correlation_id, o.attempts, o.max_attempts, o.payload, o.available_at
 )
 -- The columns of relay.outcomes.Claimed, in its order.
+-- A tool call's payload is left out: its call row holds what it needs, and decoding JSON is
+-- a good part of a claim's cost in the relay.
 SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call_ref,
-       c.correlation_id, c.attempts, c.max_attempts, c.payload,
+       c.correlation_id, c.attempts, c.max_attempts,
+       CASE WHEN c.kind <> 'tool_call' THEN c.payload END AS payload,
        extract(epoch FROM clock_timestamp() - c.available_at)::float8 AS lag_s,
        tc.tool_call_id, tc.tool_name, tc.arguments, tc.idempotency_key, tc.idempotency_mode,
        tc.executor, tc.dispatched_attempt,
