@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import logging
 import os
 import queue
@@ -176,9 +177,14 @@ class Worker:
     # -- lifecycle ------------------------------------------------------------------------
 
     def run(self) -> int:
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread():  # a process of its own
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+            # What start-up imported (about 140,000 objects, the openai SDK's models among
+            # them) lives as long as the process: out of the collector's sight, a full
+            # collection no longer walks it (it took about 76 ms, with every thread stopped).
+            gc.collect()
+            gc.freeze()
         if self.cfg.metrics_port is not None:
             self.metrics.serve(self.cfg.metrics_port)
         sides = [
