@@ -285,7 +285,7 @@ def tools_enable(name: str, tenant: str) -> None:
 )
 @click.option(
     "--inprocess-slots",
-    default=256,
+    default=512,
     show_default=True,
     help="In-process (python) tool calls in flight per process, beside the slots.",
 )

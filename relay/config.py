@@ -19,7 +19,7 @@ class RelayConfig:
     database_url: str
     schema: str = "outbox"
     concurrency: int = 16  # execution slots per process (HTTP tools, model turns, deliveries)
-    inprocess_slots: int = 256  # in-process tool calls in flight per process, beside the slots
+    inprocess_slots: int = 512  # in-process tool calls in flight per process, beside the slots
     lease_s: float = 30.0  # seconds a claim is valid without a heartbeat
     poll_interval_s: float = 1.0  # fallback poll when no NOTIFY arrives
     listen: bool = True  # LISTEN/NOTIFY wake-ups (off behind a transaction-mode pooler)
