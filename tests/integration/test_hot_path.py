@@ -83,7 +83,7 @@ def test_relay_statements_run_on_generic_plans_that_find_rows_by_primary_key(db_
     seed(db_url, [python_tool], runs=40, calls_per_batch=50, args=lambda n: {"n": n})
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("ANALYZE")
-    claim_link, completion_link = Link(db_url, "claim"), worker.completion_link()
+    claim_link, completion_link = worker.claim_link(), worker.completion_link()
     drain(worker, claim_link, completion_link)  # the links prepare every statement they run
     modes = {
         link.get()
@@ -126,7 +126,7 @@ def test_a_result_updates_its_call_without_writing_an_index_entry(db_url, python
     seed(db_url, [python_tool], runs=2, calls_per_batch=10, args=lambda n: {"n": n})
     worker = Worker(config(db_url))
     worker.http.close()
-    link = Link(db_url, "claim")
+    link = worker.claim_link()
     claimed = worker._claim(link, 20)
     link.close()
     outcomes = sorted(
@@ -149,7 +149,7 @@ def test_claims_never_hold_more_than_both_capacities(db_url, python_tool):
     seed(db_url, [python_tool], runs=3, calls_per_batch=10, args=lambda n: {"n": n})
     worker = Worker(config(db_url, concurrency=2, inprocess_slots=4))
     worker.http.close()
-    link = Link(db_url, "claim")
+    link = worker.claim_link()
     # Before any in-process row: one per slot and one waiting behind each (PREFETCH).
     first = worker._claim(link, worker._free())
     second = worker._claim(link, worker._free())  # in-process rows seen: their slots too
@@ -180,7 +180,7 @@ def test_busy_slots_claim_in_gulps_not_one_row_per_freed_slot(db_url):
     worker = Worker(config(db_url, concurrency=4))
     worker.http.close()
     assert worker._free() == 8  # idle: every slot and a row waiting behind each
-    link = Link(db_url, "claim")
+    link = worker.claim_link()
     assert len(worker._claim(link, worker._free())) == 8
     worker._finished(1, 1)  # one slot frees: one row would be a claim too small
     assert worker._free() == 0
@@ -203,7 +203,7 @@ def test_a_lease_owner_always_means_a_leased_row(db_url, python_tool, change):
     seed(db_url, [python_tool], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
     worker = Worker(config(db_url))
     worker.http.close()
-    link = Link(db_url, "claim")
+    link = worker.claim_link()
     (row,) = worker._claim(link, 1)
     link.close()
     with psycopg.connect(db_url) as conn, pytest.raises(psycopg.errors.CheckViolation):
