@@ -168,7 +168,7 @@ def test_an_outcome_that_cannot_be_written_does_not_stop_the_others(db_url):
         conn.commit()
     seed(db_url, ["t"], runs=1, calls_per_batch=2, args=lambda n: {"n": n})
     worker = Worker(config(db_url))
-    link = Link(db_url, "test")
+    link = worker.claim_link()
     bad, good = worker._claim(link, 10)
     outcomes = worker.outcomes[0]  # one completer, like a run's outcomes always share one
     outcomes.put(Outcome(bad, "result", "ok", object()))  # not JSON: cannot be written
