@@ -308,6 +308,7 @@ class Worker:
 
     def _claim(self, link: Link, limit: int) -> list[Claimed]:
         conn = link.get()
+        assert conn.autocommit, "a claim must commit by itself: use Worker.claim_link()"
         with conn.cursor() as cur:
             cur.execute(
                 self.q.claim,
