@@ -90,19 +90,12 @@ class Link:
     """
 
     def __init__(
-        self,
-        url: str,
-        name: str,
-        *,
-        autocommit: bool = False,
-        prepare: bool = True,
-        settings: tuple[str, ...] = (),
+        self, url: str, name: str, *, autocommit: bool = False, prepare: bool = True
     ) -> None:
         self.url = url
         self.name = name
         self.autocommit = autocommit
         self.prepare = prepare
-        self.settings = (GENERIC_PLANS if prepare else ()) + settings
         self.conn: psycopg.Connection[Any] | None = None
         self.failures = 0
 
@@ -115,10 +108,11 @@ class Link:
                 application_name=f"outbox-relay-{self.name}",
                 prepare_threshold=PREPARE_THRESHOLD if self.prepare else None,
             )
-            for setting in self.settings:
-                self.conn.execute(setting, prepare=False)
-            if self.settings and not self.autocommit:
-                self.conn.commit()
+            if self.prepare:
+                for setting in GENERIC_PLANS:
+                    self.conn.execute(setting, prepare=False)
+                if not self.autocommit:
+                    self.conn.commit()
         return self.conn
 
     def failed(self, err: Exception) -> float:
@@ -309,22 +303,8 @@ class Worker:
     def claim_link(self) -> Link:
         """The claim loop's connection: in autocommit, so a claim (one statement) is one
         round trip, not three (BEGIN and COMMIT each waited for the GIL again, in a process
-        whose completers keep it busy).
-
-        A claim does not wait for its commit to reach the disk (``synchronous_commit =
-        off``, this connection only): that wait was a quarter of an idle relay's claim.
-        A claim lost in a database crash is a lease that ended at once. Everything the
-        worker does next on that row is refused by the fences, which test the lease
-        holder as well as the attempt: a dispatch mark, a result, a retry. And a write
-        that commits durably flushes every claim committed before it, since the WAL is
-        one sequence. docs/guarantees.md ("Claims") says the same for users.
-        """
-        return Link(
-            self.cfg.database_url,
-            "claim",
-            autocommit=True,
-            settings=("SET synchronous_commit = off",),
-        )
+        whose completers keep it busy)."""
+        return Link(self.cfg.database_url, "claim", autocommit=True)
 
     def _claim(self, link: Link, limit: int) -> list[Claimed]:
         conn = link.get()

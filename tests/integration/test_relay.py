@@ -234,51 +234,6 @@ def test_late_write_of_an_expired_lease_holder_is_fenced(db_url, tools):
     assert scalar(db_url, "SELECT output FROM outbox.tool_results") != {"late": True}
 
 
-def test_a_claim_lost_in_a_crash_hands_out_its_attempt_again_and_the_fences_hold(db_url, tools):
-    """Claims commit without waiting for the disk (Worker.claim_link): a database crash
-    can lose one, and the same attempt number is then handed out again. Only the worker
-    that holds the lease may mark a dispatch or write a result: the fences test the lease
-    holder as well as the attempt."""
-    from relay.outcomes import Outcome
-    from relay.worker import Worker
-    from tests.relay_harness import config
-
-    seed(db_url, ["blind"], runs=1, calls_per_batch=1, args=args)
-    first, second = (Worker(config(db_url, worker_id=w)) for w in ("first", "second"))
-    links = {w: (w.claim_link(), w.completion_link()) for w in (first, second)}
-    sync = {
-        link.name: link.get().execute("SHOW synchronous_commit").fetchone()[0]  # type: ignore[index]
-        for link in links[first]
-    }
-    assert sync == {"claim": "off", "complete": "on"}  # results and marks wait for the disk
-    links[first][1].get().rollback()  # SHOW opened a transaction on the completion link
-    (lost,) = first._claim(links[first][0], 1)
-    with psycopg.connect(db_url) as conn:  # the claim's commit never reached the disk
-        conn.execute(
-            "UPDATE outbox.outbox SET status = 'ready', attempts = attempts - 1, "
-            "lease_owner = NULL, lease_expires_at = NULL WHERE id = %s",
-            (lost.id,),
-        )
-        conn.commit()
-    (again,) = second._claim(links[second][0], 1)
-    assert (again.id, again.attempt) == (lost.id, lost.attempt)  # the same fencing token
-    assert not first._mark_dispatched(lost)  # so the none-mode tool is never called twice
-    assert second._mark_dispatched(again)
-    written: list[list[str]] = []
-    for worker, row in ((first, lost), (second, again)):
-        worker._after_commit = lambda o, a: written.append(a)  # type: ignore[method-assign]
-        outcome = Outcome(row, "result", "ok", {"by": worker.cfg.worker_id})
-        worker._write(links[worker][1], [outcome])
-    for worker, (claim_link, completion_link) in links.items():
-        claim_link.close()
-        completion_link.close()
-        worker.dispatch_link.link.close()
-        worker.http.close()
-    assert written == [["fenced"], ["result_stored"]]
-    assert scalar(db_url, "SELECT output FROM outbox.tool_results") == {"by": "second"}
-    assert scalar(db_url, "SELECT reason FROM outbox.orphaned_results") == "fenced"
-
-
 def test_relay_survives_its_connections_being_killed(db_url, tools):
     tools.tool("keyed").latency(0.02, n=None)
     refs = seed(db_url, ["keyed"], runs=40, calls_per_batch=5, args=args)
