@@ -22,7 +22,7 @@ import time
 from relay import logs
 from relay.config import RelayConfig, new_worker_id
 from relay.logs import log
-from relay.worker import Worker
+from relay.worker import Worker, freeze_startup_heap
 
 logger = logging.getLogger("relay.supervisor")
 RESTART_BACKOFF_MAX_S = 10.0
@@ -31,6 +31,7 @@ PARENT_CHECK_S = 1.0  # how often a worker checks that its supervisor is still a
 
 def _child(cfg: RelayConfig, log_level: str, supervisor_pid: int) -> None:
     logs.setup(log_level)
+    freeze_startup_heap()
     worker = Worker(dataclasses.replace(cfg, worker_id=new_worker_id()))
     # The supervisor's pid comes from the supervisor: by the time this child has imported
     # everything, the supervisor may already be dead and getppid() would not tell.

@@ -100,10 +100,14 @@ WHERE o.id = mine.id
 RETURNING o.id
 
 -- name: release
--- Give back rows on shutdown: ready again at once. The attempt stays counted: the fencing
--- token must never be handed out twice.
+-- Give back rows on shutdown: ready again at once. A row whose effect may have started
+-- keeps its attempt counted. A row that never started (claimed ahead of a busy slot) gives
+-- its attempt back, or every restart would use one up: its fencing token can go to the
+-- next holder because this worker holds no lease on it any more and has no outcome of it
+-- to write.
 UPDATE {s}.outbox
 SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, available_at = now(),
+    attempts = attempts - (id = ANY(%(unstarted)s::bigint[]))::int,
     last_error = 'released by ' || %(worker)s || ' at shutdown'
 WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'leased'
 RETURNING id

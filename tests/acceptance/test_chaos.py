@@ -210,6 +210,11 @@ def test_sigterm_finishes_in_flight_calls_and_leaves_the_rest(db_url, service, t
         stop_all([relay])
     assert tool_call_states(db_url) == {"succeeded": 2, "pending": 4}
     assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'leased'") == 0
+    # Two more were claimed to wait behind the busy slots (one per slot): released unrun,
+    # they give their attempt back, or every restart would use one up.
+    released = "SELECT count(*) FROM outbox.outbox WHERE last_error LIKE 'released by %'"
+    assert scalar(db_url, released) == 2
+    assert scalar(db_url, "SELECT max(attempts) FROM outbox.outbox WHERE kind = 'tool_call'") == 0
 
 
 def test_sigterm_past_the_grace_period_releases_in_flight_rows(db_url, service, tmp_path):
@@ -230,6 +235,8 @@ def test_sigterm_past_the_grace_period_releases_in_flight_rows(db_url, service, 
     assert "released" in scalar(
         db_url, "SELECT last_error FROM outbox.outbox WHERE kind = 'tool_call'"
     )
+    # Its effect had started: the attempt stays counted (the fencing token is not reused).
+    assert scalar(db_url, "SELECT attempts FROM outbox.outbox WHERE kind = 'tool_call'") == 1
 
 
 def test_supervisor_restarts_a_killed_worker_and_stops_cleanly(db_url, service, tmp_path):
