@@ -273,7 +273,7 @@ def tools_enable(name: str, tenant: str) -> None:
     default=16,
     show_default=True,
     help=(
-        "Execution slots per process: HTTP tool calls, model turns, deliveries in flight "
+        "Execution slots per process: HTTP tool calls and model turns in flight "
         "(and as many claimed rows waiting behind busy slots)."
     ),
 )

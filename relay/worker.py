@@ -352,7 +352,12 @@ class Worker:
         for first in range(0, len(chunked), INPROCESS_CHUNK):
             self.chunk_waiters.submit(self._execute_chunk, chunked[first : first + INPROCESS_CHUNK])
         for row in rows:
-            if not runs_in_chunks(row):
+            if row.kind == "deliver_batch":
+                # Nothing to perform outside the database: straight to its completer, never
+                # queued behind a busy slot (a claimed row may wait there for other runs'
+                # slow tool calls).
+                self._execute(row)
+            elif not runs_in_chunks(row):
                 self.slots.submit(self._execute, row)
 
     def _execute(self, row: Claimed) -> None:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import psycopg
@@ -188,6 +189,36 @@ def test_busy_slots_claim_in_gulps_not_one_row_per_freed_slot(db_url):
     assert worker._free() == 2
     assert len(worker._claim(link, worker._free())) == 2
     link.close()
+
+
+def test_a_delivery_never_waits_behind_a_busy_slot(db_url):
+    """A claimed I/O row may wait behind a busy slot (prefetch); a delivery has no effect
+    outside the database and must not wait for other runs' slow tool calls."""
+    with psycopg.connect(db_url) as conn:
+        spec = registry.ToolSpec(name="remote", executor="http", endpoint="http://127.0.0.1:9")
+        registry.register(conn, spec)
+        conn.commit()
+    seed(db_url, ["remote"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            "INSERT INTO outbox.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id)"
+            " SELECT tenant_id, 'deliver_batch', 'deliver:' || id, thread_id, run_id, id"
+            " FROM outbox.tool_batches"
+        )
+        conn.commit()
+    worker = Worker(config(db_url, concurrency=1, kinds=("deliver_batch",)))
+    worker.http.close()
+    slow_tool = threading.Event()
+    worker.slots.submit(slow_tool.wait)  # the only slot is busy with a slow call
+    link = worker.claim_link()
+    try:
+        (row,) = worker._claim(link, worker._free())
+        worker._dispatch([row])
+        queued = [q.get_nowait() for q in worker.outcomes if not q.empty()]
+    finally:
+        slow_tool.set()
+        link.close()
+    assert [(o.row.id, o.action) for o in queued] == [(row.id, "deliver")]
 
 
 @pytest.mark.parametrize(
