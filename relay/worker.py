@@ -149,7 +149,9 @@ class Worker:
         self.io_executing = 0  # of which on I/O slots (the rest are in-process tool calls)
         self.claims_inprocess = False  # did the last claim hold in-process tool calls?
         self.inflight: dict[int, Claimed] = {}  # claimed, outcome not yet written
-        self.unstarted: set[int] = set()  # claimed, skipped once stopping: their effect never ran
+        # (id, attempt) of claimed rows whose effect has not started: those left when the
+        # worker stops never ran, and shutdown releases them with their attempt given back.
+        self.waiting: set[tuple[int, int]] = set()
         # One queue per completer; a run's outcomes always go to the same one, so completers
         # of one process never wait for each other's run and batch locks.
         self.outcomes = [queue.Queue[Outcome]() for _ in range(cfg.completers)]
@@ -224,7 +226,7 @@ class Worker:
                     outcomes.all_tasks_done.wait(timeout=flush_deadline - time.monotonic())
         with self.lock:
             unfinished = list(self.inflight)
-            unstarted = [i for i in unfinished if i in self.unstarted]
+            unstarted = [i for i, row in self.inflight.items() if (i, row.attempt) in self.waiting]
         if unfinished:
             self._release(unfinished, unstarted)
         self.done.set()
@@ -348,6 +350,8 @@ class Worker:
         return max(BUSY_ROW_WAIT_S, min(self.cfg.poll_interval_s, float(due_in)))
 
     def _dispatch(self, rows: list[Claimed]) -> None:
+        with self.lock:
+            self.waiting.update((row.id, row.attempt) for row in rows)
         chunked = [row for row in rows if runs_in_chunks(row)]
         for first in range(0, len(chunked), INPROCESS_CHUNK):
             self.chunk_waiters.submit(self._execute_chunk, chunked[first : first + INPROCESS_CHUNK])
@@ -355,14 +359,14 @@ class Worker:
             if row.kind == "deliver_batch":
                 # Nothing to perform outside the database: straight to its completer, never
                 # queued behind a busy slot (a claimed row may wait there for other runs'
-                # slow tool calls).
-                self._execute(row)
+                # slow tool calls). This is the claim loop: it needs no wake-up.
+                self._execute(row, wake=False)
             elif not runs_in_chunks(row):
                 self.slots.submit(self._execute, row)
 
-    def _execute(self, row: Claimed) -> None:
-        if self.stopping.is_set():  # claimed ahead of its slot: shutdown releases it, unrun
-            self._skipped([row], 1)
+    def _execute(self, row: Claimed, wake: bool = True) -> None:
+        if not self._start([row]):  # claimed ahead of its slot: shutdown releases it, unrun
+            self._finished(1, 1, wake)
             return
         self.metrics.claim_to_start.observe(time.monotonic() - row.claimed_at_monotonic)
         try:
@@ -371,12 +375,12 @@ class Worker:
             log(logger, logging.ERROR, "executor.crashed", error=repr(err), **row.context())
             outcome = retry(row, f"executor crashed: {type(err).__name__}: {err}")
         finally:
-            self._finished(1, 1)
+            self._finished(1, 1, wake)
         self._queue(outcome)
 
     def _execute_chunk(self, rows: list[Claimed]) -> None:
-        if self.stopping.is_set():  # queued behind other chunks: shutdown releases them
-            self._skipped(rows, 0)
+        if not self._start(rows):  # queued behind other chunks: shutdown releases them
+            self._finished(len(rows), 0)
             return
         now = time.monotonic()
         for row in rows:
@@ -391,21 +395,27 @@ class Worker:
         for outcome in outcomes:
             self._queue(outcome)
 
-    def _skipped(self, rows: list[Claimed], io: int) -> None:
+    def _start(self, rows: list[Claimed]) -> bool:
+        """Whether the effects of ``rows`` may start: not once the worker is stopping. Taken
+        under the lock shutdown reads ``waiting`` with, so a row is either started or
+        released with its attempt given back, never both."""
         with self.lock:
-            self.unstarted.update(row.id for row in rows)
-        self._finished(len(rows), io)
+            if self.stopping.is_set():
+                return False
+            self.waiting.difference_update((row.id, row.attempt) for row in rows)
+            return True
 
     def _queue(self, outcome: Outcome) -> None:
         """Hand an outcome to the completer of its run."""
         self.outcomes[hash(outcome.row.run_id) % len(self.outcomes)].put(outcome)
 
-    def _finished(self, n: int, io: int) -> None:
+    def _finished(self, n: int, io: int, wake: bool = True) -> None:
         with self.idle:
             self.executing -= n
             self.io_executing -= io
             self.idle.notify_all()
-        self.wake.set()
+        if wake:
+            self.wake.set()
 
     def _thread_connection(self) -> psycopg.Connection[Any]:
         """This slot thread's own connection (reopened when it broke)."""

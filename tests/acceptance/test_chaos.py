@@ -239,6 +239,41 @@ def test_sigterm_past_the_grace_period_releases_in_flight_rows(db_url, service, 
     assert scalar(db_url, "SELECT attempts FROM outbox.outbox WHERE kind = 'tool_call'") == 1
 
 
+def test_sigterm_past_the_grace_period_gives_back_attempts_of_rows_never_started(
+    db_url, service, tmp_path
+):
+    """With one slot, a second row is claimed to wait behind the first. The first overruns
+    the grace period; both are released, and only the one that started keeps its attempt."""
+    tool = service.add_tool("keyed", "key")
+    tool.stall_after_commit(5.0, n=None)
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "keyed", "key", timeout_s=10)
+        conn.commit()
+    seed(db_url, ["keyed"], runs=1, calls_per_batch=2, args=lambda n: {"n": n})
+    relay = start_relay_process(
+        db_url, tmp_path / "r.log", "--concurrency", "1", "--grace", "0.2", *FAST
+    )
+    try:
+        wait_until(lambda: len(tool.deliveries) == 1, what="the first call in flight")
+        wait_until(
+            lambda: (
+                scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'leased'") == 2
+            ),
+            what="the second row claimed behind the busy slot",
+        )
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(timeout=30) == 0
+    finally:
+        stop_all([relay])
+    attempts = (
+        "SELECT array_agg(attempts ORDER BY attempts) FROM outbox.outbox WHERE kind = 'tool_call'"
+    )
+    assert scalar(db_url, attempts) == [0, 1]
+    ready = "SELECT count(*) FROM outbox.outbox WHERE kind = 'tool_call' AND status = 'ready'"
+    assert scalar(db_url, ready) == 2
+    assert len(tool.deliveries) == 1
+
+
 def test_supervisor_restarts_a_killed_worker_and_stops_cleanly(db_url, service, tmp_path):
     service.add_tool("keyed", "key")
     with psycopg.connect(db_url) as conn:
