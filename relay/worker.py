@@ -65,6 +65,8 @@ logger = logging.getLogger("relay.worker")
 RECONNECT_MAX_S = 5.0  # longest wait between reconnection attempts
 DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with metrics on)
 BUSY_ROW_WAIT_S = 0.02  # idle wait when the only due rows are being claimed by others
+DELIVERY_POLL_S = 0.1  # while the slots are full, how often deliveries alone are claimed
+DELIVERIES = ["deliver_batch"]
 INPROCESS_CHUNK = 32  # in-process tool calls run one after the other per thread hop
 PREFETCH = 1  # claimed I/O rows that may wait behind each busy slot
 PREPARE_THRESHOLD = 0  # prepared at once: the first execution runs the generic plan too
@@ -171,6 +173,9 @@ class Worker:
         }
         self.executors.update(executors or {})
         self.kinds = [k for k in cfg.kinds if k in self.executors]
+        self.kinds_deliver = "deliver_batch" in self.kinds
+        self.deliveries_due_at = 0.0  # monotonic; see _delivery_room
+        self.notified = threading.Event()  # a NOTIFY since deliveries were last claimed
         self.slots = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="slot")
         self.chunk_waiters = ThreadPoolExecutor(
             max(1, cfg.inprocess_slots // INPROCESS_CHUNK), thread_name_prefix="inprocess"
@@ -279,24 +284,47 @@ class Worker:
         """The fewest I/O rows worth a claim while others are executing."""
         return max(1, self.cfg.concurrency // 2)
 
+    def _delivery_room(self) -> int:
+        """How many deliveries a claim may take while the slots leave no room: they take no
+        slot (the claim loop hands them to their completer), so only the rows claimed and
+        not yet written bound them. A complete batch must not wait for other runs' slow
+        tool calls, but an empty claim costs as much as a small one: deliveries alone are
+        claimed after a NOTIFY (a batch completed somewhere), at most every
+        ``DELIVERY_POLL_S``, and otherwise once a poll interval."""
+        now = time.monotonic()
+        if not self.kinds_deliver or now < self.deliveries_due_at:
+            return 0
+        if not self.notified.is_set() and now < self.deliveries_due_at + self.cfg.poll_interval_s:
+            return 0
+        capacity = self.cfg.concurrency * (1 + PREFETCH) + self.cfg.inprocess_slots
+        with self.lock:
+            return max(0, min(INPROCESS_CHUNK, capacity - len(self.inflight)))
+
     def _claim_loop(self) -> None:
         link = self.claim_link()
         while not self.stopping.is_set():
-            free = self._free()
+            free, kinds = self._free(), self.kinds
             if free <= 0:
-                self.wake.wait(self.cfg.poll_interval_s)
+                free, kinds = self._delivery_room(), DELIVERIES
+            if free <= 0:
+                self.wake.wait(
+                    self.cfg.poll_interval_s if not self.kinds_deliver else DELIVERY_POLL_S
+                )
                 self.wake.clear()
                 continue
             self.wake.clear()
+            if kinds is DELIVERIES:
+                self.notified.clear()
+                self.deliveries_due_at = time.monotonic() + DELIVERY_POLL_S
             try:
-                rows = self._claim(link, free)
+                rows = self._claim(link, free, kinds)
                 link.ok()
             except psycopg.Error as err:
                 self.stopping.wait(link.failed(err))
                 continue
             self._dispatch(rows)
             if len(rows) < free:
-                self.wake.wait(self._idle_wait(link))
+                self.wake.wait(DELIVERY_POLL_S if kinds is DELIVERIES else self._idle_wait(link))
         link.close()
 
     def claim_link(self) -> Link:
@@ -305,7 +333,7 @@ class Worker:
         whose completers keep it busy)."""
         return Link(self.cfg.database_url, "claim", autocommit=True)
 
-    def _claim(self, link: Link, limit: int) -> list[Claimed]:
+    def _claim(self, link: Link, limit: int, kinds: list[str] | None = None) -> list[Claimed]:
         conn = link.get()
         assert conn.autocommit, "a claim must commit by itself: use Worker.claim_link()"
         with conn.cursor() as cur:
@@ -315,7 +343,7 @@ class Worker:
                     "limit": limit,
                     "worker": self.cfg.worker_id,
                     "lease_s": self.cfg.lease_s,
-                    "kinds": self.kinds,
+                    "kinds": kinds or self.kinds,
                 },
             )
             now = time.monotonic()
@@ -328,8 +356,10 @@ class Worker:
                 self.inflight[row.id] = row
             self.executing += len(rows)
             self.io_executing += io_rows
-            if rows:
-                self.claims_inprocess = io_rows < len(rows)
+            # Deliveries take no slot either way; the other rows say what the queue holds.
+            effects = [row for row in rows if row.kind != "deliver_batch"]
+            if effects:
+                self.claims_inprocess = any(runs_in_chunks(row) for row in effects)
         for kind, n in collections.Counter(row.kind for row in rows).items():
             self.metrics.claimed.labels(kind).inc(n)
         for row in rows:
@@ -925,9 +955,11 @@ class Worker:
                 conn = link.get()
                 conn.execute("LISTEN outbox_ready")
                 link.ok()
-                self.wake.set()  # anything committed while we were not listening
+                self.notified.set()  # anything committed while we were not listening
+                self.wake.set()
                 while not self.done.is_set():
                     for _ in conn.notifies(timeout=0.5):
+                        self.notified.set()
                         self.wake.set()
             except psycopg.Error as err:
                 self.done.wait(link.failed(err))
