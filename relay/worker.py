@@ -174,7 +174,7 @@ class Worker:
         self.executors.update(executors or {})
         self.kinds = [k for k in cfg.kinds if k in self.executors]
         self.kinds_deliver = "deliver_batch" in self.kinds
-        self.deliveries_due_at = 0.0  # monotonic; see _delivery_room
+        self.deliveries_claimed_at = 0.0  # monotonic; see _delivery_room
         self.notified = threading.Event()  # a NOTIFY since deliveries were last claimed
         self.slots = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="slot")
         self.chunk_waiters = ThreadPoolExecutor(
@@ -289,12 +289,13 @@ class Worker:
         slot (the claim loop hands them to their completer), so only the rows claimed and
         not yet written bound them. A complete batch must not wait for other runs' slow
         tool calls, but an empty claim costs as much as a small one: deliveries alone are
-        claimed after a NOTIFY (a batch completed somewhere), at most every
+        claimed after a NOTIFY (a row was enqueued somewhere: a delivery when a batch
+        completes) or after a claim that found as many as it could take, at most every
         ``DELIVERY_POLL_S``, and otherwise once a poll interval."""
-        now = time.monotonic()
-        if not self.kinds_deliver or now < self.deliveries_due_at:
+        since = time.monotonic() - self.deliveries_claimed_at
+        if not self.kinds_deliver or since < DELIVERY_POLL_S:
             return 0
-        if not self.notified.is_set() and now < self.deliveries_due_at + self.cfg.poll_interval_s:
+        if not self.notified.is_set() and since < self.cfg.poll_interval_s:
             return 0
         capacity = self.cfg.concurrency * (1 + PREFETCH) + self.cfg.inprocess_slots
         with self.lock:
@@ -315,13 +316,17 @@ class Worker:
             self.wake.clear()
             if kinds is DELIVERIES:
                 self.notified.clear()
-                self.deliveries_due_at = time.monotonic() + DELIVERY_POLL_S
+                self.deliveries_claimed_at = time.monotonic()
             try:
                 rows = self._claim(link, free, kinds)
                 link.ok()
             except psycopg.Error as err:
+                if kinds is DELIVERIES:
+                    self.notified.set()  # what woke us is still there
                 self.stopping.wait(link.failed(err))
                 continue
+            if kinds is DELIVERIES and len(rows) == free:
+                self.notified.set()  # there may be more
             self._dispatch(rows)
             if len(rows) < free:
                 self.wake.wait(DELIVERY_POLL_S if kinds is DELIVERIES else self._idle_wait(link))
