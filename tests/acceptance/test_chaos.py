@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
@@ -194,13 +195,19 @@ def test_worker_paused_past_its_lease_cannot_overwrite_the_new_holder(db_url, se
     )
 
 
-def test_sigterm_finishes_in_flight_calls_and_leaves_the_rest(db_url, service, tmp_path):
+def stalled_keyed_calls(db_url: str, service: Any, stall_s: float, calls: int) -> Any:
+    """``calls`` intents of a key-mode tool that answers ``stall_s`` after its effect."""
     tool = service.add_tool("keyed", "key")
-    tool.stall_after_commit(1.0, n=None)
+    tool.stall_after_commit(stall_s, n=None)
     with psycopg.connect(db_url) as conn:
         register_tool(conn, service, "keyed", "key", timeout_s=10)
         conn.commit()
-    seed(db_url, ["keyed"], runs=1, calls_per_batch=6, args=lambda n: {"n": n})
+    seed(db_url, ["keyed"], runs=1, calls_per_batch=calls, args=lambda n: {"n": n})
+    return tool
+
+
+def test_sigterm_finishes_in_flight_calls_and_leaves_the_rest(db_url, service, tmp_path):
+    tool = stalled_keyed_calls(db_url, service, 1.0, 6)
     relay = start_relay_process(db_url, tmp_path / "r.log", "--concurrency", "2", *FAST)
     try:
         wait_until(lambda: len(tool.deliveries) == 2, what="two calls in flight")
@@ -218,12 +225,7 @@ def test_sigterm_finishes_in_flight_calls_and_leaves_the_rest(db_url, service, t
 
 
 def test_sigterm_past_the_grace_period_releases_in_flight_rows(db_url, service, tmp_path):
-    tool = service.add_tool("keyed", "key")
-    tool.stall_after_commit(5.0, n=None)
-    with psycopg.connect(db_url) as conn:
-        register_tool(conn, service, "keyed", "key", timeout_s=10)
-        conn.commit()
-    seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+    tool = stalled_keyed_calls(db_url, service, 5.0, 1)
     relay = start_relay_process(db_url, tmp_path / "r.log", "--grace", "0.2", *FAST)
     try:
         wait_until(lambda: len(tool.deliveries) == 1, what="the call in flight")
@@ -244,12 +246,7 @@ def test_sigterm_past_the_grace_period_gives_back_attempts_of_rows_never_started
 ):
     """With one slot, a second row is claimed to wait behind the first. The first overruns
     the grace period; both are released, and only the one that started keeps its attempt."""
-    tool = service.add_tool("keyed", "key")
-    tool.stall_after_commit(5.0, n=None)
-    with psycopg.connect(db_url) as conn:
-        register_tool(conn, service, "keyed", "key", timeout_s=10)
-        conn.commit()
-    seed(db_url, ["keyed"], runs=1, calls_per_batch=2, args=lambda n: {"n": n})
+    tool = stalled_keyed_calls(db_url, service, 5.0, 2)
     relay = start_relay_process(
         db_url, tmp_path / "r.log", "--concurrency", "1", "--grace", "0.2", *FAST
     )
