@@ -259,14 +259,14 @@ class Worker:
         freed slot made claims and completions of one or two rows, whose fixed cost per
         statement dominated (PostgreSQL spent 440 us a call over HTTP, 100 us in bulk). A
         row waiting for a slot is leased and heartbeated like one executing; once stopping,
-        it is not started and shutdown releases it untouched.
+        it is not started, and shutdown releases it with its attempt given back.
 
         In-process tool calls take no I/O slot (they run in chunks, see
         ``relay.inprocess``), so while the last claim held some, the claim also takes as
         many as the in-process capacity has room for. Rows claimed and not yet written
         never exceed both capacities together.
         """
-        io_capacity = self.cfg.concurrency * (1 + PREFETCH)
+        io_capacity = self._io_capacity()
         with self.lock:
             io_room = max(0, io_capacity - self.io_executing)
             if self.io_executing and io_room < self._gulp():
@@ -279,6 +279,10 @@ class Worker:
             # so fast tools cannot let the claims run ahead of the writes.
             unwritten = len(self.inflight)
         return min(free, io_capacity + self.cfg.inprocess_slots - unwritten)
+
+    def _io_capacity(self) -> int:
+        """I/O rows claimed and not yet finished: one per slot and one waiting behind it."""
+        return self.cfg.concurrency * (1 + PREFETCH)
 
     def _gulp(self) -> int:
         """The fewest I/O rows worth a claim while others are executing."""
@@ -297,7 +301,7 @@ class Worker:
             return 0
         if not self.notified.is_set() and since < self.cfg.poll_interval_s:
             return 0
-        capacity = self.cfg.concurrency * (1 + PREFETCH) + self.cfg.inprocess_slots
+        capacity = self._io_capacity() + self.cfg.inprocess_slots
         with self.lock:
             return max(0, min(INPROCESS_CHUNK, capacity - len(self.inflight)))
 
