@@ -66,7 +66,8 @@ RECONNECT_MAX_S = 5.0  # longest wait between reconnection attempts
 DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with metrics on)
 BUSY_ROW_WAIT_S = 0.02  # idle wait when the only due rows are being claimed by others
 DELIVERY_POLL_S = 0.1  # while the slots are full, how often deliveries alone are claimed
-DELIVERIES = ["deliver_batch"]
+DELIVERY = "deliver_batch"  # the kind with no effect outside the database
+DELIVERIES = [DELIVERY]
 INPROCESS_CHUNK = 32  # in-process tool calls run one after the other per thread hop
 PREFETCH = 1  # claimed I/O rows that may wait behind each busy slot
 PREPARE_THRESHOLD = 0  # prepared at once: the first execution runs the generic plan too
@@ -168,12 +169,11 @@ class Worker:
         model = ModelExecutor(self._thread_connection)
         self.executors: dict[str, Executor] = {
             "tool_call": tools.run,
-            "deliver_batch": lambda row: Outcome(row, "deliver"),
+            DELIVERY: lambda row: Outcome(row, "deliver"),
             "model_turn": model.run,
         }
         self.executors.update(executors or {})
         self.kinds = [k for k in cfg.kinds if k in self.executors]
-        self.kinds_deliver = "deliver_batch" in self.kinds
         self.deliveries_claimed_at = 0.0  # monotonic; see _delivery_room
         self.notified = threading.Event()  # a NOTIFY since deliveries were last claimed
         self.slots = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="slot")
@@ -278,11 +278,15 @@ class Worker:
             # Backpressure from the completer: a row counts until its outcome is written,
             # so fast tools cannot let the claims run ahead of the writes.
             unwritten = len(self.inflight)
-        return min(free, io_capacity + self.cfg.inprocess_slots - unwritten)
+        return min(free, self._capacity() - unwritten)
 
     def _io_capacity(self) -> int:
         """I/O rows claimed and not yet finished: one per slot and one waiting behind it."""
         return self.cfg.concurrency * (1 + PREFETCH)
+
+    def _capacity(self) -> int:
+        """Rows claimed and not yet written, at most: I/O places and in-process slots."""
+        return self._io_capacity() + self.cfg.inprocess_slots
 
     def _gulp(self) -> int:
         """The fewest I/O rows worth a claim while others are executing."""
@@ -297,13 +301,12 @@ class Worker:
         completes) or after a claim that found as many as it could take, at most every
         ``DELIVERY_POLL_S``, and otherwise once a poll interval."""
         since = time.monotonic() - self.deliveries_claimed_at
-        if not self.kinds_deliver or since < DELIVERY_POLL_S:
+        if DELIVERY not in self.kinds or since < DELIVERY_POLL_S:
             return 0
         if not self.notified.is_set() and since < self.cfg.poll_interval_s:
             return 0
-        capacity = self._io_capacity() + self.cfg.inprocess_slots
         with self.lock:
-            return max(0, min(INPROCESS_CHUNK, capacity - len(self.inflight)))
+            return max(0, min(INPROCESS_CHUNK, self._capacity() - len(self.inflight)))
 
     def _claim_loop(self) -> None:
         link = self.claim_link()
@@ -313,7 +316,7 @@ class Worker:
                 free, kinds = self._delivery_room(), DELIVERIES
             if free <= 0:
                 self.wake.wait(
-                    self.cfg.poll_interval_s if not self.kinds_deliver else DELIVERY_POLL_S
+                    DELIVERY_POLL_S if DELIVERY in self.kinds else self.cfg.poll_interval_s
                 )
                 self.wake.clear()
                 continue
@@ -366,7 +369,7 @@ class Worker:
             self.executing += len(rows)
             self.io_executing += io_rows
             # Deliveries take no slot either way; the other rows say what the queue holds.
-            effects = [row for row in rows if row.kind != "deliver_batch"]
+            effects = [row for row in rows if row.kind != DELIVERY]
             if effects:
                 self.claims_inprocess = any(runs_in_chunks(row) for row in effects)
         for kind, n in collections.Counter(row.kind for row in rows).items():
@@ -395,7 +398,7 @@ class Worker:
         for first in range(0, len(chunked), INPROCESS_CHUNK):
             self.chunk_waiters.submit(self._execute_chunk, chunked[first : first + INPROCESS_CHUNK])
         for row in rows:
-            if row.kind == "deliver_batch":
+            if row.kind == DELIVERY:
                 # Nothing to perform outside the database: straight to its completer, never
                 # queued behind a busy slot (a claimed row may wait there for other runs'
                 # slow tool calls). This is the claim loop: it needs no wake-up.
