@@ -18,7 +18,6 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     Double,
-    ForeignKey,
     ForeignKeyConstraint,
     Identity,
     Index,
@@ -72,6 +71,7 @@ class Run(Base):
         ),
         UniqueConstraint("tenant_id", "idempotency_key", name="runs_tenant_idempotency_key"),
         UniqueConstraint("id", "tenant_id", name="runs_id_tenant_key"),
+        UniqueConstraint("id", "thread_id", "tenant_id", name="runs_id_thread_tenant_key"),
         Index(
             "runs_one_active_per_thread",
             "thread_id",
@@ -128,7 +128,13 @@ class Message(Base):
             use_alter=True,
         ),
         UniqueConstraint("thread_id", "seq", name="messages_thread_seq_key"),
+        ForeignKeyConstraint(
+            ["run_id", "thread_id", "tenant_id"],
+            ["runs.id", "runs.thread_id", "runs.tenant_id"],
+            name="messages_run_fk",
+        ),
         UniqueConstraint("id", "thread_id", name="messages_id_thread_key"),
+        UniqueConstraint("id", "tenant_id", name="messages_id_tenant_key"),
         UniqueConstraint("tool_call_ref", name="messages_one_per_tool_call"),
     )
 
@@ -138,20 +144,30 @@ class Message(Base):
     seq: Mapped[int] = mapped_column(Integer)
     role: Mapped[str] = mapped_column(Text)
     content: Mapped[str | None] = mapped_column(Text)
-    run_id: Mapped[uuid.UUID | None] = mapped_column(UUID, ForeignKey("runs.id"))
+    run_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
     tool_call_ref: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = _now()
 
 
 class ModelTurn(Base):
     __tablename__ = "model_turns"
-    __table_args__ = (UniqueConstraint("run_id", "step_no", name="model_turns_run_step_key"),)
+    __table_args__ = (
+        UniqueConstraint("run_id", "step_no", name="model_turns_run_step_key"),
+        ForeignKeyConstraint(
+            ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="model_turns_run_fk"
+        ),
+        ForeignKeyConstraint(
+            ["message_id", "tenant_id"],
+            ["messages.id", "messages.tenant_id"],
+            name="model_turns_message_fk",
+        ),
+    )
 
     id: Mapped[int] = _pk()
     tenant_id: Mapped[str] = mapped_column(Text)
-    run_id: Mapped[uuid.UUID] = mapped_column(UUID, ForeignKey("runs.id"))
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID)
     step_no: Mapped[int] = mapped_column(Integer)
-    message_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("messages.id"))
+    message_id: Mapped[int] = mapped_column(BigInteger)
     response_id: Mapped[str | None] = mapped_column(Text)
     input_tokens: Mapped[int] = mapped_column(Integer)
     output_tokens: Mapped[int] = mapped_column(Integer)
@@ -162,6 +178,12 @@ class ToolBatch(Base):
     __tablename__ = "tool_batches"
     __table_args__ = (
         UniqueConstraint("run_id", "step_no", name="tool_batches_run_step_key"),
+        UniqueConstraint("id", "run_id", name="tool_batches_id_run_key"),
+        ForeignKeyConstraint(
+            ["run_id", "thread_id", "tenant_id"],
+            ["runs.id", "runs.thread_id", "runs.tenant_id"],
+            name="tool_batches_run_fk",
+        ),
         ForeignKeyConstraint(
             ["message_id", "thread_id"],
             ["messages.id", "messages.thread_id"],
@@ -176,7 +198,7 @@ class ToolBatch(Base):
 
     id: Mapped[int] = _pk()
     tenant_id: Mapped[str] = mapped_column(Text)
-    run_id: Mapped[uuid.UUID] = mapped_column(UUID, ForeignKey("runs.id"))
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID)
     thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
     step_no: Mapped[int] = mapped_column(Integer)
     message_id: Mapped[int] = mapped_column(BigInteger)
@@ -194,6 +216,17 @@ class ToolCall(Base):
         UniqueConstraint("run_id", "tool_call_id", name="tool_calls_run_call_key"),
         UniqueConstraint("batch_id", "position", name="tool_calls_batch_position_key"),
         UniqueConstraint("id", "thread_id", name="tool_calls_id_thread_key"),
+        UniqueConstraint("id", "tenant_id", name="tool_calls_id_tenant_key"),
+        ForeignKeyConstraint(
+            ["run_id", "thread_id", "tenant_id"],
+            ["runs.id", "runs.thread_id", "runs.tenant_id"],
+            name="tool_calls_run_fk",
+        ),
+        ForeignKeyConstraint(
+            ["batch_id", "run_id"],
+            ["tool_batches.id", "tool_batches.run_id"],
+            name="tool_calls_batch_fk",
+        ),
         UniqueConstraint("tenant_id", "idempotency_key", name="tool_calls_idempotency_key"),
         ForeignKeyConstraint(
             ["message_id", "thread_id"],
@@ -205,9 +238,9 @@ class ToolCall(Base):
 
     id: Mapped[int] = _pk()
     tenant_id: Mapped[str] = mapped_column(Text)
-    run_id: Mapped[uuid.UUID] = mapped_column(UUID, ForeignKey("runs.id"))
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID)
     thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
-    batch_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("tool_batches.id"))
+    batch_id: Mapped[int] = mapped_column(BigInteger)
     message_id: Mapped[int] = mapped_column(BigInteger)
     position: Mapped[int] = mapped_column(Integer)
     tool_call_id: Mapped[str] = mapped_column(Text)
@@ -229,10 +262,15 @@ class ToolCall(Base):
 
 class ToolResult(Base):
     __tablename__ = "tool_results"
-
-    tool_call_ref: Mapped[int] = mapped_column(
-        BigInteger, ForeignKey("tool_calls.id"), primary_key=True
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["tool_call_ref", "tenant_id"],
+            ["tool_calls.id", "tool_calls.tenant_id"],
+            name="tool_results_call_fk",
+        ),
     )
+
+    tool_call_ref: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(Text)
     run_id: Mapped[uuid.UUID] = mapped_column(UUID)
     batch_id: Mapped[int] = mapped_column(BigInteger)
@@ -247,12 +285,19 @@ class ToolResult(Base):
 
 class OrphanedResult(Base):
     __tablename__ = "orphaned_results"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["tool_call_ref", "tenant_id"],
+            ["tool_calls.id", "tool_calls.tenant_id"],
+            name="orphaned_results_call_fk",
+        ),
+    )
 
     id: Mapped[int] = _pk()
     tenant_id: Mapped[str] = mapped_column(Text)
     run_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
     batch_id: Mapped[int | None] = mapped_column(BigInteger)
-    tool_call_ref: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("tool_calls.id"))
+    tool_call_ref: Mapped[int | None] = mapped_column(BigInteger)
     tool_call_id: Mapped[str | None] = mapped_column(Text)
     status: Mapped[str] = mapped_column(Text)
     output: Mapped[Any | None] = mapped_column(JSONB)
@@ -265,12 +310,22 @@ class OrphanedResult(Base):
 
 class Submission(Base):
     __tablename__ = "submissions"
-    __table_args__ = (UniqueConstraint("batch_id", name="submissions_one_per_batch"),)
+    __table_args__ = (
+        UniqueConstraint("batch_id", name="submissions_one_per_batch"),
+        ForeignKeyConstraint(
+            ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="submissions_run_fk"
+        ),
+        ForeignKeyConstraint(
+            ["batch_id", "run_id"],
+            ["tool_batches.id", "tool_batches.run_id"],
+            name="submissions_batch_fk",
+        ),
+    )
 
     id: Mapped[int] = _pk()
     tenant_id: Mapped[str] = mapped_column(Text)
-    run_id: Mapped[uuid.UUID] = mapped_column(UUID, ForeignKey("runs.id"))
-    batch_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("tool_batches.id"))
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    batch_id: Mapped[int] = mapped_column(BigInteger)
     outputs_count: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = _now()
 

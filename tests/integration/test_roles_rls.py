@@ -129,6 +129,92 @@ def test_writer_cannot_insert_rows_for_another_tenant(conn):
         )
 
 
+# Each insert names one row of its own tenant through ``{ref}``. Foreign-key checks do not
+# go through row-level security, so only the keys themselves (migration 0007) keep a writer
+# from naming another tenant's run, batch, call or message there.
+CROSS_TENANT_REFERENCES = {
+    "message -> run": (
+        "run",
+        "INSERT INTO outbox.messages (tenant_id, thread_id, seq, role, content, run_id) "
+        "VALUES (%(tenant)s, %(thread)s, 1000, 'user', 'x', %(ref)s)",
+    ),
+    "model turn -> run": (
+        "run",
+        "INSERT INTO outbox.model_turns (tenant_id, run_id, step_no, message_id) "
+        "VALUES (%(tenant)s, %(ref)s, 99, %(message)s)",
+    ),
+    "model turn -> message": (
+        "message",
+        "INSERT INTO outbox.model_turns (tenant_id, run_id, step_no, message_id) "
+        "VALUES (%(tenant)s, %(run)s, 99, %(ref)s)",
+    ),
+    "batch -> run": (
+        "run",
+        "INSERT INTO outbox.tool_batches "
+        "(tenant_id, run_id, thread_id, step_no, message_id, size, pending) "
+        "VALUES (%(tenant)s, %(ref)s, %(thread)s, 99, %(message)s, 1, 1)",
+    ),
+    "tool call -> batch": (
+        "batch",
+        "INSERT INTO outbox.tool_calls (tenant_id, run_id, thread_id, batch_id, message_id, "
+        "position, tool_call_id, tool_name, arguments_raw, arguments_hash, executor, "
+        "idempotency_key) VALUES (%(tenant)s, %(run)s, %(thread)s, %(ref)s, %(message)s, "
+        "99, 'call_evil', 'lookup_order', '{}', 'h', 'http', 'key-evil')",
+    ),
+    "tool call -> run": (
+        "run",
+        "INSERT INTO outbox.tool_calls (tenant_id, run_id, thread_id, batch_id, message_id, "
+        "position, tool_call_id, tool_name, arguments_raw, arguments_hash, executor, "
+        "idempotency_key) VALUES (%(tenant)s, %(ref)s, %(thread)s, %(batch)s, %(message)s, "
+        "99, 'call_evil', 'lookup_order', '{}', 'h', 'http', 'key-evil')",
+    ),
+    "result -> tool call": (
+        "call",
+        "INSERT INTO outbox.tool_results "
+        "(tool_call_ref, tenant_id, run_id, batch_id, status, source) "
+        "VALUES (%(ref)s, %(tenant)s, %(run)s, %(batch)s, 'ok', 'client')",
+    ),
+    "submission -> run": (
+        "run",
+        "INSERT INTO outbox.submissions (tenant_id, run_id, batch_id, outputs_count) "
+        "VALUES (%(tenant)s, %(ref)s, %(batch)s, 1)",
+    ),
+    "submission -> batch": (
+        "batch",
+        "INSERT INTO outbox.submissions (tenant_id, run_id, batch_id, outputs_count) "
+        "VALUES (%(tenant)s, %(run)s, %(ref)s, 1)",
+    ),
+}
+
+
+def ids_of(conn: psycopg.Connection[Any], made: dict[str, Any], tenant: str) -> dict[str, Any]:
+    run = made[tenant]["run"]
+    batch, message = conn.execute(
+        "SELECT b.id, b.message_id FROM outbox.tool_batches b WHERE b.run_id = %s", [run.id]
+    ).fetchone()  # type: ignore[misc]
+    return {
+        "tenant": tenant,
+        "run": run.id,
+        "thread": run.thread_id,
+        "batch": batch,
+        "message": message,
+        "call": made[tenant]["call"],
+    }
+
+
+@pytest.mark.parametrize("reference", sorted(CROSS_TENANT_REFERENCES))
+def test_writer_cannot_reference_rows_of_another_tenant(conn, reference):
+    made = seed(conn)
+    own, theirs = ids_of(conn, made, A), ids_of(conn, made, B)
+    target, statement = CROSS_TENANT_REFERENCES[reference]
+    as_role(conn, "outbox_writer", A)
+    # The statement is valid with a row of its own tenant: only the reference can fail it.
+    with conn.transaction(force_rollback=True):
+        conn.execute(statement, {**own, "ref": own[target]})
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        conn.execute(statement, {**own, "ref": theirs[target]})
+
+
 def test_writer_cannot_update_or_move_rows_of_another_tenant(conn):
     made = seed(conn)
     b_run = made[B]["run"].id
