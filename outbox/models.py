@@ -178,7 +178,7 @@ class ToolBatch(Base):
     __tablename__ = "tool_batches"
     __table_args__ = (
         UniqueConstraint("run_id", "step_no", name="tool_batches_run_step_key"),
-        UniqueConstraint("id", "run_id", name="tool_batches_id_run_key"),
+        UniqueConstraint("id", "run_id", "tenant_id", name="tool_batches_id_run_tenant_key"),
         ForeignKeyConstraint(
             ["run_id", "thread_id", "tenant_id"],
             ["runs.id", "runs.thread_id", "runs.tenant_id"],
@@ -223,8 +223,8 @@ class ToolCall(Base):
             name="tool_calls_run_fk",
         ),
         ForeignKeyConstraint(
-            ["batch_id", "run_id"],
-            ["tool_batches.id", "tool_batches.run_id"],
+            ["batch_id", "run_id", "tenant_id"],
+            ["tool_batches.id", "tool_batches.run_id", "tool_batches.tenant_id"],
             name="tool_calls_batch_fk",
         ),
         UniqueConstraint("tenant_id", "idempotency_key", name="tool_calls_idempotency_key"),
@@ -267,6 +267,11 @@ class ToolResult(Base):
             ["tool_call_ref", "tenant_id"],
             ["tool_calls.id", "tool_calls.tenant_id"],
             name="tool_results_call_fk",
+        ),
+        ForeignKeyConstraint(
+            ["batch_id", "run_id", "tenant_id"],
+            ["tool_batches.id", "tool_batches.run_id", "tool_batches.tenant_id"],
+            name="tool_results_batch_fk",
         ),
     )
 
@@ -316,8 +321,8 @@ class Submission(Base):
             ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="submissions_run_fk"
         ),
         ForeignKeyConstraint(
-            ["batch_id", "run_id"],
-            ["tool_batches.id", "tool_batches.run_id"],
+            ["batch_id", "run_id", "tenant_id"],
+            ["tool_batches.id", "tool_batches.run_id", "tool_batches.tenant_id"],
             name="submissions_batch_fk",
         ),
     )

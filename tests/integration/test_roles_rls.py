@@ -129,9 +129,9 @@ def test_writer_cannot_insert_rows_for_another_tenant(conn):
         )
 
 
-# Each insert names one row of its own tenant through ``{ref}``. Foreign-key checks do not
+# Each insert names one row of its own tenant through ``ref``. Foreign-key checks do not
 # go through row-level security, so only the keys themselves (migration 0007) keep a writer
-# from naming another tenant's run, batch, call or message there.
+# from naming another tenant's thread, run, batch, call or message there.
 CROSS_TENANT_REFERENCES = {
     "message -> run": (
         "run",
@@ -174,6 +174,43 @@ CROSS_TENANT_REFERENCES = {
         "(tool_call_ref, tenant_id, run_id, batch_id, status, source) "
         "VALUES (%(ref)s, %(tenant)s, %(run)s, %(batch)s, 'ok', 'client')",
     ),
+    "result -> batch": (
+        "batch",
+        "INSERT INTO outbox.tool_results "
+        "(tool_call_ref, tenant_id, run_id, batch_id, status, source) "
+        "VALUES (%(call)s, %(tenant)s, %(run)s, %(ref)s, 'ok', 'client')",
+    ),
+    "orphaned result -> tool call": (
+        "call",
+        "INSERT INTO outbox.orphaned_results (tenant_id, tool_call_ref, status, reason, source) "
+        "VALUES (%(tenant)s, %(ref)s, 'ok', 'duplicate', 'client')",
+    ),
+    "tool call -> batch, by update": (
+        "batch",
+        "UPDATE outbox.tool_calls SET batch_id = %(ref)s, position = 99 WHERE id = %(call)s",
+    ),
+    # The relay acts on outbox rows: one naming another tenant's run or call would make it
+    # call that tenant's model or tool.
+    "outbox -> thread": (
+        "thread",
+        "INSERT INTO outbox.outbox (tenant_id, kind, dedup_key, run_id, thread_id) "
+        "VALUES (%(tenant)s, 'model_turn', 'model_turn:' || %(run)s || ':9', %(run)s, %(ref)s)",
+    ),
+    "outbox -> run": (
+        "run",
+        "INSERT INTO outbox.outbox (tenant_id, kind, dedup_key, run_id) "
+        "VALUES (%(tenant)s, 'model_turn', 'model_turn:' || %(ref)s || ':9', %(ref)s)",
+    ),
+    "outbox -> batch": (
+        "batch",
+        "INSERT INTO outbox.outbox (tenant_id, kind, dedup_key, batch_id) "
+        "VALUES (%(tenant)s, 'deliver_batch', 'deliver:' || %(ref)s, %(ref)s)",
+    ),
+    "outbox -> tool call": (
+        "call",
+        "INSERT INTO outbox.outbox (tenant_id, kind, dedup_key, tool_call_ref) "
+        "VALUES (%(tenant)s, 'tool_call', 'tool_call:' || %(ref)s, %(ref)s)",
+    ),
     "submission -> run": (
         "run",
         "INSERT INTO outbox.submissions (tenant_id, run_id, batch_id, outputs_count) "
@@ -207,12 +244,34 @@ def test_writer_cannot_reference_rows_of_another_tenant(conn, reference):
     made = seed(conn)
     own, theirs = ids_of(conn, made, A), ids_of(conn, made, B)
     target, statement = CROSS_TENANT_REFERENCES[reference]
+    # Queued work holds dedup keys naming these rows: a key already taken would fail the
+    # insert on uniqueness before the reference is looked at.
+    conn.execute("DELETE FROM outbox.outbox")
     as_role(conn, "outbox_writer", A)
     # The statement is valid with a row of its own tenant: only the reference can fail it.
     with conn.transaction(force_rollback=True):
         conn.execute(statement, {**own, "ref": own[target]})
     with pytest.raises(psycopg.errors.ForeignKeyViolation):
         conn.execute(statement, {**own, "ref": theirs[target]})
+
+
+def test_writer_cannot_take_the_dedup_key_of_another_tenants_work(conn):
+    """The outbox dedups by key across tenants (ON CONFLICT DO NOTHING): a key held by
+    tenant A would swallow tenant B's delivery. A key names the row it dedups, so A can
+    only hold keys of its own runs, batches and calls."""
+    made = seed(conn)
+    own, theirs = ids_of(conn, made, A), ids_of(conn, made, B)
+    as_role(conn, "outbox_writer", A)
+    squat = (
+        "INSERT INTO outbox.outbox (tenant_id, kind, dedup_key, batch_id) "
+        "VALUES (%(tenant)s, 'deliver_batch', %(key)s, %(batch)s)"
+    )
+    with pytest.raises(psycopg.errors.CheckViolation, match="outbox_dedup_key_names_its_row"):
+        conn.execute(squat, {**own, "key": f"deliver:{theirs['batch']}"})
+    conn.rollback()
+    as_role(conn, "outbox_writer", A)
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="not 'tenant-a''s"):
+        conn.execute(squat, {**own, "key": f"deliver:{theirs['batch']}", "batch": theirs["batch"]})
 
 
 def test_writer_cannot_update_or_move_rows_of_another_tenant(conn):
