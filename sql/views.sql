@@ -11,6 +11,9 @@
 -- run_timeline: "What happened in this run, in order, and how long did each step wait?"
 -- One row per journal event of a run (time, event, batch, tool call, attempt, worker,
 -- actor, error), numbered within the run, with the seconds since the run's previous event.
+-- Only events of the run's own tenant: the journal has no foreign keys (it outlives what
+-- it describes), so an event a writer of another tenant filed under this run's id stays
+-- in the journal, under that tenant, and out of this timeline.
 --   SELECT * FROM {s}.run_timeline WHERE run_id = '...' ORDER BY seq;
 CREATE OR REPLACE VIEW {s}.run_timeline AS
 SELECT j.run_id,
@@ -31,7 +34,7 @@ SELECT j.run_id,
        j.detail,
        j.id AS journal_id
 FROM {s}.journal j
-WHERE j.run_id IS NOT NULL
+JOIN {s}.runs r ON r.id = j.run_id AND r.tenant_id = j.tenant_id
 WINDOW w AS (PARTITION BY j.run_id ORDER BY j.at, j.id);
 
 

@@ -149,12 +149,14 @@ WHERE id = %(id)s
 RETURNING *
 
 -- name: journal_tail
--- The newest journal events (optionally of one run), oldest first.
+-- The newest journal events (optionally of one run: its tenant's events under its id; see
+-- run_timeline in sql/views.sql), oldest first.
 SELECT * FROM (
     SELECT id, at, tenant_id, event, run_id, batch_id, tool_call_ref, tool_call_id,
            outbox_id, attempt, worker, actor, detail
     FROM {s}.journal
-    WHERE (%(run_id)s::uuid IS NULL OR run_id = %(run_id)s)
+    WHERE %(run_id)s::uuid IS NULL OR (run_id = %(run_id)s AND tenant_id =
+        (SELECT r.tenant_id FROM {s}.runs r WHERE r.id = %(run_id)s))
     ORDER BY id DESC
     LIMIT %(limit)s
 ) newest
@@ -167,7 +169,8 @@ ORDER BY id
 SELECT id, at, tenant_id, event, run_id, batch_id, tool_call_ref, tool_call_id,
        outbox_id, attempt, worker, actor, detail
 FROM {s}.journal
-WHERE id > %(after_id)s AND (%(run_id)s::uuid IS NULL OR run_id = %(run_id)s)
+WHERE id > %(after_id)s AND (%(run_id)s::uuid IS NULL OR (run_id = %(run_id)s AND tenant_id =
+    (SELECT r.tenant_id FROM {s}.runs r WHERE r.id = %(run_id)s)))
 ORDER BY id
 LIMIT %(limit)s
 

@@ -364,6 +364,26 @@ def test_writer_appends_journal_events_only_for_its_tenant(conn):
         writer.journal(conn, "backend.note", B)
 
 
+def test_an_event_filed_under_another_tenants_run_stays_out_of_its_timeline(conn):
+    """The journal has no foreign keys: a writer of tenant A may file an event under a
+    run id of tenant B. It stays in the journal, under A, and out of B's run timeline and
+    of ``outbox journal --run`` for B's run (migration 0008)."""
+    made = seed(conn)
+    b_run = made[B]["run"].id
+    as_role(conn, "outbox_writer", A)
+    writer.journal(conn, "backend.forged", A, run_id=b_run)
+    conn.commit()
+    timeline = [row["event"] for row in ops.show_run(conn, str(b_run))["timeline"]]
+    tail = [row["event"] for row in ops.tail(conn, run=str(b_run), limit=100)]
+    forged = conn.execute(
+        "SELECT tenant_id FROM outbox.journal WHERE event = 'backend.forged'"
+    ).fetchall()
+    assert timeline and tail  # B's own events are there
+    assert "backend.forged" not in timeline
+    assert "backend.forged" not in tail
+    assert forged == [(A,)]
+
+
 def test_relay_sees_and_claims_every_tenant(conn):
     seed(conn)
     as_role(conn, "outbox_relay")
