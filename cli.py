@@ -289,6 +289,16 @@ def tools_enable(name: str, tenant: str) -> None:
     show_default=True,
     help="In-process (python) tool calls in flight per process, beside the slots.",
 )
+@click.option(
+    "--inprocess-threads",
+    default=64,
+    show_default=True,
+    help=(
+        "Threads running in-process tools per process. A tool that overruns its timeout "
+        "keeps its thread; when all stay kept for a minute, the process exits with code "
+        "75 to be restarted (by --processes or your process manager)."
+    ),
+)
 @click.option("--processes", default=1, show_default=True, help="Worker processes to supervise.")
 @click.option("--lease", "lease_s", default=30.0, show_default=True, help="Lease length, s.")
 @click.option("--poll-interval", "poll_s", default=1.0, show_default=True, help="Fallback poll, s.")
@@ -322,6 +332,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         schema=db.schema_name(),
         concurrency=opts["concurrency"],
         inprocess_slots=opts["inprocess_slots"],
+        inprocess_threads=opts["inprocess_threads"],
         completers=opts["completers"],
         lease_s=opts["lease_s"],
         poll_interval_s=opts["poll_s"],

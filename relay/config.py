@@ -20,6 +20,7 @@ class RelayConfig:
     schema: str = "outbox"
     concurrency: int = 16  # execution slots per process (HTTP tools, model turns, deliveries)
     inprocess_slots: int = 512  # in-process tool calls in flight per process, beside the slots
+    inprocess_threads: int = 64  # threads running in-process tools per process
     lease_s: float = 30.0  # seconds a claim is valid without a heartbeat
     poll_interval_s: float = 1.0  # fallback poll when no NOTIFY arrives
     listen: bool = True  # LISTEN/NOTIFY wake-ups (off behind a transaction-mode pooler)
@@ -41,6 +42,8 @@ class RelayConfig:
             raise ValueError("completers must be at least 1")
         if self.inprocess_slots < 1:
             raise ValueError("inprocess_slots must be at least 1")
+        if self.inprocess_threads < 1:
+            raise ValueError("inprocess_threads must be at least 1")
         if self.lease_s <= 1:
             raise ValueError("lease_s must be over 1 second")
         unknown = set(self.kinds) - set(ALL_KINDS)

@@ -15,6 +15,11 @@ What a timeout means is the same as for one call alone:
 - a chunk that has not started by its first call's deadline (every pool thread is stuck in
   a tool that overran) is cancelled: none of its calls ran, so all are retried later.
 
+A thread kept by a call that overran is counted until the call returns (``overrunning``).
+When every thread of the pool is kept (``wedged``), no in-process tool can run in this
+process again until one returns, which may be never: the worker then stops and exits to be
+restarted (``relay.worker``).
+
 Import errors, exceptions (even ``SystemExit``), results that are not JSON or over the
 payload cap become error results the model sees.
 """
@@ -33,11 +38,20 @@ from typing import Any
 from outbox import config as outbox_config
 from relay.outcomes import Claimed, Outcome, ambiguous, error_result, retry
 
-POOL_THREADS = 64  # pool threads running in-process tools, per worker process
 DEFAULT_TIMEOUT_S = 30.0  # a tool version always has one; this is for rows without a tool
 _pool: ThreadPoolExecutor | None = None
+_pool_threads = 64  # the pool's size (``configure``, before first use)
 _pool_lock = threading.Lock()
+_overrunning = 0  # pool threads kept by a call that overran its timeout
 _callables: dict[str, Callable[..., Any]] = {}
+
+
+def configure(threads: int) -> None:
+    """Size the process's pool; once it exists (one pool per process), nothing changes."""
+    global _pool_threads
+    with _pool_lock:
+        if _pool is None:
+            _pool_threads = threads
 
 
 def pool() -> ThreadPoolExecutor:
@@ -49,8 +63,24 @@ def pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="pytool")
+            _pool = ThreadPoolExecutor(_pool_threads, thread_name_prefix="pytool")
         return _pool
+
+
+def overrunning() -> int:
+    """Pool threads kept by calls that overran their timeout and have not returned."""
+    return _overrunning
+
+
+def wedged() -> bool:
+    """Whether every pool thread is kept by an overrunning call."""
+    return _overrunning >= _pool_threads
+
+
+def _count_overrun(change: int) -> None:
+    global _overrunning
+    with _pool_lock:
+        _overrunning += change
 
 
 def load(path: str) -> Callable[..., Any]:
@@ -92,10 +122,11 @@ class _Chunk:
             try:
                 ok, value = True, function(**arguments)
             except BaseException as err:  # a tool's SystemExit must not end a relay thread
-                ok, value = False, f"{type(err).__name__}: {err}"
+                ok, value = False, _describe(err)
             answer = (ok, value, time.monotonic() - started)
             with self.cond:
                 if self.abandoned:  # the caller gave up on this call: drop its late answer
+                    _count_overrun(-1)  # and the thread is free again
                     return
                 self.answers.append(answer)
         with self.cond:
@@ -142,8 +173,15 @@ def _run_chunk(
             if left > 0:
                 chunk.cond.wait(left)
                 continue
+            if i >= 0 and len(chunk.answers) > i:
+                # Call i has answered and the next has not started yet: no overrun. Its
+                # start (a sooner deadline than this) or the chunk's end wakes the watch.
+                chunk.watched_until = float("inf")
+                chunk.cond.wait()
+                continue
             if i >= 0:
                 chunk.abandoned, overran = True, i
+                _count_overrun(+1)  # under the chunk's lock: before its thread can return
                 break
             if not future.cancel():  # starting this instant: its first call gets its full time
                 submitted = time.monotonic()
@@ -163,6 +201,13 @@ def _run_chunk(
         ambiguous(row, f"python tool {row.callable} did not return within {_timeout(row)}s")
     )
     return todo[overran + 1 :]
+
+
+def _describe(err: BaseException) -> str:
+    try:
+        return f"{type(err).__name__}: {err}"
+    except Exception:  # an exception whose str() fails still names its type
+        return type(err).__name__
 
 
 def _judge(row: Claimed, ok: bool, value: Any, seconds: float) -> Outcome:

@@ -22,10 +22,11 @@ import time
 from relay import logs
 from relay.config import RelayConfig, new_worker_id
 from relay.logs import log
-from relay.worker import Worker, freeze_startup_heap
+from relay.worker import Worker, freeze_startup_heap, leave_process
 
 logger = logging.getLogger("relay.supervisor")
 RESTART_BACKOFF_MAX_S = 10.0
+HEALTHY_AFTER_S = 60.0  # a child that lived this long restarts without the backoff it built up
 PARENT_CHECK_S = 1.0  # how often a worker checks that its supervisor is still alive
 
 
@@ -39,7 +40,7 @@ def _child(cfg: RelayConfig, log_level: str, supervisor_pid: int) -> None:
         target=_stop_when_orphaned, args=(worker, supervisor_pid), name="parent", daemon=True
     )
     watcher.start()
-    raise SystemExit(worker.run())
+    raise SystemExit(leave_process(worker.run()))
 
 
 def _stop_when_orphaned(worker: Worker, supervisor_pid: int) -> None:
@@ -60,6 +61,7 @@ def supervise(cfg: RelayConfig, processes: int, log_level: str = "INFO") -> int:
     context = multiprocessing.get_context("spawn")
     children: dict[int, multiprocessing.process.BaseProcess] = {}
     restarts: dict[int, int] = {}
+    started: dict[int, float] = {}
     signals = 0
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -83,6 +85,7 @@ def supervise(cfg: RelayConfig, processes: int, log_level: str = "INFO") -> int:
         )
         child.start()
         children[index] = child
+        started[index] = time.monotonic()
         log(logger, logging.INFO, "relay.child_started", index=index, pid=child.pid)
 
     for index in range(processes):
@@ -97,6 +100,8 @@ def supervise(cfg: RelayConfig, processes: int, log_level: str = "INFO") -> int:
             del children[index]
             if signals:
                 continue
+            if time.monotonic() - started[index] >= HEALTHY_AFTER_S:
+                restarts[index] = 0
             restarts[index] = restarts.get(index, 0) + 1
             wait_s = min(RESTART_BACKOFF_MAX_S, 0.2 * 2 ** restarts[index])
             log(
@@ -108,5 +113,7 @@ def supervise(cfg: RelayConfig, processes: int, log_level: str = "INFO") -> int:
                 restart_in_s=wait_s,
             )
             time.sleep(wait_s)  # backoff before restarting a crashing child, not a race fix
+            if signals:  # stopped while waiting: no new child
+                continue
             start(index)
     return 0

@@ -39,6 +39,7 @@ import os
 import queue
 import random
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -69,6 +70,8 @@ DELIVERY_POLL_S = 0.1  # while the slots are full, how often deliveries alone ar
 DELIVERY = "deliver_batch"  # the kind with no effect outside the database
 DELIVERIES = [DELIVERY]
 INPROCESS_CHUNK = 32  # in-process tool calls run one after the other per thread hop
+WEDGED_EXIT_CODE = 75  # EX_TEMPFAIL: every in-process tool thread is kept; restart me
+WEDGED_FOR_S = 60.0  # how long every in-process tool thread must stay kept before a restart
 PREFETCH = 1  # claimed I/O rows that may wait behind each busy slot
 PREPARE_THRESHOLD = 0  # prepared at once: the first execution runs the generic plan too
 # Settings of a link that prepares (see Link).
@@ -181,6 +184,8 @@ class Worker:
             max(1, cfg.inprocess_slots // INPROCESS_CHUNK), thread_name_prefix="inprocess"
         )
         self.signals = 0
+        self.exit_code = 0
+        inprocess.configure(cfg.inprocess_threads)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -204,7 +209,7 @@ class Worker:
             self._claim_loop()
         finally:
             self._shutdown(sides)
-        return 0
+        return self.exit_code
 
     def stop(self) -> None:
         self.stopping.set()
@@ -411,14 +416,17 @@ class Worker:
             self._finished(1, 1, wake)
             return
         self.metrics.claim_to_start.observe(time.monotonic() - row.claimed_at_monotonic)
+        # Queued before it counts as finished: shutdown, once nothing executes, writes the
+        # queued outcomes before it releases what is left, so none is refused as stale.
         try:
-            outcome = self.executors[row.kind](row)
-        except Exception as err:
-            log(logger, logging.ERROR, "executor.crashed", error=repr(err), **row.context())
-            outcome = retry(row, f"executor crashed: {type(err).__name__}: {err}")
+            try:
+                outcome = self.executors[row.kind](row)
+            except Exception as err:
+                log(logger, logging.ERROR, "executor.crashed", error=repr(err), **row.context())
+                outcome = retry(row, f"executor crashed: {type(err).__name__}: {err}")
+            self._queue(outcome)
         finally:
             self._finished(1, 1, wake)
-        self._queue(outcome)
 
     def _execute_chunk(self, rows: list[Claimed]) -> None:
         if not self._start(rows):  # queued behind other chunks: shutdown releases them
@@ -428,14 +436,47 @@ class Worker:
         for row in rows:
             self.metrics.claim_to_start.observe(now - row.claimed_at_monotonic)
         try:
-            outcomes = inprocess.run_calls(rows)
-        except Exception as err:
-            log(logger, logging.ERROR, "executor.crashed", error=repr(err), n=len(rows))
-            outcomes = [retry(r, f"executor crashed: {type(err).__name__}: {err}") for r in rows]
+            try:
+                outcomes = inprocess.run_calls(rows)
+            except Exception as err:
+                log(logger, logging.ERROR, "executor.crashed", error=repr(err), n=len(rows))
+                outcomes = [
+                    retry(r, f"executor crashed: {type(err).__name__}: {err}") for r in rows
+                ]
+            for outcome in outcomes:
+                self._queue(outcome)  # before finished: see _execute
         finally:
             self._finished(len(rows), 0)
-        for outcome in outcomes:
-            self._queue(outcome)
+
+    def _check_wedged(self, wedged_since: float | None) -> float | None:
+        """When every in-process tool thread has stayed kept by a call that overran its
+        timeout for ``WEDGED_FOR_S``, stop to be restarted; returns since when they are."""
+        if not inprocess.wedged():
+            return None
+        now = time.monotonic()
+        if wedged_since is None:
+            return now
+        if now - wedged_since >= WEDGED_FOR_S and not self.exit_code:
+            self._stop_wedged()
+        return wedged_since
+
+    def _stop_wedged(self) -> None:
+        """Python cannot stop a thread: with every in-process tool thread kept, no
+        in-process tool can run here until one returns, which may be never (a slow tool's
+        calls return within a minute: ``WEDGED_FOR_S``). Stop like on SIGTERM (outcomes
+        written, the rest released) and exit with ``WEDGED_EXIT_CODE`` for the supervisor
+        or the process manager to start a fresh process."""
+        log(
+            logger,
+            logging.ERROR,
+            "inprocess.wedged",
+            worker=self.cfg.worker_id,
+            threads=self.cfg.inprocess_threads,
+            overrunning=inprocess.overrunning(),
+            exit_code=WEDGED_EXIT_CODE,
+        )
+        self.exit_code = WEDGED_EXIT_CODE
+        self.stop()
 
     def _start(self, rows: list[Claimed]) -> bool:
         """Whether the effects of ``rows`` may start: not once the worker is stopping. Taken
@@ -876,7 +917,9 @@ class Worker:
         link = Link(self.cfg.database_url, "maintenance", prepare=False)
         interval = min(self.cfg.lease_s / 3, self.cfg.rescue_interval_s)
         last_rescue = last_depth = 0.0
+        wedged_since: float | None = None
         while not self.done.wait(interval):
+            wedged_since = self._check_wedged(wedged_since)
             try:
                 self._heartbeat(link)
                 if time.monotonic() - last_rescue >= self.cfg.rescue_interval_s:
@@ -994,4 +1037,16 @@ def freeze_startup_heap() -> None:
 def run_worker(cfg: RelayConfig) -> int:
     """Entry point of a worker process."""
     freeze_startup_heap()
-    return Worker(cfg).run()
+    return leave_process(Worker(cfg).run())
+
+
+def leave_process(code: int) -> int:
+    """``code``, or an immediate exit with it while a tool thread is kept by a call that
+    overran (wedged or not): the interpreter would wait at exit for that thread, maybe
+    forever. The worker has written and released everything by now."""
+    if code == WEDGED_EXIT_CODE or inprocess.overrunning():
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

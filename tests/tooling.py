@@ -50,6 +50,11 @@ def block(**arguments: Any) -> dict[str, Any]:
     return {"released": True}
 
 
+def hang(**arguments: Any) -> None:
+    """Never return: a tool stuck for good (only ever run in a relay process of its own)."""
+    threading.Event().wait()
+
+
 def too_big(**arguments: Any) -> str:
     return "x" * (config.MAX_PAYLOAD_BYTES + 1)
 

@@ -10,7 +10,9 @@ mode decides: ``key`` retries, ``none`` goes to ``outcome_unknown`` and is never
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import psycopg
 import pytest
 
 from outbox import registry
+from relay import inprocess
 from tests import tooling
 from tests.relay_harness import (
     all_settled,
@@ -46,6 +49,7 @@ def release_blocked_tools() -> Iterator[None]:
     tooling.RELEASE.clear()
     yield
     tooling.RELEASE.set()  # let any pool thread still waiting return
+    wait_until(lambda: inprocess.overrunning() == 0, what="kept tool threads to return")
 
 
 def error_of_the_result(db_url: str) -> str:
@@ -102,6 +106,42 @@ def test_timeout_of_a_key_tool_is_retried_then_quarantined(db_url):
     )
     retries = "SELECT count(*) FROM outbox.journal WHERE event = 'tool_call.retry_scheduled'"
     assert scalar(db_url, retries) == 1
+
+
+def test_a_worker_whose_tool_threads_are_all_kept_stops_to_be_restarted(db_url, monkeypatch):
+    """Python cannot stop a thread: once every in-process tool thread has stayed kept by a
+    call that overran (for ``WEDGED_FOR_S``), no python tool can run in this process. The
+    worker stops as on SIGTERM (the call's retry written, nothing lost) and returns the
+    exit code that asks for a fresh process."""
+    from relay import worker
+    from tests.relay_harness import config
+
+    pool = ThreadPoolExecutor(1)
+    monkeypatch.setattr(inprocess, "_pool", pool)
+    monkeypatch.setattr(inprocess, "_pool_threads", 1)
+    monkeypatch.setattr(worker, "WEDGED_FOR_S", 0.5)
+    register(db_url, "stuck", "tests.tooling:block", timeout_s=0.2)
+    seed(db_url, ["stuck"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+    relay = worker.Worker(config(db_url, inprocess_threads=1))
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(relay.run()))
+    thread.start()
+    thread.join(timeout=60)
+    stopped = not thread.is_alive()
+    if not stopped:
+        relay.stop()
+        thread.join(timeout=30)
+    tooling.RELEASE.set()
+    pool.shutdown(wait=True)
+    assert stopped, "the wedged worker did not stop by itself"
+    assert codes == [worker.WEDGED_EXIT_CODE]
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT status, lease_owner, last_error FROM outbox.outbox WHERE kind = 'tool_call'"
+        ).fetchone()
+    assert row is not None
+    assert row[:2] == ("ready", None)  # the retry was written; nothing is left leased
+    assert "tests.tooling:block did not" in row[2]  # return, or start while wedged
 
 
 def test_timeout_of_a_none_tool_is_outcome_unknown_and_not_repeated(db_url):

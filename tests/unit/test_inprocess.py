@@ -7,6 +7,8 @@ keep their results and the calls after it still run, once each.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from relay import inprocess
 from relay.outcomes import Claimed, Outcome
 from tests import tooling
+from tests.relay_harness import wait_until
 
 
 def row(n: int, callable_path: str, arguments: dict[str, Any], **kw: Any) -> Claimed:
@@ -52,6 +55,7 @@ def release_blocked_tools() -> Iterator[None]:
     tooling.RELEASE.clear()
     yield
     tooling.RELEASE.set()  # let any pool thread still waiting return
+    wait_until(lambda: inprocess.overrunning() == 0, what="kept tool threads to return")
 
 
 def test_every_call_of_a_chunk_gets_its_result(tmp_path: Path):
@@ -111,6 +115,44 @@ def test_a_chunk_that_cannot_start_is_retried_without_running(tmp_path: Path, mo
     stuck.result(timeout=10)
     stuck_pool.shutdown(wait=True)
     assert not evidence.exists()  # the cancelled chunk never ran a call
+
+
+def test_a_thread_kept_by_an_overrun_counts_until_its_call_returns(monkeypatch):
+    """Every thread kept by a call that overran means a wedged pool, and only then."""
+    pool = ThreadPoolExecutor(1)
+    monkeypatch.setattr(inprocess, "_pool", pool)
+    monkeypatch.setattr(inprocess, "_pool_threads", 1)
+    assert not inprocess.wedged()
+    (outcome,) = inprocess.run_calls([row(1, "tests.tooling:block", {}, timeout_s=0.2)])
+    assert outcome.action == "retry"
+    assert (inprocess.overrunning(), inprocess.wedged()) == (1, True)
+    tooling.RELEASE.set()  # the call returns at last: its thread is free again
+    wait_until(lambda: inprocess.overrunning() == 0, what="the overrun to be released")
+    assert not inprocess.wedged()
+    pool.shutdown(wait=True)
+
+
+EXIT_WITH_A_KEPT_THREAD = """
+import sys
+from relay import inprocess, worker
+from tests.unit.test_inprocess import row
+inprocess.run_calls([row(1, "tests.tooling:hang", {}, timeout_s=0.2)])
+assert inprocess.overrunning() == 1
+worker.leave_process(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("code", [0, 75])
+def test_a_process_leaves_even_with_a_tool_thread_kept_for_good(code):
+    """The interpreter joins pool threads at exit: one kept by a call that never returns
+    would hold a stopped worker process forever (after SIGTERM, code 0, or wedged, 75)."""
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_WITH_A_KEPT_THREAD, str(code)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        timeout=60,  # a hang fails here
+    )
+    assert done.returncode == code, done.stderr.decode()[-2000:]
 
 
 @pytest.mark.parametrize(
