@@ -1042,9 +1042,9 @@ def run_worker(cfg: RelayConfig) -> int:
 
 def leave_process(code: int) -> int:
     """``code``, or an immediate exit with it while a tool thread is kept by a call that
-    overran (wedged or not): the interpreter would wait at exit for that thread, maybe
-    forever. The worker has written and released everything by now."""
-    if code == WEDGED_EXIT_CODE or inprocess.overrunning():
+    overran (a wedged worker's are all kept): the interpreter would wait at exit for that
+    thread, maybe forever. The worker has written and released everything by now."""
+    if inprocess.overrunning():
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
