@@ -21,6 +21,9 @@ import psycopg
 from outbox import db, history, lifecycle, migrate, ops, registry, writer
 from outbox.errors import OutboxError
 from outbox.schemas import NewMessage, StartRun
+from relay.config import RelayConfig
+
+RELAY_DEFAULTS = RelayConfig(database_url="")  # the relay's options default to these
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -270,18 +273,22 @@ def tools_enable(name: str, tenant: str) -> None:
 @main.command("relay")
 @click.option(
     "--concurrency",
-    default=16,
+    default=RELAY_DEFAULTS.concurrency,
     show_default=True,
     help=(
-        "Execution slots per process: HTTP tool calls and model turns in flight "
-        "(and as many claimed rows waiting behind busy slots)."
+        "Effects in flight per process: model turns and HTTP tool calls, each a task on "
+        "the process's event loop, none holding a database connection."
     ),
 )
 @click.option(
-    "--completers",
-    default=2,
+    "--db-connections",
+    default=RELAY_DEFAULTS.db_connections,
     show_default=True,
-    help="Threads writing outcomes per process (each has its own connection).",
+    help=(
+        "Database connections per process, whatever is in flight: claim, preparer, "
+        "maintenance, listener (unless --no-listen) and the rest writing outcomes "
+        "(at least one). The relay refuses to start when the server has too few free."
+    ),
 )
 @click.option(
     "--inprocess-slots",
@@ -322,18 +329,28 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
     finish within the grace period and releases the rest; a second signal exits at once.
     """
     from relay import logs, supervisor, worker
-    from relay.config import ALL_KINDS, RelayConfig
+    from relay.config import ALL_KINDS
+    from relay.links import check_connection_budget
 
     url = db.database_url()
     with db.connect(url) as conn:
         db.check_schema_current(conn)
+    fixed = RelayConfig(database_url=url, completers=1, listen=not opts["no_listen"])
+    completers = opts["db_connections"] - (fixed.db_connections - 1)
+    if completers < 1:
+        raise click.UsageError(
+            f"--db-connections {opts['db_connections']} is too few: a process needs "
+            f"{fixed.db_connections} (claim, preparer, maintenance"
+            f"{', listener' if fixed.listen else ''} and one completer)"
+        )
+    check_connection_budget(url, processes, opts["db_connections"])
     cfg = RelayConfig(
         database_url=url,
         schema=db.schema_name(),
         concurrency=opts["concurrency"],
         inprocess_slots=opts["inprocess_slots"],
         inprocess_threads=opts["inprocess_threads"],
-        completers=opts["completers"],
+        completers=completers,
         lease_s=opts["lease_s"],
         poll_interval_s=opts["poll_s"],
         listen=not opts["no_listen"],

@@ -110,8 +110,19 @@ def to_responses_input(messages: list[Message]) -> list[Message]:
 def stored_messages(db: Any, thread_id: uuid.UUID) -> list[Message]:
     """A thread's stored messages in chat format, in order (no repair)."""
     conn = writer.pg(db)
+    return from_rows(
+        writer.fetch_all(conn, writer.Q.thread_messages, {"thread_id": thread_id}),
+        writer.fetch_all(conn, writer.Q.thread_calls, {"thread_id": thread_id}),
+    )
+
+
+def from_rows(message_rows: list[dict[str, Any]], call_rows: list[dict[str, Any]]) -> list[Message]:
+    """Chat-format messages from a thread's message rows (in order, each tool message with
+    the call id it answers) and call rows (by assistant message and position): the shape of
+    the ``thread_messages`` and ``thread_calls`` queries, which the relay reads for many
+    threads at once."""
     calls: dict[int, list[Message]] = {}
-    for row in writer.fetch_all(conn, writer.Q.thread_calls, {"thread_id": thread_id}):
+    for row in call_rows:
         calls.setdefault(row["message_id"], []).append(
             {
                 "id": row["tool_call_id"],
@@ -120,7 +131,7 @@ def stored_messages(db: Any, thread_id: uuid.UUID) -> list[Message]:
             }
         )
     messages: list[Message] = []
-    for row in writer.fetch_all(conn, writer.Q.thread_messages, {"thread_id": thread_id}):
+    for row in message_rows:
         if row["role"] == "tool":
             messages.append(
                 {"role": "tool", "tool_call_id": row["answers_call"], "content": row["content"]}
@@ -131,6 +142,15 @@ def stored_messages(db: Any, thread_id: uuid.UUID) -> list[Message]:
             message["tool_calls"] = calls[row["id"]]
         messages.append(message)
     return messages
+
+
+def for_provider(messages: list[Message], api: str) -> tuple[list[Message], Repair]:
+    """Stored messages made pairable (calls still waiting for their batch are closed in
+    this copy only) in the format of ``api`` (``chat`` or ``responses``)."""
+    fixed, report = repair(messages, reason="batch not delivered")
+    if api == "responses":
+        return to_responses_input(fixed), report
+    return fixed, report
 
 
 def replay(
@@ -145,7 +165,4 @@ def replay(
     tenancy.scope(conn, tenant_id)
     thread = writer.fetch_one(conn, writer.Q.get_thread, {"thread_id": thread_id})
     writer._owned(thread, "thread", thread_id, tenant_id)
-    messages, report = repair(stored_messages(conn, thread_id), reason="batch not delivered")
-    if api == "responses":
-        return to_responses_input(messages), report
-    return messages, report
+    return for_provider(stored_messages(conn, thread_id), api)

@@ -355,8 +355,19 @@ class OutboxRow(Base):
     correlation_id: Mapped[str | None] = mapped_column(Text)
     status: Mapped[str] = mapped_column(Text)
     available_at: Mapped[datetime] = _now()
-    attempts: Mapped[int] = mapped_column(Integer)
+    attempts: Mapped[int] = mapped_column(
+        Integer, comment="claims so far: the fencing token, bumped by every claim, never reused"
+    )
     max_attempts: Mapped[int] = mapped_column(Integer)
+    failures: Mapped[int] = mapped_column(
+        Integer,
+        comment="attempts whose effect failed by the tool or model; quarantined at max_attempts",
+    )
+    lost_leases: Mapped[int] = mapped_column(
+        Integer,
+        comment="claims that ended with no outcome (holder died, lease expired); "
+        "no attempt charged",
+    )
     lease_owner: Mapped[str | None] = mapped_column(Text)
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -18,7 +18,7 @@ def new_worker_id() -> str:
 class RelayConfig:
     database_url: str
     schema: str = "outbox"
-    concurrency: int = 16  # execution slots per process (HTTP tools, model turns, deliveries)
+    concurrency: int = 1000  # effects in flight per process (model turns, HTTP tools)
     inprocess_slots: int = 512  # in-process tool calls in flight per process, beside the slots
     inprocess_threads: int = 64  # threads running in-process tools per process
     lease_s: float = 30.0  # seconds a claim is valid without a heartbeat
@@ -31,9 +31,16 @@ class RelayConfig:
     retry_cap_s: float = 60.0  # longest retry delay
     completion_batch: int = 256  # most outcomes written in one transaction
     completers: int = 2  # threads writing outcomes, each with its own connection
+    max_lost_leases: int = 10  # a row whose lease was lost this often is quarantined
     kinds: tuple[str, ...] = ALL_KINDS
     metrics_port: int | None = None
     worker_id: str = field(default_factory=new_worker_id)
+
+    @property
+    def db_connections(self) -> int:
+        """Connections one worker process holds: the claim loop, the preparer, the
+        completers, maintenance and the listener (plus one briefly at shutdown)."""
+        return 3 + self.completers + int(self.listen)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -44,6 +51,8 @@ class RelayConfig:
             raise ValueError("inprocess_slots must be at least 1")
         if self.inprocess_threads < 1:
             raise ValueError("inprocess_threads must be at least 1")
+        if self.max_lost_leases < 1:
+            raise ValueError("max_lost_leases must be at least 1")
         if self.lease_s <= 1:
             raise ValueError("lease_s must be over 1 second")
         unknown = set(self.kinds) - set(ALL_KINDS)

@@ -1,5 +1,8 @@
 """Executors: perform one claimed row's effect and say what happened, as an ``Outcome``.
 
+They are coroutines on the I/O engine's event loop (``relay.engine``): an HTTP call in flight
+is a task waiting on a socket, not a thread and never a database connection.
+
 An executor never writes the outcome itself; the worker's completer does, in a fenced
 transaction. The one exception is the *dispatch mark*: before calling a tool that cannot
 deduplicate (idempotency mode ``lookup`` or ``none``), the executor records, conditional on
@@ -21,11 +24,13 @@ Failure classes for an HTTP tool:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 
 import httpx2
 
@@ -90,23 +95,29 @@ def request_headers(row: Claimed) -> dict[str, str]:
 # -- tool calls -------------------------------------------------------------------------
 
 
-MarkDispatched = Callable[[Claimed], bool]
+MarkDispatched = Callable[[Claimed], Awaitable[bool]]
+PickClient = Callable[[], httpx2.AsyncClient]
 
 
 class ToolExecutor:
-    """Runs ``tool_call`` rows: HTTP tools through one shared client, python tools in-process.
+    """Runs ``tool_call`` rows: HTTP tools on the engine's clients, python tools in-process.
 
-    ``mark_dispatched`` is the worker's fenced write (see the module docstring); it returns
-    False when this worker no longer holds the lease, and then the tool is not called.
+    ``mark_dispatched`` is the fenced write of the module docstring, batched with other
+    rows' by ``relay.preparer``; it returns False when this worker no longer holds the lease,
+    and then the tool is not called. ``threads`` runs an in-process call of a tool that needs
+    that mark (a chunk of one, ``relay.inprocess``) off the event loop.
     """
 
-    def __init__(self, http: httpx2.Client, mark_dispatched: MarkDispatched) -> None:
+    def __init__(
+        self, http: PickClient, mark_dispatched: MarkDispatched, threads: Executor
+    ) -> None:
         self.http = http
         self.mark_dispatched = mark_dispatched
+        self.threads = threads
 
-    def run(self, row: Claimed) -> Outcome:
+    async def run(self, row: Claimed) -> Outcome:
         started = time.monotonic()
-        outcome = self._run(row)
+        outcome = await self._run(row)
         return Outcome(
             outcome.row,
             outcome.action,
@@ -115,9 +126,10 @@ class ToolExecutor:
             outcome.error,
             outcome.source,
             time.monotonic() - started,
+            outcome.delay_s,
         )
 
-    def _run(self, row: Claimed) -> Outcome:
+    async def _run(self, row: Claimed) -> Outcome:
         mode = row.idempotency_mode
         if row.dispatched_attempt is not None:
             if mode == "none":
@@ -128,21 +140,25 @@ class ToolExecutor:
                     f"the tool; {NOT_REPEATED}",
                 )
             if mode == "lookup":
-                found = self._lookup(row)
+                found = await self._lookup(row)
                 if found is not None:
                     return found
-        if mode in ("none", "lookup") and not self.mark_dispatched(row):
+        if mode in ("none", "lookup") and not await self.mark_dispatched(row):
             return Outcome(row, "lost", error="lease lost before dispatch; not called")
-        outcome = self._call_python(row) if row.executor == "python" else self._call_http(row)
+        if row.executor == "python":
+            loop = asyncio.get_running_loop()
+            outcome = await loop.run_in_executor(self.threads, _call_python, row)
+        else:
+            outcome = await self._call_http(row)
         failpoints.hit("tool.after_call")
         return outcome
 
-    def _lookup(self, row: Claimed) -> Outcome | None:
+    async def _lookup(self, row: Claimed) -> Outcome | None:
         """Ask the tool whether an earlier attempt happened: its result, or None to execute."""
         if not row.lookup_endpoint:
             return None
         try:
-            response = self.http.post(
+            response = await self.http().post(
                 row.lookup_endpoint,
                 json={"idempotency_key": row.idempotency_key, "arguments": row.arguments},
                 headers=request_headers(row),
@@ -161,14 +177,14 @@ class ToolExecutor:
             return result(row, body.get("result"), source="lookup")
         return None
 
-    def _call_http(self, row: Claimed) -> Outcome:
+    async def _call_http(self, row: Claimed) -> Outcome:
         assert row.endpoint is not None
         try:
             headers = request_headers(row)
         except LookupError as err:
             return retry(row, str(err))
         try:
-            response = self.http.post(
+            response = await self.http().post(
                 row.endpoint, json=row.arguments, headers=headers, timeout=row.timeout_s or 30.0
             )
         except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as err:
@@ -179,32 +195,35 @@ class ToolExecutor:
             )
         except httpx2.HTTPError as err:
             return ambiguous(row, f"connection to {row.endpoint} broke: {describe(err)}")
-        return self._normalise(row, response)
+        return normalise(row, response)
 
-    def _normalise(self, row: Claimed, response: httpx2.Response) -> Outcome:
-        status = response.status_code
-        if 200 <= status < 300:
-            size = len(response.content)
-            if size > outbox_config.MAX_PAYLOAD_BYTES:
-                return error_result(
-                    row,
-                    f"tool result is {size} bytes, over the cap of "
-                    f"{outbox_config.MAX_PAYLOAD_BYTES} bytes",
-                )
-            try:
-                output = response.json() if size else None
-            except ValueError:
-                output = {"text": response.text}
-            return result(row, output)
-        if status in NOT_PROCESSED:
-            return retry(row, f"HTTP {status} from {row.endpoint}: {preview(response)}")
-        if 400 <= status < 500:
-            return error_result(row, f"HTTP {status} from {row.tool_name}: {preview(response)}")
-        return ambiguous(row, f"HTTP {status} from {row.endpoint}: {preview(response)}")
 
-    def _call_python(self, row: Claimed) -> Outcome:
-        """One in-process call: a chunk of one (``relay.inprocess`` says what timeouts mean)."""
-        return inprocess.run_calls([row])[0]
+def normalise(row: Claimed, response: httpx2.Response) -> Outcome:
+    """What an HTTP tool's answer means (the module docstring's failure classes)."""
+    status = response.status_code
+    if 200 <= status < 300:
+        size = len(response.content)
+        if size > outbox_config.MAX_PAYLOAD_BYTES:
+            return error_result(
+                row,
+                f"tool result is {size} bytes, over the cap of "
+                f"{outbox_config.MAX_PAYLOAD_BYTES} bytes",
+            )
+        try:
+            output = response.json() if size else None
+        except ValueError:
+            output = {"text": response.text}
+        return result(row, output)
+    if status in NOT_PROCESSED:
+        return retry(row, f"HTTP {status} from {row.endpoint}: {preview(response)}")
+    if 400 <= status < 500:
+        return error_result(row, f"HTTP {status} from {row.tool_name}: {preview(response)}")
+    return ambiguous(row, f"HTTP {status} from {row.endpoint}: {preview(response)}")
+
+
+def _call_python(row: Claimed) -> Outcome:
+    """One in-process call: a chunk of one (``relay.inprocess`` says what timeouts mean)."""
+    return inprocess.run_calls([row])[0]
 
 
 def describe(err: Exception) -> str:

@@ -45,5 +45,16 @@ class Metrics:
             "outbox_queue_oldest_ready_seconds", "Age of the oldest due ready row", registry=r
         )
 
+        self.db_unavailable = Gauge(
+            "outbox_relay_db_unavailable",
+            "1 while a link of this process cannot reach the database",
+            ["link"],
+            registry=r,
+        )
+
+    def outage(self, link: str, waiting: bool) -> None:
+        """A link lost the database (``waiting``) or reached it again."""
+        self.db_unavailable.labels(link).set(1 if waiting else 0)
+
     def serve(self, port: int) -> None:
         start_http_server(port, addr="127.0.0.1", registry=self.registry)

@@ -8,28 +8,31 @@ in a fenced transaction, with the batch of tool-call intents and their outbox ro
 one response is ever recorded per (run, step) (a unique constraint): a crash before the
 record may call the model again, never record twice; a turn already recorded is reused.
 
-Two adapters, chosen per run (``api``): the Responses API (``function_call`` and
+The call is a coroutine on the relay's event loop (``relay.engine``) through ``AsyncOpenAI``:
+a turn waiting seconds for its model holds no thread and no database connection. Two
+adapters, chosen per run (``api``): the Responses API (``function_call`` and
 ``function_call_output`` items) and chat completions (``tool_calls``). 429, 5xx, timeouts
-and connection errors retry with backoff; other 4xx answers fail the run with reason
-``model_error`` (sending the same request again would not help).
+and connection errors retry with backoff, or after what a ``Retry-After`` header asks;
+other 4xx answers fail the run with reason ``model_error`` (sending the same request
+again would not help).
 """
 
 from __future__ import annotations
 
+import email.utils
 import os
-import threading
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import openai
-import psycopg
 from pydantic import ValidationError
 
-from outbox import history, registry, writer
 from outbox.errors import OutboxError
 from outbox.schemas import ModelTurnIn, ToolCallIn
 from relay import failpoints
 from relay.outcomes import Claimed, Outcome, retry
+from relay.preparer import Turn, step_of
 
 MODEL_TIMEOUT_S = float(os.environ.get("OUTBOX_MODEL_TIMEOUT_S", "120"))  # per request
 RETRYABLE = (
@@ -38,65 +41,90 @@ RETRYABLE = (
     openai.APIConnectionError,
     openai.APITimeoutError,
 )
+RETRY_AFTER_MAX_S = 600.0  # the longest wait a Retry-After header may ask for
+
+
+def retry_after(err: Exception) -> float | None:
+    """Seconds an HTTP answer's ``Retry-After`` header asks to wait (a number of seconds or
+    an HTTP date), capped at ``RETRY_AFTER_MAX_S``; None when it asks nothing."""
+    response = getattr(err, "response", None)
+    value = response.headers.get("retry-after") if response is not None else None
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    return min(RETRY_AFTER_MAX_S, max(0.0, seconds))
 
 
 class ModelExecutor:
-    """Runs ``model_turn`` rows. ``connect`` gives this thread a database connection."""
+    """Runs ``model_turn`` rows on the engine's event loop.
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]]) -> None:
-        self.connect = connect
-        self._clients: dict[tuple[str | None, str], openai.OpenAI] = {}
-        self._lock = threading.Lock()
+    ``prepare`` reads what the call needs (batched with other turns', ``relay.preparer``);
+    ``clients`` gives an ``AsyncOpenAI`` for a base URL (``relay.engine``: a few pooled
+    clients per URL, so thousands of requests in flight never share one pool's scan).
+    """
 
-    def run(self, row: Claimed) -> Outcome:
-        step_no = int((row.payload or {}).get("step_no", 1))
-        conn = self.connect()
-        with conn.transaction():
-            run = writer.get_run(conn, row.run_id)
-            if run["status"] in writer.ENDED:
-                return Outcome(row, "skip", error=f"run is {run['status']}")
-            recorded = writer.fetch_one(
-                conn, writer.Q.model_turn_by_step, {"run_id": run["id"], "step_no": step_no}
+    def __init__(
+        self,
+        prepare: Callable[[Claimed], Awaitable[Turn | str]],
+        clients: Callable[[str | None], openai.AsyncOpenAI],
+    ) -> None:
+        self.prepare = prepare
+        self.clients = clients
+        # Base URLs whose server asked, with Retry-After, that nobody call before a moment
+        # (monotonic seconds): their turns wait without calling, and without a charge.
+        self.held_until: dict[str | None, float] = {}
+
+    async def run(self, row: Claimed) -> Outcome:
+        step_no = step_of(row)
+        prepared = await self.prepare(row)
+        if isinstance(prepared, str):
+            return Outcome(row, "skip", error=prepared)
+        run, messages, tools = prepared.run, prepared.messages, prepared.tools
+        base_url = run["base_url"]
+        hold = self.held_until.get(base_url, 0.0) - time.monotonic()
+        if hold > 0:
+            return Outcome(
+                row, "defer", error=f"{base_url} asked to wait (Retry-After)", delay_s=hold
             )
-            if recorded:
-                return Outcome(row, "skip", error=f"step {step_no} is already recorded")
-            messages, _ = history.replay(conn, run["thread_id"], run["tenant_id"], api=run["api"])
-            tools = registry.resolve(conn, run["tenant_id"], run["tool_names"])
-        client = self._client(run["base_url"])
+        client = self.clients(base_url)
         try:
             if run["api"] == "chat":
-                turn = self._chat(client, run, step_no, messages, tools)
+                turn = await self._chat(client, run, step_no, messages, tools)
             else:
-                turn = self._responses(client, run, step_no, messages, tools)
+                turn = await self._responses(client, run, step_no, messages, tools)
         except RETRYABLE as err:
-            return retry(row, f"model call failed: {type(err).__name__}: {err}")
+            error = f"model call failed: {type(err).__name__}: {err}"
+            return self._retry(row, base_url, error, err)
         except openai.APIStatusError as err:
             if err.status_code >= 500:
-                return retry(row, f"model answered HTTP {err.status_code}: {err.message}")
+                return self._retry(
+                    row, base_url, f"model answered HTTP {err.status_code}: {err.message}", err
+                )
             return Outcome(row, "fail_run", error=f"model refused the request: {err.message}")
         except (ValidationError, OutboxError) as err:
             return Outcome(row, "fail_run", error=f"model response cannot be recorded: {err}")
         failpoints.hit("model.after_call")
         return Outcome(row, "turn", output=turn)
 
-    def _client(self, base_url: str | None) -> openai.OpenAI:
-        api_key = os.environ.get("OPENAI_API_KEY", "not-needed")
-        key = (base_url, api_key)
-        with self._lock:
-            client = self._clients.get(key)
-            if client is None:
-                client = openai.OpenAI(
-                    base_url=base_url or os.environ.get("OPENAI_BASE_URL"),
-                    api_key=api_key,
-                    max_retries=0,  # retries are the outbox's job: backoff, attempts, journal
-                    timeout=MODEL_TIMEOUT_S,
-                )
-                self._clients[key] = client
-        return client
+    def _retry(self, row: Claimed, base_url: str | None, error: str, err: Exception) -> Outcome:
+        """Try the turn again later; when the server said how long to wait, every turn of
+        that base URL waits as long."""
+        delay = retry_after(err)
+        if delay:
+            self.held_until[base_url] = max(
+                self.held_until.get(base_url, 0.0), time.monotonic() + delay
+            )
+        return retry(row, error, delay)
 
-    def _responses(
+    async def _responses(
         self,
-        client: openai.OpenAI,
+        client: openai.AsyncOpenAI,
         run: dict[str, Any],
         step_no: int,
         items: list[dict[str, Any]],
@@ -115,7 +143,7 @@ class ModelExecutor:
                 }
                 for name, tool in sorted(tools.items())
             ]
-        response = client.responses.create(**kwargs)
+        response = await client.responses.create(**kwargs)
         texts: list[str] = []
         calls: list[ToolCallIn] = []
         for item in response.output:
@@ -137,9 +165,9 @@ class ModelExecutor:
             output_tokens=usage.output_tokens if usage else 0,
         )
 
-    def _chat(
+    async def _chat(
         self,
-        client: openai.OpenAI,
+        client: openai.AsyncOpenAI,
         run: dict[str, Any],
         step_no: int,
         messages: list[dict[str, Any]],
@@ -160,7 +188,7 @@ class ModelExecutor:
                 }
                 for name, tool in sorted(tools.items())
             ]
-        response = client.chat.completions.create(**kwargs)
+        response = await client.chat.completions.create(**kwargs)
         message = response.choices[0].message
         calls = [
             ToolCallIn(tool_call_id=c.id, name=c.function.name, arguments=c.function.arguments)

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-Action = Literal["result", "retry", "unknown", "deliver", "lost", "turn", "fail_run", "skip"]
+Action = Literal[
+    "result", "retry", "defer", "unknown", "deliver", "lost", "turn", "fail_run", "skip"
+]
 NOT_REPEATED = (
     "the tool honours no idempotency key and offers no lookup, so it is not called again: "
     "check the tool and run `outbox reconcile TOOL_CALL --happened --result JSON` or "
@@ -30,7 +32,8 @@ class Claimed(NamedTuple):
     batch_id: int | None
     tool_call_ref: int | None
     correlation_id: str | None
-    attempt: int
+    attempt: int  # the claim's number: its fencing token
+    failures: int  # attempts charged so far (only effects that failed count)
     max_attempts: int
     payload: dict[str, Any] | None  # None for tool calls (see the claim query)
     lag_s: float
@@ -65,7 +68,10 @@ class Claimed(NamedTuple):
 @dataclass(frozen=True)
 class Outcome:
     """What an attempt produced. ``result``: a terminal result (ok or error) to store;
-    ``retry``: try again later (or quarantine when out of attempts); ``unknown``: ambiguous
+    ``retry``: try again later (or quarantine when out of attempts), after ``delay_s`` when
+    the tool or model asked for it (``Retry-After``), else after the relay's backoff;
+    ``defer``: the effect never started (its model server asked everyone to wait), try again
+    after ``delay_s`` with no attempt charged; ``unknown``: ambiguous
     and not safely repeatable; ``deliver``: a batch delivery to perform in the completion
     transaction; ``lost``: the lease was gone before the effect, nothing to write;
     ``turn``: a model response (a ``ModelTurnIn`` in ``output``) to record; ``fail_run``:
@@ -78,6 +84,7 @@ class Outcome:
     error: str | None = None
     source: str = "relay"
     duration_s: float = 0.0
+    delay_s: float | None = None
 
 
 def result(row: Claimed, output: Any, source: str = "relay") -> Outcome:
@@ -88,8 +95,8 @@ def error_result(row: Claimed, error: str) -> Outcome:
     return Outcome(row, "result", "error", None, error)
 
 
-def retry(row: Claimed, error: str) -> Outcome:
-    return Outcome(row, "retry", error=error)
+def retry(row: Claimed, error: str, delay_s: float | None = None) -> Outcome:
+    return Outcome(row, "retry", error=error, delay_s=delay_s)
 
 
 def ambiguous(row: Claimed, error: str) -> Outcome:

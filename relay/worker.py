@@ -1,38 +1,44 @@
 """One relay worker process: claim due outbox rows, perform their effects, record outcomes.
 
-Concurrency model: threads, not asyncio. The writer API that backends call is synchronous
-psycopg, and the relay records outcomes through that very code, so a result written by the
-relay and one submitted by a backend take the same path. Effects are blocking I/O (HTTP, a
-model call), so K execution slots are K threads of a pool; the work that matters for
-correctness happens in Postgres. Each thread that talks to the database owns its connection.
+Concurrency model: effects are tasks, the database is a few threads with a link each.
+Model turns and HTTP tool calls wait seconds on the network, so they run as asyncio tasks
+on the I/O engine's event loop (``relay.engine``), as many as ``--concurrency`` allows; none
+holds a database connection. The work that matters for correctness happens in Postgres, on
+a fixed set of links (``relay.links``) however much is in flight:
 
-Threads in a worker:
-
-- the *claim loop* (the caller's thread): claims at most as many rows as there are free
-  slots, in one statement, and hands them to the slots. When it gets fewer rows than it
-  asked for, it sleeps until a NOTIFY, a freed slot, the next due row or the poll interval;
-  an idle relay does not busy-loop.
-- K *slots*: perform effects and queue ``Outcome``s.
+- the *claim loop* (the caller's thread): claims as many rows as ``relay.capacity`` allows,
+  in one statement, and hands them out. When it gets fewer rows than it asked for, it
+  sleeps until a NOTIFY, a finished effect, the next due row or the poll interval; an idle
+  relay does not busy-loop.
+- the *preparer*: what effects need before they start (a model turn's history, a dispatch
+  mark), for all waiting tasks at once (``relay.preparer``).
 - *in-process chunks*: tool calls of ``python`` tools that honour keys run 32 per thread hop
-  (``relay.inprocess``) and take no slot: ``--inprocess-slots`` of them may be in flight.
-- the *completers* (``--completers``, 2): write queued outcomes, many per transaction, each
-  on its own connection. A run's outcomes always go to the same completer, so completers of
-  one process never queue on each other's run and batch locks. Every write that completes
-  a row is fenced on (lease holder, attempt); a refused write is journaled, never applied.
-- *maintenance*: heartbeats the leases of rows in flight, rescues expired leases of any
-  worker, re-enqueues deliveries of complete batches that never happened.
+  (``relay.inprocess``): ``--inprocess-slots`` of them may be in flight.
+- the *completers* (2 by default): write queued outcomes, many per transaction, each on
+  its own link. A run's outcomes always go to the same completer, so completers of one
+  process never queue on each other's run and batch locks. Every write that completes a
+  row is fenced on (lease holder, attempt); a refused write is journaled, never applied.
+  They record outcomes through the writer API's code (``writer.record_model_turn``,
+  ``writer.deliver_batches``), so a delivery by the relay and one after a backend's
+  submission take one path.
+- *maintenance*: heartbeats the leases of every row in flight in one statement, rescues
+  expired leases of any worker, re-enqueues deliveries of complete batches that never
+  happened.
 - the *listener*: ``LISTEN outbox_ready`` (off with ``listen=False`` for transaction-mode
   poolers); polling is always the fallback.
 
+A lost connection is the relay's problem, not the row's: the statement is tried again on a
+new connection and no attempt is charged (``failures`` counts only effects that failed).
+
 Shutdown: the first SIGTERM/SIGINT stops claiming, lets effects in flight finish within the
-grace period, releases the rest and flushes outcomes; a second signal exits at once (leases
-then expire and any worker rescues the rows).
+grace period, cancels the rest, flushes outcomes and releases what is left (no attempt
+charged); a second signal exits at once (leases then expire and any worker rescues the
+rows).
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import gc
 import logging
 import os
@@ -42,28 +48,27 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import db, lifecycle, writer
+from outbox import lifecycle, writer
 from outbox.schemas import ToolResultIn
 from outbox.sql import Queries
 from relay import failpoints, inprocess
+from relay.capacity import Capacity
 from relay.config import RelayConfig
-from relay.executors import ToolExecutor
+from relay.engine import Engine
+from relay.links import Link
 from relay.logs import log
 from relay.metrics import Metrics
-from relay.model import ModelExecutor
 from relay.outcomes import Claimed, Outcome, retry, runs_in_chunks
+from relay.preparer import Preparer
 
 logger = logging.getLogger("relay.worker")
-RECONNECT_MAX_S = 5.0  # longest wait between reconnection attempts
 DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with metrics on)
 BUSY_ROW_WAIT_S = 0.02  # idle wait when the only due rows are being claimed by others
 DELIVERY_POLL_S = 0.1  # while the slots are full, how often deliveries alone are claimed
@@ -72,120 +77,53 @@ DELIVERIES = [DELIVERY]
 INPROCESS_CHUNK = 32  # in-process tool calls run one after the other per thread hop
 WEDGED_EXIT_CODE = 75  # EX_TEMPFAIL: every in-process tool thread is kept; restart me
 WEDGED_FOR_S = 60.0  # how long every in-process tool thread must stay kept before a restart
-PREFETCH = 1  # claimed I/O rows that may wait behind each busy slot
-PREPARE_THRESHOLD = 0  # prepared at once: the first execution runs the generic plan too
-# Settings of a link that prepares (see Link).
-GENERIC_PLANS = ("SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off")
-Executor = Callable[[Claimed], Outcome]
-
-
-class Link:
-    """One thread's database connection, reopened after the server or network fails.
-
-    A link that prepares (the claim loop, the completers, the slots) runs each statement on
-    one *generic* plan (``plan_cache_mode = force_generic_plan``), planned once per
-    connection: planning the completion statements cost about 20 us a call, as much as
-    running some of them. A generic plan keeps the choices it made with the statistics of
-    its moment, and results, messages and the journal start empty and grow by thousands a
-    second (a repeat check planned as a scan of an "empty" tool_results went quadratic:
-    313 us a call). So these links also turn sequential scans off: wherever an index can
-    find the rows, it does (a table with no usable index is still scanned). Every relay
-    statement finds its rows by an index, and ``tests/integration/test_hot_path.py``
-    checks the very plans the relay runs. The maintenance side (rescue, depth gauges) runs
-    a few statements a second: it keeps custom plans.
-    """
-
-    def __init__(
-        self, url: str, name: str, *, autocommit: bool = False, prepare: bool = True
-    ) -> None:
-        self.url = url
-        self.name = name
-        self.autocommit = autocommit
-        self.prepare = prepare
-        self.conn: psycopg.Connection[Any] | None = None
-        self.failures = 0
-
-    def get(self) -> psycopg.Connection[Any]:
-        if self.conn is None or self.conn.closed or self.conn.broken:
-            self.conn = psycopg.connect(
-                self.url,
-                autocommit=self.autocommit,
-                connect_timeout=db.CONNECT_TIMEOUT_S,
-                application_name=f"outbox-relay-{self.name}",
-                prepare_threshold=PREPARE_THRESHOLD if self.prepare else None,
-            )
-            if self.prepare:
-                for setting in GENERIC_PLANS:
-                    self.conn.execute(setting, prepare=False)
-                if not self.autocommit:
-                    self.conn.commit()
-        return self.conn
-
-    def failed(self, err: Exception) -> float:
-        """Drop the connection after ``err``; returns how long to wait before trying again."""
-        self.failures += 1
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                self.conn.close()
-        self.conn = None
-        log(logger, logging.WARNING, "db.connection_lost", link=self.name, error=str(err))
-        return float(min(RECONNECT_MAX_S, 0.05 * 2**self.failures))
-
-    def ok(self) -> None:
-        self.failures = 0
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+MARKED_CALL_THREADS = 8  # threads for in-process calls of tools that need a dispatch mark
 
 
 class Worker:
     """A relay worker; ``run()`` blocks until stopped (``stop()`` or SIGTERM/SIGINT)."""
 
-    def __init__(self, cfg: RelayConfig, executors: dict[str, Executor] | None = None) -> None:
+    def __init__(self, cfg: RelayConfig) -> None:
         self.cfg = cfg
         self.q = Queries(Path(__file__).parent / "queries" / "relay.sql", cfg.schema)
         self.metrics = Metrics()
+        self.capacity = Capacity(cfg.concurrency, cfg.inprocess_slots)
         self.stopping = threading.Event()  # no more claims
         self.wake = threading.Event()
         self.lock = threading.Lock()
         self.idle = threading.Condition(self.lock)
         self.executing = 0  # claimed rows whose effect is not done yet
-        self.io_executing = 0  # of which on I/O slots (the rest are in-process tool calls)
+        self.io_executing = 0  # of which on the engine (the rest are in-process tool calls)
         self.claims_inprocess = False  # did the last claim hold in-process tool calls?
         self.inflight: dict[int, Claimed] = {}  # claimed, outcome not yet written
-        # (id, attempt) of claimed rows whose effect has not started: those left when the
-        # worker stops never ran, and shutdown releases them with their attempt given back.
-        self.waiting: set[tuple[int, int]] = set()
         # One queue per completer; a run's outcomes always go to the same one, so completers
         # of one process never wait for each other's run and batch locks.
         self.outcomes = [queue.Queue[Outcome]() for _ in range(cfg.completers)]
         self.done = threading.Event()  # completer and side threads may finish
-        self.http = httpx2.Client(
-            limits=httpx2.Limits(
-                max_connections=cfg.concurrency * 2, max_keepalive_connections=cfg.concurrency
-            )
-        )
-        self.dispatch_link = threading.local()
-        tools = ToolExecutor(self.http, self._mark_dispatched)
-        model = ModelExecutor(self._thread_connection)
-        self.executors: dict[str, Executor] = {
-            "tool_call": tools.run,
-            DELIVERY: lambda row: Outcome(row, "deliver"),
-            "model_turn": model.run,
-        }
-        self.executors.update(executors or {})
-        self.kinds = [k for k in cfg.kinds if k in self.executors]
+        self.kinds = list(cfg.kinds)
         self.deliveries_claimed_at = 0.0  # monotonic; see _delivery_room
         self.notified = threading.Event()  # a NOTIFY since deliveries were last claimed
-        self.slots = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="slot")
         self.chunk_waiters = ThreadPoolExecutor(
             max(1, cfg.inprocess_slots // INPROCESS_CHUNK), thread_name_prefix="inprocess"
+        )
+        self.marked_calls = ThreadPoolExecutor(MARKED_CALL_THREADS, thread_name_prefix="marked")
+        self.preparer = Preparer(self.link("prepare"), self.q, cfg.worker_id, self.done)
+        self.engine = Engine(
+            cfg.concurrency, self.preparer, self.marked_calls, self._effect_done, self._start
         )
         self.signals = 0
         self.exit_code = 0
         inprocess.configure(cfg.inprocess_threads)
+
+    def link(self, name: str, *, autocommit: bool = False, prepare: bool = True) -> Link:
+        """A new link of this worker (``relay.links``), reporting outages to the metrics."""
+        return Link(
+            self.cfg.database_url,
+            name,
+            autocommit=autocommit,
+            prepare=prepare,
+            on_outage=self.metrics.outage,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -204,7 +142,18 @@ class Worker:
             sides.append(threading.Thread(target=self._listen_loop, name="listener"))
         for thread in sides:
             thread.start()
-        log(logger, logging.INFO, "relay.started", worker=self.cfg.worker_id, kinds=self.kinds)
+        self.preparer.start()
+        self.engine.start()
+        log(
+            logger,
+            logging.INFO,
+            "relay.started",
+            worker=self.cfg.worker_id,
+            kinds=self.kinds,
+            concurrency=self.cfg.concurrency,
+            inprocess_slots=self.cfg.inprocess_slots,
+            db_connections=self.cfg.db_connections,
+        )
         try:
             self._claim_loop()
         finally:
@@ -227,6 +176,10 @@ class Worker:
         with self.idle:
             while self.executing and time.monotonic() < deadline:
                 self.idle.wait(timeout=max(0.0, deadline - time.monotonic()))
+        # Effects still running after the grace period are cancelled (their rows are
+        # released below); a cancelled call of a tool that cannot dedup keeps its dispatch
+        # mark, so its next attempt follows the tool's mode, never a blind repeat.
+        self.engine.stop()
         # Let the completer write what finished before deciding what to release, within the
         # grace period: if the database is gone, the leases expire and others rescue the rows.
         flush_deadline = time.monotonic() + self.cfg.grace_s
@@ -236,15 +189,14 @@ class Worker:
                     outcomes.all_tasks_done.wait(timeout=flush_deadline - time.monotonic())
         with self.lock:
             unfinished = list(self.inflight)
-            unstarted = [i for i, row in self.inflight.items() if (i, row.attempt) in self.waiting]
         if unfinished:
-            self._release(unfinished, unstarted)
+            self._release(unfinished)
         self.done.set()
         for thread in sides:
             thread.join()
-        self.slots.shutdown(wait=False, cancel_futures=True)
+        self.preparer.join()
         self.chunk_waiters.shutdown(wait=False, cancel_futures=True)
-        self.http.close()
+        self.marked_calls.shutdown(wait=False, cancel_futures=True)
         log(
             logger,
             logging.INFO,
@@ -256,46 +208,14 @@ class Worker:
     # -- claiming -------------------------------------------------------------------------
 
     def _free(self) -> int:
-        """How many rows the next claim may take.
-
-        I/O rows: each slot may have one more claimed row waiting behind it (``PREFETCH``),
-        so a slot that frees up starts its next row at once. While rows are executing, the
-        claim waits until half a round of slots has room (``_gulp``): claiming one row per
-        freed slot made claims and completions of one or two rows, whose fixed cost per
-        statement dominated (PostgreSQL spent 440 us a call over HTTP, 100 us in bulk). A
-        row waiting for a slot is leased and heartbeated like one executing; once stopping,
-        it is not started, and shutdown releases it with its attempt given back.
-
-        In-process tool calls take no I/O slot (they run in chunks, see
-        ``relay.inprocess``), so while the last claim held some, the claim also takes as
-        many as the in-process capacity has room for. Rows claimed and not yet written
-        never exceed both capacities together.
-        """
-        io_capacity = self._io_capacity()
+        """How many rows the next claim may take (``relay.capacity`` says why)."""
         with self.lock:
-            io_room = max(0, io_capacity - self.io_executing)
-            if self.io_executing and io_room < self._gulp():
-                io_room = 0
-            free = io_room
-            if self.claims_inprocess:
-                inprocess = self.executing - self.io_executing
-                free += max(0, self.cfg.inprocess_slots - inprocess)
-            # Backpressure from the completer: a row counts until its outcome is written,
-            # so fast tools cannot let the claims run ahead of the writes.
-            unwritten = len(self.inflight)
-        return min(free, self._capacity() - unwritten)
-
-    def _io_capacity(self) -> int:
-        """I/O rows claimed and not yet finished: one per slot and one waiting behind it."""
-        return self.cfg.concurrency * (1 + PREFETCH)
-
-    def _capacity(self) -> int:
-        """Rows claimed and not yet written, at most: I/O places and in-process slots."""
-        return self._io_capacity() + self.cfg.inprocess_slots
-
-    def _gulp(self) -> int:
-        """The fewest I/O rows worth a claim while others are executing."""
-        return max(1, self.cfg.concurrency // 2)
+            return self.capacity.room(
+                io_executing=self.io_executing,
+                inprocess_executing=self.executing - self.io_executing,
+                unwritten=len(self.inflight),
+                claims_inprocess=self.claims_inprocess,
+            )
 
     def _delivery_room(self) -> int:
         """How many deliveries a claim may take while the slots leave no room: they take no
@@ -311,7 +231,7 @@ class Worker:
         if not self.notified.is_set() and since < self.cfg.poll_interval_s:
             return 0
         with self.lock:
-            return max(0, min(INPROCESS_CHUNK, self._capacity() - len(self.inflight)))
+            return max(0, min(INPROCESS_CHUNK, self.capacity.total - len(self.inflight)))
 
     def _claim_loop(self) -> None:
         link = self.claim_link()
@@ -348,7 +268,7 @@ class Worker:
         """The claim loop's connection: in autocommit, so a claim (one statement) is one
         round trip, not three (BEGIN and COMMIT each waited for the GIL again, in a process
         whose completers keep it busy)."""
-        return Link(self.cfg.database_url, "claim", autocommit=True)
+        return self.link("claim", autocommit=True)
 
     def _claim(self, link: Link, limit: int, kinds: list[str] | None = None) -> list[Claimed]:
         conn = link.get()
@@ -397,39 +317,35 @@ class Worker:
         return max(BUSY_ROW_WAIT_S, min(self.cfg.poll_interval_s, float(due_in)))
 
     def _dispatch(self, rows: list[Claimed]) -> None:
-        with self.lock:
-            self.waiting.update((row.id, row.attempt) for row in rows)
         chunked = [row for row in rows if runs_in_chunks(row)]
         for first in range(0, len(chunked), INPROCESS_CHUNK):
             self.chunk_waiters.submit(self._execute_chunk, chunked[first : first + INPROCESS_CHUNK])
+        effects = []
         for row in rows:
             if row.kind == DELIVERY:
-                # Nothing to perform outside the database: straight to its completer, never
-                # queued behind a busy slot (a claimed row may wait there for other runs'
-                # slow tool calls). This is the claim loop: it needs no wake-up.
-                self._execute(row, wake=False)
+                # Nothing to perform outside the database: straight to its completer. This
+                # is the claim loop: it needs no wake-up.
+                self._queue(Outcome(row, "deliver"))
+                self._finished(1, 1, wake=False)
             elif not runs_in_chunks(row):
-                self.slots.submit(self._execute, row)
+                effects.append(row)
+        if effects:
+            self.engine.submit(effects)
 
-    def _execute(self, row: Claimed, wake: bool = True) -> None:
-        if not self._start([row]):  # claimed ahead of its slot: shutdown releases it, unrun
-            self._finished(1, 1, wake)
-            return
-        self.metrics.claim_to_start.observe(time.monotonic() - row.claimed_at_monotonic)
-        # Queued before it counts as finished: shutdown, once nothing executes, writes the
-        # queued outcomes before it releases what is left, so none is refused as stale.
-        try:
-            try:
-                outcome = self.executors[row.kind](row)
-            except Exception as err:
-                log(logger, logging.ERROR, "executor.crashed", error=repr(err), **row.context())
-                outcome = retry(row, f"executor crashed: {type(err).__name__}: {err}")
+    def _effect_done(self, row: Claimed, outcome: Outcome | None) -> None:
+        """An engine task ended: queue its outcome (None: not run, or cancelled at shutdown;
+        the row is released), then count it finished. Queued before it counts as finished:
+        shutdown, once nothing executes, writes the queued outcomes before it releases what
+        is left, so none is refused as stale."""
+        if outcome is not None:
+            self.metrics.claim_to_start.observe(
+                max(0.0, time.monotonic() - outcome.duration_s - row.claimed_at_monotonic)
+            )
             self._queue(outcome)
-        finally:
-            self._finished(1, 1, wake)
+        self._finished(1, 1)
 
     def _execute_chunk(self, rows: list[Claimed]) -> None:
-        if not self._start(rows):  # queued behind other chunks: shutdown releases them
+        if self.stopping.is_set():  # queued behind other chunks: shutdown releases them
             self._finished(len(rows), 0)
             return
         now = time.monotonic()
@@ -478,15 +394,10 @@ class Worker:
         self.exit_code = WEDGED_EXIT_CODE
         self.stop()
 
-    def _start(self, rows: list[Claimed]) -> bool:
-        """Whether the effects of ``rows`` may start: not once the worker is stopping. Taken
-        under the lock shutdown reads ``waiting`` with, so a row is either started or
-        released with its attempt given back, never both."""
-        with self.lock:
-            if self.stopping.is_set():
-                return False
-            self.waiting.difference_update((row.id, row.attempt) for row in rows)
-            return True
+    def _start(self, row: Claimed) -> bool:
+        """Whether an effect may start: not once the worker is stopping (shutdown releases
+        the row, no attempt charged)."""
+        return not self.stopping.is_set()
 
     def _queue(self, outcome: Outcome) -> None:
         """Hand an outcome to the completer of its run."""
@@ -500,42 +411,11 @@ class Worker:
         if wake:
             self.wake.set()
 
-    def _thread_connection(self) -> psycopg.Connection[Any]:
-        """This slot thread's own connection (reopened when it broke)."""
-        link: Link | None = getattr(self.dispatch_link, "link", None)
-        if link is None:
-            link = Link(self.cfg.database_url, "slot")
-            self.dispatch_link.link = link
-        return link.get()
-
-    def _mark_dispatched(self, row: Claimed) -> bool:
-        link: Link | None = getattr(self.dispatch_link, "link", None)
-        if link is None:
-            link = Link(self.cfg.database_url, "dispatch")
-            self.dispatch_link.link = link
-        try:
-            conn = link.get()
-            with conn.transaction():
-                marked = conn.execute(
-                    self.q.mark_dispatched,
-                    {
-                        "tool_call_ref": row.tool_call_ref,
-                        "id": row.id,
-                        "worker": self.cfg.worker_id,
-                        "attempt": row.attempt,
-                    },
-                ).fetchone()
-            link.ok()
-        except psycopg.Error as err:
-            link.failed(err)
-            return False
-        return marked is not None
-
     # -- completing -----------------------------------------------------------------------
 
     def completion_link(self) -> Link:
         """A completer's connection: it prepares its statements, on generic plans (Link)."""
-        return Link(self.cfg.database_url, "complete")
+        return self.link("complete")
 
     def _complete_loop(self, outcomes: queue.Queue[Outcome]) -> None:
         link = self.completion_link()
@@ -827,10 +707,20 @@ class Worker:
                 ),
             )
             return f"result_{stored.outcome}"
-        if outcome.action == "retry" and row.attempt < row.max_attempts:
-            delay = self._backoff(row.attempt)
+        if outcome.action == "defer" or (
+            outcome.action == "retry" and row.failures + 1 < row.max_attempts
+        ):
+            charge = int(outcome.action == "retry")
+            delay = (
+                outcome.delay_s if outcome.delay_s is not None else self._backoff(row.failures + 1)
+            )
             if not self._fence(
-                conn, self.q.retry_later, outcome, error=outcome.error, delay_s=delay
+                conn,
+                self.q.retry_later,
+                outcome,
+                error=outcome.error,
+                delay_s=delay,
+                charge=charge,
             ):
                 return "fenced"
             self._call_status(conn, row, "pending", outcome.error)
@@ -889,21 +779,20 @@ class Worker:
                 },
             )
 
-    def _backoff(self, attempt: int) -> float:
-        """Exponential backoff with jitter: half the nominal delay, plus up to as much again."""
-        nominal = float(min(self.cfg.retry_cap_s, self.cfg.retry_base_s * 2 ** (attempt - 1)))
+    def _backoff(self, failures: int) -> float:
+        """Exponential backoff with jitter after the ``failures``-th failed attempt: half
+        the nominal delay, plus up to as much again."""
+        nominal = float(min(self.cfg.retry_cap_s, self.cfg.retry_base_s * 2 ** (failures - 1)))
         return nominal / 2 + random.uniform(0, nominal / 2)
 
-    def _release(self, ids: list[int], unstarted: list[int]) -> None:
-        """Give back rows at shutdown; those in ``unstarted`` never ran and give back their
-        attempt too (``release`` in relay.sql says why that is safe)."""
-        link = Link(self.cfg.database_url, "release", prepare=False)
+    def _release(self, ids: list[int]) -> None:
+        """Give back rows at shutdown, no attempt charged (``release`` in relay.sql)."""
+        link = self.link("release", prepare=False)
         try:
             conn = link.get()
             with conn.transaction():
                 released = conn.execute(
-                    self.q.release,
-                    {"ids": ids, "unstarted": unstarted, "worker": self.cfg.worker_id},
+                    self.q.release, {"ids": ids, "worker": self.cfg.worker_id}
                 ).fetchall()
             log(logger, logging.INFO, "relay.released", worker=self.cfg.worker_id, n=len(released))
         except psycopg.Error as err:
@@ -914,7 +803,7 @@ class Worker:
     # -- side threads ---------------------------------------------------------------------
 
     def _maintenance_loop(self) -> None:
-        link = Link(self.cfg.database_url, "maintenance", prepare=False)
+        link = self.link("maintenance", prepare=False)
         interval = min(self.cfg.lease_s / 3, self.cfg.rescue_interval_s)
         last_rescue = last_depth = 0.0
         wedged_since: float | None = None
@@ -971,7 +860,12 @@ class Worker:
         conn = link.get()
         with conn.transaction():
             rescued = conn.execute(
-                self.q.rescue_expired, {"limit": 1000, "worker": self.cfg.worker_id}
+                self.q.rescue_expired,
+                {
+                    "limit": 1000,
+                    "worker": self.cfg.worker_id,
+                    "max_lost_leases": self.cfg.max_lost_leases,
+                },
             ).fetchall()
             stalled = conn.execute(
                 self.q.rescue_stalled_batches,
@@ -1004,7 +898,7 @@ class Worker:
             )
 
     def _listen_loop(self) -> None:
-        link = Link(self.cfg.database_url, "listen", autocommit=True, prepare=False)
+        link = self.link("listen", autocommit=True, prepare=False)
         while not self.done.is_set():
             try:
                 conn = link.get()

@@ -105,10 +105,11 @@ ORDER BY o.id
 
 -- name: make_ready
 -- Put a row back in the queue, due now. Attempts stay counted (the fencing token is never
--- handed out twice) and at least one more attempt is allowed.
+-- handed out twice) and at least one more failure is allowed.
 UPDATE {s}.outbox
 SET status = 'ready', available_at = now(), lease_owner = NULL, lease_expires_at = NULL,
-    max_attempts = greatest(max_attempts, attempts + 1)
+    max_attempts = greatest(max_attempts, failures + 1),
+    lost_leases = 0
 WHERE id = %(id)s
 RETURNING *
 

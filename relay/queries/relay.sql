@@ -16,13 +16,14 @@ WITH ready AS (
         lease_expires_at = now() + make_interval(secs => %(lease_s)s), claimed_at = now()
     WHERE o.id = ANY(ARRAY(SELECT id FROM ready))
     RETURNING o.id, o.kind, o.tenant_id, o.thread_id, o.run_id, o.batch_id, o.tool_call_ref,
-              o.correlation_id, o.attempts, o.max_attempts, o.payload, o.available_at
+              o.correlation_id, o.attempts, o.failures, o.max_attempts, o.payload,
+              o.available_at
 )
 -- The columns of relay.outcomes.Claimed, in its order.
 -- A tool call's payload is left out: its call row holds what it needs, and decoding JSON is
 -- a good part of a claim's cost in the relay.
 SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call_ref,
-       c.correlation_id, c.attempts, c.max_attempts,
+       c.correlation_id, c.attempts, c.failures, c.max_attempts,
        CASE WHEN c.kind <> 'tool_call' THEN c.payload END AS payload,
        extract(epoch FROM clock_timestamp() - c.available_at)::float8 AS lag_s,
        tc.tool_call_id, tc.tool_name, tc.arguments, tc.idempotency_key, tc.idempotency_mode,
@@ -52,17 +53,22 @@ WHERE id = %(id)s AND lease_owner = %(worker)s AND attempts = %(attempt)s
 RETURNING id
 
 -- name: retry_later
--- Put a row back for a later attempt, only for the current lease holder.
+-- Put a row back for a later attempt, only for the current lease holder. ``charge`` is 1
+-- when the attempt's effect failed by the tool's or model's doing (it counts against
+-- max_attempts), 0 when it never started (a hold asked for by Retry-After elsewhere).
 UPDATE {s}.outbox
 SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
-    available_at = now() + make_interval(secs => %(delay_s)s)
+    available_at = now() + make_interval(secs => %(delay_s)s),
+    failures = failures + %(charge)s
 WHERE id = %(id)s AND lease_owner = %(worker)s AND attempts = %(attempt)s
 RETURNING id
 
 -- name: quarantine
--- Park a row for an operator, only for the current lease holder.
+-- Park a row for an operator, only for the current lease holder; the attempt that ended
+-- here counts as failed.
 UPDATE {s}.outbox
-SET status = 'quarantined', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s
+SET status = 'quarantined', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
+    failures = failures + 1
 WHERE id = %(id)s AND lease_owner = %(worker)s AND attempts = %(attempt)s
 RETURNING id
 
@@ -100,21 +106,21 @@ WHERE o.id = mine.id
 RETURNING o.id
 
 -- name: release
--- Give back rows on shutdown: ready again at once. A row whose effect may have started
--- keeps its attempt counted. A row that never started (claimed ahead of a busy slot) gives
--- its attempt back, or every restart would use one up: its fencing token can go to the
--- next holder because this worker holds no lease on it any more and has no outcome of it
--- to write.
+-- Give back rows on shutdown or when the database went away before they started: ready
+-- again at once, no attempt charged (``failures`` counts only effects that failed) and no
+-- fencing token reused (``attempts`` stays: a token is never handed out twice).
 UPDATE {s}.outbox
 SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, available_at = now(),
-    attempts = attempts - (id = ANY(%(unstarted)s::bigint[]))::int,
+    lost_leases = lost_leases + 1,
     last_error = 'released by ' || %(worker)s || ' at shutdown'
 WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'leased'
 RETURNING id
 
 -- name: rescue_expired
--- Take back rows whose lease expired (the holder died or stalled): ready again, or
--- quarantined when out of attempts; journaled either way.
+-- Take back rows whose lease expired (the holder died or stalled): ready again, with no
+-- attempt charged (a dead relay is not the tool's failure), or quarantined once leases of
+-- the row were lost max_lost_leases times (a row that kills whoever runs it must not loop
+-- forever); journaled either way.
 WITH expired AS (
     SELECT id, lease_owner AS previous_owner FROM {s}.outbox
     WHERE status = 'leased' AND lease_expires_at < now()
@@ -123,7 +129,9 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE {s}.outbox o
-    SET status = CASE WHEN o.attempts >= o.max_attempts THEN 'quarantined' ELSE 'ready' END,
+    SET status = CASE WHEN o.lost_leases + 1 >= %(max_lost_leases)s THEN 'quarantined'
+                      ELSE 'ready' END,
+        lost_leases = o.lost_leases + 1,
         last_error = 'lease of ' || expired.previous_owner || ' expired during attempt '
                      || o.attempts,
         lease_owner = NULL, lease_expires_at = NULL, available_at = now()
@@ -297,3 +305,48 @@ INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_cal
 SELECT tenant_id, 'batch.complete', thread_id, run_id, batch_id, tool_call_id,
        correlation_id, attempt, %(worker)s
 FROM info ORDER BY batch_id
+
+-- name: mark_dispatched_many
+-- mark_dispatched for many rows at once (relay.preparer batches the rows that need it):
+-- each call is marked only while this worker holds the unexpired lease of that attempt.
+-- Returns the calls marked; a call not returned must not be called.
+UPDATE {s}.tool_calls tc
+SET dispatched_attempt = m.attempt, attempts = m.attempt, status = 'running',
+    updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(refs)s::bigint[], %(attempts)s::int[]) AS m(id, ref, attempt)
+WHERE tc.id = m.ref
+  AND EXISTS (SELECT 1 FROM {s}.outbox o
+              WHERE o.id = m.id AND o.lease_owner = %(worker)s AND o.attempts = m.attempt
+                AND o.lease_expires_at > now()
+              OFFSET 0)
+RETURNING tc.id
+
+-- name: prepare_turns
+-- What each model turn needs before its call, for many turns in one statement: the run,
+-- whether the step is already recorded, the thread's messages and calls (as
+-- outbox.history builds them) and the run's tools (newest enabled version visible to the
+-- tenant, its own before a shared one). Each lookup goes through an index by run, thread
+-- or name.
+SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
+       r.instructions, r.base_url,
+       EXISTS (SELECT 1 FROM {s}.model_turns mt
+               WHERE mt.run_id = w.run_id AND mt.step_no = w.step_no) AS recorded,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'id', m.id, 'role', m.role, 'content', m.content,
+                   'answers_call', tc.tool_call_id) ORDER BY m.seq), '[]')
+        FROM {s}.messages m
+        LEFT JOIN {s}.tool_calls tc ON tc.id = m.tool_call_ref
+        WHERE m.thread_id = r.thread_id) AS messages,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'message_id', c.message_id, 'tool_call_id', c.tool_call_id,
+                   'tool_name', c.tool_name, 'arguments_raw', c.arguments_raw)
+                   ORDER BY c.message_id, c.position), '[]')
+        FROM {s}.tool_calls c WHERE c.thread_id = r.thread_id) AS calls,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'name', t.name, 'description', t.description,
+                   'json_schema', t.json_schema) ORDER BY t.name), '[]')
+        FROM (SELECT DISTINCT ON (name) * FROM {s}.tools
+              WHERE name = ANY(r.tool_names) AND tenant_id IN (r.tenant_id, '*')
+              ORDER BY name, (tenant_id = '*'), version DESC) t) AS tools
+FROM unnest(%(run_ids)s::uuid[], %(steps)s::int[]) AS w(run_id, step_no)
+JOIN {s}.runs r ON r.id = w.run_id

@@ -217,11 +217,12 @@ def test_sigterm_finishes_in_flight_calls_and_leaves_the_rest(db_url, service, t
         stop_all([relay])
     assert tool_call_states(db_url) == {"succeeded": 2, "pending": 4}
     assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'leased'") == 0
-    # Two more were claimed to wait behind the busy slots (one per slot): released unrun,
-    # they give their attempt back, or every restart would use one up.
+    # No row is claimed that cannot start: the other four were never leased, and no
+    # attempt was charged to anything (a restart must not use attempts up).
     released = "SELECT count(*) FROM outbox.outbox WHERE last_error LIKE 'released by %'"
-    assert scalar(db_url, released) == 2
+    assert scalar(db_url, released) == 0
     assert scalar(db_url, "SELECT max(attempts) FROM outbox.outbox WHERE kind = 'tool_call'") == 0
+    assert scalar(db_url, "SELECT max(failures) FROM outbox.outbox") == 0
 
 
 def test_sigterm_past_the_grace_period_releases_in_flight_rows(db_url, service, tmp_path):
@@ -237,27 +238,24 @@ def test_sigterm_past_the_grace_period_releases_in_flight_rows(db_url, service, 
     assert "released" in scalar(
         db_url, "SELECT last_error FROM outbox.outbox WHERE kind = 'tool_call'"
     )
-    # Its effect had started: the attempt stays counted (the fencing token is not reused).
+    # The fencing token is not reused, and the attempt is not charged: the relay stopped,
+    # the tool did not fail.
     assert scalar(db_url, "SELECT attempts FROM outbox.outbox WHERE kind = 'tool_call'") == 1
+    assert scalar(db_url, "SELECT failures FROM outbox.outbox WHERE kind = 'tool_call'") == 0
+    assert scalar(db_url, "SELECT lost_leases FROM outbox.outbox WHERE kind = 'tool_call'") == 1
 
 
-def test_sigterm_past_the_grace_period_gives_back_attempts_of_rows_never_started(
+def test_sigterm_past_the_grace_period_claims_nothing_it_cannot_start(
     db_url, service, tmp_path
 ):
-    """With one slot, a second row is claimed to wait behind the first. The first overruns
-    the grace period; both are released, and only the one that started keeps its attempt."""
+    """With one place in flight, the second row is not claimed to wait behind the first;
+    the first overruns the grace period and is released. Neither is charged an attempt."""
     tool = stalled_keyed_calls(db_url, service, 5.0, 2)
     relay = start_relay_process(
         db_url, tmp_path / "r.log", "--concurrency", "1", "--grace", "0.2", *FAST
     )
     try:
         wait_until(lambda: len(tool.deliveries) == 1, what="the first call in flight")
-        wait_until(
-            lambda: (
-                scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'leased'") == 2
-            ),
-            what="the second row claimed behind the busy slot",
-        )
         relay.send_signal(signal.SIGTERM)
         assert relay.wait(timeout=30) == 0
     finally:
@@ -266,6 +264,7 @@ def test_sigterm_past_the_grace_period_gives_back_attempts_of_rows_never_started
         "SELECT array_agg(attempts ORDER BY attempts) FROM outbox.outbox WHERE kind = 'tool_call'"
     )
     assert scalar(db_url, attempts) == [0, 1]
+    assert scalar(db_url, "SELECT max(failures) FROM outbox.outbox") == 0
     ready = "SELECT count(*) FROM outbox.outbox WHERE kind = 'tool_call' AND status = 'ready'"
     assert scalar(db_url, ready) == 2
     assert len(tool.deliveries) == 1

@@ -35,6 +35,7 @@ def lease(db_url: str, owner: str, attempt: int = 1) -> dict[int, Claimed]:
         conn.commit()
     return {
         ref: Claimed(
+            failures=0,
             id=row_id,
             kind="tool_call",
             tenant_id=TENANT,
@@ -62,7 +63,6 @@ def write(db_url: str, outcomes: list[Outcome]) -> list[str]:
         worker._write(link, outcomes)
     finally:
         link.close()
-        worker.http.close()
     return applied
 
 
@@ -180,7 +180,6 @@ def test_an_outcome_that_cannot_be_written_does_not_stop_the_others(db_url):
     worker.done.set()
     completer.join(timeout=10)
     link.close()
-    worker.http.close()
     assert scalar(db_url, "SELECT count(*) FROM outbox.tool_results") == 1
     leased = scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'leased'")
     assert leased == 1  # the bad one waits for its lease to expire and be rescued

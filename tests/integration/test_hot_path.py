@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
 import psycopg
@@ -78,7 +77,6 @@ def drain(worker: Worker, claim_link: Link, completion_link: Link) -> None:
 
 def test_relay_statements_run_on_generic_plans_that_find_rows_by_primary_key(db_url, python_tool):
     worker = Worker(config(db_url))
-    worker.http.close()
     # Plans made with the statistics of nearly empty results, messages and journal, the
     # worst case: a generic plan keeps them while those tables grow by thousands a second.
     seed(db_url, [python_tool], runs=40, calls_per_batch=50, args=lambda n: {"n": n})
@@ -126,7 +124,6 @@ def test_relay_statements_run_on_generic_plans_that_find_rows_by_primary_key(db_
 def test_a_result_updates_its_call_without_writing_an_index_entry(db_url, python_tool):
     seed(db_url, [python_tool], runs=2, calls_per_batch=10, args=lambda n: {"n": n})
     worker = Worker(config(db_url))
-    worker.http.close()
     link = worker.claim_link()
     claimed = worker._claim(link, 20)
     link.close()
@@ -149,51 +146,49 @@ def test_a_result_updates_its_call_without_writing_an_index_entry(db_url, python
 def test_claims_never_hold_more_than_both_capacities(db_url, python_tool):
     seed(db_url, [python_tool], runs=3, calls_per_batch=10, args=lambda n: {"n": n})
     worker = Worker(config(db_url, concurrency=2, inprocess_slots=4))
-    worker.http.close()
     link = worker.claim_link()
-    # Before any in-process row: one per slot and one waiting behind each (PREFETCH).
+    # Before any in-process row: one per I/O place.
     first = worker._claim(link, worker._free())
     second = worker._claim(link, worker._free())  # in-process rows seen: their slots too
-    assert (len(first), len(second)) == (4, 4)
-    assert worker._free() == 0  # 8 claimed, none written: 4 I/O places + 4 in-process slots
+    assert (len(first), len(second)) == (2, 4)
+    assert worker._free() == 0  # 6 claimed, none written: 2 I/O places + 4 in-process slots
     # Three finish executing but are not written yet: still no room.
     worker._finished(3, 0)
     assert worker._free() == 0
     # Once written, they make room for three more.
-    done = [Outcome(row, "result", "ok", {}) for row in first[:3]]
+    done = [Outcome(row, "result", "ok", {}) for row in second[:3]]
     worker._after_commit(done, ["result_stored"] * 3)
     assert worker._free() == 3
     third = worker._claim(link, worker._free())
     link.close()
     assert len(third) == 3
     leased = scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'leased'")
-    assert leased == 11  # nothing was completed in the database: all still leased
+    assert leased == 9  # nothing was completed in the database: all still leased
 
 
 def test_busy_slots_claim_in_gulps_not_one_row_per_freed_slot(db_url):
     """A claim or a completion of one row costs nearly what one of ten does: while I/O rows
-    are executing, the claim waits until half the slots' worth has room."""
+    are in flight, the claim waits until half the places' worth has room."""
     with psycopg.connect(db_url) as conn:
         spec = registry.ToolSpec(name="remote", executor="http", endpoint="http://127.0.0.1:9")
         registry.register(conn, spec)
         conn.commit()
     seed(db_url, ["remote"], runs=2, calls_per_batch=10, args=lambda n: {"n": n})
     worker = Worker(config(db_url, concurrency=4))
-    worker.http.close()
-    assert worker._free() == 8  # idle: every slot and a row waiting behind each
+    assert worker._free() == 4  # idle: every place
     link = worker.claim_link()
-    assert len(worker._claim(link, worker._free())) == 8
-    worker._finished(1, 1)  # one slot frees: one row would be a claim too small
+    assert len(worker._claim(link, worker._free())) == 4
+    worker._finished(1, 1)  # one place frees: one row would be a claim too small
     assert worker._free() == 0
-    worker._finished(1, 1)  # half the slots' worth
+    worker._finished(1, 1)  # half the places' worth
     assert worker._free() == 2
     assert len(worker._claim(link, worker._free())) == 2
     link.close()
 
 
 def test_a_delivery_never_waits_behind_a_busy_slot(db_url):
-    """A claimed I/O row may wait behind a busy slot (prefetch); a delivery has no effect
-    outside the database and must not wait for other runs' slow tool calls."""
+    """A delivery has no effect outside the database and must not wait for other runs'
+    slow tool calls: it goes to its completer, whatever the engine holds."""
     with psycopg.connect(db_url) as conn:
         spec = registry.ToolSpec(name="remote", executor="http", endpoint="http://127.0.0.1:9")
         registry.register(conn, spec)
@@ -207,16 +202,14 @@ def test_a_delivery_never_waits_behind_a_busy_slot(db_url):
         )
         conn.commit()
     worker = Worker(config(db_url, concurrency=1, kinds=("deliver_batch",)))
-    worker.http.close()
-    slow_tool = threading.Event()
-    worker.slots.submit(slow_tool.wait)  # the only slot is busy with a slow call
+    worker.executing = worker.io_executing = 1  # the only place is busy with a slow call
+    assert worker._free() == 0
     link = worker.claim_link()
     try:
-        (row,) = worker._claim(link, worker._free())
+        (row,) = worker._claim(link, 1)
         worker._dispatch([row])
         queued = [q.get_nowait() for q in worker.outcomes if not q.empty()]
     finally:
-        slow_tool.set()
         link.close()
     assert [(o.row.id, o.action) for o in queued] == [(row.id, "deliver")]
 
@@ -233,7 +226,6 @@ def test_a_lease_owner_always_means_a_leased_row(db_url, python_tool, change):
     imply the other (migration 0006), or a stale holder could finish a requeued row."""
     seed(db_url, [python_tool], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
     worker = Worker(config(db_url))
-    worker.http.close()
     link = worker.claim_link()
     (row,) = worker._claim(link, 1)
     link.close()

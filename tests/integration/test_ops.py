@@ -57,9 +57,9 @@ def make_call(db_url: str, tool: str = "lookup_order", n: int = 1) -> list[int]:
 def quarantine_like_relay(db: psycopg.Connection[Any], ref: int, unknown: bool = False) -> None:
     attempts = 1 if unknown else 5
     db.execute(
-        "UPDATE outbox.outbox SET status = 'quarantined', attempts = %s, max_attempts = 5, "
-        "last_error = 'HTTP 502' WHERE tool_call_ref = %s",
-        [attempts, ref],
+        "UPDATE outbox.outbox SET status = 'quarantined', attempts = %s, failures = %s, "
+        "max_attempts = 5, last_error = 'HTTP 502' WHERE tool_call_ref = %s",
+        [attempts, attempts, ref],
     )
     db.execute(
         "UPDATE outbox.tool_calls SET status = %s, attempts = %s, last_error = 'HTTP 502', "

@@ -213,6 +213,7 @@ def test_late_write_of_an_expired_lease_holder_is_fenced(db_url, tools):
     from relay.outcomes import Claimed, Outcome
 
     claimed = Claimed(
+        failures=0,
         id=row_id[0],
         kind="tool_call",
         tenant_id="acme",
@@ -228,7 +229,6 @@ def test_late_write_of_an_expired_lease_holder_is_fenced(db_url, tools):
     )
     with psycopg.connect(db_url) as conn, conn.transaction():
         what = ghost._apply(conn, Outcome(claimed, "result", "ok", {"late": True}))
-    ghost.http.close()
     assert what == "fenced"
     assert scalar(db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'write.fenced'") == 1
     assert scalar(db_url, "SELECT output FROM outbox.tool_results") != {"late": True}
@@ -303,7 +303,6 @@ def test_claim_uses_the_partial_index(db_url, tools):
     from tests.relay_harness import config
 
     worker = Worker(config(db_url))
-    worker.http.close()
     with psycopg.connect(db_url) as conn:
         conn.execute("ANALYZE outbox.outbox")
         plan = conn.execute(

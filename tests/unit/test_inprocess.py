@@ -33,6 +33,7 @@ def row(n: int, callable_path: str, arguments: dict[str, Any], **kw: Any) -> Cla
         "tool_call_ref": n,
         "correlation_id": None,
         "attempt": 1,
+        "failures": 0,
         "max_attempts": 5,
         "payload": {},
         "lag_s": 0.0,

@@ -1,0 +1,63 @@
+"""How many rows the next claim may take: a pure policy, apart from the claim loop.
+
+A relay process holds two kinds of effects in flight: I/O effects on the event loop
+(``relay.engine``: model turns, HTTP tools, tools that need a dispatch mark), at most
+``concurrency`` of them, and calls of in-process ``key`` tools in chunks, at most
+``inprocess_slots``. Deliveries take neither (they go straight to a completer).
+
+Rules, each with its reason:
+
+- never more I/O rows than ``concurrency`` at once, nor in-process calls than their slots;
+- while I/O rows are in flight, claim only once ``gulp`` places are free: a claim or a
+  completion of one or two rows costs a statement's fixed price for little work (over HTTP
+  PostgreSQL spent 440 us a call in tiny claims, 100 us in bulk). The gulp is capped at
+  ``GULP_MAX`` so a relay with thousands in flight still starts a newcomer within a few
+  completions;
+- in-process room is offered only while the last claim held in-process calls: the claim
+  cannot ask for "I/O rows up to n, in-process rows up to m", so room for both is asked for
+  when the queue holds both;
+- rows claimed and not yet *written* never exceed both capacities together: fast effects
+  cannot run the claims ahead of the completers (backpressure);
+- one claim takes at most ``CLAIM_MAX`` rows: a bigger one holds its locks longer and
+  delays the first effect for little gain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GULP_MAX = 32  # rows: the most free places a busy relay waits for before claiming
+CLAIM_MAX = 1000  # rows per claim statement
+
+
+@dataclass(frozen=True)
+class Capacity:
+    concurrency: int  # I/O effects in flight, at most
+    inprocess_slots: int  # in-process tool calls in flight, at most
+
+    @property
+    def total(self) -> int:
+        """Rows claimed and not yet written, at most."""
+        return self.concurrency + self.inprocess_slots
+
+    @property
+    def gulp(self) -> int:
+        """The fewest free I/O places worth a claim while others are in flight."""
+        return max(1, min(GULP_MAX, self.concurrency // 2))
+
+    def room(
+        self,
+        *,
+        io_executing: int,
+        inprocess_executing: int,
+        unwritten: int,
+        claims_inprocess: bool,
+    ) -> int:
+        """How many rows the next claim may take (0: do not claim now)."""
+        io_room = max(0, self.concurrency - io_executing)
+        if io_executing and io_room < self.gulp:
+            io_room = 0
+        free = io_room
+        if claims_inprocess:
+            free += max(0, self.inprocess_slots - inprocess_executing)
+        return max(0, min(free, self.total - unwritten, CLAIM_MAX))

@@ -1,0 +1,176 @@
+"""The I/O engine: every effect in flight is a task on one event loop, none a connection.
+
+Agent work is latency-bound: a model turn waits seconds for its model, a tool call for its
+service. A relay process therefore holds its effects in flight as asyncio tasks on one
+event loop thread (model calls through ``openai.AsyncOpenAI``, HTTP tools through
+``httpx2.AsyncClient``), as many as ``--concurrency`` allows, while the database is reached
+through the process's few fixed links (``relay.links``): what a task needs from PostgreSQL
+before its effect is batched with other tasks' by ``relay.preparer``, and its outcome goes to
+a completer thread that writes many per transaction (``relay.completer``).
+
+HTTP clients come in shards of ``SHARD_CONNECTIONS`` connections: httpcore's pool walks all
+its connections (and probes every idle socket) each time a request starts or ends, so one
+pool of ten thousand connections would cost ten thousand steps per request. A request takes
+the next shard in turn, so requests spread evenly.
+
+In-process tools do not run here: they are calls into Python code, run on threads by
+``relay.inprocess``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
+from typing import Any
+
+import httpx2
+import openai
+
+from relay.executors import ToolExecutor
+from relay.logs import log
+from relay.model import MODEL_TIMEOUT_S, ModelExecutor
+from relay.outcomes import Claimed, Outcome, retry
+from relay.preparer import Preparer
+
+logger = logging.getLogger("relay.engine")
+SHARD_CONNECTIONS = 64  # connections per HTTP client (see the module docstring)
+
+
+class Shards:
+    """Clients taken in turn, each with its own connection pool, made when first needed."""
+
+    def __init__(self, n: int, make: Callable[[], Any]) -> None:
+        self.make = make
+        self.clients: list[Any] = [None] * max(1, n)
+        self.turn = itertools.cycle(range(len(self.clients)))
+
+    def pick(self) -> Any:
+        i = next(self.turn)
+        client = self.clients[i]
+        if client is None:
+            client = self.clients[i] = self.make()
+        return client
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            if client is not None:
+                await client.aclose() if hasattr(client, "aclose") else await client.close()
+
+
+def _http_client() -> httpx2.AsyncClient:
+    return httpx2.AsyncClient(
+        limits=httpx2.Limits(
+            max_connections=SHARD_CONNECTIONS, max_keepalive_connections=SHARD_CONNECTIONS
+        )
+    )
+
+
+class Engine:
+    """The event loop thread of a worker process and the effects running on it.
+
+    ``submit`` (from any thread) starts a task per row; each task's outcome, or a retry if
+    its executor crashed, goes to ``finished`` (called on the loop thread), which queues it
+    for a completer.
+    """
+
+    def __init__(
+        self,
+        concurrency: int,
+        preparer: Preparer,
+        threads: Executor,
+        finished: Callable[[Claimed, Outcome | None], None],
+        started: Callable[[Claimed], bool],
+    ) -> None:
+        self.shards = -(-concurrency // SHARD_CONNECTIONS)  # ceil
+        self.loop = asyncio.new_event_loop()
+        self.finished = finished
+        self.started = started
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.http = Shards(self.shards, _http_client)
+        self.models: dict[tuple[str | None, str], Shards] = {}
+        tools = ToolExecutor(self.http.pick, preparer.mark, threads)
+        model = ModelExecutor(preparer.turn, self._model_client)
+        self.executors: dict[str, Callable[[Claimed], Coroutine[Any, Any, Outcome]]] = {
+            "tool_call": tools.run,
+            "model_turn": model.run,
+        }
+        self.thread = threading.Thread(target=self._run, name="io", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, rows: list[Claimed]) -> None:
+        """Start the effects of ``rows`` (thread-safe; one hop to the loop for all)."""
+        self.loop.call_soon_threadsafe(self._spawn, rows)
+
+    def stop(self) -> None:
+        """Cancel what still runs, close the clients and end the loop thread (after the
+        worker's grace period: effects still running then are released by the worker)."""
+        if not self.thread.is_alive():
+            return
+        future = asyncio.run_coroutine_threadsafe(self._close(), self.loop)
+        try:
+            future.result(timeout=5)
+        except Exception as err:
+            log(logger, logging.WARNING, "engine.close_failed", error=repr(err))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+        self.loop.close()
+
+    def _spawn(self, rows: list[Claimed]) -> None:
+        for row in rows:
+            task = self.loop.create_task(self._perform(row))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _perform(self, row: Claimed) -> None:
+        if not self.started(row):  # the worker is stopping: released unrun
+            self.finished(row, None)
+            return
+        try:
+            outcome = await self.executors[row.kind](row)
+        except asyncio.CancelledError:
+            self.finished(row, None)  # shutdown after the grace period: released
+            raise
+        except Exception as err:
+            log(logger, logging.ERROR, "executor.crashed", error=repr(err), **row.context())
+            outcome = retry(row, f"executor crashed: {type(err).__name__}: {err}")
+        self.finished(row, outcome)
+
+    def _model_client(self, base_url: str | None) -> openai.AsyncOpenAI:
+        api_key = os.environ.get("OPENAI_API_KEY", "not-needed")
+        key = (base_url, api_key)
+        shards = self.models.get(key)
+        if shards is None:
+            url = base_url or os.environ.get("OPENAI_BASE_URL")
+
+            def make() -> openai.AsyncOpenAI:
+                return openai.AsyncOpenAI(
+                    base_url=url,
+                    api_key=api_key,
+                    max_retries=0,  # retries are the outbox's job: backoff, attempts, journal
+                    timeout=MODEL_TIMEOUT_S,
+                    http_client=_http_client(),
+                )
+
+            shards = self.models[key] = Shards(self.shards, make)
+        client: openai.AsyncOpenAI = shards.pick()
+        return client
+
+    async def _close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=2)
+        await self.http.aclose()
+        for shards in self.models.values():
+            await shards.aclose()

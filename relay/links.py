@@ -1,0 +1,161 @@
+"""Database connections of a relay process: a few fixed links, each reopened when it breaks.
+
+A relay process talks to PostgreSQL through a small fixed set of connections, whatever it
+holds in flight (``relay.engine``): the claim loop, the preparer, the completers, the
+maintenance thread and the listener each own one ``Link``. A link whose connection broke
+(``pg_terminate_backend``, a server restart, a network cut) drops it and opens a new one
+on its next use; the statement that met the broken connection is tried again by its owner,
+and no row is charged an attempt for it (docs/relay.md, "When the database goes away").
+
+While the server cannot be reached, a link says so once per ``OUTAGE_LOG_S`` (with how many
+failures it saw), not once per retry, and the ``outbox_relay_db_unavailable`` gauge tells
+which links are waiting: an outage is a state of the relay, not a flood of errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+import psycopg
+
+from outbox import db
+from outbox.errors import OutboxError
+from relay.logs import log
+
+logger = logging.getLogger("relay.links")
+RECONNECT_MAX_S = 5.0  # longest wait between reconnection attempts
+OUTAGE_LOG_S = 10.0  # seconds between two log lines about one link's outage
+PREPARE_THRESHOLD = 0  # prepared at once: the first execution runs the generic plan too
+# Settings of a link that prepares (see Link).
+GENERIC_PLANS = ("SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off")
+
+
+class Link:
+    """One thread's database connection, reopened after the server or network fails.
+
+    A link that prepares (the claim loop, the completers, the preparer) runs each statement
+    on one *generic* plan (``plan_cache_mode = force_generic_plan``), planned once per
+    connection: planning the completion statements cost about 20 us a call, as much as
+    running some of them. A generic plan keeps the choices it made with the statistics of
+    its moment, and results, messages and the journal start empty and grow by thousands a
+    second (a repeat check planned as a scan of an "empty" tool_results went quadratic:
+    313 us a call). So these links also turn sequential scans off: wherever an index can
+    find the rows, it does (a table with no usable index is still scanned). Every relay
+    statement finds its rows by an index, and ``tests/integration/test_hot_path.py``
+    checks the very plans the relay runs. The maintenance side (rescue, depth gauges) runs
+    a few statements a second: it keeps custom plans.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        *,
+        autocommit: bool = False,
+        prepare: bool = True,
+        on_outage: Any = None,
+    ) -> None:
+        self.url = url
+        self.name = name
+        self.autocommit = autocommit
+        self.prepare = prepare
+        self.on_outage = on_outage  # called with (link name, waiting: bool)
+        self.conn: psycopg.Connection[Any] | None = None
+        self.failures = 0
+        self.logged_at = 0.0  # monotonic; when the outage was last logged
+        self.unlogged = 0  # failures since then
+
+    def get(self) -> psycopg.Connection[Any]:
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self.conn = psycopg.connect(
+                self.url,
+                autocommit=self.autocommit,
+                connect_timeout=db.CONNECT_TIMEOUT_S,
+                application_name=f"outbox-relay-{self.name}",
+                prepare_threshold=PREPARE_THRESHOLD if self.prepare else None,
+            )
+            if self.prepare:
+                for setting in GENERIC_PLANS:
+                    self.conn.execute(setting, prepare=False)
+                if not self.autocommit:
+                    self.conn.commit()
+        return self.conn
+
+    def failed(self, err: Exception) -> float:
+        """Drop the connection after ``err``; returns how long to wait before trying again.
+
+        The first failure retries at once: a connection killed while idle (a restarted
+        server, ``pg_terminate_backend``) is usually replaced on the first try."""
+        self.failures += 1
+        self.unlogged += 1
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+        self.conn = None
+        now = time.monotonic()
+        if now - self.logged_at >= OUTAGE_LOG_S:
+            log(
+                logger,
+                logging.WARNING,
+                "db.unavailable",
+                link=self.name,
+                error=str(err).strip(),
+                failures=self.unlogged,
+            )
+            self.logged_at, self.unlogged = now, 0
+        if self.on_outage is not None:
+            self.on_outage(self.name, True)
+        if self.failures == 1:
+            return 0.0
+        return float(min(RECONNECT_MAX_S, 0.05 * 2**self.failures))
+
+    def ok(self) -> None:
+        if self.failures:
+            log(logger, logging.INFO, "db.reconnected", link=self.name, failures=self.failures)
+            if self.on_outage is not None:
+                self.on_outage(self.name, False)
+            self.logged_at = 0.0
+        self.failures = 0
+
+    def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+            self.conn = None
+
+
+class TooManyConnections(OutboxError):
+    """The relay would need more connections than the server has free."""
+
+
+def check_connection_budget(url: str, processes: int, per_process: int) -> None:
+    """Refuse to start a relay the server cannot serve, naming the numbers.
+
+    Needed: ``processes * per_process`` connections (each worker process holds a fixed
+    few, whatever it has in flight). Free: ``max_connections`` less the slots reserved for
+    superusers (and, from PostgreSQL 16, for ``pg_use_reserved_connections``) less the
+    connections open now. A relay started anyway would have its links refused and wait,
+    and so would every other client of the server."""
+    needed = processes * per_process
+    with psycopg.connect(url, connect_timeout=db.CONNECT_TIMEOUT_S, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT current_setting('max_connections')::int,"
+            " current_setting('superuser_reserved_connections')::int"
+            " + coalesce(current_setting('reserved_connections', true)::int, 0),"
+            " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')"
+        ).fetchone()
+    assert row is not None
+    max_connections, reserved, in_use = (int(v) for v in row)
+    free = max_connections - reserved - in_use + 1  # this check's own connection is closing
+    if needed > free:
+        raise TooManyConnections(
+            f"the relay needs {needed} database connections ({processes} process(es) x "
+            f"{per_process}), but the server has {free} free: max_connections "
+            f"{max_connections}, {reserved} reserved, {in_use - 1} in use by other clients",
+            "start fewer --processes, lower --db-connections (in-flight work does not need "
+            "connections: --concurrency is free), close other clients, or raise "
+            "max_connections on the server",
+        )

@@ -1,0 +1,205 @@
+"""The database work effects need before they start, batched on one connection.
+
+Two kinds of rows need the database between their claim and their effect: a model turn
+reads its run, the thread's history and its tools; a call of a tool that cannot dedup
+(``lookup``/``none``) commits its dispatch mark. Thousands of such rows may be in flight
+(``relay.engine``), and a connection each is what PostgreSQL cannot give. So the engine's
+tasks hand their requests to this one thread, which takes everything waiting and serves
+it with one statement per kind (``prepare_turns``, ``mark_dispatched_many`` in
+``relay/queries/relay.sql``), then resolves each task's future on the event loop.
+
+When the database goes away mid-batch, the batch waits and is served again once the link
+is back: a lost connection is not the row's failure and costs it nothing. If the outage
+outlasts a lease, the row's late outcome is fenced and another worker has taken it over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from outbox import history, writer
+from outbox.sql import Queries
+from relay.links import Link
+from relay.logs import log
+from relay.outcomes import Claimed
+
+logger = logging.getLogger("relay.preparer")
+BATCH_MAX = 512  # most requests served by one round of statements
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a model call needs: the run, its history in the run's API format, its tools."""
+
+    run: dict[str, Any]
+    messages: list[dict[str, Any]]
+    tools: dict[str, dict[str, Any]]
+
+
+@dataclass
+class _Request:
+    kind: str  # "mark" or "turn"
+    row: Claimed
+    future: asyncio.Future[Any]
+
+
+class Preparer:
+    """Serves ``mark`` and ``turn`` for the engine's tasks, batched, on one link."""
+
+    def __init__(self, link: Link, q: Queries, worker_id: str, stopped: threading.Event) -> None:
+        self.link = link
+        self.q = q
+        self.worker_id = worker_id
+        self.stopped = stopped  # set when the process is done: pending requests are dropped
+        self.requests: queue.Queue[_Request] = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name="preparer", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join()
+        self.link.close()
+
+    async def mark(self, row: Claimed) -> bool:
+        """Commit this attempt's dispatch mark if the lease is still ours (else False)."""
+        result: bool = await self._ask("mark", row)
+        return result
+
+    async def turn(self, row: Claimed) -> Turn | str:
+        """What the turn's model call needs, or why there is no call to make."""
+        result: Turn | str = await self._ask("turn", row)
+        return result
+
+    async def _ask(self, kind: str, row: Claimed) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.requests.put(_Request(kind, row, future))
+        return await future
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                batch = [self.requests.get(timeout=0.1)]
+            except queue.Empty:
+                continue
+            while len(batch) < BATCH_MAX:
+                try:
+                    batch.append(self.requests.get_nowait())
+                except queue.Empty:
+                    break
+            batch = [r for r in batch if not r.future.done()]  # cancelled at shutdown
+            while batch and not self.stopped.is_set():
+                try:
+                    answers = self._serve(batch)
+                    self.link.ok()
+                except psycopg.OperationalError as err:
+                    # The database went away: the batch waits for it, uncharged.
+                    self.stopped.wait(self.link.failed(err))
+                    continue
+                except Exception as err:  # a bug or bad data: fail these tasks, not the thread
+                    log(logger, logging.ERROR, "preparer.failed", error=repr(err), n=len(batch))
+                    if isinstance(err, psycopg.Error):
+                        self.link.failed(err)
+                    _resolve(batch, [err] * len(batch))
+                    break
+                _resolve(batch, answers)
+                break
+
+    def _serve(self, batch: list[_Request]) -> list[Any]:
+        conn = self.link.get()
+        marks = [r for r in batch if r.kind == "mark"]
+        turns = [r for r in batch if r.kind == "turn"]
+        answers: dict[int, Any] = {}
+        with conn.transaction():
+            if marks:
+                ordered = sorted(marks, key=lambda r: r.row.tool_call_ref or 0)
+                marked = {
+                    ref
+                    for (ref,) in conn.execute(
+                        self.q.mark_dispatched_many,
+                        {
+                            "ids": [r.row.id for r in ordered],
+                            "refs": [r.row.tool_call_ref for r in ordered],
+                            "attempts": [r.row.attempt for r in ordered],
+                            "worker": self.worker_id,
+                        },
+                    ).fetchall()
+                }
+                for r in marks:
+                    answers[id(r)] = r.row.tool_call_ref in marked
+            if turns:
+                answers.update(self._turns(conn, turns))
+        return [answers[id(r)] for r in batch]
+
+    def _turns(self, conn: psycopg.Connection[Any], turns: list[_Request]) -> dict[int, Any]:
+        steps = [step_of(r.row) for r in turns]
+        with conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(
+                self.q.prepare_turns,
+                {"run_ids": [r.row.run_id for r in turns], "steps": steps},
+            )
+            found = {(row["run_id"], row["step_no"]): row for row in cur.fetchall()}
+        answers: dict[int, Any] = {}
+        for request, step_no in zip(turns, steps, strict=True):
+            row = found.get((_uuid(request.row.run_id), step_no))
+            answers[id(request)] = _turn(row, step_no)
+        return answers
+
+
+def step_of(row: Claimed) -> int:
+    return int((row.payload or {}).get("step_no", 1))
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def _turn(row: dict[str, Any] | None, step_no: int) -> Turn | str:
+    if row is None:
+        return "the run does not exist"
+    if row["status"] in writer.ENDED:
+        return f"run is {row['status']}"
+    if row["recorded"]:
+        return f"step {step_no} is already recorded"
+    messages, _ = history.for_provider(history.from_rows(row["messages"], row["calls"]), row["api"])
+    run = {
+        "id": row["run_id"],
+        "tenant_id": row["tenant_id"],
+        "thread_id": row["thread_id"],
+        "api": row["api"],
+        "model": row["model"],
+        "instructions": row["instructions"],
+        "base_url": row["base_url"],
+    }
+    return Turn(run, messages, {tool["name"]: tool for tool in row["tools"]})
+
+
+def _resolve(batch: list[_Request], answers: list[Any]) -> None:
+    """Hand each task its answer on its event loop (one hop for the whole batch)."""
+    if not batch:
+        return
+    loop = batch[0].future.get_loop()
+
+    def settle() -> None:
+        for request, answer in zip(batch, answers, strict=True):
+            if request.future.done():
+                continue
+            if isinstance(answer, BaseException):
+                request.future.set_exception(answer)
+            else:
+                request.future.set_result(answer)
+
+    with contextlib.suppress(RuntimeError):  # a closed loop: the worker is gone
+        loop.call_soon_threadsafe(settle)
