@@ -22,7 +22,7 @@ import time
 from relay import logs
 from relay.config import RelayConfig, new_worker_id
 from relay.logs import log
-from relay.worker import Worker, freeze_startup_heap, leave_process
+from relay.worker import Worker, freeze_startup_heap, leave_process, raise_open_files_limit
 
 logger = logging.getLogger("relay.supervisor")
 RESTART_BACKOFF_MAX_S = 10.0
@@ -32,6 +32,7 @@ PARENT_CHECK_S = 1.0  # how often a worker checks that its supervisor is still a
 
 def _child(cfg: RelayConfig, log_level: str, supervisor_pid: int) -> None:
     logs.setup(log_level)
+    raise_open_files_limit()
     freeze_startup_heap()
     worker = Worker(dataclasses.replace(cfg, worker_id=new_worker_id()))
     # The supervisor's pid comes from the supervisor: by the time this child has imported

@@ -44,6 +44,7 @@ import logging
 import os
 import queue
 import random
+import resource
 import signal
 import sys
 import threading
@@ -928,8 +929,17 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def raise_open_files_limit() -> None:
+    """Let a worker process open as many sockets as the system allows it: every effect in
+    flight over HTTP holds one, and thousands may be in flight."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def run_worker(cfg: RelayConfig) -> int:
     """Entry point of a worker process."""
+    raise_open_files_limit()
     freeze_startup_heap()
     return leave_process(Worker(cfg).run())
 

@@ -245,9 +245,7 @@ def test_sigterm_past_the_grace_period_releases_in_flight_rows(db_url, service, 
     assert scalar(db_url, "SELECT lost_leases FROM outbox.outbox WHERE kind = 'tool_call'") == 1
 
 
-def test_sigterm_past_the_grace_period_claims_nothing_it_cannot_start(
-    db_url, service, tmp_path
-):
+def test_sigterm_past_the_grace_period_claims_nothing_it_cannot_start(db_url, service, tmp_path):
     """With one place in flight, the second row is not claimed to wait behind the first;
     the first overruns the grace period and is released. Neither is charged an attempt."""
     tool = stalled_keyed_calls(db_url, service, 5.0, 2)

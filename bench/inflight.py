@@ -1,0 +1,238 @@
+"""Runs in flight: N agent runs at once, each model turn (M s) -> K tool calls (T s) -> turn.
+
+Agent work is latency-bound, so what sizes a platform is how many runs it holds in flight,
+not calls per second. N runs are started by the writer API (their first model turns queued),
+then one relay process is started as users start it, with ``--concurrency C``; the model and
+the tool are ``bench.latency_server`` in a process of their own. The clock starts at the
+relay's first lease and stops when every run is completed. The ideal is ``2M + T``: every
+run's three steps, back to back, all runs at once.
+
+Also read, while it runs: the most database connections the relay held (from
+``pg_stat_activity``, by application name), the relay's CPU seconds and its peak memory
+(RSS, with psutil; per run in flight: the peak less the idle process, over N), and the
+duplicate effects the tool counted by idempotency key (must be 0).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import psutil
+import psycopg
+
+from bench import db as bdb
+from bench import seed
+from bench.throughput import REPO, stderr
+from outbox import writer
+from outbox.schemas import StartRun
+
+TOOL = "slow"
+SAMPLE_S = 0.25  # how often connections and memory are sampled
+SEED_COMMIT_EVERY = 500  # runs started per writer transaction
+TIMEOUT_FACTOR = 20  # give up after this many ideal walls (and at least two minutes)
+
+
+class LatencyServer:
+    """``bench.latency_server`` in its own process."""
+
+    def __init__(self, model_s: float, tool_s: float, calls: int) -> None:
+        command = [sys.executable, "-m", "bench.latency_server", "--model-latency", str(model_s)]
+        command += ["--tool-latency", str(tool_s), "--calls", str(calls)]
+        self.process = subprocess.Popen(
+            command, cwd=REPO, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)}
+        )
+        assert self.process.stdout is not None
+        self.url = self.process.stdout.readline().decode().strip()
+        if not self.url.startswith("http"):
+            raise RuntimeError("the latency server did not start")
+
+    def stats(self) -> dict[str, Any]:
+        response = httpx2.get(self.url + "/_stats", timeout=30)
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def start_runs(url: str, n: int, base_url: str) -> None:
+    """``n`` runs of one user message each, their first model turns queued."""
+    printer = seed.progress_printer("starting runs", n)
+    with psycopg.connect(url) as conn:
+        conn.execute("SET outbox.notify = 'off'")  # the relay is not running yet
+        for i in range(n):
+            thread = writer.create_thread(conn, seed.TENANT)
+            writer.start_run(
+                conn,
+                StartRun(
+                    tenant_id=seed.TENANT,
+                    thread_id=thread.id,
+                    model="bench",
+                    base_url=base_url,
+                    message=f"run {i}",
+                    tools=[TOOL],
+                ),
+            )
+            if (i + 1) % SEED_COMMIT_EVERY == 0 or i + 1 == n:
+                conn.commit()
+                printer(i + 1)
+
+
+class Sampler(threading.Thread):
+    """Samples the relay's database connections and memory until stopped."""
+
+    def __init__(self, url: str, relay: psutil.Process) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.relay = relay
+        self.stop = threading.Event()
+        self.max_connections = 0
+        self.max_rss = 0
+
+    def run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self.stop.wait(SAMPLE_S):
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE application_name LIKE 'outbox-relay-%%' AND datname = current_database()"
+                ).fetchone()
+                self.max_connections = max(self.max_connections, int(row[0]) if row else 0)
+                self.max_rss = max(self.max_rss, rss(self.relay))
+
+
+def rss(process: psutil.Process) -> int:
+    try:
+        return int(sum(p.memory_info().rss for p in [process, *process.children(recursive=True)]))
+    except psutil.Error:
+        return 0
+
+
+def cpu_s(process: psutil.Process) -> float:
+    total = 0.0
+    for p in [process, *process.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def measure(
+    server: str,
+    runs: int,
+    model_s: float,
+    tool_s: float,
+    calls: int,
+    concurrency: int,
+    log_path: Path,
+) -> dict[str, Any]:
+    """One measurement; returns its figures (see the module docstring)."""
+    ideal = 2 * model_s + tool_s
+    latency = LatencyServer(model_s, tool_s, calls)
+    try:
+        with bdb.scratch(server, f"inflight_{runs}") as url:
+            seed.register_http_tool(url, TOOL, latency.url + "/tools/" + TOOL, timeout_s=60)
+            start_runs(url, runs, latency.url + "/v1")
+            env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(REPO)}
+            command = [sys.executable, "-m", "cli", "relay", "--concurrency", str(concurrency)]
+            command += ["--log-level", "WARNING"]
+            with open(log_path, "ab") as log:
+                relay = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
+            try:
+                figures = _watch(url, relay, runs, ideal, log_path)
+            finally:
+                if relay.poll() is None:
+                    relay.terminate()
+                    relay.wait(timeout=60)
+            with psycopg.connect(url, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FILTER (WHERE status = 'completed'), "
+                    "(SELECT count(*) FROM outbox.outbox WHERE status = 'quarantined') "
+                    "FROM outbox.runs"
+                ).fetchone()
+            assert row is not None
+            figures["completed"], figures["quarantined"] = int(row[0]), int(row[1])
+        stats = latency.stats()
+    finally:
+        latency.close()
+    figures.update(
+        runs=runs,
+        model_s=model_s,
+        tool_s=tool_s,
+        calls=calls,
+        concurrency=concurrency,
+        ideal_s=ideal,
+        vs_ideal=round(ideal / figures["wall_s"], 3),
+        duplicates=stats["duplicate_effects"],
+        max_open_model=stats["max_open_model"],
+        max_open_tool=stats["max_open_tool"],
+    )
+    return figures
+
+
+def _watch(
+    url: str, relay: subprocess.Popen[bytes], runs: int, ideal: float, log_path: Path
+) -> dict[str, Any]:
+    process = psutil.Process(relay.pid)
+    with psycopg.connect(url, autocommit=True) as conn:
+        deadline = time.monotonic() + 120
+        while not conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM outbox.outbox WHERE status = 'leased')"
+        ).fetchone()[0]:  # type: ignore[index]
+            if relay.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the relay did not start; see {log_path}")
+            time.sleep(0.01)
+        started = time.perf_counter()
+        idle_rss, cpu_before = rss(process), cpu_s(process)
+        sampler = Sampler(url, process)
+        sampler.start()
+        deadline = time.monotonic() + max(120.0, TIMEOUT_FACTOR * ideal)
+        done = 0
+        while done < runs:
+            row = conn.execute(
+                "SELECT count(*) FROM outbox.runs WHERE status = 'completed'"
+            ).fetchone()
+            done = int(row[0]) if row else 0
+            if relay.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{done} of {runs} runs completed; see {log_path}")
+            time.sleep(0.05)
+        wall = time.perf_counter() - started
+        cpu = cpu_s(process) - cpu_before
+        sampler.stop.set()
+        sampler.join()
+    return {
+        "wall_s": round(wall, 2),
+        "relay_cpu_s": round(cpu, 2),
+        "cpu_ms_per_run": round(1000 * cpu / runs, 2),
+        "max_db_connections": sampler.max_connections,
+        "peak_rss_mb": round(sampler.max_rss / 2**20, 1),
+        "kb_per_run_in_flight": round(max(0, sampler.max_rss - idle_rss) / 1024 / runs, 1),
+    }
+
+
+def run_cases(server: str, cases: list[tuple[int, float, float, int]], log: Path) -> list[Any]:
+    """Each case is (runs, M, T, K); the relay may hold every effect of a step in flight."""
+    results = []
+    for runs, model_s, tool_s, calls in cases:
+        concurrency = min(runs * calls, 10_000)
+        stderr(f"runs in flight: {runs} runs, M={model_s}s, T={tool_s}s, K={calls}")
+        figures = measure(server, runs, model_s, tool_s, calls, concurrency, log)
+        stderr(
+            f"  wall {figures['wall_s']} s against {figures['ideal_s']} s ideal "
+            f"({figures['vs_ideal']}x), {figures['max_db_connections']} connections, "
+            f"{figures['cpu_ms_per_run']} ms CPU per run, "
+            f"{figures['kb_per_run_in_flight']} kB per run in flight, "
+            f"{figures['duplicates']} duplicates"
+        )
+        results.append(figures)
+    return results
