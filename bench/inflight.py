@@ -135,6 +135,7 @@ def measure(
     calls: int,
     concurrency: int,
     log_path: Path,
+    processes: int = 1,
 ) -> dict[str, Any]:
     """One measurement; returns its figures (see the module docstring)."""
     ideal = 2 * model_s + tool_s
@@ -145,7 +146,7 @@ def measure(
             start_runs(url, runs, latency.url + "/v1")
             env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(REPO)}
             command = [sys.executable, "-m", "cli", "relay", "--concurrency", str(concurrency)]
-            command += ["--log-level", "WARNING"]
+            command += ["--processes", str(processes), "--log-level", "WARNING"]
             with open(log_path, "ab") as log:
                 relay = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
             try:
@@ -171,6 +172,7 @@ def measure(
         tool_s=tool_s,
         calls=calls,
         concurrency=concurrency,
+        processes=processes,
         ideal_s=ideal,
         vs_ideal=round(ideal / figures["wall_s"], 3),
         duplicates=stats["duplicate_effects"],

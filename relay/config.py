@@ -30,7 +30,7 @@ class RelayConfig:
     retry_base_s: float = 0.5  # first retry delay; doubles per attempt, with jitter
     retry_cap_s: float = 60.0  # longest retry delay
     completion_batch: int = 256  # most outcomes written in one transaction
-    completers: int = 2  # threads writing outcomes, each with its own connection
+    completers: int = 4  # threads writing outcomes, each with its own connection
     max_lost_leases: int = 10  # a row whose lease was lost this often is quarantined
     kinds: tuple[str, ...] = ALL_KINDS
     metrics_port: int | None = None

@@ -9,9 +9,10 @@ before its effect is batched with other tasks' by ``relay.preparer``, and its ou
 a completer thread that writes many per transaction (``relay.completer``).
 
 HTTP clients come in shards of ``SHARD_CONNECTIONS`` connections: httpcore's pool walks all
-its connections (and probes every idle socket) each time a request starts or ends, so one
-pool of ten thousand connections would cost ten thousand steps per request. A request takes
-the next shard in turn, so requests spread evenly.
+its connections (and probes every idle socket, which cost a quarter of the loop's time with
+shards of 64) each time a request starts or ends, so one pool of ten thousand connections
+would cost ten thousand steps per request. A request takes a free place on a client
+(``Shards``), so no pool ever holds more than a handful.
 
 In-process tools do not run here: they are calls into Python code, run on threads by
 ``relay.inprocess``.
@@ -20,11 +21,13 @@ In-process tools do not run here: they are calls into Python code, run on thread
 from __future__ import annotations
 
 import asyncio
-import itertools
+import collections
+import contextlib
 import logging
 import os
+import ssl
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any
 
@@ -38,23 +41,40 @@ from relay.outcomes import Claimed, Outcome, retry
 from relay.preparer import Preparer
 
 logger = logging.getLogger("relay.engine")
-SHARD_CONNECTIONS = 64  # connections per HTTP client (see the module docstring)
+SHARD_CONNECTIONS = 4  # connections per HTTP client (see the module docstring)
+TLS = ssl.create_default_context()  # shared: a context per client took milliseconds to build
 
 
 class Shards:
-    """Clients taken in turn, each with its own connection pool, made when first needed."""
+    """HTTP clients with ``SHARD_CONNECTIONS`` places each, handed out place by place.
+
+    ``acquire`` gives the client of the most recently freed place (last in, first out), so
+    requests reuse warm connections of few clients while the others' idle connections
+    expire; a client never gets more requests at once than it has connections, so none
+    waits in a pool (and times out there) while another client has room. A client is made
+    when a place of it is first taken.
+    """
 
     def __init__(self, n: int, make: Callable[[], Any]) -> None:
         self.make = make
         self.clients: list[Any] = [None] * max(1, n)
-        self.turn = itertools.cycle(range(len(self.clients)))
+        self.places = collections.deque(
+            i for i in range(len(self.clients)) for _ in range(SHARD_CONNECTIONS)
+        )
 
-    def pick(self) -> Any:
-        i = next(self.turn)
-        client = self.clients[i]
-        if client is None:
-            client = self.clients[i] = self.make()
-        return client
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Any]:
+        if not self.places:  # more requests at once than planned for: one more client
+            self.clients.append(None)
+            self.places.extend([len(self.clients) - 1] * SHARD_CONNECTIONS)
+        i = self.places.popleft()
+        try:
+            client = self.clients[i]
+            if client is None:
+                client = self.clients[i] = self.make()
+            yield client
+        finally:
+            self.places.appendleft(i)
 
     async def aclose(self) -> None:
         for client in self.clients:
@@ -64,9 +84,10 @@ class Shards:
 
 def _http_client() -> httpx2.AsyncClient:
     return httpx2.AsyncClient(
+        verify=TLS,
         limits=httpx2.Limits(
             max_connections=SHARD_CONNECTIONS, max_keepalive_connections=SHARD_CONNECTIONS
-        )
+        ),
     )
 
 
@@ -93,7 +114,7 @@ class Engine:
         self.tasks: set[asyncio.Task[None]] = set()
         self.http = Shards(self.shards, _http_client)
         self.models: dict[tuple[str | None, str], Shards] = {}
-        tools = ToolExecutor(self.http.pick, preparer.mark, threads)
+        tools = ToolExecutor(self.http.acquire, preparer.mark, threads)
         model = ModelExecutor(preparer.turn, self._model_client)
         self.executors: dict[str, Callable[[Claimed], Coroutine[Any, Any, Outcome]]] = {
             "tool_call": tools.run,
@@ -146,7 +167,8 @@ class Engine:
             outcome = retry(row, f"executor crashed: {type(err).__name__}: {err}")
         self.finished(row, outcome)
 
-    def _model_client(self, base_url: str | None) -> openai.AsyncOpenAI:
+    def _model_client(self, base_url: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A place on an ``AsyncOpenAI`` client for ``base_url`` (a context manager)."""
         api_key = os.environ.get("OPENAI_API_KEY", "not-needed")
         key = (base_url, api_key)
         shards = self.models.get(key)
@@ -163,8 +185,7 @@ class Engine:
                 )
 
             shards = self.models[key] = Shards(self.shards, make)
-        client: openai.AsyncOpenAI = shards.pick()
-        return client
+        return shards.acquire()
 
     async def _close(self) -> None:
         for task in list(self.tasks):

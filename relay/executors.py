@@ -31,6 +31,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from contextlib import AbstractAsyncContextManager
 
 import httpx2
 
@@ -96,7 +97,7 @@ def request_headers(row: Claimed) -> dict[str, str]:
 
 
 MarkDispatched = Callable[[Claimed], Awaitable[bool]]
-PickClient = Callable[[], httpx2.AsyncClient]
+PickClient = Callable[[], AbstractAsyncContextManager[httpx2.AsyncClient]]
 
 
 class ToolExecutor:
@@ -158,12 +159,13 @@ class ToolExecutor:
         if not row.lookup_endpoint:
             return None
         try:
-            response = await self.http().post(
-                row.lookup_endpoint,
-                json={"idempotency_key": row.idempotency_key, "arguments": row.arguments},
-                headers=request_headers(row),
-                timeout=row.timeout_s or 30.0,
-            )
+            async with self.http() as client:
+                response = await client.post(
+                    row.lookup_endpoint,
+                    json={"idempotency_key": row.idempotency_key, "arguments": row.arguments},
+                    headers=request_headers(row),
+                    timeout=row.timeout_s or 30.0,
+                )
         except httpx2.HTTPError as err:
             return retry(row, f"lookup at {row.lookup_endpoint} failed: {describe(err)}")
         if response.status_code != 200:
@@ -184,9 +186,10 @@ class ToolExecutor:
         except LookupError as err:
             return retry(row, str(err))
         try:
-            response = await self.http().post(
-                row.endpoint, json=row.arguments, headers=headers, timeout=row.timeout_s or 30.0
-            )
+            async with self.http() as client:
+                response = await client.post(
+                    row.endpoint, json=row.arguments, headers=headers, timeout=row.timeout_s or 30.0
+                )
         except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as err:
             return retry(row, f"could not reach {row.endpoint}: {describe(err)}")
         except httpx2.TimeoutException as err:

@@ -1,0 +1,166 @@
+"""A database that goes away is the relay's problem, never the work's (issue 14, item 3).
+
+Every relay connection is killed with ``pg_terminate_backend`` while the relay is idle,
+while runs arrive one by one, and while model turns and tool calls are in flight: every
+run completes, no attempt is charged (no retry scheduled, nothing quarantined, ``failures``
+stays 0), and no effect happens twice. A relay the server cannot serve refuses to start
+with the numbers; a model's ``Retry-After`` is honoured.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+import cli
+from outbox import writer
+from outbox.fakes.model import ScriptedModel
+from outbox.fakes.tools import FakeToolService
+from outbox.schemas import StartRun
+from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
+
+TENANT = "acme"
+ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
+SCRIPT = [{"tool_calls": [{"name": "send_email", "arguments": {"to": "a@b.c"}}]}, {"text": "ok"}]
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel(scripts={"mail": SCRIPT}) as server:
+        yield server
+
+
+@pytest.fixture
+def service(db_url: str) -> Iterator[FakeToolService]:
+    with FakeToolService() as svc:
+        svc.add_tool("send_email", "key")
+        with psycopg.connect(db_url) as conn:
+            register_tool(conn, svc, "send_email", "key", timeout_s=10)
+            conn.commit()
+        yield svc
+
+
+def start_run(db_url: str, model: ScriptedModel) -> uuid.UUID:
+    with psycopg.connect(db_url) as conn:
+        thread = writer.create_thread(conn, TENANT)
+        run = writer.start_run(
+            conn,
+            StartRun(
+                tenant_id=TENANT,
+                thread_id=thread.id,
+                model="scripted-1",
+                message="script:mail please",
+                tools=["send_email"],
+                base_url=model.url + "/v1",
+            ),
+        )
+        conn.commit()
+    return run.id
+
+
+RELAY_BACKENDS = (
+    "FROM pg_stat_activity "
+    "WHERE datname = current_database() AND application_name LIKE 'outbox-relay-%'"
+)
+
+
+def relay_connections(db_url: str) -> int:
+    return int(scalar(db_url, "SELECT count(*) " + RELAY_BACKENDS))
+
+
+def kill_relay_connections(db_url: str) -> int:
+    """Terminate every connection of the relay to this database; how many there were."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT pg_terminate_backend(pid) " + RELAY_BACKENDS).fetchall()
+    return len(rows)
+
+
+def completed(db_url: str, runs: list[uuid.UUID]) -> bool:
+    done = scalar(
+        db_url,
+        "SELECT count(*) FROM outbox.runs WHERE id = ANY(%s) AND status = 'completed'",
+        [runs],
+    )
+    return bool(done == len(runs))
+
+
+def assert_nothing_charged(db_url: str, service: FakeToolService, runs: int) -> None:
+    charged = scalar(
+        db_url,
+        "SELECT count(*) FROM outbox.journal WHERE event LIKE '%%.retry_scheduled' "
+        "OR event LIKE '%%quarantined' OR event LIKE '%%outcome_unknown'",
+    )
+    assert charged == 0
+    assert scalar(db_url, "SELECT coalesce(max(failures), 0) FROM outbox.outbox") == 0
+    assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'quarantined'") == 0
+    tool = service.tool("send_email")
+    assert len(tool.effects) == runs and tool.duplicate_effects() == 0
+
+
+def test_killed_connections_while_idle_and_runs_arrive_one_by_one(db_url, model, service):
+    runs: list[uuid.UUID] = []
+    with relay_thread(db_url, kinds=ALL_KINDS, lease_s=5.0):
+        for _ in range(3):  # idle at first, then after each run
+            # An idle relay holds its claim and listener links (the others open on use).
+            wait_until(lambda: relay_connections(db_url) >= 2, what="the relay's links")
+            assert kill_relay_connections(db_url) >= 2
+            runs.append(start_run(db_url, model))
+            wait_until(lambda: completed(db_url, runs), what="the run that arrived alone")
+    assert_nothing_charged(db_url, service, len(runs))
+
+
+def test_killed_connections_while_model_turns_and_tool_calls_are_in_flight(db_url, model, service):
+    model.set_faults(latency_s=0.5)
+    service.tool("send_email").stall_after_commit(0.5, n=None)
+    with relay_thread(db_url, kinds=ALL_KINDS, lease_s=5.0):
+        runs = [start_run(db_url, model) for _ in range(10)]
+        wait_until(lambda: len(model.requests) >= 5, what="model turns in flight")
+        assert kill_relay_connections(db_url) >= 3  # claim, listener, preparer at least
+        wait_until(lambda: len(service.tool("send_email").deliveries) >= 5, what="tool calls")
+        assert kill_relay_connections(db_url) >= 3
+        wait_until(lambda: completed(db_url, runs), what="every run", timeout_s=60)
+    assert_nothing_charged(db_url, service, len(runs))
+
+
+def test_a_model_retry_after_delays_the_turn_as_asked(db_url, model, service):
+    model.fail_next(1, status=429, retry_after_s=30)
+    with relay_thread(db_url, kinds=ALL_KINDS, lease_s=5.0):
+        run = start_run(db_url, model)
+        wait_until(
+            lambda: scalar(
+                db_url,
+                "SELECT count(*) FROM outbox.journal WHERE event = 'model_turn.retry_scheduled'",
+            ),
+            what="the 429 to be recorded",
+        )
+    delay = scalar(
+        db_url,
+        "SELECT extract(epoch FROM available_at - now()) FROM outbox.outbox "
+        "WHERE run_id = %s AND kind = 'model_turn'",
+        [run],
+    )
+    assert 20 < delay <= 30  # not the relay's backoff (50 ms here): what the model asked
+
+
+def test_a_relay_the_server_cannot_serve_refuses_to_start(db_url, monkeypatch):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    with psycopg.connect(db_url) as conn:
+        max_connections = int(conn.execute("SHOW max_connections").fetchone()[0])  # type: ignore[index]
+    per_process = cli.RELAY_DEFAULTS.db_connections
+    processes = max_connections // per_process + 1
+    result = CliRunner().invoke(cli.main, ["relay", "--processes", str(processes)])
+    assert result.exit_code == 2, result.output
+    assert f"needs {processes * per_process} database connections" in result.output
+    assert f"max_connections {max_connections}" in result.output
+    assert "hint:" in result.output
+
+
+def test_too_few_connections_for_one_process_is_a_usage_error(db_url, monkeypatch):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    result = CliRunner().invoke(cli.main, ["relay", "--db-connections", "4"])
+    assert result.exit_code == 2
+    assert "--db-connections 4 is too few" in result.output
