@@ -57,8 +57,10 @@ class Link:
         autocommit: bool = False,
         prepare: bool = True,
         on_outage: Any = None,
+        worker: str | None = None,
     ) -> None:
         self.url = url
+        self.worker = worker  # named in every log line of this link
         self.name = name
         self.autocommit = autocommit
         self.prepare = prepare
@@ -101,6 +103,7 @@ class Link:
                 logger,
                 logging.WARNING,
                 "db.unavailable",
+                worker=self.worker,
                 link=self.name,
                 error=str(err).strip(),
                 failures=self.unlogged,
@@ -114,7 +117,14 @@ class Link:
 
     def ok(self) -> None:
         if self.failures:
-            log(logger, logging.INFO, "db.reconnected", link=self.name, failures=self.failures)
+            log(
+                logger,
+                logging.WARNING,
+                "db.reconnected",
+                worker=self.worker,
+                link=self.name,
+                failures=self.failures,
+            )
             if self.on_outage is not None:
                 self.on_outage(self.name, False)
             self.logged_at = 0.0

@@ -124,6 +124,7 @@ class Worker:
             autocommit=autocommit,
             prepare=prepare,
             on_outage=self.metrics.outage,
+            worker=self.cfg.worker_id,
         )
 
     # -- lifecycle ------------------------------------------------------------------------
