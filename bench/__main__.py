@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import db as bdb
-from bench import http, notify, report, seed, throughput
+from bench import http, inflight, notify, report, seed, throughput
 from bench.throughput import stderr
 from outbox import db
 
@@ -32,6 +32,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=16, help="relay slots per process")
     parser.add_argument("--latency-intents", type=int, help="intents for the latency (500)")
     parser.add_argument("--notify-commits", type=int, help="commits per writer thread (250)")
+    parser.add_argument(
+        "--inflight",
+        default=None,
+        help="runs-in-flight cases RUNS:M:T:K, comma-separated "
+        "(2000:2:0.5:2,10000:10:1:2; --quick: 200:1:0.2:2); 'none' skips them",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     args = parser.parse_args(argv)
@@ -41,6 +47,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.latency_intents = args.latency_intents or (100 if quick else 500)
     args.notify_commits = args.notify_commits or (25 if quick else 250)
     args.process_counts = [int(p) for p in args.processes.split(",")]
+    cases = args.inflight or ("200:1:0.2:2" if quick else "2000:2:0.5:2,10000:10:1:2")
+    args.inflight_cases = (
+        []
+        if cases == "none"
+        else [
+            (int(r), float(m), float(t), int(k))
+            for r, m, t, k in (case.split(":") for case in cases.split(","))
+        ]
+    )
     return args
 
 
@@ -164,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     end_to_end(server, args, log, out)
     stderr("NOTIFY cost")
     notify_cost(server, args, out)
+    out["inflight"] = inflight.run_cases(server, args.inflight_cases, log)
     out["seconds"] = round(time.monotonic() - started, 1)
     table = report.markdown(out)
     print(table)

@@ -63,6 +63,23 @@ def markdown(results: dict[str, Any]) -> str:
             "Target: p50 ≤ 3 ms, p99 ≤ 10 ms.",
             "",
         ]
+    inflight = results.get("inflight")
+    if inflight:
+        lines += [
+            "### Runs in flight: model turn (M) → K tool calls (T) → model turn, 1 relay process",
+            "",
+            "| runs | M | T | K | wall | ideal 2M+T | ideal / wall | DB connections "
+            "| relay CPU per run | kB per run in flight | duplicates |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for f in inflight:
+            lines.append(
+                f"| {f['runs']:,} | {f['model_s']:g} s | {f['tool_s']:g} s | {f['calls']} "
+                f"| {f['wall_s']:.1f} s | {f['ideal_s']:g} s | {f['vs_ideal']:.2f}x "
+                f"| {f['max_db_connections']} | {f['cpu_ms_per_run']:.1f} ms "
+                f"| {f['kb_per_run_in_flight']:.0f} | {f['duplicates']} |"
+            )
+        lines += ["", "Targets: ideal / wall ≥ 0.5x, ≤ 10 database connections.", ""]
     notify = results.get("notify")
     if notify:
         lines += [

@@ -25,7 +25,7 @@ def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
     out = tmp_path / "bench.json"
     command = [sys.executable, "-m", "bench", "--quick", "--calls", "300", "--http-calls", "100"]
     command += ["--processes", "1,2", "--latency-intents", "20", "--notify-commits", "5"]
-    command += ["--json", str(out), "--no-chart"]
+    command += ["--inflight", "20:0.2:0.1:2", "--json", str(out), "--no-chart"]
     env = {**os.environ, "OUTBOX_DATABASE_URL": server_url}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -37,3 +37,6 @@ def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
     assert set(results["http"]["relay"]) == {"1", "2"}
     assert results["latency"]["n"] == 20
     assert results["notify"]["on"] > 0 and results["notify"]["off"] > 0
+    [case] = results["inflight"]
+    assert case["completed"] == 20 and case["duplicates"] == 0 and case["wall_s"] > 0
+    assert "### Runs in flight" in done.stdout
