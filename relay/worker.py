@@ -6,26 +6,20 @@ on the I/O engine's event loop (``relay.engine``), as many as ``--concurrency`` 
 holds a database connection. The work that matters for correctness happens in Postgres, on
 a fixed set of links (``relay.links``) however much is in flight:
 
-- the *claim loop* (the caller's thread): claims as many rows as ``relay.capacity`` allows,
-  in one statement, and hands them out. When it gets fewer rows than it asked for, it
-  sleeps until a NOTIFY, a finished effect, the next due row or the poll interval; an idle
-  relay does not busy-loop.
-- the *preparer*: what effects need before they start (a model turn's history, a dispatch
-  mark), for all waiting tasks at once (``relay.preparer``).
-- *in-process chunks*: tool calls of ``python`` tools that honour keys run 32 per thread hop
-  (``relay.inprocess``): ``--inprocess-slots`` of them may be in flight.
-- the *completers* (2 by default): write queued outcomes, many per transaction, each on
-  its own link. A run's outcomes always go to the same completer, so completers of one
-  process never queue on each other's run and batch locks. Every write that completes a
-  row is fenced on (lease holder, attempt); a refused write is journaled, never applied.
-  They record outcomes through the writer API's code (``writer.record_model_turn``,
-  ``writer.deliver_batches``), so a delivery by the relay and one after a backend's
-  submission take one path.
-- *maintenance*: heartbeats the leases of every row in flight in one statement, rescues
-  expired leases of any worker, re-enqueues deliveries of complete batches that never
-  happened.
-- the *listener*: ``LISTEN outbox_ready`` (off with ``listen=False`` for transaction-mode
-  poolers); polling is always the fallback.
+- the *claim loop* (the caller's thread, here): claims as many rows as
+  ``relay.capacity`` allows, in one statement, and hands them out. When it gets fewer rows
+  than it asked for, it sleeps until a NOTIFY, a finished effect, the next due row or the
+  poll interval; an idle relay does not busy-loop.
+- the *preparer* (``relay.preparer``): what effects need before they start (a model
+  turn's history, a dispatch mark), for all waiting tasks at once.
+- *in-process chunks*: tool calls of ``python`` tools that honour keys run 32 per thread
+  hop (``relay.inprocess``): ``--inprocess-slots`` of them may be in flight.
+- the *completers* (``relay.completer``, 4 by default): write queued outcomes, many per
+  transaction, each on its own link, fenced on (lease holder, attempt).
+- *maintenance* (``relay.maintenance``): heartbeats every lease in flight in one
+  statement, rescues expired leases of any worker, re-enqueues lost batch deliveries.
+- the *listener* (``relay.listener``): ``LISTEN outbox_ready`` (off with ``listen=False``
+  for transaction-mode poolers); polling is always the fallback.
 
 A lost connection is the relay's problem, not the row's: the statement is tried again on a
 new connection and no attempt is charged (``failures`` counts only effects that failed).
@@ -43,7 +37,6 @@ import gc
 import logging
 import os
 import queue
-import random
 import resource
 import signal
 import sys
@@ -51,26 +44,24 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from outbox import lifecycle, writer
-from outbox.schemas import ToolResultIn
 from outbox.sql import Queries
 from relay import failpoints, inprocess
 from relay.capacity import Capacity
+from relay.completer import Completer
 from relay.config import RelayConfig
 from relay.engine import Engine
 from relay.links import Link
+from relay.listener import listen
 from relay.logs import log
+from relay.maintenance import Maintenance
 from relay.metrics import Metrics
 from relay.outcomes import Claimed, Outcome, retry, runs_in_chunks
 from relay.preparer import Preparer
 
 logger = logging.getLogger("relay.worker")
-DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with metrics on)
 BUSY_ROW_WAIT_S = 0.02  # idle wait when the only due rows are being claimed by others
 DELIVERY_POLL_S = 0.1  # while the slots are full, how often deliveries alone are claimed
 DELIVERY = "deliver_batch"  # the kind with no effect outside the database
@@ -112,6 +103,11 @@ class Worker:
         self.engine = Engine(
             cfg.concurrency, self.preparer, self.marked_calls, self._effect_done, self._start
         )
+        self.completer = Completer(cfg, self.q, self.metrics, self.link, self._written, self.done)
+        self.maintenance = Maintenance(
+            cfg, self.q, self.metrics, self.link, self._in_flight, self.wake, self.done, self._tick
+        )
+        self.wedged_since: float | None = None  # monotonic; see _tick
         self.signals = 0
         self.exit_code = 0
         inprocess.configure(cfg.inprocess_threads)
@@ -136,12 +132,13 @@ class Worker:
         if self.cfg.metrics_port is not None:
             self.metrics.serve(self.cfg.metrics_port)
         sides = [
-            threading.Thread(target=self._complete_loop, args=(q,), name=f"completer-{i}")
+            threading.Thread(target=self.completer.loop, args=(q,), name=f"completer-{i}")
             for i, q in enumerate(self.outcomes)
         ]
-        sides.append(threading.Thread(target=self._maintenance_loop, name="maintenance"))
+        sides.append(threading.Thread(target=self.maintenance.loop, name="maintenance"))
         if self.cfg.listen:
-            sides.append(threading.Thread(target=self._listen_loop, name="listener"))
+            listening = (self.link, self.done, self.notified, self.wake)
+            sides.append(threading.Thread(target=listen, args=listening, name="listener"))
         for thread in sides:
             thread.start()
         self.preparer.start()
@@ -366,17 +363,21 @@ class Worker:
         finally:
             self._finished(len(rows), 0)
 
-    def _check_wedged(self, wedged_since: float | None) -> float | None:
-        """When every in-process tool thread has stayed kept by a call that overran its
-        timeout for ``WEDGED_FOR_S``, stop to be restarted; returns since when they are."""
+    def _in_flight(self) -> list[int]:
+        with self.lock:
+            return list(self.inflight)
+
+    def _tick(self) -> None:
+        """Maintenance's round: when every in-process tool thread has stayed kept by a call
+        that overran its timeout for ``WEDGED_FOR_S``, stop to be restarted."""
         if not inprocess.wedged():
-            return None
+            self.wedged_since = None
+            return
         now = time.monotonic()
-        if wedged_since is None:
-            return now
-        if now - wedged_since >= WEDGED_FOR_S and not self.exit_code:
+        if self.wedged_since is None:
+            self.wedged_since = now
+        elif now - self.wedged_since >= WEDGED_FOR_S and not self.exit_code:
             self._stop_wedged()
-        return wedged_since
 
     def _stop_wedged(self) -> None:
         """Python cannot stop a thread: with every in-process tool thread kept, no
@@ -413,379 +414,12 @@ class Worker:
         if wake:
             self.wake.set()
 
-    # -- completing -----------------------------------------------------------------------
-
-    def completion_link(self) -> Link:
-        """A completer's connection: it prepares its statements, on generic plans (Link)."""
-        return self.link("complete")
-
-    def _complete_loop(self, outcomes: queue.Queue[Outcome]) -> None:
-        link = self.completion_link()
-        pending: list[Outcome] = []
-        while True:
-            if not pending:
-                try:
-                    pending.append(outcomes.get(timeout=0.1))
-                except queue.Empty:
-                    if self.done.is_set():
-                        break
-                    continue
-            while len(pending) < self.cfg.completion_batch:
-                try:
-                    pending.append(outcomes.get_nowait())
-                except queue.Empty:
-                    break
-            try:
-                self._write(link, pending)
-                link.ok()
-            except psycopg.OperationalError as err:
-                if self.done.is_set():  # shutting down and still unreachable: leave to rescue
-                    log(logger, logging.WARNING, "complete.abandoned", n=len(pending))
-                    for _ in pending:
-                        outcomes.task_done()
-                    break
-                # The database went away: keep the outcomes and write them once it is back
-                # (if our leases expired meanwhile, the fence refuses them, as it should).
-                time.sleep(link.failed(err))
-                continue
-            except Exception as err:  # a bad outcome must not stop the others being written
-                log(logger, logging.ERROR, "complete.batch_failed", error=repr(err), n=len(pending))
-                if isinstance(err, psycopg.Error):
-                    link.failed(err)
-                for outcome in pending:
-                    self._write_alone(link, outcome)
-            for _ in pending:
-                outcomes.task_done()
-            pending = []
-        link.close()
-
-    def _write(self, link: Link, outcomes: list[Outcome]) -> None:
-        # One lock order for every completer in every process (batch, then row), so two
-        # transactions completing calls of the same batches queue up instead of deadlocking.
-        outcomes.sort(key=lambda o: (o.row.batch_id or 0, o.row.id))
-        conn = link.get()
-        with conn.transaction():
-            applied = self._apply_all(conn, outcomes)
-            failpoints.hit("complete.before_commit")
-        failpoints.hit("complete.after_commit")
-        self._after_commit(outcomes, applied)
-
-    def _apply_all(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> list[str]:
-        """Write sorted outcomes in the completer's transaction; what happened to each.
-
-        First the runs, then the batches of the whole transaction are locked, each in id
-        order: the one lock order of every writer path (run before batch), so completers,
-        cancels and client submissions queue up instead of deadlocking. Terminal tool
-        results and batch deliveries then take set-based paths, a fixed number of
-        statements however many there are: their rows are fenced together (lease holder
-        and attempt per row); ``store_results`` does what ``writer.record_tool_result``
-        does per row, and ``enqueue_deliveries`` enqueues (once, by dedup key) and
-        journals each batch this transaction completed; ``writer.deliver_batches``
-        delivers every batch at once. Fenced rows and every other action go through
-        ``_apply``, which journals a refused write.
-        """
-        results = [
-            i
-            for i, o in enumerate(outcomes)
-            if o.action == "result"
-            and o.row.kind == "tool_call"
-            and o.row.tool_call_ref is not None
-            and o.row.batch_id is not None
-            and (o.status == "ok" or (o.status == "error" and o.error))
-        ]
-        deliveries = [
-            i
-            for i, o in enumerate(outcomes)
-            if o.action == "deliver" and o.row.batch_id is not None
-        ]
-        run_ids = sorted({o.row.run_id for o in outcomes if o.row.run_id is not None})
-        conn.execute(writer.Q.lock_runs, {"run_ids": run_ids})
-        batch_ids = sorted({o.row.batch_id for o in outcomes if o.row.batch_id is not None})
-        conn.execute(writer.Q.lock_batches, {"batch_ids": batch_ids})
-        applied: list[str | None] = [None] * len(outcomes)
-        if results:
-            self._store_results(conn, outcomes, results, applied)
-        if deliveries:
-            self._deliver(conn, outcomes, deliveries, applied)
-        return [
-            what if what is not None else self._apply(conn, outcome)
-            for outcome, what in zip(outcomes, applied, strict=True)
-        ]
-
-    def _fence_many(
-        self, conn: psycopg.Connection[Any], outcomes: list[Outcome], positions: list[int]
-    ) -> list[tuple[Outcome, int]]:
-        """Finish the rows at ``positions`` where this worker still holds their lease; the
-        outcomes (and positions) that passed. The others are left to ``_apply``."""
-        chosen = [outcomes[i] for i in positions]
-        kept = {
-            r[0]
-            for r in conn.execute(
-                self.q.finish_many,
-                {
-                    "ids": [o.row.id for o in chosen],
-                    "attempts": [o.row.attempt for o in chosen],
-                    "worker": self.cfg.worker_id,
-                },
-            ).fetchall()
-        }
-        return [(o, i) for o, i in zip(chosen, positions, strict=True) if o.row.id in kept]
-
-    def _deliver(
-        self,
-        conn: psycopg.Connection[Any],
-        outcomes: list[Outcome],
-        positions: list[int],
-        applied: list[str | None],
-    ) -> None:
-        """Deliver the batches of fenced ``deliver`` rows at once (``writer.deliver_batches``)."""
-        passed = self._fence_many(conn, outcomes, positions)
-        if not passed:
-            return
-        delivered = writer.deliver_batches(
-            conn, [o.row.batch_id for o, _ in passed if o.row.batch_id]
-        )
-        for outcome, i in passed:
-            assert outcome.row.batch_id is not None
-            applied[i] = "delivered_" + delivered[outcome.row.batch_id].outcome
-        self.metrics.succeeded.labels("deliver_batch").inc(len(passed))
-
-    def _store_results(
-        self,
-        conn: psycopg.Connection[Any],
-        outcomes: list[Outcome],
-        positions: list[int],
-        applied: list[str | None],
-    ) -> None:
-        """Store the fenced tool results at ``positions``; leaves ``applied`` None for the
-        rows whose lease this worker lost."""
-        worker = self.cfg.worker_id
-        passed = self._fence_many(conn, outcomes, positions)
-        if not passed:
-            return
-        results = [
-            {
-                "ref": o.row.tool_call_ref,
-                "status": o.status,
-                "output": o.output,
-                "error": o.error,
-                "source": o.source,
-                "attempt": o.row.attempt,
-                "lag_s": round(max(0.0, o.row.lag_s), 4),
-            }
-            for o, _ in passed
-        ]
-        refs = [o.row.tool_call_ref for o, _ in passed]
-        rows = conn.execute(
-            self.q.store_results, {"results": Jsonb(results), "refs": refs, "worker": worker}
-        ).fetchall()
-        stored = {ref: what for ref, what, _ in rows}
-        completed = {ref: batch for ref, _, batch in rows if batch is not None}
-        for outcome, i in passed:
-            applied[i] = "result_" + stored.get(outcome.row.tool_call_ref, "duplicate")
-        self.metrics.succeeded.labels("tool_call").inc(len(passed))
-        self.metrics.failed.inc(sum(1 for o, _ in passed if o.status == "error"))
-        if completed:
-            attempts = {o.row.tool_call_ref: o.row.attempt for o, _ in passed}
-            conn.execute(
-                self.q.enqueue_deliveries,
-                {
-                    "batch_ids": list(completed.values()),
-                    "refs": list(completed),
-                    "attempts": [attempts[ref] for ref in completed],
-                    "worker": worker,
-                },
-            )
-
-    def _write_alone(self, link: Link, outcome: Outcome) -> None:
-        """Write one outcome on its own; if even that fails, leave the row to lease expiry."""
-        try:
-            self._write(link, [outcome])
-        except Exception as err:
-            if isinstance(err, psycopg.Error):
-                link.failed(err)
-            log(logger, logging.ERROR, "complete.failed", error=repr(err), **outcome.row.context())
-            with self.lock:
-                self.inflight.pop(outcome.row.id, None)
-
-    def _after_commit(self, outcomes: list[Outcome], applied: list[str]) -> None:
+    def _written(self, outcomes: list[Outcome]) -> None:
+        """Outcomes written (or abandoned): their rows free claim capacity."""
         with self.lock:
             for outcome in outcomes:
                 self.inflight.pop(outcome.row.id, None)
-        self.wake.set()  # written rows free claim capacity (see _free)
-        info = logger.isEnabledFor(logging.INFO)  # asked once: thousands of outcomes a second
-        for outcome, what in zip(outcomes, applied, strict=True):
-            row = outcome.row
-            level = (
-                logging.WARNING if what in ("fenced", "quarantined", "unknown") else logging.INFO
-            )
-            if level == logging.INFO and not info:
-                continue
-            log(
-                logger,
-                level,
-                f"{row.kind}.{what}",
-                worker=self.cfg.worker_id,
-                error=outcome.error,
-                duration_s=round(outcome.duration_s, 4),
-                **row.context(),
-            )
-
-    def _fence(
-        self, conn: psycopg.Connection[Any], query: Any, outcome: Outcome, **extra: Any
-    ) -> bool:
-        row = outcome.row
-        params = {"id": row.id, "worker": self.cfg.worker_id, "attempt": row.attempt, **extra}
-        if conn.execute(query, params).fetchone() is not None:
-            return True
-        self.metrics.fenced.inc()
-        writer.journal(
-            conn,
-            "write.fenced",
-            row.tenant_id,
-            **self._ids(row),
-            detail={"action": outcome.action, "status": outcome.status, "error": outcome.error},
-        )
-        if outcome.action == "result" and row.tool_call_ref is not None:
-            conn.execute(
-                writer.Q.insert_orphan,
-                {
-                    "tenant_id": row.tenant_id,
-                    "run_id": row.run_id,
-                    "batch_id": row.batch_id,
-                    "tool_call_ref": row.tool_call_ref,
-                    "tool_call_id": row.tool_call_id,
-                    "status": outcome.status,
-                    "output": Jsonb(outcome.output),
-                    "error": outcome.error,
-                    "reason": "fenced",
-                    "source": outcome.source,
-                    "attempt": row.attempt,
-                },
-            )
-        return False
-
-    def _ids(self, row: Claimed) -> dict[str, Any]:
-        return {
-            "thread_id": row.thread_id,
-            "run_id": row.run_id,
-            "batch_id": row.batch_id,
-            "tool_call_ref": row.tool_call_ref,
-            "tool_call_id": row.tool_call_id,
-            "outbox_id": row.id,
-            "correlation_id": row.correlation_id,
-            "attempt": row.attempt,
-            "worker": self.cfg.worker_id,
-        }
-
-    def _apply(self, conn: psycopg.Connection[Any], outcome: Outcome) -> str:
-        """Write one outcome inside the completer's transaction; returns what happened."""
-        row = outcome.row
-        if outcome.action == "lost":
-            return "lost"
-        if outcome.action in ("turn", "fail_run", "skip"):
-            return self._apply_model(conn, outcome)
-        if outcome.action in ("result", "deliver"):
-            if not self._fence(conn, self.q.finish, outcome):
-                return "fenced"
-            self.metrics.succeeded.labels(row.kind).inc()
-            if outcome.action == "deliver":
-                assert row.batch_id is not None
-                return "delivered_" + writer.deliver_batch(conn, row.batch_id).outcome
-            assert row.tool_call_ref is not None and outcome.status is not None
-            if outcome.status == "error":
-                self.metrics.failed.inc()
-            stored = writer.record_tool_result(
-                conn,
-                ToolResultIn(
-                    tenant_id=row.tenant_id,
-                    tool_call_ref=row.tool_call_ref,
-                    status=outcome.status,
-                    output=outcome.output,
-                    error=outcome.error,
-                    source=outcome.source,
-                    attempt=row.attempt,
-                    worker=self.cfg.worker_id,
-                ),
-            )
-            return f"result_{stored.outcome}"
-        if outcome.action == "defer" or (
-            outcome.action == "retry" and row.failures + 1 < row.max_attempts
-        ):
-            charge = int(outcome.action == "retry")
-            delay = (
-                outcome.delay_s if outcome.delay_s is not None else self._backoff(row.failures + 1)
-            )
-            if not self._fence(
-                conn,
-                self.q.retry_later,
-                outcome,
-                error=outcome.error,
-                delay_s=delay,
-                charge=charge,
-            ):
-                return "fenced"
-            self._call_status(conn, row, "pending", outcome.error)
-            self.metrics.retried.inc()
-            writer.journal(
-                conn,
-                f"{row.kind}.retry_scheduled",
-                row.tenant_id,
-                **self._ids(row),
-                detail={"error": outcome.error, "delay_s": round(delay, 3)},
-            )
-            return "retry_scheduled"
-        reason = "outcome_unknown" if outcome.action == "unknown" else "max_attempts"
-        if not self._fence(conn, self.q.quarantine, outcome, error=outcome.error):
-            return "fenced"
-        status = "outcome_unknown" if reason == "outcome_unknown" else "quarantined"
-        self._call_status(conn, row, status, outcome.error)
-        self.metrics.quarantined.labels(reason).inc()
-        writer.journal(
-            conn,
-            f"{row.kind}.{status}",
-            row.tenant_id,
-            **self._ids(row),
-            detail={"error": outcome.error, "reason": reason},
-        )
-        return "quarantined" if reason == "max_attempts" else "unknown"
-
-    def _apply_model(self, conn: psycopg.Connection[Any], outcome: Outcome) -> str:
-        """Record a model turn's response, or end its run, or just finish the row."""
-        if not self._fence(conn, self.q.finish, outcome):
-            return "fenced"
-        row = outcome.row
-        self.metrics.succeeded.labels(row.kind).inc()
-        if outcome.action == "turn":
-            record = writer.record_model_turn(conn, outcome.output)
-            return f"recorded_{record.run_status}" if record.created else "already_recorded"
-        if outcome.action == "skip":
-            return "skipped"
-        run = writer.lock_run(conn, row.run_id, None)
-        if run["status"] in writer.ENDED:
-            return "skipped"
-        writer.end_run(conn, run, "failed", "model_error", outcome.error)
-        return "run_failed"
-
-    def _call_status(
-        self, conn: psycopg.Connection[Any], row: Claimed, status: str, error: str | None
-    ) -> None:
-        if row.tool_call_ref is not None:
-            conn.execute(
-                self.q.call_status,
-                {
-                    "tool_call_ref": row.tool_call_ref,
-                    "status": status,
-                    "attempt": row.attempt,
-                    "error": error,
-                },
-            )
-
-    def _backoff(self, failures: int) -> float:
-        """Exponential backoff with jitter after the ``failures``-th failed attempt: half
-        the nominal delay, plus up to as much again."""
-        nominal = float(min(self.cfg.retry_cap_s, self.cfg.retry_base_s * 2 ** (failures - 1)))
-        return nominal / 2 + random.uniform(0, nominal / 2)
+        self.wake.set()
 
     def _release(self, ids: list[int]) -> None:
         """Give back rows at shutdown, no attempt charged (``release`` in relay.sql)."""
@@ -801,120 +435,6 @@ class Worker:
             log(logger, logging.WARNING, "relay.release_failed", error=str(err))
         finally:
             link.close()
-
-    # -- side threads ---------------------------------------------------------------------
-
-    def _maintenance_loop(self) -> None:
-        link = self.link("maintenance", prepare=False)
-        interval = min(self.cfg.lease_s / 3, self.cfg.rescue_interval_s)
-        last_rescue = last_depth = 0.0
-        wedged_since: float | None = None
-        while not self.done.wait(interval):
-            wedged_since = self._check_wedged(wedged_since)
-            try:
-                self._heartbeat(link)
-                if time.monotonic() - last_rescue >= self.cfg.rescue_interval_s:
-                    self._rescue(link)
-                    last_rescue = time.monotonic()
-                if self.cfg.metrics_port is not None and (
-                    time.monotonic() - last_depth >= DEPTH_INTERVAL_S
-                ):
-                    self._measure_depth(link)
-                    last_depth = time.monotonic()
-                link.ok()
-            except psycopg.Error as err:
-                self.done.wait(link.failed(err))
-            except Exception as err:  # keep leases alive and rescues going whatever happens
-                log(logger, logging.ERROR, "maintenance.failed", error=repr(err))
-        link.close()
-
-    def _measure_depth(self, link: Link) -> None:
-        """Queue depth per status and kind, and the age of the oldest due row (gauges)."""
-        conn = link.get()
-        with conn.transaction():
-            rows = conn.execute(self.q.queue_depth).fetchall()
-        self.metrics.depth.clear()
-        for status, kind, n, _lag in rows:
-            self.metrics.depth.labels(status, kind).set(n)
-        self.metrics.oldest_ready.set(max((float(r[3]) for r in rows), default=0.0))
-
-    def _heartbeat(self, link: Link) -> None:
-        with self.lock:
-            ids = list(self.inflight)
-        if not ids:
-            return
-        conn = link.get()
-        with conn.transaction():
-            kept = conn.execute(
-                self.q.heartbeat,
-                {"ids": ids, "worker": self.cfg.worker_id, "lease_s": self.cfg.lease_s},
-            ).fetchall()
-        if len(kept) < len(ids):
-            log(
-                logger,
-                logging.DEBUG,
-                "lease.not_extended",
-                worker=self.cfg.worker_id,
-                n=len(ids) - len(kept),
-            )
-
-    def _rescue(self, link: Link) -> None:
-        conn = link.get()
-        with conn.transaction():
-            rescued = conn.execute(
-                self.q.rescue_expired,
-                {
-                    "limit": 1000,
-                    "worker": self.cfg.worker_id,
-                    "max_lost_leases": self.cfg.max_lost_leases,
-                },
-            ).fetchall()
-            stalled = conn.execute(
-                self.q.rescue_stalled_batches,
-                {"grace_s": self.cfg.stalled_batch_grace_s, "worker": self.cfg.worker_id},
-            ).fetchall()
-            expired = lifecycle.expire_due_runs(conn)
-        for run in expired:
-            log(
-                logger,
-                logging.WARNING,
-                "run.expired",
-                worker=self.cfg.worker_id,
-                tenant_id=run["tenant_id"],
-                thread_id=run["thread_id"],
-                run_id=run["id"],
-                correlation_id=run["correlation_id"],
-            )
-        if rescued:
-            self.metrics.rescued.inc(len(rescued))
-            self.wake.set()
-            log(logger, logging.WARNING, "lease.rescued", worker=self.cfg.worker_id, n=len(rescued))
-        if stalled:
-            self.wake.set()
-            log(
-                logger,
-                logging.WARNING,
-                "batch.delivery_rescued",
-                worker=self.cfg.worker_id,
-                batches=[r[0] for r in stalled],
-            )
-
-    def _listen_loop(self) -> None:
-        link = self.link("listen", autocommit=True, prepare=False)
-        while not self.done.is_set():
-            try:
-                conn = link.get()
-                conn.execute("LISTEN outbox_ready")
-                link.ok()
-                self.notified.set()  # anything committed while we were not listening
-                self.wake.set()
-                while not self.done.is_set():
-                    for _ in conn.notifies(timeout=0.5):
-                        self.notified.set()
-                        self.wake.set()
-            except psycopg.Error as err:
-                self.done.wait(link.failed(err))
-        link.close()
 
 
 def freeze_startup_heap() -> None:

@@ -57,10 +57,10 @@ def write(db_url: str, outcomes: list[Outcome]) -> list[str]:
     worker = Worker(config(db_url, worker_id=WORKER))
     link = Link(db_url, "test")
     applied: list[str] = []
-    original = worker._after_commit
-    worker._after_commit = lambda o, a: (applied.extend(a), original(o, a))  # type: ignore[method-assign]
+    original = worker.completer._after_commit
+    worker.completer._after_commit = lambda o, a: (applied.extend(a), original(o, a))  # type: ignore[method-assign]
     try:
-        worker._write(link, outcomes)
+        worker.completer.write(link, outcomes)
     finally:
         link.close()
     return applied
@@ -173,7 +173,7 @@ def test_an_outcome_that_cannot_be_written_does_not_stop_the_others(db_url):
     outcomes = worker.outcomes[0]  # one completer, like a run's outcomes always share one
     outcomes.put(Outcome(bad, "result", "ok", object()))  # not JSON: cannot be written
     outcomes.put(Outcome(good, "result", "ok", {"fine": True}))
-    completer = threading.Thread(target=worker._complete_loop, args=(outcomes,))
+    completer = threading.Thread(target=worker.completer.loop, args=(outcomes,))
     completer.start()
     outcomes.join()  # the completer went through both, and is still alive
     assert completer.is_alive()

@@ -64,7 +64,7 @@ def generic_plans(conn: psycopg.Connection[Any]) -> dict[str, Any]:
 def drain(worker: Worker, claim_link: Link, completion_link: Link) -> None:
     """Claim and complete as the relay does: results, batch completions, deliveries."""
     while claimed := worker._claim(claim_link, 120):
-        worker._write(
+        worker.completer.write(
             completion_link,
             [
                 Outcome(row, "deliver")
@@ -82,7 +82,7 @@ def test_relay_statements_run_on_generic_plans_that_find_rows_by_primary_key(db_
     seed(db_url, [python_tool], runs=40, calls_per_batch=50, args=lambda n: {"n": n})
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("ANALYZE")
-    claim_link, completion_link = worker.claim_link(), worker.completion_link()
+    claim_link, completion_link = worker.claim_link(), worker.completer.new_link()
     drain(worker, claim_link, completion_link)  # the links prepare every statement they run
     modes = {
         link.get()
@@ -132,7 +132,7 @@ def test_a_result_updates_its_call_without_writing_an_index_entry(db_url, python
         key=lambda o: (o.row.batch_id or 0, o.row.id),
     )
     with psycopg.connect(db_url) as conn:
-        applied = worker._apply_all(conn, outcomes)
+        applied = worker.completer.apply_all(conn, outcomes)
         updated, hot = conn.execute(
             "SELECT pg_stat_get_xact_tuples_updated('outbox.tool_calls'::regclass), "
             "pg_stat_get_xact_tuples_hot_updated('outbox.tool_calls'::regclass)"
@@ -157,7 +157,7 @@ def test_claims_never_hold_more_than_both_capacities(db_url, python_tool):
     assert worker._free() == 0
     # Once written, they make room for three more.
     done = [Outcome(row, "result", "ok", {}) for row in second[:3]]
-    worker._after_commit(done, ["result_stored"] * 3)
+    worker._written(done)
     assert worker._free() == 3
     third = worker._claim(link, worker._free())
     link.close()

@@ -228,7 +228,7 @@ def test_late_write_of_an_expired_lease_holder_is_fenced(db_url, tools):
         lag_s=0.0,
     )
     with psycopg.connect(db_url) as conn, conn.transaction():
-        what = ghost._apply(conn, Outcome(claimed, "result", "ok", {"late": True}))
+        what = ghost.completer.apply(conn, Outcome(claimed, "result", "ok", {"late": True}))
     assert what == "fenced"
     assert scalar(db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'write.fenced'") == 1
     assert scalar(db_url, "SELECT output FROM outbox.tool_results") != {"late": True}

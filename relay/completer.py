@@ -1,0 +1,442 @@
+"""Completers: write the outcomes of effects, many per transaction, each write fenced.
+
+A relay process runs a few completer threads (``--db-connections`` less the other links),
+each with its own link and queue; a run's outcomes always go to the same completer, so
+completers of one process never wait for each other's run and batch locks. Each takes
+what is queued (up to ``completion_batch``) and writes it in one transaction:
+
+- every write that completes a row is fenced on (lease holder, attempt): a refused write is
+  journaled (``write.fenced``) and a tool result it carried is kept in
+  ``orphaned_results``, never applied;
+- locks are taken in one global order (runs, then batches, then rows by id), so
+  completers, cancels and client submissions queue up instead of deadlocking;
+- terminal tool results and batch deliveries take set-based paths (``store_results``,
+  ``enqueue_deliveries``, ``writer.deliver_batches``): a fixed number of statements however
+  many there are; model turns are recorded through ``writer.record_model_turn``, the code
+  backends call;
+- a failed attempt is retried after exponential backoff with jitter (or what the tool or
+  model asked with ``Retry-After``) while ``failures`` stays under ``max_attempts``, then
+  quarantined; a deferred one (never started) is put back uncharged.
+
+When the database goes away the outcomes are kept and written once it is back (if the
+leases expired meanwhile the fence refuses them, as it should). An outcome that cannot be
+written at all (a bug, bad data) is logged and left to lease expiry.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from outbox import writer
+from outbox.schemas import ToolResultIn
+from outbox.sql import Queries
+from relay import failpoints
+from relay.config import RelayConfig
+from relay.links import Link
+from relay.logs import log
+from relay.metrics import Metrics
+from relay.outcomes import Claimed, Outcome
+
+logger = logging.getLogger("relay.completer")
+
+
+class Completer:
+    """Writes outcomes for one worker; ``loop(queue)`` is a completer thread's body.
+
+    ``make_link(name)`` opens a link of the worker; ``written(outcomes)`` is told of rows
+    whose outcome is written (or abandoned), so the worker frees their claim capacity;
+    ``finished`` is set when the worker is done and the loops may end.
+    """
+
+    def __init__(
+        self,
+        cfg: RelayConfig,
+        q: Queries,
+        metrics: Metrics,
+        make_link: Callable[[str], Link],
+        written: Callable[[list[Outcome]], None],
+        finished: threading.Event,
+    ) -> None:
+        self.cfg = cfg
+        self.q = q
+        self.metrics = metrics
+        self.make_link = make_link
+        self.written = written
+        self.finished = finished
+
+    def new_link(self) -> Link:
+        """A completer's connection: it prepares its statements, on generic plans (Link)."""
+        return self.make_link("complete")
+
+    def loop(self, outcomes: queue.Queue[Outcome]) -> None:
+        link = self.new_link()
+        pending: list[Outcome] = []
+        while True:
+            if not pending:
+                try:
+                    pending.append(outcomes.get(timeout=0.1))
+                except queue.Empty:
+                    if self.finished.is_set():
+                        break
+                    continue
+            while len(pending) < self.cfg.completion_batch:
+                try:
+                    pending.append(outcomes.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self.write(link, pending)
+                link.ok()
+            except psycopg.OperationalError as err:
+                if self.finished.is_set():  # shutting down and still unreachable: leave to rescue
+                    log(logger, logging.WARNING, "complete.abandoned", n=len(pending))
+                    for _ in pending:
+                        outcomes.task_done()
+                    break
+                # The database went away: keep the outcomes and write them once it is back
+                # (if our leases expired meanwhile, the fence refuses them, as it should).
+                time.sleep(link.failed(err))
+                continue
+            except Exception as err:  # a bad outcome must not stop the others being written
+                log(logger, logging.ERROR, "complete.batch_failed", error=repr(err), n=len(pending))
+                if isinstance(err, psycopg.Error):
+                    link.failed(err)
+                for outcome in pending:
+                    self._write_alone(link, outcome)
+            for _ in pending:
+                outcomes.task_done()
+            pending = []
+        link.close()
+
+    def write(self, link: Link, outcomes: list[Outcome]) -> None:
+        # One lock order for every completer in every process (batch, then row), so two
+        # transactions completing calls of the same batches queue up instead of deadlocking.
+        outcomes.sort(key=lambda o: (o.row.batch_id or 0, o.row.id))
+        conn = link.get()
+        with conn.transaction():
+            applied = self.apply_all(conn, outcomes)
+            failpoints.hit("complete.before_commit")
+        failpoints.hit("complete.after_commit")
+        self._after_commit(outcomes, applied)
+
+    def apply_all(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> list[str]:
+        """Write sorted outcomes in the completer's transaction; what happened to each.
+
+        First the runs, then the batches of the whole transaction are locked, each in id
+        order: the one lock order of every writer path (run before batch), so completers,
+        cancels and client submissions queue up instead of deadlocking. Terminal tool
+        results and batch deliveries then take set-based paths, a fixed number of
+        statements however many there are: their rows are fenced together (lease holder
+        and attempt per row); ``store_results`` does what ``writer.record_tool_result``
+        does per row, and ``enqueue_deliveries`` enqueues (once, by dedup key) and
+        journals each batch this transaction completed; ``writer.deliver_batches``
+        delivers every batch at once. Fenced rows and every other action go through
+        ``_apply``, which journals a refused write.
+        """
+        results = [
+            i
+            for i, o in enumerate(outcomes)
+            if o.action == "result"
+            and o.row.kind == "tool_call"
+            and o.row.tool_call_ref is not None
+            and o.row.batch_id is not None
+            and (o.status == "ok" or (o.status == "error" and o.error))
+        ]
+        deliveries = [
+            i
+            for i, o in enumerate(outcomes)
+            if o.action == "deliver" and o.row.batch_id is not None
+        ]
+        run_ids = sorted({o.row.run_id for o in outcomes if o.row.run_id is not None})
+        conn.execute(writer.Q.lock_runs, {"run_ids": run_ids})
+        batch_ids = sorted({o.row.batch_id for o in outcomes if o.row.batch_id is not None})
+        conn.execute(writer.Q.lock_batches, {"batch_ids": batch_ids})
+        applied: list[str | None] = [None] * len(outcomes)
+        if results:
+            self._store_results(conn, outcomes, results, applied)
+        if deliveries:
+            self._deliver(conn, outcomes, deliveries, applied)
+        return [
+            what if what is not None else self.apply(conn, outcome)
+            for outcome, what in zip(outcomes, applied, strict=True)
+        ]
+
+    def _fence_many(
+        self, conn: psycopg.Connection[Any], outcomes: list[Outcome], positions: list[int]
+    ) -> list[tuple[Outcome, int]]:
+        """Finish the rows at ``positions`` where this worker still holds their lease; the
+        outcomes (and positions) that passed. The others are left to ``_apply``."""
+        chosen = [outcomes[i] for i in positions]
+        kept = {
+            r[0]
+            for r in conn.execute(
+                self.q.finish_many,
+                {
+                    "ids": [o.row.id for o in chosen],
+                    "attempts": [o.row.attempt for o in chosen],
+                    "worker": self.cfg.worker_id,
+                },
+            ).fetchall()
+        }
+        return [(o, i) for o, i in zip(chosen, positions, strict=True) if o.row.id in kept]
+
+    def _deliver(
+        self,
+        conn: psycopg.Connection[Any],
+        outcomes: list[Outcome],
+        positions: list[int],
+        applied: list[str | None],
+    ) -> None:
+        """Deliver the batches of fenced ``deliver`` rows at once (``writer.deliver_batches``)."""
+        passed = self._fence_many(conn, outcomes, positions)
+        if not passed:
+            return
+        delivered = writer.deliver_batches(
+            conn, [o.row.batch_id for o, _ in passed if o.row.batch_id]
+        )
+        for outcome, i in passed:
+            assert outcome.row.batch_id is not None
+            applied[i] = "delivered_" + delivered[outcome.row.batch_id].outcome
+        self.metrics.succeeded.labels("deliver_batch").inc(len(passed))
+
+    def _store_results(
+        self,
+        conn: psycopg.Connection[Any],
+        outcomes: list[Outcome],
+        positions: list[int],
+        applied: list[str | None],
+    ) -> None:
+        """Store the fenced tool results at ``positions``; leaves ``applied`` None for the
+        rows whose lease this worker lost."""
+        worker = self.cfg.worker_id
+        passed = self._fence_many(conn, outcomes, positions)
+        if not passed:
+            return
+        results = [
+            {
+                "ref": o.row.tool_call_ref,
+                "status": o.status,
+                "output": o.output,
+                "error": o.error,
+                "source": o.source,
+                "attempt": o.row.attempt,
+                "lag_s": round(max(0.0, o.row.lag_s), 4),
+            }
+            for o, _ in passed
+        ]
+        refs = [o.row.tool_call_ref for o, _ in passed]
+        rows = conn.execute(
+            self.q.store_results, {"results": Jsonb(results), "refs": refs, "worker": worker}
+        ).fetchall()
+        stored = {ref: what for ref, what, _ in rows}
+        completed = {ref: batch for ref, _, batch in rows if batch is not None}
+        for outcome, i in passed:
+            applied[i] = "result_" + stored.get(outcome.row.tool_call_ref, "duplicate")
+        self.metrics.succeeded.labels("tool_call").inc(len(passed))
+        self.metrics.failed.inc(sum(1 for o, _ in passed if o.status == "error"))
+        if completed:
+            attempts = {o.row.tool_call_ref: o.row.attempt for o, _ in passed}
+            conn.execute(
+                self.q.enqueue_deliveries,
+                {
+                    "batch_ids": list(completed.values()),
+                    "refs": list(completed),
+                    "attempts": [attempts[ref] for ref in completed],
+                    "worker": worker,
+                },
+            )
+
+    def _write_alone(self, link: Link, outcome: Outcome) -> None:
+        """Write one outcome on its own; if even that fails, leave the row to lease expiry."""
+        try:
+            self.write(link, [outcome])
+        except Exception as err:
+            if isinstance(err, psycopg.Error):
+                link.failed(err)
+            log(logger, logging.ERROR, "complete.failed", error=repr(err), **outcome.row.context())
+            self.written([outcome])
+
+    def _after_commit(self, outcomes: list[Outcome], applied: list[str]) -> None:
+        self.written(outcomes)  # written rows free claim capacity
+        info = logger.isEnabledFor(logging.INFO)  # asked once: thousands of outcomes a second
+        for outcome, what in zip(outcomes, applied, strict=True):
+            row = outcome.row
+            level = (
+                logging.WARNING if what in ("fenced", "quarantined", "unknown") else logging.INFO
+            )
+            if level == logging.INFO and not info:
+                continue
+            log(
+                logger,
+                level,
+                f"{row.kind}.{what}",
+                worker=self.cfg.worker_id,
+                error=outcome.error,
+                duration_s=round(outcome.duration_s, 4),
+                **row.context(),
+            )
+
+    def _fence(
+        self, conn: psycopg.Connection[Any], query: Any, outcome: Outcome, **extra: Any
+    ) -> bool:
+        row = outcome.row
+        params = {"id": row.id, "worker": self.cfg.worker_id, "attempt": row.attempt, **extra}
+        if conn.execute(query, params).fetchone() is not None:
+            return True
+        self.metrics.fenced.inc()
+        writer.journal(
+            conn,
+            "write.fenced",
+            row.tenant_id,
+            **self._ids(row),
+            detail={"action": outcome.action, "status": outcome.status, "error": outcome.error},
+        )
+        if outcome.action == "result" and row.tool_call_ref is not None:
+            conn.execute(
+                writer.Q.insert_orphan,
+                {
+                    "tenant_id": row.tenant_id,
+                    "run_id": row.run_id,
+                    "batch_id": row.batch_id,
+                    "tool_call_ref": row.tool_call_ref,
+                    "tool_call_id": row.tool_call_id,
+                    "status": outcome.status,
+                    "output": Jsonb(outcome.output),
+                    "error": outcome.error,
+                    "reason": "fenced",
+                    "source": outcome.source,
+                    "attempt": row.attempt,
+                },
+            )
+        return False
+
+    def _ids(self, row: Claimed) -> dict[str, Any]:
+        return {
+            "thread_id": row.thread_id,
+            "run_id": row.run_id,
+            "batch_id": row.batch_id,
+            "tool_call_ref": row.tool_call_ref,
+            "tool_call_id": row.tool_call_id,
+            "outbox_id": row.id,
+            "correlation_id": row.correlation_id,
+            "attempt": row.attempt,
+            "worker": self.cfg.worker_id,
+        }
+
+    def apply(self, conn: psycopg.Connection[Any], outcome: Outcome) -> str:
+        """Write one outcome inside the completer's transaction; returns what happened."""
+        row = outcome.row
+        if outcome.action == "lost":
+            return "lost"
+        if outcome.action in ("turn", "fail_run", "skip"):
+            return self._apply_model(conn, outcome)
+        if outcome.action in ("result", "deliver"):
+            if not self._fence(conn, self.q.finish, outcome):
+                return "fenced"
+            self.metrics.succeeded.labels(row.kind).inc()
+            if outcome.action == "deliver":
+                assert row.batch_id is not None
+                return "delivered_" + writer.deliver_batch(conn, row.batch_id).outcome
+            assert row.tool_call_ref is not None and outcome.status is not None
+            if outcome.status == "error":
+                self.metrics.failed.inc()
+            stored = writer.record_tool_result(
+                conn,
+                ToolResultIn(
+                    tenant_id=row.tenant_id,
+                    tool_call_ref=row.tool_call_ref,
+                    status=outcome.status,
+                    output=outcome.output,
+                    error=outcome.error,
+                    source=outcome.source,
+                    attempt=row.attempt,
+                    worker=self.cfg.worker_id,
+                ),
+            )
+            return f"result_{stored.outcome}"
+        if outcome.action == "defer" or (
+            outcome.action == "retry" and row.failures + 1 < row.max_attempts
+        ):
+            charge = int(outcome.action == "retry")
+            delay = (
+                outcome.delay_s if outcome.delay_s is not None else self._backoff(row.failures + 1)
+            )
+            if not self._fence(
+                conn,
+                self.q.retry_later,
+                outcome,
+                error=outcome.error,
+                delay_s=delay,
+                charge=charge,
+            ):
+                return "fenced"
+            self._call_status(conn, row, "pending", outcome.error)
+            self.metrics.retried.inc()
+            writer.journal(
+                conn,
+                f"{row.kind}.retry_scheduled",
+                row.tenant_id,
+                **self._ids(row),
+                detail={"error": outcome.error, "delay_s": round(delay, 3)},
+            )
+            return "retry_scheduled"
+        reason = "outcome_unknown" if outcome.action == "unknown" else "max_attempts"
+        if not self._fence(conn, self.q.quarantine, outcome, error=outcome.error):
+            return "fenced"
+        status = "outcome_unknown" if reason == "outcome_unknown" else "quarantined"
+        self._call_status(conn, row, status, outcome.error)
+        self.metrics.quarantined.labels(reason).inc()
+        writer.journal(
+            conn,
+            f"{row.kind}.{status}",
+            row.tenant_id,
+            **self._ids(row),
+            detail={"error": outcome.error, "reason": reason},
+        )
+        return "quarantined" if reason == "max_attempts" else "unknown"
+
+    def _apply_model(self, conn: psycopg.Connection[Any], outcome: Outcome) -> str:
+        """Record a model turn's response, or end its run, or just finish the row."""
+        if not self._fence(conn, self.q.finish, outcome):
+            return "fenced"
+        row = outcome.row
+        self.metrics.succeeded.labels(row.kind).inc()
+        if outcome.action == "turn":
+            record = writer.record_model_turn(conn, outcome.output)
+            return f"recorded_{record.run_status}" if record.created else "already_recorded"
+        if outcome.action == "skip":
+            return "skipped"
+        run = writer.lock_run(conn, row.run_id, None)
+        if run["status"] in writer.ENDED:
+            return "skipped"
+        writer.end_run(conn, run, "failed", "model_error", outcome.error)
+        return "run_failed"
+
+    def _call_status(
+        self, conn: psycopg.Connection[Any], row: Claimed, status: str, error: str | None
+    ) -> None:
+        if row.tool_call_ref is not None:
+            conn.execute(
+                self.q.call_status,
+                {
+                    "tool_call_ref": row.tool_call_ref,
+                    "status": status,
+                    "attempt": row.attempt,
+                    "error": error,
+                },
+            )
+
+    def _backoff(self, failures: int) -> float:
+        """Exponential backoff with jitter after the ``failures``-th failed attempt: half
+        the nominal delay, plus up to as much again."""
+        nominal = float(min(self.cfg.retry_cap_s, self.cfg.retry_base_s * 2 ** (failures - 1)))
+        return nominal / 2 + random.uniform(0, nominal / 2)

@@ -1,0 +1,149 @@
+"""Maintenance: the side thread that keeps leases alive and takes back what others lost.
+
+Every ``min(lease / 3, rescue interval)`` it heartbeats the leases of every row this worker
+holds in one statement (rows a completion holds are skipped, not waited for), and every
+rescue interval it takes back expired leases of any worker (``rescue_expired``: ready
+again with no attempt charged, or quarantined once leases of a row were lost
+``max_lost_leases`` times), re-enqueues deliveries of complete batches that never happened,
+and expires runs past their ``requires_action`` deadline. With metrics on, it refreshes
+the queue-depth gauges. A database error waits for the link; any other error is logged and
+the loop goes on: leases must be kept alive whatever happens.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import psycopg
+
+from outbox import lifecycle
+from outbox.sql import Queries
+from relay.config import RelayConfig
+from relay.links import Link
+from relay.logs import log
+from relay.metrics import Metrics
+
+logger = logging.getLogger("relay.maintenance")
+DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with metrics on)
+
+
+class Maintenance:
+    """``loop()`` is the thread's body. ``in_flight()`` lists the ids of rows this worker
+    holds; ``wake`` is set when rows became due; ``tick()`` runs first on every round (the
+    worker's own checks); the loop ends when ``finished`` is set."""
+
+    def __init__(
+        self,
+        cfg: RelayConfig,
+        q: Queries,
+        metrics: Metrics,
+        make_link: Callable[..., Link],
+        in_flight: Callable[[], list[int]],
+        wake: threading.Event,
+        finished: threading.Event,
+        tick: Callable[[], None],
+    ) -> None:
+        self.cfg = cfg
+        self.q = q
+        self.metrics = metrics
+        self.make_link = make_link
+        self.in_flight = in_flight
+        self.wake = wake
+        self.finished = finished
+        self.tick = tick
+
+    def loop(self) -> None:
+        link = self.make_link("maintenance", prepare=False)
+        interval = min(self.cfg.lease_s / 3, self.cfg.rescue_interval_s)
+        last_rescue = last_depth = 0.0
+        while not self.finished.wait(interval):
+            self.tick()
+            try:
+                self._heartbeat(link)
+                if time.monotonic() - last_rescue >= self.cfg.rescue_interval_s:
+                    self._rescue(link)
+                    last_rescue = time.monotonic()
+                if self.cfg.metrics_port is not None and (
+                    time.monotonic() - last_depth >= DEPTH_INTERVAL_S
+                ):
+                    self._measure_depth(link)
+                    last_depth = time.monotonic()
+                link.ok()
+            except psycopg.Error as err:
+                self.finished.wait(link.failed(err))
+            except Exception as err:  # keep leases alive and rescues going whatever happens
+                log(logger, logging.ERROR, "maintenance.failed", error=repr(err))
+        link.close()
+
+    def _measure_depth(self, link: Link) -> None:
+        """Queue depth per status and kind, and the age of the oldest due row (gauges)."""
+        conn = link.get()
+        with conn.transaction():
+            rows = conn.execute(self.q.queue_depth).fetchall()
+        self.metrics.depth.clear()
+        for status, kind, n, _lag in rows:
+            self.metrics.depth.labels(status, kind).set(n)
+        self.metrics.oldest_ready.set(max((float(r[3]) for r in rows), default=0.0))
+
+    def _heartbeat(self, link: Link) -> None:
+        ids = self.in_flight()
+        if not ids:
+            return
+        conn = link.get()
+        with conn.transaction():
+            kept = conn.execute(
+                self.q.heartbeat,
+                {"ids": ids, "worker": self.cfg.worker_id, "lease_s": self.cfg.lease_s},
+            ).fetchall()
+        if len(kept) < len(ids):
+            log(
+                logger,
+                logging.DEBUG,
+                "lease.not_extended",
+                worker=self.cfg.worker_id,
+                n=len(ids) - len(kept),
+            )
+
+    def _rescue(self, link: Link) -> None:
+        conn = link.get()
+        with conn.transaction():
+            rescued = conn.execute(
+                self.q.rescue_expired,
+                {
+                    "limit": 1000,
+                    "worker": self.cfg.worker_id,
+                    "max_lost_leases": self.cfg.max_lost_leases,
+                },
+            ).fetchall()
+            stalled = conn.execute(
+                self.q.rescue_stalled_batches,
+                {"grace_s": self.cfg.stalled_batch_grace_s, "worker": self.cfg.worker_id},
+            ).fetchall()
+            expired = lifecycle.expire_due_runs(conn)
+        for run in expired:
+            log(
+                logger,
+                logging.WARNING,
+                "run.expired",
+                worker=self.cfg.worker_id,
+                tenant_id=run["tenant_id"],
+                thread_id=run["thread_id"],
+                run_id=run["id"],
+                correlation_id=run["correlation_id"],
+            )
+        if rescued:
+            self.metrics.rescued.inc(len(rescued))
+            self.wake.set()
+            log(logger, logging.WARNING, "lease.rescued", worker=self.cfg.worker_id, n=len(rescued))
+        if stalled:
+            self.wake.set()
+            log(
+                logger,
+                logging.WARNING,
+                "batch.delivery_rescued",
+                worker=self.cfg.worker_id,
+                batches=[r[0] for r in stalled],
+            )
