@@ -8,7 +8,7 @@ result, or an explicit error), and whatever is still in flight lands in
 and a new run can start on it.
 
 Client outputs have one implementation, the SQL function ``submit_tool_outputs_v1`` in
-``sql/functions.sql``, which backends without Python call directly; ``submit_tool_outputs``
+``outbox/sql/functions.sql``, which backends without Python call directly; ``submit_tool_outputs``
 only validates the shape and maps its errors onto ours.
 """
 

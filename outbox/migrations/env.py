@@ -8,9 +8,9 @@ resolution the rest of the project uses.
 
 from __future__ import annotations
 
+from alembic import context
 from sqlalchemy import create_engine, pool, text
 
-from alembic import context
 from outbox import db, models
 
 config = context.config

@@ -13,6 +13,7 @@ Row-level security as for every tenant table (see 0002).
 from __future__ import annotations
 
 from alembic import op
+
 from outbox.migrate import schema_sql
 
 revision = "0004"

@@ -18,6 +18,7 @@ about twice the space of a packed one; in exchange a result costs about 20 us le
 from __future__ import annotations
 
 from alembic import op
+
 from outbox.migrate import schema_sql
 
 revision = "0005"

@@ -16,6 +16,7 @@ that writes the columns (every writer already clears both at once).
 from __future__ import annotations
 
 from alembic import op
+
 from outbox.migrate import schema_sql
 
 revision = "0006"

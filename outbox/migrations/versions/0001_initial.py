@@ -11,6 +11,7 @@ Written as SQL (not op.create_table) so DBAs can read exactly what the database 
 from __future__ import annotations
 
 from alembic import op
+
 from outbox.migrate import schema_sql
 
 revision = "0001"

@@ -1,8 +1,10 @@
 -- DBA views over the outbox schema: plain SQL answers to the questions asked at 3 a.m.
 --
--- {s} stands for the schema (default "outbox"). Migration 0002 creates these views by
--- reading this file, so it is the one definition; a change here needs a new migration that
--- runs it again (the views are written as CREATE OR REPLACE VIEW for that reason).
+-- {s} stands for the schema (default "outbox"). This file is every view as the newest
+-- migration leaves it (tests/migration/test_history.py checks it). Migrations carry frozen
+-- copies: 0002 created the views, later ones replace the views they change. To change a
+-- view, edit it here and add a migration carrying the new definition (the views are
+-- written as CREATE OR REPLACE VIEW for that reason).
 -- The views run with their owner's rights: the role outbox_auditor may read them (and the
 -- journal) without any right on the tables underneath, and sees every tenant.
 -- Every view carries tenant_id: filter on it to audit one tenant.

@@ -1,5 +1,7 @@
--- Functions for backends that do not run Python. Created by migration 0003; `{s}` is the
--- schema. Names carry a version so old and new code can overlap during a deploy.
+-- Functions for backends that do not run Python; `{s}` is the schema. Names carry a
+-- version so old and new code can overlap during a deploy. This file is every function as
+-- the newest migration leaves it (tests/migration/test_history.py checks it); migrations
+-- carry frozen copies (0003 created submit_tool_outputs_v1).
 
 -- submit_tool_outputs_v1: submit the outputs of client-executed tool calls of a run.
 --

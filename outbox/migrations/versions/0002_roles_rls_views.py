@@ -19,23 +19,24 @@ relay and for the role that ran this migration (the owner: FORCE ROW LEVEL SECUR
 otherwise lock a non-superuser owner out of its own tables), ``audit_read`` lets the auditor
 read every tenant. A session without the setting sees no tenant rows at all.
 
-The views come from ``sql/views.sql``: that file is their one definition.
+The views are ``0002_views.sql`` beside this file, frozen as this revision created them
+(``outbox/sql/views.sql`` holds them as they are now).
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from alembic import op
-from outbox.migrate import schema_sql
+
+from outbox.migrate import frozen_sql, schema_sql
 
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
 
-VIEWS_FILE = Path(__file__).resolve().parents[2] / "sql" / "views.sql"
+VIEWS = frozen_sql(__file__, "0002_views.sql")
 
 ROLES = ("outbox_writer", "outbox_relay", "outbox_auditor")
 
@@ -178,7 +179,7 @@ END $$;
 
 
 def view_names(text: str) -> list[str]:
-    """The views ``sql/views.sql`` defines, in file order."""
+    """The views a file of ``CREATE OR REPLACE VIEW`` statements defines, in file order."""
     return re.findall(r"CREATE OR REPLACE VIEW \{s\}\.(\w+)", text)
 
 
@@ -188,14 +189,13 @@ def upgrade() -> None:
     op.execute(schema_sql(_grants()))
     op.execute(schema_sql(_rls()))
     op.execute(schema_sql(JOURNAL_GUARD))
-    views = VIEWS_FILE.read_text()
-    op.execute(schema_sql(views))
-    names = ", ".join(f"{{s}}.{name}" for name in view_names(views))
+    op.execute(schema_sql(VIEWS))
+    names = ", ".join(f"{{s}}.{name}" for name in view_names(VIEWS))
     op.execute(schema_sql(f"GRANT SELECT ON {names} TO outbox_auditor;"))
 
 
 def downgrade() -> None:
-    views = ", ".join(f"{{s}}.{name}" for name in view_names(VIEWS_FILE.read_text()))
+    views = ", ".join(f"{{s}}.{name}" for name in view_names(VIEWS))
     policies = "".join(
         f"""
 DROP POLICY IF EXISTS tenant_isolation ON {{s}}.{table};

@@ -37,6 +37,7 @@ the indexes and checking existing rows holds ``runs``, ``messages``, ``tool_batc
 from __future__ import annotations
 
 from alembic import op
+
 from outbox.migrate import schema_sql
 
 revision = "0007"

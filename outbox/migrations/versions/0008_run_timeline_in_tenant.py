@@ -13,9 +13,8 @@ keeps the events whose tenant is the run's; the forged one stays in the journal,
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from alembic import op
+
 from outbox.migrate import schema_sql
 
 revision = "0008"
@@ -23,7 +22,29 @@ down_revision = "0007"
 branch_labels = None
 depends_on = None
 
-VIEWS_FILE = Path(__file__).resolve().parents[2] / "sql" / "views.sql"
+RUN_TIMELINE_0008 = """
+CREATE OR REPLACE VIEW {s}.run_timeline AS
+SELECT j.run_id,
+       j.tenant_id,
+       row_number() OVER w AS seq,
+       j.at,
+       j.event,
+       j.batch_id,
+       j.tool_call_ref,
+       j.tool_call_id,
+       j.outbox_id,
+       j.attempt,
+       j.worker,
+       j.actor,
+       coalesce(j.detail ->> 'error', j.detail ->> 'reason') AS error,
+       extract(epoch FROM j.at - lag(j.at) OVER w) AS since_previous_s,
+       j.correlation_id,
+       j.detail,
+       j.id AS journal_id
+FROM {s}.journal j
+JOIN {s}.runs r ON r.id = j.run_id AND r.tenant_id = j.tenant_id
+WINDOW w AS (PARTITION BY j.run_id ORDER BY j.at, j.id);
+"""
 
 RUN_TIMELINE_0002 = """
 CREATE OR REPLACE VIEW {s}.run_timeline AS
@@ -51,8 +72,8 @@ WINDOW w AS (PARTITION BY j.run_id ORDER BY j.at, j.id);
 
 
 def upgrade() -> None:
-    # The views' one definition; CREATE OR REPLACE keeps their grants.
-    op.execute(schema_sql(VIEWS_FILE.read_text()))
+    # CREATE OR REPLACE keeps the view's grants.
+    op.execute(schema_sql(RUN_TIMELINE_0008))
 
 
 def downgrade() -> None:
