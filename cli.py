@@ -753,6 +753,23 @@ def prune_cmd(older_than: str, actor: str, as_json: bool) -> None:
 # -- demo -------------------------------------------------------------------------------
 
 
+def _demo_module() -> Any:
+    """``demo.run`` from the checkout this command runs from: the demo is not in the wheel
+    (it would be a top-level ``demo`` package in everyone's site-packages)."""
+    checkout = Path(__file__).resolve().parent
+    if not (checkout / "demo" / "run.py").is_file():
+        raise OutboxError(
+            "`outbox demo` runs from a checkout of agent-outbox; the installed package "
+            "does not include the demo",
+            hint="clone the repository and run `make demo` there",
+        )
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    import importlib
+
+    return importlib.import_module("demo.run")
+
+
 @main.command("demo")
 @click.option("--runs", default=200, show_default=True, help="Conversations to drive.")
 @click.option("--processes", default=3, show_default=True, help="Relay processes to run.")
@@ -785,8 +802,7 @@ def demo(
     outbox and for a naive coordinator under the same faults. Exit status 1 when the
     outbox side shows any duplicate side effect, orphan tool result or stuck run.
     """
-    from relay import demo as demo_module
-
+    demo_module = _demo_module()
     if runs < 1 or processes < 1:
         raise click.BadParameter("--runs and --processes must be at least 1")
     cfg = demo_module.DemoConfig(

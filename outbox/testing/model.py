@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from outbox.fakes.server import (
+from outbox.testing.server import (
     FakeServer,
     HttpError,
     Reply,
@@ -622,7 +622,7 @@ class ScriptedModel(FakeServer):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m outbox.fakes.model --port N``: serve until SIGTERM."""
+    """``python -m outbox.testing.model --port N``: serve until SIGTERM."""
     return serve_main(
         lambda host, port: ScriptedModel(host=host, port=port),
         "Scripted OpenAI-compatible model server (scripts via POST /_script).",

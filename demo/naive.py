@@ -39,7 +39,7 @@ from typing import Any
 import httpx2
 import openai
 
-from relay.incident import CLIENT_TOOL, MODEL
+from demo.incident import CLIENT_TOOL, MODEL
 
 JOB_POLL_S = 0.1  # seconds a worker thread waits on the queue before checking for stop
 TURN_WAIT_S = 30.0  # seconds a turn waits for its tool results before giving up

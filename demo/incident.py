@@ -1,7 +1,7 @@
 """The duplicate-ticket incident as a reproducible scenario, shared by both sides of the demo.
 
 ``outbox demo`` plays the same scenario twice: through the outbox (relay processes, the
-writer API) and through a naive coordinator (``relay.naive``). Everything both sides must
+writer API) and through a naive coordinator (``demo.naive``). Everything both sides must
 share lives here, so "the same scenario" is true by construction:
 
 - the **conversations**: who arrives when, which script the model follows, the amount to
@@ -35,8 +35,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from outbox.fakes.model import HistoryItem, ScriptedModel
-from outbox.fakes.tools import FakeToolService
+from outbox.testing.model import HistoryItem, ScriptedModel
+from outbox.testing.tools import FakeToolService
 
 TOOL_TIMEOUT_S = 1.0  # seconds: the registry timeout of every HTTP tool, both sides
 STALL_S = TOOL_TIMEOUT_S + 0.5  # seconds an effect's answer is held in the fault window

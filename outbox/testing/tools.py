@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from outbox.fakes.server import (
+from outbox.testing.server import (
     FakeServer,
     HttpError,
     Reply,
@@ -501,7 +501,7 @@ class FakeToolService(FakeServer):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m outbox.fakes.tools --port N``: serve the standard tools until SIGTERM."""
+    """``python -m outbox.testing.tools --port N``: serve the standard tools until SIGTERM."""
     return serve_main(
         lambda host, port: FakeToolService(host=host, port=port),
         "Fake side-effecting tools with an audit (GET /_audit).",

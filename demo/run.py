@@ -6,7 +6,7 @@ What runs (all local, all real):
 - a fresh database ``outbox_demo`` on the configured server (dropped and re-created, then
   migrated), so repeated runs are independent and nothing else is touched;
 - the scripted OpenAI-compatible model and three audited tool services as HTTP servers in
-  this process (``relay.incident``);
+  this process (``demo.incident``);
 - P relay processes (``python -m cli relay``), each a separate interpreter the demo can
   ``kill -9`` and start again;
 - in this process, the user's clients (N conversations paced over time, some turns sent
@@ -16,7 +16,7 @@ What runs (all local, all real):
   and duplicate callbacks and polls (``writer.record_tool_result`` and
   ``writer.deliver_batch`` re-invoked for work that is done: each must be a no-op).
 
-Then the same scenario, seed and fault schedule run through ``relay.naive``. The report
+Then the same scenario, seed and fault schedule run through ``demo.naive``. The report
 counts side effects and duplicates from the services' own audits, replays every stored
 thread (``history.replay`` must repair nothing; the scripted model, as strict as OpenAI,
 must accept it), and exits non-zero when the outbox side shows a duplicate, an orphan, a
@@ -48,12 +48,8 @@ import openai
 import psycopg
 from psycopg.rows import dict_row
 
-from outbox import db, history, lifecycle, migrate, registry, writer
-from outbox.errors import OutboxError
-from outbox.schemas import StartRun, ToolResultIn
-from outbox.sql import Queries
-from relay import incident
-from relay.incident import (
+from demo import incident
+from demo.incident import (
     CLIENT_TOOL,
     MODEL,
     TENANT,
@@ -63,7 +59,11 @@ from relay.incident import (
     ServiceAudit,
     Services,
 )
-from relay.naive import NaiveCoordinator, error_message, history_problems
+from demo.naive import NaiveCoordinator, error_message, history_problems
+from outbox import db, history, lifecycle, migrate, registry, writer
+from outbox.errors import OutboxError
+from outbox.schemas import StartRun, ToolResultIn
+from outbox.sql import Queries
 
 T = TypeVar("T")
 DEMO_DATABASE = "outbox_demo"
@@ -619,7 +619,7 @@ def rejection_kind(err: openai.BadRequestError) -> str:
 
 
 class NaiveSide:
-    """The same scenario through ``relay.naive``: same arrivals, faults and backend."""
+    """The same scenario through ``demo.naive``: same arrivals, faults and backend."""
 
     def __init__(self, cfg: DemoConfig, scenario: Scenario) -> None:
         self.cfg, self.scenario = cfg, scenario

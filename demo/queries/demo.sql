@@ -1,4 +1,4 @@
--- Queries of `outbox demo` (relay/demo.py): what its backend polls and what its report
+-- Queries of `outbox demo` (demo/demo.py): what its backend polls and what its report
 -- counts. Read-only except through the writer API, which the demo calls like a backend.
 
 -- name: relay_claimers
