@@ -41,6 +41,17 @@ def schema_sql(template: str) -> str:
     return template.replace("{s}", db.quote_ident(config.attributes["schema"]))
 
 
+def run_sql(template: str) -> None:
+    """Run migration SQL (``{s}`` substituted) exactly as written, on the psycopg
+    connection under the migration's transaction: text such as ``':1'`` or ``'%s'`` is
+    never taken for a bind parameter."""
+    from alembic import op
+
+    driver = op.get_bind().connection.driver_connection
+    assert driver is not None
+    driver.execute(schema_sql(template).encode())
+
+
 def frozen_sql(migration_file: str, name: str) -> str:
     """The SQL file ``name`` kept beside a migration (``frozen_sql(__file__, "0002_views.sql")``):
     the text that revision applies, frozen when it was written."""

@@ -47,7 +47,10 @@ WINDOW w AS (PARTITION BY j.run_id ORDER BY j.at, j.id);
 -- reason = 'lease_expired': a worker holds a lease on the run's work past its expiry (the
 --   worker died or stalled; the relay's rescue sweep should take it back);
 -- reason = 'past_deadline': the run waits for client outputs (requires_action) past its
---   action deadline.
+--   action deadline;
+-- reason = 'no_work_queued': the run is queued or in progress but nothing is queued for it
+--   (no outbox row, no complete batch), so nothing will ever move it: typically a run
+--   inserted by hand or by an ORM without the writer API or start_run_v1.
 -- stuck_for says for how long; filter on it to ignore the last few seconds.
 CREATE OR REPLACE VIEW {s}.stuck_runs AS
 SELECT r.id AS run_id, r.tenant_id, r.thread_id, r.status, 'undelivered_batch' AS reason,
@@ -74,7 +77,17 @@ SELECT r.id, r.tenant_id, r.thread_id, r.status, 'past_deadline',
        format('waiting for client outputs since %s; the deadline was %s',
               r.updated_at, r.action_deadline)
 FROM {s}.runs r
-WHERE r.status = 'requires_action' AND r.action_deadline < now();
+WHERE r.status = 'requires_action' AND r.action_deadline < now()
+UNION ALL
+SELECT r.id, r.tenant_id, r.thread_id, r.status, 'no_work_queued',
+       NULL, NULL, r.updated_at, now() - r.updated_at,
+       format('the run is %s and nothing is queued for it since %s (no outbox row): was it '
+              'inserted without the writer API or start_run_v1?', r.status, r.updated_at)
+FROM {s}.runs r
+WHERE r.status IN ('queued', 'in_progress')
+  AND NOT EXISTS (SELECT 1 FROM {s}.outbox o WHERE o.run_id = r.id)
+  AND NOT EXISTS (SELECT 1 FROM {s}.tool_batches b
+                  WHERE b.run_id = r.id AND b.status = 'complete');
 
 
 -- duplicate_executions: "Did any side effect happen more than once?"
