@@ -66,8 +66,9 @@ def json_option(func: F) -> F:
 def main() -> None:
     """agent-outbox: tool-using AI agent runs on Postgres, effectively once.
 
-    The database is OUTBOX_DATABASE_URL, or an embedded PostgreSQL kept in
-    $OUTBOX_HOME/pgdata (default ./.outbox) when that variable is not set.
+    The database is OUTBOX_DATABASE_URL, or, when that variable is not set, an embedded
+    PostgreSQL kept in $OUTBOX_HOME/pgdata (default ./.outbox) that `outbox db start`
+    starts (other commands never start it).
     """
 
 
@@ -110,13 +111,24 @@ def db_current() -> None:
 
 @db_group.command("url")
 def db_url() -> None:
-    """Print the database URL in use (starting the embedded server if needed)."""
+    """Print the database URL in use (the embedded server's only while it runs)."""
     click.echo(db.database_url())
 
 
 @db_group.command("start")
 def db_start() -> None:
-    """Start the embedded PostgreSQL (reused when already running)."""
+    """Start the embedded PostgreSQL (reused when already running); prints its URL.
+
+    The only command that starts it (with `outbox demo`): every other command uses it
+    while it runs and otherwise says how to start it. With OUTBOX_DATABASE_URL set there
+    is nothing to start: that database is used.
+    """
+    import os
+
+    if os.environ.get("OUTBOX_DATABASE_URL"):
+        url = db.redact(os.environ["OUTBOX_DATABASE_URL"])
+        click.echo(f"OUTBOX_DATABASE_URL is set ({url}): using it, the embedded server stays off")
+        return
     click.echo(db.EmbeddedServer.default().start())
 
 
@@ -155,15 +167,21 @@ def tools_group() -> None:
 @click.argument("name")
 @click.option("--executor", type=click.Choice(["http", "client", "python"]), default="http")
 @click.option("--endpoint", help="URL the relay POSTs arguments to (http tools).")
-@click.option("--lookup-endpoint", help="URL that answers 'did this key happen?' (lookup mode).")
+@click.option(
+    "--lookup-endpoint",
+    help="URL that answers 'did this call happen?' (lookup mode): POST "
+    '{"idempotency_key", "arguments"}, answers 200 {"found": true, "result": ...} or '
+    '{"found": false}. See docs/relay.md.',
+)
 @click.option("--callable", "callable_", help="'package.module:function' (python tools).")
 @click.option(
     "--idempotency",
     type=click.Choice(["key", "lookup", "none"]),
     default="key",
     show_default=True,
-    help="key: honours Idempotency-Key; lookup: offers a lookup endpoint; none: neither "
-    "(never re-executed after an ambiguous attempt).",
+    help="key: honours Idempotency-Key (retried with the same key); lookup: after an "
+    "ambiguous attempt the relay asks --lookup-endpoint before calling again; none: neither "
+    "(never re-executed after an ambiguous attempt: outcome_unknown, for an operator).",
 )
 @click.option("--schema", "schema_", help="JSON Schema of the arguments: inline JSON or @file.")
 @click.option(
@@ -176,7 +194,17 @@ def tools_group() -> None:
 @click.option("--tenant", default="*", show_default=True, help="'*' = shared by all tenants.")
 @click.option("--disabled", is_flag=True, help="Register the version disabled.")
 def tools_register(name: str, schema_: str | None, callable_: str | None, **opts: Any) -> None:
-    """Register a new version of tool NAME."""
+    """Register a new version of tool NAME.
+
+    \b
+    An http tool receives POST ENDPOINT with the JSON arguments as body and the headers
+    Idempotency-Key, X-Outbox-Run-Id, X-Outbox-Tool-Call-Id, X-Outbox-Attempt,
+    X-Correlation-Id and traceparent.
+    A lookup tool also answers POST LOOKUP_ENDPOINT
+      {"idempotency_key": "...", "arguments": {...}}
+    with 200 {"found": true, "result": <JSON>} (the effect happened: that result is used,
+    no new call) or 200 {"found": false} (the call is made).
+    """
     schema: dict[str, Any] = {"type": "object"}
     if schema_:
         text = Path(schema_[1:]).read_text() if schema_.startswith("@") else schema_

@@ -831,7 +831,7 @@ def verdict(ours: SideReport, naive: SideReport | None) -> str:
 
 def run_demo(cfg: DemoConfig) -> tuple[SideReport, SideReport | None, dict[str, Any]]:
     """Play the scenario on both sides; returns (ours, naive, context)."""
-    server = cfg.server_url or db.database_url()
+    server = cfg.server_url or db.database_url(start=True)
     scenario = incident.build(cfg.runs, cfg.seed)
     log_dir = db.home() / "demo"
     log_dir.mkdir(parents=True, exist_ok=True)
