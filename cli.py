@@ -193,7 +193,10 @@ def tools_group() -> None:
 @click.option("--description", default="")
 @click.option("--tenant", default="*", show_default=True, help="'*' = shared by all tenants.")
 @click.option("--disabled", is_flag=True, help="Register the version disabled.")
-def tools_register(name: str, schema_: str | None, callable_: str | None, **opts: Any) -> None:
+@json_option
+def tools_register(
+    name: str, schema_: str | None, callable_: str | None, as_json: bool, **opts: Any
+) -> None:
     """Register a new version of tool NAME.
 
     \b
@@ -230,6 +233,9 @@ def tools_register(name: str, schema_: str | None, callable_: str | None, **opts
         raise click.BadParameter(str(err)) from err
     with connection() as conn:
         row = registry.register(conn, spec)
+    if as_json:
+        echo_json(row)
+        return
     click.echo(
         f"registered {row['name']} v{row['version']} ({row['executor']}, {row['idempotency_mode']})"
     )
@@ -275,20 +281,28 @@ def tools_show(name: str, tenant: str, as_json: bool) -> None:
 @tools_group.command("disable")
 @click.argument("name")
 @click.option("--tenant", default="*", show_default=True)
-def tools_disable(name: str, tenant: str) -> None:
+@json_option
+def tools_disable(name: str, tenant: str, as_json: bool) -> None:
     """Disable tool NAME: new calls to it become error results the model sees."""
     with connection() as conn:
         registry.set_enabled(conn, name, False, tenant)
+    if as_json:
+        echo_json({"name": name, "tenant_id": tenant, "enabled": False})
+        return
     click.echo(f"disabled {name}")
 
 
 @tools_group.command("enable")
 @click.argument("name")
 @click.option("--tenant", default="*", show_default=True)
-def tools_enable(name: str, tenant: str) -> None:
+@json_option
+def tools_enable(name: str, tenant: str, as_json: bool) -> None:
     """Enable tool NAME again."""
     with connection() as conn:
         registry.set_enabled(conn, name, True, tenant)
+    if as_json:
+        echo_json({"name": name, "tenant_id": tenant, "enabled": True})
+        return
     click.echo(f"enabled {name}")
 
 
@@ -548,18 +562,23 @@ def runs_create(
 @runs_group.command("cancel")
 @click.argument("run")
 @actor_option
-def runs_cancel(run: str, actor: str) -> None:
+@json_option
+def runs_cancel(run: str, actor: str, as_json: bool) -> None:
     """Cancel RUN: no new claims; in-flight tool calls finish into orphaned_results."""
     with connection() as conn:
         found = ops.resolve_run(conn, run)
         ended = lifecycle.cancel_run(conn, found["id"], found["tenant_id"], actor=actor)
+    if as_json:
+        echo_json({"id": ended["id"], "status": ended["status"]})
+        return
     click.echo(f"run {ended['id']} cancelled")
 
 
 @runs_group.command("submit-outputs")
 @click.argument("run")
 @click.argument("file", type=click.File())
-def runs_submit_outputs(run: str, file: Any) -> None:
+@json_option
+def runs_submit_outputs(run: str, file: Any, as_json: bool) -> None:
     """Submit client tool outputs for RUN from FILE (JSON list; '-' reads stdin).
 
     FILE holds [{"tool_call_id": "...", "output": ...} | {"tool_call_id": "...", "error": "..."}].
@@ -569,6 +588,9 @@ def runs_submit_outputs(run: str, file: Any) -> None:
     with connection() as conn:
         found = ops.resolve_run(conn, run)
         status = lifecycle.submit_tool_outputs(conn, found["tenant_id"], found["id"], outputs)
+    if as_json:
+        echo_json({"id": found["id"], "status": status})
+        return
     click.echo(f"run {found['id']}: {status}")
 
 
@@ -583,10 +605,14 @@ def tenants_group() -> None:
 @tenants_group.command("budget")
 @click.argument("tenant")
 @click.option("--max-tokens", type=int, required=True, help="Tokens over all the tenant's runs.")
-def tenants_budget(tenant: str, max_tokens: int) -> None:
+@json_option
+def tenants_budget(tenant: str, max_tokens: int, as_json: bool) -> None:
     """Set TENANT's token budget: once used up, no new model turns start for it."""
     with connection() as conn:
         row = writer.set_tenant_budget(conn, tenant, max_tokens)
+    if as_json:
+        echo_json(row)
+        return
     click.echo(f"tenant {tenant}: budget {row['max_tokens']} tokens, used {row['tokens_used']}")
 
 
@@ -602,11 +628,17 @@ def threads_group() -> None:
 @click.option("--tenant", required=True)
 @click.option("--title")
 @click.option("--system", "system_prompt", help="An opening system message.")
-def threads_create(tenant: str, title: str | None, system_prompt: str | None) -> None:
+@json_option
+def threads_create(
+    tenant: str, title: str | None, system_prompt: str | None, as_json: bool
+) -> None:
     """Create a thread; prints its id."""
     messages = [NewMessage(role="system", content=system_prompt)] if system_prompt else []
     with connection() as conn:
         thread = writer.create_thread(conn, tenant, title=title, messages=messages)
+    if as_json:
+        echo_json({"id": thread.id, "tenant_id": thread.tenant_id})
+        return
     click.echo(str(thread.id))
 
 
@@ -614,7 +646,8 @@ def threads_create(tenant: str, title: str | None, system_prompt: str | None) ->
 @click.argument("thread_id")
 @click.option("--tenant", required=True)
 @click.option("--api", type=click.Choice(["chat", "responses"]), default="chat")
-def threads_show(thread_id: str, tenant: str, api: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (what it always prints).")
+def threads_show(thread_id: str, tenant: str, api: str, as_json: bool) -> None:
     """Print the thread as provider messages (JSON), every call paired with its result."""
     with connection() as conn:
         messages, report = history.replay(conn, uuid.UUID(thread_id), tenant, api=api)
@@ -627,11 +660,15 @@ def threads_show(thread_id: str, tenant: str, api: str) -> None:
 @click.argument("file", type=click.File())
 @click.option("--tenant", required=True)
 @click.option("--title")
-def threads_import(file: Any, tenant: str, title: str | None) -> None:
+@json_option
+def threads_import(file: Any, tenant: str, title: str | None, as_json: bool) -> None:
     """Import a conversation (a JSON list of OpenAI chat messages), repairing its pairing."""
     messages = json.load(file)
     with connection() as conn:
         thread, report = lifecycle.import_thread(conn, tenant, messages, title=title)
+    if as_json:
+        echo_json({"id": thread.id, "messages": len(messages), "repair": report.as_detail()})
+        return
     click.echo(f"thread {thread.id}: {len(messages)} messages imported")
     if report.changed:
         click.echo(
