@@ -5,7 +5,9 @@ commits, rolls back or opens a transaction of its own. Nothing is visible to any
 before *your* commit, and a rollback leaves no trace: no message, no intent, no outbox row.
 Pass a psycopg 3 connection (inside a transaction) or a SQLAlchemy ``Session``/``Connection``
 on the ``postgresql+psycopg`` driver; both reach the same code through the same DBAPI
-connection.
+connection. For asyncio, ``outbox.aio`` offers the backend's calls on an ``AsyncConnection``
+or ``AsyncSession``: starting, cancelling and answering runs are one statement each, built
+in ``outbox.calls`` and run by both, calling the SQL functions of ``outbox/sql/``.
 
 Dedup is the database's job (DESIGN invariant 2): repeats meet a unique constraint with
 ``ON CONFLICT DO NOTHING`` and the function returns what is already stored, so a redelivered
