@@ -69,8 +69,9 @@ def json_option(func: F) -> F:
 def main() -> None:
     """agent-outbox: tool-using AI agent runs on Postgres, effectively once.
 
-    The database is OUTBOX_DATABASE_URL, or an embedded PostgreSQL kept in
-    $OUTBOX_HOME/pgdata (default ./.outbox) when that variable is not set.
+    The database is OUTBOX_DATABASE_URL, or, when that variable is not set, an embedded
+    PostgreSQL kept in $OUTBOX_HOME/pgdata (default ./.outbox) that `outbox db start`
+    starts (other commands never start it).
     """
 
 
@@ -113,13 +114,24 @@ def db_current() -> None:
 
 @db_group.command("url")
 def db_url() -> None:
-    """Print the database URL in use (starting the embedded server if needed)."""
+    """Print the database URL in use (the embedded server's only while it runs)."""
     click.echo(db.database_url())
 
 
 @db_group.command("start")
 def db_start() -> None:
-    """Start the embedded PostgreSQL (reused when already running)."""
+    """Start the embedded PostgreSQL (reused when already running); prints its URL.
+
+    The only command that starts it (with `outbox demo`): every other command uses it
+    while it runs and otherwise says how to start it. With OUTBOX_DATABASE_URL set there
+    is nothing to start: that database is used.
+    """
+    import os
+
+    if os.environ.get("OUTBOX_DATABASE_URL"):
+        url = db.redact(os.environ["OUTBOX_DATABASE_URL"])
+        click.echo(f"OUTBOX_DATABASE_URL is set ({url}): using it, the embedded server stays off")
+        return
     click.echo(db.EmbeddedServer.default().start())
 
 
@@ -158,15 +170,21 @@ def tools_group() -> None:
 @click.argument("name")
 @click.option("--executor", type=click.Choice(["http", "client", "python"]), default="http")
 @click.option("--endpoint", help="URL the relay POSTs arguments to (http tools).")
-@click.option("--lookup-endpoint", help="URL that answers 'did this key happen?' (lookup mode).")
+@click.option(
+    "--lookup-endpoint",
+    help="URL that answers 'did this call happen?' (lookup mode): POST "
+    '{"idempotency_key", "arguments"}, answers 200 {"found": true, "result": ...} or '
+    '{"found": false}. See docs/relay.md.',
+)
 @click.option("--callable", "callable_", help="'package.module:function' (python tools).")
 @click.option(
     "--idempotency",
     type=click.Choice(["key", "lookup", "none"]),
     default="key",
     show_default=True,
-    help="key: honours Idempotency-Key; lookup: offers a lookup endpoint; none: neither "
-    "(never re-executed after an ambiguous attempt).",
+    help="key: honours Idempotency-Key (retried with the same key); lookup: after an "
+    "ambiguous attempt the relay asks --lookup-endpoint before calling again; none: neither "
+    "(never re-executed after an ambiguous attempt: outcome_unknown, for an operator).",
 )
 @click.option("--schema", "schema_", help="JSON Schema of the arguments: inline JSON or @file.")
 @click.option(
@@ -178,8 +196,21 @@ def tools_group() -> None:
 @click.option("--description", default="")
 @click.option("--tenant", default="*", show_default=True, help="'*' = shared by all tenants.")
 @click.option("--disabled", is_flag=True, help="Register the version disabled.")
-def tools_register(name: str, schema_: str | None, callable_: str | None, **opts: Any) -> None:
-    """Register a new version of tool NAME."""
+@json_option
+def tools_register(
+    name: str, schema_: str | None, callable_: str | None, as_json: bool, **opts: Any
+) -> None:
+    """Register a new version of tool NAME.
+
+    \b
+    An http tool receives POST ENDPOINT with the JSON arguments as body and the headers
+    Idempotency-Key, X-Outbox-Run-Id, X-Outbox-Tool-Call-Id, X-Outbox-Attempt,
+    X-Correlation-Id and traceparent.
+    A lookup tool also answers POST LOOKUP_ENDPOINT
+      {"idempotency_key": "...", "arguments": {...}}
+    with 200 {"found": true, "result": <JSON>} (the effect happened: that result is used,
+    no new call) or 200 {"found": false} (the call is made).
+    """
     schema: dict[str, Any] = {"type": "object"}
     if schema_:
         text = Path(schema_[1:]).read_text() if schema_.startswith("@") else schema_
@@ -205,6 +236,9 @@ def tools_register(name: str, schema_: str | None, callable_: str | None, **opts
         raise click.BadParameter(str(err)) from err
     with connection() as conn:
         row = registry.register(conn, spec)
+    if as_json:
+        echo_json(row)
+        return
     click.echo(
         f"registered {row['name']} v{row['version']} ({row['executor']}, {row['idempotency_mode']})"
     )
@@ -250,20 +284,28 @@ def tools_show(name: str, tenant: str, as_json: bool) -> None:
 @tools_group.command("disable")
 @click.argument("name")
 @click.option("--tenant", default="*", show_default=True)
-def tools_disable(name: str, tenant: str) -> None:
+@json_option
+def tools_disable(name: str, tenant: str, as_json: bool) -> None:
     """Disable tool NAME: new calls to it become error results the model sees."""
     with connection() as conn:
         registry.set_enabled(conn, name, False, tenant)
+    if as_json:
+        echo_json({"name": name, "tenant_id": tenant, "enabled": False})
+        return
     click.echo(f"disabled {name}")
 
 
 @tools_group.command("enable")
 @click.argument("name")
 @click.option("--tenant", default="*", show_default=True)
-def tools_enable(name: str, tenant: str) -> None:
+@json_option
+def tools_enable(name: str, tenant: str, as_json: bool) -> None:
     """Enable tool NAME again."""
     with connection() as conn:
         registry.set_enabled(conn, name, True, tenant)
+    if as_json:
+        echo_json({"name": name, "tenant_id": tenant, "enabled": True})
+        return
     click.echo(f"enabled {name}")
 
 
@@ -537,18 +579,23 @@ def runs_create(
 @runs_group.command("cancel")
 @click.argument("run")
 @actor_option
-def runs_cancel(run: str, actor: str) -> None:
+@json_option
+def runs_cancel(run: str, actor: str, as_json: bool) -> None:
     """Cancel RUN: no new claims; in-flight tool calls finish into orphaned_results."""
     with connection() as conn:
         found = ops.resolve_run(conn, run)
         ended = lifecycle.cancel_run(conn, found["id"], found["tenant_id"], actor=actor)
+    if as_json:
+        echo_json({"id": ended["id"], "status": ended["status"]})
+        return
     click.echo(f"run {ended['id']} cancelled")
 
 
 @runs_group.command("submit-outputs")
 @click.argument("run")
 @click.argument("file", type=click.File())
-def runs_submit_outputs(run: str, file: Any) -> None:
+@json_option
+def runs_submit_outputs(run: str, file: Any, as_json: bool) -> None:
     """Submit client tool outputs for RUN from FILE (JSON list; '-' reads stdin).
 
     FILE holds [{"tool_call_id": "...", "output": ...} | {"tool_call_id": "...", "error": "..."}].
@@ -558,6 +605,9 @@ def runs_submit_outputs(run: str, file: Any) -> None:
     with connection() as conn:
         found = ops.resolve_run(conn, run)
         status = lifecycle.submit_tool_outputs(conn, found["tenant_id"], found["id"], outputs)
+    if as_json:
+        echo_json({"id": found["id"], "status": status})
+        return
     click.echo(f"run {found['id']}: {status}")
 
 
@@ -572,10 +622,14 @@ def tenants_group() -> None:
 @tenants_group.command("budget")
 @click.argument("tenant")
 @click.option("--max-tokens", type=int, required=True, help="Tokens over all the tenant's runs.")
-def tenants_budget(tenant: str, max_tokens: int) -> None:
+@json_option
+def tenants_budget(tenant: str, max_tokens: int, as_json: bool) -> None:
     """Set TENANT's token budget: once used up, no new model turns start for it."""
     with connection() as conn:
         row = writer.set_tenant_budget(conn, tenant, max_tokens)
+    if as_json:
+        echo_json(row)
+        return
     click.echo(f"tenant {tenant}: budget {row['max_tokens']} tokens, used {row['tokens_used']}")
 
 
@@ -591,11 +645,17 @@ def threads_group() -> None:
 @click.option("--tenant", required=True)
 @click.option("--title")
 @click.option("--system", "system_prompt", help="An opening system message.")
-def threads_create(tenant: str, title: str | None, system_prompt: str | None) -> None:
+@json_option
+def threads_create(
+    tenant: str, title: str | None, system_prompt: str | None, as_json: bool
+) -> None:
     """Create a thread; prints its id."""
     messages = [NewMessage(role="system", content=system_prompt)] if system_prompt else []
     with connection() as conn:
         thread = writer.create_thread(conn, tenant, title=title, messages=messages)
+    if as_json:
+        echo_json({"id": thread.id, "tenant_id": thread.tenant_id})
+        return
     click.echo(str(thread.id))
 
 
@@ -603,7 +663,8 @@ def threads_create(tenant: str, title: str | None, system_prompt: str | None) ->
 @click.argument("thread_id")
 @click.option("--tenant", required=True)
 @click.option("--api", type=click.Choice(["chat", "responses"]), default="chat")
-def threads_show(thread_id: str, tenant: str, api: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (what it always prints).")
+def threads_show(thread_id: str, tenant: str, api: str, as_json: bool) -> None:
     """Print the thread as provider messages (JSON), every call paired with its result."""
     with connection() as conn:
         messages, report = history.replay(conn, uuid.UUID(thread_id), tenant, api=api)
@@ -616,11 +677,15 @@ def threads_show(thread_id: str, tenant: str, api: str) -> None:
 @click.argument("file", type=click.File())
 @click.option("--tenant", required=True)
 @click.option("--title")
-def threads_import(file: Any, tenant: str, title: str | None) -> None:
+@json_option
+def threads_import(file: Any, tenant: str, title: str | None, as_json: bool) -> None:
     """Import a conversation (a JSON list of OpenAI chat messages), repairing its pairing."""
     messages = json.load(file)
     with connection() as conn:
         thread, report = lifecycle.import_thread(conn, tenant, messages, title=title)
+    if as_json:
+        echo_json({"id": thread.id, "messages": len(messages), "repair": report.as_detail()})
+        return
     click.echo(f"thread {thread.id}: {len(messages)} messages imported")
     if report.changed:
         click.echo(
@@ -770,6 +835,23 @@ def prune_cmd(older_than: str, actor: str, as_json: bool) -> None:
 # -- demo -------------------------------------------------------------------------------
 
 
+def _demo_module() -> Any:
+    """``demo.run`` from the checkout this command runs from: the demo is not in the wheel
+    (it would be a top-level ``demo`` package in everyone's site-packages)."""
+    checkout = Path(__file__).resolve().parent
+    if not (checkout / "demo" / "run.py").is_file():
+        raise OutboxError(
+            "`outbox demo` runs from a checkout of agent-outbox; the installed package "
+            "does not include the demo",
+            hint="clone the repository and run `make demo` there",
+        )
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    import importlib
+
+    return importlib.import_module("demo.run")
+
+
 @main.command("demo")
 @click.option("--runs", default=200, show_default=True, help="Conversations to drive.")
 @click.option("--processes", default=3, show_default=True, help="Relay processes to run.")
@@ -802,8 +884,7 @@ def demo(
     outbox and for a naive coordinator under the same faults. Exit status 1 when the
     outbox side shows any duplicate side effect, orphan tool result or stuck run.
     """
-    from relay import demo as demo_module
-
+    demo_module = _demo_module()
     if runs < 1 or processes < 1:
         raise click.BadParameter("--runs and --processes must be at least 1")
     cfg = demo_module.DemoConfig(

@@ -160,7 +160,7 @@ def notify_cost(server: str, args: argparse.Namespace, out: dict[str, Any]) -> N
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    server = db.database_url()
+    server = db.database_url(start=True)
     report.RESULTS.mkdir(exist_ok=True)
     log = report.RESULTS / f"relay-{stamp}.log"
     out: dict[str, Any] = {

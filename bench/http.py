@@ -1,7 +1,7 @@
 """End to end over HTTP, and the latency from an intent's commit to the tool's request.
 
 The tool is the fake service's ``noop`` tool, served by a separate process
-(``python -m outbox.fakes.tools``), so the relay and the tool server do not share a GIL.
+(``python -m outbox.testing.tools``), so the relay and the tool server do not share a GIL.
 Its own rate is measured with the same client concurrency as the relay has slots
 (``processes x concurrency`` keep-alive connections, one ``httpx2`` client per process), so
 the ratio says what the relay costs around each call, not what the server can do.
@@ -37,7 +37,7 @@ class ToolServer:
     """The fake tool service in its own process."""
 
     def __init__(self) -> None:
-        command = [sys.executable, "-m", "outbox.fakes.tools", "--port", "0"]
+        command = [sys.executable, "-m", "outbox.testing.tools", "--port", "0"]
         self.process = subprocess.Popen(
             command, cwd=REPO, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)}
         )

@@ -1,5 +1,8 @@
 """agent-outbox: a Postgres transactional outbox for tool-using AI agent runs.
 
 The library half: schema access, the writer API that backends call inside their own
-transaction, history replay, and provider adapters. It never imports the relay or the CLI.
+transaction (``writer``, ``lifecycle``; ``aio`` for asyncio), history replay, provider
+adapters, the migrations and SQL it ships (``migrations``, ``sql``), and ``testing``, the
+test doubles users import to test their own agents. It never imports the relay, the CLI
+or the demo.
 """

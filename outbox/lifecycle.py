@@ -7,9 +7,9 @@ result, or an explicit error), and whatever is still in flight lands in
 ``orphaned_results`` when it finishes. So a thread is replayable the moment its run ends,
 and a new run can start on it.
 
-Client outputs have one implementation, the SQL function ``submit_tool_outputs_v1`` in
-``sql/functions.sql``, which backends without Python call directly; ``submit_tool_outputs``
-only validates the shape and maps its errors onto ours.
+Cancelling and client outputs have one implementation each, the SQL functions
+``cancel_run_v1`` and ``submit_tool_outputs_v1`` in ``outbox/sql/functions.sql``, which
+backends without Python call directly; the functions here are calls of ``outbox.calls``.
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ import uuid
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from outbox import history, tenancy
-from outbox.errors import InvalidInput, InvalidTransition, NotFound
-from outbox.schemas import check_size
+from outbox import calls, history, tenancy
+from outbox.errors import InvalidInput
 from outbox.writer import (
-    ENDED,
     Q,
     Row,
     ThreadRef,
@@ -39,23 +36,23 @@ from outbox.writer import (
     journal,
     lock_run,
     pg,
+    run_call,
 )
 
 
 def cancel_run(
     db: Any, run_id: uuid.UUID, tenant_id: str | None = None, *, actor: str | None = None
 ) -> Row:
-    """Cancel a run: no new claims; in-flight calls finish and their results are orphaned."""
-    conn = pg(db)
-    if tenant_id is not None:
-        tenancy.scope(conn, tenant_id)
-    run = lock_run(conn, run_id, tenant_id)
-    if run["status"] in ENDED:
-        raise InvalidTransition(
-            f"run {run_id} is already {run['status']}: there is nothing to cancel",
-            hint="start a new run on the thread if more work is needed",
-        )
-    return end_run(conn, run, "cancelled", "cancelled", "cancelled by request", actor=actor)
+    """Cancel a run: no new claims; in-flight calls finish and their results are orphaned.
+
+    One call of ``cancel_run_v1`` (outbox/sql/functions.sql). Without ``tenant_id`` (an
+    operator), the run's own tenant. ``InvalidTransition`` when the run already ended.
+    """
+    if tenant_id is None:
+        rows = run_call(db, calls.run_tenant(run_id))
+        tenant_id = calls.found_run(rows[0] if rows else None, run_id, None)["tenant_id"]
+    (row,) = run_call(db, calls.cancel_run(run_id, tenant_id, actor))
+    return row
 
 
 def expire_due_runs(db: Any, limit: int = 100) -> list[Row]:
@@ -71,7 +68,7 @@ def expire_due_runs(db: Any, limit: int = 100) -> list[Row]:
 
 def pending_client_calls(db: Any, run_id: uuid.UUID) -> list[Row]:
     """The client-executed calls a run is waiting for (what to submit outputs for)."""
-    return fetch_all(pg(db), Q.pending_client_calls, {"run_id": run_id})
+    return run_call(db, calls.pending_client_calls(run_id))
 
 
 def submit_tool_outputs(
@@ -85,33 +82,8 @@ def submit_tool_outputs(
     transaction stays usable). The same outputs again are a no-op. Outputs for a run that
     already ended go to ``orphaned_results``.
     """
-    conn = pg(db)
-    tenancy.scope(conn, tenant_id)
-    for output in outputs:
-        if not isinstance(output, dict) or "tool_call_id" not in output:
-            raise InvalidInput(f"each output needs a tool_call_id: {output!r}")
-        check_size(f"output of {output['tool_call_id']}", json.dumps(output))
-    try:
-        with conn.transaction():  # a savepoint: a refusal leaves the caller's work intact
-            row = fetch_one(
-                conn,
-                Q.submit_tool_outputs,
-                {"tenant_id": tenant_id, "run_id": run_id, "outputs": Jsonb(outputs)},
-            )
-    except psycopg.errors.NoDataFound as err:
-        raise NotFound(_message(err), hint=_hint(err)) from err
-    except (psycopg.errors.InvalidParameterValue, psycopg.errors.InsufficientPrivilege) as err:
-        raise InvalidInput(_message(err), hint=_hint(err)) from err
-    assert row is not None
+    (row,) = run_call(db, calls.submit_tool_outputs(tenant_id, run_id, outputs))
     return str(row["status"])
-
-
-def _message(err: psycopg.Error) -> str:
-    return err.diag.message_primary or str(err)
-
-
-def _hint(err: psycopg.Error) -> str:
-    return err.diag.message_hint or ""
 
 
 def import_thread(

@@ -128,15 +128,6 @@ def resolve(conn: psycopg.Connection[Any], tenant_id: str, names: list[str]) -> 
         return {row["name"]: row for row in cur.fetchall()}
 
 
-def check_tools_exist(conn: psycopg.Connection[Any], tenant_id: str, names: list[str]) -> None:
-    missing = sorted(set(names) - set(resolve(conn, tenant_id, names)))
-    if missing:
-        raise NotFound(
-            f"unknown tools {missing}: they are not in the tool registry",
-            hint="register them first (`outbox tools register`)",
-        )
-
-
 @dataclass(frozen=True)
 class CallPlan:
     """How a call will run, or ``error``: the text of the error result the model will see."""

@@ -5,7 +5,9 @@ commits, rolls back or opens a transaction of its own. Nothing is visible to any
 before *your* commit, and a rollback leaves no trace: no message, no intent, no outbox row.
 Pass a psycopg 3 connection (inside a transaction) or a SQLAlchemy ``Session``/``Connection``
 on the ``postgresql+psycopg`` driver; both reach the same code through the same DBAPI
-connection.
+connection. For asyncio, ``outbox.aio`` offers the backend's calls on an ``AsyncConnection``
+or ``AsyncSession``: starting, cancelling and answering runs are one statement each, built
+in ``outbox.calls`` and run by both, calling the SQL functions of ``outbox/sql/``.
 
 Dedup is the database's job (DESIGN invariant 2): repeats meet a unique constraint with
 ``ON CONFLICT DO NOTHING`` and the function returns what is already stored, so a redelivered
@@ -19,27 +21,21 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from outbox import registry, tenancy
-from outbox.errors import (
-    ActiveRunExists,
-    BudgetExceeded,
-    IdempotencyKeyReused,
-    InvalidInput,
-    NeedsTransaction,
-    NotFound,
-    WrongTenant,
-)
+from outbox import calls, registry, tenancy
+from outbox.errors import InvalidInput, NeedsTransaction, NotFound, WrongTenant
 from outbox.schemas import ModelTurnIn, NewMessage, StartRun, ToolResultIn, check_size
 from outbox.sql import queries
 
 Q = queries("writer.sql")
+RunRef = calls.RunRef  # what start_run returns (defined beside the calls both writers share)
+ThreadRef = calls.ThreadRef
 Row = dict[str, Any]
 ACTIVE = ("queued", "in_progress", "requires_action")
 ENDED = ("completed", "failed", "cancelled", "expired")
@@ -119,12 +115,6 @@ def _owned(row: Row | None, what: str, ident: object, tenant_id: str) -> Row:
 # -- threads ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ThreadRef:
-    id: uuid.UUID
-    tenant_id: str
-
-
 def create_thread(
     db: Any,
     tenant_id: str,
@@ -133,33 +123,32 @@ def create_thread(
     metadata: dict[str, Any] | None = None,
     messages: list[NewMessage] | None = None,
 ) -> ThreadRef:
-    """Create a thread, optionally with opening messages (system prompt, earlier turns)."""
-    conn = pg(db)
-    _check_tenant(tenant_id)
-    tenancy.scope(conn, tenant_id)
-    row = fetch_one(
-        conn,
-        Q.insert_thread,
-        {"tenant_id": tenant_id, "title": title, "metadata": Jsonb(metadata or {})},
-    )
-    assert row is not None
-    for message in messages or []:
-        append_message(conn, row["id"], tenant_id, message.role, message.content)
-    journal(conn, "thread.created", tenant_id, thread_id=row["id"])
+    """Create a thread, optionally with opening messages (system prompt, earlier turns).
+
+    One call of ``create_thread_v1`` (outbox/sql/functions.sql); journals thread.created.
+    """
+    (row,) = run_call(db, calls.create_thread(tenant_id, title, metadata, messages))
     return ThreadRef(row["id"], tenant_id)
 
 
-def _check_tenant(tenant_id: str) -> None:
-    from pydantic import TypeAdapter, ValidationError
-
-    from outbox.schemas import TenantId
-
+def run_call(db: Any, call: calls.Call) -> list[Row]:
+    """Run one call of ``outbox.calls`` on the caller's connection (never committing);
+    a refusal of the SQL function is raised as our error, and a write's refusal is rolled
+    back to the savepoint taken before it, so the caller's transaction stays usable."""
+    conn = pg(db)
+    if call.savepoint:
+        conn.execute(calls.SAVEPOINT)
     try:
-        TypeAdapter(TenantId).validate_python(tenant_id)
-    except ValidationError as err:
-        raise InvalidInput(
-            f"tenant id {tenant_id!r} is not valid", hint="use 1-128 letters, digits or _.:@-"
-        ) from err
+        if call.scope is not None:
+            tenancy.scope(conn, call.scope)
+        rows = fetch_all(conn, call.query, call.params)
+    except psycopg.Error as err:
+        if call.savepoint and not conn.closed:
+            conn.execute(calls.ROLLBACK)
+        raise calls.refusal(err) or err from err
+    if call.savepoint:
+        conn.execute(calls.RELEASE)
+    return rows
 
 
 def append_message(
@@ -206,101 +195,18 @@ def answer_calls(
 # -- runs -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RunRef:
-    """A run as stored; ``created`` is False when an earlier identical request made it."""
-
-    id: uuid.UUID
-    thread_id: uuid.UUID
-    tenant_id: str
-    status: str
-    correlation_id: str
-    created: bool
-    row: Row = field(repr=False, compare=False)
-
-
-def _run_ref(row: Row, created: bool) -> RunRef:
-    return RunRef(
-        row["id"],
-        row["thread_id"],
-        row["tenant_id"],
-        row["status"],
-        row["correlation_id"],
-        created,
-        row,
-    )
-
-
 def start_run(db: Any, request: StartRun) -> RunRef:
     """Start a run: the user message, the run and its first model turn, all or nothing.
 
-    The same ``idempotency_key`` again returns the existing run (``created=False``), also
-    when two requests race. A different turn while the thread has an active run raises
-    ``ActiveRunExists`` naming that run.
+    One call of ``start_run_v1`` (outbox/sql/functions.sql), the implementation backends
+    without Python call too. The same ``idempotency_key`` again returns the existing run
+    (``created=False``), also when two requests race. A different turn while the thread
+    has an active run raises ``ActiveRunExists`` naming that run; unknown tools raise
+    ``NotFound``, a spent tenant budget ``BudgetExceeded``; your transaction stays usable.
     """
-    conn = pg(db)
-    tenancy.scope(conn, request.tenant_id)
-    if request.idempotency_key:
-        existing = fetch_one(
-            conn, Q.run_by_key, {"tenant_id": request.tenant_id, "key": request.idempotency_key}
-        )
-        if existing:
-            return _same_request(existing, request)
-    thread = fetch_one(conn, Q.lock_thread, {"thread_id": request.thread_id})
-    _owned(thread, "thread", request.thread_id, request.tenant_id)
-    active = fetch_one(conn, Q.active_run, {"thread_id": request.thread_id})
-    if active:
-        if request.idempotency_key:
-            # A twin with our key may have committed while we waited for the thread lock.
-            twin = fetch_one(
-                conn,
-                Q.run_by_key,
-                {"tenant_id": request.tenant_id, "key": request.idempotency_key},
-            )
-            if twin:
-                return _same_request(twin, request)
-        raise ActiveRunExists(request.thread_id, active["id"], active["status"])
-    registry.check_tools_exist(conn, request.tenant_id, request.tools)
-    spent = tenant_budget_spent(conn, request.tenant_id)
-    if spent is not None:
-        raise BudgetExceeded(spent, hint="raise the tenant's budget (`outbox tenants budget`)")
-    correlation_id = request.correlation_id or uuid.uuid4().hex
-    params = request.model_dump(exclude={"message", "thread_id", "tools"})
-    params.update(
-        thread_id=request.thread_id, tool_names=request.tools, correlation_id=correlation_id
-    )
-    run = fetch_one(conn, Q.insert_run, params)
-    if run is None:  # the same key won a race on another thread of this tenant
-        existing = fetch_one(
-            conn, Q.run_by_key, {"tenant_id": request.tenant_id, "key": request.idempotency_key}
-        )
-        assert existing is not None
-        return _same_request(existing, request)
-    if request.message is not None:
-        append_message(
-            conn, request.thread_id, request.tenant_id, "user", request.message, run_id=run["id"]
-        )
-    enqueue(conn, run, "model_turn", f"model_turn:{run['id']}:1", payload={"step_no": 1})
-    journal(
-        conn,
-        "run.created",
-        request.tenant_id,
-        thread_id=request.thread_id,
-        run_id=run["id"],
-        correlation_id=correlation_id,
-        detail={"model": request.model, "tools": request.tools},
-    )
-    return _run_ref(run, created=True)
-
-
-def _same_request(existing: Row, request: StartRun) -> RunRef:
-    if existing["thread_id"] != request.thread_id:
-        raise IdempotencyKeyReused(
-            f"idempotency key {request.idempotency_key!r} already started run {existing['id']} "
-            f"on thread {existing['thread_id']}, not on {request.thread_id}",
-            hint="use a new key for a new turn",
-        )
-    return _run_ref(existing, created=False)
+    (started,) = run_call(db, calls.start_run(request))
+    (row,) = run_call(db, calls.get_run(started["run_id"], None))
+    return calls.run_ref(row, started["created"])
 
 
 def enqueue(
@@ -345,15 +251,8 @@ def lock_run(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant_id: str | 
 
 def get_run(db: Any, run_id: uuid.UUID, tenant_id: str | None = None) -> Row:
     """The run's row as a dict (``NotFound``/``WrongTenant`` when it is not yours)."""
-    conn = pg(db)
-    if tenant_id is not None:
-        tenancy.scope(conn, tenant_id)
-    row = fetch_one(conn, Q.get_run, {"run_id": run_id})
-    if tenant_id is None:
-        if row is None:
-            raise NotFound(f"run {run_id} does not exist")
-        return row
-    return _owned(row, "run", run_id, tenant_id)
+    rows = run_call(db, calls.get_run(run_id, tenant_id))
+    return calls.found_run(rows[0] if rows else None, run_id, tenant_id)
 
 
 # -- model turns ------------------------------------------------------------------------
@@ -801,7 +700,7 @@ def tenant_budgets_spent(conn: psycopg.Connection[Any], tenant_ids: list[str]) -
 def set_tenant_budget(db: Any, tenant_id: str, max_tokens: int) -> Row:
     """Set a tenant's token budget over all its runs (tokens already used stay counted)."""
     conn = pg(db)
-    _check_tenant(tenant_id)
+    calls.check_tenant(tenant_id)
     if max_tokens <= 0:
         raise InvalidInput(f"a token budget must be positive, got {max_tokens}")
     row = fetch_one(conn, Q.set_tenant_budget, {"tenant_id": tenant_id, "max_tokens": max_tokens})
@@ -838,52 +737,17 @@ def end_run(
 ) -> Row:
     """End ``run`` (``failed``, ``cancelled`` or ``expired``) and keep its thread replayable.
 
-    The caller holds the run lock. Rows nobody holds a lease on are removed (no new claims);
-    every batch whose outputs did not reach the history is closed, and each of its calls
-    gets a tool message right away: its result if it has one, else an explicit error. Work
-    still in flight finishes, and its results land in ``orphaned_results``.
+    One call of ``end_run_v1`` (outbox/sql/functions.sql), the one implementation that
+    ``cancel_run_v1`` uses too. The caller holds the run lock. Rows nobody holds a lease on
+    are removed (no new claims); every batch whose outputs did not reach the history is
+    closed, and each of its calls gets a tool message right away: its result if it has one,
+    else an explicit error. Work still in flight finishes, and its results land in
+    ``orphaned_results``. Returns the run's new row.
     """
-    batch_status = "expired" if status == "expired" else "cancelled"
-    closed = 0
-    for batch in fetch_all(conn, Q.undelivered_batches, {"run_id": run["id"]}):
-        closed += close_batch(conn, batch, batch_status, f"the run was {status} ({reason})")
-    dropped = fetch_all(conn, Q.drop_waiting_rows, {"run_id": run["id"]})
     row = fetch_one(
         conn,
-        Q.run_status,
-        {"run_id": run["id"], "status": status, "failure_reason": reason, "last_error": error},
+        calls.A.end_run,
+        {"run_id": run["id"], "status": status, "reason": reason, "error": error, "actor": actor},
     )
     assert row is not None
-    journal(
-        conn,
-        f"run.{status}",
-        run["tenant_id"],
-        thread_id=run["thread_id"],
-        run_id=run["id"],
-        correlation_id=run["correlation_id"],
-        actor=actor,
-        detail={
-            "reason": reason,
-            "error": error,
-            "closed_calls": closed,
-            "dropped_rows": [r["kind"] for r in dropped],
-        },
-    )
     return row
-
-
-def close_batch(conn: psycopg.Connection[Any], batch: Row, status: str, why: str) -> int:
-    """Close ``batch`` and answer every call without a tool message; returns how many."""
-    conn.execute(Q.close_batch, {"batch_id": batch["id"], "status": status})
-    conn.execute(Q.cancel_waiting_calls, {"batch_id": batch["id"]})
-    closed = answer_calls(conn, [batch["id"]], why)
-    journal(
-        conn,
-        "batch.closed",
-        batch["tenant_id"],
-        thread_id=batch["thread_id"],
-        run_id=batch["run_id"],
-        batch_id=batch["id"],
-        detail={"status": status, "answered_calls": closed, "why": why},
-    )
-    return closed

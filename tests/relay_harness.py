@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from outbox import registry, writer
-from outbox.fakes.tools import FakeToolService
+from outbox.testing.tools import FakeToolService
 from relay.config import RelayConfig
 from relay.worker import Worker
 from tests.helpers import TENANT, new_run, turn

@@ -1,13 +1,3 @@
--- name: insert_thread
--- Create a thread; its message counter starts at 1.
-INSERT INTO {s}.threads (tenant_id, title, metadata)
-VALUES (%(tenant_id)s, %(title)s, %(metadata)s)
-RETURNING id, tenant_id, title, created_at
-
--- name: lock_thread
--- Lock a thread row: serialises run starts and message numbering on that thread.
-SELECT id, tenant_id FROM {s}.threads WHERE id = %(thread_id)s FOR UPDATE
-
 -- name: take_seqs
 -- Reserve n consecutive message numbers on a thread; returns the first.
 UPDATE {s}.threads SET next_seq = next_seq + %(n)s
@@ -20,26 +10,6 @@ INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id, tool
 VALUES (%(tenant_id)s, %(thread_id)s, %(seq)s, %(role)s, %(content)s, %(run_id)s,
         %(tool_call_ref)s)
 RETURNING id
-
--- name: run_by_key
--- The run a tenant already started under this idempotency key, if any.
-SELECT * FROM {s}.runs WHERE tenant_id = %(tenant_id)s AND idempotency_key = %(key)s
-
--- name: active_run
--- The thread's active run (at most one, by a partial unique index).
-SELECT id, status FROM {s}.runs
-WHERE thread_id = %(thread_id)s AND status IN ('queued', 'in_progress', 'requires_action')
-
--- name: insert_run
--- Start a run; a concurrent twin with the same idempotency key makes this return nothing.
-INSERT INTO {s}.runs (tenant_id, thread_id, model, api, base_url, instructions, tool_names,
-                      max_steps, max_tokens, loop_limit, action_timeout, idempotency_key,
-                      correlation_id)
-VALUES (%(tenant_id)s, %(thread_id)s, %(model)s, %(api)s, %(base_url)s, %(instructions)s,
-        %(tool_names)s, %(max_steps)s, %(max_tokens)s, %(loop_limit)s,
-        make_interval(secs => %(action_timeout_s)s), %(idempotency_key)s, %(correlation_id)s)
-ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-RETURNING *
 
 -- name: lock_run
 -- Lock a run row: every write that moves a run forward goes through this lock.
@@ -262,20 +232,6 @@ FROM next n
 WHERE r.id = n.run_id
 RETURNING r.id, r.status
 
--- name: run_status
--- Move a run to a new status (the caller holds the run lock and checked the transition).
-UPDATE {s}.runs
-SET status = %(status)s,
-    failure_reason = %(failure_reason)s,
-    last_error = coalesce(%(last_error)s, last_error),
-    action_deadline = CASE WHEN %(status)s = 'requires_action'
-                           THEN coalesce(action_deadline, now() + action_timeout) END,
-    ended_at = CASE WHEN %(status)s IN ('completed', 'failed', 'cancelled', 'expired')
-                    THEN now() END,
-    updated_at = now()
-WHERE id = %(run_id)s
-RETURNING *
-
 -- name: thread_messages
 -- A thread's messages in order, each tool message with the call it answers.
 SELECT m.seq, m.role, m.content, m.id, tc.tool_call_id AS answers_call
@@ -309,27 +265,6 @@ SELECT DISTINCT ON (name) *
 FROM {s}.tools
 WHERE name = ANY(%(names)s) AND tenant_id IN (%(tenant_id)s, '*')
 ORDER BY name, (tenant_id = '*'), version DESC
-
--- name: undelivered_batches
--- A run's batches whose outputs have not entered the history, locked.
-SELECT * FROM {s}.tool_batches
-WHERE run_id = %(run_id)s AND status IN ('open', 'complete')
-ORDER BY id
-FOR UPDATE
-
--- name: close_batch
--- Close a batch: results that arrive later are orphaned, never put into a context.
-UPDATE {s}.tool_batches SET status = %(status)s WHERE id = %(batch_id)s
-
--- name: cancel_waiting_calls
--- Calls of a closed batch that never ran (or were parked) will not run.
-UPDATE {s}.tool_calls SET status = 'cancelled', updated_at = now()
-WHERE batch_id = %(batch_id)s AND status IN ('pending', 'quarantined')
-
--- name: drop_waiting_rows
--- Stop new claims for a run: remove its rows nobody holds a lease on.
-DELETE FROM {s}.outbox WHERE run_id = %(run_id)s AND status IN ('ready', 'quarantined')
-RETURNING kind
 
 -- name: recent_batch_signatures
 -- The tool calls (as argument hashes) of a run's latest batches, newest first.

@@ -20,7 +20,7 @@ import psutil
 import psycopg
 import pytest
 
-from outbox.fakes.tools import FakeToolService
+from outbox.testing.tools import FakeToolService
 from tests.relay_harness import (
     FAST,
     all_settled,

@@ -10,9 +10,9 @@ import psycopg
 import pytest
 
 from outbox import history, writer
-from outbox.fakes.model import ScriptedModel
-from outbox.fakes.tools import FakeToolService
 from outbox.schemas import StartRun
+from outbox.testing.model import ScriptedModel
+from outbox.testing.tools import FakeToolService
 from relay.failpoints import CRASH_EXIT_CODE, POINTS
 from tests.relay_harness import FAST, register_tool, scalar, start_relay_process, wait_until
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from outbox import writer
-from outbox.fakes.tools import FakeToolService
+from outbox.testing.tools import FakeToolService
 from tests.relay_harness import (
     all_settled,
     register_tool,

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from outbox.fakes.tools import FakeToolService
+from outbox.testing.tools import FakeToolService
 from relay.logs import JsonFormatter
 from tests.relay_harness import (
     all_settled,

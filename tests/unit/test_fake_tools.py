@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from outbox.fakes.tools import FakeToolService, fingerprint
+from outbox.testing.tools import FakeToolService, fingerprint
 
 CLIENT_TIMEOUT_S = 5.0  # seconds, generous for loaded CI machines
 SHORT_TIMEOUT_S = 0.3  # seconds, shorter than the injected stalls
@@ -232,7 +232,7 @@ def test_http_control_and_audit(service: FakeToolService, http: httpx2.Client) -
 
 def test_runs_as_a_process() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "outbox.fakes.tools", "--port", "0"],
+        [sys.executable, "-m", "outbox.testing.tools", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -1,0 +1,74 @@
+"""Named SQL queries, kept in ``.sql`` files and loaded once per schema; and the SQL DBAs run.
+
+This package holds the plain SQL a DBA or a backend without Python reads: ``views.sql``
+(the DBA views) and ``functions.sql`` (the versioned functions), as they stand at the head
+revision (each migration applies a frozen copy; ``tests/migration/test_history.py`` checks
+that these files equal what the head revision creates). ``sql_file`` reads them.
+
+Named queries:
+
+A file holds blocks that start with ``-- name: query_name`` followed by a one-line comment
+saying what the query does. ``{s}`` stands for the quoted schema name; it is substituted
+once when the file is loaded (the schema name is validated as a plain identifier first), so
+running a query costs nothing more than its text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable
+from functools import cache
+from importlib import resources
+from importlib.resources.abc import Traversable
+from typing import LiteralString, cast
+
+from outbox.db import quote_ident, schema_name
+
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+
+
+def parse(text: str) -> dict[str, str]:
+    """Split a file into ``{name: sql}``."""
+    parts = _NAME.split(text)
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def sql_file(name: str) -> str:
+    """The text of ``outbox/sql/<name>`` (``views.sql``, ``functions.sql``), read as
+    package data."""
+    return resources.files(__name__).joinpath(name).read_text()
+
+
+def load(path: Traversable, schema: str) -> dict[str, LiteralString]:
+    """The queries of ``path`` for ``schema``, read and substituted once."""
+    return _load(path, schema)  # type: ignore[arg-type]  # files() paths are hashable
+
+
+@cache
+def _load(path: Hashable, schema: str) -> dict[str, LiteralString]:
+    assert isinstance(path, Traversable)
+    quoted = quote_ident(schema)
+    return {
+        name: cast(LiteralString, body.replace("{s}", quoted))  # type: ignore[redundant-cast]
+        for name, body in parse(path.read_text()).items()
+    }
+
+
+class Queries:
+    """Attribute access to the queries of one file: ``Q.claim``."""
+
+    def __init__(self, path: Traversable, schema: str | None = None) -> None:
+        self._path = path
+        self._schema = schema
+
+    def __getattr__(self, name: str) -> LiteralString:
+        queries = load(self._path, self._schema or schema_name())
+        try:
+            return queries[name]
+        except KeyError:
+            raise AttributeError(f"no query {name!r} in {self._path.name}") from None
+
+
+def queries(filename: str, package: str = "outbox") -> Queries:
+    """The named queries of ``<package>/queries/<filename>``, read as package data."""
+    return Queries(resources.files(package) / "queries" / filename)

@@ -1,0 +1,546 @@
+-- Functions for backends that do not run Python; `{s}` is the schema. Names carry a
+-- version so old and new code can overlap during a deploy. This file is every function as
+-- the newest migration leaves it (tests/migration/test_history.py checks it); migrations
+-- carry frozen copies (0003 created submit_tool_outputs_v1).
+
+-- submit_tool_outputs_v1: submit the outputs of client-executed tool calls of a run.
+--
+-- Answers: "my backend ran the tools the run is waiting for; record their outputs".
+--
+--   SELECT outbox.submit_tool_outputs_v1('tenant-a', '9f1c…'::uuid,
+--       '[{"tool_call_id": "call_1", "output": {"ok": true}},
+--         {"tool_call_id": "call_2", "error": "card declined"}]');
+--
+-- Returns the run's status afterwards. The Python writer API calls this same function.
+-- Guarantees:
+--   * all or nothing: unknown call ids, ids of calls the relay runs itself, outputs that
+--     leave a pending client call of the batch unanswered, or an oversized output raise an
+--     error (SQLSTATE 22023, or P0002 for a missing run) that names the problem; nothing
+--     is written then;
+--   * submitting the same outputs again is a no-op that returns the status;
+--   * outputs for a run that already ended (cancelled, expired, failed, completed) are
+--     kept in orphaned_results and never reach a context;
+--   * when the last output of a batch lands, the batch's delivery is enqueued in the same
+--     transaction, exactly once.
+-- Locks the run, then batches: the one lock order of every writer path.
+-- Runs as the schema owner (SECURITY DEFINER) so that a least-privilege writer role only
+-- needs EXECUTE; it refuses a tenant other than the one the session is scoped to.
+CREATE OR REPLACE FUNCTION {s}.submit_tool_outputs_v1(
+    p_tenant_id text, p_run_id uuid, p_outputs jsonb
+) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_run        {s}.runs;
+    v_given      text[];
+    v_bad        text[];
+    v_output     jsonb;
+    v_call       {s}.tool_calls;
+    v_remaining  integer;
+    v_cap        integer := coalesce(
+                     nullif(current_setting('outbox.max_payload_bytes', true), '')::integer,
+                     262144);
+    v_scope      text := nullif(current_setting('outbox.tenant_id', true), '');
+BEGIN
+    IF v_scope IS NOT NULL AND v_scope <> p_tenant_id THEN
+        RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    SELECT * INTO v_run FROM {s}.runs WHERE id = p_run_id FOR UPDATE;
+    IF NOT FOUND OR v_run.tenant_id <> p_tenant_id THEN
+        RAISE EXCEPTION 'run % does not exist for tenant %', p_run_id, p_tenant_id
+            USING ERRCODE = 'no_data_found', HINT = 'check the run id and the tenant';
+    END IF;
+    IF jsonb_typeof(p_outputs) IS DISTINCT FROM 'array' OR jsonb_array_length(p_outputs) = 0 THEN
+        RAISE EXCEPTION 'outputs must be a non-empty JSON array'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'send [{"tool_call_id": "...", "output": ...} | {"tool_call_id": "...", "error": "..."}]';
+    END IF;
+    SELECT array_agg(o->>'tool_call_id') INTO v_given FROM jsonb_array_elements(p_outputs) o;
+    IF array_position(v_given, NULL) IS NOT NULL
+       OR (SELECT count(DISTINCT g) FROM unnest(v_given) g) <> cardinality(v_given) THEN
+        RAISE EXCEPTION 'every output needs a tool_call_id, each at most once: %', v_given
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(g) INTO v_bad FROM unnest(v_given) g
+    WHERE NOT EXISTS (SELECT 1 FROM {s}.tool_calls tc
+                      WHERE tc.run_id = p_run_id AND tc.tool_call_id = g);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'tool call ids % are not calls of run %', v_bad, p_run_id
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'submit the ids the run lists as waiting (outbox runs show RUN)';
+    END IF;
+    SELECT array_agg(tc.tool_call_id) INTO v_bad FROM {s}.tool_calls tc
+    WHERE tc.run_id = p_run_id AND tc.tool_call_id = ANY(v_given) AND tc.executor <> 'client';
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'tool calls % are run by the relay, not by the client', v_bad
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(o->>'tool_call_id') INTO v_bad FROM jsonb_array_elements(p_outputs) o
+    WHERE octet_length(o::text) > v_cap;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'outputs for % are over the cap of % bytes', v_bad, v_cap
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'store large data elsewhere and submit a reference';
+    END IF;
+
+    IF v_run.status IN ('completed', 'failed', 'cancelled', 'expired') THEN
+        INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
+                                          tool_call_id, status, output, error, reason, source)
+        SELECT tc.tenant_id, tc.run_id, tc.batch_id, tc.id, tc.tool_call_id,
+               CASE WHEN o ? 'error' THEN 'error' ELSE 'ok' END, o->'output',
+               CASE WHEN o ? 'error' THEN coalesce(o->>'error', 'error') END, 'run_ended', 'client'
+        FROM jsonb_array_elements(p_outputs) o
+        JOIN {s}.tool_calls tc ON tc.run_id = p_run_id AND tc.tool_call_id = o->>'tool_call_id';
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
+        VALUES (p_tenant_id, 'tool_outputs.orphaned', v_run.thread_id, p_run_id,
+                v_run.correlation_id, jsonb_build_object('run_status', v_run.status,
+                                                         'tool_call_ids', v_given));
+        RETURN v_run.status;
+    END IF;
+
+    -- Every client call still waiting in the run's open batch must be answered together.
+    SELECT array_agg(tc.tool_call_id ORDER BY tc.position) INTO v_bad
+    FROM {s}.tool_calls tc
+    JOIN {s}.tool_batches b ON b.id = tc.batch_id AND b.status = 'open'
+    WHERE tc.run_id = p_run_id AND tc.executor = 'client' AND tc.status = 'pending'
+      AND NOT (tc.tool_call_id = ANY(v_given));
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'incomplete outputs for run %: still missing %', p_run_id, v_bad
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'submit the outputs of every waiting call in one request';
+    END IF;
+
+    FOR v_output IN SELECT o FROM jsonb_array_elements(p_outputs) o LOOP
+        SELECT * INTO v_call FROM {s}.tool_calls
+        WHERE run_id = p_run_id AND tool_call_id = v_output->>'tool_call_id';
+        PERFORM 1 FROM {s}.tool_batches WHERE id = v_call.batch_id FOR UPDATE;
+        CONTINUE WHEN EXISTS (SELECT 1 FROM {s}.tool_results WHERE tool_call_ref = v_call.id);
+        INSERT INTO {s}.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status, output,
+                                      error, attempt, source)
+        VALUES (v_call.id, v_call.tenant_id, p_run_id, v_call.batch_id,
+                CASE WHEN v_output ? 'error' THEN 'error' ELSE 'ok' END, v_output->'output',
+                CASE WHEN v_output ? 'error' THEN coalesce(v_output->>'error', 'error') END,
+                0, 'client');
+        UPDATE {s}.tool_calls
+        SET status = CASE WHEN v_output ? 'error' THEN 'failed' ELSE 'succeeded' END,
+            updated_at = now()
+        WHERE id = v_call.id;
+        UPDATE {s}.tool_batches
+        SET pending = pending - 1,
+            status = CASE WHEN pending - 1 = 0 THEN 'complete' ELSE status END,
+            completed_at = CASE WHEN pending - 1 = 0 THEN now() END
+        WHERE id = v_call.batch_id
+        RETURNING pending INTO v_remaining;
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
+                                 tool_call_id, correlation_id, detail)
+        VALUES (p_tenant_id, 'tool_result.stored', v_run.thread_id, p_run_id, v_call.batch_id,
+                v_call.id, v_call.tool_call_id, v_run.correlation_id,
+                jsonb_build_object('source', 'client'));
+        IF v_remaining = 0 THEN
+            INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
+                                    correlation_id)
+            VALUES (p_tenant_id, 'deliver_batch', 'deliver:' || v_call.batch_id,
+                    v_run.thread_id, p_run_id, v_call.batch_id, v_run.correlation_id)
+            ON CONFLICT (dedup_key) DO NOTHING;
+            INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id,
+                                     correlation_id)
+            VALUES (p_tenant_id, 'batch.complete', v_run.thread_id, p_run_id, v_call.batch_id,
+                    v_run.correlation_id);
+        END IF;
+    END LOOP;
+
+    UPDATE {s}.runs SET status = 'in_progress', action_deadline = NULL, updated_at = now()
+    WHERE id = p_run_id AND status = 'requires_action'
+      AND NOT EXISTS (SELECT 1 FROM {s}.tool_calls tc
+                      WHERE tc.run_id = p_run_id AND tc.executor = 'client'
+                        AND tc.status = 'pending');
+    RETURN (SELECT status FROM {s}.runs WHERE id = p_run_id);
+END $$;
+REVOKE ALL ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) TO outbox_writer;
+
+
+-- enter_tenant_v1: bind this transaction to a tenant, or refuse another one.
+--
+-- The first statement of every function below. A session already scoped to a tenant
+-- (the transaction-local setting outbox.tenant_id, which the Python writer API and your
+-- own middleware may set) may act for that tenant only; an unscoped one is scoped here, so
+-- that row-level security shows and accepts only that tenant's rows until the
+-- transaction ends. Raises 22023 for an ill-formed tenant id, 42501 for another tenant.
+CREATE OR REPLACE FUNCTION {s}.enter_tenant_v1(p_tenant_id text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_scope text := nullif(current_setting('outbox.tenant_id', true), '');
+BEGIN
+    IF p_tenant_id IS NULL OR p_tenant_id !~ '^[A-Za-z0-9_.:@-]{1,128}$' THEN
+        RAISE EXCEPTION 'tenant id % is not valid', quote_nullable(p_tenant_id)
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'use 1-128 letters, digits or _.:@-';
+    END IF;
+    IF v_scope IS NOT NULL AND v_scope <> p_tenant_id THEN
+        RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    PERFORM set_config('outbox.tenant_id', p_tenant_id, true);
+END $$;
+
+
+-- create_thread_v1: "open a conversation for this tenant".
+--
+--   SELECT outbox.create_thread_v1('tenant-a');
+--   SELECT outbox.create_thread_v1('tenant-a', p_title => 'refunds',
+--       p_messages => '[{"role": "system", "content": "You are the refunds desk."}]');
+--
+-- Returns the thread id. p_messages are opening messages (roles system, user, assistant),
+-- stored in order. Journals thread.created. Runs with the caller's rights under the
+-- tenant's row-level security (outbox_writer may call it).
+CREATE OR REPLACE FUNCTION {s}.create_thread_v1(
+    p_tenant_id text,
+    p_title text DEFAULT NULL,
+    p_metadata jsonb DEFAULT '{}',
+    p_messages jsonb DEFAULT '[]'
+) RETURNS uuid
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_thread uuid;
+    v_cap    integer := coalesce(
+                 nullif(current_setting('outbox.max_payload_bytes', true), '')::integer, 262144);
+BEGIN
+    PERFORM {s}.enter_tenant_v1(p_tenant_id);
+    IF jsonb_typeof(coalesce(p_messages, '[]')) <> 'array'
+       OR EXISTS (SELECT 1 FROM jsonb_array_elements(coalesce(p_messages, '[]')) m
+                  WHERE jsonb_typeof(m) <> 'object'
+                     OR m->>'role' IS NULL OR m->>'role' NOT IN ('system', 'user', 'assistant')
+                     OR jsonb_typeof(m->'content') IS DISTINCT FROM 'string') THEN
+        RAISE EXCEPTION 'opening messages must be a JSON array of {"role", "content"}'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'roles are system, user and assistant; content is a string';
+    END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(coalesce(p_messages, '[]')) m
+               WHERE octet_length(m->>'content') > v_cap) THEN
+        RAISE EXCEPTION 'an opening message is over the cap of % bytes', v_cap
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO {s}.threads (tenant_id, title, metadata, next_seq)
+    VALUES (p_tenant_id, p_title, coalesce(p_metadata, '{}'),
+            1 + jsonb_array_length(coalesce(p_messages, '[]')))
+    RETURNING id INTO v_thread;
+    INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content)
+    SELECT p_tenant_id, v_thread, m.n, m.value->>'role', m.value->>'content'
+    FROM jsonb_array_elements(coalesce(p_messages, '[]')) WITH ORDINALITY AS m(value, n)
+    ORDER BY m.n;
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, detail)
+    VALUES (p_tenant_id, 'thread.created', v_thread, '{}');
+    RETURN v_thread;
+END $$;
+
+
+-- start_run_v1: "start a run on this thread with this user turn".
+--
+--   SELECT * FROM outbox.start_run_v1('tenant-a', '5b0c…'::uuid, 'gpt-5',
+--       p_message => 'Refund order 42', p_tools => ARRAY['lookup_order', 'refund'],
+--       p_idempotency_key => 'request-7f3a');
+--
+-- Returns (run_id, status, created, correlation_id). In one go, all or nothing: the user
+-- message, the run, its first model turn queued for the relay (outbox row
+-- model_turn:<run>:1) and the journal event run.created. Guarantees:
+--   * the same p_idempotency_key again returns the existing run with created = false, also
+--     when two requests race; the key on another thread raises OB002;
+--   * while the thread has an active run (queued, in_progress, requires_action), another
+--     turn raises OB001, whose DETAIL is {"thread_id", "run_id", "status"} (the active run);
+--   * unknown tools raise P0002; a thread that does not exist, or that row-level
+--     security hides, raises P0002; one of another tenant (for roles that see every
+--     tenant) raises OB004;
+--   * a tenant whose token budget is spent raises OB003;
+--   * bad arguments raise 22023 naming the argument.
+-- Locks the thread, then the run: a run is inserted only under its thread's lock. Runs
+-- with the caller's rights under the tenant's row-level security (outbox_writer may call
+-- it). p_action_timeout_s, p_max_steps and p_loop_limit default to the columns' defaults.
+CREATE OR REPLACE FUNCTION {s}.start_run_v1(
+    p_tenant_id text,
+    p_thread_id uuid,
+    p_model text,
+    p_message text DEFAULT NULL,
+    p_tools text[] DEFAULT '{}',
+    p_idempotency_key text DEFAULT NULL,
+    p_api text DEFAULT 'responses',
+    p_base_url text DEFAULT NULL,
+    p_instructions text DEFAULT NULL,
+    p_max_steps integer DEFAULT NULL,
+    p_max_tokens bigint DEFAULT NULL,
+    p_loop_limit integer DEFAULT NULL,
+    p_action_timeout_s double precision DEFAULT NULL,
+    p_correlation_id text DEFAULT NULL
+) RETURNS TABLE (run_id uuid, status text, created boolean, correlation_id text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_run     {s}.runs;
+    v_thread  {s}.threads;
+    v_active  {s}.runs;
+    v_missing text[];
+    v_budget  {s}.tenant_budgets;
+    v_seq     integer;
+    v_cap     integer := coalesce(
+                  nullif(current_setting('outbox.max_payload_bytes', true), '')::integer, 262144);
+BEGIN
+    PERFORM {s}.enter_tenant_v1(p_tenant_id);
+    IF p_model IS NULL OR length(p_model) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'p_model must be 1-200 characters' USING ERRCODE = 'invalid_parameter_value';
+    ELSIF p_api IS NULL OR p_api NOT IN ('responses', 'chat') THEN
+        RAISE EXCEPTION 'p_api must be responses or chat, not %', quote_nullable(p_api)
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF p_idempotency_key IS NOT NULL AND length(p_idempotency_key) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'p_idempotency_key must be 1-255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF cardinality(coalesce(p_tools, '{}')) > 128
+          OR EXISTS (SELECT 1 FROM unnest(p_tools) t WHERE t IS NULL OR t !~ '^[a-zA-Z0-9_-]{1,64}$') THEN
+        RAISE EXCEPTION 'p_tools must be at most 128 tool names (letters, digits, _ and -)'
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF coalesce(p_max_steps, 1) NOT BETWEEN 1 AND 10000 OR coalesce(p_max_tokens, 1) < 1
+          OR coalesce(p_loop_limit, 2) < 2 OR coalesce(p_action_timeout_s, 1) <= 0 THEN
+        RAISE EXCEPTION 'limits out of range: max_steps 1-10000, max_tokens > 0, loop_limit > 1, action_timeout_s > 0'
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF octet_length(p_message) > v_cap OR octet_length(p_instructions) > v_cap THEN
+        RAISE EXCEPTION 'the message or the instructions are over the cap of % bytes', v_cap
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF p_idempotency_key IS NOT NULL THEN
+        SELECT * INTO v_run FROM {s}.runs r
+        WHERE r.tenant_id = p_tenant_id AND r.idempotency_key = p_idempotency_key;
+        IF FOUND THEN
+            RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key);
+            RETURN;
+        END IF;
+    END IF;
+    SELECT * INTO v_thread FROM {s}.threads t WHERE t.id = p_thread_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'thread % does not exist', p_thread_id
+            USING ERRCODE = 'no_data_found', HINT = 'check the thread id';
+    ELSIF v_thread.tenant_id <> p_tenant_id THEN
+        RAISE EXCEPTION 'thread % does not belong to tenant %', p_thread_id, quote_literal(p_tenant_id)
+            USING ERRCODE = 'OB004', HINT = 'pass the tenant that owns the object';
+    END IF;
+    SELECT * INTO v_active FROM {s}.runs r
+    WHERE r.thread_id = p_thread_id AND r.status IN ('queued', 'in_progress', 'requires_action');
+    IF FOUND THEN
+        IF p_idempotency_key IS NOT NULL THEN  -- a twin with our key may have committed meanwhile
+            SELECT * INTO v_run FROM {s}.runs r
+            WHERE r.tenant_id = p_tenant_id AND r.idempotency_key = p_idempotency_key;
+            IF FOUND THEN
+                RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key);
+                RETURN;
+            END IF;
+        END IF;
+        RAISE EXCEPTION 'thread % already has active run % (%)', p_thread_id, v_active.id, v_active.status
+            USING ERRCODE = 'OB001',
+                  DETAIL = json_build_object('thread_id', p_thread_id, 'run_id', v_active.id,
+                                            'status', v_active.status)::text,
+                  HINT = format('wait for run %s to finish, cancel it, or resend this turn with the same idempotency key', v_active.id);
+    END IF;
+    SELECT array_agg(t ORDER BY t) INTO v_missing FROM unnest(p_tools) t
+    WHERE NOT EXISTS (SELECT 1 FROM {s}.tools tl
+                      WHERE tl.name = t AND tl.tenant_id IN (p_tenant_id, '*'));
+    IF v_missing IS NOT NULL THEN
+        RAISE EXCEPTION 'unknown tools %: they are not in the tool registry', v_missing
+            USING ERRCODE = 'no_data_found', HINT = 'register them first (`outbox tools register`)';
+    END IF;
+    SELECT * INTO v_budget FROM {s}.tenant_budgets b
+    WHERE b.tenant_id = p_tenant_id AND b.tokens_used >= b.max_tokens;
+    IF FOUND THEN
+        RAISE EXCEPTION 'tenant % used % tokens, its budget is %', quote_literal(p_tenant_id),
+                        v_budget.tokens_used, v_budget.max_tokens
+            USING ERRCODE = 'OB003', HINT = 'raise the tenant''s budget (`outbox tenants budget`)';
+    END IF;
+
+    INSERT INTO {s}.runs AS r (tenant_id, thread_id, model, api, base_url, instructions,
+                               tool_names, max_steps, max_tokens, loop_limit, action_timeout,
+                               idempotency_key, correlation_id)
+    VALUES (p_tenant_id, p_thread_id, p_model, p_api, p_base_url, p_instructions,
+            coalesce(p_tools, '{}'), coalesce(p_max_steps, 20), p_max_tokens,
+            coalesce(p_loop_limit, 3), make_interval(secs => coalesce(p_action_timeout_s, 600)),
+            p_idempotency_key,
+            coalesce(p_correlation_id, replace(gen_random_uuid()::text, '-', '')))
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING * INTO v_run;
+    IF NOT FOUND THEN  -- the same key won a race on another thread of this tenant
+        SELECT * INTO v_run FROM {s}.runs r
+        WHERE r.tenant_id = p_tenant_id AND r.idempotency_key = p_idempotency_key;
+        RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key);
+        RETURN;
+    END IF;
+    IF p_message IS NOT NULL THEN
+        UPDATE {s}.threads t SET next_seq = t.next_seq + 1 WHERE t.id = p_thread_id
+        RETURNING t.next_seq - 1 INTO v_seq;
+        INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id)
+        VALUES (p_tenant_id, p_thread_id, v_seq, 'user', p_message, v_run.id);
+    END IF;
+    INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, correlation_id,
+                            max_attempts, payload)
+    VALUES (p_tenant_id, 'model_turn', 'model_turn:' || v_run.id || ':1', p_thread_id, v_run.id,
+            v_run.correlation_id, 5, '{"step_no": 1}')
+    ON CONFLICT (dedup_key) DO NOTHING;
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
+    VALUES (p_tenant_id, 'run.created', p_thread_id, v_run.id, v_run.correlation_id,
+            jsonb_build_object('model', p_model, 'tools', to_jsonb(coalesce(p_tools, '{}'))));
+    RETURN QUERY SELECT v_run.id, v_run.status, true, v_run.correlation_id;
+END $$;
+
+
+-- same_run_request_v1: the run an idempotency key already started, if the request is the
+-- same (same thread); else OB002. A helper of start_run_v1.
+CREATE OR REPLACE FUNCTION {s}.same_run_request_v1(
+    p_run {s}.runs, p_thread_id uuid, p_idempotency_key text
+) RETURNS TABLE (run_id uuid, status text, created boolean, correlation_id text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_run.thread_id <> p_thread_id THEN
+        RAISE EXCEPTION 'idempotency key % already started run % on thread %, not on %',
+                        quote_literal(p_idempotency_key), p_run.id, p_run.thread_id, p_thread_id
+            USING ERRCODE = 'OB002', HINT = 'use a new key for a new turn';
+    END IF;
+    RETURN QUERY SELECT p_run.id, p_run.status, false, p_run.correlation_id;
+END $$;
+
+
+-- end_run_v1: end a run (failed, cancelled or expired) and keep its thread replayable.
+--
+-- The one implementation of ending a run: the Python writer (writer.end_run: the relay's
+-- step cap, budget, loop and expiry) and cancel_run_v1 call it. Every batch whose outputs
+-- did not reach the history is closed and each of its calls gets a tool message at once
+-- (its result, or {"error": "not executed: the run was <status> (<reason>)"}); rows nobody
+-- holds a lease on leave the outbox (no new claims); work in flight finishes and its
+-- results land in orphaned_results. Journals batch.closed per batch and run.<status>.
+-- Locks the run, then its batches. Not for backends (EXECUTE: the relay role).
+CREATE OR REPLACE FUNCTION {s}.end_run_v1(
+    p_run_id uuid, p_status text, p_reason text, p_error text DEFAULT NULL,
+    p_actor text DEFAULT NULL
+) RETURNS {s}.runs
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_run     {s}.runs;
+    v_batch   {s}.tool_batches;
+    v_why     text := format('the run was %s (%s)', p_status, p_reason);
+    v_closed  integer := 0;
+    v_answers integer;
+    v_dropped jsonb;
+BEGIN
+    IF p_status NOT IN ('failed', 'cancelled', 'expired') THEN
+        RAISE EXCEPTION 'a run ends failed, cancelled or expired, not %', quote_nullable(p_status)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO v_run FROM {s}.runs WHERE id = p_run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % does not exist', p_run_id USING ERRCODE = 'no_data_found';
+    END IF;
+    FOR v_batch IN SELECT * FROM {s}.tool_batches
+                   WHERE run_id = p_run_id AND status IN ('open', 'complete')
+                   ORDER BY id FOR UPDATE LOOP
+        UPDATE {s}.tool_batches
+        SET status = CASE WHEN p_status = 'expired' THEN 'expired' ELSE 'cancelled' END
+        WHERE id = v_batch.id;
+        UPDATE {s}.tool_calls SET status = 'cancelled', updated_at = now()
+        WHERE batch_id = v_batch.id AND status IN ('pending', 'quarantined');
+        -- A tool message for every call of the batch that has none, in call order (the
+        -- statement of answer_calls in outbox/queries/writer.sql, for one batch).
+        WITH answers AS (
+            SELECT tc.tenant_id, tc.thread_id, tc.run_id, tc.position, tc.id AS ref,
+                   CASE WHEN r.status = 'ok' AND jsonb_typeof(r.output) = 'string'
+                            THEN r.output #>> '{}'
+                        WHEN r.status = 'ok' THEN coalesce(r.output::text, 'null')
+                        WHEN r.status = 'error' THEN jsonb_build_object('error', r.error)::text
+                        ELSE jsonb_build_object('error', 'not executed: ' || v_why)::text
+                   END AS content
+            FROM {s}.tool_calls tc
+            LEFT JOIN {s}.tool_results r ON r.tool_call_ref = tc.id
+            WHERE tc.batch_id = v_batch.id
+              AND NOT EXISTS (SELECT 1 FROM {s}.messages m WHERE m.tool_call_ref = tc.id)
+        ), numbered AS (
+            SELECT a.*, count(*) OVER () AS n, row_number() OVER (ORDER BY a.position) AS k
+            FROM answers a
+        ), seqs AS (
+            UPDATE {s}.threads t SET next_seq = t.next_seq + w.n
+            FROM (SELECT DISTINCT n FROM numbered) w
+            WHERE t.id = v_batch.thread_id
+            RETURNING t.next_seq - w.n AS first_seq
+        )
+        INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id, tool_call_ref)
+        SELECT m.tenant_id, m.thread_id, s.first_seq + m.k - 1, 'tool', m.content, m.run_id, m.ref
+        FROM numbered m CROSS JOIN seqs s
+        ORDER BY m.k;
+        GET DIAGNOSTICS v_answers = ROW_COUNT;
+        v_closed := v_closed + v_answers;
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, correlation_id,
+                                 detail)
+        VALUES (v_batch.tenant_id, 'batch.closed', v_batch.thread_id, p_run_id, v_batch.id,
+                v_run.correlation_id,
+                jsonb_build_object('status', CASE WHEN p_status = 'expired' THEN 'expired'
+                                                  ELSE 'cancelled' END,
+                                   'answered_calls', v_answers, 'why', v_why));
+    END LOOP;
+    WITH dropped AS (
+        DELETE FROM {s}.outbox WHERE run_id = p_run_id AND status IN ('ready', 'quarantined')
+        RETURNING kind
+    )
+    SELECT coalesce(jsonb_agg(kind), '[]') INTO v_dropped FROM dropped;
+    UPDATE {s}.runs
+    SET status = p_status, failure_reason = p_reason,
+        last_error = coalesce(p_error, last_error), action_deadline = NULL, ended_at = now(),
+        updated_at = now()
+    WHERE id = p_run_id
+    RETURNING * INTO v_run;
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, actor, detail)
+    VALUES (v_run.tenant_id, 'run.' || p_status, v_run.thread_id, p_run_id, v_run.correlation_id,
+            p_actor, jsonb_build_object('reason', p_reason, 'error', p_error,
+                                        'closed_calls', v_closed, 'dropped_rows', v_dropped));
+    RETURN v_run;
+END $$;
+REVOKE ALL ON FUNCTION {s}.end_run_v1(uuid, text, text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.end_run_v1(uuid, text, text, text, text) TO outbox_relay;
+
+
+-- cancel_run_v1: "stop this run".
+--
+--   SELECT status FROM outbox.cancel_run_v1('tenant-a', '9f1c…'::uuid, p_actor => 'ops@acme');
+--
+-- Returns the run's row, now cancelled. No new claims; calls in flight finish and their
+-- results land in orphaned_results; every call of an undelivered batch gets a tool message
+-- at once, so the thread is replayable and a new run may start on it (see end_run_v1).
+-- A run that does not exist for the tenant raises P0002; one that already ended raises
+-- OB005. Runs as the schema owner (SECURITY DEFINER: ending a run removes outbox rows,
+-- which outbox_writer may not delete) and refuses a tenant other than the session's scope.
+CREATE OR REPLACE FUNCTION {s}.cancel_run_v1(
+    p_tenant_id text, p_run_id uuid, p_actor text DEFAULT NULL
+) RETURNS {s}.runs
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_run {s}.runs;
+BEGIN
+    PERFORM {s}.enter_tenant_v1(p_tenant_id);
+    SELECT * INTO v_run FROM {s}.runs WHERE id = p_run_id FOR UPDATE;
+    IF NOT FOUND OR v_run.tenant_id <> p_tenant_id THEN
+        RAISE EXCEPTION 'run % does not exist for tenant %', p_run_id, quote_literal(p_tenant_id)
+            USING ERRCODE = 'no_data_found', HINT = 'check the run id and the tenant';
+    END IF;
+    IF v_run.status IN ('completed', 'failed', 'cancelled', 'expired') THEN
+        RAISE EXCEPTION 'run % is already %: there is nothing to cancel', p_run_id, v_run.status
+            USING ERRCODE = 'OB005', HINT = 'start a new run on the thread if more work is needed';
+    END IF;
+    RETURN {s}.end_run_v1(p_run_id, 'cancelled', 'cancelled', 'cancelled by request',
+                          coalesce(p_actor, session_user));
+END $$;
+
+REVOKE ALL ON FUNCTION {s}.enter_tenant_v1(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {s}.create_thread_v1(text, text, jsonb, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {s}.start_run_v1(text, uuid, text, text, text[], text, text, text, text,
+                                         integer, bigint, integer, double precision, text)
+    FROM PUBLIC;
+REVOKE ALL ON FUNCTION {s}.same_run_request_v1({s}.runs, uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {s}.cancel_run_v1(text, uuid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.enter_tenant_v1(text),
+                          {s}.create_thread_v1(text, text, jsonb, jsonb),
+                          {s}.start_run_v1(text, uuid, text, text, text[], text, text, text,
+                                           text, integer, bigint, integer, double precision,
+                                           text),
+                          {s}.same_run_request_v1({s}.runs, uuid, text),
+                          {s}.cancel_run_v1(text, uuid, text)
+    TO outbox_writer, outbox_relay;

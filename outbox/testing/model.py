@@ -1,0 +1,634 @@
+"""``ScriptedModel``: a scripted, OpenAI-compatible model server for tests and the demo.
+
+It answers ``POST /v1/responses`` (Responses API) and ``POST /v1/chat/completions`` in the
+shapes the ``openai`` SDK parses, from scripts registered by name. A script is a list of
+turns; a turn is ``{"text": ...}``, ``{"tool_calls": [{"name", "arguments"}, ...]}`` (several
+calls = parallel calls), both, or a callable that gets the parsed history and returns one.
+
+Design choices:
+
+- **Stateless per conversation.** The first user message ``script:NAME ...`` picks the
+  script (else ``default``); the turn to answer is the number of assistant turns already in
+  the history. A re-sent request gets the same turn (with fresh ``call_`` ids, like OpenAI),
+  so retries and replays behave as with a real provider. Past the end of a script it answers
+  the script's last text turn, or "done".
+- **Strict like OpenAI.** Histories are validated the way OpenAI does (orphan tool outputs,
+  unanswered tool calls, duplicate outputs) and rejected with 400 and OpenAI's error JSON, so
+  a malformed replay fails in tests exactly as it would in production.
+- **Faults and audit behind one lock**, programmable in-process or over HTTP (``/_script``,
+  ``/_faults``, ``/_audit``) for out-of-process tests.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from outbox.testing.server import (
+    FakeServer,
+    HttpError,
+    Reply,
+    Request,
+    canonical_json,
+    dropped,
+    json_reply,
+    serve_main,
+)
+
+RESPONSES_PATH = "/v1/responses"
+CHAT_PATH = "/v1/chat/completions"
+DEFAULT_SCRIPT = "default"
+SCRIPT_PREFIX = "script:"
+FALLBACK_TEXT = "done"
+CHARS_PER_TOKEN = 4  # characters of JSON per token: the usual rough estimate
+ID_HEX_BYTES = 12  # random bytes in generated ids (24 hex characters)
+
+TOOL_WITHOUT_CALL = (
+    "Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+    "message with 'tool_calls'."
+)
+CALLS_WITHOUT_TOOL = (
+    "An assistant message with 'tool_calls' must be followed by tool messages responding "
+    "to each 'tool_call_id'. The following tool_call_ids did not have response messages: {ids}"
+)
+OUTPUT_WITHOUT_CALL = "No tool call found for function call output with call_id {call_id}."
+CALL_WITHOUT_OUTPUT = "No tool output found for function call {call_id}."
+DUPLICATE_OUTPUT = "Duplicate function call output for call_id {call_id}."
+
+Endpoint = Literal["responses", "chat.completions"]
+HistoryKind = Literal["system", "user", "assistant", "tool_call", "tool_output"]
+
+
+class ToolCallSpec(BaseModel):
+    """One tool call of a scripted turn; string ``arguments`` are sent verbatim."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class TurnSpec(BaseModel):
+    """A scripted model turn: text, tool calls, or both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = None
+    tool_calls: list[ToolCallSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> TurnSpec:
+        if self.text is None and not self.tool_calls:
+            raise ValueError("a turn needs 'text' or 'tool_calls'")
+        return self
+
+
+@dataclass(frozen=True)
+class HistoryItem:
+    """One item of a request's history, the same for both APIs.
+
+    ``text`` holds message text or a tool output; ``arguments`` is the raw JSON string.
+    """
+
+    kind: HistoryKind
+    text: str = ""
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+TurnFn = Callable[[list[HistoryItem]], Mapping[str, Any]]
+Turn = Mapping[str, Any] | TurnFn
+
+
+class ModelFaults(BaseModel):
+    """Fault knobs; counters are consumed one per model request (control paths excluded)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    latency_s: float = 0.0  # seconds added to every model request
+    latencies_s: list[float] = Field(default_factory=list)  # seconds, one popped per request
+    fail_next: int = 0  # the next N requests answer ``fail_status``
+    fail_status: int = 429
+    retry_after_s: float = 1.0  # seconds, sent as ``retry-after`` on 429/503
+    drop_next: int = 0  # the next N requests get the connection closed, no answer
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """Audit record of one model request (``status`` None = connection dropped)."""
+
+    endpoint: Endpoint
+    model: str | None
+    script: str | None
+    turn_index: int | None
+    history: list[HistoryItem]
+    status: int | None
+    response: Any
+    at: float  # seconds since the epoch
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    type_: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> HttpError:
+    """An ``HttpError`` whose body has OpenAI's error shape."""
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return HttpError(status, body, headers)
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(ID_HEX_BYTES)
+
+
+def _tokens(value: Any) -> int:
+    return -(-len(canonical_json(value)) // CHARS_PER_TOKEN)
+
+
+def _text_of(content: Any) -> str:
+    """Text of a message content: a string or a list of parts with ``text``."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _message_kind(role: Any) -> HistoryKind:
+    if role in ("system", "developer"):
+        return "system"
+    if role == "assistant":
+        return "assistant"
+    return "user"
+
+
+def _responses_history(body: Mapping[str, Any]) -> list[HistoryItem]:
+    raw = body.get("input")
+    items: list[HistoryItem] = []
+    if isinstance(body.get("instructions"), str):
+        items.append(HistoryItem("system", body["instructions"]))
+    if isinstance(raw, str):
+        return [*items, HistoryItem("user", raw)]
+    if not isinstance(raw, list):
+        raise openai_error(
+            400,
+            "Missing required parameter: 'input'.",
+            param="input",
+            code="missing_required_parameter",
+        )
+    for entry in raw:
+        if not isinstance(entry, dict):
+            raise openai_error(400, "Invalid type for 'input': expected objects.", param="input")
+        kind = entry.get("type", "message")
+        if kind == "message":
+            items.append(HistoryItem(_message_kind(entry.get("role")), _text_of(entry["content"])))
+        elif kind == "function_call":
+            items.append(
+                HistoryItem(
+                    "tool_call",
+                    call_id=entry.get("call_id"),
+                    name=entry.get("name"),
+                    arguments=entry.get("arguments"),
+                )
+            )
+        elif kind == "function_call_output":
+            items.append(
+                HistoryItem("tool_output", _text_of(entry.get("output")), entry.get("call_id"))
+            )
+        # other item types (reasoning, item_reference, ...) carry nothing a script needs
+    return items
+
+
+def _validate_responses(history: Sequence[HistoryItem]) -> None:
+    """Reject what OpenAI rejects: orphan outputs, unanswered calls, duplicate outputs."""
+    called: set[str | None] = set()
+    answered: set[str | None] = set()
+    pending: list[str | None] = []
+    for item in history:
+        if item.kind == "tool_call":
+            called.add(item.call_id)
+            pending.append(item.call_id)
+        elif item.kind == "tool_output":
+            if item.call_id in answered:
+                raise openai_error(
+                    400, DUPLICATE_OUTPUT.format(call_id=item.call_id), param="input"
+                )
+            if item.call_id not in called:
+                raise openai_error(
+                    400, OUTPUT_WITHOUT_CALL.format(call_id=item.call_id), param="input"
+                )
+            answered.add(item.call_id)
+            pending.remove(item.call_id)
+        elif pending:
+            raise openai_error(400, CALL_WITHOUT_OUTPUT.format(call_id=pending[0]), param="input")
+    if pending:
+        raise openai_error(400, CALL_WITHOUT_OUTPUT.format(call_id=pending[0]), param="input")
+
+
+def _responses_turns_done(history: Sequence[HistoryItem]) -> int:
+    """Assistant turns so far: maximal runs of assistant messages and tool calls."""
+    turns, in_turn = 0, False
+    for item in history:
+        is_assistant = item.kind in ("assistant", "tool_call")
+        if is_assistant and not in_turn:
+            turns += 1
+        in_turn = is_assistant
+    return turns
+
+
+def _chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise openai_error(
+            400,
+            "Missing required parameter: 'messages'.",
+            param="messages",
+            code="missing_required_parameter",
+        )
+    return messages
+
+
+def _chat_history(messages: Sequence[Mapping[str, Any]]) -> list[HistoryItem]:
+    items: list[HistoryItem] = []
+    for message in messages:
+        role, text = message.get("role"), _text_of(message.get("content"))
+        if role == "tool":
+            items.append(HistoryItem("tool_output", text, message.get("tool_call_id")))
+            continue
+        if role != "assistant" or text:
+            items.append(HistoryItem(_message_kind(role), text))
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            items.append(
+                HistoryItem(
+                    "tool_call",
+                    call_id=call.get("id"),
+                    name=function.get("name"),
+                    arguments=function.get("arguments"),
+                )
+            )
+    return items
+
+
+def _validate_chat(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Tool messages must answer, right after it, every call of the assistant message."""
+    pending: list[Any] = []
+    owner = 0
+
+    def check_answered() -> None:
+        if pending:
+            ids = ", ".join(str(call_id) for call_id in pending)
+            raise openai_error(
+                400, CALLS_WITHOUT_TOOL.format(ids=ids), param=f"messages.[{owner}].role"
+            )
+
+    for index, message in enumerate(messages):
+        if message.get("role") == "tool":
+            if message.get("tool_call_id") not in pending:
+                raise openai_error(400, TOOL_WITHOUT_CALL, param=f"messages.[{index}].role")
+            pending.remove(message.get("tool_call_id"))
+            continue
+        check_answered()
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            pending = [call.get("id") for call in message["tool_calls"]]
+            owner = index
+    check_answered()
+
+
+def _arguments_json(call: ToolCallSpec) -> str:
+    return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+
+
+def _responses_answer(body: Mapping[str, Any], turn: TurnSpec) -> dict[str, Any]:
+    output: list[dict[str, Any]] = []
+    if turn.text is not None:
+        output.append(
+            {
+                "type": "message",
+                "id": _new_id("msg_"),
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": turn.text, "annotations": []}],
+            }
+        )
+    for call in turn.tool_calls:
+        output.append(
+            {
+                "type": "function_call",
+                "id": _new_id("fc_"),
+                "call_id": _new_id("call_"),
+                "name": call.name,
+                "arguments": _arguments_json(call),
+                "status": "completed",
+            }
+        )
+    input_tokens, output_tokens = _tokens(body), _tokens(output)
+    return {
+        "id": _new_id("resp_"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "model": body.get("model"),
+        "output": output,
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools", []),
+        "instructions": body.get("instructions"),
+        "metadata": body.get("metadata") or {},
+        "error": None,
+        "incomplete_details": None,
+        "usage": {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens,
+        },
+    }
+
+
+def _chat_answer(body: Mapping[str, Any], turn: TurnSpec) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": turn.text,
+        "refusal": None,
+        "annotations": [],
+    }
+    if turn.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": _new_id("call_"),
+                "type": "function",
+                "function": {"name": call.name, "arguments": _arguments_json(call)},
+            }
+            for call in turn.tool_calls
+        ]
+    prompt_tokens, completion_tokens = _tokens(body), _tokens(message)
+    return {
+        "id": _new_id("chatcmpl-"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model"),
+        "system_fingerprint": "fp_fake",
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if turn.tool_calls else "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def _failure(status: int, retry_after_s: float) -> Reply:
+    if status == 429:
+        error = openai_error(
+            429,
+            "Rate limit reached for requests (fake). Please try again later.",
+            type_="requests",
+            code="rate_limit_exceeded",
+        )
+    else:
+        error = openai_error(
+            status,
+            "The server had an error while processing your request. Sorry about that!",
+            type_="server_error",
+        )
+    headers = {}
+    if status in (429, 503):
+        headers = {
+            "retry-after": f"{retry_after_s:g}",
+            "retry-after-ms": str(int(retry_after_s * 1000)),
+        }
+    return json_reply(status, error.body, headers)
+
+
+class ScriptedModel(FakeServer):
+    """An OpenAI-compatible model server answering from named scripts.
+
+    Parameters
+    ----------
+    scripts:
+        ``{name: turns}`` registered at start; more with ``add_script``.
+    default:
+        Turns of the ``default`` script (used when no ``script:NAME`` selects one);
+        without it the default script answers "done".
+    faults:
+        Initial ``ModelFaults`` (or a mapping of its fields).
+
+    Example
+    -------
+    >>> with ScriptedModel({"t": [{"tool_calls": [{"name": "noop"}]}, {"text": "ok"}]}) as m:
+    ...     client = openai.OpenAI(base_url=m.url + "/v1", api_key="x", max_retries=0)
+    """
+
+    def __init__(
+        self,
+        scripts: Mapping[str, Sequence[Turn]] | None = None,
+        *,
+        default: Sequence[Turn] | None = None,
+        faults: ModelFaults | Mapping[str, Any] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        super().__init__(host, port)
+        self._scripts: dict[str, list[TurnSpec | TurnFn]] = {}
+        self._faults = ModelFaults.model_validate(faults or {})
+        self._requests: list[ModelRequest] = []
+        self.add_script(DEFAULT_SCRIPT, default or [{"text": FALLBACK_TEXT}])
+        for name, turns in (scripts or {}).items():
+            self.add_script(name, turns)
+
+    # -- programming it -----------------------------------------------------------------
+
+    def add_script(self, name: str, turns: Sequence[Turn]) -> None:
+        """Register (or replace) a script; static turns are validated now."""
+        parsed: list[TurnSpec | TurnFn] = [
+            turn if callable(turn) else TurnSpec.model_validate(turn) for turn in turns
+        ]
+        with self.lock:
+            self._scripts[name] = parsed
+
+    def set_faults(self, **changes: Any) -> None:
+        """Change some ``ModelFaults`` fields, e.g. ``set_faults(latency_s=0.2)``."""
+        with self.lock:
+            self._faults = ModelFaults.model_validate({**self._faults.model_dump(), **changes})
+
+    def fail_next(self, n: int, status: int = 429, retry_after_s: float = 1.0) -> None:
+        """The next ``n`` model requests answer ``status`` (429 carries ``retry-after``)."""
+        self.set_faults(fail_next=n, fail_status=status, retry_after_s=retry_after_s)
+
+    def drop_next(self, n: int) -> None:
+        """The next ``n`` model requests get their connection closed without an answer."""
+        self.set_faults(drop_next=n)
+
+    @property
+    def faults(self) -> ModelFaults:
+        with self.lock:
+            return self._faults.model_copy(deep=True)
+
+    @property
+    def requests(self) -> list[ModelRequest]:
+        """Every model request received so far, oldest first."""
+        with self.lock:
+            return list(self._requests)
+
+    def clear_audit(self) -> None:
+        with self.lock:
+            self._requests.clear()
+
+    # -- serving ------------------------------------------------------------------------
+
+    def handle(self, request: Request) -> Reply:
+        route = (request.method, request.path)
+        if route == ("POST", RESPONSES_PATH):
+            return self._model_call("responses", request)
+        if route == ("POST", CHAT_PATH):
+            return self._model_call("chat.completions", request)
+        if route == ("GET", "/_audit"):
+            return json_reply(200, {"requests": [r.to_json() for r in self.requests]})
+        if route == ("POST", "/_script"):
+            body = request.json_object()
+            try:
+                self.add_script(str(body["name"]), body["turns"])
+            except (KeyError, TypeError, ValidationError) as exc:
+                raise openai_error(400, f"bad script: {exc}") from exc
+            return json_reply(200, {"ok": True})
+        if route == ("POST", "/_faults"):
+            try:
+                self.set_faults(**request.json_object())
+            except ValidationError as exc:
+                raise openai_error(400, f"bad faults: {exc}") from exc
+            return json_reply(200, self.faults.model_dump())
+        raise openai_error(404, f"Invalid URL ({request.method} {request.path})")
+
+    def _take_faults(self) -> tuple[float, str | None, int, float]:
+        """Consume this request's share of the faults: (delay_s, action, status, retry_s)."""
+        with self.lock:
+            faults = self._faults
+            delay_s = faults.latencies_s.pop(0) if faults.latencies_s else faults.latency_s
+            action = None
+            if faults.drop_next > 0:
+                faults.drop_next -= 1
+                action = "drop"
+            elif faults.fail_next > 0:
+                faults.fail_next -= 1
+                action = "fail"
+            return delay_s, action, faults.fail_status, faults.retry_after_s
+
+    def _model_call(self, endpoint: Endpoint, request: Request) -> Reply:
+        delay_s, action, fail_status, retry_after_s = self._take_faults()
+        if delay_s > 0:
+            time.sleep(delay_s)  # simulated model latency
+        body: dict[str, Any] = {}
+        history: list[HistoryItem] = []
+        script = turn_index = None
+        try:
+            body = request.json_object()
+            if endpoint == "responses":
+                history = _responses_history(body)
+            else:
+                messages = _chat_messages(body)
+                history = _chat_history(messages)
+            if action == "drop":
+                reply = dropped()
+            elif action == "fail":
+                reply = _failure(fail_status, retry_after_s)
+            else:
+                if not isinstance(body.get("model"), str):
+                    raise openai_error(
+                        400,
+                        "Missing required parameter: 'model'.",
+                        param="model",
+                        code="missing_required_parameter",
+                    )
+                if endpoint == "responses":
+                    _validate_responses(history)
+                    turn_index = _responses_turns_done(history)
+                else:
+                    _validate_chat(messages)
+                    turn_index = sum(1 for m in messages if m.get("role") == "assistant")
+                script = self._script_name(history)
+                turn = self._turn(script, turn_index, history)
+                answer = (_responses_answer if endpoint == "responses" else _chat_answer)(
+                    body, turn
+                )
+                reply = json_reply(200, answer)
+        except HttpError as exc:
+            reply = Reply(exc.status, exc.body, exc.headers)
+        record = ModelRequest(
+            endpoint=endpoint,
+            model=body.get("model") if isinstance(body.get("model"), str) else None,
+            script=script,
+            turn_index=turn_index,
+            history=history,
+            status=None if reply.drop else reply.status,
+            response=reply.body,
+            at=time.time(),
+        )
+        with self.lock:
+            self._requests.append(record)
+        return reply
+
+    def _script_name(self, history: Sequence[HistoryItem]) -> str:
+        first_user = next((item.text for item in history if item.kind == "user"), "")
+        if not first_user.startswith(SCRIPT_PREFIX):
+            return DEFAULT_SCRIPT
+        words = first_user[len(SCRIPT_PREFIX) :].split(maxsplit=1)
+        return words[0] if words else DEFAULT_SCRIPT
+
+    def _turn(self, script: str, index: int, history: list[HistoryItem]) -> TurnSpec:
+        with self.lock:
+            turns = list(self._scripts.get(script, ()))
+            known = sorted(self._scripts)
+        if not turns:
+            raise openai_error(400, f"Unknown script {script!r} (fake model); known: {known}")
+        if index < len(turns):
+            turn = turns[index]
+            if isinstance(turn, TurnSpec):
+                return turn
+            try:
+                return TurnSpec.model_validate(turn(list(history)))
+            except ValidationError as exc:
+                raise openai_error(500, f"script {script!r} turn {index}: {exc}") from exc
+        for past in reversed(turns):
+            if isinstance(past, TurnSpec) and past.text is not None:
+                return TurnSpec(text=past.text)
+        return TurnSpec(text=FALLBACK_TEXT)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m outbox.testing.model --port N``: serve until SIGTERM."""
+    return serve_main(
+        lambda host, port: ScriptedModel(host=host, port=port),
+        "Scripted OpenAI-compatible model server (scripts via POST /_script).",
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""What a new user reads matches what runs: every command of the README, run.
+
+- Synopsis blocks (lines ``outbox ...`` in plain code blocks): every command and
+  subcommand named answers ``--help``, and every ``--option`` shown is in that help.
+- Shell blocks (```sh): run top to bottom in one bash, ``set -e``, against a fresh test
+  database (``OUTBOX_DATABASE_URL``). ``make`` lines are skipped (CI runs them itself);
+  ``outbox relay`` gets SIGINT after a few seconds (the README says Ctrl-C drains and
+  stops) and must exit 0; ``RUN_PREFIX`` is the newest run's id prefix.
+- Python blocks: run after the shell blocks, with ``url`` the same database.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.relay_harness import REPO
+
+README = (REPO / "README.md").read_text()
+BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, re.S)
+RELAY_RUNS_S = 4  # seconds `outbox relay` runs before its Ctrl-C
+PLACEHOLDERS = {
+    "RUN_PREFIX": "$(outbox runs list --limit 1 --json | python -c "
+    "'import json, sys; print(json.load(sys.stdin)[0][\"id\"][:8])')",
+}
+
+
+def synopsis() -> list[tuple[list[str], list[str]]]:
+    """(command path, options shown) for every command a synopsis line names."""
+    found = []
+    lines = [
+        line
+        for lang, body in BLOCKS
+        if lang == ""
+        for line in re.sub(r"\n\s+\[", " [", body).splitlines()
+        if line.startswith("outbox ")
+    ]
+    for line in lines:
+        tokens = line.split()[1:]
+        options = re.findall(r"--[a-z][a-z-]*", line)
+        subs = []
+        for token in tokens[1:]:
+            if token.startswith(("-", "[-")):
+                break
+            subs += [w for w in token.strip("[]").split("|") if re.fullmatch(r"[a-z][a-z-]*", w)]
+        for top in tokens[0].split("|"):
+            paths = [[top, sub] for sub in subs] or [[top]]
+            for path in paths:
+                found.append((path, options if len(paths) == 1 else []))
+    return found
+
+
+@pytest.mark.parametrize("path,options", synopsis(), ids=lambda v: " ".join(v) or "-")
+def test_every_command_of_the_synopsis_exists_with_its_options(path, options):
+    from click.testing import CliRunner
+
+    from cli import main
+
+    done = CliRunner().invoke(main, [*path, "--help"])
+    assert done.exit_code == 0, f"`outbox {' '.join(path)}`: {done.output}"
+    assert [o for o in options if o not in done.output] == [], f"`outbox {' '.join(path)}`"
+
+
+def test_the_shell_and_python_blocks_run(db_url, tmp_path: Path):
+    script = ["set -euo pipefail"]
+    for lang, body in BLOCKS:
+        if lang != "sh":
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            if line.strip() and not line.startswith("make "):
+                for name, value in PLACEHOLDERS.items():
+                    line = line.replace(name, value)
+                script.append(line)
+    assert len(script) > 5, "the README lost its shell examples"
+    wrapper = f"""
+outbox() {{
+    if [ "$1" = relay ]; then
+        timeout --preserve-status -s INT {RELAY_RUNS_S} {sys.executable} -m cli "$@" 2>> relay.log
+    else
+        {sys.executable} -m cli "$@"
+    fi
+}}
+python() {{ {sys.executable} "$@"; }}
+"""
+    env = {**os.environ, "OUTBOX_DATABASE_URL": db_url, "OUTBOX_HOME": str(tmp_path / "home")}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        ["bash", "-c", wrapper + "\n".join(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    log = (tmp_path / "relay.log").read_text() if (tmp_path / "relay.log").exists() else ""
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode() + log[-2000:]
+    assert not (tmp_path / "home" / "pgdata").exists(), "a README command started a server"
+    out = done.stdout.decode()
+    assert "created run" in out and "lookup_order" in out
+
+    for lang, body in BLOCKS:
+        if lang == "python":
+            namespace = {"url": db_url}
+            exec(compile(body, "README.md", "exec"), namespace)
