@@ -74,6 +74,11 @@ def pending_client_calls(db: Any, run_id: uuid.UUID) -> list[Row]:
     return fetch_all(pg(db), Q.pending_client_calls, {"run_id": run_id})
 
 
+OUTPUTS_HINT = (
+    'send [{"tool_call_id": "...", "output": ...} | {"tool_call_id": "...", "error": "..."}]'
+)
+
+
 def submit_tool_outputs(
     db: Any, tenant_id: str, run_id: uuid.UUID, outputs: list[dict[str, Any]]
 ) -> str:
@@ -82,14 +87,25 @@ def submit_tool_outputs(
     ``outputs`` is ``[{"tool_call_id": ..., "output": <JSON>}`` or ``{..., "error": text}]``.
     All or nothing: unknown ids, ids of another run or of relay-run tools, or a set that
     leaves a waiting call unanswered raise ``InvalidInput`` and change nothing (your
-    transaction stays usable). The same outputs again are a no-op. Outputs for a run that
-    already ended go to ``orphaned_results``.
+    transaction stays usable). The same outputs again are a no-op, also after the run
+    ended. Outputs submitted after the run's deadline (by the database clock, whether or
+    not a sweep expired the run yet) are refused: kept in ``orphaned_results`` (reason
+    ``deadline_passed``), and the status returned is ``expired``. Outputs for a run that
+    already ended go to ``orphaned_results`` (reason ``run_ended``).
     """
     conn = pg(db)
     tenancy.scope(conn, tenant_id)
+    if not isinstance(outputs, list):
+        raise InvalidInput(
+            f"outputs must be a JSON list, not {type(outputs).__name__}",
+            hint=OUTPUTS_HINT,
+        )
     for output in outputs:
-        if not isinstance(output, dict) or "tool_call_id" not in output:
-            raise InvalidInput(f"each output needs a tool_call_id: {output!r}")
+        if not isinstance(output, dict) or not isinstance(output.get("tool_call_id"), str):
+            raise InvalidInput(
+                f"each output is an object with a tool_call_id, not {output!r:.200}",
+                hint=OUTPUTS_HINT,
+            )
         check_size(f"output of {output['tool_call_id']}", json.dumps(output))
     try:
         with conn.transaction():  # a savepoint: a refusal leaves the caller's work intact

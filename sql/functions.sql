@@ -15,9 +15,15 @@
 --     leave a pending client call of the batch unanswered, or an oversized output raise an
 --     error (SQLSTATE 22023, or P0002 for a missing run) that names the problem; nothing
 --     is written then;
---   * submitting the same outputs again is a no-op that returns the status;
+--   * submitting the same outputs again is a no-op that returns the status, also after
+--     the run ended (an output of a call that has its result, or one already kept in
+--     orphaned_results, is not kept twice);
+--   * the deadline is decided by the database clock at submission: outputs submitted
+--     after the run's action_deadline are refused, kept in orphaned_results (reason
+--     deadline_passed) and the function returns 'expired', whether or not a relay's sweep
+--     has recorded the expiry yet;
 --   * outputs for a run that already ended (cancelled, expired, failed, completed) are
---     kept in orphaned_results and never reach a context;
+--     kept in orphaned_results (reason run_ended) and never reach a context;
 --   * when the last output of a batch lands, the batch's delivery is enqueued in the same
 --     transaction, exactly once.
 -- Locks the run, then batches: the one lock order of every writer path.
@@ -34,6 +40,8 @@ DECLARE
     v_output     jsonb;
     v_call       {s}.tool_calls;
     v_remaining  integer;
+    v_late       boolean;
+    v_kept       text[];
     v_cap        integer := coalesce(
                      nullif(current_setting('outbox.max_payload_bytes', true), '')::integer,
                      262144);
@@ -81,19 +89,45 @@ BEGIN
                   HINT = 'store large data elsewhere and submit a reference';
     END IF;
 
-    IF v_run.status IN ('completed', 'failed', 'cancelled', 'expired') THEN
-        INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
-                                          tool_call_id, status, output, error, reason, source)
-        SELECT tc.tenant_id, tc.run_id, tc.batch_id, tc.id, tc.tool_call_id,
-               CASE WHEN o ? 'error' THEN 'error' ELSE 'ok' END, o->'output',
-               CASE WHEN o ? 'error' THEN coalesce(o->>'error', 'error') END, 'run_ended', 'client'
-        FROM jsonb_array_elements(p_outputs) o
-        JOIN {s}.tool_calls tc ON tc.run_id = p_run_id AND tc.tool_call_id = o->>'tool_call_id';
-        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
-        VALUES (p_tenant_id, 'tool_outputs.orphaned', v_run.thread_id, p_run_id,
-                v_run.correlation_id, jsonb_build_object('run_status', v_run.status,
-                                                         'tool_call_ids', v_given));
-        RETURN v_run.status;
+    -- Past the deadline by the database clock (a sweep may not have expired it yet), the
+    -- run takes no more outputs: it is expired from that moment.
+    v_late := v_run.status = 'requires_action' AND coalesce(v_run.action_deadline < now(), false);
+    IF v_late OR v_run.status IN ('completed', 'failed', 'cancelled', 'expired') THEN
+        WITH kept AS (
+            INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
+                                              tool_call_id, status, output, error, reason,
+                                              source)
+            SELECT tc.tenant_id, tc.run_id, tc.batch_id, tc.id, tc.tool_call_id, a.status,
+                   o->'output', a.error,
+                   CASE WHEN v_late THEN 'deadline_passed' ELSE 'run_ended' END, 'client'
+            FROM jsonb_array_elements(p_outputs) o
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN o ? 'error' THEN 'error' ELSE 'ok' END AS status,
+                       CASE WHEN o ? 'error' THEN coalesce(o->>'error', 'error') END AS error
+            ) a
+            JOIN {s}.tool_calls tc
+              ON tc.run_id = p_run_id AND tc.tool_call_id = o->>'tool_call_id'
+            -- A resend is a no-op: a call that has its result, or this very output kept.
+            WHERE NOT EXISTS (SELECT 1 FROM {s}.tool_results r WHERE r.tool_call_ref = tc.id)
+              AND NOT EXISTS (SELECT 1 FROM {s}.orphaned_results x
+                              WHERE x.tool_call_ref = tc.id AND x.source = 'client'
+                                AND x.status = a.status
+                                AND x.output IS NOT DISTINCT FROM o->'output'
+                                AND x.error IS NOT DISTINCT FROM a.error)
+            RETURNING tool_call_id
+        )
+        SELECT array_agg(tool_call_id) INTO v_kept FROM kept;
+        IF v_kept IS NOT NULL THEN
+            INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
+            VALUES (p_tenant_id, 'tool_outputs.orphaned', v_run.thread_id, p_run_id,
+                    v_run.correlation_id,
+                    jsonb_build_object('run_status', v_run.status,
+                                       'reason', CASE WHEN v_late THEN 'deadline_passed'
+                                                      ELSE 'run_ended' END,
+                                       'action_deadline', v_run.action_deadline,
+                                       'tool_call_ids', v_kept));
+        END IF;
+        RETURN CASE WHEN v_late THEN 'expired' ELSE v_run.status END;
     END IF;
 
     -- Every client call still waiting in the run's open batch must be answered together.
