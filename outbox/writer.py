@@ -198,8 +198,11 @@ def answer_calls(
     conn: psycopg.Connection[Any], batch_ids: list[int], why: str = "no result was recorded"
 ) -> int:
     """Append the tool message of every call of ``batch_ids`` that has none yet, in call
-    order, from its stored result (or ``not executed: why`` when it has none); how many.
-    One statement however many batches and threads (``answer_calls`` in writer.sql)."""
+    order, from its stored result; how many. A call without a result is answered with
+    what is known: ``not executed: why`` only when no attempt was ever made, ``outcome
+    unknown: why ...`` when one may have reached the tool, ``no output: why ...`` for a
+    client call. One statement however many batches and threads (``answer_calls`` in
+    writer.sql)."""
     return conn.execute(Q.answer_calls, {"batch_ids": batch_ids, "why": why}).rowcount
 
 
@@ -840,8 +843,10 @@ def end_run(
 
     The caller holds the run lock. Rows nobody holds a lease on are removed (no new claims);
     every batch whose outputs did not reach the history is closed, and each of its calls
-    gets a tool message right away: its result if it has one, else an explicit error. Work
-    still in flight finishes, and its results land in ``orphaned_results``.
+    gets a tool message right away: its result if it has one, else an explicit error that
+    claims no more than is known (``answer_calls``: a call that may have reached its tool
+    is answered "outcome unknown", never "not executed"). Work still in flight finishes,
+    its results land in ``orphaned_results``, and it is never started again.
     """
     batch_status = "expired" if status == "expired" else "cancelled"
     closed = 0
