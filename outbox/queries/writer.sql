@@ -207,8 +207,8 @@ WITH answers AS (
                              || ' before an output of this call was submitted')::text
                 WHEN tc.attempts > 0 OR tc.dispatched_attempt IS NOT NULL
                      OR EXISTS (SELECT 1 FROM {s}.outbox o
-                                WHERE o.run_id = tc.run_id AND o.tool_call_ref = tc.id
-                                  AND o.attempts > 0)
+                                WHERE o.dedup_key = 'tool_call:' || tc.id AND o.attempts > 0
+                                OFFSET 0)
                     THEN jsonb_build_object(
                     'error', 'outcome unknown: ' || %(why)s::text
                              || ' while an attempt of this call may have been under way; it'
