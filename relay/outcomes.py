@@ -69,7 +69,10 @@ class Outcome:
     and not safely repeatable; ``deliver``: a batch delivery to perform in the completion
     transaction; ``lost``: the lease was gone before the effect, nothing to write;
     ``turn``: a model response (a ``ModelTurnIn`` in ``output``) to record; ``fail_run``:
-    end the run as failed (``model_error``); ``skip``: nothing to do but finish the row."""
+    end the run as failed (``model_error``); ``skip``: nothing to do but finish the row.
+    ``unsent``: the attempt certainly never reached the tool (refused connection, a status
+    that says "not processed", a call that never started), so its dispatch mark is taken
+    back and the next attempt is not ambiguous."""
 
     row: Claimed
     action: Action
@@ -78,6 +81,7 @@ class Outcome:
     error: str | None = None
     source: str = "relay"
     duration_s: float = 0.0
+    unsent: bool = False
 
 
 def result(row: Claimed, output: Any, source: str = "relay") -> Outcome:
@@ -88,8 +92,9 @@ def error_result(row: Claimed, error: str) -> Outcome:
     return Outcome(row, "result", "error", None, error)
 
 
-def retry(row: Claimed, error: str) -> Outcome:
-    return Outcome(row, "retry", error=error)
+def retry(row: Claimed, error: str, *, unsent: bool = False) -> Outcome:
+    """Try again later; ``unsent`` when this attempt certainly never reached the tool."""
+    return Outcome(row, "retry", error=error, unsent=unsent)
 
 
 def ambiguous(row: Claimed, error: str) -> Outcome:

@@ -833,7 +833,7 @@ class Worker:
                 conn, self.q.retry_later, outcome, error=outcome.error, delay_s=delay
             ):
                 return "fenced"
-            self._call_status(conn, row, "pending", outcome.error)
+            self._call_status(conn, row, "pending", outcome.error, outcome.unsent)
             self.metrics.retried.inc()
             writer.journal(
                 conn,
@@ -847,7 +847,7 @@ class Worker:
         if not self._fence(conn, self.q.quarantine, outcome, error=outcome.error):
             return "fenced"
         status = "outcome_unknown" if reason == "outcome_unknown" else "quarantined"
-        self._call_status(conn, row, status, outcome.error)
+        self._call_status(conn, row, status, outcome.error, outcome.unsent)
         self.metrics.quarantined.labels(reason).inc()
         writer.journal(
             conn,
@@ -876,8 +876,14 @@ class Worker:
         return "run_failed"
 
     def _call_status(
-        self, conn: psycopg.Connection[Any], row: Claimed, status: str, error: str | None
+        self,
+        conn: psycopg.Connection[Any],
+        row: Claimed,
+        status: str,
+        error: str | None,
+        unsent: bool = False,
     ) -> None:
+        """Record a call's state after an attempt (``unsent``: take its dispatch mark back)."""
         if row.tool_call_ref is not None:
             conn.execute(
                 self.q.call_status,
@@ -886,6 +892,7 @@ class Worker:
                     "status": status,
                     "attempt": row.attempt,
                     "error": error,
+                    "unsent": unsent,
                 },
             )
 

@@ -139,9 +139,13 @@ WHERE o.id = mine.id AND NOT mine.run_over
 RETURNING o.id
 
 -- name: call_status
--- Record a call's state after an attempt.
+-- Record a call's state after an attempt. An attempt that certainly never reached the tool
+-- (unsent: a refused connection, 408/429/503) takes back its own dispatch mark, so the next
+-- attempt is a plain call, not an ambiguous one; a mark of an earlier attempt stays.
 UPDATE {s}.tool_calls
-SET status = %(status)s, attempts = %(attempt)s, last_error = %(error)s, updated_at = now()
+SET status = %(status)s, attempts = %(attempt)s, last_error = %(error)s, updated_at = now(),
+    dispatched_attempt = CASE WHEN %(unsent)s AND dispatched_attempt = %(attempt)s THEN NULL
+                              ELSE dispatched_attempt END
 WHERE id = %(tool_call_ref)s
 
 -- name: mark_dispatched
