@@ -237,9 +237,11 @@ def _run_ref(row: Row, created: bool) -> RunRef:
 def start_run(db: Any, request: StartRun) -> RunRef:
     """Start a run: the user message, the run and its first model turn, all or nothing.
 
-    The same ``idempotency_key`` again returns the existing run (``created=False``), also
-    when two requests race. A different turn while the thread has an active run raises
-    ``ActiveRunExists`` naming that run.
+    The same ``idempotency_key`` with the same request again returns the existing run
+    (``created=False``), also when two requests race; the key with another request (thread,
+    message, model or tools) raises ``IdempotencyKeyReused`` and changes nothing. A
+    different turn while the thread has an active run raises ``ActiveRunExists`` naming
+    that run.
     """
     conn = pg(db)
     tenancy.scope(conn, request.tenant_id)
@@ -248,7 +250,7 @@ def start_run(db: Any, request: StartRun) -> RunRef:
             conn, Q.run_by_key, {"tenant_id": request.tenant_id, "key": request.idempotency_key}
         )
         if existing:
-            return _same_request(existing, request)
+            return _same_request(conn, existing, request)
     thread = fetch_one(conn, Q.lock_thread, {"thread_id": request.thread_id})
     _owned(thread, "thread", request.thread_id, request.tenant_id)
     active = fetch_one(conn, Q.active_run, {"thread_id": request.thread_id})
@@ -261,7 +263,7 @@ def start_run(db: Any, request: StartRun) -> RunRef:
                 {"tenant_id": request.tenant_id, "key": request.idempotency_key},
             )
             if twin:
-                return _same_request(twin, request)
+                return _same_request(conn, twin, request)
         raise ActiveRunExists(request.thread_id, active["id"], active["status"])
     registry.check_tools_exist(conn, request.tenant_id, request.tools)
     spent = tenant_budget_spent(conn, request.tenant_id)
@@ -278,7 +280,7 @@ def start_run(db: Any, request: StartRun) -> RunRef:
             conn, Q.run_by_key, {"tenant_id": request.tenant_id, "key": request.idempotency_key}
         )
         assert existing is not None
-        return _same_request(existing, request)
+        return _same_request(conn, existing, request)
     if request.message is not None:
         append_message(
             conn, request.thread_id, request.tenant_id, "user", request.message, run_id=run["id"]
@@ -296,12 +298,31 @@ def start_run(db: Any, request: StartRun) -> RunRef:
     return _run_ref(run, created=True)
 
 
-def _same_request(existing: Row, request: StartRun) -> RunRef:
-    if existing["thread_id"] != request.thread_id:
+def _same_request(conn: psycopg.Connection[Any], existing: Row, request: StartRun) -> RunRef:
+    """The run ``existing`` when ``request`` is a resend of the request that started it;
+    ``IdempotencyKeyReused`` when the key came with another request: another thread,
+    message, model or set of tools (what the turn is; the order of the tools is not)."""
+    stored = fetch_one(
+        conn, Q.run_user_message, {"run_id": existing["id"], "thread_id": existing["thread_id"]}
+    )
+    was = {
+        "thread": existing["thread_id"],
+        "message": None if stored is None else stored["content"],
+        "model": existing["model"],
+        "tools": sorted(set(existing["tool_names"] or [])),
+    }
+    now = {
+        "thread": request.thread_id,
+        "message": request.message,
+        "model": request.model,
+        "tools": sorted(set(request.tools)),
+    }
+    differ = [name for name in was if was[name] != now[name]]
+    if differ:
         raise IdempotencyKeyReused(
-            f"idempotency key {request.idempotency_key!r} already started run {existing['id']} "
-            f"on thread {existing['thread_id']}, not on {request.thread_id}",
-            hint="use a new key for a new turn",
+            f"idempotency key {request.idempotency_key!r} already started run "
+            f"{existing['id']} with another {' and '.join(differ)}",
+            hint="use a new key for a new turn; resend a turn with exactly its first request",
         )
     return _run_ref(existing, created=False)
 

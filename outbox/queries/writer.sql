@@ -25,6 +25,13 @@ RETURNING id
 -- The run a tenant already started under this idempotency key, if any.
 SELECT * FROM {s}.runs WHERE tenant_id = %(tenant_id)s AND idempotency_key = %(key)s
 
+-- name: run_user_message
+-- The user message that started a run (through the thread's message index), if any.
+SELECT content FROM {s}.messages
+WHERE thread_id = %(thread_id)s AND run_id = %(run_id)s AND role = 'user'
+ORDER BY seq
+LIMIT 1
+
 -- name: active_run
 -- The thread's active run (at most one, by a partial unique index).
 SELECT id, status FROM {s}.runs
