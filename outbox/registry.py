@@ -24,6 +24,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from outbox import config
 from outbox.errors import InvalidInput, NotFound
 from outbox.schemas import ToolCallIn, ToolName
 from outbox.sql import queries
@@ -160,6 +161,13 @@ def plan_call(call: ToolCallIn, tool: Row | None, allowed: list[str]) -> CallPla
         return refuse(f"tool {call.name!r} is not available in this run (allowed: {allowed})")
     if not tool["enabled"]:
         return refuse(f"tool {call.name!r} is disabled")
+    if call.arguments_over_cap_bytes is not None:
+        return refuse(
+            f"arguments for {call.name!r} are {call.arguments_over_cap_bytes} bytes, over the "
+            f"cap of {config.MAX_PAYLOAD_BYTES} bytes: the call was not executed and its "
+            "arguments were not kept; send smaller arguments (store large data elsewhere "
+            "and pass a reference)"
+        )
     try:
         arguments = json.loads(call.arguments)
     except ValueError as err:

@@ -11,7 +11,14 @@ import json
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from outbox import config
 from outbox.errors import PayloadTooLarge
@@ -74,17 +81,35 @@ class StartRun(_In):
         return value
 
 
+OMITTED_ARGUMENTS = "{}"  # what is kept of arguments over the size cap
+
+
 class ToolCallIn(_In):
-    """One call the model asked for; ``arguments`` is the raw JSON text the model produced."""
+    """One call the model asked for; ``arguments`` is the raw JSON text the model produced.
+
+    Arguments over ``MAX_PAYLOAD_BYTES`` are the model's mistake, not the caller's: they
+    are not kept (``arguments`` becomes ``"{}"``, ``arguments_over_cap_bytes`` their size)
+    and the writer answers the call with an error result the model sees, as it does for
+    arguments that fail the tool's schema, so the run goes on.
+    """
 
     tool_call_id: ProviderCallId
     name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
     arguments: str
+    arguments_over_cap_bytes: int | None = Field(default=None, gt=0)
 
-    @field_validator("arguments", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _as_text(cls, value: Any) -> Any:
-        return value if isinstance(value, str) else json.dumps(value)
+    def _omit_oversized(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "arguments" not in data:
+            return data
+        text = data["arguments"]
+        if not isinstance(text, str):
+            text = json.dumps(text)
+        size = len(text.encode())
+        if size > config.MAX_PAYLOAD_BYTES:
+            return {**data, "arguments": OMITTED_ARGUMENTS, "arguments_over_cap_bytes": size}
+        return {**data, "arguments": text}
 
     @field_validator("arguments")
     @classmethod
