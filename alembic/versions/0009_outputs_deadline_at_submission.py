@@ -28,6 +28,7 @@ depends_on = None
 
 FUNCTIONS_FILE = Path(__file__).resolve().parents[2] / "sql" / "functions.sql"
 
+# The function as migration 0003 created it, verbatim (one line is longer than 100).
 SUBMIT_TOOL_OUTPUTS_0003 = r"""
 CREATE OR REPLACE FUNCTION {s}.submit_tool_outputs_v1(
     p_tenant_id text, p_run_id uuid, p_outputs jsonb
@@ -162,7 +163,7 @@ BEGIN
 END $$;
 REVOKE ALL ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) TO outbox_writer;
-"""
+"""  # noqa: E501
 
 
 REASONS_0001 = "'batch_closed', 'run_ended', 'duplicate', 'fenced'"
@@ -188,8 +189,7 @@ def downgrade() -> None:
     op.execute(schema_sql(SUBMIT_TOOL_OUTPUTS_0003))
     op.execute(
         schema_sql(
-            "UPDATE {s}.orphaned_results SET reason = 'run_ended' "
-            "WHERE reason = 'deadline_passed'"
+            "UPDATE {s}.orphaned_results SET reason = 'run_ended' WHERE reason = 'deadline_passed'"
         )
     )
     _reasons(REASONS_0001)

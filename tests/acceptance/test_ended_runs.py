@@ -71,10 +71,12 @@ def test_the_call_of_a_killed_relay_is_not_run_again_once_its_run_is_over(
             what="the second relay to take back the expired lease",
         )
         wait_until(
-            lambda: scalar(db_url, "SELECT status FROM outbox.runs") in ("expired", "cancelled")
-            and not scalar(
-                db_url,
-                "SELECT count(*) FROM outbox.outbox WHERE status IN ('ready', 'leased')",
+            lambda: (
+                scalar(db_url, "SELECT status FROM outbox.runs") in ("expired", "cancelled")
+                and not scalar(
+                    db_url,
+                    "SELECT count(*) FROM outbox.outbox WHERE status IN ('ready', 'leased')",
+                )
             ),
             what="the run to be over and nothing left to run",
         )

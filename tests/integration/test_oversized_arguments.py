@@ -68,8 +68,7 @@ def test_a_run_whose_model_sends_oversized_arguments_goes_on(db_url, model):
         conn.commit()
         with relay_thread(db_url, kinds=("model_turn", "tool_call", "deliver_batch")):
             wait_until(
-                lambda: scalar(db_url, "SELECT status FROM outbox.runs")
-                in ("completed", "failed"),
+                lambda: scalar(db_url, "SELECT status FROM outbox.runs") in ("completed", "failed"),
                 what="the run to end",
             )
         assert service.tool("noop").deliveries == []

@@ -59,9 +59,7 @@ def closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_a_none_tool_that_refused_the_connection_is_retried_until_out_of_attempts(
-    db_url, service
-):
+def test_a_none_tool_that_refused_the_connection_is_retried_until_out_of_attempts(db_url, service):
     with psycopg.connect(db_url) as conn:
         register_tool(
             conn,
@@ -75,7 +73,9 @@ def test_a_none_tool_that_refused_the_connection_is_retried_until_out_of_attempt
     seed(db_url, ["blind"], runs=1, calls_per_batch=1, args=args)
     with relay_thread(db_url):
         wait_until(
-            lambda: scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'quarantined'"),
+            lambda: scalar(
+                db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'quarantined'"
+            ),
             what="the call to run out of attempts",
         )
     # Three real attempts, none ambiguous: parked for running out, not for an unknown outcome.
