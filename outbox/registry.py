@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from outbox import config
 from outbox.errors import InvalidInput, NotFound
-from outbox.schemas import ToolCallIn, ToolName
+from outbox.schemas import ToolCallIn, ToolName, url_problem
 from outbox.sql import queries
 
 Q = queries("registry.sql")
@@ -58,6 +58,10 @@ class ToolSpec(BaseModel):
     def _consistent(self) -> ToolSpec:
         if self.executor == "http" and not self.endpoint:
             raise ValueError("an http tool needs an endpoint URL")
+        for field, url in (("endpoint", self.endpoint), ("lookup_endpoint", self.lookup_endpoint)):
+            problem = None if url is None else url_problem(url)
+            if problem:
+                raise ValueError(f"{field}: {problem}")
         if self.executor == "python" and not self.callable:
             raise ValueError("a python tool needs a callable ('package.module:function')")
         if (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -26,6 +27,21 @@ from outbox.errors import PayloadTooLarge
 TenantId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")]
 ProviderCallId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
 ToolName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+
+
+def url_problem(value: str) -> str | None:
+    """Why ``value`` is not an absolute http(s) URL with a host, or None when it is one."""
+    if any(c.isspace() or not c.isprintable() for c in value):
+        return f"{value!r} is not a URL (it holds spaces or control characters)"
+    try:
+        parts = urlsplit(value)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # a port that is not a number raises
+    except ValueError:
+        ok = False
+    if not ok:
+        return f"{value!r} is not an http:// or https:// URL with a host"
+    return None
 
 
 def check_size(what: str, value: str | None) -> None:
@@ -78,6 +94,14 @@ class StartRun(_In):
     @classmethod
     def _cap(cls, value: str | None) -> str | None:
         check_size("message", value)
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        problem = None if value is None else url_problem(value)
+        if problem:
+            raise ValueError(problem)
         return value
 
 
