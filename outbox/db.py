@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from outbox.errors import DatabaseUnavailable, MigrationsBehind
 
@@ -115,11 +116,27 @@ def with_database(url: str, database: str) -> str:
 
 
 def database_url() -> str:
-    """``OUTBOX_DATABASE_URL``, else the embedded server (started on demand)."""
+    """``OUTBOX_DATABASE_URL`` (checked to be a connection string), else the embedded
+    server (started on demand)."""
     url = os.environ.get("OUTBOX_DATABASE_URL")
     if url:
-        return url
+        return check_url(url, "OUTBOX_DATABASE_URL")
     return EmbeddedServer.default().start()
+
+
+URL_HINT = "write it like postgresql://user:password@host:5432/dbname"
+
+
+def check_url(url: str, what: str) -> str:
+    """``url`` when libpq can parse it as a connection string; ``DatabaseUnavailable``
+    naming ``what`` otherwise (before anything tries to connect with it)."""
+    try:
+        conninfo_to_dict(url)
+    except psycopg.ProgrammingError as err:
+        raise DatabaseUnavailable(
+            f"{what} is not a database URL: {str(err).strip()}", hint=URL_HINT
+        ) from err
+    return url
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -138,7 +155,7 @@ def redact(url: str) -> str:
 
 def connect(url: str | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
     """Open a psycopg connection, turning libpq failures into errors that say what to do."""
-    url = url or database_url()
+    url = check_url(url, "the database URL") if url else database_url()
     kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
     try:
         return psycopg.connect(url, **kwargs)
