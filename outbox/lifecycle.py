@@ -106,7 +106,13 @@ def submit_tool_outputs(
                 f"each output is an object with a tool_call_id, not {output!r:.200}",
                 hint=OUTPUTS_HINT,
             )
-        check_size(f"output of {output['tool_call_id']}", json.dumps(output))
+        try:
+            text = json.dumps(output, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise InvalidInput(
+                f"the output of {output['tool_call_id']!r} is not JSON: {err}", hint=OUTPUTS_HINT
+            ) from err
+        check_size(f"output of {output['tool_call_id']}", text)
     try:
         with conn.transaction():  # a savepoint: a refusal leaves the caller's work intact
             row = fetch_one(
@@ -252,8 +258,29 @@ def _check_shape(messages: list[dict[str, Any]]) -> None:
                 f"message {index} has role {role!r}",
                 hint="roles are system, user, assistant and tool (OpenAI chat format)",
             )
-        if role == "tool" and not message.get("tool_call_id"):
+        call_id = message.get("tool_call_id")
+        if role == "tool" and not (isinstance(call_id, str) and call_id):
             raise InvalidInput(f"tool message {index} has no tool_call_id")
-        for call in message.get("tool_calls") or []:
-            if not call.get("id") or not (call.get("function") or {}).get("name"):
-                raise InvalidInput(f"a tool call of message {index} needs an id and a name")
+        calls = message.get("tool_calls") or []
+        if not isinstance(calls, list) or not all(_is_call(call) for call in calls):
+            raise InvalidInput(
+                f"the tool_calls of message {index} are not a list of calls, each with an id "
+                "and a function name",
+                hint='write [{"id": "call_1", "function": {"name": "...", "arguments": "{}"}}]',
+            )
+
+
+def _is_call(call: Any) -> bool:
+    """A tool call in OpenAI chat format: a text id, a function with a text name and text
+    (or no) arguments."""
+    if not isinstance(call, dict):
+        return False
+    function = call.get("function")
+    return (
+        isinstance(call.get("id"), str)
+        and bool(call["id"])
+        and isinstance(function, dict)
+        and isinstance(function.get("name"), str)
+        and bool(function["name"])
+        and isinstance(function.get("arguments"), str | None)
+    )
