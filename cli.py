@@ -29,6 +29,8 @@ from outbox.schemas import NewMessage, StartRun
 from relay.config import ALL_KINDS
 
 F = TypeVar("F", bound=Callable[..., Any])
+# A group called without a command prints its help through this exception (click 8.2+).
+NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def refuse(message: str, hint: str = "") -> NoReturn:
@@ -69,7 +71,7 @@ class OutboxGroup(click.Group):
     ) -> click.Context:
         try:
             return super().make_context(info_name, args, parent, **extra)
-        except click.exceptions.NoArgsIsHelpError:
+        except NO_ARGS_IS_HELP:
             raise
         except click.UsageError as err:
             refuse(err.format_message(), usage_hint(err))
@@ -82,7 +84,7 @@ class OutboxGroup(click.Group):
         except ValidationError as err:
             command = f"{ctx.command_path} {ctx.invoked_subcommand or ''}".strip()
             refuse(validation_message(err), f"see `{command} --help`")
-        except click.exceptions.NoArgsIsHelpError:
+        except NO_ARGS_IS_HELP:
             raise
         except click.UsageError as err:
             refuse(err.format_message(), usage_hint(err))
