@@ -29,6 +29,17 @@ def service() -> Iterator[FakeToolService]:
         yield svc
 
 
+def relay_ready(db_url: str) -> bool:
+    """A relay's claim loop is connected: a run started now is claimed at once."""
+    return bool(
+        scalar(
+            db_url,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'outbox-relay-claim'",
+        )
+    )
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
@@ -44,14 +55,21 @@ def test_the_call_of_a_killed_relay_is_not_run_again_once_its_run_is_over(
     with psycopg.connect(db_url) as conn:
         register_tool(conn, service, "slow", mode, timeout_s=120.0)
         registry.register(conn, registry.ToolSpec(name="approve", executor="client"))
-        run = new_run(conn, tools=["approve", "slow"], action_timeout_s=1.0)
-        writer.record_model_turn(
-            conn, turn(run, 1, ("c1", "approve", {}), ("s1", "slow", {"n": 1}))
-        )
         conn.commit()
     log = tmp_path / "relays.log"
     first = start_relay_process(db_url, log, *FAST)
     try:
+        # The run starts once the relay is up, so its call is claimed before its deadline
+        # (1 s; the killed relay's lease, 2 s, outlives it), or never ends by itself (cancel).
+        wait_until(lambda: relay_ready(db_url), what="the first relay to be up")
+        with psycopg.connect(db_url) as conn:
+            run = new_run(
+                conn, tools=["approve", "slow"], action_timeout_s=1.0 if end == "expire" else 600
+            )
+            writer.record_model_turn(
+                conn, turn(run, 1, ("c1", "approve", {}), ("s1", "slow", {"n": 1}))
+            )
+            conn.commit()
         wait_until(lambda: tool.deliveries, what="the tool to get the call")
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)

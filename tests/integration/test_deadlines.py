@@ -61,11 +61,23 @@ def run_status(db_url: str, run_id: uuid.UUID) -> str:
     return scalar(db_url, "SELECT status FROM outbox.runs WHERE id = %s", [run_id])
 
 
+def relay_ready(db_url: str) -> bool:
+    """A relay's claim loop is connected: a run started now is claimed at once."""
+    return bool(
+        scalar(
+            db_url,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'outbox-relay-claim'",
+        )
+    )
+
+
 def test_expiry_waits_for_a_call_in_flight_and_the_model_gets_its_result(db_url, tools):
     # The tool performs its effect at once and holds its answer past the run's deadline.
-    tools.tool("keyed").stall_after_commit(2.0, n=1)
-    run = start_batch(db_url, APPROVE, KEYED, action_timeout_s=0.5)
+    tools.tool("keyed").stall_after_commit(3.0, n=1)
     with relay_thread(db_url):
+        wait_until(lambda: relay_ready(db_url), what="the relay to be up")
+        run = start_batch(db_url, APPROVE, KEYED, action_timeout_s=1.0)
         wait_until(lambda: tools.tool("keyed").deliveries, what="the tool to get the call")
         wait_until(lambda: run_status(db_url, run.id) == "expired", what="the expiry")
     answers = tool_messages(db_url, run.thread_id)
