@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import cli
-from outbox import registry, writer
+from outbox import migrate, registry, writer
 from tests.helpers import TENANT, new_run, turn
 from tests.relay_harness import scalar
 
@@ -144,3 +144,16 @@ def test_usage_errors_are_error_lines_too(run_cli):
     assert "--thread" in refused(run_cli(*CREATE))  # a required option is missing
     assert refused(run_cli("runs", "show", str(uuid.uuid4())))  # no such run
     assert "Usage" in run_cli("runs").output  # a group alone still prints its help
+
+
+def test_commands_that_migrate_start_relays_or_the_demo_refuse_bad_input(
+    run_cli, db_url, monkeypatch
+):
+    assert "nonsense" in refused(run_cli("db", "upgrade", "nonsense"))
+    assert "nonsense" in refused(run_cli("db", "downgrade", "nonsense"))
+    assert "nope" in refused(run_cli("relay", "--kind", "nope"))
+    assert "--database-url" in refused(run_cli("demo", "--database-url", "not-a-url"))
+    head = migrate.head_revision()
+    assert scalar(db_url, "SELECT version_num FROM outbox.alembic_version") == head
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", "not-a-url")
+    assert "OUTBOX_DATABASE_URL" in refused(run_cli("runs", "list"))
