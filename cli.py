@@ -1,8 +1,12 @@
 """The ``outbox`` command line: thin wrappers that parse arguments and call the library.
 
 Every command resolves the database the same way (``OUTBOX_DATABASE_URL``, else the
-embedded server), prints tables for people and JSON with ``--json``, and turns an
-``OutboxError`` into ``error: ...`` plus ``hint: ...`` on stderr with exit status 2.
+embedded server), prints tables for people and JSON with ``--json``, and reports every
+refusal the same way: ``error: ...`` plus ``hint: ...`` on stderr with exit status 2, never
+a traceback. That covers the library's ``OutboxError``, input the library's models refuse
+(a pydantic ``ValidationError``, summed up one line per field) and click's usage errors
+(a malformed uuid, a missing option); input is checked before anything is written, so a
+refusal changes nothing.
 """
 
 from __future__ import annotations
@@ -13,32 +17,115 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 import psycopg
+from pydantic import ValidationError
 
 from outbox import db, history, lifecycle, migrate, ops, registry, writer
-from outbox.errors import OutboxError
+from outbox.errors import InvalidInput, OutboxError
 from outbox.schemas import NewMessage, StartRun
-from relay.config import RelayConfig
+from relay.config import ALL_KINDS, RelayConfig
 
 RELAY_DEFAULTS = RelayConfig(database_url="")  # the relay's options default to these
 
 F = TypeVar("F", bound=Callable[..., Any])
+# A group called without a command prints its help through this exception (click 8.2+).
+NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def refuse(message: str, hint: str = "") -> NoReturn:
+    """Print ``error:`` (and ``hint:``) on stderr and exit with status 2."""
+    click.echo(f"error: {message}", err=True)
+    if hint:
+        click.echo(f"hint: {hint}", err=True)
+    sys.exit(2)
+
+
+def usage_hint(err: click.UsageError) -> str:
+    path = err.ctx.command_path if err.ctx is not None else "outbox"
+    return f"see `{path} --help`"
+
+
+def validation_message(err: ValidationError) -> str:
+    """A pydantic error as one line per problem: ``field: what is wrong``."""
+    problems = []
+    for e in err.errors():
+        where = ".".join(str(part) for part in e["loc"])
+        text = str(e["msg"]).removeprefix("Value error, ")
+        problems.append(f"{where}: {text}" if where else text)
+    return "; ".join(problems)
 
 
 class OutboxGroup(click.Group):
-    """A click group that reports our errors as a message and a hint, not a traceback."""
+    """A click group that reports every refusal as ``error:``/``hint:`` lines, exit 2
+    (its subgroups are OutboxGroups too, so the hint names the command that refused)."""
+
+    group_class = type
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except NO_ARGS_IS_HELP:
+            raise
+        except click.UsageError as err:
+            refuse(err.format_message(), usage_hint(err))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except OutboxError as err:
-            click.echo(f"error: {err.args[0]}", err=True)
-            if err.hint:
-                click.echo(f"hint: {err.hint}", err=True)
-            sys.exit(2)
+            refuse(err.args[0], err.hint)
+        except ValidationError as err:
+            command = f"{ctx.command_path} {ctx.invoked_subcommand or ''}".strip()
+            refuse(validation_message(err), f"see `{command} --help`")
+        except NO_ARGS_IS_HELP:
+            raise
+        except click.UsageError as err:
+            refuse(err.format_message(), usage_hint(err))
+
+
+def read_json(text: str, what: str) -> Any:
+    """Parse ``text`` as JSON (strictly: NaN and Infinity are not JSON), or refuse naming
+    ``what`` it was."""
+    try:
+        return json.loads(text, parse_constant=not_json_constant)
+    except ValueError as err:
+        raise InvalidInput(f"{what} is not JSON: {err}", hint="check its syntax") from err
+
+
+def not_json_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def read_json_file(file: Any, what: str) -> Any:
+    """Parse an open click file as JSON, or refuse naming the file."""
+    try:
+        text = file.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidInput(f"{what} {file.name} cannot be read: {err}") from err
+    return read_json(text, f"{what} {file.name}")
+
+
+def inline_or_file(value: str, option: str) -> Any:
+    """JSON given inline, or in a file as ``@path``, for ``option``."""
+    if not value.startswith("@"):
+        return read_json(value, option)
+    try:
+        text = Path(value[1:]).read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InvalidInput(
+            f"{option} {value}: cannot read the file: {err}",
+            hint="give JSON inline, or @ followed by the path of a JSON file",
+        ) from err
+    return read_json(text, f"{option} {value}")
 
 
 @contextmanager
@@ -83,12 +170,28 @@ def db_group() -> None:
     """Provision and migrate the database."""
 
 
+@contextmanager
+def revision_refused(revision: str) -> Iterator[None]:
+    """Alembic's refusal of a revision as our error (nothing was migrated)."""
+    from alembic.util import CommandError
+
+    try:
+        yield
+    except CommandError as err:
+        raise InvalidInput(
+            f"cannot migrate to revision {revision!r}: {err}",
+            hint="give a revision such as head, base or 0001; `outbox db current` "
+            "shows where the schema is",
+        ) from err
+
+
 @db_group.command("upgrade")
 @click.argument("revision", default="head")
 def db_upgrade(revision: str) -> None:
     """Migrate the schema up to REVISION (default: the newest)."""
     url = db.database_url()
-    migrate.upgrade(url, revision)
+    with revision_refused(revision):
+        migrate.upgrade(url, revision)
     click.echo(f"schema {db.schema_name()!r} at {migrate.current(url)} on {db.redact(url)}")
 
 
@@ -97,7 +200,8 @@ def db_upgrade(revision: str) -> None:
 def db_downgrade(revision: str) -> None:
     """Migrate the schema down to REVISION ('base' removes every table)."""
     url = db.database_url()
-    migrate.downgrade(url, revision)
+    with revision_refused(revision):
+        migrate.downgrade(url, revision)
     click.echo(f"schema {db.schema_name()!r} at {migrate.current(url) or 'base'}")
 
 
@@ -211,29 +315,25 @@ def tools_register(
     with 200 {"found": true, "result": <JSON>} (the effect happened: that result is used,
     no new call) or 200 {"found": false} (the call is made).
     """
-    schema: dict[str, Any] = {"type": "object"}
-    if schema_:
-        text = Path(schema_[1:]).read_text() if schema_.startswith("@") else schema_
-        schema = json.loads(text)
-    try:
-        spec = registry.ToolSpec(
-            name=name,
-            json_schema=schema,
-            callable=callable_,
-            executor=opts["executor"],
-            endpoint=opts["endpoint"],
-            lookup_endpoint=opts["lookup_endpoint"],
-            idempotency_mode=opts["idempotency"],
-            timeout_s=opts["timeout_s"],
-            max_attempts=opts["max_attempts"],
-            risk_tier=opts["risk"],
-            credential_ref=opts["credential_ref"],
-            description=opts["description"],
-            tenant_id=opts["tenant"],
-            enabled=not opts["disabled"],
-        )
-    except ValueError as err:
-        raise click.BadParameter(str(err)) from err
+    schema: Any = {"type": "object"}
+    if schema_ is not None:
+        schema = inline_or_file(schema_, "--schema")
+    spec = registry.ToolSpec(
+        name=name,
+        json_schema=schema,
+        callable=callable_,
+        executor=opts["executor"],
+        endpoint=opts["endpoint"],
+        lookup_endpoint=opts["lookup_endpoint"],
+        idempotency_mode=opts["idempotency"],
+        timeout_s=opts["timeout_s"],
+        max_attempts=opts["max_attempts"],
+        risk_tier=opts["risk"],
+        credential_ref=opts["credential_ref"],
+        description=opts["description"],
+        tenant_id=opts["tenant"],
+        enabled=not opts["disabled"],
+    )
     with connection() as conn:
         row = registry.register(conn, spec)
     if as_json:
@@ -361,7 +461,13 @@ def tools_enable(name: str, tenant: str, as_json: bool) -> None:
 @click.option(
     "--rescue-interval", "rescue_s", default=2.0, show_default=True, help="Sweep period, s."
 )
-@click.option("--kind", "kinds", multiple=True, help="Only these kinds (repeatable); default all.")
+@click.option(
+    "--kind",
+    "kinds",
+    type=click.Choice(ALL_KINDS),
+    multiple=True,
+    help="Only these kinds (repeatable); default all.",
+)
 @click.option("--metrics-port", type=int, help="Serve Prometheus metrics (port + process index).")
 @click.option("--log-level", default="INFO", show_default=True)
 def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts: Any) -> None:
@@ -371,7 +477,6 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
     finish within the grace period and releases the rest; a second signal exits at once.
     """
     from relay import logs, supervisor, worker
-    from relay.config import ALL_KINDS
     from relay.links import check_connection_budget
 
     url = db.database_url()
@@ -522,7 +627,8 @@ TIMELINE_COLUMNS = [
 @click.argument("run")
 @json_option
 def runs_show(run: str, as_json: bool) -> None:
-    """Show RUN (its id or a prefix) and its timeline of journal events."""
+    """Show RUN (its id or a prefix), its timeline of journal events and the client calls
+    it waits for."""
     with connection() as conn:
         shown = ops.show_run(conn, run)
     if as_json:
@@ -540,15 +646,15 @@ def runs_show(run: str, as_json: bool) -> None:
         for e in shown["timeline"]
     ]
     emit(rows, False, TIMELINE_COLUMNS)
-    if r["status"] == "requires_action":
-        with connection() as conn:
-            waiting = lifecycle.pending_client_calls(conn, r["id"])
+    if shown["pending_client_calls"]:
         click.echo("\nwaiting for client outputs (outbox runs submit-outputs RUN FILE):")
-        emit(waiting, False, ["tool_call_id", "tool_name", "arguments_raw"])
+        emit(shown["pending_client_calls"], False, ["tool_call_id", "tool_name", "arguments_raw"])
 
 
 @runs_group.command("create")
-@click.option("--thread", "thread_id", required=True, help="Thread id (see threads create).")
+@click.option(
+    "--thread", "thread_id", type=click.UUID, required=True, help="Thread id (see threads create)."
+)
 @click.option("--tenant", required=True, help="The tenant that owns the thread.")
 @click.option("--message", required=True, help="The user turn that starts the run.")
 @click.option("--model", required=True, help="Model name sent to the provider.")
@@ -561,15 +667,13 @@ def runs_show(run: str, as_json: bool) -> None:
 @click.option("--idempotency-key", help="Resending the same turn with this key returns the run.")
 @json_option
 def runs_create(
-    thread_id: str, tenant: str, tools: tuple[str, ...], as_json: bool, **opts: Any
+    thread_id: uuid.UUID, tenant: str, tools: tuple[str, ...], as_json: bool, **opts: Any
 ) -> None:
     """Start a run on a thread: the user message and the first model turn, atomically."""
     fields = {k: v for k, v in opts.items() if v is not None}
+    request = StartRun(tenant_id=tenant, thread_id=thread_id, tools=list(tools), **fields)
     with connection() as conn:
-        run = writer.start_run(
-            conn,
-            StartRun(tenant_id=tenant, thread_id=uuid.UUID(thread_id), tools=list(tools), **fields),
-        )
+        run = writer.start_run(conn, request)
     if as_json:
         echo_json({"id": run.id, "status": run.status, "created": run.created})
         return
@@ -601,7 +705,7 @@ def runs_submit_outputs(run: str, file: Any, as_json: bool) -> None:
     FILE holds [{"tool_call_id": "...", "output": ...} | {"tool_call_id": "...", "error": "..."}].
     Submitting the same outputs twice is a no-op.
     """
-    outputs = json.load(file)
+    outputs = read_json_file(file, "outputs file")
     with connection() as conn:
         found = ops.resolve_run(conn, run)
         status = lifecycle.submit_tool_outputs(conn, found["tenant_id"], found["id"], outputs)
@@ -660,14 +764,14 @@ def threads_create(
 
 
 @threads_group.command("show")
-@click.argument("thread_id")
+@click.argument("thread_id", type=click.UUID)
 @click.option("--tenant", required=True)
 @click.option("--api", type=click.Choice(["chat", "responses"]), default="chat")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (what it always prints).")
-def threads_show(thread_id: str, tenant: str, api: str, as_json: bool) -> None:
+def threads_show(thread_id: uuid.UUID, tenant: str, api: str, as_json: bool) -> None:
     """Print the thread as provider messages (JSON), every call paired with its result."""
     with connection() as conn:
-        messages, report = history.replay(conn, uuid.UUID(thread_id), tenant, api=api)
+        messages, report = history.replay(conn, thread_id, tenant, api=api)
     echo_json(messages)
     if report.changed:
         click.echo(f"repaired on replay: {report.as_detail()}", err=True)
@@ -680,7 +784,7 @@ def threads_show(thread_id: str, tenant: str, api: str, as_json: bool) -> None:
 @json_option
 def threads_import(file: Any, tenant: str, title: str | None, as_json: bool) -> None:
     """Import a conversation (a JSON list of OpenAI chat messages), repairing its pairing."""
-    messages = json.load(file)
+    messages = read_json_file(file, "conversation file")
     with connection() as conn:
         thread, report = lifecycle.import_thread(conn, tenant, messages, title=title)
     if as_json:
@@ -774,11 +878,7 @@ def reconcile_cmd(
     if happened:
         if result_text is None:
             raise click.UsageError("--happened needs --result JSON (the call's output)")
-        text = Path(result_text[1:]).read_text() if result_text.startswith("@") else result_text
-        try:
-            result = json.loads(text)
-        except ValueError as err:
-            raise click.BadParameter(f"not JSON: {err}", param_hint="--result") from err
+        result = inline_or_file(result_text, "--result")
     elif result_text is not None:
         raise click.UsageError("--result goes with --happened")
     with connection() as conn:
@@ -887,6 +987,8 @@ def demo(
     demo_module = _demo_module()
     if runs < 1 or processes < 1:
         raise click.BadParameter("--runs and --processes must be at least 1")
+    if database_url is not None:
+        db.check_url(database_url, "--database-url")
     cfg = demo_module.DemoConfig(
         runs=runs,
         processes=processes,

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from outbox.errors import DatabaseUnavailable, MigrationsBehind
 
@@ -116,7 +117,8 @@ def with_database(url: str, database: str) -> str:
 
 
 def database_url(*, start: bool = False) -> str:
-    """``OUTBOX_DATABASE_URL``, else the embedded server when it is running.
+    """``OUTBOX_DATABASE_URL`` (checked to be a connection string), else the embedded
+    server when it is running.
 
     Only ``start=True`` starts the embedded server (``outbox db start``, ``outbox demo``,
     ``make bench``, the tests): a relay or any other command restarted during a planned
@@ -125,7 +127,7 @@ def database_url(*, start: bool = False) -> str:
     """
     url = os.environ.get("OUTBOX_DATABASE_URL")
     if url:
-        return url
+        return check_url(url, "OUTBOX_DATABASE_URL")
     server = EmbeddedServer.default()
     if start:
         return server.start()
@@ -138,6 +140,21 @@ def database_url(*, start: bool = False) -> str:
             "OUTBOX_DATABASE_URL=postgresql://user:pass@host/db",
         )
     return running
+
+
+URL_HINT = "write it like postgresql://user:password@host:5432/dbname"
+
+
+def check_url(url: str, what: str) -> str:
+    """``url`` when libpq can parse it as a connection string; ``DatabaseUnavailable``
+    naming ``what`` otherwise (before anything tries to connect with it)."""
+    try:
+        conninfo_to_dict(url)
+    except psycopg.ProgrammingError as err:
+        raise DatabaseUnavailable(
+            f"{what} is not a database URL: {str(err).strip()}", hint=URL_HINT
+        ) from err
+    return url
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -156,7 +173,7 @@ def redact(url: str) -> str:
 
 def connect(url: str | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
     """Open a psycopg connection, turning libpq failures into errors that say what to do."""
-    url = url or database_url()
+    url = check_url(url, "the database URL") if url else database_url()
     kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
     try:
         return psycopg.connect(url, **kwargs)

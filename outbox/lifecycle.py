@@ -71,6 +71,11 @@ def pending_client_calls(db: Any, run_id: uuid.UUID) -> list[Row]:
     return run_call(db, calls.pending_client_calls(run_id))
 
 
+OUTPUTS_HINT = (
+    'send [{"tool_call_id": "...", "output": ...} | {"tool_call_id": "...", "error": "..."}]'
+)
+
+
 def submit_tool_outputs(
     db: Any, tenant_id: str, run_id: uuid.UUID, outputs: list[dict[str, Any]]
 ) -> str:
@@ -79,9 +84,30 @@ def submit_tool_outputs(
     ``outputs`` is ``[{"tool_call_id": ..., "output": <JSON>}`` or ``{..., "error": text}]``.
     All or nothing: unknown ids, ids of another run or of relay-run tools, or a set that
     leaves a waiting call unanswered raise ``InvalidInput`` and change nothing (your
-    transaction stays usable). The same outputs again are a no-op. Outputs for a run that
-    already ended go to ``orphaned_results``.
+    transaction stays usable). The same outputs again are a no-op, also after the run
+    ended. Outputs submitted after the run's deadline (by the database clock, whether or
+    not a sweep expired the run yet) are refused: kept in ``orphaned_results`` (reason
+    ``deadline_passed``), and the status returned is ``expired``. Outputs for a run that
+    already ended go to ``orphaned_results`` (reason ``run_ended``).
     """
+    if not isinstance(outputs, list):
+        raise InvalidInput(
+            f"outputs must be a JSON list, not {type(outputs).__name__}",
+            hint=OUTPUTS_HINT,
+        )
+    for output in outputs:
+        if not isinstance(output, dict) or not isinstance(output.get("tool_call_id"), str):
+            raise InvalidInput(
+                f"each output is an object with a tool_call_id, not {output!r:.200}",
+                hint=OUTPUTS_HINT,
+            )
+        try:
+            text = json.dumps(output, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise InvalidInput(
+                f"the output of {output['tool_call_id']!r} is not JSON: {err}", hint=OUTPUTS_HINT
+            ) from err
+        check_size(f"output of {output['tool_call_id']}", text)
     (row,) = run_call(db, calls.submit_tool_outputs(tenant_id, run_id, outputs))
     return str(row["status"])
 
@@ -208,8 +234,29 @@ def _check_shape(messages: list[dict[str, Any]]) -> None:
                 f"message {index} has role {role!r}",
                 hint="roles are system, user, assistant and tool (OpenAI chat format)",
             )
-        if role == "tool" and not message.get("tool_call_id"):
+        call_id = message.get("tool_call_id")
+        if role == "tool" and not (isinstance(call_id, str) and call_id):
             raise InvalidInput(f"tool message {index} has no tool_call_id")
-        for call in message.get("tool_calls") or []:
-            if not call.get("id") or not (call.get("function") or {}).get("name"):
-                raise InvalidInput(f"a tool call of message {index} needs an id and a name")
+        calls = message.get("tool_calls") or []
+        if not isinstance(calls, list) or not all(_is_call(call) for call in calls):
+            raise InvalidInput(
+                f"the tool_calls of message {index} are not a list of calls, each with an id "
+                "and a function name",
+                hint='write [{"id": "call_1", "function": {"name": "...", "arguments": "{}"}}]',
+            )
+
+
+def _is_call(call: Any) -> bool:
+    """A tool call in OpenAI chat format: a text id, a function with a text name and text
+    (or no) arguments."""
+    if not isinstance(call, dict):
+        return False
+    function = call.get("function")
+    return (
+        isinstance(call.get("id"), str)
+        and bool(call["id"])
+        and isinstance(function, dict)
+        and isinstance(function.get("name"), str)
+        and bool(function["name"])
+        and isinstance(function.get("arguments"), str | None)
+    )

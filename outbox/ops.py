@@ -32,6 +32,7 @@ from outbox.errors import InvalidInput, InvalidTransition, NotFound, OutboxError
 from outbox.schemas import ToolResultIn
 from outbox.sql import queries
 from outbox.writer import ENDED, fetch_all, fetch_one, journal, record_tool_result
+from outbox.writer import Q as WRITER_Q
 
 Q = queries("ops.sql")
 Row = dict[str, Any]
@@ -117,9 +118,19 @@ def resolve_run(conn: psycopg.Connection[Any], ident: str) -> Row:
 
 
 def show_run(conn: psycopg.Connection[Any], ident: str) -> Row:
-    """A run and its timeline: every journal event about it, in order."""
+    """A run, its timeline (every journal event about it, in order) and the client calls
+    it waits for (``pending_client_calls``: what to submit outputs for; empty unless the
+    run is in ``requires_action``)."""
     run = resolve_run(conn, ident)
-    return {"run": run, "timeline": fetch_all(conn, Q.run_timeline, {"run_id": run["id"]})}
+    return {
+        "run": run,
+        "timeline": fetch_all(conn, Q.run_timeline, {"run_id": run["id"]}),
+        "pending_client_calls": fetch_all(
+            conn, WRITER_Q.pending_client_calls, {"run_id": run["id"]}
+        )
+        if run["status"] == "requires_action"
+        else [],
+    }
 
 
 # -- targets of operator actions --------------------------------------------------------
@@ -519,7 +530,7 @@ def tail(
     ``RESCAN_IDS`` ids and skips those already yielded. Between polls the read transaction
     is ended, so following never holds back vacuum.
     """
-    run_id = resolve_run(conn, run)["id"] if run else None
+    run_id = resolve_run(conn, run)["id"] if run is not None else None
     stop = stop or threading.Event()
     seen: set[int] = set()
     high = 0

@@ -24,8 +24,9 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from outbox import config
 from outbox.errors import InvalidInput, NotFound
-from outbox.schemas import ToolCallIn, ToolName
+from outbox.schemas import ToolCallIn, ToolName, url_problem
 from outbox.sql import queries
 
 Q = queries("registry.sql")
@@ -57,6 +58,10 @@ class ToolSpec(BaseModel):
     def _consistent(self) -> ToolSpec:
         if self.executor == "http" and not self.endpoint:
             raise ValueError("an http tool needs an endpoint URL")
+        for field, url in (("endpoint", self.endpoint), ("lookup_endpoint", self.lookup_endpoint)):
+            problem = None if url is None else url_problem(url)
+            if problem:
+                raise ValueError(f"{field}: {problem}")
         if self.executor == "python" and not self.callable:
             raise ValueError("a python tool needs a callable ('package.module:function')")
         if (
@@ -151,6 +156,13 @@ def plan_call(call: ToolCallIn, tool: Row | None, allowed: list[str]) -> CallPla
         return refuse(f"tool {call.name!r} is not available in this run (allowed: {allowed})")
     if not tool["enabled"]:
         return refuse(f"tool {call.name!r} is disabled")
+    if call.arguments_over_cap_bytes is not None:
+        return refuse(
+            f"arguments for {call.name!r} are {call.arguments_over_cap_bytes} bytes, over the "
+            f"cap of {config.MAX_PAYLOAD_BYTES} bytes: the call was not executed and its "
+            "arguments were not kept; send smaller arguments (store large data elsewhere "
+            "and pass a reference)"
+        )
     try:
         arguments = json.loads(call.arguments)
     except ValueError as err:

@@ -10,8 +10,16 @@ from __future__ import annotations
 import json
 import uuid
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from outbox import config
 from outbox.errors import PayloadTooLarge
@@ -19,6 +27,21 @@ from outbox.errors import PayloadTooLarge
 TenantId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")]
 ProviderCallId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
 ToolName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+
+
+def url_problem(value: str) -> str | None:
+    """Why ``value`` is not an absolute http(s) URL with a host, or None when it is one."""
+    if any(c.isspace() or not c.isprintable() for c in value):
+        return f"{value!r} is not a URL (it holds spaces or control characters)"
+    try:
+        parts = urlsplit(value)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        _ = parts.port  # a port that is not a number raises
+    except ValueError:
+        ok = False
+    if not ok:
+        return f"{value!r} is not an http:// or https:// URL with a host"
+    return None
 
 
 def check_size(what: str, value: str | None) -> None:
@@ -73,18 +96,44 @@ class StartRun(_In):
         check_size("message", value)
         return value
 
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        problem = None if value is None else url_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+
+OMITTED_ARGUMENTS = "{}"  # what is kept of arguments over the size cap
+
 
 class ToolCallIn(_In):
-    """One call the model asked for; ``arguments`` is the raw JSON text the model produced."""
+    """One call the model asked for; ``arguments`` is the raw JSON text the model produced.
+
+    Arguments over ``MAX_PAYLOAD_BYTES`` are the model's mistake, not the caller's: they
+    are not kept (``arguments`` becomes ``"{}"``, ``arguments_over_cap_bytes`` their size)
+    and the writer answers the call with an error result the model sees, as it does for
+    arguments that fail the tool's schema, so the run goes on.
+    """
 
     tool_call_id: ProviderCallId
     name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
     arguments: str
+    arguments_over_cap_bytes: int | None = Field(default=None, gt=0)
 
-    @field_validator("arguments", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _as_text(cls, value: Any) -> Any:
-        return value if isinstance(value, str) else json.dumps(value)
+    def _omit_oversized(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "arguments" not in data:
+            return data
+        text = data["arguments"]
+        if not isinstance(text, str):
+            text = json.dumps(text)
+        size = len(text.encode())
+        if size > config.MAX_PAYLOAD_BYTES:
+            return {**data, "arguments": OMITTED_ARGUMENTS, "arguments_over_cap_bytes": size}
+        return {**data, "arguments": text}
 
     @field_validator("arguments")
     @classmethod

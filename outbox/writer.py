@@ -187,8 +187,11 @@ def answer_calls(
     conn: psycopg.Connection[Any], batch_ids: list[int], why: str = "no result was recorded"
 ) -> int:
     """Append the tool message of every call of ``batch_ids`` that has none yet, in call
-    order, from its stored result (or ``not executed: why`` when it has none); how many.
-    One statement however many batches and threads (``answer_calls`` in writer.sql)."""
+    order, from its stored result; how many. A call without a result is answered with
+    what is known: ``not executed: why`` only when no attempt was ever made, ``outcome
+    unknown: why ...`` when one may have reached the tool, ``no output: why ...`` for a
+    client call. One statement however many batches and threads (``answer_calls`` in
+    writer.sql)."""
     return conn.execute(Q.answer_calls, {"batch_ids": batch_ids, "why": why}).rowcount
 
 
@@ -199,10 +202,12 @@ def start_run(db: Any, request: StartRun) -> RunRef:
     """Start a run: the user message, the run and its first model turn, all or nothing.
 
     One call of ``start_run_v1`` (outbox/sql/functions.sql), the implementation backends
-    without Python call too. The same ``idempotency_key`` again returns the existing run
-    (``created=False``), also when two requests race. A different turn while the thread
-    has an active run raises ``ActiveRunExists`` naming that run; unknown tools raise
-    ``NotFound``, a spent tenant budget ``BudgetExceeded``; your transaction stays usable.
+    without Python call too. The same ``idempotency_key`` with the same request again
+    returns the existing run (``created=False``), also when two requests race; the key
+    with another request (thread, message, model or tools) raises ``IdempotencyKeyReused``
+    and changes nothing. A different turn while the thread has an active run raises
+    ``ActiveRunExists`` naming that run; unknown tools raise ``NotFound``, a spent tenant
+    budget ``BudgetExceeded``; your transaction stays usable.
     """
     (started,) = run_call(db, calls.start_run(request))
     (row,) = run_call(db, calls.get_run(started["run_id"], None))
@@ -741,8 +746,10 @@ def end_run(
     ``cancel_run_v1`` uses too. The caller holds the run lock. Rows nobody holds a lease on
     are removed (no new claims); every batch whose outputs did not reach the history is
     closed, and each of its calls gets a tool message right away: its result if it has one,
-    else an explicit error. Work still in flight finishes, and its results land in
-    ``orphaned_results``. Returns the run's new row.
+    else an explicit error that claims no more than is known (a call that may have reached
+    its tool is answered "outcome unknown", never "not executed"). Work still in flight
+    finishes, its results land in ``orphaned_results``, and it is never started again.
+    Returns the run's new row.
     """
     row = fetch_one(
         conn,

@@ -379,7 +379,7 @@ class Completer:
                 charge=charge,
             ):
                 return "fenced"
-            self._call_status(conn, row, "pending", outcome.error)
+            self._call_status(conn, row, "pending", outcome.error, outcome.unsent)
             self.metrics.retried.inc()
             writer.journal(
                 conn,
@@ -393,7 +393,7 @@ class Completer:
         if not self._fence(conn, self.q.quarantine, outcome, error=outcome.error):
             return "fenced"
         status = "outcome_unknown" if reason == "outcome_unknown" else "quarantined"
-        self._call_status(conn, row, status, outcome.error)
+        self._call_status(conn, row, status, outcome.error, outcome.unsent)
         self.metrics.quarantined.labels(reason).inc()
         writer.journal(
             conn,
@@ -422,8 +422,14 @@ class Completer:
         return "run_failed"
 
     def _call_status(
-        self, conn: psycopg.Connection[Any], row: Claimed, status: str, error: str | None
+        self,
+        conn: psycopg.Connection[Any],
+        row: Claimed,
+        status: str,
+        error: str | None,
+        unsent: bool = False,
     ) -> None:
+        """Record a call's state after an attempt (``unsent``: take its dispatch mark back)."""
         if row.tool_call_ref is not None:
             conn.execute(
                 self.q.call_status,
@@ -432,6 +438,7 @@ class Completer:
                     "status": status,
                     "attempt": row.attempt,
                     "error": error,
+                    "unsent": unsent,
                 },
             )
 

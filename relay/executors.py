@@ -17,6 +17,10 @@ Failure classes for an HTTP tool:
 - 2xx: the result (a body over the size cap becomes an error result);
 - 4xx other than 408/429: a terminal error result the model will see;
 - 408, 429, 503: the tool says it did not process the request, retry;
+
+An attempt of the first and last kinds certainly did not reach the tool: its outcome is
+``unsent``, the completer takes its dispatch mark back, and the next attempt of a ``none``
+or ``lookup`` tool is a plain call, not an ambiguous one;
 - other 5xx, timeouts after sending, broken connections: ambiguous. ``key`` retries with the
   same key, ``lookup`` retries (the next attempt asks the lookup endpoint first), ``none``
   becomes ``outcome_unknown``.
@@ -25,6 +29,7 @@ Failure classes for an HTTP tool:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 import secrets
@@ -45,6 +50,7 @@ from relay.outcomes import (
     error_result,
     result,
     retry,
+    retry_after_s,
 )
 
 NOT_PROCESSED = {408, 429, 503}  # HTTP statuses that say the request was not processed
@@ -119,16 +125,7 @@ class ToolExecutor:
     async def run(self, row: Claimed) -> Outcome:
         started = time.monotonic()
         outcome = await self._run(row)
-        return Outcome(
-            outcome.row,
-            outcome.action,
-            outcome.status,
-            outcome.output,
-            outcome.error,
-            outcome.source,
-            time.monotonic() - started,
-            outcome.delay_s,
-        )
+        return dataclasses.replace(outcome, duration_s=time.monotonic() - started)
 
     async def _run(self, row: Claimed) -> Outcome:
         mode = row.idempotency_mode
@@ -184,14 +181,14 @@ class ToolExecutor:
         try:
             headers = request_headers(row)
         except LookupError as err:
-            return retry(row, str(err))
+            return retry(row, str(err), unsent=True)
         try:
             async with self.http() as client:
                 response = await client.post(
                     row.endpoint, json=row.arguments, headers=headers, timeout=row.timeout_s or 30.0
                 )
         except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as err:
-            return retry(row, f"could not reach {row.endpoint}: {describe(err)}")
+            return retry(row, f"could not reach {row.endpoint}: {describe(err)}", unsent=True)
         except httpx2.TimeoutException as err:
             return ambiguous(
                 row, f"no answer from {row.endpoint} within {row.timeout_s}s: {describe(err)}"
@@ -218,7 +215,12 @@ def normalise(row: Claimed, response: httpx2.Response) -> Outcome:
             output = {"text": response.text}
         return result(row, output)
     if status in NOT_PROCESSED:
-        return retry(row, f"HTTP {status} from {row.endpoint}: {preview(response)}")
+        return retry(
+            row,
+            f"HTTP {status} from {row.endpoint}: {preview(response)}",
+            retry_after_s(response.headers.get("retry-after")),
+            unsent=True,
+        )
     if 400 <= status < 500:
         return error_result(row, f"HTTP {status} from {row.tool_name}: {preview(response)}")
     return ambiguous(row, f"HTTP {status} from {row.endpoint}: {preview(response)}")

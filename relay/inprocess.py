@@ -188,7 +188,11 @@ def _run_chunk(
                 continue
             for row, _ in todo:
                 outcomes.append(
-                    retry(row, f"python tool {row.callable} did not start within {_timeout(row)}s")
+                    retry(
+                        row,
+                        f"python tool {row.callable} did not start within {_timeout(row)}s",
+                        unsent=True,
+                    )
                 )
             return []
         answers = list(chunk.answers)  # stops short of the call that overran

@@ -19,7 +19,6 @@ again would not help).
 
 from __future__ import annotations
 
-import email.utils
 import json
 import os
 import time
@@ -33,7 +32,7 @@ from pydantic import ValidationError
 from outbox.errors import OutboxError
 from outbox.schemas import ModelTurnIn, ToolCallIn
 from relay import failpoints
-from relay.outcomes import Claimed, Outcome, retry
+from relay.outcomes import Claimed, Outcome, retry, retry_after_s
 from relay.preparer import Turn, step_of
 
 MODEL_TIMEOUT_S = float(os.environ.get("OUTBOX_MODEL_TIMEOUT_S", "120"))  # per request
@@ -43,24 +42,12 @@ RETRYABLE = (
     openai.APIConnectionError,
     openai.APITimeoutError,
 )
-RETRY_AFTER_MAX_S = 600.0  # the longest wait a Retry-After header may ask for
 
 
 def retry_after(err: Exception) -> float | None:
-    """Seconds an HTTP answer's ``Retry-After`` header asks to wait (a number of seconds or
-    an HTTP date), capped at ``RETRY_AFTER_MAX_S``; None when it asks nothing."""
+    """What the ``Retry-After`` header of a failed model call asks, if anything."""
     response = getattr(err, "response", None)
-    value = response.headers.get("retry-after") if response is not None else None
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError):
-            return None
-    return min(RETRY_AFTER_MAX_S, max(0.0, seconds))
+    return retry_after_s(response.headers.get("retry-after") if response is not None else None)
 
 
 class ModelExecutor:

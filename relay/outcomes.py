@@ -7,12 +7,15 @@ name the outcome kinds every executor shares, so a timeout means the same for ev
 
 from __future__ import annotations
 
+import email.utils
+import time
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 Action = Literal[
     "result", "retry", "defer", "unknown", "deliver", "lost", "turn", "fail_run", "skip"
 ]
+RETRY_AFTER_MAX_S = 600.0  # the longest wait a Retry-After header may ask for
 NOT_REPEATED = (
     "the tool honours no idempotency key and offers no lookup, so it is not called again: "
     "check the tool and run `outbox reconcile TOOL_CALL --happened --result JSON` or "
@@ -75,7 +78,10 @@ class Outcome:
     and not safely repeatable; ``deliver``: a batch delivery to perform in the completion
     transaction; ``lost``: the lease was gone before the effect, nothing to write;
     ``turn``: a model response (a ``ModelTurnIn`` in ``output``) to record; ``fail_run``:
-    end the run as failed (``model_error``); ``skip``: nothing to do but finish the row."""
+    end the run as failed (``model_error``); ``skip``: nothing to do but finish the row.
+    ``unsent``: the attempt certainly never reached the tool (refused connection, a status
+    that says "not processed", a call that never started), so its dispatch mark is taken
+    back and the next attempt is not ambiguous."""
 
     row: Claimed
     action: Action
@@ -85,6 +91,7 @@ class Outcome:
     source: str = "relay"
     duration_s: float = 0.0
     delay_s: float | None = None
+    unsent: bool = False
 
 
 def result(row: Claimed, output: Any, source: str = "relay") -> Outcome:
@@ -95,8 +102,27 @@ def error_result(row: Claimed, error: str) -> Outcome:
     return Outcome(row, "result", "error", None, error)
 
 
-def retry(row: Claimed, error: str, delay_s: float | None = None) -> Outcome:
-    return Outcome(row, "retry", error=error, delay_s=delay_s)
+def retry(
+    row: Claimed, error: str, delay_s: float | None = None, *, unsent: bool = False
+) -> Outcome:
+    """Try again later (after ``delay_s`` when the tool or model asked); ``unsent`` when
+    this attempt certainly never reached the tool."""
+    return Outcome(row, "retry", error=error, delay_s=delay_s, unsent=unsent)
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (a number of seconds or an HTTP date),
+    capped at ``RETRY_AFTER_MAX_S``; None when it asks nothing readable."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    return min(RETRY_AFTER_MAX_S, max(0.0, seconds))
 
 
 def ambiguous(row: Claimed, error: str) -> Outcome:

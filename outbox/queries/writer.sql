@@ -160,15 +160,30 @@ RETURNING batch_id
 -- Append a tool message for every call of these batches that has none yet, in the order the
 -- model asked for them, all in one statement (each thread's message numbers are reserved
 -- here too). A message holds the canonical text of the call's result: a JSON string as
--- itself, any other output as its JSON text, an error as {"error": ...}; a call without a
--- result gets {"error": "not executed: <why>"}. The text is built from the stored result,
--- capped when it was stored, without a trip through the client.
+-- itself, any other output as its JSON text, an error as {"error": ...}. A call without a
+-- result is answered with what is known, never more: "not executed" only when no attempt
+-- of it was ever made; "outcome unknown" when one may have reached the tool (an attempt was
+-- claimed or dispatched: it may be executing still, or have taken effect); "no output"
+-- for a client call (the backend may or may not have run it). The text is built from the
+-- stored result, capped when it was stored, without a trip through the client.
 WITH answers AS (
     SELECT tc.tenant_id, tc.thread_id, tc.run_id, tc.batch_id, tc.position, tc.id AS ref,
            CASE WHEN r.status = 'ok' AND jsonb_typeof(r.output) = 'string'
                     THEN r.output #>> '{}'
                 WHEN r.status = 'ok' THEN coalesce(r.output::text, 'null')
                 WHEN r.status = 'error' THEN jsonb_build_object('error', r.error)::text
+                WHEN tc.executor = 'client' THEN jsonb_build_object(
+                    'error', 'no output: ' || %(why)s::text
+                             || ' before an output of this call was submitted')::text
+                WHEN tc.attempts > 0 OR tc.dispatched_attempt IS NOT NULL
+                     OR EXISTS (SELECT 1 FROM {s}.outbox o
+                                WHERE o.dedup_key = 'tool_call:' || tc.id AND o.attempts > 0
+                                OFFSET 0)
+                    THEN jsonb_build_object(
+                    'error', 'outcome unknown: ' || %(why)s::text
+                             || ' while an attempt of this call may have been under way; it'
+                             || ' may have taken effect, and a result that arrives later is'
+                             || ' kept out of this conversation')::text
                 ELSE jsonb_build_object('error', 'not executed: ' || %(why)s::text)::text
            END AS content
     FROM {s}.tool_calls tc
@@ -277,9 +292,16 @@ ORDER BY b.step_no DESC
 LIMIT %(n)s
 
 -- name: due_expiries
--- Runs left in requires_action past their deadline (skipping any another worker holds).
-SELECT id FROM {s}.runs
+-- Runs left in requires_action past their deadline (skipping any another worker holds),
+-- once no call of theirs is executing: a relay call under a live lease finishes first, so
+-- its result enters the history instead of being orphaned while the model is told it did
+-- not happen (the wait ends with the call: its timeout bounds it, and a dead worker's
+-- lease expires). Outputs submitted meanwhile are refused by submit_tool_outputs_v1.
+SELECT id FROM {s}.runs r
 WHERE status = 'requires_action' AND action_deadline < now()
+  AND NOT EXISTS (SELECT 1 FROM {s}.outbox o
+                  WHERE o.run_id = r.id AND o.kind = 'tool_call' AND o.status = 'leased'
+                    AND o.lease_expires_at > now())
 ORDER BY action_deadline
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED

@@ -17,9 +17,15 @@
 --     leave a pending client call of the batch unanswered, or an oversized output raise an
 --     error (SQLSTATE 22023, or P0002 for a missing run) that names the problem; nothing
 --     is written then;
---   * submitting the same outputs again is a no-op that returns the status;
+--   * submitting the same outputs again is a no-op that returns the status, also after
+--     the run ended (an output of a call that has its result, or one already kept in
+--     orphaned_results, is not kept twice);
+--   * the deadline is decided by the database clock at submission: outputs submitted
+--     after the run's action_deadline are refused, kept in orphaned_results (reason
+--     deadline_passed) and the function returns 'expired', whether or not a relay's sweep
+--     has recorded the expiry yet;
 --   * outputs for a run that already ended (cancelled, expired, failed, completed) are
---     kept in orphaned_results and never reach a context;
+--     kept in orphaned_results (reason run_ended) and never reach a context;
 --   * when the last output of a batch lands, the batch's delivery is enqueued in the same
 --     transaction, exactly once.
 -- Locks the run, then batches: the one lock order of every writer path.
@@ -36,6 +42,8 @@ DECLARE
     v_output     jsonb;
     v_call       {s}.tool_calls;
     v_remaining  integer;
+    v_late       boolean;
+    v_kept       text[];
     v_cap        integer := coalesce(
                      nullif(current_setting('outbox.max_payload_bytes', true), '')::integer,
                      262144);
@@ -83,19 +91,45 @@ BEGIN
                   HINT = 'store large data elsewhere and submit a reference';
     END IF;
 
-    IF v_run.status IN ('completed', 'failed', 'cancelled', 'expired') THEN
-        INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
-                                          tool_call_id, status, output, error, reason, source)
-        SELECT tc.tenant_id, tc.run_id, tc.batch_id, tc.id, tc.tool_call_id,
-               CASE WHEN o ? 'error' THEN 'error' ELSE 'ok' END, o->'output',
-               CASE WHEN o ? 'error' THEN coalesce(o->>'error', 'error') END, 'run_ended', 'client'
-        FROM jsonb_array_elements(p_outputs) o
-        JOIN {s}.tool_calls tc ON tc.run_id = p_run_id AND tc.tool_call_id = o->>'tool_call_id';
-        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
-        VALUES (p_tenant_id, 'tool_outputs.orphaned', v_run.thread_id, p_run_id,
-                v_run.correlation_id, jsonb_build_object('run_status', v_run.status,
-                                                         'tool_call_ids', v_given));
-        RETURN v_run.status;
+    -- Past the deadline by the database clock (a sweep may not have expired it yet), the
+    -- run takes no more outputs: it is expired from that moment.
+    v_late := v_run.status = 'requires_action' AND coalesce(v_run.action_deadline < now(), false);
+    IF v_late OR v_run.status IN ('completed', 'failed', 'cancelled', 'expired') THEN
+        WITH kept AS (
+            INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
+                                              tool_call_id, status, output, error, reason,
+                                              source)
+            SELECT tc.tenant_id, tc.run_id, tc.batch_id, tc.id, tc.tool_call_id, a.status,
+                   o->'output', a.error,
+                   CASE WHEN v_late THEN 'deadline_passed' ELSE 'run_ended' END, 'client'
+            FROM jsonb_array_elements(p_outputs) o
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN o ? 'error' THEN 'error' ELSE 'ok' END AS status,
+                       CASE WHEN o ? 'error' THEN coalesce(o->>'error', 'error') END AS error
+            ) a
+            JOIN {s}.tool_calls tc
+              ON tc.run_id = p_run_id AND tc.tool_call_id = o->>'tool_call_id'
+            -- A resend is a no-op: a call that has its result, or this very output kept.
+            WHERE NOT EXISTS (SELECT 1 FROM {s}.tool_results r WHERE r.tool_call_ref = tc.id)
+              AND NOT EXISTS (SELECT 1 FROM {s}.orphaned_results x
+                              WHERE x.tool_call_ref = tc.id AND x.source = 'client'
+                                AND x.status = a.status
+                                AND x.output IS NOT DISTINCT FROM o->'output'
+                                AND x.error IS NOT DISTINCT FROM a.error)
+            RETURNING tool_call_id
+        )
+        SELECT array_agg(tool_call_id) INTO v_kept FROM kept;
+        IF v_kept IS NOT NULL THEN
+            INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
+            VALUES (p_tenant_id, 'tool_outputs.orphaned', v_run.thread_id, p_run_id,
+                    v_run.correlation_id,
+                    jsonb_build_object('run_status', v_run.status,
+                                       'reason', CASE WHEN v_late THEN 'deadline_passed'
+                                                      ELSE 'run_ended' END,
+                                       'action_deadline', v_run.action_deadline,
+                                       'tool_call_ids', v_kept));
+        END IF;
+        RETURN CASE WHEN v_late THEN 'expired' ELSE v_run.status END;
     END IF;
 
     -- Every client call still waiting in the run's open batch must be answered together.
@@ -308,7 +342,7 @@ BEGIN
         SELECT * INTO v_run FROM {s}.runs r
         WHERE r.tenant_id = p_tenant_id AND r.idempotency_key = p_idempotency_key;
         IF FOUND THEN
-            RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key);
+            RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key, p_message, p_model, p_tools);
             RETURN;
         END IF;
     END IF;
@@ -327,7 +361,7 @@ BEGIN
             SELECT * INTO v_run FROM {s}.runs r
             WHERE r.tenant_id = p_tenant_id AND r.idempotency_key = p_idempotency_key;
             IF FOUND THEN
-                RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key);
+                RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key, p_message, p_model, p_tools);
                 RETURN;
             END IF;
         END IF;
@@ -365,7 +399,7 @@ BEGIN
     IF NOT FOUND THEN  -- the same key won a race on another thread of this tenant
         SELECT * INTO v_run FROM {s}.runs r
         WHERE r.tenant_id = p_tenant_id AND r.idempotency_key = p_idempotency_key;
-        RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key);
+        RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key, p_message, p_model, p_tools);
         RETURN;
     END IF;
     IF p_message IS NOT NULL THEN
@@ -387,16 +421,39 @@ END $$;
 
 
 -- same_run_request_v1: the run an idempotency key already started, if the request is the
--- same (same thread); else OB002. A helper of start_run_v1.
+-- same (thread, user message, model and set of tools; the order of the tools is not part
+-- of it); else OB002 naming what differs. A helper of start_run_v1.
 CREATE OR REPLACE FUNCTION {s}.same_run_request_v1(
-    p_run {s}.runs, p_thread_id uuid, p_idempotency_key text
+    p_run {s}.runs, p_thread_id uuid, p_idempotency_key text, p_message text, p_model text,
+    p_tools text[]
 ) RETURNS TABLE (run_id uuid, status text, created boolean, correlation_id text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_message text;
+    v_differ  text[] := '{}';
 BEGIN
+    SELECT m.content INTO v_message FROM {s}.messages m
+    WHERE m.thread_id = p_run.thread_id AND m.run_id = p_run.id AND m.role = 'user'
+    ORDER BY m.seq LIMIT 1;
     IF p_run.thread_id <> p_thread_id THEN
-        RAISE EXCEPTION 'idempotency key % already started run % on thread %, not on %',
-                        quote_literal(p_idempotency_key), p_run.id, p_run.thread_id, p_thread_id
-            USING ERRCODE = 'OB002', HINT = 'use a new key for a new turn';
+        v_differ := v_differ || 'thread'::text;
+    END IF;
+    IF v_message IS DISTINCT FROM p_message THEN
+        v_differ := v_differ || 'message'::text;
+    END IF;
+    IF p_run.model IS DISTINCT FROM p_model THEN
+        v_differ := v_differ || 'model'::text;
+    END IF;
+    IF ARRAY(SELECT DISTINCT t FROM unnest(coalesce(p_run.tool_names, '{}')) t ORDER BY t)
+       <> ARRAY(SELECT DISTINCT t FROM unnest(coalesce(p_tools, '{}')) t ORDER BY t) THEN
+        v_differ := v_differ || 'tools'::text;
+    END IF;
+    IF cardinality(v_differ) > 0 THEN
+        RAISE EXCEPTION 'idempotency key % already started run % with another %',
+                        quote_literal(p_idempotency_key), p_run.id,
+                        array_to_string(v_differ, ' and ')
+            USING ERRCODE = 'OB002',
+                  HINT = 'use a new key for a new turn; resend a turn with exactly its first request';
     END IF;
     RETURN QUERY SELECT p_run.id, p_run.status, false, p_run.correlation_id;
 END $$;
@@ -407,7 +464,7 @@ END $$;
 -- The one implementation of ending a run: the Python writer (writer.end_run: the relay's
 -- step cap, budget, loop and expiry) and cancel_run_v1 call it. Every batch whose outputs
 -- did not reach the history is closed and each of its calls gets a tool message at once
--- (its result, or {"error": "not executed: the run was <status> (<reason>)"}); rows nobody
+-- (its result, or an error that claims no more than is known, as answer_calls); rows nobody
 -- holds a lease on leave the outbox (no new claims); work in flight finishes and its
 -- results land in orphaned_results. Journals batch.closed per batch and run.<status>.
 -- Locks the run, then its batches. Not for backends (EXECUTE: the relay role).
@@ -448,6 +505,19 @@ BEGIN
                             THEN r.output #>> '{}'
                         WHEN r.status = 'ok' THEN coalesce(r.output::text, 'null')
                         WHEN r.status = 'error' THEN jsonb_build_object('error', r.error)::text
+                        WHEN tc.executor = 'client' THEN jsonb_build_object(
+                            'error', 'no output: ' || v_why
+                                     || ' before an output of this call was submitted')::text
+                        WHEN tc.attempts > 0 OR tc.dispatched_attempt IS NOT NULL
+                             OR EXISTS (SELECT 1 FROM {s}.outbox o
+                                        WHERE o.dedup_key = 'tool_call:' || tc.id
+                                          AND o.attempts > 0
+                                        OFFSET 0)
+                            THEN jsonb_build_object(
+                            'error', 'outcome unknown: ' || v_why
+                                     || ' while an attempt of this call may have been under'
+                                     || ' way; it may have taken effect, and a result that'
+                                     || ' arrives later is kept out of this conversation')::text
                         ELSE jsonb_build_object('error', 'not executed: ' || v_why)::text
                    END AS content
             FROM {s}.tool_calls tc
@@ -534,13 +604,13 @@ REVOKE ALL ON FUNCTION {s}.create_thread_v1(text, text, jsonb, jsonb) FROM PUBLI
 REVOKE ALL ON FUNCTION {s}.start_run_v1(text, uuid, text, text, text[], text, text, text, text,
                                          integer, bigint, integer, double precision, text)
     FROM PUBLIC;
-REVOKE ALL ON FUNCTION {s}.same_run_request_v1({s}.runs, uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.cancel_run_v1(text, uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.enter_tenant_v1(text),
                           {s}.create_thread_v1(text, text, jsonb, jsonb),
                           {s}.start_run_v1(text, uuid, text, text, text[], text, text, text,
                                            text, integer, bigint, integer, double precision,
                                            text),
-                          {s}.same_run_request_v1({s}.runs, uuid, text),
+                          {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]),
                           {s}.cancel_run_v1(text, uuid, text)
     TO outbox_writer, outbox_relay;

@@ -47,7 +47,8 @@ WINDOW w AS (PARTITION BY j.run_id ORDER BY j.at, j.id);
 -- reason = 'lease_expired': a worker holds a lease on the run's work past its expiry (the
 --   worker died or stalled; the relay's rescue sweep should take it back);
 -- reason = 'past_deadline': the run waits for client outputs (requires_action) past its
---   action deadline;
+--   action deadline (the sweep expires it once no call of it is being executed; outputs
+--   submitted meanwhile are refused);
 -- reason = 'no_work_queued': the run is queued or in progress but nothing is queued for it
 --   (no outbox row, no complete batch), so nothing will ever move it: typically a run
 --   inserted by hand or by an ORM without the writer API or start_run_v1.
@@ -129,7 +130,8 @@ HAVING count(*) > 1;
 
 -- orphaned_results_report: "Which results arrived too late to be used, and for what?"
 -- Every orphaned result with its call, batch and run: the reason it was kept out of the
--- conversation (batch_closed, run_ended, duplicate, fenced) and the state it arrived into.
+-- conversation (batch_closed, run_ended, deadline_passed, duplicate, fenced) and the state
+-- it arrived into.
 CREATE OR REPLACE VIEW {s}.orphaned_results_report AS
 SELECT o.id AS orphan_id,
        o.tenant_id,

@@ -56,26 +56,101 @@ RETURNING id
 -- Put a row back for a later attempt, only for the current lease holder. ``charge`` is 1
 -- when the attempt's effect failed by the tool's or model's doing (it counts against
 -- max_attempts), 0 when it never started (a hold asked for by Retry-After elsewhere).
-UPDATE {s}.outbox
+-- A row whose run is over (ended, or past its requires_action deadline) is never started
+-- again nor parked for an operator: it leaves the queue instead, its call keeps the attempt
+-- and why (its tool message says what is known: outcome unknown), the drop is journaled,
+-- and nothing is returned, so the worker journals its write as refused.
+WITH mine AS (
+    SELECT o.id, o.tool_call_ref,
+           EXISTS (SELECT 1 FROM {s}.runs r
+                   WHERE r.id = o.run_id
+                     AND (r.status IN ('completed', 'failed', 'cancelled', 'expired')
+                          OR (r.status = 'requires_action'
+                              AND r.action_deadline < now()))) AS run_over
+    FROM {s}.outbox o
+    WHERE o.id = %(id)s AND o.lease_owner = %(worker)s AND o.attempts = %(attempt)s
+), dropped AS (
+    DELETE FROM {s}.outbox o USING mine
+    WHERE o.id = mine.id AND mine.run_over
+    RETURNING o.*
+), noted AS (
+    UPDATE {s}.tool_calls tc
+    SET status = CASE WHEN tc.status IN ('succeeded', 'failed') THEN tc.status
+                      ELSE 'cancelled' END,
+        attempts = greatest(tc.attempts, d.attempts),
+        last_error = 'its run is over: not retried; ' || %(error)s::text, updated_at = now()
+    FROM dropped d
+    WHERE tc.id = d.tool_call_ref
+), journaled AS (
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
+                             outbox_id, correlation_id, attempt, worker, detail)
+    SELECT tenant_id, kind || '.dropped', thread_id, run_id, batch_id, tool_call_ref, id,
+           correlation_id, attempts, %(worker)s,
+           jsonb_build_object('reason', 'run_over', 'instead_of', 'retry_later',
+                              'error', %(error)s::text)
+    FROM dropped
+)
+UPDATE {s}.outbox o
 SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
     available_at = now() + make_interval(secs => %(delay_s)s),
-    failures = failures + %(charge)s
-WHERE id = %(id)s AND lease_owner = %(worker)s AND attempts = %(attempt)s
-RETURNING id
+    failures = o.failures + %(charge)s
+FROM mine
+WHERE o.id = mine.id AND NOT mine.run_over
+RETURNING o.id
 
 -- name: quarantine
 -- Park a row for an operator, only for the current lease holder; the attempt that ended
 -- here counts as failed.
-UPDATE {s}.outbox
-SET status = 'quarantined', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
-    failures = failures + 1
-WHERE id = %(id)s AND lease_owner = %(worker)s AND attempts = %(attempt)s
-RETURNING id
+-- A row whose run is over (ended, or past its requires_action deadline) is never started
+-- again nor parked for an operator: it leaves the queue instead, its call keeps the attempt
+-- and why (its tool message says what is known: outcome unknown), the drop is journaled,
+-- and nothing is returned, so the worker journals its write as refused.
+WITH mine AS (
+    SELECT o.id, o.tool_call_ref,
+           EXISTS (SELECT 1 FROM {s}.runs r
+                   WHERE r.id = o.run_id
+                     AND (r.status IN ('completed', 'failed', 'cancelled', 'expired')
+                          OR (r.status = 'requires_action'
+                              AND r.action_deadline < now()))) AS run_over
+    FROM {s}.outbox o
+    WHERE o.id = %(id)s AND o.lease_owner = %(worker)s AND o.attempts = %(attempt)s
+), dropped AS (
+    DELETE FROM {s}.outbox o USING mine
+    WHERE o.id = mine.id AND mine.run_over
+    RETURNING o.*
+), noted AS (
+    UPDATE {s}.tool_calls tc
+    SET status = CASE WHEN tc.status IN ('succeeded', 'failed') THEN tc.status
+                      ELSE 'cancelled' END,
+        attempts = greatest(tc.attempts, d.attempts),
+        last_error = 'its run is over: not parked for an operator; ' || %(error)s::text,
+        updated_at = now()
+    FROM dropped d
+    WHERE tc.id = d.tool_call_ref
+), journaled AS (
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
+                             outbox_id, correlation_id, attempt, worker, detail)
+    SELECT tenant_id, kind || '.dropped', thread_id, run_id, batch_id, tool_call_ref, id,
+           correlation_id, attempts, %(worker)s,
+           jsonb_build_object('reason', 'run_over', 'instead_of', 'quarantine',
+                              'error', %(error)s::text)
+    FROM dropped
+)
+UPDATE {s}.outbox o
+SET status = 'quarantined', lease_owner = NULL, lease_expires_at = NULL,
+    last_error = %(error)s, failures = o.failures + 1
+FROM mine
+WHERE o.id = mine.id AND NOT mine.run_over
+RETURNING o.id
 
 -- name: call_status
--- Record a call's state after an attempt.
+-- Record a call's state after an attempt. An attempt that certainly never reached the tool
+-- (unsent: a refused connection, 408/429/503) takes back its own dispatch mark, so the next
+-- attempt is a plain call, not an ambiguous one; a mark of an earlier attempt stays.
 UPDATE {s}.tool_calls
-SET status = %(status)s, attempts = %(attempt)s, last_error = %(error)s, updated_at = now()
+SET status = %(status)s, attempts = %(attempt)s, last_error = %(error)s, updated_at = now(),
+    dispatched_attempt = CASE WHEN %(unsent)s AND dispatched_attempt = %(attempt)s THEN NULL
+                              ELSE dispatched_attempt END
 WHERE id = %(tool_call_ref)s
 
 -- name: mark_dispatched
@@ -120,13 +195,26 @@ RETURNING id
 -- Take back rows whose lease expired (the holder died or stalled): ready again, with no
 -- attempt charged (a dead relay is not the tool's failure), or quarantined once leases of
 -- the row were lost max_lost_leases times (a row that kills whoever runs it must not loop
--- forever); journaled either way.
+-- forever); journaled either way. A row whose run is over (ended, or past its
+-- requires_action deadline) is not started again nor parked for an operator: it leaves the
+-- queue, its call keeps the attempt (so its tool message says "outcome unknown", not "not
+-- executed") and the drop is journaled (lease.expired.dropped).
 WITH expired AS (
-    SELECT id, lease_owner AS previous_owner FROM {s}.outbox
-    WHERE status = 'leased' AND lease_expires_at < now()
-    ORDER BY lease_expires_at
+    SELECT o.id, o.lease_owner AS previous_owner,
+           EXISTS (SELECT 1 FROM {s}.runs r
+                   WHERE r.id = o.run_id
+                     AND (r.status IN ('completed', 'failed', 'cancelled', 'expired')
+                          OR (r.status = 'requires_action'
+                              AND r.action_deadline < now()))) AS run_over
+    FROM {s}.outbox o
+    WHERE o.status = 'leased' AND o.lease_expires_at < now()
+    ORDER BY o.lease_expires_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF o SKIP LOCKED
+), dropped AS (
+    DELETE FROM {s}.outbox o USING expired
+    WHERE o.id = expired.id AND expired.run_over
+    RETURNING o.*, expired.previous_owner
 ), moved AS (
     UPDATE {s}.outbox o
     SET status = CASE WHEN o.lost_leases + 1 >= %(max_lost_leases)s THEN 'quarantined'
@@ -136,7 +224,7 @@ WITH expired AS (
                      || o.attempts,
         lease_owner = NULL, lease_expires_at = NULL, available_at = now()
     FROM expired
-    WHERE o.id = expired.id
+    WHERE o.id = expired.id AND NOT expired.run_over
     RETURNING o.*, expired.previous_owner
 ), journaled AS (
     INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
@@ -147,13 +235,32 @@ WITH expired AS (
            thread_id, run_id, batch_id, tool_call_ref, id, correlation_id, attempts,
            %(worker)s, jsonb_build_object('previous_owner', previous_owner, 'kind', kind)
     FROM moved
+    UNION ALL
+    SELECT tenant_id, 'lease.expired.dropped', thread_id, run_id, batch_id, tool_call_ref, id,
+           correlation_id, attempts, %(worker)s,
+           jsonb_build_object('previous_owner', previous_owner, 'kind', kind,
+                              'reason', 'run_over')
+    FROM dropped
 ), parked AS (
     UPDATE {s}.tool_calls tc SET status = 'quarantined', last_error = moved.last_error,
            updated_at = now()
     FROM moved
     WHERE moved.status = 'quarantined' AND tc.id = moved.tool_call_ref
+), noted AS (
+    UPDATE {s}.tool_calls tc
+    SET status = CASE WHEN tc.status IN ('succeeded', 'failed') THEN tc.status
+                      ELSE 'cancelled' END,
+        attempts = greatest(tc.attempts, dropped.attempts),
+        last_error = 'lease of ' || dropped.previous_owner || ' expired during attempt '
+                     || dropped.attempts || ' after its run was over: not started again, '
+                     || 'its outcome is unknown',
+        updated_at = now()
+    FROM dropped
+    WHERE tc.id = dropped.tool_call_ref
 )
 SELECT id, kind, status, previous_owner FROM moved
+UNION ALL
+SELECT id, kind, 'dropped', previous_owner FROM dropped
 
 -- name: rescue_stalled_batches
 -- Complete batches whose delivery is missing (the stall at requires_action): enqueue it.

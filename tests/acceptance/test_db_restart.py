@@ -18,9 +18,9 @@ import psycopg
 import pytest
 
 from outbox import db, migrate, writer
-from outbox.fakes.model import ScriptedModel
-from outbox.fakes.tools import FakeToolService
 from outbox.schemas import StartRun
+from outbox.testing.model import ScriptedModel
+from outbox.testing.tools import FakeToolService
 from tests.relay_harness import FAST, register_tool, scalar, start_relay_process, wait_until
 
 TENANT = "acme"

@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 import cli
 from outbox import writer
-from outbox.fakes.model import ScriptedModel
-from outbox.fakes.tools import FakeToolService
 from outbox.schemas import StartRun
+from outbox.testing.model import ScriptedModel
+from outbox.testing.tools import FakeToolService
 from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
 
 TENANT = "acme"

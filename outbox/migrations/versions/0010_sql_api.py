@@ -1,7 +1,7 @@
 """A SQL API for backends without Python; stuck_runs reports runs nothing will move.
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-11-23
 
 Beside ``submit_tool_outputs_v1`` (0003): ``create_thread_v1``, ``start_run_v1`` (the
@@ -23,7 +23,7 @@ from __future__ import annotations
 from outbox.migrate import frozen_sql, run_sql
 
 revision = "0010"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
@@ -72,7 +72,7 @@ DROP FUNCTION {s}.cancel_run_v1(text, uuid, text);
 DROP FUNCTION {s}.end_run_v1(uuid, text, text, text, text);
 DROP FUNCTION {s}.start_run_v1(text, uuid, text, text, text[], text, text, text, text, integer,
                                bigint, integer, double precision, text);
-DROP FUNCTION {s}.same_run_request_v1({s}.runs, uuid, text);
+DROP FUNCTION {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]);
 DROP FUNCTION {s}.create_thread_v1(text, text, jsonb, jsonb);
 DROP FUNCTION {s}.enter_tenant_v1(text);
 """

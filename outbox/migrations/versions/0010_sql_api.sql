@@ -150,7 +150,7 @@ BEGIN
         SELECT * INTO v_run FROM {s}.runs r
         WHERE r.tenant_id = p_tenant_id AND r.idempotency_key = p_idempotency_key;
         IF FOUND THEN
-            RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key);
+            RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key, p_message, p_model, p_tools);
             RETURN;
         END IF;
     END IF;
@@ -169,7 +169,7 @@ BEGIN
             SELECT * INTO v_run FROM {s}.runs r
             WHERE r.tenant_id = p_tenant_id AND r.idempotency_key = p_idempotency_key;
             IF FOUND THEN
-                RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key);
+                RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key, p_message, p_model, p_tools);
                 RETURN;
             END IF;
         END IF;
@@ -207,7 +207,7 @@ BEGIN
     IF NOT FOUND THEN  -- the same key won a race on another thread of this tenant
         SELECT * INTO v_run FROM {s}.runs r
         WHERE r.tenant_id = p_tenant_id AND r.idempotency_key = p_idempotency_key;
-        RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key);
+        RETURN QUERY SELECT * FROM {s}.same_run_request_v1(v_run, p_thread_id, p_idempotency_key, p_message, p_model, p_tools);
         RETURN;
     END IF;
     IF p_message IS NOT NULL THEN
@@ -229,16 +229,39 @@ END $$;
 
 
 -- same_run_request_v1: the run an idempotency key already started, if the request is the
--- same (same thread); else OB002. A helper of start_run_v1.
+-- same (thread, user message, model and set of tools; the order of the tools is not part
+-- of it); else OB002 naming what differs. A helper of start_run_v1.
 CREATE OR REPLACE FUNCTION {s}.same_run_request_v1(
-    p_run {s}.runs, p_thread_id uuid, p_idempotency_key text
+    p_run {s}.runs, p_thread_id uuid, p_idempotency_key text, p_message text, p_model text,
+    p_tools text[]
 ) RETURNS TABLE (run_id uuid, status text, created boolean, correlation_id text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_message text;
+    v_differ  text[] := '{}';
 BEGIN
+    SELECT m.content INTO v_message FROM {s}.messages m
+    WHERE m.thread_id = p_run.thread_id AND m.run_id = p_run.id AND m.role = 'user'
+    ORDER BY m.seq LIMIT 1;
     IF p_run.thread_id <> p_thread_id THEN
-        RAISE EXCEPTION 'idempotency key % already started run % on thread %, not on %',
-                        quote_literal(p_idempotency_key), p_run.id, p_run.thread_id, p_thread_id
-            USING ERRCODE = 'OB002', HINT = 'use a new key for a new turn';
+        v_differ := v_differ || 'thread'::text;
+    END IF;
+    IF v_message IS DISTINCT FROM p_message THEN
+        v_differ := v_differ || 'message'::text;
+    END IF;
+    IF p_run.model IS DISTINCT FROM p_model THEN
+        v_differ := v_differ || 'model'::text;
+    END IF;
+    IF ARRAY(SELECT DISTINCT t FROM unnest(coalesce(p_run.tool_names, '{}')) t ORDER BY t)
+       <> ARRAY(SELECT DISTINCT t FROM unnest(coalesce(p_tools, '{}')) t ORDER BY t) THEN
+        v_differ := v_differ || 'tools'::text;
+    END IF;
+    IF cardinality(v_differ) > 0 THEN
+        RAISE EXCEPTION 'idempotency key % already started run % with another %',
+                        quote_literal(p_idempotency_key), p_run.id,
+                        array_to_string(v_differ, ' and ')
+            USING ERRCODE = 'OB002',
+                  HINT = 'use a new key for a new turn; resend a turn with exactly its first request';
     END IF;
     RETURN QUERY SELECT p_run.id, p_run.status, false, p_run.correlation_id;
 END $$;
@@ -249,7 +272,7 @@ END $$;
 -- The one implementation of ending a run: the Python writer (writer.end_run: the relay's
 -- step cap, budget, loop and expiry) and cancel_run_v1 call it. Every batch whose outputs
 -- did not reach the history is closed and each of its calls gets a tool message at once
--- (its result, or {"error": "not executed: the run was <status> (<reason>)"}); rows nobody
+-- (its result, or an error that claims no more than is known, as answer_calls); rows nobody
 -- holds a lease on leave the outbox (no new claims); work in flight finishes and its
 -- results land in orphaned_results. Journals batch.closed per batch and run.<status>.
 -- Locks the run, then its batches. Not for backends (EXECUTE: the relay role).
@@ -290,6 +313,19 @@ BEGIN
                             THEN r.output #>> '{}'
                         WHEN r.status = 'ok' THEN coalesce(r.output::text, 'null')
                         WHEN r.status = 'error' THEN jsonb_build_object('error', r.error)::text
+                        WHEN tc.executor = 'client' THEN jsonb_build_object(
+                            'error', 'no output: ' || v_why
+                                     || ' before an output of this call was submitted')::text
+                        WHEN tc.attempts > 0 OR tc.dispatched_attempt IS NOT NULL
+                             OR EXISTS (SELECT 1 FROM {s}.outbox o
+                                        WHERE o.dedup_key = 'tool_call:' || tc.id
+                                          AND o.attempts > 0
+                                        OFFSET 0)
+                            THEN jsonb_build_object(
+                            'error', 'outcome unknown: ' || v_why
+                                     || ' while an attempt of this call may have been under'
+                                     || ' way; it may have taken effect, and a result that'
+                                     || ' arrives later is kept out of this conversation')::text
                         ELSE jsonb_build_object('error', 'not executed: ' || v_why)::text
                    END AS content
             FROM {s}.tool_calls tc
@@ -376,14 +412,14 @@ REVOKE ALL ON FUNCTION {s}.create_thread_v1(text, text, jsonb, jsonb) FROM PUBLI
 REVOKE ALL ON FUNCTION {s}.start_run_v1(text, uuid, text, text, text[], text, text, text, text,
                                          integer, bigint, integer, double precision, text)
     FROM PUBLIC;
-REVOKE ALL ON FUNCTION {s}.same_run_request_v1({s}.runs, uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.cancel_run_v1(text, uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.enter_tenant_v1(text),
                           {s}.create_thread_v1(text, text, jsonb, jsonb),
                           {s}.start_run_v1(text, uuid, text, text, text[], text, text, text,
                                            text, integer, bigint, integer, double precision,
                                            text),
-                          {s}.same_run_request_v1({s}.runs, uuid, text),
+                          {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]),
                           {s}.cancel_run_v1(text, uuid, text)
     TO outbox_writer, outbox_relay;
 

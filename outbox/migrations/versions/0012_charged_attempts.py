@@ -17,6 +17,7 @@ defaults: no table rewrite, a brief ACCESS EXCLUSIVE lock only.
 from __future__ import annotations
 
 from alembic import op
+
 from outbox.migrate import schema_sql
 
 revision = "0012"
