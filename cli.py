@@ -434,13 +434,13 @@ def tools_enable(name: str, tenant: str, as_json: bool) -> None:
 )
 @click.option(
     "--inprocess-slots",
-    default=512,
+    default=RELAY_DEFAULTS.inprocess_slots,
     show_default=True,
-    help="In-process (python) tool calls in flight per process, beside the slots.",
+    help="In-process (python) tool calls in flight per process, beside --concurrency.",
 )
 @click.option(
     "--inprocess-threads",
-    default=64,
+    default=RELAY_DEFAULTS.inprocess_threads,
     show_default=True,
     help=(
         "Threads running in-process tools per process. A tool that overruns its timeout "
@@ -449,17 +449,39 @@ def tools_enable(name: str, tenant: str, as_json: bool) -> None:
     ),
 )
 @click.option("--processes", default=1, show_default=True, help="Worker processes to supervise.")
-@click.option("--lease", "lease_s", default=30.0, show_default=True, help="Lease length, s.")
-@click.option("--poll-interval", "poll_s", default=1.0, show_default=True, help="Fallback poll, s.")
+@click.option(
+    "--lease", "lease_s", default=RELAY_DEFAULTS.lease_s, show_default=True, help="Lease length, s."
+)
+@click.option(
+    "--poll-interval",
+    "poll_s",
+    default=RELAY_DEFAULTS.poll_interval_s,
+    show_default=True,
+    help="Fallback poll, s.",
+)
 @click.option(
     "--no-listen", is_flag=True, help="Poll only (for poolers in transaction mode: no LISTEN)."
 )
-@click.option("--grace", "grace_s", default=20.0, show_default=True, help="SIGTERM grace, s.")
 @click.option(
-    "--retry-base", "retry_base_s", default=0.5, show_default=True, help="First retry delay, s."
+    "--grace",
+    "grace_s",
+    default=RELAY_DEFAULTS.grace_s,
+    show_default=True,
+    help="SIGTERM grace, s.",
 )
 @click.option(
-    "--rescue-interval", "rescue_s", default=2.0, show_default=True, help="Sweep period, s."
+    "--retry-base",
+    "retry_base_s",
+    default=RELAY_DEFAULTS.retry_base_s,
+    show_default=True,
+    help="First retry delay, s.",
+)
+@click.option(
+    "--rescue-interval",
+    "rescue_s",
+    default=RELAY_DEFAULTS.rescue_interval_s,
+    show_default=True,
+    help="Sweep period, s.",
 )
 @click.option(
     "--kind",

@@ -22,6 +22,7 @@ import psycopg
 
 from outbox import calls, history, tenancy
 from outbox.errors import InvalidInput
+from outbox.schemas import check_size
 from outbox.writer import (
     Q,
     Row,
