@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from outbox import history, lifecycle, registry, writer
-from outbox.fakes.tools import FakeToolService
+from outbox.testing.tools import FakeToolService
 from tests.helpers import TENANT, new_run, turn
 from tests.relay_harness import FAST, register_tool, scalar, start_relay_process, wait_until
 

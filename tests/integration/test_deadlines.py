@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from outbox import history, lifecycle, registry, writer
-from outbox.fakes.tools import FakeToolService
+from outbox.testing.tools import FakeToolService
 from tests.helpers import TENANT, new_run, turn
 from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
 

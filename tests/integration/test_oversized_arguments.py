@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from outbox import config, history, writer
-from outbox.fakes.model import HistoryItem, ScriptedModel
-from outbox.fakes.tools import FakeToolService
 from outbox.schemas import StartRun
+from outbox.testing.model import HistoryItem, ScriptedModel
+from outbox.testing.tools import FakeToolService
 from tests.helpers import TENANT, add_tool, new_run, turn
 from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
 

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from outbox.fakes.tools import FakeToolService
+from outbox.testing.tools import FakeToolService
 from tests.relay_harness import (
     all_settled,
     register_tool,
