@@ -27,6 +27,7 @@ is what a user gets.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import openai
+import psutil
 import psycopg
 from psycopg.rows import dict_row
 
@@ -247,55 +249,67 @@ def register_tools(url: str, services: Services) -> None:
 
 
 class RelayFleet:
-    """P relay processes that the demo can ``kill -9`` and start again."""
+    """One ``outbox relay --processes P``: P worker processes under their supervisor, as an
+    operator runs them. The demo ``kill -9``s a worker; the supervisor starts another and
+    ends the dead worker's leases, so its rows run again without waiting out the lease."""
 
     def __init__(self, url: str, processes: int, log_path: Path) -> None:
         self.url = url
-        self.log_path = log_path
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.processes = processes
         self.kills = 0
-        for _ in range(processes):
-            self.procs.append(self._spawn())
+        env = {**os.environ, "OUTBOX_DATABASE_URL": url}
+        command = [sys.executable, "-m", "cli", "relay", "--processes", str(processes)]
+        with open(log_path, "ab") as log:
+            self.supervisor = subprocess.Popen(
+                [*command, *RELAY_ARGS], env=env, stdout=log, stderr=log
+            )
+        self.log_path = log_path
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "OUTBOX_DATABASE_URL": self.url}
-        command = [sys.executable, "-m", "cli", "relay", *RELAY_ARGS]
-        with open(self.log_path, "ab") as log:
-            return subprocess.Popen(command, env=env, stdout=log, stderr=log)
+    def workers(self) -> list[psutil.Process]:
+        """The supervisor's live worker processes (spawn also starts a resource tracker)."""
+        found = []
+        for child in psutil.Process(self.supervisor.pid).children():
+            with contextlib.suppress(psutil.Error):
+                if child.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(
+                    child.cmdline()
+                ):
+                    found.append(child)
+        return found
 
     def kill(self, index: int) -> None:
-        """SIGKILL process ``index`` (no cleanup, leases left behind) and start a new one."""
-        proc = self.procs[index % len(self.procs)]
-        proc.kill()
-        proc.wait()
-        self.kills += 1
-        self.procs[index % len(self.procs)] = self._spawn()
+        """SIGKILL worker ``index`` (no cleanup, leases left behind); its supervisor starts
+        another."""
+        workers = self.workers()
+        if not workers:
+            return
+        victim = workers[index % len(workers)]
+        with contextlib.suppress(psutil.Error):
+            victim.kill()
+            victim.wait(timeout=10)
+            self.kills += 1
 
     def wait_ready(self, q: Queries) -> None:
         deadline = time.monotonic() + RELAY_READY_S
         with psycopg.connect(self.url, autocommit=True) as conn:
             while True:
                 row = conn.execute(q.relay_claimers).fetchone()
-                if row and row[0] >= len(self.procs):
+                if row and row[0] >= self.processes:
                     return
-                dead = [p.returncode for p in self.procs if p.poll() is not None]
-                if dead or time.monotonic() > deadline:
+                code = self.supervisor.poll()
+                if code is not None or time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"the relay processes did not start (exit codes {dead}); "
-                        f"see {self.log_path}"
+                        f"the relay processes did not start (exit code {code}); see {self.log_path}"
                     )
                 time.sleep(POLL_S)  # polling a condition with a deadline
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if self.supervisor.poll() is None:
+            self.supervisor.send_signal(signal.SIGTERM)
+        try:
+            self.supervisor.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.supervisor.kill()  # its workers notice and stop by themselves
+            self.supervisor.wait()
 
 
 # -- the fault schedule ---------------------------------------------------------------------

@@ -10,8 +10,13 @@ from dataclasses import dataclass, field
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
 
 
-def new_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+def worker_id_of(pid: int, tag: str) -> str:
+    """A worker's id: host, process id and a tag (a pid alone may be reused)."""
+    return f"{socket.gethostname()}:{pid}:{tag}"
+
+
+def new_worker_id(tag: str | None = None) -> str:
+    return worker_id_of(os.getpid(), tag or uuid.uuid4().hex[:6])
 
 
 @dataclass(frozen=True)

@@ -262,6 +262,15 @@ SELECT id, kind, status, previous_owner FROM moved
 UNION ALL
 SELECT id, kind, 'dropped', previous_owner FROM dropped
 
+-- name: expire_leases_of
+-- End now the leases of a worker process known to be dead: its supervisor saw it exit, so
+-- nothing of it can still be running. The next rescue (rescue_expired, by any worker) takes
+-- its rows back as it would once the leases ran out, without waiting for that. Only the
+-- process that saw the exit may say so: a worker that merely lost its connections is alive.
+UPDATE {s}.outbox SET lease_expires_at = now()
+WHERE status = 'leased' AND lease_owner = %(worker)s AND lease_expires_at > now()
+RETURNING id
+
 -- name: rescue_stalled_batches
 -- Complete batches whose delivery is missing (the stall at requires_action): enqueue it.
 WITH stalled AS (

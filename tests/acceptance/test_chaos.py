@@ -296,6 +296,42 @@ def test_supervisor_restarts_a_killed_worker_and_stops_cleanly(db_url, service, 
     assert service.tool("keyed").duplicate_effects() == 0
 
 
+def test_supervisor_ends_a_killed_workers_leases_at_once(db_url, service, tmp_path):
+    """The supervisor saw its worker die: the rows it held run again long before their
+    lease (600 s here) would have run out, once, and the killed attempt costs nothing."""
+    service.add_tool("keyed", "key")
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "keyed", "key", timeout_s=120)
+        conn.commit()
+    # The first request commits its effect and is held: its worker keeps the lease.
+    service.tool("keyed").stall_after_commit(60)
+    long_lease = [*FAST]
+    long_lease[long_lease.index("--lease") + 1] = "600"
+    supervisor = start_relay_process(db_url, tmp_path / "s.log", "--processes", "2", *long_lease)
+    leased = "SELECT lease_owner FROM outbox.outbox WHERE kind = 'tool_call' AND status = 'leased'"
+    try:
+        seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+        owner = wait_until(
+            lambda: len(service.tool("keyed").effects) == 1 and scalar(db_url, leased),
+            what="the call's effect done, its answer held, its row leased",
+        )
+        os.kill(int(owner.split(":")[1]), signal.SIGKILL)
+        wait_until(lambda: all_settled(db_url), what="the call run again by another worker")
+    finally:
+        stop_all([supervisor])
+    assert tool_call_states(db_url) == {"succeeded": 1}
+    assert service.tool("keyed").duplicate_effects() == 0
+    rescued = (
+        "SELECT detail->>'previous_owner' FROM outbox.journal "
+        "WHERE event = 'lease.expired.rescued'"
+    )
+    assert scalar(db_url, rescued) == owner
+    assert scalar(db_url, "SELECT failures FROM outbox.outbox WHERE kind = 'tool_call'") in (
+        None,  # done rows leave the queue
+        0,
+    )
+
+
 def test_workers_stop_when_their_supervisor_is_killed(db_url, service, tmp_path):
     supervisor = start_relay_process(db_url, tmp_path / "s.log", "--processes", "2", *FAST)
     parent = psutil.Process(supervisor.pid)
