@@ -70,8 +70,6 @@ from outbox.sql import Queries
 T = TypeVar("T")
 DEMO_DATABASE = "outbox_demo"
 RELAY_ARGS = (
-    "--concurrency",
-    "16",
     "--lease",
     "2",
     "--rescue-interval",
