@@ -322,8 +322,7 @@ def test_supervisor_ends_a_killed_workers_leases_at_once(db_url, service, tmp_pa
     assert tool_call_states(db_url) == {"succeeded": 1}
     assert service.tool("keyed").duplicate_effects() == 0
     rescued = (
-        "SELECT detail->>'previous_owner' FROM outbox.journal "
-        "WHERE event = 'lease.expired.rescued'"
+        "SELECT detail->>'previous_owner' FROM outbox.journal WHERE event = 'lease.expired.rescued'"
     )
     assert scalar(db_url, rescued) == owner
     assert scalar(db_url, "SELECT failures FROM outbox.outbox WHERE kind = 'tool_call'") in (
