@@ -23,7 +23,7 @@ import click
 import psycopg
 from pydantic import ValidationError
 
-from outbox import db, history, lifecycle, migrate, ops, registry, writer
+from outbox import db, history, lifecycle, limits, migrate, ops, registry, writer
 from outbox.errors import InvalidInput, OutboxError
 from outbox.schemas import NewMessage, StartRun
 from relay.config import ALL_KINDS, RelayConfig
@@ -300,6 +300,14 @@ def tools_group() -> None:
 @click.option("--description", default="")
 @click.option("--tenant", default="*", show_default=True, help="'*' = shared by all tenants.")
 @click.option("--disabled", is_flag=True, help="Register the version disabled.")
+@click.option(
+    "--max-concurrency",
+    type=int,
+    help="Most calls of NAME in flight at once, across every relay (see `tools limit`).",
+)
+@click.option(
+    "--rate", type=float, help="Most calls of NAME started per second, across every relay."
+)
 @json_option
 def tools_register(
     name: str, schema_: str | None, callable_: str | None, as_json: bool, **opts: Any
@@ -336,6 +344,11 @@ def tools_register(
     )
     with connection() as conn:
         row = registry.register(conn, spec)
+        if opts["max_concurrency"] is not None or opts["rate"] is not None:
+            lane = limits.set_limits(
+                conn, "tool", name, max_concurrency=opts["max_concurrency"], rate=opts["rate"]
+            )
+            row = {**row, "limits": lane}
     if as_json:
         echo_json(row)
         return
@@ -557,6 +570,46 @@ def actor_option(func: F) -> F:
     )(func)
 
 
+class LimitValue(click.ParamType[Any]):
+    """A positive number, or 'none' to remove that limit."""
+
+    name = "N|none"
+
+    def __init__(self, kind: type[int] | type[float]) -> None:
+        self.kind = kind
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if str(value).lower() == "none":
+            return "none"
+        try:
+            number = self.kind(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is neither a number nor 'none'", param, ctx)
+        if number <= 0:
+            self.fail(f"{value!r} must be over 0 (or 'none' to remove the limit)", param, ctx)
+        return number
+
+
+def merged_limit(current: Any, given: Any) -> Any:
+    """A limit option's effect: not given keeps ``current``, 'none' removes it."""
+    if given is None:
+        return current
+    return None if given == "none" else given
+
+
+def show_lane(scope: str, name: str, lane: dict[str, Any] | None, as_json: bool) -> None:
+    if as_json:
+        echo_json(lane or {"scope": scope, "name": name, "max_concurrency": None, "rate": None})
+        return
+    if lane is None:
+        click.echo(f"{scope} {name}: no limits")
+        return
+    parts = [f"max_concurrency {lane['max_concurrency'] or 'none'}"]
+    if scope == "tool":
+        parts.append(f"rate {lane['rate'] or 'none'}/s")
+    click.echo(f"{scope} {name}: " + ", ".join(parts))
+
+
 def echo_json(value: Any) -> None:
     click.echo(json.dumps(value, default=str, indent=2))
 
@@ -757,6 +810,96 @@ def tenants_budget(tenant: str, max_tokens: int, as_json: bool) -> None:
         echo_json(row)
         return
     click.echo(f"tenant {tenant}: budget {row['max_tokens']} tokens, used {row['tokens_used']}")
+
+
+@tools_group.command("limit")
+@click.argument("name")
+@click.option(
+    "--max-concurrency",
+    type=LimitValue(int),
+    help="Most calls of NAME in flight at once, across every relay process and machine.",
+)
+@click.option(
+    "--rate",
+    type=LimitValue(float),
+    help="Most calls of NAME started per second (burst max(1, rate)), across every relay.",
+)
+@actor_option
+@json_option
+def tools_limit(name: str, max_concurrency: Any, rate: Any, actor: str, as_json: bool) -> None:
+    """Show or set the limits of tool NAME (for every tenant's calls of it).
+
+    \b
+    Counted in PostgreSQL when a relay claims, so they hold across every relay process and
+    machine. A call over a limit waits in the queue, uncharged, until a claim finds room.
+    An option left out keeps its value; 'none' removes that limit. Without options, shows
+    the limits.
+    """
+    with connection() as conn:
+        lane = limits.get(conn, "tool", name)
+        if max_concurrency is not None or rate is not None:
+            current = lane or {}
+            lane = limits.set_limits(
+                conn,
+                "tool",
+                name,
+                max_concurrency=merged_limit(current.get("max_concurrency"), max_concurrency),
+                rate=merged_limit(current.get("rate"), rate),
+                actor=actor,
+            )
+    show_lane("tool", name, lane, as_json)
+
+
+@tenants_group.command("limit")
+@click.argument("tenant")
+@click.option(
+    "--max-concurrency",
+    type=LimitValue(int),
+    help="Most of TENANT's rows in flight at once (model turns, tool calls, deliveries), "
+    "across every relay.",
+)
+@actor_option
+@json_option
+def tenants_limit(tenant: str, max_concurrency: Any, actor: str, as_json: bool) -> None:
+    """Show or set how much of TENANT's work may be in flight at once.
+
+    \b
+    Counted in PostgreSQL when a relay claims, so it holds across every relay process and
+    machine; the rest waits in the queue, uncharged. Claims are fair across tenants
+    whatever the limits: one tenant's backlog never holds another's work back for more than
+    one claim. 'none' removes the limit; without options, shows it.
+    """
+    with connection() as conn:
+        lane = limits.get(conn, "tenant", tenant)
+        if max_concurrency is not None:
+            lane = limits.set_limits(
+                conn,
+                "tenant",
+                tenant,
+                max_concurrency=merged_limit(None, max_concurrency),
+                actor=actor,
+            )
+    show_lane("tenant", tenant, lane, as_json)
+
+
+@main.command("limits")
+@json_option
+def limits_command(as_json: bool) -> None:
+    """Every tool and tenant with limits, and what each has in flight now."""
+    with connection() as conn:
+        rows = limits.in_flight(conn)
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("no limits: set them with `outbox tools limit` or `outbox tenants limit`")
+        return
+    for row in rows:
+        rate = f", rate {row['rate']}/s" if row["rate"] is not None else ""
+        click.echo(
+            f"{row['scope']:<6} {row['name']:<24} in flight {row['in_flight']}"
+            f" of {row['max_concurrency'] or 'unlimited'}{rate}"
+        )
 
 
 # -- threads ----------------------------------------------------------------------------

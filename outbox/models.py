@@ -340,6 +340,19 @@ class OutboxRow(Base):
     __table_args__ = (
         UniqueConstraint("dedup_key", name="outbox_dedup_key"),
         Index("outbox_ready", "available_at", "id", postgresql_where=text("status = 'ready'")),
+        Index(
+            "outbox_ready_tenant",
+            "tenant_id",
+            "available_at",
+            "id",
+            postgresql_where=text("status = 'ready'"),
+        ),
+        Index("outbox_leased_tenant", "tenant_id", postgresql_where=text("status = 'leased'")),
+        Index(
+            "outbox_leased_tool",
+            "tool_name",
+            postgresql_where=text("status = 'leased' AND tool_name IS NOT NULL"),
+        ),
         Index("outbox_leased", "lease_expires_at", postgresql_where=text("status = 'leased'")),
         Index("outbox_run", "run_id"),
     )
@@ -373,6 +386,10 @@ class OutboxRow(Base):
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_error: Mapped[str | None] = mapped_column(Text)
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    tool_name: Mapped[str | None] = mapped_column(
+        Text,
+        comment="the tool of a tool_call row (its lane for per-tool limits); NULL for other kinds",
+    )
     created_at: Mapped[datetime] = _now()
 
 
@@ -426,6 +443,27 @@ class TenantBudget(Base):
     tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     max_tokens: Mapped[int] = mapped_column(BigInteger)
     tokens_used: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = _now()
+
+
+class Lane(Base):
+    """A limit on a tool (across tenants) or a tenant; see migration 0013."""
+
+    __tablename__ = "lanes"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "limits per tool and per tenant: calls in flight (max_concurrency) and, "
+        "for a tool, calls started per second (rate, a token bucket of burst max(1, rate)); "
+        "every claim that takes work of a lane updates its row, which is how other claims "
+        "see it"
+    }
+
+    scope: Mapped[str] = mapped_column(Text, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    max_concurrency: Mapped[int | None] = mapped_column(Integer)
+    rate: Mapped[float | None] = mapped_column(Double)
+    tokens: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    refilled_at: Mapped[datetime] = _now()
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = _now()
 
 

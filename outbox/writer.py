@@ -222,10 +222,12 @@ def enqueue(
     *,
     batch_id: int | None = None,
     tool_call_ref: int | None = None,
+    tool_name: str | None = None,
     max_attempts: int = 5,
     payload: Row | None = None,
 ) -> int | None:
-    """Add an outbox row for ``run``; returns its id, or None when the dedup key exists."""
+    """Add an outbox row for ``run``; returns its id, or None when the dedup key exists.
+    A tool call names its tool (``tool_name``): the lane its per-tool limit counts in."""
     row = fetch_one(
         conn,
         Q.insert_outbox,
@@ -237,6 +239,7 @@ def enqueue(
             "run_id": run["id"],
             "batch_id": batch_id,
             "tool_call_ref": tool_call_ref,
+            "tool_name": tool_name,
             "correlation_id": run["correlation_id"],
             "max_attempts": max_attempts,
             "payload": Jsonb(payload or {}),
@@ -490,6 +493,7 @@ def _record_batch(
                 f"tool_call:{ref}",
                 batch_id=batch_id,
                 tool_call_ref=ref,
+                tool_name=call.name,
                 max_attempts=plan.max_attempts,
             )
     if pending == 0:

@@ -22,9 +22,9 @@ SELECT * FROM {s}.runs WHERE id = %(run_id)s
 -- name: insert_outbox
 -- Enqueue one unit of work; a repeated dedup key is a no-op.
 INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id, tool_call_ref,
-                        correlation_id, max_attempts, payload)
+                        tool_name, correlation_id, max_attempts, payload)
 VALUES (%(tenant_id)s, %(kind)s, %(dedup_key)s, %(thread_id)s, %(run_id)s, %(batch_id)s,
-        %(tool_call_ref)s, %(correlation_id)s, %(max_attempts)s, %(payload)s)
+        %(tool_call_ref)s, %(tool_name)s, %(correlation_id)s, %(max_attempts)s, %(payload)s)
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING id
 

@@ -132,6 +132,9 @@ class FakeTool:
         self._lock = threading.Lock()
         self._deliveries: list[Delivery] = []
         self._effects: list[Effect] = []
+        self._in_flight = 0  # requests being answered now
+        self._max_in_flight = 0
+        self._starts: list[float] = []  # time.monotonic() at each request's arrival
         self._by_key: dict[str, Effect] = {}
         self._faults: list[_Fault] = []
         self._lookups = 0
@@ -247,8 +250,31 @@ class FakeTool:
 
     # -- serving ----------------------------------------------------------------------------
 
+    @property
+    def max_in_flight(self) -> int:
+        """The most requests this tool was answering at once (to check concurrency limits)."""
+        with self._lock:
+            return self._max_in_flight
+
+    @property
+    def starts(self) -> list[float]:
+        """When each request arrived (``time.monotonic()``), to check rate limits."""
+        with self._lock:
+            return list(self._starts)
+
     def deliver(self, request: Request) -> Reply:
-        """Answer one delivery of ``POST /tools/{name}``."""
+        """Answer one delivery of ``POST /tools/{name}``, counting requests in flight."""
+        with self._lock:
+            self._in_flight += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+            self._starts.append(time.monotonic())
+        try:
+            return self._deliver(request)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _deliver(self, request: Request) -> Reply:
         key = request.headers.get("idempotency-key")
         arguments = request.json_object()
         with self._lock:

@@ -1,23 +1,134 @@
 -- name: claim
--- Claim up to n due rows in one statement: lock ready rows with SKIP LOCKED through the
--- partial index, lease them from the database clock, bump the attempt (the fencing token),
--- and return each with what its executor needs. Every lookup goes through a primary key
--- (the claimed ids as an array, each row's call by its id), so a claim costs the same on a
--- backlog of a million rows as on an empty queue.
-WITH ready AS (
-    SELECT id FROM {s}.outbox
-    WHERE status = 'ready' AND available_at <= now() AND kind = ANY(%(kinds)s)
-    ORDER BY available_at, id
+-- Claim up to n due rows in one statement, fairly across tenants and within the limits of
+-- their lanes (docs/relay.md, "Limits and fair claims"):
+--
+-- * tenants: walk the tenants with due rows (one probe of outbox_ready_tenant each) and
+--   lock each one's oldest due rows with SKIP LOCKED, an equal share of n apiece; the
+--   claim takes them round-robin (every tenant's first row, then every second...), so one
+--   tenant's backlog never makes another's row wait for more than one claim;
+-- * lanes: a tool or tenant with a row in `lanes` has a limit. Its row is locked SKIP
+--   LOCKED (a lane another claim holds now is left to the next claim), and what the lane
+--   has in flight is counted with an index lookup. That count is only trusted when the
+--   lane row's last writer is visible to this statement's snapshot: every claim that takes
+--   work of a lane rewrites its row, so a claim committed after this statement began shows
+--   as an invisible writer, and the lane waits for the next claim rather than count short;
+-- * lease the chosen rows from the database clock, bump the attempt (the fencing token),
+--   take the rate tokens they used, and return each with what its executor needs. Every
+--   other lookup goes through a primary key.
+WITH RECURSIVE tenants AS (
+    (SELECT o.tenant_id FROM {s}.outbox o
+     WHERE o.status = 'ready' AND o.available_at <= now() AND o.kind = ANY(%(kinds)s)
+     ORDER BY o.tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.tenant_id FROM {s}.outbox o
+            WHERE o.status = 'ready' AND o.tenant_id > t.tenant_id
+              AND o.available_at <= now() AND o.kind = ANY(%(kinds)s)
+            ORDER BY o.tenant_id LIMIT 1)
+    FROM tenants t WHERE t.tenant_id IS NOT NULL
+), share AS (
+    SELECT ceil(%(limit)s::float8 / greatest(1, count(*)))::int AS n
+    FROM tenants WHERE tenant_id IS NOT NULL
+), shared AS (
+    SELECT c.id, c.tenant_id, c.tool_name, c.available_at FROM tenants t
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.tenant_id, o.tool_name, o.available_at FROM {s}.outbox o
+        WHERE o.status = 'ready' AND o.tenant_id = t.tenant_id
+          AND o.available_at <= now() AND o.kind = ANY(%(kinds)s)
+        ORDER BY o.available_at, o.id
+        LIMIT (SELECT n FROM share)
+        FOR UPDATE OF o SKIP LOCKED
+    ) c
+    WHERE t.tenant_id IS NOT NULL
+), topped AS (
+    -- Tenants with less than their share leave room: the oldest other due rows fill it.
+    SELECT o.id, o.tenant_id, o.tool_name, o.available_at FROM {s}.outbox o
+    WHERE o.status = 'ready' AND o.available_at <= now() AND o.kind = ANY(%(kinds)s)
+      AND o.id <> ALL(ARRAY(SELECT id FROM shared))
+    ORDER BY o.available_at, o.id
+    LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM shared))
+    FOR UPDATE OF o SKIP LOCKED
+), candidates AS (
+    -- turn: a row's place among its tenant's (its tenant's first row, second row...).
+    SELECT c.id, c.tenant_id, c.tool_name, c.available_at, c.stage,
+           row_number() OVER (PARTITION BY c.tenant_id
+                              ORDER BY c.stage, c.available_at, c.id) AS turn
+    FROM (SELECT *, 1 AS stage FROM shared UNION ALL SELECT *, 2 FROM topped) c
+), limited AS (
+    SELECT l.scope, l.name FROM {s}.lanes l
+    WHERE (l.scope = 'tenant' AND l.name IN (SELECT tenant_id FROM candidates))
+       OR (l.scope = 'tool' AND l.name IN (SELECT tool_name FROM candidates))
+), snap AS (
+    SELECT pg_current_snapshot() AS s,
+           pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax
+), held AS (
+    -- A lane row's xmin is a 32-bit xid: put it in the epoch of the snapshot's xmax (or
+    -- the one before, if it is larger) to ask whether the snapshot sees its writer.
+    SELECT l.scope, l.name, l.max_concurrency, l.rate,
+           least(greatest(1, l.rate),
+                 l.tokens + l.rate * extract(epoch FROM now() - l.refilled_at)) AS tokens,
+           pg_visible_in_snapshot(
+               (((((snap.xmax >> 32)
+                   - CASE WHEN l.xmin::text::bigint > (snap.xmax & 4294967295) THEN 1
+                          ELSE 0 END) << 32)
+                 | l.xmin::text::bigint)::text)::xid8,
+               snap.s) AS settled
+    FROM {s}.lanes l, snap
+    WHERE (l.scope, l.name) IN (SELECT scope, name FROM limited)
+    ORDER BY l.scope, l.name
+    FOR UPDATE OF l SKIP LOCKED
+), room AS (
+    SELECT h.scope, h.name,
+           CASE WHEN NOT h.settled THEN 0
+                ELSE least(
+                    coalesce(h.max_concurrency - CASE h.scope
+                        WHEN 'tenant' THEN (SELECT count(*) FROM {s}.outbox o
+                                            WHERE o.status = 'leased' AND o.tenant_id = h.name)
+                        ELSE (SELECT count(*) FROM {s}.outbox o
+                              WHERE o.status = 'leased' AND o.tool_name = h.name)
+                        END, 2147483647),
+                    coalesce(floor(h.tokens), 2147483647))
+           END AS n
+    FROM held h
+), chosen AS (
+    SELECT c.id, c.tenant_id, c.tool_name FROM (
+        SELECT c.*, row_number() OVER (PARTITION BY c.tool_name
+                                       ORDER BY c.stage, c.turn, c.available_at, c.id)
+                    AS tool_turn
+        FROM candidates c
+    ) c
+    WHERE NOT EXISTS (SELECT 1 FROM limited l
+                      WHERE l.scope = 'tenant' AND l.name = c.tenant_id
+                        AND c.turn > coalesce((SELECT r.n FROM room r
+                                               WHERE r.scope = 'tenant'
+                                                 AND r.name = c.tenant_id), 0))
+      AND NOT EXISTS (SELECT 1 FROM limited l
+                      WHERE l.scope = 'tool' AND l.name = c.tool_name
+                        AND c.tool_turn > coalesce((SELECT r.n FROM room r
+                                                    WHERE r.scope = 'tool'
+                                                      AND r.name = c.tool_name), 0))
+    ORDER BY c.stage, c.turn, c.available_at, c.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE {s}.outbox o
     SET status = 'leased', attempts = o.attempts + 1, lease_owner = %(worker)s,
         lease_expires_at = now() + make_interval(secs => %(lease_s)s), claimed_at = now()
-    WHERE o.id = ANY(ARRAY(SELECT id FROM ready))
+    WHERE o.id = ANY(ARRAY(SELECT id FROM chosen))
     RETURNING o.id, o.kind, o.tenant_id, o.thread_id, o.run_id, o.batch_id, o.tool_call_ref,
               o.correlation_id, o.attempts, o.failures, o.max_attempts, o.payload,
-              o.available_at
+              o.available_at, o.tool_name
+), lanes_used AS (
+    UPDATE {s}.lanes l
+    SET claimed_at = now(),
+        tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE h.tokens - used.n END,
+        refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE now() END
+    FROM held h,
+         (SELECT 'tenant' AS scope, tenant_id AS name, count(*) AS n FROM claimed
+          GROUP BY tenant_id
+          UNION ALL
+          SELECT 'tool', tool_name, count(*) FROM claimed
+          WHERE tool_name IS NOT NULL GROUP BY tool_name) used
+    WHERE l.scope = used.scope AND l.name = used.name
+      AND h.scope = l.scope AND h.name = l.name
 )
 -- The columns of relay.outcomes.Claimed, in its order.
 -- A tool call's payload is left out: its call row holds what it needs, and decoding JSON is

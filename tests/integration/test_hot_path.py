@@ -103,7 +103,7 @@ def test_relay_statements_run_on_generic_plans_that_find_rows_by_primary_key(db_
     # The claim, the fence, the result write, the delivery enqueue and the tool messages of
     # a delivery were all prepared, so the loop below looks at the relay's own plans.
     for fragment in (
-        "FOR UPDATE SKIP LOCKED",
+        "FOR UPDATE OF o SKIP LOCKED",
         "DELETE FROM",
         'INSERT INTO "outbox".tool_results',
         "'deliver:' ||",
@@ -117,6 +117,9 @@ def test_relay_statements_run_on_generic_plans_that_find_rows_by_primary_key(db_
         )
     # The fence finds each row by primary key, not through the lease index: the planner's
     # statistics see that one nearly empty, while every finished row leaves a dead entry.
+    # The fair claim walks the tenants through their ready rows' index, one probe each.
+    claim = json.dumps(plan_of("FOR UPDATE OF o SKIP LOCKED"))
+    assert '"outbox_ready_tenant"' in claim, claim
     fence = json.dumps(plan_of("DELETE FROM"))
     assert '"outbox_pkey"' in fence and "outbox_leased" not in fence, fence
 

@@ -1,0 +1,241 @@
+"""Limits per tool and per tenant hold across relay processes; claims are fair across tenants.
+
+The limits are checked by what the tool service itself saw (requests it was answering at
+once, when each arrived), never by the relay's word. No wall-clock assertion: a rate is
+checked as a count of arrivals within windows of the tool's own clock.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox import limits, registry, writer
+from outbox.errors import InvalidInput
+from outbox.testing.tools import RETRY_AFTER_S, FakeToolService
+from relay.worker import Worker
+from tests.helpers import new_run, turn
+from tests.relay_harness import (
+    FAST,
+    all_settled,
+    config,
+    register_tool,
+    relay_thread,
+    scalar,
+    start_relay_process,
+    tool_call_states,
+    wait_until,
+)
+from tests.relay_harness import TENANT as ACME
+
+
+@pytest.fixture
+def service() -> Iterator[FakeToolService]:
+    with FakeToolService(standard_tools=False) as svc:
+        svc.add_tool("slow", "key")
+        yield svc
+
+
+def seed_calls(db_url: str, tenant: str, tool: str, runs: int, calls: int) -> None:
+    with psycopg.connect(db_url) as conn:
+        for _ in range(runs):
+            run = new_run(conn, tenant=tenant, tools=[tool])
+            asked = [(f"call_{i}", tool, {"n": i}) for i in range(calls)]
+            writer.record_model_turn(conn, turn(run, 1, *asked))
+        conn.commit()
+
+
+def python_tool(db_url: str) -> str:
+    with psycopg.connect(db_url) as conn:
+        spec = registry.ToolSpec(name="echo", executor="python", callable="tests.tooling:echo")
+        registry.register(conn, spec)
+        conn.commit()
+    return "echo"
+
+
+def set_limits(db_url: str, scope: Any, name: str, **kw: Any) -> None:
+    with psycopg.connect(db_url) as conn:
+        limits.set_limits(conn, scope, name, **kw)
+        conn.commit()
+
+
+def stop(processes: list[Any]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=30)
+        except Exception:
+            process.kill()
+            process.wait()
+
+
+# -- fairness ---------------------------------------------------------------------------
+
+
+def test_one_tenants_backlog_does_not_hold_back_another(db_url):
+    tool = python_tool(db_url)
+    seed_calls(db_url, ACME, tool, runs=50, calls=20)  # 1,000 older rows of one tenant
+    seed_calls(db_url, "globex", tool, runs=1, calls=1)
+    worker = Worker(config(db_url))
+    link = worker.claim_link()
+    try:
+        claimed = worker._claim(link, 10)
+    finally:
+        link.close()
+    assert len(claimed) == 10
+    assert [r.tenant_id for r in claimed].count("globex") == 1
+
+
+def test_a_claim_takes_tenants_round_robin(db_url):
+    tool = python_tool(db_url)
+    for tenant in ("t1", "t2", "t3"):
+        seed_calls(db_url, tenant, tool, runs=3, calls=10)
+    worker = Worker(config(db_url))
+    link = worker.claim_link()
+    try:
+        claimed = worker._claim(link, 9)
+    finally:
+        link.close()
+    assert sorted(r.tenant_id for r in claimed) == ["t1"] * 3 + ["t2"] * 3 + ["t3"] * 3
+
+
+# -- limits across processes -------------------------------------------------------------
+
+
+def test_a_tools_concurrency_limit_holds_across_two_relays(db_url, service, tmp_path):
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "slow", "key")
+        limits.set_limits(conn, "tool", "slow", max_concurrency=3)
+        conn.commit()
+    service.tool("slow").latency(0.2, n=None)  # every request takes a while
+    seed_calls(db_url, ACME, "slow", runs=6, calls=5)
+    relays = [start_relay_process(db_url, tmp_path / f"r{i}.log", *FAST) for i in range(2)]
+    try:
+        wait_until(lambda: all_settled(db_url), timeout_s=120, what="30 calls done")
+    finally:
+        stop(relays)
+    assert tool_call_states(db_url) == {"succeeded": 30}
+    assert 1 <= service.tool("slow").max_in_flight <= 3
+    assert service.tool("slow").duplicate_effects() == 0
+
+
+def test_a_tenants_concurrency_limit_holds_across_two_relays(db_url, service, tmp_path):
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "slow", "key")
+        limits.set_limits(conn, "tenant", ACME, max_concurrency=2)
+        conn.commit()
+    service.tool("slow").latency(0.2, n=None)
+    seed_calls(db_url, ACME, "slow", runs=4, calls=5)
+    relays = [start_relay_process(db_url, tmp_path / f"r{i}.log", *FAST) for i in range(2)]
+    try:
+        wait_until(lambda: all_settled(db_url), timeout_s=120, what="20 calls done")
+    finally:
+        stop(relays)
+    assert tool_call_states(db_url) == {"succeeded": 20}
+    assert 1 <= service.tool("slow").max_in_flight <= 2
+
+
+def test_a_tools_rate_limit_caps_the_calls_started_per_second(db_url, service):
+    rate = 5.0
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "slow", "key")
+        limits.set_limits(conn, "tool", "slow", rate=rate)
+        conn.commit()
+    seed_calls(db_url, ACME, "slow", runs=3, calls=5)
+    with relay_thread(db_url, poll_interval_s=0.05):
+        wait_until(lambda: all_settled(db_url), timeout_s=60, what="15 calls done")
+    starts = sorted(service.tool("slow").starts)
+    assert len(starts) == 15
+    # A bucket of burst max(1, rate) refilled at `rate`: within any window of W seconds at
+    # most burst + rate * W calls start (one more for the gap between the database's clock
+    # and the tool's).
+    for i, first in enumerate(starts):
+        for j in range(i, len(starts)):
+            window = starts[j] - first
+            assert j - i + 1 <= rate + rate * window + 1, (i, j, window)
+
+
+def test_a_killed_relay_gives_its_slots_back(db_url, service, tmp_path):
+    """A limit counts rows in flight, so a relay killed with a call in flight holds its slot
+    only until the lease is rescued: the others go on."""
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "slow", "key")
+        limits.set_limits(conn, "tool", "slow", max_concurrency=1)
+        conn.commit()
+    service.tool("slow").stall_after_commit(60)  # the first call is held past its timeout
+    seed_calls(db_url, ACME, "slow", runs=1, calls=4)
+    victim = start_relay_process(db_url, tmp_path / "victim.log", *FAST)
+    leased = "SELECT count(*) FROM outbox.outbox WHERE status = 'leased'"
+    try:
+        wait_until(lambda: len(service.tool("slow").effects) == 1, what="the first call held")
+        assert scalar(db_url, leased) == 1  # the limit: one in flight, three waiting
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(timeout=10)
+    finally:
+        stop([victim])
+    survivor = start_relay_process(db_url, tmp_path / "survivor.log", *FAST)
+    try:
+        wait_until(lambda: all_settled(db_url), timeout_s=60, what="every call done")
+    finally:
+        stop([survivor])
+    assert tool_call_states(db_url) == {"succeeded": 4}
+    assert service.tool("slow").duplicate_effects() == 0
+
+
+def test_a_limit_removed_while_calls_wait_lets_them_all_run(db_url, service):
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "slow", "key")
+        limits.set_limits(conn, "tool", "slow", max_concurrency=1)
+        conn.commit()
+    service.tool("slow").latency(0.1, n=None)
+    seed_calls(db_url, ACME, "slow", runs=2, calls=5)
+    with relay_thread(db_url, poll_interval_s=0.05):
+        wait_until(lambda: tool_call_states(db_url).get("succeeded", 0) >= 2, what="2 done")
+        assert service.tool("slow").max_in_flight == 1
+        set_limits(db_url, "tool", "slow", max_concurrency=None)
+        wait_until(lambda: all_settled(db_url), timeout_s=60, what="every call done")
+    assert tool_call_states(db_url) == {"succeeded": 10}
+
+
+# -- Retry-After and bad input -------------------------------------------------------------
+
+
+def test_a_tools_retry_after_delays_the_call_as_asked(db_url, service):
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "slow", "key")
+        conn.commit()
+    service.tool("slow").fail(status=429)
+    seed_calls(db_url, ACME, "slow", runs=1, calls=1)
+    with relay_thread(db_url, poll_interval_s=0.05, retry_base_s=0.01):
+        wait_until(lambda: all_settled(db_url), timeout_s=60, what="the call done")
+    delay = scalar(
+        db_url,
+        "SELECT (detail->>'delay_s')::float8 FROM outbox.journal "
+        "WHERE event = 'tool_call.retry_scheduled'",
+    )
+    assert delay == pytest.approx(RETRY_AFTER_S, abs=0.01)  # not the 0.01 s backoff
+    assert tool_call_states(db_url) == {"succeeded": 1}
+
+
+@pytest.mark.parametrize(
+    ("scope", "kw", "words"),
+    [
+        ("tool", {"max_concurrency": 0}, "at least 1"),
+        ("tool", {"max_concurrency": None, "rate": -1.0}, "positive"),
+        ("tool", {"max_concurrency": None, "rate": float("nan")}, "positive"),
+        ("tenant", {"max_concurrency": 2, "rate": 1.0}, "per tool"),
+    ],
+)
+def test_bad_limits_are_refused_and_change_nothing(db_url, scope, kw, words):
+    with psycopg.connect(db_url) as conn:
+        with pytest.raises(InvalidInput, match=words):
+            limits.set_limits(conn, scope, "x", **kw)
+        conn.rollback()
+        assert limits.in_flight(conn) == []
