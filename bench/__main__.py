@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from bench import db as bdb
-from bench import http, inflight, notify, report, seed, throughput
+from bench import fairness, http, inflight, notify, report, seed, throughput
 from bench.throughput import stderr
 from outbox import db
 
 PYTHON_TOOL = "bench_noop"
 HTTP_TOOL = "noop"
 SEED_PROCESSES = 4  # writer processes seeding the template
+
+
+FAIRNESS_TOOL_S = 0.5  # seconds each call of the backlog takes
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -38,6 +41,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="runs-in-flight cases RUNS:M:T:K, comma-separated "
         "(2000:2:0.5:2,10000:10:1:2; --quick: 200:1:0.2:2); 'none' skips them",
     )
+    parser.add_argument(
+        "--fairness-backlog",
+        type=int,
+        help="calls of one tenant queued ahead of another's (10,000; --quick: 1,000; 0 skips)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     args = parser.parse_args(argv)
@@ -47,6 +55,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.latency_intents = args.latency_intents or (100 if quick else 500)
     args.notify_commits = args.notify_commits or (25 if quick else 250)
     args.process_counts = [int(p) for p in args.processes.split(",")]
+    if args.fairness_backlog is None:
+        args.fairness_backlog = 1_000 if quick else 10_000
     cases = args.inflight or ("200:1:0.2:2" if quick else "2000:2:0.5:2,10000:10:1:2")
     args.inflight_cases = (
         []
@@ -180,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     stderr("NOTIFY cost")
     notify_cost(server, args, out)
     out["inflight"] = inflight.run_cases(server, args.inflight_cases, log)
+    if args.fairness_backlog:
+        out["fairness"] = fairness.run(server, args.fairness_backlog, FAIRNESS_TOOL_S, log)
     out["seconds"] = round(time.monotonic() - started, 1)
     table = report.markdown(out)
     print(table)

@@ -80,6 +80,19 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {f['kb_per_run_in_flight']:.0f} | {f['duplicates']} |"
             )
         lines += ["", "Targets: ideal / wall ≥ 0.5x, ≤ 10 database connections.", ""]
+    fair = results.get("fairness")
+    if fair:
+        lines += [
+            "### Fairness: one call of a second tenant behind another tenant's backlog",
+            "",
+            "| backlog | tool latency | older calls ready ahead | its wait to be claimed |",
+            "|---:|---:|---:|---:|",
+            f"| {fair['backlog']:,} | {fair['tool_s']:g} s | {fair['ready_ahead']:,} "
+            f"| {fair['wait_ms']:.1f} ms |",
+            "",
+            "Target: under 100 ms at the relay's defaults.",
+            "",
+        ]
     notify = results.get("notify")
     if notify:
         lines += [

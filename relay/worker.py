@@ -234,6 +234,7 @@ class Worker:
 
     def _claim_loop(self) -> None:
         link = self.claim_link()
+        empty = 0  # claims in a row that found nothing they could take
         while not self.stopping.is_set():
             free, kinds = self._free(), self.kinds
             if free <= 0:
@@ -259,8 +260,11 @@ class Worker:
             if kinds is DELIVERIES and len(rows) == free:
                 self.notified.set()  # there may be more
             self._dispatch(rows)
+            empty = 0 if rows else empty + 1
             if len(rows) < free:
-                self.wake.wait(DELIVERY_POLL_S if kinds is DELIVERIES else self._idle_wait(link))
+                self.wake.wait(
+                    DELIVERY_POLL_S if kinds is DELIVERIES else self._idle_wait(link, empty)
+                )
         link.close()
 
     def claim_link(self) -> Link:
@@ -302,8 +306,15 @@ class Worker:
             self.metrics.queue_lag.observe(max(0.0, row.lag_s))
         return rows
 
-    def _idle_wait(self, link: Link) -> float:
-        """Seconds to sleep when nothing is due: until the next due row, at most a poll."""
+    def _idle_wait(self, link: Link, empty: int = 0) -> float:
+        """Seconds to sleep when nothing is due: until the next due row, at most a poll.
+
+        Rows due but not claimed are locked by another worker's claim (leased in a moment)
+        or held back by a limit of their tool or tenant (``outbox.lanes``: free once a row
+        of that lane, maybe another process's, is done). Either way the wait is short, and
+        doubles with every claim in a row (``empty``) that found nothing, up to a poll: a
+        lane at its limit is not claimed for fifty times a second. A completion here or a
+        NOTIFY wakes the loop sooner."""
         try:
             row = link.get().execute(self.q.next_due, {"kinds": self.kinds}).fetchone()
         except psycopg.Error:
@@ -311,9 +322,8 @@ class Worker:
         due_in = row[0] if row and row[0] is not None else None
         if due_in is None:
             return self.cfg.poll_interval_s
-        # A row already due that our claim did not get is locked by another worker's claim:
-        # it will be leased in a moment, so wait briefly instead of spinning on it.
-        return max(BUSY_ROW_WAIT_S, min(self.cfg.poll_interval_s, float(due_in)))
+        busy = min(self.cfg.poll_interval_s, BUSY_ROW_WAIT_S * 2.0 ** min(empty, 8))
+        return max(busy, min(self.cfg.poll_interval_s, float(due_in)))
 
     def _dispatch(self, rows: list[Claimed]) -> None:
         chunked = [row for row in rows if runs_in_chunks(row)]
