@@ -7,6 +7,7 @@ checked as a count of arrivals within windows of the tool's own clock.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -238,4 +239,58 @@ def test_bad_limits_are_refused_and_change_nothing(db_url, scope, kw, words):
         with pytest.raises(InvalidInput, match=words):
             limits.set_limits(conn, scope, "x", **kw)
         conn.rollback()
+        assert limits.in_flight(conn) == []
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def test_limits_from_the_command_line(db_url, monkeypatch):
+    from click.testing import CliRunner
+
+    import cli
+
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    runner = CliRunner()
+
+    def run(*args: str) -> Any:
+        done = runner.invoke(cli.main, [*args, "--json"], catch_exceptions=False)
+        assert done.exit_code == 0, done.output
+        return json.loads(done.output)
+
+    lane = run("tools", "limit", "search", "--max-concurrency", "4", "--rate", "2.5")
+    assert (lane["max_concurrency"], lane["rate"]) == (4, 2.5)
+    lane = run("tools", "limit", "search", "--rate", "none")  # the other limit stays
+    assert (lane["max_concurrency"], lane["rate"]) == (4, None)
+    assert run("tenants", "limit", ACME, "--max-concurrency", "7")["max_concurrency"] == 7
+    listed = {(r["scope"], r["name"]): r for r in run("limits")}
+    assert listed[("tool", "search")]["in_flight"] == 0
+    assert listed[("tenant", ACME)]["max_concurrency"] == 7
+    run("tools", "limit", "search", "--max-concurrency", "none")
+    assert run("tools", "limit", "search")["max_concurrency"] is None
+    registered = run("tools", "register", "fetch", "--executor", "client", "--max-concurrency", "3")
+    assert registered["limits"]["max_concurrency"] == 3
+    with psycopg.connect(db_url) as conn:
+        events = [e for (e,) in conn.execute("SELECT event FROM outbox.journal ORDER BY id")]
+    assert events.count("lane.limited") == 4 and events.count("lane.unlimited") == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["tools", "limit", "search", "--max-concurrency", "0"],
+        ["tools", "limit", "search", "--rate", "fast"],
+        ["tenants", "limit", ACME, "--max-concurrency", "-2"],
+        ["tenants", "limit", ACME, "--rate", "3"],
+    ],
+)
+def test_bad_limits_on_the_command_line_are_usage_errors(db_url, monkeypatch, args):
+    from click.testing import CliRunner
+
+    import cli
+
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    done = CliRunner().invoke(cli.main, args)
+    assert done.exit_code == 2, done.output
+    with psycopg.connect(db_url) as conn:
         assert limits.in_flight(conn) == []
