@@ -51,7 +51,10 @@ WINDOW w AS (PARTITION BY j.run_id ORDER BY j.at, j.id);
 --   submitted meanwhile are refused);
 -- reason = 'no_work_queued': the run is queued or in progress but nothing is queued for it
 --   (no outbox row, no complete batch), so nothing will ever move it: typically a run
---   inserted by hand or by an ORM without the writer API or start_run_v1.
+--   inserted by hand or by an ORM without the writer API or start_run_v1;
+-- reason = 'parked_call': a row of an active run is quarantined (an operator must requeue,
+--   reconcile or release it, or cancel the run): the run waits for it and nothing else will
+--   move it.
 -- stuck_for says for how long; filter on it to ignore the last few seconds.
 CREATE OR REPLACE VIEW {s}.stuck_runs AS
 SELECT r.id AS run_id, r.tenant_id, r.thread_id, r.status, 'undelivered_batch' AS reason,
@@ -88,7 +91,18 @@ FROM {s}.runs r
 WHERE r.status IN ('queued', 'in_progress')
   AND NOT EXISTS (SELECT 1 FROM {s}.outbox o WHERE o.run_id = r.id)
   AND NOT EXISTS (SELECT 1 FROM {s}.tool_batches b
-                  WHERE b.run_id = r.id AND b.status = 'complete');
+                  WHERE b.run_id = r.id AND b.status = 'complete')
+UNION ALL
+SELECT r.id, r.tenant_id, r.thread_id, r.status, 'parked_call',
+       o.batch_id, o.id, coalesce(tc.updated_at, o.available_at),
+       now() - coalesce(tc.updated_at, o.available_at),
+       format('%s row %s (%s) is quarantined: %s; requeue, reconcile or release it, or '
+              'cancel the run', o.kind, o.id, coalesce(tc.tool_name, 'no tool'),
+              left(coalesce(o.last_error, 'no error recorded'), 200))
+FROM {s}.outbox o
+JOIN {s}.runs r ON r.id = o.run_id
+LEFT JOIN {s}.tool_calls tc ON tc.id = o.tool_call_ref
+WHERE o.status = 'quarantined' AND r.status IN ('queued', 'in_progress', 'requires_action');
 
 
 -- duplicate_executions: "Did any side effect happen more than once?"
