@@ -30,7 +30,9 @@
 --     transaction, exactly once.
 -- Locks the run, then batches: the one lock order of every writer path.
 -- Runs as the schema owner (SECURITY DEFINER) so that a least-privilege writer role only
--- needs EXECUTE; it refuses a tenant other than the one the session is scoped to.
+-- needs EXECUTE. Row-level security does not apply inside, so it acts only for the tenant
+-- the transaction is scoped to (outbox.enter_tenant_v1, or the Python writer API, which
+-- scopes first): an unscoped session is refused (42501), as is another tenant.
 CREATE OR REPLACE FUNCTION {s}.submit_tool_outputs_v1(
     p_tenant_id text, p_run_id uuid, p_outputs jsonb
 ) RETURNS text
@@ -49,7 +51,13 @@ DECLARE
                      262144);
     v_scope      text := nullif(current_setting('outbox.tenant_id', true), '');
 BEGIN
-    IF v_scope IS NOT NULL AND v_scope <> p_tenant_id THEN
+    IF v_scope IS NULL THEN
+        RAISE EXCEPTION 'submit_tool_outputs_v1 acts for the tenant this transaction is scoped to, and it has none'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('call outbox.enter_tenant_v1(%L) first in this transaction',
+                                p_tenant_id);
+    END IF;
+    IF v_scope <> p_tenant_id THEN
         RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
             USING ERRCODE = 'insufficient_privilege';
     END IF;

@@ -125,6 +125,7 @@ def test_outputs_after_the_deadline_are_refused_without_a_sweep(db_url, path):
         if path == "writer":
             status = lifecycle.submit_tool_outputs(conn, TENANT, run.id, outputs)
         else:
+            conn.execute("SELECT outbox.enter_tenant_v1(%s)", [TENANT])
             status = conn.execute(
                 "SELECT outbox.submit_tool_outputs_v1(%s, %s, %s::jsonb)",
                 [TENANT, run.id, json.dumps(outputs)],

@@ -3,14 +3,18 @@
 - A run whose work is quarantined stayed ``in_progress`` and no view reported it.
 - The journal's owner could delete events by setting ``outbox.journal_prune`` to its own
   transaction id by hand, with no ``journal.pruned`` event.
+- ``submit_tool_outputs_v1`` (SECURITY DEFINER) checked the tenant only when the session
+  had one: an unscoped ``outbox_writer`` submitted into another tenant's run (0015).
 """
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 
-from outbox import ops, writer
+from outbox import ops, registry, writer
 from tests.helpers import add_tool, new_run, turn
 
 
@@ -88,3 +92,32 @@ def test_prune_journals_before_it_deletes_and_deletes_only_older_events(conn):
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
         conn.execute("DELETE FROM outbox.journal WHERE event = 'new'")
     conn.rollback()
+
+
+def test_outputs_from_an_unscoped_writer_are_refused_and_change_nothing(conn):
+    """submit_tool_outputs_v1 runs as the owner, beyond row-level security: as
+    outbox_writer with no tenant scope, outputs went into another tenant's run."""
+    registry.register(conn, registry.ToolSpec(name="approve", executor="client"))
+    run = new_run(conn, tenant="tenant-b", tools=["approve"])
+    writer.record_model_turn(conn, turn(run, 1, ("call_1", "approve", {})))
+    conn.commit()
+    outputs = json.dumps([{"tool_call_id": "call_1", "output": {"approved": True}}])
+    submit = "SELECT outbox.submit_tool_outputs_v1(%s, %s, %s::jsonb)"
+    conn.execute("SET LOCAL ROLE outbox_writer")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="has none") as err:
+        conn.execute(submit, ["tenant-b", run.id, outputs])
+    assert "enter_tenant_v1('tenant-b')" in (err.value.diag.message_hint or "")
+    conn.rollback()
+    conn.execute("SET LOCAL ROLE outbox_writer")
+    conn.execute("SELECT outbox.enter_tenant_v1('tenant-a')")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="not tenant-b"):
+        conn.execute(submit, ["tenant-b", run.id, outputs])
+    conn.rollback()
+    status = conn.execute("SELECT status FROM outbox.runs WHERE id = %s", [run.id]).fetchone()
+    assert status == ("requires_action",)
+    assert conn.execute("SELECT count(*) FROM outbox.tool_results").fetchone() == (0,)
+    # Scoped to its own tenant, the backend submits as before.
+    conn.execute("SET LOCAL ROLE outbox_writer")
+    conn.execute("SELECT outbox.enter_tenant_v1('tenant-b')")
+    assert conn.execute(submit, ["tenant-b", run.id, outputs]).fetchone() == ("in_progress",)
+    conn.commit()
