@@ -29,8 +29,14 @@ logger = logging.getLogger("relay.links")
 RECONNECT_MAX_S = 5.0  # longest wait between reconnection attempts
 OUTAGE_LOG_S = 10.0  # seconds between two log lines about one link's outage
 PREPARE_THRESHOLD = 0  # prepared at once: the first execution runs the generic plan too
-# Settings of a link that prepares (see Link).
-GENERIC_PLANS = ("SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off")
+# Settings of a link that prepares (see Link). JIT off: enable_seqscan = off adds its penalty
+# to the cost of any plan that keeps a scan, and a cost that high makes a server with JIT
+# (PostgreSQL 15 here) compile the statement, for 100 ms and more a claim.
+GENERIC_PLANS = (
+    "SET plan_cache_mode = force_generic_plan",
+    "SET enable_seqscan = off",
+    "SET jit = off",
+)
 
 
 class Link:
