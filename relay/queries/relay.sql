@@ -15,7 +15,18 @@
 -- * lease the chosen rows from the database clock, bump the attempt (the fencing token),
 --   take the rate tokens they used, and return each with what its executor needs. Every
 --   other lookup goes through a primary key.
-WITH RECURSIVE tenants AS (
+WITH RECURSIVE full_lanes AS (
+    -- Lanes at their limit by this statement's snapshot: their rows are passed over below,
+    -- so a tool at its limit never takes the places of its tenant's other work in a claim.
+    SELECT l.scope, l.name FROM {s}.lanes l
+    WHERE l.max_concurrency <= CASE l.scope
+              WHEN 'tenant' THEN (SELECT count(*) FROM {s}.outbox o
+                                  WHERE o.status = 'leased' AND o.tenant_id = l.name)
+              ELSE (SELECT count(*) FROM {s}.outbox o
+                    WHERE o.status = 'leased' AND o.tool_name = l.name)
+          END
+       OR l.tokens + l.rate * extract(epoch FROM now() - l.refilled_at) < 1
+), tenants AS (
     (SELECT o.tenant_id FROM {s}.outbox o
      WHERE o.status = 'ready' AND o.available_at <= now() AND o.kind = ANY(%(kinds)s)
      ORDER BY o.tenant_id LIMIT 1)
@@ -34,16 +45,24 @@ WITH RECURSIVE tenants AS (
         SELECT o.id, o.tenant_id, o.tool_name, o.available_at FROM {s}.outbox o
         WHERE o.status = 'ready' AND o.tenant_id = t.tenant_id
           AND o.available_at <= now() AND o.kind = ANY(%(kinds)s)
+          AND (o.tool_name IS NULL
+               OR NOT EXISTS (SELECT 1 FROM full_lanes f
+                              WHERE f.scope = 'tool' AND f.name = o.tool_name))
         ORDER BY o.available_at, o.id
         LIMIT (SELECT n FROM share)
         FOR UPDATE OF o SKIP LOCKED
     ) c
     WHERE t.tenant_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM full_lanes f
+                      WHERE f.scope = 'tenant' AND f.name = t.tenant_id)
 ), topped AS (
     -- Tenants with less than their share leave room: the oldest other due rows fill it.
     SELECT o.id, o.tenant_id, o.tool_name, o.available_at FROM {s}.outbox o
     WHERE o.status = 'ready' AND o.available_at <= now() AND o.kind = ANY(%(kinds)s)
       AND o.id <> ALL(ARRAY(SELECT id FROM shared))
+      AND NOT EXISTS (SELECT 1 FROM full_lanes f
+                      WHERE (f.scope = 'tenant' AND f.name = o.tenant_id)
+                         OR (f.scope = 'tool' AND f.name = o.tool_name))
     ORDER BY o.available_at, o.id
     LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM shared))
     FOR UPDATE OF o SKIP LOCKED

@@ -294,3 +294,32 @@ def test_bad_limits_on_the_command_line_are_usage_errors(db_url, monkeypatch, ar
     assert done.exit_code == 2, done.output
     with psycopg.connect(db_url) as conn:
         assert limits.in_flight(conn) == []
+
+
+def test_a_tool_at_its_limit_does_not_hold_back_its_tenants_other_tools(db_url):
+    """Rows of a tool at its limit are passed over: a later call of another tool of the
+    same tenant is in the next claim, ahead of the limited tool's backlog."""
+    tool = python_tool(db_url)
+    with psycopg.connect(db_url) as conn:
+        registry.register(
+            conn, registry.ToolSpec(name="busy", executor="python", callable="tests.tooling:echo")
+        )
+        conn.commit()
+    set_limits(db_url, "tool", "busy", max_concurrency=1)
+    seed_calls(db_url, ACME, "busy", runs=20, calls=10)  # 200 older calls of the busy tool
+    seed_calls(db_url, ACME, tool, runs=1, calls=1)
+    worker = Worker(config(db_url))
+    link = worker.claim_link()
+    try:
+        first = worker._claim(link, 10)
+        second = worker._claim(link, 10)
+        third = worker._claim(link, 10)
+    finally:
+        link.close()
+    # The first claim finds the busy tool free and takes its one place (its oldest rows
+    # filled the candidates); from then on its rows are passed over.
+    assert [r.tool_name for r in first] == ["busy"]
+    assert [r.tool_name for r in second] == [tool]
+    assert third == []
+    waiting = "SELECT max(attempts) FROM outbox.outbox WHERE status = 'ready'"
+    assert scalar(db_url, waiting) == 0  # rows at a limit wait uncharged
