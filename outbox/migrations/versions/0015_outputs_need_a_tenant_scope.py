@@ -9,8 +9,7 @@ checked the caller's tenant scope only when one was set, and an ``outbox_writer`
 with none submitted outputs into another tenant's run. It now acts only for the tenant the
 transaction is scoped to (``enter_tenant_v1``, or the Python writer API, which scopes
 first). The SQL is ``0015_outputs_need_a_tenant_scope.sql`` beside this file, frozen; the
-downgrade (``0015_outputs_need_a_tenant_scope_down.sql``) restores the definition it
-replaces.
+downgrade runs 0009's frozen SQL again, which created the definition it replaces.
 """
 
 from __future__ import annotations
@@ -24,7 +23,9 @@ depends_on = None
 
 UPGRADE = frozen_sql(__file__, "0015_outputs_need_a_tenant_scope.sql")
 
-SUBMIT_BEFORE_0015 = frozen_sql(__file__, "0015_outputs_need_a_tenant_scope_down.sql")
+# What 0015 replaces is what 0009 created (0010-0014 left the function alone): the
+# downgrade runs 0009's frozen text again rather than keep a second copy of it.
+SUBMIT_BEFORE_0015 = frozen_sql(__file__, "0009_outputs_deadline_at_submission.sql")
 
 
 def upgrade() -> None:
