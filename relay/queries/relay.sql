@@ -15,17 +15,23 @@
 -- * lease the chosen rows from the database clock, bump the attempt (the fencing token),
 --   take the rate tokens they used, and return each with what its executor needs. Every
 --   other lookup goes through a primary key.
-WITH RECURSIVE full_lanes AS (
-    -- Lanes at their limit by this statement's snapshot: their rows are passed over below,
-    -- so a tool at its limit never takes the places of its tenant's other work in a claim.
-    SELECT l.scope, l.name FROM {s}.lanes l
-    WHERE l.max_concurrency <= CASE l.scope
-              WHEN 'tenant' THEN (SELECT count(*) FROM {s}.outbox o
-                                  WHERE o.status = 'leased' AND o.tenant_id = l.name)
-              ELSE (SELECT count(*) FROM {s}.outbox o
-                    WHERE o.status = 'leased' AND o.tool_name = l.name)
-          END
-       OR l.tokens + l.rate * extract(epoch FROM now() - l.refilled_at) < 1
+WITH RECURSIVE loads AS (
+    -- Every lane with a limit: what it has in flight (leased rows, one index lookup) and
+    -- the rate tokens it holds now, by this statement's snapshot.
+    SELECT l.scope, l.name, l.max_concurrency, l.rate,
+           CASE l.scope
+               WHEN 'tenant' THEN (SELECT count(*) FROM {s}.outbox o
+                                   WHERE o.status = 'leased' AND o.tenant_id = l.name)
+               ELSE (SELECT count(*) FROM {s}.outbox o
+                     WHERE o.status = 'leased' AND o.tool_name = l.name)
+           END AS in_flight,
+           least(greatest(1, l.rate),
+                 l.tokens + l.rate * extract(epoch FROM now() - l.refilled_at)) AS tokens
+    FROM {s}.lanes l
+), full_lanes AS (
+    -- Lanes at their limit: their rows are passed over below, so a tool at its limit never
+    -- takes the places of its tenant's other work in a claim.
+    SELECT scope, name FROM loads WHERE max_concurrency <= in_flight OR tokens < 1
 ), tenants AS (
     (SELECT o.tenant_id FROM {s}.outbox o
      WHERE o.status = 'ready' AND o.available_at <= now() AND o.kind = ANY(%(kinds)s)
@@ -73,18 +79,17 @@ WITH RECURSIVE full_lanes AS (
                               ORDER BY c.stage, c.available_at, c.id) AS turn
     FROM (SELECT *, 1 AS stage FROM shared UNION ALL SELECT *, 2 FROM topped) c
 ), limited AS (
-    SELECT l.scope, l.name FROM {s}.lanes l
-    WHERE (l.scope = 'tenant' AND l.name IN (SELECT tenant_id FROM candidates))
-       OR (l.scope = 'tool' AND l.name IN (SELECT tool_name FROM candidates))
+    SELECT d.scope, d.name FROM loads d
+    WHERE (d.scope = 'tenant' AND d.name IN (SELECT tenant_id FROM candidates))
+       OR (d.scope = 'tool' AND d.name IN (SELECT tool_name FROM candidates))
 ), snap AS (
     SELECT pg_current_snapshot() AS s,
            pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax
 ), held AS (
     -- A lane row's xmin is a 32-bit xid: put it in the epoch of the snapshot's xmax (or
-    -- the one before, if it is larger) to ask whether the snapshot sees its writer.
-    SELECT l.scope, l.name, l.max_concurrency, l.rate,
-           least(greatest(1, l.rate),
-                 l.tokens + l.rate * extract(epoch FROM now() - l.refilled_at)) AS tokens,
+    -- the one before, if it is larger) to ask whether the snapshot sees its writer. When it
+    -- does, the row locked is the one `loads` read.
+    SELECT l.scope, l.name,
            pg_visible_in_snapshot(
                (((((snap.xmax >> 32)
                    - CASE WHEN l.xmin::text::bigint > (snap.xmax & 4294967295) THEN 1
@@ -96,18 +101,12 @@ WITH RECURSIVE full_lanes AS (
     ORDER BY l.scope, l.name
     FOR UPDATE OF l SKIP LOCKED
 ), room AS (
-    SELECT h.scope, h.name,
+    SELECT h.scope, h.name, d.tokens,
            CASE WHEN NOT h.settled THEN 0
-                ELSE least(
-                    coalesce(h.max_concurrency - CASE h.scope
-                        WHEN 'tenant' THEN (SELECT count(*) FROM {s}.outbox o
-                                            WHERE o.status = 'leased' AND o.tenant_id = h.name)
-                        ELSE (SELECT count(*) FROM {s}.outbox o
-                              WHERE o.status = 'leased' AND o.tool_name = h.name)
-                        END, 2147483647),
-                    coalesce(floor(h.tokens), 2147483647))
+                ELSE least(coalesce(d.max_concurrency - d.in_flight, 2147483647),
+                           coalesce(floor(d.tokens), 2147483647))
            END AS n
-    FROM held h
+    FROM held h JOIN loads d ON d.scope = h.scope AND d.name = h.name
 ), chosen AS (
     SELECT c.id, c.tenant_id, c.tool_name FROM (
         SELECT c.*, row_number() OVER (PARTITION BY c.tool_name
@@ -138,16 +137,16 @@ WITH RECURSIVE full_lanes AS (
 ), lanes_used AS (
     UPDATE {s}.lanes l
     SET claimed_at = now(),
-        tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE h.tokens - used.n END,
+        tokens = CASE WHEN l.rate IS NULL THEN l.tokens ELSE r.tokens - used.n END,
         refilled_at = CASE WHEN l.rate IS NULL THEN l.refilled_at ELSE now() END
-    FROM held h,
+    FROM room r,
          (SELECT 'tenant' AS scope, tenant_id AS name, count(*) AS n FROM claimed
           GROUP BY tenant_id
           UNION ALL
           SELECT 'tool', tool_name, count(*) FROM claimed
           WHERE tool_name IS NOT NULL GROUP BY tool_name) used
     WHERE l.scope = used.scope AND l.name = used.name
-      AND h.scope = l.scope AND h.name = l.name
+      AND r.scope = l.scope AND r.name = l.name
 )
 -- The columns of relay.outcomes.Claimed, in its order.
 -- A tool call's payload is left out: its call row holds what it needs, and decoding JSON is
