@@ -6,7 +6,9 @@
 --   lock each one's oldest due rows with SKIP LOCKED, an equal share of n apiece; the
 --   claim takes them round-robin (every tenant's first row, then every second...), so one
 --   tenant's backlog never makes another's row wait for more than one claim;
--- * lanes: a tool or tenant with a row in `lanes` has a limit. Its row is locked SKIP
+-- * lanes: a tool or tenant with a row in `lanes` has a limit. Lanes already at it (by
+--   this statement's snapshot) are listed first and their rows passed over, so they never
+--   take the places of other work. The row of a lane the claim takes from is locked SKIP
 --   LOCKED (a lane another claim holds now is left to the next claim), and what the lane
 --   has in flight is counted with an index lookup. That count is only trusted when the
 --   lane row's last writer is visible to this statement's snapshot: every claim that takes
