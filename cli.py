@@ -23,7 +23,18 @@ import click
 import psycopg
 from pydantic import ValidationError
 
-from outbox import db, history, lifecycle, limits, migrate, ops, registry, writer
+from outbox import (
+    approvals,
+    db,
+    history,
+    lifecycle,
+    limits,
+    migrate,
+    ops,
+    policy,
+    registry,
+    writer,
+)
 from outbox.errors import InvalidInput, OutboxError
 from outbox.schemas import NewMessage, StartRun
 from relay.config import ALL_KINDS, RelayConfig
@@ -265,6 +276,25 @@ def db_status() -> None:
 # -- tools ------------------------------------------------------------------------------
 
 
+def default_actor() -> str:
+    """Who is acting, for the journal: the OS user."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def actor_option(func: F) -> F:
+    return click.option(
+        "--actor",
+        default=default_actor,
+        show_default="the OS user",
+        help="Who is acting (recorded in the journal).",
+    )(func)
+
+
 @main.group("tools")
 def tools_group() -> None:
     """The tool registry: register versions, list, show, enable, disable."""
@@ -295,7 +325,19 @@ def tools_group() -> None:
     "--timeout", "timeout_s", type=float, default=30.0, show_default=True, help="Seconds."
 )
 @click.option("--max-attempts", type=int, default=5, show_default=True)
-@click.option("--risk", type=click.Choice(["low", "medium", "high"]), default="low")
+@click.option(
+    "--risk",
+    type=click.Choice(["low", "medium", "high"]),
+    default="low",
+    show_default=True,
+    help="Risk tier: the tenant's policy for it decides whether a call runs, waits for "
+    "approval or is denied (`outbox policy list`; by default high waits for approval).",
+)
+@click.option(
+    "--requires-approval",
+    is_flag=True,
+    help="Every call waits for a reviewer (`outbox approvals`), whatever its tier's policy.",
+)
 @click.option("--credential-ref", help="Name of a secret the relay resolves at call time.")
 @click.option("--description", default="")
 @click.option("--tenant", default="*", show_default=True, help="'*' = shared by all tenants.")
@@ -337,6 +379,7 @@ def tools_register(
         timeout_s=opts["timeout_s"],
         max_attempts=opts["max_attempts"],
         risk_tier=opts["risk"],
+        requires_approval=opts["requires_approval"],
         credential_ref=opts["credential_ref"],
         description=opts["description"],
         tenant_id=opts["tenant"],
@@ -396,30 +439,53 @@ def tools_show(name: str, tenant: str, as_json: bool) -> None:
 
 @tools_group.command("disable")
 @click.argument("name")
-@click.option("--tenant", default="*", show_default=True)
+@click.option(
+    "--tenant", default="*", show_default=True, help="Only this tenant's calls ('*': everyone's)."
+)
+@click.option("--reason", default="", help="Why (the model and the journal see it).")
+@actor_option
 @json_option
-def tools_disable(name: str, tenant: str, as_json: bool) -> None:
-    """Disable tool NAME: new calls to it become error results the model sees."""
+def tools_disable(name: str, tenant: str, reason: str, actor: str, as_json: bool) -> None:
+    """Switch tool NAME off: its calls are answered "disabled" instead of running.
+
+    
+    Acts on calls not yet dispatched, including those already queued: a relay that claims
+    one answers it with an error result the model sees (the batch still completes); calls
+    already running finish. Works per tenant for a shared tool. Journaled (tool.disabled)
+    with the actor and the reason. `outbox tools enable` turns it back on.
+    """
     with connection() as conn:
-        registry.set_enabled(conn, name, False, tenant)
+        row = policy.disable_tool(conn, name, tenant, actor=actor, reason=reason)
     if as_json:
-        echo_json({"name": name, "tenant_id": tenant, "enabled": False})
+        echo_json({"name": name, "tenant_id": tenant, "enabled": False, "switch": row})
         return
-    click.echo(f"disabled {name}")
+    scope = "for every tenant" if tenant == "*" else f"for tenant {tenant}"
+    click.echo(f"disabled {name} {scope}" + ("" if row else " (it was already)"))
 
 
 @tools_group.command("enable")
 @click.argument("name")
 @click.option("--tenant", default="*", show_default=True)
+@actor_option
 @json_option
-def tools_enable(name: str, tenant: str, as_json: bool) -> None:
-    """Enable tool NAME again."""
+def tools_enable(name: str, tenant: str, actor: str, as_json: bool) -> None:
+    """Switch tool NAME on again (for TENANT, or for every tenant with '*')."""
     with connection() as conn:
-        registry.set_enabled(conn, name, True, tenant)
+        changed = policy.enable_tool(conn, name, tenant, actor=actor)
     if as_json:
-        echo_json({"name": name, "tenant_id": tenant, "enabled": True})
+        echo_json({"name": name, "tenant_id": tenant, "enabled": True, "changed": changed})
         return
-    click.echo(f"enabled {name}")
+    scope = "for every tenant" if tenant == "*" else f"for tenant {tenant}"
+    click.echo(f"enabled {name} {scope}" + ("" if changed else " (it was not disabled)"))
+
+
+@tools_group.command("switches")
+@json_option
+def tools_switches(as_json: bool) -> None:
+    """Every tool switched off, for which tenant, by whom and why."""
+    with connection() as conn:
+        rows = policy.switches(conn)
+    emit(rows, as_json, ["tool_name", "tenant_id", "switched_by", "switched_at", "reason"])
 
 
 # -- relay ------------------------------------------------------------------------------
@@ -549,25 +615,6 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
 
 
 # -- operate: queue, runs, requeue, quarantine, release, reconcile, journal, prune -------
-
-
-def default_actor() -> str:
-    """Who is acting, for the journal: the OS user."""
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"
-
-
-def actor_option(func: F) -> F:
-    return click.option(
-        "--actor",
-        default=default_actor,
-        show_default="the OS user",
-        help="Who is acting (recorded in the journal).",
-    )(func)
 
 
 class LimitValue(click.ParamType[Any]):
@@ -900,6 +947,235 @@ def limits_command(as_json: bool) -> None:
             f"{row['scope']:<6} {row['name']:<24} in flight {row['in_flight']}"
             f" of {row['max_concurrency'] or 'unlimited'}{rate}"
         )
+
+
+@tenants_group.command("pause")
+@click.argument("tenant")
+@click.option("--reason", default="", help="Why (recorded in the journal).")
+@actor_option
+@json_option
+def tenants_pause(tenant: str, reason: str, actor: str, as_json: bool) -> None:
+    """Pause TENANT: its runs hold between steps until `outbox tenants resume`.
+
+    
+    No relay claims the tenant's work any more (model turns, tool calls, deliveries):
+    effects already in flight finish and their results are stored; nothing new starts.
+    Nothing is charged or lost: resuming continues every run where it held.
+    """
+    with connection() as conn:
+        row = policy.pause_tenant(conn, tenant, actor=actor, reason=reason)
+    if as_json:
+        echo_json({"tenant_id": tenant, "paused": True, "pause": row})
+        return
+    click.echo(f"paused tenant {tenant}" + ("" if row else " (it was already)"))
+
+
+@tenants_group.command("resume")
+@click.argument("tenant")
+@actor_option
+@json_option
+def tenants_resume(tenant: str, actor: str, as_json: bool) -> None:
+    """Resume a paused TENANT: its runs go on from where they held."""
+    with connection() as conn:
+        changed = policy.resume_tenant(conn, tenant, actor=actor)
+    if as_json:
+        echo_json({"tenant_id": tenant, "paused": False, "changed": changed})
+        return
+    click.echo(f"resumed tenant {tenant}" + ("" if changed else " (it was not paused)"))
+
+
+@tenants_group.command("paused")
+@json_option
+def tenants_paused(as_json: bool) -> None:
+    """Every paused tenant, by whom and why."""
+    with connection() as conn:
+        rows = policy.pauses(conn)
+    emit(rows, as_json, ["tenant_id", "paused_by", "paused_at", "reason"])
+
+
+# -- the action layer: risk policies and approvals --------------------------------------
+
+
+@main.group("policy")
+def policy_group() -> None:
+    """Risk policies: per tenant and risk tier, whether a tool call runs, waits, or not."""
+
+
+@policy_group.command("list")
+@json_option
+def policy_list(as_json: bool) -> None:
+    """Every rule: the default ('*') and each tenant's own."""
+    with connection() as conn:
+        rows = policy.policies(conn)
+    emit(
+        rows,
+        as_json,
+        ["tenant_id", "risk_tier", "action", "approvers", "approval_timeout_s", "updated_by"],
+    )
+
+
+@policy_group.command("set")
+@click.argument("tenant")
+@click.argument("tier", type=click.Choice(policy.TIERS))
+@click.argument("action", type=click.Choice(policy.ACTIONS))
+@click.option(
+    "--approver",
+    "approvers",
+    multiple=True,
+    help="Who may decide (repeat; none: anyone who can run `outbox approvals`).",
+)
+@click.option(
+    "--timeout", default="24h", show_default=True, help="How long a call waits: 90s, 15m, 12h."
+)
+@actor_option
+@json_option
+def policy_set(
+    tenant: str,
+    tier: str,
+    action: str,
+    approvers: tuple[str, ...],
+    timeout: str,
+    actor: str,
+    as_json: bool,
+) -> None:
+    """Say what TENANT's ('*': every tenant's default) calls of risk TIER do.
+
+    
+    allow    the call runs;
+    approve  the call waits for a reviewer's decision (`outbox approvals`); with no
+             decision by --timeout it is denied, never run;
+    deny     the call never runs: the model sees "denied by policy".
+    Decided when a call is recorded and journaled with the rule that decided it. A tool
+    registered with --requires-approval waits whatever its tier says.
+    """
+    timeout_s = ops.parse_age(timeout).total_seconds()
+    with connection() as conn:
+        row = policy.set_policy(
+            conn,
+            tenant,
+            tier,
+            action,
+            approvers=list(approvers),
+            approval_timeout_s=timeout_s,
+            actor=actor,
+        )
+    if as_json:
+        echo_json(row)
+        return
+    click.echo(f"policy {tenant}/{tier}: {action}")
+
+
+@policy_group.command("clear")
+@click.argument("tenant")
+@click.argument("tier", type=click.Choice(policy.TIERS))
+@actor_option
+@json_option
+def policy_clear(tenant: str, tier: str, actor: str, as_json: bool) -> None:
+    """Remove TENANT's own rule for TIER: the default ('*') applies again."""
+    with connection() as conn:
+        removed = policy.clear_policy(conn, tenant, tier, actor=actor)
+    if as_json:
+        echo_json({"tenant_id": tenant, "risk_tier": tier, "removed": removed})
+        return
+    click.echo(f"cleared {tenant}/{tier}" if removed else f"{tenant} had no rule for {tier}")
+
+
+@main.group("approvals")
+def approvals_group() -> None:
+    """Tool calls waiting for a reviewer: list, show, approve, deny."""
+
+
+APPROVAL_COLUMNS = ["id", "tenant_id", "tool_name", "status", "deadline", "approvers", "run_id"]
+
+
+@approvals_group.command("list")
+@click.option(
+    "--status",
+    type=click.Choice(["pending", "approved", "denied", "expired", "all"]),
+    default="pending",
+    show_default=True,
+)
+@click.option("--tenant", help="Only this tenant's.")
+@click.option("--limit", type=int, default=100, show_default=True)
+@json_option
+def approvals_list(status: str, tenant: str | None, limit: int, as_json: bool) -> None:
+    """Approvals, oldest first (by default the pending ones)."""
+    with connection() as conn:
+        rows = approvals.list_approvals(
+            conn,
+            None if status == "all" else status,
+            tenant,
+            limit,
+        )
+    emit(rows, as_json, APPROVAL_COLUMNS)
+
+
+@approvals_group.command("show")
+@click.argument("approval_id", type=int)
+@json_option
+def approvals_show(approval_id: int, as_json: bool) -> None:
+    """One approval with the exact arguments it is for and their digest."""
+    with connection() as conn:
+        row = approvals.get(conn, approval_id)
+    if as_json:
+        echo_json(row)
+        return
+    for key, value in row.items():
+        shown = json.dumps(value, indent=2) if key == "arguments" else value
+        click.echo(f"{key}: {shown}")
+
+
+def _decide(
+    approval_id: int, decision: str, actor: str, reason: str, digest: str | None, as_json: bool
+) -> None:
+    with connection() as conn:
+        row = approvals.decide(
+            conn,
+            approval_id,
+            decision,
+            actor=actor,
+            reason=reason,
+            digest=digest,
+        )
+    if as_json:
+        echo_json(row)
+        return
+    click.echo(f"approval {approval_id}: {row['status']} by {row['decided_by']}")
+
+
+@approvals_group.command("approve")
+@click.argument("approval_id", type=int)
+@click.option(
+    "--digest",
+    help="The arguments digest you reviewed (from `approvals show`): refused if it differs.",
+)
+@click.option("--reason", default="", help="Recorded in the journal.")
+@actor_option
+@json_option
+def approvals_approve(
+    approval_id: int, digest: str | None, reason: str, actor: str, as_json: bool
+) -> None:
+    """Approve a waiting call: a relay runs it once.
+
+    
+    Decided once: approving again, or denying after, is refused. Only one of the
+    approvers its policy lists may decide (as --actor), and only before its deadline.
+    """
+    _decide(approval_id, "approve", actor, reason, digest, as_json)
+
+
+@approvals_group.command("deny")
+@click.argument("approval_id", type=int)
+@click.option("--reason", default="", help="Why: the model sees it, and the journal keeps it.")
+@click.option("--digest", help="The arguments digest you reviewed (from `approvals show`).")
+@actor_option
+@json_option
+def approvals_deny(
+    approval_id: int, reason: str, digest: str | None, actor: str, as_json: bool
+) -> None:
+    """Deny a waiting call: it never runs; the model sees "denied by reviewer" and the run
+    goes on."""
+    _decide(approval_id, "deny", actor, reason, digest, as_json)
 
 
 # -- threads ----------------------------------------------------------------------------

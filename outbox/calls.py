@@ -35,6 +35,7 @@ from outbox.errors import (
     InvalidInput,
     InvalidTransition,
     NotFound,
+    NotPermitted,
     OutboxError,
     WrongTenant,
 )
@@ -184,6 +185,8 @@ _BY_SQLSTATE: dict[str, type[OutboxError]] = {
     "OB003": BudgetExceeded,
     "OB004": WrongTenant,
     "OB005": InvalidTransition,
+    "OB006": NotPermitted,
+    "55000": InvalidTransition,  # object_not_in_prerequisite_state: e.g. decided already
 }
 SAVEPOINT = "SAVEPOINT outbox_call"
 RELEASE = "RELEASE SAVEPOINT outbox_call"

@@ -75,6 +75,10 @@ class InvalidTransition(OutboxError):
     """The requested state change does not make sense from the current state."""
 
 
+class NotPermitted(OutboxError):
+    """The actor may not do this (for example: not one of an approval's approvers)."""
+
+
 class NeedsTransaction(OutboxError):
     """The writer was handed a connection that is not inside a transaction."""
 

@@ -412,6 +412,7 @@ class Tool(Base):
     risk_tier: Mapped[str] = mapped_column(Text)
     enabled: Mapped[bool] = mapped_column(Boolean)
     created_at: Mapped[datetime] = _now()
+    requires_approval: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
 
 class JournalEvent(Base):
@@ -465,6 +466,99 @@ class Lane(Base):
     refilled_at: Mapped[datetime] = _now()
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = _now()
+
+
+class RiskPolicy(Base):
+    """What a tenant's calls of a risk tier do when recorded; see migration 0016."""
+
+    __tablename__ = "risk_policies"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "per tenant and risk tier, what a tool call does when it is recorded: "
+        "allow, approve (wait for a decision of one of approvers, empty: any operator, within "
+        "approval_timeout) or deny; tenant '*' is the default"
+    }
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    risk_tier: Mapped[str] = mapped_column(Text, primary_key=True)
+    action: Mapped[str] = mapped_column(Text)
+    approvers: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    approval_timeout: Mapped[timedelta] = mapped_column(
+        Interval, server_default=text("'24:00:00'::interval")
+    )
+    updated_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
+    updated_at: Mapped[datetime] = _now()
+
+
+class Approval(Base):
+    """A tool call waiting for a decision, bound to its arguments' digest; migration 0016."""
+
+    __tablename__ = "approvals"
+    __table_args__ = (
+        UniqueConstraint("tool_call_ref", name="approvals_one_per_call"),
+        ForeignKeyConstraint(
+            ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="approvals_run_fk"
+        ),
+        ForeignKeyConstraint(
+            ["tool_call_ref", "tenant_id"],
+            ["tool_calls.id", "tool_calls.tenant_id"],
+            name="approvals_call_fk",
+        ),
+        Index("approvals_pending", "deadline", postgresql_where=text("status = 'pending'")),
+        Index("approvals_run", "run_id"),
+        {
+            "comment": "a tool call that waits for a decision: bound to the digest of its "
+            "arguments, decided once (approved, denied, or expired at its deadline)"
+        },
+    )
+
+    id: Mapped[int] = _pk()
+    tenant_id: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    batch_id: Mapped[int] = mapped_column(BigInteger)
+    tool_call_ref: Mapped[int] = mapped_column(BigInteger)
+    tool_call_id: Mapped[str] = mapped_column(Text)
+    tool_name: Mapped[str] = mapped_column(Text)
+    arguments_digest: Mapped[str] = mapped_column(Text)
+    rule: Mapped[str] = mapped_column(Text)
+    approvers: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    deadline: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    status: Mapped[str] = mapped_column(Text, server_default=text("'pending'"))
+    decided_by: Mapped[str | None] = mapped_column(Text)
+    decided_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+
+
+class ToolSwitch(Base):
+    """A tool switched off for a tenant or for every tenant ('*'); migration 0016."""
+
+    __tablename__ = "tool_switches"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "tools switched off, for one tenant or every tenant ('*'): calls not yet "
+        'dispatched are answered "tool disabled" instead of running'
+    }
+
+    tool_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    switched_by: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
+    switched_at: Mapped[datetime] = _now()
+
+
+class TenantPause(Base):
+    """A tenant whose work the relay does not claim; migration 0016."""
+
+    __tablename__ = "tenant_pauses"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "tenants whose work the relay does not claim: effects in flight finish, "
+        "nothing new starts"
+    }
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    paused_by: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
+    paused_at: Mapped[datetime] = _now()
 
 
 def metadata_for(schema: str) -> MetaData:

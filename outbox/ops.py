@@ -220,6 +220,13 @@ def _check_call_may_run(action: str, target: Target) -> None:
                 "side effect",
                 hint="a finished call is never executed again",
             )
+        if call["status"] == "awaiting_approval":
+            raise _refuse(
+                action,
+                target,
+                "it waits for a reviewer's decision",
+                hint="`outbox approvals list` shows it; approve or deny it there",
+            )
         if call["status"] == "outcome_unknown":
             raise _refuse(
                 action,

@@ -10,6 +10,8 @@ what a retry after an ambiguous attempt may do: ``key`` (the tool honours
 
 ``plan_call`` turns a model's tool call into a plan or into an error the model will see:
 unknown tools, disabled tools and arguments that are not JSON or fail the schema never raise.
+The plan carries the action layer's decision (``outbox.policy``): run, wait for approval,
+or never run.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from outbox import config
+from outbox import config, policy
 from outbox.errors import InvalidInput, NotFound
 from outbox.schemas import ToolCallIn, ToolName, url_problem
 from outbox.sql import queries
@@ -51,6 +53,7 @@ class ToolSpec(BaseModel):
     max_attempts: int = Field(default=5, gt=0, le=100)
     idempotency_mode: Literal["key", "lookup", "none"] = "key"
     risk_tier: Literal["low", "medium", "high"] = "low"
+    requires_approval: bool = False
     enabled: bool = True
     version: int | None = Field(default=None, gt=0)
 
@@ -115,15 +118,6 @@ def versions(conn: psycopg.Connection[Any], name: str, tenant_id: str = "*") -> 
     return rows
 
 
-def set_enabled(
-    conn: psycopg.Connection[Any], name: str, enabled: bool, tenant_id: str = "*"
-) -> None:
-    with conn.cursor() as cur:
-        cur.execute(Q.set_enabled, {"name": name, "enabled": enabled, "tenant_id": tenant_id})
-        if cur.rowcount == 0:
-            raise NotFound(f"tool {name!r} is not registered", hint="`outbox tools list`")
-
-
 def resolve(conn: psycopg.Connection[Any], tenant_id: str, names: list[str]) -> dict[str, Row]:
     """The newest version of each named tool visible to ``tenant_id``, by name."""
     from outbox.writer import Q as WQ
@@ -135,7 +129,9 @@ def resolve(conn: psycopg.Connection[Any], tenant_id: str, names: list[str]) -> 
 
 @dataclass(frozen=True)
 class CallPlan:
-    """How a call will run, or ``error``: the text of the error result the model will see."""
+    """How a call will run, or ``error``: the text of the error result the model will see.
+    ``decision`` is the risk policy's (None when the call was refused before it applied);
+    ``approval`` is set when the call must wait for one."""
 
     executor: str
     version: int | None
@@ -143,19 +139,37 @@ class CallPlan:
     arguments: Any
     max_attempts: int
     error: str | None
+    decision: policy.Decision | None = None
+
+    @property
+    def approval(self) -> policy.Decision | None:
+        if self.error is None and self.decision and self.decision.action == "approve":
+            return self.decision
+        return None
 
 
 def plan_call(call: ToolCallIn, tool: Row | None, allowed: list[str]) -> CallPlan:
-    def refuse(error: str, arguments: Any = None) -> CallPlan:
+    """``tool`` is a row of ``resolve`` (it carries the switches and the policy of its tier
+    for the run's tenant)."""
+
+    def refuse(
+        error: str, arguments: Any = None, decision: policy.Decision | None = None
+    ) -> CallPlan:
         version = tool["version"] if tool else None
-        return CallPlan("none", version, None, arguments, 1, error)
+        return CallPlan("none", version, None, arguments, 1, error, decision)
 
     if tool is None:
         return refuse(f"unknown tool {call.name!r}: it is not in the tool registry")
     if allowed and call.name not in allowed:
         return refuse(f"tool {call.name!r} is not available in this run (allowed: {allowed})")
+    if tool.get("switched_by") is not None:
+        return refuse(
+            policy.switch_text(
+                call.name, tool["switch_tenant"], tool["switched_by"], tool["switch_reason"]
+            )
+        )
     if not tool["enabled"]:
-        return refuse(f"tool {call.name!r} is disabled")
+        return refuse(f"tool {call.name!r} v{tool['version']} is disabled; {policy.NOT_EXECUTED}")
     if call.arguments_over_cap_bytes is not None:
         return refuse(
             f"arguments for {call.name!r} are {call.arguments_over_cap_bytes} bytes, over the "
@@ -173,6 +187,12 @@ def plan_call(call: ToolCallIn, tool: Row | None, allowed: list[str]) -> CallPla
             f"arguments for {call.name!r} v{tool['version']} do not match its schema: {problem}",
             arguments,
         )
+    decision = policy.decide(tool)
+    if decision.action == "deny":
+        return refuse(policy.denied_text(call.name, decision), arguments, decision)
+    if decision.action == "approve" and tool["executor"] == "client":
+        # The backend runs a client tool itself: its own review is the approval.
+        decision = policy.Decision("allow", f"{decision.rule} (client tool: the backend decides)")
     return CallPlan(
         tool["executor"],
         tool["version"],
@@ -180,6 +200,7 @@ def plan_call(call: ToolCallIn, tool: Row | None, allowed: list[str]) -> CallPla
         arguments,
         tool["max_attempts"],
         None,
+        decision,
     )
 
 

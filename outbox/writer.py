@@ -28,9 +28,16 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from outbox import calls, registry, tenancy
+from outbox import calls, policy, registry, tenancy
 from outbox.errors import InvalidInput, NeedsTransaction, NotFound, WrongTenant
-from outbox.schemas import ModelTurnIn, NewMessage, StartRun, ToolResultIn, check_size
+from outbox.schemas import (
+    ModelTurnIn,
+    NewMessage,
+    StartRun,
+    ToolCallIn,
+    ToolResultIn,
+    check_size,
+)
 from outbox.sql import queries
 
 Q = queries("writer.sql")
@@ -225,9 +232,11 @@ def enqueue(
     tool_name: str | None = None,
     max_attempts: int = 5,
     payload: Row | None = None,
+    held: bool = False,
 ) -> int | None:
     """Add an outbox row for ``run``; returns its id, or None when the dedup key exists.
-    A tool call names its tool (``tool_name``): the lane its per-tool limit counts in."""
+    A tool call names its tool (``tool_name``): the lane its per-tool limit counts in. A
+    ``held`` row waits until its approval is decided (``outbox.approvals``)."""
     row = fetch_one(
         conn,
         Q.insert_outbox,
@@ -243,6 +252,7 @@ def enqueue(
             "correlation_id": run["correlation_id"],
             "max_attempts": max_attempts,
             "payload": Jsonb(payload or {}),
+            "held": held,
         },
     )
     return None if row is None else int(row["id"])
@@ -453,19 +463,25 @@ def _record_batch(
                 "executor": plan.executor,
                 "idempotency_mode": plan.idempotency_mode,
                 "idempotency_key": idempotency_key(run["id"], call.tool_call_id),
-                "status": "pending" if plan.error is None else "failed",
+                "status": _call_status(plan),
             },
         )
         assert row is not None
         ref = int(row["id"])
         refs.append(ref)
         call_ids = {**ids, "tool_call_ref": ref, "tool_call_id": call.tool_call_id}
+        decision = plan.decision
         journal(
             conn,
             "tool_call.intended",
             run["tenant_id"],
             **call_ids,
-            detail={"tool": call.name, "executor": plan.executor, "error": plan.error},
+            detail={
+                "tool": call.name,
+                "executor": plan.executor,
+                "error": plan.error,
+                "policy": decision and {"action": decision.action, "rule": decision.rule},
+            },
         )
         if plan.error is not None:
             conn.execute(
@@ -495,10 +511,62 @@ def _record_batch(
                 tool_call_ref=ref,
                 tool_name=call.name,
                 max_attempts=plan.max_attempts,
+                held=plan.approval is not None,
             )
+            if plan.approval is not None:
+                _request_approval(conn, run, call_ids, call, plan.approval)
     if pending == 0:
         enqueue(conn, run, "deliver_batch", f"deliver:{batch_id}", batch_id=batch_id)
     return batch_id, refs, waits_for_client
+
+
+def _call_status(plan: registry.CallPlan) -> str:
+    if plan.error is not None:
+        return "failed"
+    return "awaiting_approval" if plan.approval is not None else "pending"
+
+
+def _request_approval(
+    conn: psycopg.Connection[Any],
+    run: Row,
+    call_ids: Row,
+    call: ToolCallIn,
+    decision: policy.Decision,
+) -> None:
+    """The call waits for a reviewer: one approval, bound to its arguments' digest."""
+    digest = arguments_hash(call.name, call.arguments)
+    approval = fetch_one(
+        conn,
+        policy.Q.request_approval,
+        {
+            "tenant_id": run["tenant_id"],
+            "run_id": run["id"],
+            "thread_id": run["thread_id"],
+            "batch_id": call_ids["batch_id"],
+            "tool_call_ref": call_ids["tool_call_ref"],
+            "tool_call_id": call.tool_call_id,
+            "tool_name": call.name,
+            "arguments_digest": digest,
+            "rule": decision.rule,
+            "approvers": list(decision.approvers),
+            "timeout_s": decision.timeout_s,
+        },
+    )
+    assert approval is not None
+    journal(
+        conn,
+        "approval.requested",
+        run["tenant_id"],
+        **call_ids,
+        detail={
+            "approval_id": approval["id"],
+            "tool": call.name,
+            "arguments_digest": digest,
+            "rule": decision.rule,
+            "approvers": list(decision.approvers),
+            "deadline": approval["deadline"].isoformat(),
+        },
+    )
 
 
 # -- tool results -----------------------------------------------------------------------

@@ -5,7 +5,8 @@ holds in one statement (rows a completion holds are skipped, not waited for), an
 rescue interval it takes back expired leases of any worker (``rescue_expired``: ready
 again with no attempt charged, or quarantined once leases of a row were lost
 ``max_lost_leases`` times), re-enqueues deliveries of complete batches that never happened,
-and expires runs past their ``requires_action`` deadline. With metrics on, it refreshes
+expires runs past their ``requires_action`` deadline and denies approvals nobody decided by
+their deadline (``outbox.approvals``). With metrics on, it refreshes
 the queue-depth gauges. A database error waits for the link; any other error is logged and
 the loop goes on: leases must be kept alive whatever happens.
 """
@@ -19,7 +20,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from outbox import lifecycle
+from outbox import approvals, lifecycle
 from outbox.sql import Queries
 from relay.config import RelayConfig
 from relay.links import Link
@@ -123,6 +124,7 @@ class Maintenance:
                 {"grace_s": self.cfg.stalled_batch_grace_s, "worker": self.cfg.worker_id},
             ).fetchall()
             expired = lifecycle.expire_due_runs(conn)
+            denied = approvals.expire_due(conn, self.cfg.worker_id)
         for run in expired:
             log(
                 logger,
@@ -134,6 +136,24 @@ class Maintenance:
                 run_id=run["id"],
                 correlation_id=run["correlation_id"],
             )
+        for approval in denied:
+            log(
+                logger,
+                logging.WARNING,
+                "approval.expired",
+                worker=self.cfg.worker_id,
+                tenant_id=approval["tenant_id"],
+                thread_id=approval["thread_id"],
+                run_id=approval["run_id"],
+                batch_id=approval["batch_id"],
+                tool_call_ref=approval["tool_call_ref"],
+                tool_call_id=approval["tool_call_id"],
+                correlation_id=approval["correlation_id"],
+                approval_id=approval["id"],
+                reason=approval["reason"],
+            )
+        if denied:
+            self.wake.set()
         if rescued:
             self.metrics.rescued.inc(len(rescued))
             self.wake.set()

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from outbox import policy
+
 Action = Literal[
     "result", "retry", "defer", "unknown", "deliver", "lost", "turn", "fail_run", "skip"
 ]
@@ -52,6 +54,7 @@ class Claimed(NamedTuple):
     callable: str | None = None
     timeout_s: float | None = None
     credential_ref: str | None = None
+    stop: dict[str, Any] | None = None  # why a tool call must not run (outbox.policy)
     claimed_at_monotonic: float = 0.0  # the worker's clock, for the claim-to-start metric
 
     def context(self) -> dict[str, Any]:
@@ -135,4 +138,18 @@ def ambiguous(row: Claimed, error: str) -> Outcome:
 def runs_in_chunks(row: Claimed) -> bool:
     """An in-process tool call that may run in a chunk (``relay.inprocess``): its tool
     honours idempotency keys, so it needs no dispatch mark written before the call."""
-    return row.kind == "tool_call" and row.executor == "python" and row.idempotency_mode == "key"
+    return (
+        row.kind == "tool_call"
+        and row.executor == "python"
+        and row.idempotency_mode == "key"
+        and row.stop is None
+    )
+
+
+def stopped(row: Claimed) -> Outcome:
+    """A claimed call that must not run (switched off, or not approved): its error result,
+    saying why, for the model to see. Nothing was attempted, so nothing is charged."""
+    assert row.stop is not None
+    return Outcome(
+        row, "result", "error", None, policy.stop_text(row.tool_name or "", row.stop), "system"
+    )

@@ -58,7 +58,7 @@ from relay.listener import listen
 from relay.logs import log
 from relay.maintenance import Maintenance
 from relay.metrics import Metrics
-from relay.outcomes import Claimed, Outcome, retry, runs_in_chunks
+from relay.outcomes import Claimed, Outcome, retry, runs_in_chunks, stopped
 from relay.preparer import Preparer
 
 logger = logging.getLogger("relay.worker")
@@ -331,7 +331,11 @@ class Worker:
             self.chunk_waiters.submit(self._execute_chunk, chunked[first : first + INPROCESS_CHUNK])
         effects = []
         for row in rows:
-            if row.kind == DELIVERY:
+            if row.stop is not None:
+                # Switched off or not approved: answered without running, like a delivery.
+                self._queue(stopped(row))
+                self._finished(1, 1, wake=False)
+            elif row.kind == DELIVERY:
                 # Nothing to perform outside the database: straight to its completer. This
                 # is the claim loop: it needs no wake-up.
                 self._queue(Outcome(row, "deliver"))

@@ -97,7 +97,9 @@ FROM {s}.outbox o
 LEFT JOIN {s}.tool_calls tc ON tc.id = o.tool_call_ref
 WHERE CASE %(state)s
           WHEN 'quarantined' THEN o.status = 'quarantined'
+          -- 'infinity': a call waiting for approval (outbox.approvals), not a delay.
           WHEN 'delayed' THEN o.status = 'ready' AND o.available_at > now()
+                              AND o.available_at <> 'infinity'
       END
   AND (%(tool)s::text IS NULL OR tc.tool_name = %(tool)s)
   AND (%(since)s::timestamptz IS NULL OR coalesce(o.claimed_at, o.created_at) >= %(since)s)

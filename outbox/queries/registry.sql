@@ -7,10 +7,11 @@ FROM {s}.tools WHERE tenant_id = %(tenant_id)s AND name = %(name)s
 -- Register one tool version.
 INSERT INTO {s}.tools (tenant_id, name, version, description, json_schema, executor, endpoint,
                        lookup_endpoint, callable, credential_ref, timeout_s, max_attempts,
-                       idempotency_mode, risk_tier, enabled)
+                       idempotency_mode, risk_tier, requires_approval, enabled)
 VALUES (%(tenant_id)s, %(name)s, %(version)s, %(description)s, %(json_schema)s, %(executor)s,
         %(endpoint)s, %(lookup_endpoint)s, %(callable)s, %(credential_ref)s, %(timeout_s)s,
-        %(max_attempts)s, %(idempotency_mode)s, %(risk_tier)s, %(enabled)s)
+        %(max_attempts)s, %(idempotency_mode)s, %(risk_tier)s, %(requires_approval)s,
+        %(enabled)s)
 RETURNING *
 
 -- name: list_tools
@@ -22,9 +23,3 @@ FROM {s}.tools ORDER BY tenant_id, name, version DESC
 -- All versions of a tool, newest first.
 SELECT * FROM {s}.tools WHERE name = %(name)s AND tenant_id = %(tenant_id)s
 ORDER BY version DESC
-
--- name: set_enabled
--- Enable or disable every version of a tool.
-UPDATE {s}.tools SET enabled = %(enabled)s
-WHERE name = %(name)s AND tenant_id = %(tenant_id)s
-RETURNING version

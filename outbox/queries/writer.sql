@@ -20,11 +20,13 @@ SELECT * FROM {s}.runs WHERE id = %(run_id)s FOR UPDATE
 SELECT * FROM {s}.runs WHERE id = %(run_id)s
 
 -- name: insert_outbox
--- Enqueue one unit of work; a repeated dedup key is a no-op.
+-- Enqueue one unit of work; a repeated dedup key is a no-op. A held row (a call waiting for
+-- approval) is due at 'infinity' until its approval is decided (decide_approval_v1).
 INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id, tool_call_ref,
-                        tool_name, correlation_id, max_attempts, payload)
+                        tool_name, correlation_id, max_attempts, payload, available_at)
 VALUES (%(tenant_id)s, %(kind)s, %(dedup_key)s, %(thread_id)s, %(run_id)s, %(batch_id)s,
-        %(tool_call_ref)s, %(tool_name)s, %(correlation_id)s, %(max_attempts)s, %(payload)s)
+        %(tool_call_ref)s, %(tool_name)s, %(correlation_id)s, %(max_attempts)s, %(payload)s,
+        CASE WHEN %(held)s THEN 'infinity'::timestamptz ELSE now() END)
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING id
 
@@ -275,11 +277,27 @@ VALUES (%(tenant_id)s, %(event)s, %(thread_id)s, %(run_id)s, %(batch_id)s, %(too
         %(actor)s, %(detail)s)
 
 -- name: tools_by_name
--- The newest enabled version of each named tool visible to a tenant (its own before shared).
-SELECT DISTINCT ON (name) *
-FROM {s}.tools
-WHERE name = ANY(%(names)s) AND tenant_id IN (%(tenant_id)s, '*')
-ORDER BY name, (tenant_id = '*'), version DESC
+-- The newest version of each named tool visible to a tenant (its own before shared), with
+-- what the action layer says of it (outbox/policy.py): the switch that turned it off for
+-- this tenant or for all, and the risk policy of its tier (the tenant's rule before '*').
+SELECT DISTINCT ON (t.name) t.*,
+       w.tenant_id AS switch_tenant, w.switched_by, w.reason AS switch_reason,
+       p.tenant_id AS policy_tenant, p.action AS policy_action,
+       p.approvers AS policy_approvers,
+       extract(epoch FROM p.approval_timeout)::float8 AS policy_timeout_s
+FROM {s}.tools t
+LEFT JOIN LATERAL (
+    SELECT * FROM {s}.tool_switches w
+    WHERE w.tool_name = t.name AND w.tenant_id IN (%(tenant_id)s, '*')
+    ORDER BY w.tenant_id = '*' LIMIT 1
+) w ON true
+LEFT JOIN LATERAL (
+    SELECT * FROM {s}.risk_policies p
+    WHERE p.risk_tier = t.risk_tier AND p.tenant_id IN (%(tenant_id)s, '*')
+    ORDER BY p.tenant_id = '*' LIMIT 1
+) p ON true
+WHERE t.name = ANY(%(names)s) AND t.tenant_id IN (%(tenant_id)s, '*')
+ORDER BY t.name, (t.tenant_id = '*'), t.version DESC
 
 -- name: recent_batch_signatures
 -- The tool calls (as argument hashes) of a run's latest batches, newest first.

@@ -63,6 +63,7 @@ WITH RECURSIVE loads AS (
     WHERE t.tenant_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM full_lanes f
                       WHERE f.scope = 'tenant' AND f.name = t.tenant_id)
+      AND NOT EXISTS (SELECT 1 FROM {s}.tenant_pauses p WHERE p.tenant_id = t.tenant_id)
 ), topped AS (
     -- Tenants with less than their share leave room: the oldest other due rows fill it.
     SELECT o.id, o.tenant_id, o.tool_name, o.available_at FROM {s}.outbox o
@@ -71,6 +72,7 @@ WITH RECURSIVE loads AS (
       AND NOT EXISTS (SELECT 1 FROM full_lanes f
                       WHERE (f.scope = 'tenant' AND f.name = o.tenant_id)
                          OR (f.scope = 'tool' AND f.name = o.tool_name))
+      AND NOT EXISTS (SELECT 1 FROM {s}.tenant_pauses p WHERE p.tenant_id = o.tenant_id)
     ORDER BY o.available_at, o.id
     LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM shared))
     FOR UPDATE OF o SKIP LOCKED
@@ -153,13 +155,30 @@ WITH RECURSIVE loads AS (
 -- The columns of relay.outcomes.Claimed, in its order.
 -- A tool call's payload is left out: its call row holds what it needs, and decoding JSON is
 -- a good part of a claim's cost in the relay.
+-- stop: why a tool call must not run (NULL for nearly every row): its tool was switched off
+-- for its tenant or for all, its version is disabled, or its approval is not an approval of
+-- these arguments (outbox.policy.stop_text says it to the model).
 SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call_ref,
        c.correlation_id, c.attempts, c.failures, c.max_attempts,
        CASE WHEN c.kind <> 'tool_call' THEN c.payload END AS payload,
        extract(epoch FROM clock_timestamp() - c.available_at)::float8 AS lag_s,
        tc.tool_call_id, tc.tool_name, tc.arguments, tc.idempotency_key, tc.idempotency_mode,
        tc.executor, tc.dispatched_attempt,
-       t.endpoint, t.lookup_endpoint, t.callable, t.timeout_s, t.credential_ref
+       t.endpoint, t.lookup_endpoint, t.callable, t.timeout_s, t.credential_ref,
+       CASE WHEN c.kind = 'tool_call' THEN coalesce(
+           (SELECT jsonb_build_object('switch', w.tenant_id, 'by', w.switched_by,
+                                      'reason', w.reason)
+            FROM {s}.tool_switches w
+            WHERE w.tool_name = tc.tool_name AND w.tenant_id IN (tc.tenant_id, '*')
+            ORDER BY w.tenant_id = '*' LIMIT 1),
+           CASE WHEN NOT t.enabled THEN jsonb_build_object('disabled_version', t.version) END,
+           (SELECT jsonb_build_object('approval', a.id, 'status', a.status,
+                                      'by', a.decided_by, 'reason', a.reason,
+                                      'deadline', a.deadline)
+            FROM {s}.approvals a
+            WHERE a.tool_call_ref = tc.id
+              AND (a.status <> 'approved' OR a.arguments_digest <> tc.arguments_hash))
+       ) END AS stop
 FROM claimed c
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tool_calls WHERE id = c.tool_call_ref OFFSET 0
