@@ -37,6 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import httpx2
 
@@ -76,6 +77,39 @@ def resolve_credential(ref: str) -> str:
         f"credential {ref!r} is not set: define ${env_name} or a line '{ref}=...' "
         "in $OUTBOX_SECRETS_FILE for the relay"
     )
+
+
+REDACTED = "[redacted credential]"
+
+
+def redacted(outcome: Outcome) -> Outcome:
+    """The outcome with the call's secret cut out of its result and error: a tool that
+    echoes the credential it was sent (in an error body, a result) must not hand it to the
+    model, the journal, the logs or the tables."""
+    ref = outcome.row.credential_ref
+    if not ref:
+        return outcome
+    try:
+        secret = resolve_credential(ref)
+    except LookupError:
+        return outcome
+    if not secret:
+        return outcome
+    return dataclasses.replace(
+        outcome,
+        output=_scrub(outcome.output, secret),
+        error=None if outcome.error is None else outcome.error.replace(secret, REDACTED),
+    )
+
+
+def _scrub(value: Any, secret: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(secret, REDACTED)
+    if isinstance(value, list):
+        return [_scrub(v, secret) for v in value]
+    if isinstance(value, dict):
+        return {_scrub(k, secret): _scrub(v, secret) for k, v in value.items()}
+    return value
 
 
 def traceparent(correlation_id: str | None) -> str:
@@ -124,7 +158,7 @@ class ToolExecutor:
 
     async def run(self, row: Claimed) -> Outcome:
         started = time.monotonic()
-        outcome = await self._run(row)
+        outcome = redacted(await self._run(row))
         return dataclasses.replace(outcome, duration_s=time.monotonic() - started)
 
     async def _run(self, row: Claimed) -> Outcome:

@@ -40,7 +40,7 @@ from outbox.testing.server import (
 )
 
 IdempotencyMode = Literal["key", "lookup", "none"]
-FaultKind = Literal["latency", "fail", "drop", "stall_after_commit"]
+FaultKind = Literal["latency", "fail", "drop", "stall_after_commit", "echo_credentials"]
 ToolHandler = Callable[[dict[str, Any], int], dict[str, Any]]  # (arguments, effect_id) -> result
 
 TOOLS_PREFIX = "/tools/"
@@ -159,6 +159,14 @@ class FakeTool:
     ) -> None:
         """Record the side effect, then hold the answer ``seconds`` (a timeout after send)."""
         self._add_fault(_Fault("stall_after_commit", seconds=seconds), n, window_s)
+
+    def echo_credentials(
+        self, status: int = 401, n: int | None = 1, window_s: float | None = None
+    ) -> None:
+        """Answer ``status`` with a body that echoes the request's ``Authorization`` header,
+        as careless APIs do in their errors, without a side effect (a 200 plays an API that
+        puts it in a result). For tests that secrets never leave the relay."""
+        self._add_fault(_Fault("echo_credentials", status=status), n, window_s)
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -279,12 +287,18 @@ class FakeTool:
         arguments = request.json_object()
         with self._lock:
             latency = self._take("latency")
-            failure = self._take("drop", "fail")
+            failure = self._take("drop", "fail", "echo_credentials")
         if latency is not None:
             time.sleep(latency.seconds)  # simulated tool latency
         if failure is not None and failure.kind == "drop":
             self._record(request, key, arguments, None)
             return dropped()
+        if failure is not None and failure.kind == "echo_credentials":
+            self._record(request, key, arguments, failure.status)
+            echoed = request.headers.get("authorization", "")
+            return json_reply(
+                failure.status, {"message": f"credentials rejected: {echoed}", "got": echoed}
+            )
         if failure is not None:
             self._record(request, key, arguments, failure.status)
             headers = {"retry-after": str(RETRY_AFTER_S)} if failure.status in (429, 503) else {}
@@ -393,9 +407,9 @@ class FaultRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tool: str
-    fault: Literal["latency", "fail", "drop", "stall_after_commit", "clear"]
+    fault: Literal["latency", "fail", "drop", "stall_after_commit", "echo_credentials", "clear"]
     seconds: float = 0.0  # for latency and stall_after_commit
-    status: int = 500  # for fail
+    status: int = 500  # for fail and echo_credentials
     n: int | None = 1
     window_s: float | None = None  # seconds
 
@@ -495,6 +509,8 @@ class FakeToolService(FakeServer):
             tool.fail(spec.status, spec.n, spec.window_s)
         elif spec.fault == "drop":
             tool.drop_connection(spec.n, spec.window_s)
+        elif spec.fault == "echo_credentials":
+            tool.echo_credentials(spec.status, spec.n, spec.window_s)
         else:
             tool.stall_after_commit(spec.seconds, spec.n, spec.window_s)
 

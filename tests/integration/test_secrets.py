@@ -83,3 +83,31 @@ def test_the_credential_reaches_the_tool_and_is_stored_and_logged_nowhere(
     assert any("retry_scheduled" in line for line in lines)
     assert not [line for line in lines if canary in line]
     assert canary not in caplog.text
+
+
+@pytest.mark.parametrize("status", [401, 200])
+def test_a_credential_the_tool_echoes_back_is_redacted_before_anything_stores_it(
+    db_url, service, monkeypatch, caplog, status
+):
+    """A careless API echoes the bearer token in its 401 body (or in a result): what the
+    relay stores, logs and would replay to the model carries no trace of it."""
+    canary = "canary-" + secrets.token_hex(16)
+    monkeypatch.setenv("OUTBOX_SECRET_CRM", canary)
+    tool = service.add_tool("crm_update", "key")
+    tool.echo_credentials(status=status, n=1)
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "crm_update", "key", credential_ref="crm")
+        conn.commit()
+    seed(db_url, ["crm_update"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+    caplog.set_level(logging.DEBUG, logger="relay")
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call to get its result")
+    (delivery,) = tool.deliveries
+    assert canary in delivery.headers["authorization"]  # the tool did get it, and echoed it
+
+    tables = dump_schema(db_url)
+    assert "[redacted credential]" in tables["tool_results"]
+    leaks = [name for name, text in tables.items() if canary in text]
+    assert leaks == [], f"the canary leaked into {leaks}"
+    formatter = JsonFormatter()
+    assert not [r for r in caplog.records if canary in formatter.format(r)]
