@@ -97,6 +97,13 @@ class Run(Base):
     base_url: Mapped[str | None] = mapped_column(Text)
     instructions: Mapped[str | None] = mapped_column(Text)
     tool_names: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    tool_pins: Mapped[dict[str, Any]] = mapped_column(
+        JSONB,
+        server_default=text("'{}'::jsonb"),
+        comment="the tool versions the run was started with: "
+        '{"name": {"tenant_id", "version"}}; a run without pins (started before 0017) uses '
+        "the newest versions",
+    )
     step_count: Mapped[int] = mapped_column(Integer)
     max_steps: Mapped[int] = mapped_column(Integer)
     max_tokens: Mapped[int | None] = mapped_column(BigInteger)

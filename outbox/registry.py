@@ -118,12 +118,21 @@ def versions(conn: psycopg.Connection[Any], name: str, tenant_id: str = "*") -> 
     return rows
 
 
-def resolve(conn: psycopg.Connection[Any], tenant_id: str, names: list[str]) -> dict[str, Row]:
-    """The newest version of each named tool visible to ``tenant_id``, by name."""
+def resolve(
+    conn: psycopg.Connection[Any],
+    tenant_id: str,
+    names: list[str],
+    pins: dict[str, Any] | None = None,
+) -> dict[str, Row]:
+    """Each named tool visible to ``tenant_id``, by name: the version ``pins`` names (a
+    run's ``tool_pins``), else the newest."""
     from outbox.writer import Q as WQ
 
     with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(WQ.tools_by_name, {"names": sorted(set(names)), "tenant_id": tenant_id})
+        cur.execute(
+            WQ.tools_by_name,
+            {"names": sorted(set(names)), "tenant_id": tenant_id, "pins": Jsonb(pins or {})},
+        )
         return {row["name"]: row for row in cur.fetchall()}
 
 

@@ -418,7 +418,9 @@ def _after_turn(
 def _record_batch(
     conn: psycopg.Connection[Any], run: Row, turn: ModelTurnIn, message_id: int
 ) -> tuple[int, list[int], bool]:
-    tools = registry.resolve(conn, run["tenant_id"], [c.name for c in turn.tool_calls])
+    tools = registry.resolve(
+        conn, run["tenant_id"], [c.name for c in turn.tool_calls], run.get("tool_pins")
+    )
     plans = [
         registry.plan_call(call, tools.get(call.name), run["tool_names"])
         for call in turn.tool_calls

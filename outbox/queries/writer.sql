@@ -277,7 +277,8 @@ VALUES (%(tenant_id)s, %(event)s, %(thread_id)s, %(run_id)s, %(batch_id)s, %(too
         %(actor)s, %(detail)s)
 
 -- name: tools_by_name
--- The newest version of each named tool visible to a tenant (its own before shared), with
+-- Each named tool as a run uses it: the version the run pinned (pins: runs.tool_pins), else
+-- the newest visible to the tenant (its own before shared), with
 -- what the action layer says of it (outbox/policy.py): the switch that turned it off for
 -- this tenant or for all, and the risk policy of its tier (the tenant's rule before '*').
 SELECT DISTINCT ON (t.name) t.*,
@@ -297,6 +298,9 @@ LEFT JOIN LATERAL (
     ORDER BY p.tenant_id = '*' LIMIT 1
 ) p ON true
 WHERE t.name = ANY(%(names)s) AND t.tenant_id IN (%(tenant_id)s, '*')
+  AND (NOT %(pins)s::jsonb ? t.name
+       OR (t.tenant_id = %(pins)s::jsonb -> t.name ->> 'tenant_id'
+           AND t.version = (%(pins)s::jsonb -> t.name ->> 'version')::int))
 ORDER BY t.name, (t.tenant_id = '*'), t.version DESC
 
 -- name: recent_batch_signatures

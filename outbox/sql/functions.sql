@@ -319,6 +319,7 @@ DECLARE
     v_thread  {s}.threads;
     v_active  {s}.runs;
     v_missing text[];
+    v_pins    jsonb;
     v_budget  {s}.tenant_budgets;
     v_seq     integer;
     v_cap     integer := coalesce(
@@ -386,6 +387,14 @@ BEGIN
         RAISE EXCEPTION 'unknown tools %: they are not in the tool registry', v_missing
             USING ERRCODE = 'no_data_found', HINT = 'register them first (`outbox tools register`)';
     END IF;
+    -- Pin each tool's version now: a later registration never changes what this run's
+    -- conversation was given (its own version before a shared one, the newest).
+    SELECT coalesce(jsonb_object_agg(p.name, jsonb_build_object('tenant_id', p.tenant_id,
+                                                                'version', p.version)), '{}')
+    INTO v_pins
+    FROM (SELECT DISTINCT ON (tl.name) tl.name, tl.tenant_id, tl.version FROM {s}.tools tl
+          WHERE tl.name = ANY(p_tools) AND tl.tenant_id IN (p_tenant_id, '*')
+          ORDER BY tl.name, (tl.tenant_id = '*'), tl.version DESC) p;
     SELECT * INTO v_budget FROM {s}.tenant_budgets b
     WHERE b.tenant_id = p_tenant_id AND b.tokens_used >= b.max_tokens;
     IF FOUND THEN
@@ -395,10 +404,10 @@ BEGIN
     END IF;
 
     INSERT INTO {s}.runs AS r (tenant_id, thread_id, model, api, base_url, instructions,
-                               tool_names, max_steps, max_tokens, loop_limit, action_timeout,
-                               idempotency_key, correlation_id)
+                               tool_names, tool_pins, max_steps, max_tokens, loop_limit,
+                               action_timeout, idempotency_key, correlation_id)
     VALUES (p_tenant_id, p_thread_id, p_model, p_api, p_base_url, p_instructions,
-            coalesce(p_tools, '{}'), coalesce(p_max_steps, 20), p_max_tokens,
+            coalesce(p_tools, '{}'), v_pins, coalesce(p_max_steps, 20), p_max_tokens,
             coalesce(p_loop_limit, 3), make_interval(secs => coalesce(p_action_timeout_s, 600)),
             p_idempotency_key,
             coalesce(p_correlation_id, replace(gen_random_uuid()::text, '-', '')))
@@ -423,7 +432,8 @@ BEGIN
     ON CONFLICT (dedup_key) DO NOTHING;
     INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
     VALUES (p_tenant_id, 'run.created', p_thread_id, v_run.id, v_run.correlation_id,
-            jsonb_build_object('model', p_model, 'tools', to_jsonb(coalesce(p_tools, '{}'))));
+            jsonb_build_object('model', p_model, 'tools', to_jsonb(coalesce(p_tools, '{}')),
+                               'tool_versions', v_pins));
     RETURN QUERY SELECT v_run.id, v_run.status, true, v_run.correlation_id;
 END $$;
 

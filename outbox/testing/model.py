@@ -25,7 +25,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -132,6 +132,7 @@ class ModelRequest:
     status: int | None
     response: Any
     at: float  # seconds since the epoch
+    tools: list[Any] = field(default_factory=list)  # the request's tool list, as sent
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -589,6 +590,7 @@ class ScriptedModel(FakeServer):
             status=None if reply.drop else reply.status,
             response=reply.body,
             at=time.time(),
+            tools=body.get("tools") if isinstance(body.get("tools"), list) else [],
         )
         with self.lock:
             self._requests.append(record)

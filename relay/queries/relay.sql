@@ -590,9 +590,9 @@ RETURNING tc.id
 -- name: prepare_turns
 -- What each model turn needs before its call, for many turns in one statement: the run,
 -- whether the step is already recorded, the thread's messages and calls (as
--- outbox.history builds them) and the run's tools (newest enabled version visible to the
--- tenant, its own before a shared one). Each lookup goes through an index by run, thread
--- or name.
+-- outbox.history builds them) and the run's tools (the versions it pinned when it started;
+-- for a run without pins, the newest visible to the tenant, its own before a shared one).
+-- Each lookup goes through an index by run, thread or name.
 SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
        r.instructions, r.base_url,
        EXISTS (SELECT 1 FROM {s}.model_turns mt
@@ -611,8 +611,11 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'name', t.name, 'description', t.description,
                    'json_schema', t.json_schema) ORDER BY t.name), '[]')
-        FROM (SELECT DISTINCT ON (name) * FROM {s}.tools
-              WHERE name = ANY(r.tool_names) AND tenant_id IN (r.tenant_id, '*')
-              ORDER BY name, (tenant_id = '*'), version DESC) t) AS tools
+        FROM (SELECT DISTINCT ON (tl.name) * FROM {s}.tools tl
+              WHERE tl.name = ANY(r.tool_names) AND tl.tenant_id IN (r.tenant_id, '*')
+                AND (NOT r.tool_pins ? tl.name
+                     OR (tl.tenant_id = r.tool_pins -> tl.name ->> 'tenant_id'
+                         AND tl.version = (r.tool_pins -> tl.name ->> 'version')::int))
+              ORDER BY tl.name, (tl.tenant_id = '*'), tl.version DESC) t) AS tools
 FROM unnest(%(run_ids)s::uuid[], %(steps)s::int[]) AS w(run_id, step_no)
 JOIN {s}.runs r ON r.id = w.run_id

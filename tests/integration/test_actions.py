@@ -7,6 +7,7 @@ from the tool's own audit trail, never from our tables alone.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -438,3 +439,45 @@ def test_backends_decide_in_sql_as_outbox_writer_for_their_own_tenant_only(conn)
         "SELECT available_at <= now() FROM outbox.outbox WHERE kind = 'tool_call'"
     ).fetchone()
     assert due == (True,)
+
+
+# -- pinned tool versions -----------------------------------------------------------------
+
+
+def test_a_run_keeps_the_tool_versions_it_started_with(db_url, model, service):
+    """v2 registered after the run started (another schema, another endpoint): the run's
+    model still sees v1's schema, its call is validated against v1 and sent to v1's
+    endpoint; a run started after the registration uses v2."""
+    v1_schema = {"type": "object", "properties": {"to": {"type": "string"}}, "required": ["to"]}
+    v2_schema = {"type": "object", "required": ["customer_id"]}
+    setup_tool(db_url, service, json_schema=v1_schema)
+    service.add_tool("send_email_v2", "key")
+    run = start(db_url, model)
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "send_email", "key", json_schema=v2_schema,
+                      endpoint=service.endpoint("send_email_v2"))  # fmt: skip
+        conn.commit()
+    later = start(db_url, model, tenant=OTHER)
+    with relay_thread(db_url, kinds=ALL_KINDS):
+        wait_until(lambda: ended(db_url, run.id) and ended(db_url, later.id), what="the runs")
+    pins = scalar(db_url, "SELECT tool_pins FROM outbox.runs WHERE id = %s", [run.id])
+    assert pins == {"send_email": {"tenant_id": "*", "version": 1}}
+    later_pins = scalar(db_url, "SELECT tool_pins FROM outbox.runs WHERE id = %s", [later.id])
+    assert later_pins == {"send_email": {"tenant_id": "*", "version": 2}}
+    # v1's endpoint ran the first run's call; v2's schema refused the later run's arguments.
+    (delivery,) = service.tool("send_email").deliveries
+    assert delivery.headers["x-outbox-run-id"] == str(run.id)
+    assert service.tool("send_email_v2").deliveries == []
+    assert "do not match its schema" in final_text(db_url, later.id)
+    with psycopg.connect(db_url) as conn:
+        versions = dict(conn.execute("SELECT run_id, tool_version FROM outbox.tool_calls"))
+    assert versions == {run.id: 1, later.id: 2}
+    sent = {
+        json.dumps([t.get("parameters") for t in r.tools], sort_keys=True)
+        for r in model.requests
+        if r.tools
+    }
+    assert sent == {
+        json.dumps([v1_schema], sort_keys=True),
+        json.dumps([v2_schema], sort_keys=True),
+    }
