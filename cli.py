@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from outbox import (
     approvals,
+    budgets,
     db,
     history,
     lifecycle,
@@ -786,6 +787,11 @@ def runs_show(run: str, as_json: bool) -> None:
 @click.option("--instructions", help="System instructions for the model.")
 @click.option("--max-steps", type=int, help="Most model turns in this run.")
 @click.option("--max-tokens", type=int, help="Token budget of this run.")
+@click.option(
+    "--max-cost",
+    type=str,
+    help="Budget of this run in money, by the model's price (`outbox prices set`).",
+)
 @click.option("--idempotency-key", help="Resending the same turn with this key returns the run.")
 @json_option
 def runs_create(
@@ -847,16 +853,103 @@ def tenants_group() -> None:
 
 @tenants_group.command("budget")
 @click.argument("tenant")
-@click.option("--max-tokens", type=int, required=True, help="Tokens over all the tenant's runs.")
+@click.option("--max-tokens", type=int, help="Tokens over all the tenant's runs.")
+@click.option(
+    "--max-cost",
+    type=str,
+    help="Money over all the tenant's runs, by each model's price (`outbox prices set`).",
+)
 @json_option
-def tenants_budget(tenant: str, max_tokens: int, as_json: bool) -> None:
-    """Set TENANT's token budget: once used up, no new model turns start for it."""
+def tenants_budget(
+    tenant: str, max_tokens: int | None, max_cost: str | None, as_json: bool
+) -> None:
+    """Set TENANT's budget in tokens and/or money: once one is used up, no new model turns
+    start for it (its runs fail with `budget`). An option left out means no limit of that
+    kind."""
+    cost = None if max_cost is None else budgets.money(max_cost, "--max-cost")
     with connection() as conn:
-        row = writer.set_tenant_budget(conn, tenant, max_tokens)
+        row = writer.set_tenant_budget(conn, tenant, max_tokens, cost)
     if as_json:
         echo_json(row)
         return
-    click.echo(f"tenant {tenant}: budget {row['max_tokens']} tokens, used {row['tokens_used']}")
+    click.echo(
+        f"tenant {tenant}: budget {row['max_tokens'] or 'unlimited'} tokens (used "
+        f"{row['tokens_used']}), {row['max_cost'] if row['max_cost'] is not None else 'unlimited'}"
+        f" in money (spent {row['cost_used']})"
+    )
+
+
+@main.group("prices")
+def prices_group() -> None:
+    """Model prices per million tokens: what budgets in money count."""
+
+
+@prices_group.command("list")
+@json_option
+def prices_list(as_json: bool) -> None:
+    """Every model with a price."""
+    with connection() as conn:
+        rows = budgets.prices(conn)
+    emit(
+        rows,
+        as_json,
+        ["model", "input_per_mtok", "cached_input_per_mtok", "output_per_mtok", "updated_by"],
+    )
+
+
+@prices_group.command("set")
+@click.argument("model")
+@click.option("--input", "input_", required=True, help="Price of a million input tokens.")
+@click.option("--output", required=True, help="Price of a million output tokens.")
+@click.option("--cached-input", help="Price of a million cached input tokens (default: --input).")
+@actor_option
+@json_option
+def prices_set(
+    model: str, input_: str, output: str, cached_input: str | None, actor: str, as_json: bool
+) -> None:
+    """Price MODEL's tokens, in the one currency the platform bills in. Turns recorded from
+    now on are counted at this price against run and tenant budgets in money."""
+    with connection() as conn:
+        row = budgets.set_price(
+            conn,
+            model,
+            input_per_mtok=input_,
+            output_per_mtok=output,
+            cached_input_per_mtok=cached_input,
+            actor=actor,
+        )
+    if as_json:
+        echo_json(row)
+        return
+    click.echo(f"priced {model}: input {input_}, output {output} per million tokens")
+
+
+@main.group("platform")
+def platform_group() -> None:
+    """Limits over every run of every tenant."""
+
+
+@platform_group.command("limit")
+@click.option(
+    "--max-steps",
+    type=LimitValue(int),
+    help="Most model turns of any run, whatever it asked for ('none': no ceiling).",
+)
+@actor_option
+@json_option
+def platform_limit(max_steps: Any, actor: str, as_json: bool) -> None:
+    """Show or set the platform's step ceiling. Runs in flight are held to it too: one past
+    it fails with `step_cap` before its next model turn."""
+    with connection() as conn:
+        row = budgets.platform_limits(conn)
+        if max_steps is not None:
+            row = budgets.set_platform_limits(
+                conn, max_steps=merged_limit(None, max_steps), actor=actor
+            )
+    if as_json:
+        echo_json(row)
+        return
+    click.echo(f"platform: max_steps {row['max_steps'] or 'none'}")
 
 
 @tools_group.command("limit")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -24,6 +25,7 @@ from sqlalchemy import (
     Integer,
     Interval,
     MetaData,
+    Numeric,
     Text,
     UniqueConstraint,
     text,
@@ -118,6 +120,8 @@ class Run(Base):
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    max_cost: Mapped[Decimal | None] = mapped_column(Numeric)
+    cost: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
 
 
 class Message(Base):
@@ -179,6 +183,12 @@ class ModelTurn(Base):
     input_tokens: Mapped[int] = mapped_column(Integer)
     output_tokens: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = _now()
+    cached_tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    cost: Mapped[Decimal | None] = mapped_column(
+        Numeric,
+        comment="what the turn cost by model_prices when it was recorded; "
+        "NULL: the model had no price",
+    )
 
 
 class ToolBatch(Base):
@@ -449,8 +459,42 @@ class TenantBudget(Base):
     __tablename__ = "tenant_budgets"
 
     tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
-    max_tokens: Mapped[int] = mapped_column(BigInteger)
+    max_tokens: Mapped[int | None] = mapped_column(BigInteger)
     tokens_used: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = _now()
+    max_cost: Mapped[Decimal | None] = mapped_column(Numeric)
+    cost_used: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
+
+
+class ModelPrice(Base):
+    """The price of a model's tokens, for budgets in money; see migration 0017."""
+
+    __tablename__ = "model_prices"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "price per million tokens of each model (input, cached input: input's "
+        "price when NULL, output), in the platform's currency: what budgets in money count"
+    }
+
+    model: Mapped[str] = mapped_column(Text, primary_key=True)
+    input_per_mtok: Mapped[Decimal] = mapped_column(Numeric)
+    cached_input_per_mtok: Mapped[Decimal | None] = mapped_column(Numeric)
+    output_per_mtok: Mapped[Decimal] = mapped_column(Numeric)
+    updated_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
+    updated_at: Mapped[datetime] = _now()
+
+
+class PlatformLimits(Base):
+    """Limits over every run (one row); see migration 0017."""
+
+    __tablename__ = "platform_limits"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "limits over every run: max_steps caps any run's model turns, whatever "
+        "it asked for"
+    }
+
+    id: Mapped[bool] = mapped_column(Boolean, primary_key=True, server_default=text("true"))
+    max_steps: Mapped[int | None] = mapped_column(Integer)
+    updated_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
     updated_at: Mapped[datetime] = _now()
 
 

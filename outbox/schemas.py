@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -85,6 +86,7 @@ class StartRun(_In):
     instructions: str | None = None
     max_steps: int = Field(default_factory=lambda: config.DEFAULT_MAX_STEPS, gt=0, le=10_000)
     max_tokens: int | None = Field(default=None, gt=0)
+    max_cost: Decimal | None = Field(default=None, gt=0)  # in money, by model_prices
     loop_limit: int = Field(default_factory=lambda: config.DEFAULT_LOOP_LIMIT, gt=1)
     action_timeout_s: float = Field(default_factory=lambda: config.DEFAULT_ACTION_TIMEOUT_S, gt=0)
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
@@ -155,6 +157,7 @@ class ModelTurnIn(_In):
     response_id: str | None = None
     input_tokens: int = Field(default=0, ge=0)
     output_tokens: int = Field(default=0, ge=0)
+    cached_tokens: int = Field(default=0, ge=0)  # of input_tokens, served from a cache
 
     @field_validator("content")
     @classmethod

@@ -22,6 +22,7 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -349,9 +350,12 @@ def record_model_turn(db: Any, turn: ModelTurnIn) -> TurnRecord:
             "response_id": turn.response_id,
             "input_tokens": turn.input_tokens,
             "output_tokens": turn.output_tokens,
+            "cached_tokens": turn.cached_tokens,
+            "model": run["model"],
         },
     )
     assert turn_row is not None
+    cost = turn_row["cost"]
     ids = {"thread_id": run["thread_id"], "run_id": run["id"]}
     ids["correlation_id"] = run["correlation_id"]
     journal(
@@ -364,40 +368,77 @@ def record_model_turn(db: Any, turn: ModelTurnIn) -> TurnRecord:
             "tool_calls": len(turn.tool_calls),
             "input_tokens": turn.input_tokens,
             "output_tokens": turn.output_tokens,
+            "cached_tokens": turn.cached_tokens,
+            "cost": None if cost is None else str(cost),
         },
     )
     tokens = turn.input_tokens + turn.output_tokens
-    conn.execute(Q.count_tenant_tokens, {"tenant_id": run["tenant_id"], "tokens": tokens})
+    conn.execute(
+        Q.count_tenant_tokens, {"tenant_id": run["tenant_id"], "tokens": tokens, "cost": cost}
+    )
     if not turn.tool_calls:
-        updated = _after_turn(conn, run, turn.step_no, tokens, "completed")
+        updated = _after_turn(conn, run, turn.step_no, tokens, cost, "completed")
         journal(conn, "run.completed", run["tenant_id"], **ids)
         return TurnRecord(turn_row["id"], message_id, None, [], updated["status"], True)
 
     batch_id, refs, waits_for_client = _record_batch(conn, run, turn, message_id)
     status = "requires_action" if waits_for_client else "in_progress"
-    updated = _after_turn(conn, run, turn.step_no, tokens, status)
-    if _repeats_itself(conn, updated, turn.step_no):
-        error = (
-            f"the model asked for the same tool calls with the same arguments "
-            f"{run['loop_limit']} turns in a row"
-        )
+    updated = _after_turn(conn, run, turn.step_no, tokens, cost, status)
+    period = _repeats_itself(conn, updated, turn.step_no)
+    if period is not None:
+        if period == 1:
+            error = (
+                f"the model asked for the same tool calls with the same arguments "
+                f"{run['loop_limit']} turns in a row"
+            )
+        else:
+            error = (
+                f"the model went round the same cycle of {period} turns of tool calls "
+                f"{run['loop_limit']} times in a row"
+            )
         updated = end_run(conn, updated, "failed", "loop", error)
     return TurnRecord(turn_row["id"], message_id, batch_id, refs, updated["status"], True)
 
 
-def _repeats_itself(conn: psycopg.Connection[Any], run: Row, step_no: int) -> bool:
-    """True when the last ``loop_limit`` consecutive turns asked for identical calls."""
+LOOP_PERIODS = 4  # the longest cycle of turns a loop is detected in (A, B, C, D, A, ...)
+
+
+def _repeats_itself(conn: psycopg.Connection[Any], run: Row, step_no: int) -> int | None:
+    """The period of the cycle the run's last turns went round ``loop_limit`` times in a
+    row (1: the same calls each turn; 2: A, B, A, B...), or None."""
     limit = run["loop_limit"]
     recent = fetch_all(
-        conn, Q.recent_batch_signatures, {"run_id": run["id"], "step_no": step_no, "n": limit}
+        conn,
+        Q.recent_batch_signatures,
+        {"run_id": run["id"], "step_no": step_no, "n": limit * LOOP_PERIODS},
     )
-    steps = [r["step_no"] for r in recent]
-    consecutive = steps == list(range(step_no, step_no - limit, -1))
-    return consecutive and len({tuple(r["signature"]) for r in recent}) == 1
+    signatures: list[tuple[str, ...]] = []
+    for expected, row in zip(range(step_no, 0, -1), recent, strict=False):
+        if row["step_no"] != expected:  # a turn without tool calls breaks the cycle
+            break
+        signatures.append(tuple(row["signature"]))
+    return loop_period(signatures, limit)
+
+
+def loop_period(newest_first: list[tuple[str, ...]], repeats: int) -> int | None:
+    """The shortest period p (up to ``LOOP_PERIODS``) such that the newest ``p * repeats``
+    turns are the same ``p`` turns over and over; None when there is none."""
+    for period in range(1, LOOP_PERIODS + 1):
+        window = newest_first[: period * repeats]
+        if len(window) < period * repeats:
+            return None
+        if all(window[i] == window[i % period] for i in range(len(window))):
+            return period
+    return None
 
 
 def _after_turn(
-    conn: psycopg.Connection[Any], run: Row, step_no: int, tokens: int, status: str
+    conn: psycopg.Connection[Any],
+    run: Row,
+    step_no: int,
+    tokens: int,
+    cost: Decimal | None,
+    status: str,
 ) -> Row:
     row = fetch_one(
         conn,
@@ -406,6 +447,7 @@ def _after_turn(
             "run_id": run["id"],
             "step_no": step_no,
             "tokens": tokens,
+            "cost": cost,
             "status": status,
             "failure_reason": None,
             "last_error": None,
@@ -734,6 +776,7 @@ def _deliver(
     answer_calls(conn, ids)
     conn.execute(Q.mark_delivered, {"batch_ids": ids}, prepare=UNPREPARED)
     spent = tenant_budgets_spent(conn, sorted({b["tenant_id"] for b in batches}))
+    ceiling = platform_max_steps(conn)
     done: dict[int, Delivery] = {}
     going_on: list[tuple[Row, int]] = []
     for batch in batches:
@@ -742,7 +785,7 @@ def _deliver(
             done[batch["id"]] = Delivery("delivered", None, run["status"])
             continue
         next_step = batch["step_no"] + 1
-        reason = limit_reached(run, next_step, spent.get(run["tenant_id"]))
+        reason = limit_reached(run, next_step, spent.get(run["tenant_id"]), ceiling)
         if reason is not None:
             failed = end_run(conn, run, "failed", reason[0], reason[1])
             done[batch["id"]] = Delivery("delivered", None, failed["status"])
@@ -768,38 +811,67 @@ def tenant_budget_spent(conn: psycopg.Connection[Any], tenant_id: str) -> str | 
 
 def tenant_budgets_spent(conn: psycopg.Connection[Any], tenant_ids: list[str]) -> dict[str, str]:
     """For each of ``tenant_ids`` whose budget is spent: why it may start no more turns."""
-    return {
-        b["tenant_id"]: f"tenant {b['tenant_id']!r} used {b['tokens_used']} tokens, "
-        f"its budget is {b['max_tokens']}"
-        for b in fetch_all(conn, Q.tenant_budgets, {"tenant_ids": tenant_ids})
-        if b["tokens_used"] >= b["max_tokens"]
-    }
+    spent: dict[str, str] = {}
+    for b in fetch_all(conn, Q.tenant_budgets, {"tenant_ids": tenant_ids}):
+        tenant = b["tenant_id"]
+        if b["max_tokens"] is not None and b["tokens_used"] >= b["max_tokens"]:
+            spent[tenant] = (
+                f"tenant {tenant!r} used {b['tokens_used']} tokens, its budget is {b['max_tokens']}"
+            )
+        elif b["max_cost"] is not None and b["cost_used"] >= b["max_cost"]:
+            spent[tenant] = (
+                f"tenant {tenant!r} spent {b['cost_used']:f}, its budget is {b['max_cost']:f}"
+            )
+    return spent
 
 
-def set_tenant_budget(db: Any, tenant_id: str, max_tokens: int) -> Row:
-    """Set a tenant's token budget over all its runs (tokens already used stay counted)."""
+def set_tenant_budget(
+    db: Any, tenant_id: str, max_tokens: int | None, max_cost: Decimal | None = None
+) -> Row:
+    """Set a tenant's budget over all its runs, in tokens and/or in money (by
+    ``model_prices``); what was used already stays counted. None: no limit of that kind."""
     conn = pg(db)
     calls.check_tenant(tenant_id)
-    if max_tokens <= 0:
+    if max_tokens is None and max_cost is None:
+        raise InvalidInput("a budget needs a limit: --max-tokens, --max-cost or both")
+    if max_tokens is not None and max_tokens <= 0:
         raise InvalidInput(f"a token budget must be positive, got {max_tokens}")
-    row = fetch_one(conn, Q.set_tenant_budget, {"tenant_id": tenant_id, "max_tokens": max_tokens})
+    if max_cost is not None and not max_cost > 0:
+        raise InvalidInput(f"a budget in money must be positive, got {max_cost}")
+    row = fetch_one(
+        conn,
+        Q.set_tenant_budget,
+        {"tenant_id": tenant_id, "max_tokens": max_tokens, "max_cost": max_cost},
+    )
     assert row is not None
-    journal(conn, "tenant.budget_set", tenant_id, detail={"max_tokens": max_tokens})
+    detail = {"max_tokens": max_tokens, "max_cost": None if max_cost is None else str(max_cost)}
+    journal(conn, "tenant.budget_set", tenant_id, detail=detail)
     return row
 
 
+def platform_max_steps(conn: psycopg.Connection[Any]) -> int | None:
+    """The platform's step ceiling over every run (``outbox platform limit``), if any."""
+    row = fetch_one(conn, Q.platform_max_steps, {})
+    return None if row is None else row["max_steps"]
+
+
 def limit_reached(
-    run: Row, next_step: int, tenant_spent: str | None = None
+    run: Row, next_step: int, tenant_spent: str | None = None, ceiling: int | None = None
 ) -> tuple[str, str] | None:
     """The reason a run may not take ``next_step``: (``step_cap`` | ``budget``, message).
-    ``tenant_spent`` is ``tenant_budgets_spent``'s word on the run's tenant."""
+    ``tenant_spent`` is ``tenant_budgets_spent``'s word on the run's tenant, ``ceiling``
+    the platform's step ceiling."""
     if next_step > run["max_steps"]:
         return "step_cap", f"the run reached its step cap of {run['max_steps']} model turns"
+    if ceiling is not None and next_step > ceiling:
+        return "step_cap", f"the run reached the platform's step ceiling of {ceiling} model turns"
     if run["max_tokens"] is not None and run["tokens_used"] >= run["max_tokens"]:
         return (
             "budget",
             f"the run used {run['tokens_used']} tokens, its budget is {run['max_tokens']}",
         )
+    if run.get("max_cost") is not None and run["cost"] >= run["max_cost"]:
+        return "budget", f"the run spent {run['cost']:f}, its budget is {run['max_cost']:f}"
     if tenant_spent is not None:
         return "budget", tenant_spent
     return None

@@ -156,6 +156,7 @@ class ModelExecutor:
             response_id=response["id"],
             input_tokens=usage.get("input_tokens") or 0,
             output_tokens=usage.get("output_tokens") or 0,
+            cached_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
         )
 
     async def _chat(
@@ -202,6 +203,7 @@ class ModelExecutor:
             response_id=response["id"],
             input_tokens=usage.get("prompt_tokens") or 0,
             output_tokens=usage.get("completion_tokens") or 0,
+            cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
         )
 
 

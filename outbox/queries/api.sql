@@ -11,7 +11,8 @@ SELECT * FROM {s}.start_run_v1(
     p_idempotency_key => %(idempotency_key)s, p_api => %(api)s, p_base_url => %(base_url)s,
     p_instructions => %(instructions)s, p_max_steps => %(max_steps)s,
     p_max_tokens => %(max_tokens)s, p_loop_limit => %(loop_limit)s,
-    p_action_timeout_s => %(action_timeout_s)s, p_correlation_id => %(correlation_id)s)
+    p_action_timeout_s => %(action_timeout_s)s, p_correlation_id => %(correlation_id)s,
+    p_max_cost => %(max_cost)s)
 
 -- name: cancel_run
 -- Cancel a run (cancel_run_v1); returns its row.

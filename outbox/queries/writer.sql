@@ -38,18 +38,25 @@ LEFT JOIN {s}.tool_batches b ON b.run_id = mt.run_id AND b.step_no = mt.step_no
 WHERE mt.run_id = %(run_id)s AND mt.step_no = %(step_no)s
 
 -- name: insert_model_turn
--- Record the one response of a model turn.
+-- Record the one response of a model turn, with its cost by the model's price (NULL when
+-- the model has none; cached input tokens at the cached price, or the input price).
 INSERT INTO {s}.model_turns (tenant_id, run_id, step_no, message_id, response_id,
-                             input_tokens, output_tokens)
-VALUES (%(tenant_id)s, %(run_id)s, %(step_no)s, %(message_id)s, %(response_id)s,
-        %(input_tokens)s, %(output_tokens)s)
-RETURNING id
+                             input_tokens, output_tokens, cached_tokens, cost)
+SELECT %(tenant_id)s, %(run_id)s, %(step_no)s, %(message_id)s, %(response_id)s,
+       %(input_tokens)s, %(output_tokens)s, %(cached_tokens)s,
+       (SELECT ((%(input_tokens)s - least(%(cached_tokens)s, %(input_tokens)s)) * p.input_per_mtok
+                + least(%(cached_tokens)s, %(input_tokens)s)
+                  * coalesce(p.cached_input_per_mtok, p.input_per_mtok)
+                + %(output_tokens)s * p.output_per_mtok) / 1000000
+        FROM {s}.model_prices p WHERE p.model = %(model)s)
+RETURNING id, cost
 
 -- name: run_after_turn
 -- Count the step and the tokens of a recorded turn and set the run's new status.
 UPDATE {s}.runs
 SET step_count = greatest(step_count, %(step_no)s),
     tokens_used = tokens_used + %(tokens)s,
+    cost = cost + coalesce(%(cost)s::numeric, 0),
     status = %(status)s,
     action_deadline = CASE WHEN %(status)s = 'requires_action' THEN now() + action_timeout END,
     ended_at = CASE WHEN %(status)s IN ('completed', 'failed') THEN now() END,
@@ -349,18 +356,25 @@ WHERE tc.run_id = %(run_id)s AND tc.executor = 'client' AND tc.status = 'pending
 ORDER BY b.step_no, tc.position
 
 -- name: count_tenant_tokens
--- Count a recorded turn's tokens against its tenant's budget (when it has one).
+-- Count a recorded turn's tokens and cost against its tenant's budget (when it has one).
 UPDATE {s}.tenant_budgets
-SET tokens_used = tokens_used + %(tokens)s, updated_at = now()
+SET tokens_used = tokens_used + %(tokens)s,
+    cost_used = cost_used + coalesce(%(cost)s::numeric, 0), updated_at = now()
 WHERE tenant_id = %(tenant_id)s
 
 -- name: tenant_budgets
 -- Tenants' budgets and what they have used (tenants without a budget have no row).
-SELECT tenant_id, max_tokens, tokens_used FROM {s}.tenant_budgets
+SELECT tenant_id, max_tokens, tokens_used, max_cost, cost_used FROM {s}.tenant_budgets
 WHERE tenant_id = ANY(%(tenant_ids)s)
 
 -- name: set_tenant_budget
--- Set (or change) a tenant's token budget.
-INSERT INTO {s}.tenant_budgets (tenant_id, max_tokens) VALUES (%(tenant_id)s, %(max_tokens)s)
-ON CONFLICT (tenant_id) DO UPDATE SET max_tokens = excluded.max_tokens, updated_at = now()
-RETURNING tenant_id, max_tokens, tokens_used
+-- Set (or change) a tenant's budget in tokens and in money (NULL: no limit of that kind).
+INSERT INTO {s}.tenant_budgets (tenant_id, max_tokens, max_cost)
+VALUES (%(tenant_id)s, %(max_tokens)s, %(max_cost)s)
+ON CONFLICT (tenant_id) DO UPDATE
+SET max_tokens = excluded.max_tokens, max_cost = excluded.max_cost, updated_at = now()
+RETURNING tenant_id, max_tokens, tokens_used, max_cost, cost_used
+
+-- name: platform_max_steps
+-- The platform's step ceiling over every run (NULL: none).
+SELECT (SELECT max_steps FROM {s}.platform_limits) AS max_steps

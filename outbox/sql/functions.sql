@@ -311,7 +311,8 @@ CREATE OR REPLACE FUNCTION {s}.start_run_v1(
     p_max_tokens bigint DEFAULT NULL,
     p_loop_limit integer DEFAULT NULL,
     p_action_timeout_s double precision DEFAULT NULL,
-    p_correlation_id text DEFAULT NULL
+    p_correlation_id text DEFAULT NULL,
+    p_max_cost numeric DEFAULT NULL
 ) RETURNS TABLE (run_id uuid, status text, created boolean, correlation_id text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -339,9 +340,15 @@ BEGIN
         RAISE EXCEPTION 'p_tools must be at most 128 tool names (letters, digits, _ and -)'
             USING ERRCODE = 'invalid_parameter_value';
     ELSIF coalesce(p_max_steps, 1) NOT BETWEEN 1 AND 10000 OR coalesce(p_max_tokens, 1) < 1
-          OR coalesce(p_loop_limit, 2) < 2 OR coalesce(p_action_timeout_s, 1) <= 0 THEN
-        RAISE EXCEPTION 'limits out of range: max_steps 1-10000, max_tokens > 0, loop_limit > 1, action_timeout_s > 0'
+          OR coalesce(p_loop_limit, 2) < 2 OR coalesce(p_action_timeout_s, 1) <= 0
+          OR coalesce(p_max_cost, 1) <= 0 THEN
+        RAISE EXCEPTION 'limits out of range: max_steps 1-10000, max_tokens > 0, loop_limit > 1, action_timeout_s > 0, max_cost > 0'
             USING ERRCODE = 'invalid_parameter_value';
+    ELSIF p_max_cost IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM {s}.model_prices mp WHERE mp.model = p_model) THEN
+        RAISE EXCEPTION 'a budget in money needs the price of model %, and it has none', quote_literal(p_model)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'set it with `outbox prices set MODEL --input X --output Y`';
     ELSIF octet_length(p_message) > v_cap OR octet_length(p_instructions) > v_cap THEN
         RAISE EXCEPTION 'the message or the instructions are over the cap of % bytes', v_cap
             USING ERRCODE = 'invalid_parameter_value';
@@ -396,18 +403,21 @@ BEGIN
           WHERE tl.name = ANY(p_tools) AND tl.tenant_id IN (p_tenant_id, '*')
           ORDER BY tl.name, (tl.tenant_id = '*'), tl.version DESC) p;
     SELECT * INTO v_budget FROM {s}.tenant_budgets b
-    WHERE b.tenant_id = p_tenant_id AND b.tokens_used >= b.max_tokens;
+    WHERE b.tenant_id = p_tenant_id
+      AND (b.tokens_used >= b.max_tokens OR b.cost_used >= b.max_cost);
     IF FOUND THEN
-        RAISE EXCEPTION 'tenant % used % tokens, its budget is %', quote_literal(p_tenant_id),
-                        v_budget.tokens_used, v_budget.max_tokens
+        RAISE EXCEPTION 'tenant % used % tokens and % in money; its budget is % tokens and % in money',
+                        quote_literal(p_tenant_id), v_budget.tokens_used, v_budget.cost_used,
+                        coalesce(v_budget.max_tokens::text, 'no limit on'),
+                        coalesce(v_budget.max_cost::text, 'no limit')
             USING ERRCODE = 'OB003', HINT = 'raise the tenant''s budget (`outbox tenants budget`)';
     END IF;
 
     INSERT INTO {s}.runs AS r (tenant_id, thread_id, model, api, base_url, instructions,
-                               tool_names, tool_pins, max_steps, max_tokens, loop_limit,
-                               action_timeout, idempotency_key, correlation_id)
+                               tool_names, tool_pins, max_steps, max_tokens, max_cost,
+                               loop_limit, action_timeout, idempotency_key, correlation_id)
     VALUES (p_tenant_id, p_thread_id, p_model, p_api, p_base_url, p_instructions,
-            coalesce(p_tools, '{}'), v_pins, coalesce(p_max_steps, 20), p_max_tokens,
+            coalesce(p_tools, '{}'), v_pins, coalesce(p_max_steps, 20), p_max_tokens, p_max_cost,
             coalesce(p_loop_limit, 3), make_interval(secs => coalesce(p_action_timeout_s, 600)),
             p_idempotency_key,
             coalesce(p_correlation_id, replace(gen_random_uuid()::text, '-', '')))
@@ -621,7 +631,8 @@ END $$;
 REVOKE ALL ON FUNCTION {s}.enter_tenant_v1(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.create_thread_v1(text, text, jsonb, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.start_run_v1(text, uuid, text, text, text[], text, text, text, text,
-                                         integer, bigint, integer, double precision, text)
+                                         integer, bigint, integer, double precision, text,
+                                         numeric)
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.cancel_run_v1(text, uuid, text) FROM PUBLIC;
@@ -629,7 +640,7 @@ GRANT EXECUTE ON FUNCTION {s}.enter_tenant_v1(text),
                           {s}.create_thread_v1(text, text, jsonb, jsonb),
                           {s}.start_run_v1(text, uuid, text, text, text[], text, text, text,
                                            text, integer, bigint, integer, double precision,
-                                           text),
+                                           text, numeric),
                           {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]),
                           {s}.cancel_run_v1(text, uuid, text)
     TO outbox_writer, outbox_relay;

@@ -590,7 +590,7 @@ class ScriptedModel(FakeServer):
             status=None if reply.drop else reply.status,
             response=reply.body,
             at=time.time(),
-            tools=body.get("tools") if isinstance(body.get("tools"), list) else [],
+            tools=list(body.get("tools") or []) if isinstance(body.get("tools"), list) else [],
         )
         with self.lock:
             self._requests.append(record)

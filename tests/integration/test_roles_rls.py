@@ -37,6 +37,10 @@ TENANT_TABLES = [
     "tools",
     "journal",
     "tenant_budgets",
+    "approvals",
+    "risk_policies",
+    "tool_switches",
+    "tenant_pauses",
 ]
 
 

@@ -103,6 +103,32 @@ COMMENT ON TABLE {s}.tenant_pauses IS
 
 GRANT SELECT ON {s}.risk_policies, {s}.tool_switches, {s}.tenant_pauses
     TO outbox_writer, outbox_relay, outbox_auditor;
+-- A tenant's session sees its own rules and the shared ones ('*'), as with tools; only
+-- the owner (the operator's CLI) changes them.
+ALTER TABLE {s}.risk_policies ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {s}.risk_policies FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON {s}.risk_policies TO PUBLIC
+    USING (tenant_id IN (current_setting('outbox.tenant_id', true), '*'))
+    WITH CHECK (tenant_id = current_setting('outbox.tenant_id', true));
+CREATE POLICY all_tenants ON {s}.risk_policies TO outbox_relay, CURRENT_USER
+    USING (true) WITH CHECK (true);
+CREATE POLICY audit_read ON {s}.risk_policies FOR SELECT TO outbox_auditor USING (true);
+ALTER TABLE {s}.tool_switches ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {s}.tool_switches FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON {s}.tool_switches TO PUBLIC
+    USING (tenant_id IN (current_setting('outbox.tenant_id', true), '*'))
+    WITH CHECK (tenant_id = current_setting('outbox.tenant_id', true));
+CREATE POLICY all_tenants ON {s}.tool_switches TO outbox_relay, CURRENT_USER
+    USING (true) WITH CHECK (true);
+CREATE POLICY audit_read ON {s}.tool_switches FOR SELECT TO outbox_auditor USING (true);
+ALTER TABLE {s}.tenant_pauses ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {s}.tenant_pauses FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON {s}.tenant_pauses TO PUBLIC
+    USING (tenant_id = current_setting('outbox.tenant_id', true))
+    WITH CHECK (tenant_id = current_setting('outbox.tenant_id', true));
+CREATE POLICY all_tenants ON {s}.tenant_pauses TO outbox_relay, CURRENT_USER
+    USING (true) WITH CHECK (true);
+CREATE POLICY audit_read ON {s}.tenant_pauses FOR SELECT TO outbox_auditor USING (true);
 GRANT SELECT, INSERT ON {s}.approvals TO outbox_writer;
 GRANT SELECT, INSERT, UPDATE ON {s}.approvals TO outbox_relay;
 GRANT SELECT ON {s}.approvals TO outbox_auditor;

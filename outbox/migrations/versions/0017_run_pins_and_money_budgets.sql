@@ -1,11 +1,60 @@
--- 0017: runs pin their tool versions when they start (issue 17): a new registration never
--- changes the schema or the endpoint a running conversation was given.
+-- 0017: runs pin their tool versions when they start, and budgets in money (issue 17).
 -- Frozen: what revision 0017 applies, forever.
 
+-- The tool versions a run was given: a new registration never changes the schema or the
+-- endpoint a running conversation was given.
 ALTER TABLE {s}.runs ADD COLUMN tool_pins jsonb NOT NULL DEFAULT '{}'::jsonb;
 COMMENT ON COLUMN {s}.runs.tool_pins IS
     'the tool versions the run was started with: {"name": {"tenant_id", "version"}}; '
     'a run without pins (started before 0017) uses the newest versions';
+
+-- Prices per model (per million tokens, in the one currency the platform bills in), so
+-- that runs and tenants can have budgets in money beside tokens.
+CREATE TABLE {s}.model_prices (
+    model                 text PRIMARY KEY CHECK (model <> ''),
+    input_per_mtok        numeric NOT NULL CHECK (input_per_mtok >= 0),
+    cached_input_per_mtok numeric CHECK (cached_input_per_mtok >= 0),
+    output_per_mtok       numeric NOT NULL CHECK (output_per_mtok >= 0),
+    updated_by            text NOT NULL DEFAULT session_user,
+    updated_at            timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE {s}.model_prices IS
+    'price per million tokens of each model (input, cached input: input''s price when '
+    'NULL, output), in the platform''s currency: what budgets in money count';
+GRANT SELECT ON {s}.model_prices TO outbox_writer, outbox_relay, outbox_auditor;
+
+ALTER TABLE {s}.model_turns
+    ADD COLUMN cached_tokens integer NOT NULL DEFAULT 0 CHECK (cached_tokens >= 0),
+    ADD COLUMN cost numeric CHECK (cost >= 0);
+COMMENT ON COLUMN {s}.model_turns.cost IS
+    'what the turn cost by model_prices when it was recorded; NULL: the model had no price';
+ALTER TABLE {s}.runs
+    ADD COLUMN max_cost numeric CHECK (max_cost > 0),
+    ADD COLUMN cost numeric NOT NULL DEFAULT 0 CHECK (cost >= 0);
+ALTER TABLE {s}.tenant_budgets
+    ALTER COLUMN max_tokens DROP NOT NULL,
+    ADD COLUMN max_cost numeric CHECK (max_cost > 0),
+    ADD COLUMN cost_used numeric NOT NULL DEFAULT 0 CHECK (cost_used >= 0),
+    ADD CONSTRAINT tenant_budgets_limit_something
+        CHECK (max_tokens IS NOT NULL OR max_cost IS NOT NULL);
+-- Whoever records turns counts their cost, as it counts their tokens.
+GRANT UPDATE (cost_used) ON {s}.tenant_budgets TO outbox_writer, outbox_relay;
+
+-- Limits over every run of every tenant: one row.
+CREATE TABLE {s}.platform_limits (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    max_steps  integer CHECK (max_steps > 0),
+    updated_by text NOT NULL DEFAULT session_user,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE {s}.platform_limits IS
+    'limits over every run: max_steps caps any run''s model turns, whatever it asked for';
+GRANT SELECT ON {s}.platform_limits TO outbox_writer, outbox_relay, outbox_auditor;
+
+-- start_run_v1 gains p_max_cost (last, optional: calls written for 0010 still work) and
+-- pins the run's tool versions.
+DROP FUNCTION {s}.start_run_v1(text, uuid, text, text, text[], text, text, text, text,
+                               integer, bigint, integer, double precision, text);
 
 -- start_run_v1: "start a run on this thread with this user turn".
 --
@@ -42,7 +91,8 @@ CREATE OR REPLACE FUNCTION {s}.start_run_v1(
     p_max_tokens bigint DEFAULT NULL,
     p_loop_limit integer DEFAULT NULL,
     p_action_timeout_s double precision DEFAULT NULL,
-    p_correlation_id text DEFAULT NULL
+    p_correlation_id text DEFAULT NULL,
+    p_max_cost numeric DEFAULT NULL
 ) RETURNS TABLE (run_id uuid, status text, created boolean, correlation_id text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -70,9 +120,15 @@ BEGIN
         RAISE EXCEPTION 'p_tools must be at most 128 tool names (letters, digits, _ and -)'
             USING ERRCODE = 'invalid_parameter_value';
     ELSIF coalesce(p_max_steps, 1) NOT BETWEEN 1 AND 10000 OR coalesce(p_max_tokens, 1) < 1
-          OR coalesce(p_loop_limit, 2) < 2 OR coalesce(p_action_timeout_s, 1) <= 0 THEN
-        RAISE EXCEPTION 'limits out of range: max_steps 1-10000, max_tokens > 0, loop_limit > 1, action_timeout_s > 0'
+          OR coalesce(p_loop_limit, 2) < 2 OR coalesce(p_action_timeout_s, 1) <= 0
+          OR coalesce(p_max_cost, 1) <= 0 THEN
+        RAISE EXCEPTION 'limits out of range: max_steps 1-10000, max_tokens > 0, loop_limit > 1, action_timeout_s > 0, max_cost > 0'
             USING ERRCODE = 'invalid_parameter_value';
+    ELSIF p_max_cost IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM {s}.model_prices mp WHERE mp.model = p_model) THEN
+        RAISE EXCEPTION 'a budget in money needs the price of model %, and it has none', quote_literal(p_model)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'set it with `outbox prices set MODEL --input X --output Y`';
     ELSIF octet_length(p_message) > v_cap OR octet_length(p_instructions) > v_cap THEN
         RAISE EXCEPTION 'the message or the instructions are over the cap of % bytes', v_cap
             USING ERRCODE = 'invalid_parameter_value';
@@ -127,18 +183,21 @@ BEGIN
           WHERE tl.name = ANY(p_tools) AND tl.tenant_id IN (p_tenant_id, '*')
           ORDER BY tl.name, (tl.tenant_id = '*'), tl.version DESC) p;
     SELECT * INTO v_budget FROM {s}.tenant_budgets b
-    WHERE b.tenant_id = p_tenant_id AND b.tokens_used >= b.max_tokens;
+    WHERE b.tenant_id = p_tenant_id
+      AND (b.tokens_used >= b.max_tokens OR b.cost_used >= b.max_cost);
     IF FOUND THEN
-        RAISE EXCEPTION 'tenant % used % tokens, its budget is %', quote_literal(p_tenant_id),
-                        v_budget.tokens_used, v_budget.max_tokens
+        RAISE EXCEPTION 'tenant % used % tokens and % in money; its budget is % tokens and % in money',
+                        quote_literal(p_tenant_id), v_budget.tokens_used, v_budget.cost_used,
+                        coalesce(v_budget.max_tokens::text, 'no limit on'),
+                        coalesce(v_budget.max_cost::text, 'no limit')
             USING ERRCODE = 'OB003', HINT = 'raise the tenant''s budget (`outbox tenants budget`)';
     END IF;
 
     INSERT INTO {s}.runs AS r (tenant_id, thread_id, model, api, base_url, instructions,
-                               tool_names, tool_pins, max_steps, max_tokens, loop_limit,
-                               action_timeout, idempotency_key, correlation_id)
+                               tool_names, tool_pins, max_steps, max_tokens, max_cost,
+                               loop_limit, action_timeout, idempotency_key, correlation_id)
     VALUES (p_tenant_id, p_thread_id, p_model, p_api, p_base_url, p_instructions,
-            coalesce(p_tools, '{}'), v_pins, coalesce(p_max_steps, 20), p_max_tokens,
+            coalesce(p_tools, '{}'), v_pins, coalesce(p_max_steps, 20), p_max_tokens, p_max_cost,
             coalesce(p_loop_limit, 3), make_interval(secs => coalesce(p_action_timeout_s, 600)),
             p_idempotency_key,
             coalesce(p_correlation_id, replace(gen_random_uuid()::text, '-', '')))
@@ -167,3 +226,12 @@ BEGIN
                                'tool_versions', v_pins));
     RETURN QUERY SELECT v_run.id, v_run.status, true, v_run.correlation_id;
 END $$;
+
+REVOKE ALL ON FUNCTION {s}.start_run_v1(text, uuid, text, text, text[], text, text, text, text,
+                                         integer, bigint, integer, double precision, text,
+                                         numeric)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.start_run_v1(text, uuid, text, text, text[], text, text, text,
+                                           text, integer, bigint, integer, double precision,
+                                           text, numeric)
+    TO outbox_writer, outbox_relay;

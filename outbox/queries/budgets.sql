@@ -1,0 +1,29 @@
+-- Prices and the platform's limits (outbox/budgets.py).
+
+-- name: prices
+SELECT model, input_per_mtok, cached_input_per_mtok, output_per_mtok, updated_by, updated_at
+FROM {s}.model_prices ORDER BY model
+
+-- name: set_price
+INSERT INTO {s}.model_prices AS p (model, input_per_mtok, cached_input_per_mtok,
+                                   output_per_mtok, updated_by)
+VALUES (%(model)s, %(input)s, %(cached_input)s, %(output)s, %(actor)s)
+ON CONFLICT (model) DO UPDATE
+SET input_per_mtok = excluded.input_per_mtok,
+    cached_input_per_mtok = excluded.cached_input_per_mtok,
+    output_per_mtok = excluded.output_per_mtok, updated_by = excluded.updated_by,
+    updated_at = now()
+RETURNING model, input_per_mtok, cached_input_per_mtok, output_per_mtok, updated_by, updated_at
+
+-- name: remove_price
+DELETE FROM {s}.model_prices WHERE model = %(model)s RETURNING model
+
+-- name: platform_limits
+SELECT max_steps, updated_by, updated_at FROM {s}.platform_limits
+
+-- name: set_platform_limits
+INSERT INTO {s}.platform_limits AS l (id, max_steps, updated_by)
+VALUES (true, %(max_steps)s, %(actor)s)
+ON CONFLICT (id) DO UPDATE
+SET max_steps = excluded.max_steps, updated_by = excluded.updated_by, updated_at = now()
+RETURNING max_steps, updated_by, updated_at
