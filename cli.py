@@ -34,6 +34,7 @@ from outbox import (
     ops,
     policy,
     registry,
+    tenancy,
     writer,
 )
 from outbox.errors import InvalidInput, OutboxError
@@ -1084,6 +1085,57 @@ def tenants_paused(as_json: bool) -> None:
     with connection() as conn:
         rows = policy.pauses(conn)
     emit(rows, as_json, ["tenant_id", "paused_by", "paused_at", "reason"])
+
+
+@tenants_group.command("grant")
+@click.argument("tenant")
+@click.option("--role", required=True, help="The login role a backend of TENANT connects as.")
+@click.option(
+    "--create",
+    "password",
+    help="Create the role first (LOGIN) with this password.",
+)
+@actor_option
+@json_option
+def tenants_grant(tenant: str, role: str, password: str | None, actor: str, as_json: bool) -> None:
+    """Bind login ROLE to TENANT: its sessions act for TENANT only, whatever they set.
+
+    \b
+    The role gets the writer's rights (outbox_writer). Row-level security and the SQL
+    functions ask which tenant a session's login role is bound to before the setting
+    outbox.tenant_id, so a backend's database credential decides what it can see and
+    change. Refused for a role that sees every tenant anyway (superuser, BYPASSRLS, a
+    relay, the schema owner) or that is bound to another tenant.
+    """
+    with connection() as conn:
+        row = tenancy.grant_role(conn, tenant, role, actor=actor, create_with_password=password)
+    if as_json:
+        echo_json(row)
+        return
+    click.echo(f"role {role} acts for tenant {tenant} only")
+
+
+@tenants_group.command("revoke")
+@click.option("--role", required=True)
+@actor_option
+@json_option
+def tenants_revoke(role: str, actor: str, as_json: bool) -> None:
+    """Unbind login ROLE from its tenant and take the writer's rights back."""
+    with connection() as conn:
+        tenant = tenancy.revoke_role(conn, role, actor=actor)
+    if as_json:
+        echo_json({"role_name": role, "tenant_id": tenant, "revoked": True})
+        return
+    click.echo(f"role {role} no longer acts for tenant {tenant}")
+
+
+@tenants_group.command("roles")
+@json_option
+def tenants_roles(as_json: bool) -> None:
+    """Every login role bound to a tenant."""
+    with connection() as conn:
+        rows = tenancy.roles(conn)
+    emit(rows, as_json, ["role_name", "tenant_id", "granted_by", "granted_at"])
 
 
 # -- the action layer: risk policies and approvals --------------------------------------

@@ -612,6 +612,21 @@ class TenantPause(Base):
     paused_at: Mapped[datetime] = _now()
 
 
+class TenantRole(Base):
+    """A login role bound to one tenant; see migration 0018."""
+
+    __tablename__ = "tenant_roles"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "login roles bound to one tenant: a session of role_name acts for "
+        "tenant_id only, whatever it sets (outbox tenants grant)"
+    }
+
+    role_name: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(Text)
+    granted_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
+    granted_at: Mapped[datetime] = _now()
+
+
 def metadata_for(schema: str) -> MetaData:
     """The models' tables as they appear in ``schema`` (for migrations and comparisons)."""
     if schema == DEFAULT_SCHEMA:

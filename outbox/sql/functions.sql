@@ -49,7 +49,7 @@ DECLARE
     v_cap        integer := coalesce(
                      nullif(current_setting('outbox.max_payload_bytes', true), '')::integer,
                      262144);
-    v_scope      text := nullif(current_setting('outbox.tenant_id', true), '');
+    v_scope      text := {s}.current_tenant_v1();
 BEGIN
     IF v_scope IS NULL THEN
         RAISE EXCEPTION 'submit_tool_outputs_v1 acts for the tenant this transaction is scoped to, and it has none'
@@ -202,6 +202,21 @@ REVOKE ALL ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) FROM PUBLIC
 GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) TO outbox_writer;
 
 
+-- current_tenant_v1: the tenant this session acts for. A login role mapped to a tenant
+-- (outbox.tenant_roles, `outbox tenants grant`) acts for that tenant whatever it sets; any
+-- other session for the tenant its transaction is scoped to (outbox.tenant_id), or none.
+-- Row-level security and the functions below ask it. Plain SQL, so that the planner
+-- inlines it and a query asks once, not once per row.
+CREATE OR REPLACE FUNCTION {s}.current_tenant_v1() RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(
+        (SELECT m.tenant_id FROM {s}.tenant_roles m
+         WHERE m.role_name OPERATOR(pg_catalog.=) session_user),
+        nullif(pg_catalog.current_setting('outbox.tenant_id', true), ''))
+$$;
+GRANT EXECUTE ON FUNCTION {s}.current_tenant_v1() TO PUBLIC;
+
+
 -- enter_tenant_v1: bind this transaction to a tenant, or refuse another one.
 --
 -- The first statement of every function below. A session already scoped to a tenant
@@ -212,7 +227,7 @@ GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) TO outbo
 CREATE OR REPLACE FUNCTION {s}.enter_tenant_v1(p_tenant_id text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_scope text := nullif(current_setting('outbox.tenant_id', true), '');
+    v_scope text := {s}.current_tenant_v1();
 BEGIN
     IF p_tenant_id IS NULL OR p_tenant_id !~ '^[A-Za-z0-9_.:@-]{1,128}$' THEN
         RAISE EXCEPTION 'tenant id % is not valid', quote_nullable(p_tenant_id)
@@ -673,7 +688,7 @@ CREATE OR REPLACE FUNCTION {s}.decide_approval_v1(
 ) RETURNS SETOF {s}.approvals
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_scope    text := nullif(current_setting('outbox.tenant_id', true), '');
+    v_scope    text := {s}.current_tenant_v1();
     v_approval {s}.approvals;
     v_run      {s}.runs;
 BEGIN

@@ -1,0 +1,394 @@
+-- 0018: a tenant bound by credential (issue 17 item 7). A login role mapped to a tenant
+-- in tenant_roles acts for that tenant only, whatever it sets outbox.tenant_id to: row-level
+-- security and the SECURITY DEFINER functions ask current_tenant_v1(), which reads the
+-- mapping of session_user (unchanged by SET ROLE). Frozen: what revision 0018 applies.
+
+CREATE TABLE {s}.tenant_roles (
+    role_name  text PRIMARY KEY,
+    tenant_id  text NOT NULL CHECK (tenant_id ~ '^[A-Za-z0-9_.:@-]{1,128}$'),
+    granted_by text NOT NULL DEFAULT session_user,
+    granted_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE {s}.tenant_roles IS
+    'login roles bound to one tenant: a session of role_name acts for tenant_id only, '
+    'whatever it sets (outbox tenants grant)';
+-- Each session sees its own mapping only; the owner sees and changes them all.
+ALTER TABLE {s}.tenant_roles ENABLE ROW LEVEL SECURITY;
+ALTER TABLE {s}.tenant_roles FORCE ROW LEVEL SECURITY;
+CREATE POLICY own_mapping ON {s}.tenant_roles FOR SELECT TO PUBLIC
+    USING (role_name = session_user);
+CREATE POLICY all_mappings ON {s}.tenant_roles TO CURRENT_USER USING (true) WITH CHECK (true);
+CREATE POLICY audit_read ON {s}.tenant_roles FOR SELECT TO outbox_auditor USING (true);
+GRANT SELECT ON {s}.tenant_roles TO PUBLIC;
+
+-- current_tenant_v1: the tenant this session acts for. A login role mapped to a tenant
+-- (outbox.tenant_roles, `outbox tenants grant`) acts for that tenant whatever it sets; any
+-- other session for the tenant its transaction is scoped to (outbox.tenant_id), or none.
+-- Row-level security and the functions below ask it. Plain SQL, so that the planner
+-- inlines it and a query asks once, not once per row.
+CREATE OR REPLACE FUNCTION {s}.current_tenant_v1() RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(
+        (SELECT m.tenant_id FROM {s}.tenant_roles m
+         WHERE m.role_name OPERATOR(pg_catalog.=) session_user),
+        nullif(pg_catalog.current_setting('outbox.tenant_id', true), ''))
+$$;
+GRANT EXECUTE ON FUNCTION {s}.current_tenant_v1() TO PUBLIC;
+
+
+
+-- Every tenant_isolation policy asks current_tenant_v1() instead of the setting.
+DO $$
+DECLARE
+    p record;
+BEGIN
+    FOR p IN SELECT pol.tablename, pol.qual, pol.with_check
+             FROM pg_policies pol
+             JOIN pg_class c ON c.oid = '{s}.tenant_roles'::regclass
+             JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = pol.schemaname
+             WHERE pol.policyname = 'tenant_isolation'
+             ORDER BY pol.tablename LOOP
+        EXECUTE format('ALTER POLICY tenant_isolation ON {s}.%I USING (%s)', p.tablename,
+                       replace(p.qual, 'current_setting(''outbox.tenant_id''::text, true)',
+                               '{s}.current_tenant_v1()'));
+        IF p.with_check IS NOT NULL THEN
+            EXECUTE format('ALTER POLICY tenant_isolation ON {s}.%I WITH CHECK (%s)',
+                           p.tablename,
+                           replace(p.with_check,
+                                   'current_setting(''outbox.tenant_id''::text, true)',
+                                   '{s}.current_tenant_v1()'));
+        END IF;
+    END LOOP;
+END $$;
+
+-- The scope checks of the functions that run beyond row-level security.
+-- submit_tool_outputs_v1: submit the outputs of client-executed tool calls of a run.
+--
+-- Answers: "my backend ran the tools the run is waiting for; record their outputs".
+--
+--   SELECT outbox.submit_tool_outputs_v1('tenant-a', '9f1c…'::uuid,
+--       '[{"tool_call_id": "call_1", "output": {"ok": true}},
+--         {"tool_call_id": "call_2", "error": "card declined"}]');
+--
+-- Returns the run's status afterwards. The Python writer API calls this same function.
+-- Guarantees:
+--   * all or nothing: unknown call ids, ids of calls the relay runs itself, outputs that
+--     leave a pending client call of the batch unanswered, or an oversized output raise an
+--     error (SQLSTATE 22023, or P0002 for a missing run) that names the problem; nothing
+--     is written then;
+--   * submitting the same outputs again is a no-op that returns the status, also after
+--     the run ended (an output of a call that has its result, or one already kept in
+--     orphaned_results, is not kept twice);
+--   * the deadline is decided by the database clock at submission: outputs submitted
+--     after the run's action_deadline are refused, kept in orphaned_results (reason
+--     deadline_passed) and the function returns 'expired', whether or not a relay's sweep
+--     has recorded the expiry yet;
+--   * outputs for a run that already ended (cancelled, expired, failed, completed) are
+--     kept in orphaned_results (reason run_ended) and never reach a context;
+--   * when the last output of a batch lands, the batch's delivery is enqueued in the same
+--     transaction, exactly once.
+-- Locks the run, then batches: the one lock order of every writer path.
+-- Runs as the schema owner (SECURITY DEFINER) so that a least-privilege writer role only
+-- needs EXECUTE. Row-level security does not apply inside, so it acts only for the tenant
+-- the transaction is scoped to (outbox.enter_tenant_v1, or the Python writer API, which
+-- scopes first): an unscoped session is refused (42501), as is another tenant.
+CREATE OR REPLACE FUNCTION {s}.submit_tool_outputs_v1(
+    p_tenant_id text, p_run_id uuid, p_outputs jsonb
+) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_run        {s}.runs;
+    v_given      text[];
+    v_bad        text[];
+    v_output     jsonb;
+    v_call       {s}.tool_calls;
+    v_remaining  integer;
+    v_late       boolean;
+    v_kept       text[];
+    v_cap        integer := coalesce(
+                     nullif(current_setting('outbox.max_payload_bytes', true), '')::integer,
+                     262144);
+    v_scope      text := {s}.current_tenant_v1();
+BEGIN
+    IF v_scope IS NULL THEN
+        RAISE EXCEPTION 'submit_tool_outputs_v1 acts for the tenant this transaction is scoped to, and it has none'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('call outbox.enter_tenant_v1(%L) first in this transaction',
+                                p_tenant_id);
+    END IF;
+    IF v_scope <> p_tenant_id THEN
+        RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    SELECT * INTO v_run FROM {s}.runs WHERE id = p_run_id FOR UPDATE;
+    IF NOT FOUND OR v_run.tenant_id <> p_tenant_id THEN
+        RAISE EXCEPTION 'run % does not exist for tenant %', p_run_id, p_tenant_id
+            USING ERRCODE = 'no_data_found', HINT = 'check the run id and the tenant';
+    END IF;
+    IF jsonb_typeof(p_outputs) IS DISTINCT FROM 'array' OR jsonb_array_length(p_outputs) = 0 THEN
+        RAISE EXCEPTION 'outputs must be a non-empty JSON array'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'send [{"tool_call_id": "...", "output": ...} | {"tool_call_id": "...", "error": "..."}]';
+    END IF;
+    SELECT array_agg(o->>'tool_call_id') INTO v_given FROM jsonb_array_elements(p_outputs) o;
+    IF array_position(v_given, NULL) IS NOT NULL
+       OR (SELECT count(DISTINCT g) FROM unnest(v_given) g) <> cardinality(v_given) THEN
+        RAISE EXCEPTION 'every output needs a tool_call_id, each at most once: %', v_given
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(g) INTO v_bad FROM unnest(v_given) g
+    WHERE NOT EXISTS (SELECT 1 FROM {s}.tool_calls tc
+                      WHERE tc.run_id = p_run_id AND tc.tool_call_id = g);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'tool call ids % are not calls of run %', v_bad, p_run_id
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'submit the ids the run lists as waiting (outbox runs show RUN)';
+    END IF;
+    SELECT array_agg(tc.tool_call_id) INTO v_bad FROM {s}.tool_calls tc
+    WHERE tc.run_id = p_run_id AND tc.tool_call_id = ANY(v_given) AND tc.executor <> 'client';
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'tool calls % are run by the relay, not by the client', v_bad
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(o->>'tool_call_id') INTO v_bad FROM jsonb_array_elements(p_outputs) o
+    WHERE octet_length(o::text) > v_cap;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'outputs for % are over the cap of % bytes', v_bad, v_cap
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'store large data elsewhere and submit a reference';
+    END IF;
+
+    -- Past the deadline by the database clock (a sweep may not have expired it yet), the
+    -- run takes no more outputs: it is expired from that moment.
+    v_late := v_run.status = 'requires_action' AND coalesce(v_run.action_deadline < now(), false);
+    IF v_late OR v_run.status IN ('completed', 'failed', 'cancelled', 'expired') THEN
+        WITH kept AS (
+            INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
+                                              tool_call_id, status, output, error, reason,
+                                              source)
+            SELECT tc.tenant_id, tc.run_id, tc.batch_id, tc.id, tc.tool_call_id, a.status,
+                   o->'output', a.error,
+                   CASE WHEN v_late THEN 'deadline_passed' ELSE 'run_ended' END, 'client'
+            FROM jsonb_array_elements(p_outputs) o
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN o ? 'error' THEN 'error' ELSE 'ok' END AS status,
+                       CASE WHEN o ? 'error' THEN coalesce(o->>'error', 'error') END AS error
+            ) a
+            JOIN {s}.tool_calls tc
+              ON tc.run_id = p_run_id AND tc.tool_call_id = o->>'tool_call_id'
+            -- A resend is a no-op: a call that has its result, or this very output kept.
+            WHERE NOT EXISTS (SELECT 1 FROM {s}.tool_results r WHERE r.tool_call_ref = tc.id)
+              AND NOT EXISTS (SELECT 1 FROM {s}.orphaned_results x
+                              WHERE x.tool_call_ref = tc.id AND x.source = 'client'
+                                AND x.status = a.status
+                                AND x.output IS NOT DISTINCT FROM o->'output'
+                                AND x.error IS NOT DISTINCT FROM a.error)
+            RETURNING tool_call_id
+        )
+        SELECT array_agg(tool_call_id) INTO v_kept FROM kept;
+        IF v_kept IS NOT NULL THEN
+            INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
+            VALUES (p_tenant_id, 'tool_outputs.orphaned', v_run.thread_id, p_run_id,
+                    v_run.correlation_id,
+                    jsonb_build_object('run_status', v_run.status,
+                                       'reason', CASE WHEN v_late THEN 'deadline_passed'
+                                                      ELSE 'run_ended' END,
+                                       'action_deadline', v_run.action_deadline,
+                                       'tool_call_ids', v_kept));
+        END IF;
+        RETURN CASE WHEN v_late THEN 'expired' ELSE v_run.status END;
+    END IF;
+
+    -- Every client call still waiting in the run's open batch must be answered together.
+    SELECT array_agg(tc.tool_call_id ORDER BY tc.position) INTO v_bad
+    FROM {s}.tool_calls tc
+    JOIN {s}.tool_batches b ON b.id = tc.batch_id AND b.status = 'open'
+    WHERE tc.run_id = p_run_id AND tc.executor = 'client' AND tc.status = 'pending'
+      AND NOT (tc.tool_call_id = ANY(v_given));
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'incomplete outputs for run %: still missing %', p_run_id, v_bad
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'submit the outputs of every waiting call in one request';
+    END IF;
+
+    FOR v_output IN SELECT o FROM jsonb_array_elements(p_outputs) o LOOP
+        SELECT * INTO v_call FROM {s}.tool_calls
+        WHERE run_id = p_run_id AND tool_call_id = v_output->>'tool_call_id';
+        PERFORM 1 FROM {s}.tool_batches WHERE id = v_call.batch_id FOR UPDATE;
+        CONTINUE WHEN EXISTS (SELECT 1 FROM {s}.tool_results WHERE tool_call_ref = v_call.id);
+        INSERT INTO {s}.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status, output,
+                                      error, attempt, source)
+        VALUES (v_call.id, v_call.tenant_id, p_run_id, v_call.batch_id,
+                CASE WHEN v_output ? 'error' THEN 'error' ELSE 'ok' END, v_output->'output',
+                CASE WHEN v_output ? 'error' THEN coalesce(v_output->>'error', 'error') END,
+                0, 'client');
+        UPDATE {s}.tool_calls
+        SET status = CASE WHEN v_output ? 'error' THEN 'failed' ELSE 'succeeded' END,
+            updated_at = now()
+        WHERE id = v_call.id;
+        UPDATE {s}.tool_batches
+        SET pending = pending - 1,
+            status = CASE WHEN pending - 1 = 0 THEN 'complete' ELSE status END,
+            completed_at = CASE WHEN pending - 1 = 0 THEN now() END
+        WHERE id = v_call.batch_id
+        RETURNING pending INTO v_remaining;
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
+                                 tool_call_id, correlation_id, detail)
+        VALUES (p_tenant_id, 'tool_result.stored', v_run.thread_id, p_run_id, v_call.batch_id,
+                v_call.id, v_call.tool_call_id, v_run.correlation_id,
+                jsonb_build_object('source', 'client'));
+        IF v_remaining = 0 THEN
+            INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
+                                    correlation_id)
+            VALUES (p_tenant_id, 'deliver_batch', 'deliver:' || v_call.batch_id,
+                    v_run.thread_id, p_run_id, v_call.batch_id, v_run.correlation_id)
+            ON CONFLICT (dedup_key) DO NOTHING;
+            INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id,
+                                     correlation_id)
+            VALUES (p_tenant_id, 'batch.complete', v_run.thread_id, p_run_id, v_call.batch_id,
+                    v_run.correlation_id);
+        END IF;
+    END LOOP;
+
+    UPDATE {s}.runs SET status = 'in_progress', action_deadline = NULL, updated_at = now()
+    WHERE id = p_run_id AND status = 'requires_action'
+      AND NOT EXISTS (SELECT 1 FROM {s}.tool_calls tc
+                      WHERE tc.run_id = p_run_id AND tc.executor = 'client'
+                        AND tc.status = 'pending');
+    RETURN (SELECT status FROM {s}.runs WHERE id = p_run_id);
+END $$;
+REVOKE ALL ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) TO outbox_writer;
+
+
+-- enter_tenant_v1: bind this transaction to a tenant, or refuse another one.
+--
+-- The first statement of every function below. A session already scoped to a tenant
+-- (the transaction-local setting outbox.tenant_id, which the Python writer API and your
+-- own middleware may set) may act for that tenant only; an unscoped one is scoped here, so
+-- that row-level security shows and accepts only that tenant's rows until the
+-- transaction ends. Raises 22023 for an ill-formed tenant id, 42501 for another tenant.
+CREATE OR REPLACE FUNCTION {s}.enter_tenant_v1(p_tenant_id text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_scope text := {s}.current_tenant_v1();
+BEGIN
+    IF p_tenant_id IS NULL OR p_tenant_id !~ '^[A-Za-z0-9_.:@-]{1,128}$' THEN
+        RAISE EXCEPTION 'tenant id % is not valid', quote_nullable(p_tenant_id)
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'use 1-128 letters, digits or _.:@-';
+    END IF;
+    IF v_scope IS NOT NULL AND v_scope <> p_tenant_id THEN
+        RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    PERFORM set_config('outbox.tenant_id', p_tenant_id, true);
+END $$;
+
+
+-- decide_approval_v1: approve or deny a tool call that waits for approval.
+--
+-- Answers: "a reviewer looked at this call's arguments and decided".
+--
+--   SELECT * FROM outbox.decide_approval_v1('tenant-a', 42, 'approve', 'alice');
+--   SELECT * FROM outbox.decide_approval_v1('tenant-a', 42, 'deny', 'alice',
+--       'refunds over 500 EUR need a manager', 'sha256:…');
+--
+-- Returns the approval as decided. Guarantees:
+--   * decided once: a second decision, whatever it is, is refused (55000) naming the first;
+--     an approval never turns into two executions (the call has one outbox row, made due
+--     here once);
+--   * bound to the arguments: p_digest, when given, must be the digest the approval was
+--     requested for (the reviewer saw those arguments), else 22023 and nothing changes;
+--   * only a listed approver decides when the policy lists approvers (OB006 otherwise);
+--   * past the deadline, or once the run ended, nothing is decided (55000): the relay's
+--     sweep denies the call;
+--   * journaled as approval.approved or approval.denied with the decider as actor.
+-- The relay claims the call within its poll interval (an UPDATE sends no NOTIFY).
+-- Runs as the schema owner (SECURITY DEFINER); it acts only for the tenant the transaction
+-- is scoped to (outbox.enter_tenant_v1): an unscoped session is refused (42501).
+CREATE OR REPLACE FUNCTION {s}.decide_approval_v1(
+    p_tenant_id text, p_approval_id bigint, p_decision text, p_decider text,
+    p_reason text DEFAULT '', p_digest text DEFAULT NULL
+) RETURNS SETOF {s}.approvals
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_scope    text := {s}.current_tenant_v1();
+    v_approval {s}.approvals;
+    v_run      {s}.runs;
+BEGIN
+    IF v_scope IS NULL THEN
+        RAISE EXCEPTION 'decide_approval_v1 acts for the tenant this transaction is scoped to, and it has none'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('call outbox.enter_tenant_v1(%L) first in this transaction',
+                                p_tenant_id);
+    END IF;
+    IF v_scope <> p_tenant_id THEN
+        RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF p_decision IS NULL OR p_decision NOT IN ('approve', 'deny') THEN
+        RAISE EXCEPTION 'the decision must be ''approve'' or ''deny'', got %', p_decision
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF coalesce(p_decider, '') = '' THEN
+        RAISE EXCEPTION 'a decision needs the decider''s identity'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO v_approval FROM {s}.approvals WHERE id = p_approval_id;
+    IF NOT FOUND OR v_approval.tenant_id <> p_tenant_id THEN
+        RAISE EXCEPTION 'approval % does not exist for tenant %', p_approval_id, p_tenant_id
+            USING ERRCODE = 'no_data_found', HINT = 'outbox approvals list shows the pending ones';
+    END IF;
+    -- The run first, then the approval: the lock order of every writer path.
+    SELECT * INTO v_run FROM {s}.runs WHERE id = v_approval.run_id FOR UPDATE;
+    SELECT * INTO v_approval FROM {s}.approvals WHERE id = p_approval_id FOR UPDATE;
+    IF v_run.status IN ('completed', 'failed', 'cancelled', 'expired') THEN
+        RAISE EXCEPTION 'approval % is for run %, which is %: nothing to decide',
+            p_approval_id, v_run.id, v_run.status
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF v_approval.status <> 'pending' THEN
+        RAISE EXCEPTION 'approval % was already decided: % by % at %', p_approval_id,
+            v_approval.status, v_approval.decided_by, v_approval.decided_at
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    IF p_digest IS NOT NULL AND p_digest <> v_approval.arguments_digest THEN
+        RAISE EXCEPTION 'approval % is for arguments with digest %, not %', p_approval_id,
+            v_approval.arguments_digest, p_digest
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'show the approval again and decide on the arguments it holds';
+    END IF;
+    IF cardinality(v_approval.approvers) > 0 AND NOT p_decider = ANY(v_approval.approvers) THEN
+        RAISE EXCEPTION '% may not decide approval %: its approvers are %', p_decider,
+            p_approval_id, v_approval.approvers
+            USING ERRCODE = 'OB006', HINT = 'ask one of the approvers the policy lists';
+    END IF;
+    IF v_approval.deadline <= now() THEN
+        RAISE EXCEPTION 'approval % passed its deadline at %: the call will be denied',
+            p_approval_id, v_approval.deadline
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    UPDATE {s}.approvals
+    SET status = CASE p_decision WHEN 'approve' THEN 'approved' ELSE 'denied' END,
+        decided_by = p_decider, decided_at = now(), reason = nullif(p_reason, '')
+    WHERE id = p_approval_id
+    RETURNING * INTO v_approval;
+    UPDATE {s}.tool_calls SET status = 'pending', updated_at = now()
+    WHERE id = v_approval.tool_call_ref AND status = 'awaiting_approval';
+    -- The call's row becomes due: the relay runs it, or answers it with the denial.
+    UPDATE {s}.outbox SET available_at = now()
+    WHERE tool_call_ref = v_approval.tool_call_ref AND kind = 'tool_call'
+      AND status = 'ready' AND available_at = 'infinity';
+    INSERT INTO {s}.journal (tenant_id, thread_id, run_id, batch_id, tool_call_ref,
+                             tool_call_id, correlation_id, event, actor, detail)
+    VALUES (v_approval.tenant_id, v_approval.thread_id, v_approval.run_id,
+            v_approval.batch_id, v_approval.tool_call_ref, v_approval.tool_call_id,
+            v_run.correlation_id, 'approval.' || v_approval.status, p_decider,
+            jsonb_build_object('approval_id', v_approval.id, 'tool', v_approval.tool_name,
+                               'arguments_digest', v_approval.arguments_digest,
+                               'reason', v_approval.reason, 'rule', v_approval.rule));
+    RETURN NEXT v_approval;
+END $$;
+REVOKE ALL ON FUNCTION {s}.decide_approval_v1(text, bigint, text, text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.decide_approval_v1(text, bigint, text, text, text, text)
+    TO outbox_writer;

@@ -1,0 +1,116 @@
+"""A tenant bound by credential (issue 17 item 7): a backend's login role decides its tenant.
+
+Before: a backend connected as ``outbox_writer`` picked its tenant by setting
+``outbox.tenant_id``, so row-level security guarded against bugs, not against a hostile
+backend. Here the backend logs in as its own role, bound to tenant A, and tries every way
+it has to reach tenant B's rows: setting the scope, entering the tenant, the SQL functions
+that run beyond row-level security, SET ROLE. None works.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from outbox import tenancy, writer
+from outbox.errors import InvalidInput, NotFound
+from tests.helpers import add_tool, new_run, turn
+
+A, B = "tenant-a", "tenant-b"
+
+
+@pytest.fixture
+def backend_role(db_url) -> Iterator[tuple[str, str]]:
+    """A login role (cluster-wide, so named uniquely and dropped after) and its URL."""
+    role = f"backend_{uuid.uuid4().hex[:10]}"
+    password = secrets.token_hex(12)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    url = make_conninfo(**{**conninfo_to_dict(db_url), "user": role, "password": password})
+    try:
+        yield role, url
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def seed(db_url: str) -> dict[str, uuid.UUID]:
+    """A run of each tenant waiting for a client tool's output."""
+    runs = {}
+    with psycopg.connect(db_url) as conn:
+        add_tool(conn, "approve", executor="client", endpoint=None)
+        for tenant in (A, B):
+            run = new_run(conn, tenant=tenant, tools=["approve"])
+            writer.record_model_turn(conn, turn(run, 1, ("call_1", "approve", {"order_id": "1"})))
+            runs[tenant] = run.id
+        conn.commit()
+    return runs
+
+
+def test_a_bound_role_reaches_its_tenant_only_whatever_it_sets(db_url, backend_role):
+    role, url = backend_role
+    runs = seed(db_url)
+    with psycopg.connect(db_url) as conn:
+        tenancy.grant_role(conn, A, role, actor="dba")
+        conn.commit()
+    outputs = json.dumps([{"tool_call_id": "call_1", "output": {"ok": True}}])
+    with psycopg.connect(url) as conn:
+        # The scope it sets is ignored: it sees tenant A's rows, and those only.
+        conn.execute("SELECT set_config('outbox.tenant_id', %s, true)", [B])
+        seen = {r[0] for r in conn.execute("SELECT tenant_id FROM outbox.runs")}
+        assert seen == {A}
+        conn.rollback()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="not tenant-b"):
+            conn.execute("SELECT outbox.enter_tenant_v1(%s)", [B])
+        conn.rollback()
+        submit = "SELECT outbox.submit_tool_outputs_v1(%s, %s, %s::jsonb)"
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="not tenant-b"):
+            conn.execute(submit, [B, runs[B], outputs])
+        conn.rollback()
+        # Becoming the writer role does not change who the session is.
+        conn.execute("SET ROLE outbox_writer")
+        conn.execute("SELECT set_config('outbox.tenant_id', %s, true)", [B])
+        assert {r[0] for r in conn.execute("SELECT tenant_id FROM outbox.runs")} == {A}
+        conn.rollback()
+        # Its own tenant's work goes on without any scope set.
+        assert conn.execute(submit, [A, runs[A], outputs]).fetchone() == ("in_progress",)
+        conn.commit()
+    with psycopg.connect(db_url) as conn:
+        statuses = dict(conn.execute("SELECT tenant_id, status FROM outbox.runs").fetchall())
+    assert statuses == {A: "in_progress", B: "requires_action"}
+
+
+def test_an_unbound_writer_still_picks_its_tenant_by_setting_it(db_url):
+    """The old contract holds for roles that are not bound (outbox_writer itself)."""
+    seed(db_url)
+    with psycopg.connect(db_url) as conn:
+        conn.execute("SET LOCAL ROLE outbox_writer")
+        conn.execute("SELECT set_config('outbox.tenant_id', %s, true)", [B])
+        assert {r[0] for r in conn.execute("SELECT tenant_id FROM outbox.runs")} == {B}
+
+
+def test_granting_refuses_roles_that_would_not_be_confined(db_url, backend_role):
+    role, _ = backend_role
+    with psycopg.connect(db_url) as conn:
+        owner = conn.execute("SELECT current_user").fetchone()[0]
+        with pytest.raises(InvalidInput, match="sees every tenant"):
+            tenancy.grant_role(conn, A, owner)
+        conn.rollback()
+        with pytest.raises(NotFound, match="does not exist"):
+            tenancy.grant_role(conn, A, "no_such_role_here")
+        conn.rollback()
+        tenancy.grant_role(conn, A, role)
+        with pytest.raises(InvalidInput, match="bound to tenant tenant-a"):
+            tenancy.grant_role(conn, B, role)
+        conn.rollback()
+        tenancy.grant_role(conn, A, role)
+        assert [r["role_name"] for r in tenancy.roles(conn)] == [role]
+        assert tenancy.revoke_role(conn, role) == A
+        assert tenancy.roles(conn) == []
+        conn.commit()
