@@ -41,6 +41,7 @@ TENANT_TABLES = [
     "risk_policies",
     "tool_switches",
     "tenant_pauses",
+    "tenant_roles",
 ]
 
 
