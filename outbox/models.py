@@ -627,6 +627,29 @@ class TenantRole(Base):
     granted_at: Mapped[datetime] = _now()
 
 
+class Credential(Base):
+    """A secret a tool call carries, kept by reference; see migration 0019."""
+
+    __tablename__ = "credentials"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "secrets tool calls carry, per tenant ('*': every tenant's default), by "
+        "reference: an environment variable or a file the relay reads, or a value encrypted "
+        "with a key only the relay holds; never the value itself"
+    }
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    source: Mapped[str] = mapped_column(Text)
+    reference: Mapped[str | None] = mapped_column(Text)
+    ciphertext: Mapped[str | None] = mapped_column(Text)
+    header: Mapped[str] = mapped_column(Text, server_default=text("'Authorization'"))
+    scheme: Mapped[str] = mapped_column(Text, server_default=text("'Bearer'"))
+    version: Mapped[int] = mapped_column(Integer, server_default=text("1"))
+    updated_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
+    updated_at: Mapped[datetime] = _now()
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 def metadata_for(schema: str) -> MetaData:
     """The models' tables as they appear in ``schema`` (for migrations and comparisons)."""
     if schema == DEFAULT_SCHEMA:

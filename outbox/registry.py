@@ -137,6 +137,21 @@ def resolve(
 
 
 @dataclass(frozen=True)
+class ToolContext:
+    """What an in-process tool may ask for, beside its arguments: a tool function with a
+    keyword parameter ``outbox_context`` receives one. ``credentials`` holds only the
+    secret its registration names (``credential_ref``), resolved for the call's tenant
+    (``outbox.credentials``): read secrets from here, not from the relay's environment."""
+
+    tenant_id: str
+    run_id: str
+    tool_call_id: str
+    idempotency_key: str
+    attempt: int
+    credentials: dict[str, str]
+
+
+@dataclass(frozen=True)
 class CallPlan:
     """How a call will run, or ``error``: the text of the error result the model will see.
     ``decision`` is the risk policy's (None when the call was refused before it applied);

@@ -31,17 +31,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
 import httpx2
 
 from outbox import config as outbox_config
+from outbox import credentials
 from relay import failpoints, inprocess
 from relay.outcomes import (
     NOT_REPEATED,
@@ -49,67 +48,17 @@ from relay.outcomes import (
     Outcome,
     ambiguous,
     error_result,
+    redacted,
     result,
     retry,
     retry_after_s,
+    secret_of,
 )
 
 NOT_PROCESSED = {408, 429, 503}  # HTTP statuses that say the request was not processed
 RESPONSE_PREVIEW_CHARS = 500
 
 # -- secrets and tracing ----------------------------------------------------------------
-
-
-def resolve_credential(ref: str) -> str:
-    """The secret named ``ref``: ``$OUTBOX_SECRET_<REF>``, else a line ``REF=value`` of the
-    file named by ``$OUTBOX_SECRETS_FILE``. Read at call time, never stored or logged."""
-    env_name = "OUTBOX_SECRET_" + ref.upper().replace("-", "_").replace(".", "_")
-    if env_name in os.environ:
-        return os.environ[env_name]
-    path = os.environ.get("OUTBOX_SECRETS_FILE")
-    if path and os.path.exists(path):
-        with open(path) as handle:
-            for line in handle:
-                name, _, value = line.strip().partition("=")
-                if name == ref:
-                    return value
-    raise LookupError(
-        f"credential {ref!r} is not set: define ${env_name} or a line '{ref}=...' "
-        "in $OUTBOX_SECRETS_FILE for the relay"
-    )
-
-
-REDACTED = "[redacted credential]"
-
-
-def redacted(outcome: Outcome) -> Outcome:
-    """The outcome with the call's secret cut out of its result and error: a tool that
-    echoes the credential it was sent (in an error body, a result) must not hand it to the
-    model, the journal, the logs or the tables."""
-    ref = outcome.row.credential_ref
-    if not ref:
-        return outcome
-    try:
-        secret = resolve_credential(ref)
-    except LookupError:
-        return outcome
-    if not secret:
-        return outcome
-    return dataclasses.replace(
-        outcome,
-        output=_scrub(outcome.output, secret),
-        error=None if outcome.error is None else outcome.error.replace(secret, REDACTED),
-    )
-
-
-def _scrub(value: Any, secret: str) -> Any:
-    if isinstance(value, str):
-        return value.replace(secret, REDACTED)
-    if isinstance(value, list):
-        return [_scrub(v, secret) for v in value]
-    if isinstance(value, dict):
-        return {_scrub(k, secret): _scrub(v, secret) for k, v in value.items()}
-    return value
 
 
 def traceparent(correlation_id: str | None) -> str:
@@ -119,7 +68,7 @@ def traceparent(correlation_id: str | None) -> str:
     return f"00-{trace_id}-{secrets.token_hex(8)}-01"
 
 
-def request_headers(row: Claimed) -> dict[str, str]:
+def request_headers(row: Claimed, secret: credentials.Secret | None) -> dict[str, str]:
     headers = {
         "Idempotency-Key": row.idempotency_key or "",
         "X-Outbox-Run-Id": str(row.run_id),
@@ -128,8 +77,8 @@ def request_headers(row: Claimed) -> dict[str, str]:
         "X-Correlation-Id": row.correlation_id or "",
         "traceparent": traceparent(row.correlation_id),
     }
-    if row.credential_ref:
-        headers["Authorization"] = "Bearer " + resolve_credential(row.credential_ref)
+    if secret is not None:
+        headers.update(secret.headers())
     return headers
 
 
@@ -158,10 +107,17 @@ class ToolExecutor:
 
     async def run(self, row: Claimed) -> Outcome:
         started = time.monotonic()
-        outcome = redacted(await self._run(row))
+        try:
+            secret = secret_of(row)
+        except credentials.CredentialRevoked as err:
+            outcome = error_result(row, str(err))
+        except credentials.CredentialUnavailable as err:
+            outcome = retry(row, str(err), unsent=True)
+        else:
+            outcome = redacted(await self._run(row, secret), secret)
         return dataclasses.replace(outcome, duration_s=time.monotonic() - started)
 
-    async def _run(self, row: Claimed) -> Outcome:
+    async def _run(self, row: Claimed, secret: credentials.Secret | None) -> Outcome:
         mode = row.idempotency_mode
         if row.dispatched_attempt is not None:
             if mode == "none":
@@ -172,7 +128,7 @@ class ToolExecutor:
                     f"the tool; {NOT_REPEATED}",
                 )
             if mode == "lookup":
-                found = await self._lookup(row)
+                found = await self._lookup(row, secret)
                 if found is not None:
                     return found
         if mode in ("none", "lookup") and not await self.mark_dispatched(row):
@@ -181,11 +137,11 @@ class ToolExecutor:
             loop = asyncio.get_running_loop()
             outcome = await loop.run_in_executor(self.threads, _call_python, row)
         else:
-            outcome = await self._call_http(row)
+            outcome = await self._call_http(row, secret)
         failpoints.hit("tool.after_call")
         return outcome
 
-    async def _lookup(self, row: Claimed) -> Outcome | None:
+    async def _lookup(self, row: Claimed, secret: credentials.Secret | None) -> Outcome | None:
         """Ask the tool whether an earlier attempt happened: its result, or None to execute."""
         if not row.lookup_endpoint:
             return None
@@ -194,7 +150,7 @@ class ToolExecutor:
                 response = await client.post(
                     row.lookup_endpoint,
                     json={"idempotency_key": row.idempotency_key, "arguments": row.arguments},
-                    headers=request_headers(row),
+                    headers=request_headers(row, secret),
                     timeout=row.timeout_s or 30.0,
                 )
         except httpx2.HTTPError as err:
@@ -210,12 +166,9 @@ class ToolExecutor:
             return result(row, body.get("result"), source="lookup")
         return None
 
-    async def _call_http(self, row: Claimed) -> Outcome:
+    async def _call_http(self, row: Claimed, secret: credentials.Secret | None) -> Outcome:
         assert row.endpoint is not None
-        try:
-            headers = request_headers(row)
-        except LookupError as err:
-            return retry(row, str(err), unsent=True)
+        headers = request_headers(row, secret)
         try:
             async with self.http() as client:
                 response = await client.post(

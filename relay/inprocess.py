@@ -22,11 +22,16 @@ restarted (``relay.worker``).
 
 Import errors, exceptions (even ``SystemExit``), results that are not JSON or over the
 payload cap become error results the model sees.
+
+A tool function that takes a keyword ``outbox_context`` receives a ``ToolContext``
+(``outbox.registry``): the call's idempotency key and ids, and only the credential its
+registration names, resolved for the call's tenant; the secret is cut from its answer.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import threading
 import time
@@ -36,7 +41,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outbox import config as outbox_config
-from relay.outcomes import Claimed, Outcome, ambiguous, error_result, retry
+from outbox import credentials
+from outbox.registry import ToolContext
+from relay.outcomes import (
+    Claimed,
+    Outcome,
+    ambiguous,
+    error_result,
+    redacted,
+    retry,
+    secret_of,
+)
 
 DEFAULT_TIMEOUT_S = 30.0  # a tool version always has one; this is for rows without a tool
 _pool: ThreadPoolExecutor | None = None
@@ -44,6 +59,8 @@ _pool_threads = 64  # the pool's size (``configure``, before first use)
 _pool_lock = threading.Lock()
 _overrunning = 0  # pool threads kept by a call that overran its timeout
 _callables: dict[str, Callable[..., Any]] = {}
+_wants_context: dict[Callable[..., Any], bool] = {}
+CONTEXT = "outbox_context"  # the keyword a tool function takes to receive a ToolContext
 
 
 def configure(threads: int) -> None:
@@ -138,14 +155,53 @@ def run_calls(rows: list[Claimed]) -> list[Outcome]:
     """Run the in-process tool calls of ``rows``; one outcome per row, in any order."""
     outcomes: list[Outcome] = []
     todo: list[tuple[Claimed, Callable[..., Any]]] = []
+    secrets: dict[int, credentials.Secret] = {}
     for row in rows:
         try:
-            todo.append((row, load(row.callable or "")))
+            function = load(row.callable or "")
+            secret = secret_of(row)
+        except credentials.CredentialRevoked as err:
+            outcomes.append(error_result(row, str(err)))
+        except credentials.CredentialUnavailable as err:
+            outcomes.append(retry(row, str(err), unsent=True))
         except Exception as err:
             outcomes.append(error_result(row, f"cannot load python tool {row.callable!r}: {err}"))
+        else:
+            if secret is not None:
+                secrets[row.id] = secret
+            todo.append((row, function))
+    done: list[Outcome] = []
     while todo:
-        todo = _run_chunk(todo, outcomes)
-    return outcomes
+        todo = _run_chunk(todo, done, secrets)
+    return outcomes + [redacted(o, secrets.get(o.row.id)) for o in done]
+
+
+def wants_context(function: Callable[..., Any]) -> bool:
+    """Whether a tool function takes ``outbox_context`` (asked once per function)."""
+    wanted = _wants_context.get(function)
+    if wanted is None:
+        try:
+            parameters = inspect.signature(function).parameters
+        except (TypeError, ValueError):  # a builtin without a signature
+            parameters = {}  # type: ignore[assignment]
+        wanted = _wants_context[function] = CONTEXT in parameters
+    return wanted
+
+
+def _arguments(
+    row: Claimed, function: Callable[..., Any], secret: credentials.Secret | None
+) -> dict[str, Any]:
+    arguments = dict(row.arguments or {})
+    if wants_context(function):
+        arguments[CONTEXT] = ToolContext(
+            tenant_id=row.tenant_id,
+            run_id=str(row.run_id),
+            tool_call_id=row.tool_call_id or "",
+            idempotency_key=row.idempotency_key or "",
+            attempt=row.attempt,
+            credentials={} if secret is None else {secret.name: secret.value},
+        )
+    return arguments
 
 
 def _timeout(row: Claimed) -> float:
@@ -153,12 +209,14 @@ def _timeout(row: Claimed) -> float:
 
 
 def _run_chunk(
-    todo: list[tuple[Claimed, Callable[..., Any]]], outcomes: list[Outcome]
+    todo: list[tuple[Claimed, Callable[..., Any]]],
+    outcomes: list[Outcome],
+    secrets: dict[int, credentials.Secret],
 ) -> list[tuple[Claimed, Callable[..., Any]]]:
     """Run one chunk; append outcomes; return the calls that never started and must run."""
     chunk = _Chunk(
         [f for _, f in todo],
-        [row.arguments or {} for row, _ in todo],
+        [_arguments(row, f, secrets.get(row.id)) for row, f in todo],
         [_timeout(r) for r, _ in todo],
     )
     submitted = time.monotonic()

@@ -7,12 +7,13 @@ name the outcome kinds every executor shares, so a timeout means the same for ev
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import time
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from outbox import policy
+from outbox import credentials, policy
 
 Action = Literal[
     "result", "retry", "defer", "unknown", "deliver", "lost", "turn", "fail_run", "skip"
@@ -55,6 +56,7 @@ class Claimed(NamedTuple):
     timeout_s: float | None = None
     credential_ref: str | None = None
     stop: dict[str, Any] | None = None  # why a tool call must not run (outbox.policy)
+    credential: dict[str, Any] | None = None  # where its secret is (outbox.credentials)
     claimed_at_monotonic: float = 0.0  # the worker's clock, for the claim-to-start metric
 
     def context(self) -> dict[str, Any]:
@@ -153,3 +155,38 @@ def stopped(row: Claimed) -> Outcome:
     return Outcome(
         row, "result", "error", None, policy.stop_text(row.tool_name or "", row.stop), "system"
     )
+
+
+# -- secrets ----------------------------------------------------------------------------
+
+REDACTED = "[redacted credential]"
+
+
+def secret_of(row: Claimed) -> credentials.Secret | None:
+    """The secret the call's tool needs, minted for this call (``outbox.credentials``)."""
+    if not row.credential_ref:
+        return None
+    return credentials.resolve(row.credential_ref, row.credential)
+
+
+def redacted(outcome: Outcome, secret: credentials.Secret | None) -> Outcome:
+    """The outcome with the call's secret cut out of its result and error: a tool that
+    echoes the credential it was sent (in an error body, a result) must not hand it to the
+    model, the journal, the logs or the tables."""
+    if secret is None or not secret.value:
+        return outcome
+    return dataclasses.replace(
+        outcome,
+        output=_scrub(outcome.output, secret.value),
+        error=None if outcome.error is None else outcome.error.replace(secret.value, REDACTED),
+    )
+
+
+def _scrub(value: Any, secret: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(secret, REDACTED)
+    if isinstance(value, list):
+        return [_scrub(v, secret) for v in value]
+    if isinstance(value, dict):
+        return {_scrub(k, secret): _scrub(v, secret) for k, v in value.items()}
+    return value

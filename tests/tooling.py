@@ -71,3 +71,13 @@ def record_run(path: str, **arguments: Any) -> dict[str, Any]:
     if runs == 1:
         time.sleep(CRASH_SLEEP_S)  # the call in flight when the test kills the relay
     return {"runs": runs}
+
+
+def with_context(outbox_context: Any, **arguments: Any) -> dict[str, Any]:
+    """Answer what the relay handed it, secret included (the relay must cut that out)."""
+    return {
+        "arguments": arguments,
+        "idempotency_key": outbox_context.idempotency_key,
+        "credentials": outbox_context.credentials,
+        "tenant_id": outbox_context.tenant_id,
+    }

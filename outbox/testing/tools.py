@@ -163,7 +163,8 @@ class FakeTool:
     def echo_credentials(
         self, status: int = 401, n: int | None = 1, window_s: float | None = None
     ) -> None:
-        """Answer ``status`` with a body that echoes the request's ``Authorization`` header,
+        """Answer ``status`` with a body that echoes the request's ``Authorization`` (else
+        ``X-Api-Key``) header,
         as careless APIs do in their errors, without a side effect (a 200 plays an API that
         puts it in a result). For tests that secrets never leave the relay."""
         self._add_fault(_Fault("echo_credentials", status=status), n, window_s)
@@ -295,7 +296,7 @@ class FakeTool:
             return dropped()
         if failure is not None and failure.kind == "echo_credentials":
             self._record(request, key, arguments, failure.status)
-            echoed = request.headers.get("authorization", "")
+            echoed = request.headers.get("authorization") or request.headers.get("x-api-key", "")
             return json_reply(
                 failure.status, {"message": f"credentials rejected: {echoed}", "got": echoed}
             )

@@ -158,6 +158,8 @@ WITH RECURSIVE loads AS (
 -- stop: why a tool call must not run (NULL for nearly every row): its tool was switched off
 -- for its tenant or for all, its version is disabled, or its approval is not an approval of
 -- these arguments (outbox.policy.stop_text says it to the model).
+-- credential: how to find the secret the tool needs, the call's tenant's before the
+-- default (outbox.credentials.resolve); never the secret itself.
 SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call_ref,
        c.correlation_id, c.attempts, c.failures, c.max_attempts,
        CASE WHEN c.kind <> 'tool_call' THEN c.payload END AS payload,
@@ -178,7 +180,16 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
             FROM {s}.approvals a
             WHERE a.tool_call_ref = tc.id
               AND (a.status <> 'approved' OR a.arguments_digest <> tc.arguments_hash))
-       ) END AS stop
+       ) END AS stop,
+       CASE WHEN t.credential_ref IS NOT NULL THEN (
+           SELECT jsonb_build_object('tenant_id', cr.tenant_id, 'source', cr.source,
+                                     'reference', cr.reference, 'ciphertext', cr.ciphertext,
+                                     'header', cr.header, 'scheme', cr.scheme,
+                                     'version', cr.version, 'revoked_at', cr.revoked_at)
+           FROM {s}.credentials cr
+           WHERE cr.name = t.credential_ref AND cr.tenant_id IN (tc.tenant_id, '*')
+           ORDER BY cr.tenant_id = '*' LIMIT 1
+       ) END AS credential
 FROM claimed c
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tool_calls WHERE id = c.tool_call_ref OFFSET 0

@@ -42,6 +42,7 @@ TENANT_TABLES = [
     "tool_switches",
     "tenant_pauses",
     "tenant_roles",
+    "credentials",
 ]
 
 

@@ -1,0 +1,223 @@
+"""The credential broker: the secrets tool calls carry, per tenant, never the model's.
+
+A tool names the credential it needs (``tools register --credential-ref NAME``). Each
+tenant (``'*'``: every tenant's default) keeps, in ``outbox.credentials``, how the relay
+finds that secret at call time, never the secret itself:
+
+* ``env``: an environment variable of the relay;
+* ``file``: a line ``NAME=value`` of a file the relay reads (a mounted secret, a .env);
+* ``db``: the value encrypted (Fernet: AES-128-CBC and HMAC-SHA256) with a key only the
+  relay and the operator who sets it hold (``$OUTBOX_CREDENTIALS_KEY``); the database keeps
+  the ciphertext.
+
+At call time the relay resolves the credential of the call's tenant (else ``'*'``), mints
+the header it names (``Authorization: Bearer …`` by default) into that tool's request only,
+hands an in-process tool only its own credential, and cuts the value out of whatever the
+tool answers before anything stores, logs or replays it. Setting a credential again rotates
+it (its version goes up; calls from then on carry the new value); a revoked one makes the
+calls that need it end with an error result the model sees, never with the old value.
+Changes are journaled with the actor, never the value.
+
+A ``credential_ref`` no tenant has a row for resolves as it always did: ``$OUTBOX_SECRET_<REF>``
+or a line ``REF=value`` of ``$OUTBOX_SECRETS_FILE``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from cryptography.fernet import Fernet, InvalidToken
+
+from outbox import calls, writer
+from outbox.errors import InvalidInput, NotFound
+from outbox.sql import queries
+
+Q = queries("credentials.sql")
+Row = dict[str, Any]
+KEY_ENV = "OUTBOX_CREDENTIALS_KEY"
+ALL_TENANTS = "*"
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class CredentialUnavailable(LookupError):
+    """The secret cannot be had now (a variable, a file or the key is missing): the call
+    waits and is tried again, uncharged."""
+
+
+class CredentialRevoked(LookupError):
+    """The credential was revoked: calls that need it end with an error result."""
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A resolved credential: the header to send and the value to cut from answers."""
+
+    name: str
+    value: str
+    header: str = "Authorization"
+    scheme: str = "Bearer"
+
+    def headers(self) -> dict[str, str]:
+        return {self.header: f"{self.scheme} {self.value}" if self.scheme else self.value}
+
+
+# -- resolving, in the relay ------------------------------------------------------------
+
+
+def resolve(ref: str, stored: Row | None) -> Secret:
+    """The secret ``ref`` names for a call: ``stored`` is the tenant's (or the default's)
+    row as the claim returned it (``relay/queries/relay.sql``), None when there is none."""
+    if stored is None:
+        return Secret(ref, _legacy(ref))
+    if stored.get("revoked_at"):
+        raise CredentialRevoked(
+            f"credential {ref!r} of tenant {stored['tenant_id']} was revoked at "
+            f"{stored['revoked_at']}; the call was not executed"
+        )
+    source = stored["source"]
+    if source == "env":
+        value = os.environ.get(stored["reference"])
+        if value is None:
+            raise CredentialUnavailable(
+                f"credential {ref!r}: the relay has no ${stored['reference']}"
+            )
+    elif source == "file":
+        value = _from_file(stored["reference"], ref)
+    else:
+        value = decrypt(stored["ciphertext"], ref)
+    return Secret(ref, value, stored["header"], stored["scheme"])
+
+
+def _legacy(ref: str) -> str:
+    env_name = "OUTBOX_SECRET_" + ref.upper().replace("-", "_").replace(".", "_")
+    if env_name in os.environ:
+        return os.environ[env_name]
+    path = os.environ.get("OUTBOX_SECRETS_FILE")
+    if path and os.path.exists(path):
+        return _from_file(path, ref)
+    raise CredentialUnavailable(
+        f"credential {ref!r} is not set: `outbox credentials set {ref} ...`, or define "
+        f"${env_name} or a line '{ref}=...' in $OUTBOX_SECRETS_FILE for the relay"
+    )
+
+
+def _from_file(path: str, ref: str) -> str:
+    try:
+        with open(path) as handle:
+            for line in handle:
+                name, _, value = line.strip().partition("=")
+                if name == ref:
+                    return value
+    except OSError as err:
+        raise CredentialUnavailable(f"credential {ref!r}: cannot read {path}: {err}") from err
+    raise CredentialUnavailable(f"credential {ref!r}: no line '{ref}=...' in {path}")
+
+
+def _fernet() -> Fernet:
+    key = os.environ.get(KEY_ENV)
+    if not key:
+        raise CredentialUnavailable(
+            f"${KEY_ENV} is not set: the key that encrypts stored credentials "
+            "(`outbox credentials new-key` makes one)"
+        )
+    try:
+        return Fernet(key.encode())
+    except ValueError as err:
+        raise CredentialUnavailable(f"${KEY_ENV} is not a valid key: {err}") from err
+
+
+def encrypt(value: str) -> str:
+    return _fernet().encrypt(value.encode()).decode()
+
+
+def decrypt(ciphertext: str, ref: str) -> str:
+    try:
+        return _fernet().decrypt(ciphertext.encode()).decode()
+    except InvalidToken as err:
+        raise CredentialUnavailable(
+            f"credential {ref!r} does not decrypt with ${KEY_ENV}: was it set with another key?"
+        ) from err
+
+
+def new_key() -> str:
+    return Fernet.generate_key().decode()
+
+
+# -- managing, from the CLI -------------------------------------------------------------
+
+
+def set_credential(
+    conn: psycopg.Connection[Any],
+    name: str,
+    *,
+    tenant_id: str = ALL_TENANTS,
+    env: str | None = None,
+    file: str | None = None,
+    value: str | None = None,
+    header: str = "Authorization",
+    scheme: str = "Bearer",
+    actor: str | None = None,
+) -> Row:
+    """Create or rotate credential ``name`` of ``tenant_id``: exactly one of ``env`` (a
+    variable name), ``file`` (a path) or ``value`` (stored encrypted). Rotating bumps its
+    version and lifts a revocation; calls claimed from then on carry the new secret."""
+    if not NAME.match(name):
+        raise InvalidInput(f"credential name {name!r}: use 1-64 letters, digits or _.-")
+    if tenant_id != ALL_TENANTS:
+        calls.check_tenant(tenant_id)
+    given = [k for k, v in (("--env", env), ("--file", file), ("--value-stdin", value)) if v]
+    if len(given) != 1:
+        raise InvalidInput(
+            "give the secret's source: exactly one of --env VAR, --file PATH, --value-stdin",
+            hint="--env and --file keep only a reference; --value-stdin stores it encrypted",
+        )
+    source = "env" if env else "file" if file else "db"
+    reference = env or file
+    ciphertext = None if value is None else encrypt(value)
+    row = writer.fetch_one(
+        conn,
+        Q.set,
+        {
+            "tenant_id": tenant_id,
+            "name": name,
+            "source": source,
+            "reference": reference,
+            "ciphertext": ciphertext,
+            "header": header,
+            "scheme": scheme,
+            "actor": actor or "unknown",
+        },
+    )
+    assert row is not None
+    event = "credential.set" if row["version"] == 1 else "credential.rotated"
+    detail = {"name": name, "source": source, "reference": reference, "version": row["version"]}
+    writer.journal(conn, event, tenant_id, actor=actor, detail=detail)
+    return row
+
+
+def revoke(
+    conn: psycopg.Connection[Any],
+    name: str,
+    *,
+    tenant_id: str = ALL_TENANTS,
+    actor: str | None = None,
+) -> Row:
+    """Revoke credential ``name`` of ``tenant_id``: calls that need it end with an error
+    result the model sees (``set`` it again to rotate)."""
+    row = writer.fetch_one(conn, Q.revoke, {"tenant_id": tenant_id, "name": name})
+    if row is None:
+        raise NotFound(
+            f"tenant {tenant_id} has no credential {name!r}", hint="`outbox credentials list`"
+        )
+    detail = {"name": name, "version": row["version"]}
+    writer.journal(conn, "credential.revoked", tenant_id, actor=actor, detail=detail)
+    return row
+
+
+def list_credentials(conn: psycopg.Connection[Any]) -> list[Row]:
+    """Every credential, without its ciphertext."""
+    return writer.fetch_all(conn, Q.list, {})
