@@ -287,7 +287,7 @@ class Worker:
                 },
             )
             now = time.monotonic()
-            rows = [Claimed._make((*r, now)) for r in cur.fetchall()]
+            rows = [Claimed(*r, claimed_at_monotonic=now) for r in cur.fetchall()]
         if rows:
             failpoints.hit("claim.after_commit")
         io_rows = sum(1 for row in rows if not runs_in_chunks(row))
