@@ -697,16 +697,22 @@ def queue_group() -> None:
 )
 @json_option
 def queue_stats(window_min: int, as_json: bool) -> None:
-    """Ready, delayed, in flight and quarantined work per kind and tool; lag; claim latency."""
+    """Ready, delayed, held (waiting for approval), in flight and quarantined work per kind
+    and tool; lag; claim latency."""
     with connection() as conn:
         stats = ops.queue_stats(conn, window_min)
     if as_json:
         echo_json(stats)
         return
-    emit(stats["by_kind"], False, ["kind", "ready", "delayed", "in_flight", "quarantined", "lag_s"])
+    emit(
+        stats["by_kind"],
+        False,
+        ["kind", "ready", "delayed", "held", "in_flight", "quarantined", "lag_s"],
+    )
     if stats["by_tool"]:
         click.echo("")
-        emit(stats["by_tool"], False, ["tool", "ready", "delayed", "in_flight", "quarantined"])
+        columns = ["tool", "ready", "delayed", "held", "in_flight", "quarantined"]
+        emit(stats["by_tool"], False, columns)
     claim = stats["claim_to_start"]
     click.echo(f"\noldest ready row waits: {stats['oldest_ready_lag_s']}s")
     click.echo(
@@ -777,6 +783,9 @@ def runs_show(run: str, as_json: bool) -> None:
     if shown["pending_client_calls"]:
         click.echo("\nwaiting for client outputs (outbox runs submit-outputs RUN FILE):")
         emit(shown["pending_client_calls"], False, ["tool_call_id", "tool_name", "arguments_raw"])
+    if shown["pending_approvals"]:
+        click.echo("\nwaiting for a reviewer (outbox approvals approve|deny ID):")
+        emit(shown["pending_approvals"], False, ["id", "tool_call_id", "tool_name", "deadline"])
 
 
 @runs_group.command("create")

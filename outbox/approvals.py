@@ -47,6 +47,11 @@ def list_approvals(
     )
 
 
+def pending_of_run(conn: psycopg.Connection[Any], run_id: Any) -> list[Row]:
+    """A run's calls waiting for a reviewer, oldest first."""
+    return writer.fetch_all(conn, Q.approvals_of_run, {"run_id": run_id})
+
+
 def get(conn: psycopg.Connection[Any], approval_id: int) -> Row:
     row = writer.fetch_one(conn, Q.approval, {"id": approval_id})
     if row is None:

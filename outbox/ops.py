@@ -28,6 +28,7 @@ from typing import Any
 
 import psycopg
 
+from outbox import approvals
 from outbox.errors import InvalidInput, InvalidTransition, NotFound, OutboxError
 from outbox.schemas import ToolResultIn
 from outbox.sql import queries
@@ -118,9 +119,10 @@ def resolve_run(conn: psycopg.Connection[Any], ident: str) -> Row:
 
 
 def show_run(conn: psycopg.Connection[Any], ident: str) -> Row:
-    """A run, its timeline (every journal event about it, in order) and the client calls
+    """A run, its timeline (every journal event about it, in order), the client calls
     it waits for (``pending_client_calls``: what to submit outputs for; empty unless the
-    run is in ``requires_action``)."""
+    run is in ``requires_action``) and its calls waiting for a reviewer
+    (``pending_approvals``: see ``outbox approvals``)."""
     run = resolve_run(conn, ident)
     return {
         "run": run,
@@ -130,6 +132,7 @@ def show_run(conn: psycopg.Connection[Any], ident: str) -> Row:
         )
         if run["status"] == "requires_action"
         else [],
+        "pending_approvals": approvals.pending_of_run(conn, run["id"]),
     }
 
 

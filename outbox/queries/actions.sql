@@ -146,3 +146,12 @@ WITH due AS (
 SELECT e.id, e.tenant_id, e.thread_id, e.run_id, e.batch_id, e.tool_call_ref, e.tool_call_id,
        e.tool_name, e.reason, r.correlation_id
 FROM expired e JOIN {s}.runs r ON r.id = e.run_id
+
+-- name: approvals_of_run
+-- A run's calls waiting for a reviewer.
+SELECT a.id, a.tool_call_id, a.tool_name, tc.arguments, a.arguments_digest, a.rule,
+       a.approvers, a.deadline
+FROM {s}.approvals a
+JOIN {s}.tool_calls tc ON tc.id = a.tool_call_ref
+WHERE a.run_id = %(run_id)s AND a.status = 'pending'
+ORDER BY a.id

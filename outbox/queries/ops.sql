@@ -1,8 +1,11 @@
 -- name: queue_by_kind
--- Queue depth per kind: due, delayed, in flight, quarantined, and the oldest due row's lag.
+-- Queue depth per kind: due, delayed, held (calls waiting for approval: due at
+-- 'infinity'), in flight, quarantined, and the oldest due row's lag.
 SELECT kind,
        count(*) FILTER (WHERE status = 'ready' AND available_at <= now()) AS ready,
-       count(*) FILTER (WHERE status = 'ready' AND available_at > now()) AS delayed,
+       count(*) FILTER (WHERE status = 'ready' AND available_at > now()
+                        AND available_at <> 'infinity') AS delayed,
+       count(*) FILTER (WHERE status = 'ready' AND available_at = 'infinity') AS held,
        count(*) FILTER (WHERE status = 'leased') AS in_flight,
        count(*) FILTER (WHERE status = 'quarantined') AS quarantined,
        coalesce(round(extract(epoch FROM now() - min(available_at)
@@ -15,7 +18,9 @@ ORDER BY kind
 -- Queue depth of tool-call rows per tool.
 SELECT tc.tool_name AS tool,
        count(*) FILTER (WHERE o.status = 'ready' AND o.available_at <= now()) AS ready,
-       count(*) FILTER (WHERE o.status = 'ready' AND o.available_at > now()) AS delayed,
+       count(*) FILTER (WHERE o.status = 'ready' AND o.available_at > now()
+                        AND o.available_at <> 'infinity') AS delayed,
+       count(*) FILTER (WHERE o.status = 'ready' AND o.available_at = 'infinity') AS held,
        count(*) FILTER (WHERE o.status = 'leased') AS in_flight,
        count(*) FILTER (WHERE o.status = 'quarantined') AS quarantined
 FROM {s}.outbox o

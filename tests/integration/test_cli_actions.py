@@ -55,6 +55,11 @@ def test_policy_approvals_switches_and_pauses(outbox, conn):
     conn.commit()
     (pending,) = json.loads(outbox("approvals", "list", "--json"))
     assert (pending["tool_name"], pending["approvers"]) == ("send_email", ["bob"])
+    (waiting,) = json.loads(outbox("runs", "show", str(run.id), "--json"))["pending_approvals"]
+    assert waiting["id"] == pending["id"]
+    assert "waiting for a reviewer" in outbox("runs", "show", str(run.id))
+    stats = json.loads(outbox("queue", "stats", "--json"))["by_kind"]
+    assert [(r["held"], r["delayed"]) for r in stats if r["kind"] == "tool_call"] == [(1, 0)]
     shown = outbox("approvals", "show", str(pending["id"]))
     assert '"order_id": "7"' in shown and pending["arguments_digest"] in shown
 

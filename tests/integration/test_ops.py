@@ -119,6 +119,7 @@ def test_queue_stats(cli, db_url, db):
         "kind": "tool_call",
         "ready": 0,
         "delayed": 0,
+        "held": 0,
         "in_flight": 1,
         "quarantined": 1,
         "lag_s": 0,
@@ -126,7 +127,14 @@ def test_queue_stats(cli, db_url, db):
     assert by_kind["model_turn"]["ready"] == 1 and by_kind["model_turn"]["lag_s"] >= 60
     assert stats["oldest_ready_lag_s"] >= 60
     assert stats["by_tool"] == [
-        {"tool": "lookup_order", "ready": 0, "delayed": 0, "in_flight": 1, "quarantined": 1}
+        {
+            "tool": "lookup_order",
+            "ready": 0,
+            "delayed": 0,
+            "held": 0,
+            "in_flight": 1,
+            "quarantined": 1,
+        }
     ]
     assert stats["claim_to_start"]["samples"] == 1
     human = cli("queue", "stats")
