@@ -1,0 +1,42 @@
+"""API keys per tenant, the assistants and run links of the Assistants protocol, the role
+``outbox_api`` that ``outbox serve`` acts as.
+
+Revision ID: 0016
+Revises: 0015
+Create Date: 2026-11-24
+
+``api_keys`` maps the SHA-256 of a key to its tenant (revocable); ``assistants`` and
+``assistant_runs`` keep what the Assistants protocol needs beside our runs. Inside a request
+the server acts as ``outbox_api`` (``outbox_writer``'s rights plus reading its tenant's
+journal and registering its own client tools) under row-level security, scoped to the key's
+tenant. The SQL is ``0016_api_keys.sql`` beside this file, frozen. The downgrade drops the
+tables and revokes what this schema granted; the role and its membership of
+``outbox_writer`` stay (cluster-wide; another database may use them), as in 0002.
+"""
+
+from __future__ import annotations
+
+from outbox.migrate import frozen_sql, run_sql
+
+revision = "0016"
+down_revision = "0015"
+branch_labels = None
+depends_on = None
+
+UPGRADE = frozen_sql(__file__, "0016_api_keys.sql")
+
+DOWNGRADE = """
+DROP TABLE {s}.assistant_runs;
+DROP TABLE {s}.assistants;
+DROP TABLE {s}.api_keys;
+REVOKE ALL ON {s}.tools, {s}.journal FROM outbox_api;
+REVOKE USAGE ON SCHEMA {s} FROM outbox_api;
+"""
+
+
+def upgrade() -> None:
+    run_sql(UPGRADE)
+
+
+def downgrade() -> None:
+    run_sql(DOWNGRADE)
