@@ -467,7 +467,6 @@ class Lane(Base):
     updated_at: Mapped[datetime] = _now()
 
 
-
 class ApiKey(Base):
     """An API key of ``outbox serve`` (migration 0016): only its SHA-256 is kept."""
 
@@ -544,6 +543,7 @@ class AssistantRun(Base):
     metadata_: Mapped[dict[str, Any]] = mapped_column(
         "metadata", JSONB, server_default=text("'{}'::jsonb")
     )
+
 
 def metadata_for(schema: str) -> MetaData:
     """The models' tables as they appear in ``schema`` (for migrations and comparisons)."""
