@@ -671,6 +671,7 @@ def serve_command(
     tenant under row-level security. GET /v1/runs/RUN/events streams a run's journal as
     Server-Sent Events (resumable with Last-Event-ID). See docs/serve.md.
     """
+    import signal
     import subprocess
 
     import uvicorn
@@ -690,6 +691,10 @@ def serve_command(
         env = {**os.environ, "OUTBOX_DATABASE_URL": url}
         relay = subprocess.Popen([sys.executable, "-m", "cli", "relay"], env=env)
     app = create_app(url, model_base_url=model_base_url, max_connections=db_connections)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the
+    # handler it found: this one turns that into a clean exit that stops the relay below
+    # (the default action would kill this process and leave the relay running).
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level.lower())
     finally:
