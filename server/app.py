@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -61,6 +62,7 @@ def create_app(
         exception_handlers={
             errors.APIError: errors.api_error,
             OutboxError: errors.library_error,
+            ValidationError: errors.validation_error,
             HTTPException: http_error,
             Exception: errors.unexpected_error,
         },

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -86,6 +87,16 @@ async def library_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OutboxError)
     err = from_library(exc)
     return JSONResponse(err.body(), status_code=err.status)
+
+
+async def validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    """Input the library's models refused (a run's fields): a 400 naming the field."""
+    assert isinstance(exc, ValidationError)
+    first = exc.errors()[0]
+    param = ".".join(str(part) for part in first["loc"]) or None
+    message = str(first["msg"]).removeprefix("Value error, ")
+    err = APIError(400, f"Invalid value for '{param}': {message}", param=param)
+    return JSONResponse(err.body(), status_code=400)
 
 
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
