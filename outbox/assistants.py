@@ -121,8 +121,20 @@ def declare_tools(conn: psycopg.Connection[Any], tenant_id: str, tools: list[Any
         except ValidationError as err:
             problem = "; ".join(str(e["msg"]) for e in err.errors())
             raise InvalidInput(f"function {function['name']!r}: {problem}") from err
-        registry.register(conn, spec)
+        _register_once(conn, spec)
     return [f["name"] for f in functions]
+
+
+def _register_once(conn: psycopg.Connection[Any], spec: registry.ToolSpec) -> None:
+    """Register ``spec``; when a concurrent request registered the same version first, its
+    version stands (under a savepoint, so the caller's transaction goes on)."""
+    try:
+        with conn.transaction():  # a savepoint: the caller's transaction is open
+            registry.register(conn, spec)
+    except InvalidInput:
+        known = registry.resolve(conn, spec.tenant_id, [spec.name]).get(spec.name)
+        if known is None or known["executor"] != "client":
+            raise
 
 
 def link_run(

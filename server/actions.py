@@ -303,3 +303,19 @@ def list_steps(store: Store, tenant: str, thread_id: str, run_id: str, page: Pag
             raise not_found("run", run)
         rows = fetch_all(conn, Q.steps, {"run_id": run})
     return paginate(shapes.steps(rows, run_row), page)
+
+
+def run_state(
+    store: Store, tenant: str, thread_id: uuid.UUID, run_id: uuid.UUID
+) -> tuple[Row, list[Row], list[Row]]:
+    """A run, its steps and its messages, read in one transaction (for ``stream=true``)."""
+    with store.tenant(tenant) as conn:
+        run = _run(conn, tenant, run_id, thread_id)
+        run_row = fetch_one(conn, Q.run, {"run_id": run_id, "thread_id": thread_id})
+        assert run_row is not None
+        steps = shapes.steps(fetch_all(conn, Q.steps, {"run_id": run_id}), run_row)
+        rows = fetch_all(
+            conn, Q.messages, {"thread_id": thread_id, "after_seq": None, "before_seq": None}
+        )
+    messages = [shapes.message(r, thread_id) for r in rows if r["run_id"] == run_id]
+    return run, steps, [m for m in messages if m["role"] == "assistant"]

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from server import actions, events
+from server import actions, events, streaming
 from server.bodies import (
     AssistantIn,
     MessageIn,
@@ -141,14 +141,14 @@ def answer(value: Any, status: int = 200) -> Response:
     return JSONResponse(value, status_code=status, headers={"openai-poll-after-ms": POLL_AFTER_MS})
 
 
-def no_stream(flag: bool | None) -> None:
-    if flag:
-        raise APIError(
-            400,
-            "stream=true is not implemented by outbox serve yet; poll the run, or follow "
-            "GET /v1/runs/{run_id}/events",
-            param="stream",
-        )
+def run_stream(cfg: Config, who: str, run: dict[str, Any], opening: list[Any]) -> Response:
+    """``stream=true``: the run's ``thread.*`` events from here on (server.streaming),
+    after ``opening``, which announced the run's status when it is not empty."""
+    thread_id = actions.parse_id(run["thread_id"], "thread")
+    run_id = actions.parse_id(run["id"], "run")
+    announced = run["status"] if opening else None
+    events = streaming.stream(cfg.store, who, thread_id, run_id, opening, announced)
+    return EventSourceResponse(events, ping=15)
 
 
 # -- endpoints --------------------------------------------------------------------------
@@ -202,22 +202,30 @@ async def list_messages(request: Request) -> Response:
 async def create_run(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, RunIn)
-    no_stream(data.stream)
     ident, key = request.path_params["thread_id"], request.headers.get("idempotency-key")
     result = await run_in_threadpool(
         actions.create_run, cfg.store, who, ident, data, cfg.settings, key
     )
+    if data.stream:
+        opening = [streaming.sse("thread.run.created", result)]
+        opening.append(streaming.sse(f"thread.run.{result['status']}", result))
+        return run_stream(cfg, who, result, opening)
     return answer(result)
 
 
 async def create_thread_and_run(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, ThreadAndRunIn)
-    no_stream(data.stream)
     key = request.headers.get("idempotency-key")
     result = await run_in_threadpool(
         actions.create_thread_and_run, cfg.store, who, data, cfg.settings, key
     )
+    if data.stream:
+        thread = await run_in_threadpool(actions.get_thread, cfg.store, who, result["thread_id"])
+        opening = [streaming.sse("thread.created", thread)]
+        opening.append(streaming.sse("thread.run.created", result))
+        opening.append(streaming.sse(f"thread.run.{result['status']}", result))
+        return run_stream(cfg, who, result, opening)
     return answer(result)
 
 
@@ -244,9 +252,10 @@ async def cancel_run(request: Request) -> Response:
 async def submit_tool_outputs(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, SubmitOutputsIn)
-    no_stream(data.stream)
     thread, run = request.path_params["thread_id"], request.path_params["run_id"]
     result = await run_in_threadpool(actions.submit_tool_outputs, cfg.store, who, thread, run, data)
+    if data.stream:  # the outputs are recorded: the run from here on
+        return run_stream(cfg, who, result, [])
     return answer(result)
 
 
