@@ -649,6 +649,13 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     "$OPENAI_BASE_URL).",
 )
 @click.option(
+    "--action-timeout",
+    "action_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a run waits in requires_action for client tool outputs before it "
+    "expires (expires_at).  [default: 600]",
+)
+@click.option(
     "--db-connections",
     default=10,
     show_default=True,
@@ -660,6 +667,7 @@ def serve_command(
     port: int,
     with_relay: bool,
     model_base_url: str | None,
+    action_timeout_s: float | None,
     db_connections: int,
     log_level: str,
 ) -> None:
@@ -690,7 +698,12 @@ def serve_command(
     if with_relay:
         env = {**os.environ, "OUTBOX_DATABASE_URL": url}
         relay = subprocess.Popen([sys.executable, "-m", "cli", "relay"], env=env)
-    app = create_app(url, model_base_url=model_base_url, max_connections=db_connections)
+    app = create_app(
+        url,
+        model_base_url=model_base_url,
+        action_timeout_s=action_timeout_s,
+        max_connections=db_connections,
+    )
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the
     # handler it found: this one turns that into a clean exit that stops the relay below
     # (the default action would kill this process and leave the relay running).

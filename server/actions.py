@@ -32,6 +32,7 @@ class Settings:
     """What every run started through the server gets."""
 
     model_base_url: str | None = None  # the runs' OpenAI-compatible server (None: the relay's)
+    action_timeout_s: float | None = None  # how long a run waits for client outputs (seconds)
     actor: str = "outbox-serve"  # who cancels, in the journal
 
 
@@ -223,6 +224,11 @@ def _start(
             instructions=instructions,
             max_tokens=body.max_completion_tokens,
             idempotency_key=key,
+            **(
+                {}
+                if settings.action_timeout_s is None
+                else {"action_timeout_s": settings.action_timeout_s}
+            ),
         ),
     )
     if run.created:
@@ -285,7 +291,7 @@ def submit_tool_outputs(
     with store.tenant(tenant) as conn:
         locked = _lock(conn, thread, run)
         status = shapes.run_status(locked)
-        if status == "requires_action":
+        if locked["status"] == "requires_action":  # past the deadline too: kept as evidence
             outputs = [
                 {"tool_call_id": o.tool_call_id, "output": o.output} for o in body.tool_outputs
             ]

@@ -41,11 +41,13 @@ def create_app(
     database_url: str,
     *,
     model_base_url: str | None = None,
+    action_timeout_s: float | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_connections: int = 10,
 ) -> Starlette:
     """The app on ``database_url``; runs it creates call the model at ``model_base_url``
-    (default: the relay's ``OPENAI_BASE_URL``)."""
+    (default: the relay's ``OPENAI_BASE_URL``) and wait ``action_timeout_s`` for client
+    tool outputs (default: the library's, 10 minutes)."""
     store = Store(database_url, max_connections=max_connections)
 
     @asynccontextmanager
@@ -67,5 +69,5 @@ def create_app(
             Exception: errors.unexpected_error,
         },
     )
-    app.state.config = Config(store, Settings(model_base_url=model_base_url), max_body_bytes)
+    app.state.config = Config(store, Settings(model_base_url, action_timeout_s), max_body_bytes)
     return app

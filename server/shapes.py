@@ -70,8 +70,13 @@ def message(row: Row, thread_id: object) -> Row:
 
 
 def run_status(row: Row) -> str:
+    """The run's status in OpenAI's words. A run past its deadline for client outputs is
+    ``expired`` at once, by the database clock: the library refuses outputs from then on,
+    whether or not the relay's sweep has recorded the expiry yet."""
     if row["status"] == "failed" and row["failure_reason"] in LIMIT_REASONS:
         return "incomplete"
+    if row["status"] == "requires_action" and row.get("deadline_passed"):
+        return "expired"
     return str(row["status"])
 
 

@@ -199,7 +199,8 @@ BEGIN
     RETURN (SELECT status FROM {s}.runs WHERE id = p_run_id);
 END $$;
 REVOKE ALL ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) TO outbox_writer;
+GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb)
+    TO outbox_writer, outbox_api;  -- outbox_api: migration 0016
 
 
 -- enter_tenant_v1: bind this transaction to a tenant, or refuse another one.
@@ -621,4 +622,4 @@ GRANT EXECUTE ON FUNCTION {s}.enter_tenant_v1(text),
                                            text),
                           {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]),
                           {s}.cancel_run_v1(text, uuid, text)
-    TO outbox_writer, outbox_relay;
+    TO outbox_writer, outbox_relay, outbox_api;  -- outbox_api: migration 0016

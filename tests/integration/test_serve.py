@@ -18,7 +18,7 @@ import pytest
 from outbox import keys
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
-from tests.relay_harness import register_tool, relay_thread, scalar
+from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
 from tests.serve_harness import serve
 
 # The openai SDK marks its Assistants API deprecated (OpenAI retired the hosted one); that
@@ -371,3 +371,42 @@ def test_resending_a_run_with_the_same_idempotency_key_returns_the_same_run(
     assert count(db_url, "runs") == 1
     assert count(db_url, "messages") == 1
     sdk.close()
+
+
+def test_outputs_after_the_deadline_are_refused_and_the_thread_goes_on(
+    db_url, model, api_keys, relay
+):
+    with serve(db_url, model_base_url=model.url + "/v1", action_timeout_s=0.5) as url:
+        sdk = client(url, api_keys["acme"])
+        assistant = sdk.beta.assistants.create(model="scripted-1", tools=[APPROVE_TOOL])
+        run = sdk.beta.threads.create_and_run_poll(
+            assistant_id=assistant.id,
+            thread={"messages": [{"role": "user", "content": "script:approve order 42"}]},
+            poll_interval_ms=100,
+        )
+        assert run.status == "requires_action" and run.expires_at is not None
+        (call,) = run.required_action.submit_tool_outputs.tool_calls  # type: ignore[union-attr]
+        # Past the deadline, by the database clock; the relay's sweep may expire it first
+        # (it clears the deadline then).
+        passed = (
+            "SELECT action_deadline < now() OR status = 'expired' FROM outbox.runs WHERE id = %s"
+        )
+        wait_until(lambda: scalar(db_url, passed, [run.id]), what="the run's deadline")
+        with pytest.raises(openai.BadRequestError, match='"expired" do not accept tool outputs'):
+            sdk.beta.threads.runs.submit_tool_outputs(
+                run_id=run.id,
+                thread_id=run.thread_id,
+                tool_outputs=[{"tool_call_id": call.id, "output": "too late"}],
+            )
+        shown = sdk.beta.threads.runs.retrieve(run_id=run.id, thread_id=run.thread_id)
+        assert shown.status == "expired"  # by the database clock, swept or not
+        assert count(db_url, "tool_results") == 0
+        assert count(db_url, "orphaned_results") <= 1  # the late output, unless swept first
+        ended = "SELECT status FROM outbox.runs WHERE id = %s"
+        wait_until(lambda: scalar(db_url, ended, [run.id]) == "expired", what="the sweep")
+        sdk.beta.threads.messages.create(thread_id=run.thread_id, role="user", content="again")
+        again = sdk.beta.threads.runs.create_and_poll(
+            thread_id=run.thread_id, assistant_id=assistant.id, poll_interval_ms=100
+        )
+        assert again.status in ("requires_action", "completed")
+        sdk.close()

@@ -18,8 +18,24 @@ EXCEPTION
         RAISE EXCEPTION 'role outbox_api does not exist and % may not create it', current_user
             USING HINT = 'create it once as a superuser: CREATE ROLE outbox_api NOLOGIN';
 END $$;
-GRANT outbox_writer TO outbox_api;
+-- outbox_writer's rights, granted directly rather than by membership: granting a role
+-- needs its ADMIN option, which a schema owner that is not a superuser does not hold.
 GRANT USAGE ON SCHEMA {s} TO outbox_api;
+GRANT SELECT, INSERT, UPDATE ON {s}.threads, {s}.runs, {s}.messages, {s}.model_turns,
+    {s}.tool_batches, {s}.tool_calls, {s}.tool_results, {s}.orphaned_results, {s}.submissions
+    TO outbox_api;
+GRANT SELECT, INSERT ON {s}.outbox TO outbox_api;
+GRANT SELECT ON {s}.tenant_budgets TO outbox_api;
+GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb),
+                          {s}.enter_tenant_v1(text),
+                          {s}.create_thread_v1(text, text, jsonb, jsonb),
+                          {s}.start_run_v1(text, uuid, text, text, text[], text, text, text,
+                                           text, integer, bigint, integer, double precision,
+                                           text),
+                          {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]),
+                          {s}.cancel_run_v1(text, uuid, text)
+    TO outbox_api;
+-- Beyond outbox_writer: its tenant's journal (the event stream) and its own client tools.
 GRANT SELECT, INSERT ON {s}.tools TO outbox_api;
 GRANT SELECT, INSERT ON {s}.journal TO outbox_api;
 
