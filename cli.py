@@ -12,6 +12,7 @@ refusal changes nothing.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -679,6 +680,153 @@ def echo_changes(changes: list[ops.Change], as_json: bool) -> None:
             click.echo(f"skipped {c.target}: {c.note}")
             continue
         click.echo(f"{verb} {c.target}: {c.from_state} -> {c.to_state}")
+
+
+# -- serve and keys ---------------------------------------------------------------------
+
+RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain before killing it
+
+
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, help="Port to listen on.")
+@click.option(
+    "--with-relay",
+    is_flag=True,
+    help="Also run `outbox relay` (as a child process, stopped with the server): one "
+    "command for a local setup. In production, run relays as their own processes.",
+)
+@click.option(
+    "--model-base-url",
+    help="OpenAI-compatible server the runs created here call (default: the relay's "
+    "$OPENAI_BASE_URL).",
+)
+@click.option(
+    "--action-timeout",
+    "action_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a run waits in requires_action for client tool outputs before it "
+    "expires (expires_at).  [default: 600]",
+)
+@click.option(
+    "--db-connections",
+    default=10,
+    show_default=True,
+    help="Database connections of the server (requests wait for a free one).",
+)
+@click.option("--log-level", default="info", show_default=True)
+def serve_command(
+    host: str,
+    port: int,
+    with_relay: bool,
+    model_base_url: str | None,
+    action_timeout_s: float | None,
+    db_connections: int,
+    log_level: str,
+) -> None:
+    """Serve OpenAI's Assistants protocol and the run event stream over HTTP.
+
+    \b
+    Point the openai SDK at it: OpenAI(base_url="http://HOST:PORT/v1", api_key=KEY),
+    with a key from `outbox keys create --tenant T`. Every request acts for the key's
+    tenant under row-level security. GET /v1/runs/RUN/events streams a run's journal as
+    Server-Sent Events (resumable with Last-Event-ID). See docs/serve.md.
+    """
+    import signal
+    import subprocess
+
+    import uvicorn
+
+    from outbox.schemas import url_problem
+    from server.app import create_app
+
+    if model_base_url is not None and (problem := url_problem(model_base_url)):
+        raise click.BadParameter(problem, param_hint="--model-base-url")
+    if db_connections < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--db-connections")
+    url = db.database_url()
+    with db.connect(url) as conn:
+        db.check_schema_current(conn)
+    relay = None
+    if with_relay:
+        env = {**os.environ, "OUTBOX_DATABASE_URL": url}
+        relay = subprocess.Popen([sys.executable, "-m", "cli", "relay"], env=env)
+    app = create_app(
+        url,
+        model_base_url=model_base_url,
+        action_timeout_s=action_timeout_s,
+        max_connections=db_connections,
+    )
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the
+    # handler it found: this one turns that into a clean exit that stops the relay below
+    # (the default action would kill this process and leave the relay running).
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level.lower())
+    finally:
+        if relay is not None:
+            relay.terminate()
+            try:
+                relay.wait(RELAY_STOP_S)
+            except subprocess.TimeoutExpired:
+                relay.kill()
+                relay.wait()
+
+
+@main.group("keys")
+def keys_group() -> None:
+    """API keys of `outbox serve`: each acts for one tenant."""
+
+
+KEY_COLUMNS = ["id", "tenant_id", "name", "key_prefix", "created_at", "revoked_at"]
+
+
+@keys_group.command("create")
+@click.option("--tenant", required=True, help="The tenant the key acts for.")
+@click.option("--name", help="A label, to tell keys apart.")
+@actor_option
+@json_option
+def keys_create(tenant: str, name: str | None, actor: str, as_json: bool) -> None:
+    """Create an API key for TENANT and print it: it is shown this once (only a hash is
+    kept)."""
+    from outbox import keys
+
+    with connection() as conn:
+        row, key = keys.create_key(conn, tenant, name=name, actor=actor)
+    if as_json:
+        echo_json({**row, "key": key})
+        return
+    click.echo(key)
+    click.echo(
+        f"key {row['id']} for tenant {tenant}: store it now, it is not shown again", err=True
+    )
+
+
+@keys_group.command("list")
+@click.option("--tenant", help="Only this tenant's keys.")
+@json_option
+def keys_list(tenant: str | None, as_json: bool) -> None:
+    """List API keys (never the keys themselves: their first characters)."""
+    from outbox import keys
+
+    with connection() as conn:
+        emit(keys.list_keys(conn, tenant), as_json, KEY_COLUMNS)
+
+
+@keys_group.command("revoke")
+@click.argument("key_id", type=click.UUID)
+@actor_option
+@json_option
+def keys_revoke(key_id: uuid.UUID, actor: str, as_json: bool) -> None:
+    """Revoke the API key KEY_ID: every later request with it gets a 401."""
+    from outbox import keys
+
+    with connection() as conn:
+        row = keys.revoke_key(conn, key_id, actor=actor)
+    if as_json:
+        echo_json(row)
+        return
+    click.echo(f"revoked key {row['id']} ({row['key_prefix']}…) of tenant {row['tenant_id']}")
 
 
 @main.group("queue")

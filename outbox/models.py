@@ -650,6 +650,84 @@ class Credential(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class ApiKey(Base):
+    """An API key of ``outbox serve`` (migration 0020): only its SHA-256 is kept."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (
+        UniqueConstraint("key_hash", name="api_keys_hash_key"),
+        {
+            "comment": "API keys of outbox serve: each names one tenant; only the SHA-256 of "
+            "a key is kept; a revoked key (revoked_at) is refused"
+        },
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(
+        UUID, primary_key=True, server_default=text("gen_random_uuid()")
+    )
+    tenant_id: Mapped[str] = mapped_column(Text)
+    name: Mapped[str | None] = mapped_column(Text)
+    key_hash: Mapped[str] = mapped_column(Text)
+    key_prefix: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Assistant(Base):
+    """An assistant of the Assistants protocol (migration 0020)."""
+
+    __tablename__ = "assistants"
+    __table_args__ = (
+        UniqueConstraint("id", "tenant_id", name="assistants_id_tenant_key"),
+        {
+            "comment": "assistants of the Assistants protocol (outbox serve): model, "
+            "instructions and tools a run starts from"
+        },
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(
+        UUID, primary_key=True, server_default=text("gen_random_uuid()")
+    )
+    tenant_id: Mapped[str] = mapped_column(Text)
+    name: Mapped[str | None] = mapped_column(Text)
+    description: Mapped[str | None] = mapped_column(Text)
+    model: Mapped[str] = mapped_column(Text)
+    instructions: Mapped[str | None] = mapped_column(Text)
+    tools: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    metadata_: Mapped[dict[str, Any]] = mapped_column(
+        "metadata", JSONB, server_default=text("'{}'::jsonb")
+    )
+    created_at: Mapped[datetime] = _now()
+
+
+class AssistantRun(Base):
+    """What the Assistants protocol keeps of a run beside it (migration 0020)."""
+
+    __tablename__ = "assistant_runs"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="assistant_runs_run_fk"
+        ),
+        ForeignKeyConstraint(
+            ["assistant_id", "tenant_id"],
+            ["assistants.id", "assistants.tenant_id"],
+            name="assistant_runs_assistant_fk",
+        ),
+        {
+            "comment": "the assistant, declared tools and metadata of a run started through "
+            "outbox serve"
+        },
+    )
+
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(Text)
+    assistant_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
+    tools: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    metadata_: Mapped[dict[str, Any]] = mapped_column(
+        "metadata", JSONB, server_default=text("'{}'::jsonb")
+    )
+
+
 def metadata_for(schema: str) -> MetaData:
     """The models' tables as they appear in ``schema`` (for migrations and comparisons)."""
     if schema == DEFAULT_SCHEMA:

@@ -199,7 +199,8 @@ BEGIN
     RETURN (SELECT status FROM {s}.runs WHERE id = p_run_id);
 END $$;
 REVOKE ALL ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) TO outbox_writer;
+GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb)
+    TO outbox_writer, outbox_api;  -- outbox_api: migration 0020
 
 
 -- current_tenant_v1: the tenant this session acts for. A login role mapped to a tenant
@@ -658,7 +659,7 @@ GRANT EXECUTE ON FUNCTION {s}.enter_tenant_v1(text),
                                            text, numeric),
                           {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]),
                           {s}.cancel_run_v1(text, uuid, text)
-    TO outbox_writer, outbox_relay;
+    TO outbox_writer, outbox_relay, outbox_api;  -- outbox_api: migration 0020
 
 
 -- decide_approval_v1: approve or deny a tool call that waits for approval.
@@ -767,4 +768,4 @@ BEGIN
 END $$;
 REVOKE ALL ON FUNCTION {s}.decide_approval_v1(text, bigint, text, text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.decide_approval_v1(text, bigint, text, text, text, text)
-    TO outbox_writer;
+    TO outbox_writer, outbox_api;  -- outbox_api: migration 0020

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from outbox import db, migrate, ops, tenancy, writer
+from outbox import db, migrate, ops, registry, tenancy, writer
 from outbox.errors import OutboxError
 from outbox.schemas import ToolResultIn
 from outbox.sql import Queries
@@ -43,6 +43,9 @@ TENANT_TABLES = [
     "tenant_pauses",
     "tenant_roles",
     "credentials",
+    "api_keys",  # migration 0020 (outbox serve)
+    "assistants",
+    "assistant_runs",
 ]
 
 
@@ -75,7 +78,12 @@ def test_roles_exist_without_bypass_and_own_nothing(conn):
         "SELECT rolname, rolsuper, rolbypassrls, rolcanlogin FROM pg_roles "
         "WHERE rolname LIKE 'outbox\\_%' ORDER BY rolname"
     ).fetchall()
-    assert [r[0] for r in roles] == ["outbox_auditor", "outbox_relay", "outbox_writer"]
+    assert [r[0] for r in roles] == [
+        "outbox_api",
+        "outbox_auditor",
+        "outbox_relay",
+        "outbox_writer",
+    ]
     assert all(not r[1] and not r[2] and not r[3] for r in roles), roles
     owned = conn.execute(
         "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -491,3 +499,19 @@ def test_a_non_superuser_owner_migrates_and_keeps_working(server_url):
         with psycopg.connect(server_url, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
             admin.execute(f"DROP ROLE IF EXISTS {owner}")
+
+
+def test_the_api_role_reads_its_tenants_journal_and_registers_only_its_own_tools(conn):
+    seed(conn)
+    as_role(conn, "outbox_api", A)
+    assert tenants_seen(conn, "journal") == {A}
+    assert tenants_seen(conn, "runs") == {A}
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("SELECT * FROM outbox.api_keys")  # keys are the owner's only
+    conn.rollback()
+    as_role(conn, "outbox_api", A)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # row-level security's check
+        registry.register(conn, registry.ToolSpec(name="shared", executor="client"))
+    conn.rollback()
+    as_role(conn, "outbox_api", A)
+    registry.register(conn, registry.ToolSpec(name="mine", tenant_id=A, executor="client"))

@@ -1,0 +1,157 @@
+"""Assistants and the tools a caller declares: what ``outbox serve`` keeps beside our runs.
+
+The Assistants protocol starts a run from an assistant (model, instructions, tools) and
+lets the caller declare function tools. A declared function whose name is a tool of our
+registry (an http or python tool, shared or the tenant's own) runs through the relay,
+durably, with the registry's schema; any other declared function becomes a *client* tool
+of the caller's tenant (a registry version of its own, added only when its schema or
+description changed), so the run waits in ``requires_action`` for its output. Like the
+writer, every function runs on the caller's connection and never commits.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from pydantic import ValidationError
+
+from outbox import registry, tenancy
+from outbox.errors import InvalidInput, NotFound
+from outbox.sql import queries
+from outbox.writer import Row, fetch_all, fetch_one, journal
+
+Q = queries("assistants.sql")
+
+
+def create_assistant(
+    conn: psycopg.Connection[Any],
+    tenant_id: str,
+    *,
+    model: str,
+    name: str | None = None,
+    description: str | None = None,
+    instructions: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Row:
+    """Store an assistant of ``tenant_id``; its tools are checked as a run would check them."""
+    tenancy.scope(conn, tenant_id)
+    check_tools(tools or [])
+    row = fetch_one(
+        conn,
+        Q.insert_assistant,
+        {
+            "tenant_id": tenant_id,
+            "name": name,
+            "description": description,
+            "model": model,
+            "instructions": instructions,
+            "tools": Jsonb(tools or []),
+            "metadata": Jsonb(metadata or {}),
+        },
+    )
+    assert row is not None
+    journal(conn, "assistant.created", tenant_id, detail={"assistant_id": str(row["id"])})
+    return row
+
+
+def get_assistant(conn: psycopg.Connection[Any], tenant_id: str, assistant_id: uuid.UUID) -> Row:
+    """The tenant's assistant; ``NotFound`` for another tenant's, as for a missing one."""
+    tenancy.scope(conn, tenant_id)
+    row = fetch_one(conn, Q.get_assistant, {"id": assistant_id})
+    if row is None:
+        raise NotFound(f"No assistant found with id '{assistant_id}'.")
+    return row
+
+
+def list_assistants(conn: psycopg.Connection[Any], tenant_id: str) -> list[Row]:
+    tenancy.scope(conn, tenant_id)
+    return fetch_all(conn, Q.list_assistants, {})
+
+
+def check_tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """The declared tools' functions (``{"name", "description", "parameters"}``);
+    ``InvalidInput`` for anything but function tools with a valid name."""
+    if not isinstance(tools, list):
+        raise InvalidInput("tools must be a list of tools")
+    functions = []
+    for index, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise InvalidInput(
+                f"tools[{index}]: only function tools are supported, not {kind!r}",
+                hint="declare {'type': 'function', 'function': {'name': ..., 'parameters': ...}}",
+            )
+        function = tool.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidInput(f"tools[{index}].function needs a name")
+        functions.append(function)
+    return functions
+
+
+def declare_tools(conn: psycopg.Connection[Any], tenant_id: str, tools: list[Any]) -> list[str]:
+    """The registry names a run with these declared ``tools`` may call (see the module's
+    docstring); registers client tools of ``tenant_id`` where needed."""
+    functions = check_tools(tools)
+    known = registry.resolve(conn, tenant_id, [f["name"] for f in functions])
+    for function in functions:
+        found = known.get(function["name"])
+        if found is not None and found["executor"] != "client":
+            continue  # a registered tool: the relay runs it
+        schema = function.get("parameters") or {"type": "object", "properties": {}}
+        description = function.get("description") or ""
+        if (
+            found is not None
+            and found["tenant_id"] == tenant_id
+            and found["json_schema"] == schema
+            and found["description"] == description
+        ):
+            continue
+        try:
+            spec = registry.ToolSpec(
+                name=function["name"],
+                tenant_id=tenant_id,
+                executor="client",
+                json_schema=schema,
+                description=description,
+            )
+        except ValidationError as err:
+            problem = "; ".join(str(e["msg"]) for e in err.errors())
+            raise InvalidInput(f"function {function['name']!r}: {problem}") from err
+        _register_once(conn, spec)
+    return [f["name"] for f in functions]
+
+
+def _register_once(conn: psycopg.Connection[Any], spec: registry.ToolSpec) -> None:
+    """Register ``spec``; when a concurrent request registered the same version first, its
+    version stands (under a savepoint, so the caller's transaction goes on)."""
+    try:
+        with conn.transaction():  # a savepoint: the caller's transaction is open
+            registry.register(conn, spec)
+    except InvalidInput:
+        known = registry.resolve(conn, spec.tenant_id, [spec.name]).get(spec.name)
+        if known is None or known["executor"] != "client":
+            raise
+
+
+def link_run(
+    conn: psycopg.Connection[Any],
+    run: Row,
+    assistant_id: uuid.UUID | None,
+    tools: list[Any],
+    metadata: dict[str, Any] | None,
+) -> None:
+    """Keep a run's assistant, declared tools and metadata (in the run's transaction)."""
+    conn.execute(
+        Q.link_run,
+        {
+            "run_id": run["id"],
+            "tenant_id": run["tenant_id"],
+            "assistant_id": assistant_id,
+            "tools": Jsonb(tools),
+            "metadata": Jsonb(metadata or {}),
+        },
+    )

@@ -1,0 +1,73 @@
+"""The ASGI application: ``create_app(database_url)`` gives what ``outbox serve`` runs.
+
+Starlette for routing, uvicorn to serve it, sse-starlette for the event stream. The store
+(a connection pool) opens with the app's lifespan and closes with it. Unknown paths and
+methods are answered in OpenAI's error shape too, so a client sees one kind of error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from outbox import config as outbox_config
+from outbox.errors import OutboxError
+from server import errors
+from server.actions import Settings
+from server.routes import ROUTES, Config
+from server.store import Store
+
+# The largest request body accepted: room for a message at the library's payload cap,
+# JSON escaping and the other fields (bytes).
+MAX_BODY_BYTES = 4 * outbox_config.MAX_PAYLOAD_BYTES
+
+
+async def http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    message = {404: "Unknown request URL.", 405: "Method not allowed for this URL."}.get(
+        exc.status_code, str(exc.detail)
+    )
+    err = errors.APIError(exc.status_code, message)
+    return JSONResponse(err.body(), status_code=exc.status_code)
+
+
+def create_app(
+    database_url: str,
+    *,
+    model_base_url: str | None = None,
+    action_timeout_s: float | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_connections: int = 10,
+) -> Starlette:
+    """The app on ``database_url``; runs it creates call the model at ``model_base_url``
+    (default: the relay's ``OPENAI_BASE_URL``) and wait ``action_timeout_s`` for client
+    tool outputs (default: the library's, 10 minutes)."""
+    store = Store(database_url, max_connections=max_connections)
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        store.open()
+        try:
+            yield
+        finally:
+            store.close()
+
+    app = Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={
+            errors.APIError: errors.api_error,
+            OutboxError: errors.library_error,
+            ValidationError: errors.validation_error,
+            HTTPException: http_error,
+            Exception: errors.unexpected_error,
+        },
+    )
+    app.state.config = Config(store, Settings(model_base_url, action_timeout_s), max_body_bytes)
+    return app

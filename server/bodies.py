@@ -1,0 +1,110 @@
+"""Request bodies of the Assistants protocol, validated at the boundary with pydantic.
+
+An unknown field is refused (OpenAI answered "Unrecognized request argument supplied");
+fields OpenAI knows that we do not implement (sampling, truncation, response format) are
+accepted and ignored, so code written for OpenAI keeps working; docs/serve.md lists them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Ignored = Any  # a field OpenAI knows and we accept without acting on it
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def text_of(content: str | list[dict[str, Any]]) -> str:
+    """A message's content as text: a string, or the text of its text parts."""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise ValueError("only text content parts are supported")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+class MessageIn(_Body):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+    attachments: Ignored = None
+    metadata: dict[str, str] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text(cls, value: str | list[dict[str, Any]]) -> str:
+        return text_of(value)
+
+    @property
+    def text(self) -> str:
+        assert isinstance(self.content, str)  # the validator made it text
+        return self.content
+
+
+class AssistantIn(_Body):
+    model: str = Field(min_length=1, max_length=200)
+    name: str | None = Field(default=None, max_length=256)
+    description: str | None = Field(default=None, max_length=512)
+    instructions: str | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list, max_length=128)
+    metadata: dict[str, str] | None = None
+    temperature: Ignored = None
+    top_p: Ignored = None
+    response_format: Ignored = None
+    tool_resources: Ignored = None
+    reasoning_effort: Ignored = None
+
+
+class ThreadIn(_Body):
+    messages: list[MessageIn] = Field(default_factory=list)
+    metadata: dict[str, str] | None = None
+    tool_resources: Ignored = None
+
+
+class _RunOptions(_Body):
+    assistant_id: str
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    metadata: dict[str, str] | None = None
+    stream: bool | None = None
+    max_completion_tokens: int | None = Field(default=None, gt=0)
+    temperature: Ignored = None
+    top_p: Ignored = None
+    max_prompt_tokens: Ignored = None
+    truncation_strategy: Ignored = None
+    tool_choice: Ignored = None
+    parallel_tool_calls: Ignored = None
+    response_format: Ignored = None
+    reasoning_effort: Ignored = None
+    tool_resources: Ignored = None
+
+
+class RunIn(_RunOptions):
+    additional_instructions: str | None = None
+    additional_messages: list[MessageIn] | None = None
+    include: Ignored = None
+
+
+class ThreadAndRunIn(_RunOptions):
+    thread: ThreadIn | None = None
+
+
+class ToolOutputIn(_Body):
+    tool_call_id: str = Field(min_length=1)
+    output: str
+
+
+class SubmitOutputsIn(_Body):
+    tool_outputs: list[ToolOutputIn] = Field(min_length=1)
+    stream: bool | None = None
+
+
+class NoBody(_Body):
+    """An endpoint without parameters (cancel): an empty body or ``{}``."""

@@ -1,0 +1,106 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Handlers raise ``APIError``; the library's refusals (``OutboxError``) are turned into one
+here, so a status code means the same thing everywhere. Another tenant's object is
+invisible under row-level security, so it is a 404 like a missing one, never a 403.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from outbox.errors import (
+    ActiveRunExists,
+    BudgetExceeded,
+    DatabaseUnavailable,
+    IdempotencyKeyReused,
+    NotFound,
+    OutboxError,
+    WrongTenant,
+)
+
+log = logging.getLogger("outbox.serve")
+
+
+class APIError(Exception):
+    """An error answer: HTTP ``status`` and OpenAI's error fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def not_found(what: str, ident: object) -> APIError:
+    """OpenAI's 404 for an id nobody (of this tenant) has."""
+    return APIError(404, f"No {what} found with id '{ident}'.", code=None)
+
+
+def from_library(err: OutboxError) -> APIError:
+    """The answer a refusal of the library means."""
+    message = err.args[0] if err.args else str(err)
+    if isinstance(err, NotFound | WrongTenant):
+        return APIError(404, message)
+    if isinstance(err, ActiveRunExists):
+        return APIError(400, f"Thread already has an active run {err.run_id}.")
+    if isinstance(err, IdempotencyKeyReused):
+        return APIError(409, message, code="idempotency_key_reused")
+    if isinstance(err, BudgetExceeded):
+        return APIError(429, message, type="insufficient_quota", code="insufficient_quota")
+    if isinstance(err, DatabaseUnavailable):
+        return APIError(503, message, type="server_error", code="database_unavailable")
+    return APIError(400, f"{message} ({err.hint})" if err.hint else message)
+
+
+async def api_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def library_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OutboxError)
+    err = from_library(exc)
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+async def validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    """Input the library's models refused (a run's fields): a 400 naming the field."""
+    assert isinstance(exc, ValidationError)
+    first = exc.errors()[0]
+    param = ".".join(str(part) for part in first["loc"]) or None
+    message = str(first["msg"]).removeprefix("Value error, ")
+    err = APIError(400, f"Invalid value for '{param}': {message}", param=param)
+    return JSONResponse(err.body(), status_code=400)
+
+
+async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    """A bug or an outage: logged with its traceback, answered without internals."""
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    err = APIError(500, "The server had an error processing your request.", type="server_error")
+    return JSONResponse(err.body(), status_code=500)

@@ -1,0 +1,103 @@
+-- Reads of `outbox serve`. Every one runs as outbox_api inside a transaction scoped to the
+-- API key's tenant, so row-level security shows that tenant's rows only; state changes go
+-- through the library (outbox.writer, outbox.lifecycle, outbox.assistants), never here.
+
+-- name: act_as_api
+-- For the rest of this transaction, act as the role outbox_api (row-level security applies).
+SET LOCAL ROLE outbox_api
+
+-- name: thread
+-- One thread.
+SELECT id, title, metadata, created_at FROM {s}.threads WHERE id = %(thread_id)s
+
+-- name: messages
+-- A thread's user and assistant messages with text, in order, from a position on.
+SELECT m.id, m.seq, m.role, m.content, m.run_id, m.created_at, ar.assistant_id
+FROM {s}.messages m
+LEFT JOIN {s}.assistant_runs ar ON ar.run_id = m.run_id
+WHERE m.thread_id = %(thread_id)s AND m.role IN ('user', 'assistant')
+  AND m.content IS NOT NULL AND m.content <> ''
+  AND (%(after_seq)s::int IS NULL OR m.seq > %(after_seq)s)
+  AND (%(before_seq)s::int IS NULL OR m.seq < %(before_seq)s)
+ORDER BY m.seq
+
+-- name: message_seq
+-- A message's position in its thread (for cursors), by id.
+SELECT seq FROM {s}.messages WHERE id = %(message_id)s AND thread_id = %(thread_id)s
+
+-- name: active_run
+-- The thread's active run, if any.
+SELECT id, status FROM {s}.runs
+WHERE thread_id = %(thread_id)s AND status IN ('queued', 'in_progress', 'requires_action')
+
+-- name: run
+-- A run of a thread as the Assistants protocol shows it: the run, its assistant and
+-- declared tools, its token usage.
+SELECT r.*, ar.assistant_id, ar.tools AS declared_tools, ar.metadata AS api_metadata,
+       (r.action_deadline < now()) AS deadline_passed,
+       coalesce(u.input_tokens, 0) AS input_tokens, coalesce(u.output_tokens, 0) AS output_tokens
+FROM {s}.runs r
+LEFT JOIN {s}.assistant_runs ar ON ar.run_id = r.id
+LEFT JOIN LATERAL (
+    SELECT sum(mt.input_tokens) AS input_tokens, sum(mt.output_tokens) AS output_tokens
+    FROM {s}.model_turns mt WHERE mt.run_id = r.id
+) u ON true
+WHERE r.id = %(run_id)s AND (%(thread_id)s::uuid IS NULL OR r.thread_id = %(thread_id)s)
+
+-- name: runs_of_thread
+-- The ids of a thread's runs in creation order.
+SELECT id, created_at FROM {s}.runs WHERE thread_id = %(thread_id)s ORDER BY created_at, id
+
+-- name: lock_run
+-- Lock a run before answering it (the run lock comes first in every writer path).
+SELECT status, failure_reason, (action_deadline < now()) AS deadline_passed
+FROM {s}.runs WHERE id = %(run_id)s AND thread_id = %(thread_id)s
+FOR UPDATE
+
+-- name: steps
+-- A run's model turns with their tool calls and results, in step order.
+SELECT mt.id, mt.step_no, mt.message_id, mt.created_at, mt.input_tokens, mt.output_tokens,
+       m.content, b.id AS batch_id, b.status AS batch_status,
+       coalesce(calls.items, '[]'::jsonb) AS calls
+FROM {s}.model_turns mt
+JOIN {s}.messages m ON m.id = mt.message_id
+LEFT JOIN {s}.tool_batches b ON b.run_id = mt.run_id AND b.step_no = mt.step_no
+LEFT JOIN LATERAL (
+    SELECT jsonb_agg(jsonb_build_object(
+               'id', tc.tool_call_id, 'name', tc.tool_name, 'arguments', tc.arguments_raw,
+               'status', tc.status, 'output', answer.content)
+           ORDER BY tc.position) AS items
+    FROM {s}.tool_calls tc
+    LEFT JOIN {s}.messages answer ON answer.tool_call_ref = tc.id
+    WHERE tc.batch_id = b.id
+) calls ON true
+WHERE mt.run_id = %(run_id)s
+ORDER BY mt.step_no
+
+-- name: run_events
+-- A run's status and its journal events after an id, read in one snapshot, with that
+-- snapshot's oldest running transaction (xmin) and next transaction id (xmax). Journal ids
+-- commit out of order; server/events.py uses the two to emit an event only once no
+-- transaction that could still commit a smaller id is running.
+SELECT r.status,
+       pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS snapshot_xmin,
+       pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS snapshot_xmax,
+       coalesce((
+           SELECT jsonb_agg(to_jsonb(e) ORDER BY e.id) FROM (
+               SELECT j.id, j.at, j.event, j.thread_id, j.run_id, j.batch_id,
+                      j.tool_call_ref, j.tool_call_id, j.correlation_id, j.attempt, j.worker,
+                      j.actor, j.detail
+               FROM {s}.journal j
+               WHERE j.run_id = r.id AND j.tenant_id = r.tenant_id AND j.id > %(after_id)s
+               ORDER BY j.id
+               LIMIT %(limit)s
+           ) e
+       ), '[]'::jsonb) AS events
+FROM {s}.runs r WHERE r.id = %(run_id)s
+
+-- name: message
+-- One message of a thread, by id.
+SELECT m.id, m.seq, m.role, m.content, m.run_id, m.created_at, ar.assistant_id
+FROM {s}.messages m
+LEFT JOIN {s}.assistant_runs ar ON ar.run_id = m.run_id
+WHERE m.id = %(message_id)s AND m.thread_id = %(thread_id)s

@@ -1,0 +1,300 @@
+"""The HTTP endpoints: authenticate, read the request, call ``server.actions`` in the
+thread pool, answer JSON (or SSE).
+
+Every endpoint authenticates first (``Authorization: Bearer <key>``; a missing, unknown or
+revoked key is a 401 before anything is read), then reads the body under a size cap
+(413 past it) as strict JSON (400 otherwise) into a pydantic model of ``server.bodies``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from server import actions, events, streaming
+from server.bodies import (
+    AssistantIn,
+    MessageIn,
+    NoBody,
+    RunIn,
+    SubmitOutputsIn,
+    ThreadAndRunIn,
+    ThreadIn,
+)
+from server.errors import APIError
+from server.store import Store
+
+B = TypeVar("B", bound=BaseModel)
+POLL_AFTER_MS = "200"  # how soon the SDK's *_and_poll helpers look again (openai-poll-after-ms)
+MAX_LIMIT = 100  # the most items a list returns (OpenAI's cap)
+
+
+class Config:
+    """What the routes share: the store, the settings of new runs, the body cap."""
+
+    def __init__(self, store: Store, settings: actions.Settings, max_body_bytes: int) -> None:
+        self.store = store
+        self.settings = settings
+        self.max_body_bytes = max_body_bytes
+
+
+def config(request: Request) -> Config:
+    cfg = request.app.state.config
+    assert isinstance(cfg, Config)
+    return cfg
+
+
+async def tenant(request: Request) -> str:
+    """The tenant of the request's API key; 401 when there is none or it is not valid."""
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise APIError(
+            401,
+            "You didn't provide an API key. You need to provide your API key in an "
+            "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+        )
+    key = key.strip()
+    found = await run_in_threadpool(config(request).store.tenant_of, key)
+    if found is None:
+        shown = f"{key[:6]}***{key[-4:]}" if len(key) > 12 else "***"
+        raise APIError(
+            401,
+            f"Incorrect API key provided: {shown}. Create one with `outbox keys create "
+            "--tenant T`; a revoked key is refused.",
+            code="invalid_api_key",
+        )
+    return found
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+async def body(request: Request, model: type[B]) -> B:
+    """The request's JSON body as ``model``: 413 over the cap, 400 when it is not a JSON
+    object or does not fit ``model`` (naming the parameter)."""
+    cap = config(request).max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise _too_large(int(declared), cap)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise _too_large(size, cap)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    try:
+        data = json.loads(raw, parse_constant=_not_json) if raw.strip() else {}
+    except ValueError as err:
+        raise APIError(
+            400,
+            f"We could not parse the JSON body of your request ({err}). The API expects "
+            "a JSON object.",
+        ) from err
+    if not isinstance(data, dict):
+        raise APIError(400, "The body of your request must be a JSON object.")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        if first["type"] == "extra_forbidden":
+            raise APIError(
+                400, f"Unrecognized request argument supplied: {param}", param=param
+            ) from err
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise APIError(400, f"Invalid value for '{param}': {message}", param=param) from err
+
+
+def _too_large(size: int, cap: int) -> APIError:
+    return APIError(
+        413,
+        f"The request body is {size} bytes or more, over this server's limit of {cap} bytes.",
+        code="request_too_large",
+    )
+
+
+def page(request: Request) -> actions.Page:
+    """The list parameters (``limit``, ``order``, ``after``, ``before``), checked."""
+    query = request.query_params
+    raw_limit = query.get("limit", "20")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+        raise APIError(
+            400, f"Invalid 'limit': {raw_limit!r}; give 1 to {MAX_LIMIT}.", param="limit"
+        )
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise APIError(400, f"Invalid 'order': {order!r}; give asc or desc.", param="order")
+    return actions.Page(int(raw_limit), order, query.get("after"), query.get("before"))
+
+
+def answer(value: Any, status: int = 200) -> Response:
+    return JSONResponse(value, status_code=status, headers={"openai-poll-after-ms": POLL_AFTER_MS})
+
+
+def run_stream(cfg: Config, who: str, run: dict[str, Any], opening: list[Any]) -> Response:
+    """``stream=true``: the run's ``thread.*`` events from here on (server.streaming),
+    after ``opening``, which announced the run's status when it is not empty."""
+    thread_id = actions.parse_id(run["thread_id"], "thread")
+    run_id = actions.parse_id(run["id"], "run")
+    announced = run["status"] if opening else None
+    events = streaming.stream(cfg.store, who, thread_id, run_id, opening, announced)
+    return EventSourceResponse(events, ping=15)
+
+
+# -- endpoints --------------------------------------------------------------------------
+
+
+async def create_assistant(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    data = await body(request, AssistantIn)
+    return answer(await run_in_threadpool(actions.create_assistant, cfg.store, who, data))
+
+
+async def list_assistants(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    return answer(await run_in_threadpool(actions.list_assistants, cfg.store, who, page(request)))
+
+
+async def get_assistant(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident = request.path_params["assistant_id"]
+    return answer(await run_in_threadpool(actions.get_assistant, cfg.store, who, ident))
+
+
+async def create_thread(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    data = await body(request, ThreadIn)
+    return answer(await run_in_threadpool(actions.create_thread, cfg.store, who, data))
+
+
+async def get_thread(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident = request.path_params["thread_id"]
+    return answer(await run_in_threadpool(actions.get_thread, cfg.store, who, ident))
+
+
+async def create_message(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    data = await body(request, MessageIn)
+    ident = request.path_params["thread_id"]
+    return answer(await run_in_threadpool(actions.create_message, cfg.store, who, ident, data))
+
+
+async def list_messages(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident, run_id = request.path_params["thread_id"], request.query_params.get("run_id")
+    result = await run_in_threadpool(
+        actions.list_messages, cfg.store, who, ident, page(request), run_id
+    )
+    return answer(result)
+
+
+async def create_run(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    data = await body(request, RunIn)
+    ident, key = request.path_params["thread_id"], request.headers.get("idempotency-key")
+    result = await run_in_threadpool(
+        actions.create_run, cfg.store, who, ident, data, cfg.settings, key
+    )
+    if data.stream:
+        opening = [streaming.sse("thread.run.created", result)]
+        opening.append(streaming.sse(f"thread.run.{result['status']}", result))
+        return run_stream(cfg, who, result, opening)
+    return answer(result)
+
+
+async def create_thread_and_run(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    data = await body(request, ThreadAndRunIn)
+    key = request.headers.get("idempotency-key")
+    result = await run_in_threadpool(
+        actions.create_thread_and_run, cfg.store, who, data, cfg.settings, key
+    )
+    if data.stream:
+        thread = await run_in_threadpool(actions.get_thread, cfg.store, who, result["thread_id"])
+        opening = [streaming.sse("thread.created", thread)]
+        opening.append(streaming.sse("thread.run.created", result))
+        opening.append(streaming.sse(f"thread.run.{result['status']}", result))
+        return run_stream(cfg, who, result, opening)
+    return answer(result)
+
+
+async def list_runs(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident = request.path_params["thread_id"]
+    return answer(await run_in_threadpool(actions.list_runs, cfg.store, who, ident, page(request)))
+
+
+async def get_run(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    thread, run = request.path_params["thread_id"], request.path_params["run_id"]
+    return answer(await run_in_threadpool(actions.get_run, cfg.store, who, thread, run))
+
+
+async def cancel_run(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    await body(request, NoBody)
+    thread, run = request.path_params["thread_id"], request.path_params["run_id"]
+    result = await run_in_threadpool(actions.cancel_run, cfg.store, who, thread, run, cfg.settings)
+    return answer(result)
+
+
+async def submit_tool_outputs(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    data = await body(request, SubmitOutputsIn)
+    thread, run = request.path_params["thread_id"], request.path_params["run_id"]
+    result = await run_in_threadpool(actions.submit_tool_outputs, cfg.store, who, thread, run, data)
+    if data.stream:  # the outputs are recorded: the run from here on
+        return run_stream(cfg, who, result, [])
+    return answer(result)
+
+
+async def list_steps(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    thread, run = request.path_params["thread_id"], request.path_params["run_id"]
+    result = await run_in_threadpool(actions.list_steps, cfg.store, who, thread, run, page(request))
+    return answer(result)
+
+
+async def run_events(request: Request) -> Response:
+    """``GET /v1/runs/{run_id}/events``: the run's journal as SSE (see server.events)."""
+    who, cfg = await tenant(request), config(request)
+    run_id = actions.parse_id(request.path_params["run_id"], "run")
+    raw = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
+    if not raw.isdigit():
+        raise APIError(400, f"Last-Event-ID must be an event id (a number), not {raw!r}")
+    await run_in_threadpool(events.read, cfg.store, who, run_id, int(raw))  # 404 before streaming
+    return EventSourceResponse(events.stream(cfg.store, who, run_id, int(raw)), ping=15)
+
+
+ROUTES = [
+    Route("/v1/assistants", create_assistant, methods=["POST"]),
+    Route("/v1/assistants", list_assistants, methods=["GET"]),
+    Route("/v1/assistants/{assistant_id}", get_assistant, methods=["GET"]),
+    Route("/v1/threads", create_thread, methods=["POST"]),
+    Route("/v1/threads/runs", create_thread_and_run, methods=["POST"]),
+    Route("/v1/threads/{thread_id}", get_thread, methods=["GET"]),
+    Route("/v1/threads/{thread_id}/messages", create_message, methods=["POST"]),
+    Route("/v1/threads/{thread_id}/messages", list_messages, methods=["GET"]),
+    Route("/v1/threads/{thread_id}/runs", create_run, methods=["POST"]),
+    Route("/v1/threads/{thread_id}/runs", list_runs, methods=["GET"]),
+    Route("/v1/threads/{thread_id}/runs/{run_id}", get_run, methods=["GET"]),
+    Route("/v1/threads/{thread_id}/runs/{run_id}/cancel", cancel_run, methods=["POST"]),
+    Route(
+        "/v1/threads/{thread_id}/runs/{run_id}/submit_tool_outputs",
+        submit_tool_outputs,
+        methods=["POST"],
+    ),
+    Route("/v1/threads/{thread_id}/runs/{run_id}/steps", list_steps, methods=["GET"]),
+    Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),
+]

@@ -1,0 +1,58 @@
+"""The server's database access: a connection pool, one transaction per request.
+
+``tenant(tenant_id)`` opens a transaction that acts as the role ``outbox_api`` (``SET
+LOCAL ROLE``) and is scoped to the tenant (``outbox.tenant_id``): row-level security shows
+and accepts that tenant's rows only, whatever a handler asks for. It commits when the block
+succeeds and rolls back on any error, so a refused request stores nothing. Keys are looked
+up by the pool's own login (the schema owner), before any tenant is known. The library is
+synchronous; handlers call these through Starlette's thread pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from outbox import db, keys, tenancy
+from outbox.sql import Queries
+from server import QUERIES
+
+Q = Queries(QUERIES / "api.sql")
+POOL_TIMEOUT_S = 10.0  # seconds a request waits for a free connection before a 503
+
+
+class Store:
+    """A pool of connections to the outbox database."""
+
+    def __init__(self, database_url: str, *, max_connections: int = 10) -> None:
+        self.pool = ConnectionPool(
+            database_url,
+            min_size=1,
+            max_size=max_connections,
+            timeout=POOL_TIMEOUT_S,
+            open=False,
+            kwargs={"connect_timeout": db.CONNECT_TIMEOUT_S},
+        )
+
+    def open(self) -> None:
+        self.pool.open(wait=True)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def tenant_of(self, key: str) -> str | None:
+        """The tenant an API key acts for; None when it is unknown or revoked."""
+        with self.pool.connection() as conn:
+            return keys.tenant_of(conn, key)
+
+    @contextmanager
+    def tenant(self, tenant_id: str) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction as ``outbox_api`` scoped to ``tenant_id`` (committed on success)."""
+        with self.pool.connection() as conn:
+            conn.execute(Q.act_as_api)
+            tenancy.scope(conn, tenant_id)
+            yield conn

@@ -1,0 +1,78 @@
+"""``outbox keys`` and ``outbox serve --with-relay`` as an operator runs them: separate
+processes on a test database, the openai SDK as the client, a run completed end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx2
+import openai
+import pytest
+
+from outbox.testing.model import ScriptedModel
+from tests.relay_harness import wait_until
+from tests.serve_harness import free_port
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:The Assistants API is deprecated:DeprecationWarning"),
+]
+
+
+def outbox(db_url: str, *args: str) -> str:
+    env = {**os.environ, "OUTBOX_DATABASE_URL": db_url}
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *args], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel(default=[{"text": "hello from the model"}]) as server:
+        yield server
+
+
+def test_keys_and_serve_with_relay_complete_a_run(db_url, model):
+    key = outbox(db_url, "keys", "create", "--tenant", "acme", "--name", "ci").strip()
+    assert key.startswith("ob-")
+    (listed,) = json.loads(outbox(db_url, "keys", "list", "--json"))
+    assert listed["tenant_id"] == "acme" and "key_hash" not in listed
+    assert key.startswith(listed["key_prefix"])
+
+    port = free_port()
+    env = {**os.environ, "OUTBOX_DATABASE_URL": db_url}
+    command = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--with-relay"]
+    command += ["--model-base-url", model.url + "/v1", "--log-level", "warning"]
+    server = subprocess.Popen(command, env=env)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+
+        def answers() -> bool:
+            try:
+                return httpx2.get(f"{base_url}/assistants").status_code == 401
+            except httpx2.TransportError:
+                return False
+
+        wait_until(answers, what="outbox serve to answer")
+        sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+        assistant = sdk.beta.assistants.create(model="scripted-1")
+        run = sdk.beta.threads.create_and_run_poll(
+            assistant_id=assistant.id,
+            thread={"messages": [{"role": "user", "content": "hi"}]},
+            poll_interval_ms=100,
+        )
+        assert run.status == "completed"
+        outbox(db_url, "keys", "revoke", listed["id"])
+        with pytest.raises(openai.AuthenticationError):
+            sdk.beta.assistants.retrieve(assistant.id)
+        sdk.close()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(60) == 0
