@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import db as bdb
-from bench import fairness, http, inflight, notify, report, seed, throughput
+from bench import fairness, http, inflight, notify, report, seed, serve, throughput
 from bench.throughput import stderr
 from outbox import db
 
@@ -46,6 +46,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         help="calls of one tenant queued ahead of another's (10,000; --quick: 1,000; 0 skips)",
     )
+    parser.add_argument(
+        "--serve-runs",
+        type=int,
+        help="runs started through outbox serve and through the writer API (500; --quick: "
+        "100; 0 skips)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     args = parser.parse_args(argv)
@@ -57,6 +63,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.process_counts = [int(p) for p in args.processes.split(",")]
     if args.fairness_backlog is None:
         args.fairness_backlog = 1_000 if quick else 10_000
+    if args.serve_runs is None:
+        args.serve_runs = 100 if quick else 500
     cases = args.inflight or ("200:1:0.2:2" if quick else "2000:2:0.5:2,10000:10:1:2")
     args.inflight_cases = (
         []
@@ -192,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     out["inflight"] = inflight.run_cases(server, args.inflight_cases, log)
     if args.fairness_backlog:
         out["fairness"] = fairness.run(server, args.fairness_backlog, FAIRNESS_TOOL_S, log)
+    if args.serve_runs:
+        out["serve"] = serve.run(server, args.serve_runs)
     out["seconds"] = round(time.monotonic() - started, 1)
     table = report.markdown(out)
     print(table)

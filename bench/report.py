@@ -93,6 +93,29 @@ def markdown(results: dict[str, Any]) -> str:
             "Target: under 100 ms at the relay's defaults.",
             "",
         ]
+    served = results.get("serve")
+    if served:
+        lines += [
+            f"### Starting a run: `outbox serve` beside the writer API ({served['runs']:,} runs "
+            "each, one after the other)",
+            "",
+            "| how | p50 | p99 | runs/s |",
+            "|---|---:|---:|---:|",
+        ]
+        for key, name in (
+            ("writer", "writer API (Python, in process)"),
+            ("api", "POST /v1/threads/runs, to the JSON answer"),
+            ("api_stream", "the same with stream=true, to the first SSE event"),
+        ):
+            row = served[key]
+            lines.append(
+                f"| {name} | {row['p50_ms']:.1f} ms | {row['p99_ms']:.1f} ms | {row['per_s']:.0f} |"
+            )
+        lines += [
+            "",
+            f"The API adds {served['api_adds_p50_ms']:.1f} ms p50 (target: under 5 ms).",
+            "",
+        ]
     notify = results.get("notify")
     if notify:
         lines += [
