@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from outbox import registry
+
 Action = Literal[
     "result", "retry", "defer", "unknown", "deliver", "lost", "turn", "fail_run", "skip"
 ]
@@ -127,7 +129,7 @@ def retry_after_s(value: str | None) -> float | None:
 
 def ambiguous(row: Claimed, error: str) -> Outcome:
     """An attempt whose effect may or may not have happened, per the tool's mode."""
-    if row.idempotency_mode == "none":
+    if registry.idempotency(row.idempotency_mode).after_ambiguous == "unknown":
         return Outcome(row, "unknown", error=f"outcome unknown: {error}; {NOT_REPEATED}")
     return retry(row, error)
 
@@ -135,4 +137,8 @@ def ambiguous(row: Claimed, error: str) -> Outcome:
 def runs_in_chunks(row: Claimed) -> bool:
     """An in-process tool call that may run in a chunk (``relay.inprocess``): its tool
     honours idempotency keys, so it needs no dispatch mark written before the call."""
-    return row.kind == "tool_call" and row.executor == "python" and row.idempotency_mode == "key"
+    return (
+        row.kind == "tool_call"
+        and row.executor == "python"
+        and registry.idempotency(row.idempotency_mode).in_chunks
+    )
