@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import httpx2
-
 from outbox.schemas import ModelTurnIn, ToolCallIn
 
 if TYPE_CHECKING:
@@ -245,6 +243,8 @@ async def post(client: openai.AsyncOpenAI, path: str, body: dict[str, Any]) -> d
     the request itself, on the one event loop that holds every turn in flight. ``post``
     keeps what we need of the SDK (base URL, auth, error classes, timeouts) and skips that;
     the body is already plain JSON data, and we read the few fields we record."""
+    import httpx2  # here, not at the top: replaying a thread (outbox.history) needs no HTTP
+
     raw = await client.post(
         path, body=body, cast_to=httpx2.Response, options={"security": {"bearer_auth": True}}
     )
