@@ -8,8 +8,8 @@ one place that makes any list of chat-format messages pairable: results that ans
 earlier call are dropped, calls without a result are closed with an explicit error output,
 and the counts are returned so the caller can journal them.
 
-Chat-format messages are the internal lingua franca; ``to_responses_input`` converts them
-to Responses API input items (``function_call`` / ``function_call_output``).
+Chat-format messages are the internal lingua franca; ``outbox.providers`` converts them to
+each provider API's input (Responses items: ``function_call`` / ``function_call_output``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox import tenancy, writer
+from outbox import providers, tenancy, writer
 
 Message = dict[str, Any]
 UNANSWERED = "no result was recorded for this call ({reason})"
@@ -79,34 +79,6 @@ def repair(messages: list[Message], reason: str = "interrupted") -> tuple[list[M
     return fixed, report
 
 
-def to_responses_input(messages: list[Message]) -> list[Message]:
-    """Chat-format messages as Responses API input items."""
-    items: list[Message] = []
-    for message in messages:
-        role = message["role"]
-        if role == "tool":
-            items.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": message["tool_call_id"],
-                    "output": message["content"],
-                }
-            )
-            continue
-        if message.get("content"):
-            items.append({"role": role, "content": message["content"]})
-        for call in message.get("tool_calls") or []:
-            items.append(
-                {
-                    "type": "function_call",
-                    "call_id": call["id"],
-                    "name": call["function"]["name"],
-                    "arguments": call["function"]["arguments"],
-                }
-            )
-    return items
-
-
 def stored_messages(db: Any, thread_id: uuid.UUID) -> list[Message]:
     """A thread's stored messages in chat format, in order (no repair)."""
     conn = writer.pg(db)
@@ -148,9 +120,7 @@ def for_provider(messages: list[Message], api: str) -> tuple[list[Message], Repa
     """Stored messages made pairable (calls still waiting for their batch are closed in
     this copy only) in the format of ``api`` (``chat`` or ``responses``)."""
     fixed, report = repair(messages, reason="batch not delivered")
-    if api == "responses":
-        return to_responses_input(fixed), report
-    return fixed, report
+    return providers.as_input(fixed, api), report
 
 
 def replay(

@@ -33,8 +33,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from outbox import constants
+
 DEFAULT_SCHEMA = "outbox"
-ACTIVE_RUN_STATUSES = ("queued", "in_progress", "requires_action")
+ACTIVE_RUN_STATUSES = constants.ACTIVE
 
 
 class Base(DeclarativeBase):
@@ -78,7 +80,9 @@ class Run(Base):
             "runs_one_active_per_thread",
             "thread_id",
             unique=True,
-            postgresql_where=text("status IN ('queued', 'in_progress', 'requires_action')"),
+            postgresql_where=text(
+                "status IN (" + ", ".join(f"'{s}'" for s in ACTIVE_RUN_STATUSES) + ")"
+            ),
         ),
         Index("runs_tenant_status", "tenant_id", "status", "created_at"),
         Index(

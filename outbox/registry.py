@@ -6,7 +6,8 @@ POSTs the arguments to ``endpoint``), ``client`` (the backend runs it and submit
 or ``python`` (an in-process callable named by import path). Its ``idempotency_mode`` says
 what a retry after an ambiguous attempt may do: ``key`` (the tool honours
 ``Idempotency-Key``: retry with the same key), ``lookup`` (ask ``lookup_endpoint`` first),
-``none`` (never re-execute on a guess).
+``none`` (never re-execute on a guess). ``IDEMPOTENCY_MODES`` is that table in code: the
+relay's executors read it, nothing else spells out what a mode does.
 
 ``plan_call`` turns a model's tool call into a plan or into an error the model will see:
 unknown tools, disabled tools and arguments that are not JSON or fail the schema never raise.
@@ -33,6 +34,42 @@ from outbox.sql import queries
 
 Q = queries("registry.sql")
 Row = dict[str, Any]
+ModeName = Literal["key", "lookup", "none"]
+
+
+@dataclass(frozen=True)
+class IdempotencyMode:
+    """What a tool's idempotency mode lets the relay do with its calls (DESIGN invariant 5).
+
+    ``dispatch_mark``: a mark is committed, fenced, before each attempt may reach the tool,
+    so the next attempt knows the earlier one was ambiguous. ``after_ambiguous``: what the
+    attempt after an ambiguous one (timeout after send, 5xx, broken connection, a worker that
+    died mid-call) does: ``retry`` (the same key again; the tool dedups), ``lookup`` (ask the
+    lookup endpoint first, call only on "not found") or ``unknown`` (never call again:
+    ``outcome_unknown`` for an operator). ``in_chunks``: in-process calls may run many to a
+    thread hop (``relay.inprocess``), since no mark must be committed before each."""
+
+    name: str | None
+    dispatch_mark: bool
+    after_ambiguous: Literal["retry", "lookup", "unknown"]
+    in_chunks: bool
+
+
+IDEMPOTENCY_MODES: dict[str, IdempotencyMode] = {
+    "key": IdempotencyMode("key", dispatch_mark=False, after_ambiguous="retry", in_chunks=True),
+    "lookup": IdempotencyMode(
+        "lookup", dispatch_mark=True, after_ambiguous="lookup", in_chunks=False
+    ),
+    "none": IdempotencyMode("none", dispatch_mark=True, after_ambiguous="unknown", in_chunks=False),
+}
+# A call planned without a mode (a refused call, imported history): nothing to dedup with,
+# nothing run in chunks; an ambiguous attempt is simply retried.
+NO_MODE = IdempotencyMode(None, dispatch_mark=False, after_ambiguous="retry", in_chunks=False)
+
+
+def idempotency(mode: str | None) -> IdempotencyMode:
+    """The row of ``IDEMPOTENCY_MODES`` for ``mode`` (``NO_MODE`` for a call without one)."""
+    return NO_MODE if mode is None else IDEMPOTENCY_MODES[mode]
 
 
 class ToolSpec(BaseModel):
@@ -51,7 +88,7 @@ class ToolSpec(BaseModel):
     credential_ref: str | None = None
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
     max_attempts: int = Field(default=5, gt=0, le=100)
-    idempotency_mode: Literal["key", "lookup", "none"] = "key"
+    idempotency_mode: ModeName = "key"
     risk_tier: Literal["low", "medium", "high"] = "low"
     requires_approval: bool = False
     enabled: bool = True
@@ -69,7 +106,7 @@ class ToolSpec(BaseModel):
             raise ValueError("a python tool needs a callable ('package.module:function')")
         if (
             self.executor == "http"
-            and self.idempotency_mode == "lookup"
+            and IDEMPOTENCY_MODES[self.idempotency_mode].after_ambiguous == "lookup"
             and not self.lookup_endpoint
         ):
             raise ValueError("idempotency mode 'lookup' needs a lookup_endpoint URL")

@@ -29,7 +29,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from outbox import calls, policy, registry, tenancy
+from outbox import calls, constants, policy, registry, tenancy
 from outbox.errors import InvalidInput, NeedsTransaction, NotFound, WrongTenant
 from outbox.schemas import (
     ModelTurnIn,
@@ -45,8 +45,8 @@ Q = queries("writer.sql")
 RunRef = calls.RunRef  # what start_run returns (defined beside the calls both writers share)
 ThreadRef = calls.ThreadRef
 Row = dict[str, Any]
-ACTIVE = ("queued", "in_progress", "requires_action")
-ENDED = ("completed", "failed", "cancelled", "expired")
+ACTIVE = constants.ACTIVE  # run statuses, defined in outbox.constants
+ENDED = constants.ENDED
 
 
 # -- connections ------------------------------------------------------------------------
@@ -550,7 +550,7 @@ def _record_batch(
                 conn,
                 run,
                 "tool_call",
-                f"tool_call:{ref}",
+                constants.tool_call_key(ref),
                 batch_id=batch_id,
                 tool_call_ref=ref,
                 tool_name=call.name,
@@ -560,7 +560,7 @@ def _record_batch(
             if plan.approval is not None:
                 _request_approval(conn, run, call_ids, call, plan.approval)
     if pending == 0:
-        enqueue(conn, run, "deliver_batch", f"deliver:{batch_id}", batch_id=batch_id)
+        enqueue(conn, run, "deliver_batch", constants.deliver_key(batch_id), batch_id=batch_id)
     return batch_id, refs, waits_for_client
 
 
@@ -632,76 +632,44 @@ def record_tool_result(db: Any, result: ToolResultIn) -> ResultRecord:
     for a batch that is already closed goes to ``orphaned_results`` and never into a
     context. When this result completes its batch, the batch's delivery is enqueued in the
     same transaction (exactly one result sees the batch complete: the batch row is locked).
+    One call of ``record_tool_results_v1`` (outbox/sql/functions.sql), the implementation
+    the relay and ``submit_tool_outputs_v1`` use too, after the tenant's checks here.
     """
     conn = pg(db)
     tenancy.scope(conn, result.tenant_id)
     call = fetch_one(conn, Q.call_for_result, {"tool_call_ref": result.tool_call_ref})
     call = _owned(call, "tool call", result.tool_call_ref, result.tenant_id)
-    stored = fetch_one(conn, Q.get_result, {"tool_call_ref": call["id"]})
-    if stored is not None:
-        return ResultRecord("duplicate", stored, False)
-    ids = {
-        "thread_id": call["thread_id"],
-        "run_id": call["run_id"],
-        "batch_id": call["batch_id"],
-        "tool_call_ref": call["id"],
-        "tool_call_id": call["tool_call_id"],
-        "correlation_id": call["correlation_id"],
-        "attempt": result.attempt,
-        "worker": result.worker,
-    }
-    values = {
-        "tenant_id": call["tenant_id"],
-        "run_id": call["run_id"],
-        "batch_id": call["batch_id"],
-        "tool_call_ref": call["id"],
-        "status": result.status,
-        "output": Jsonb(result.output),
-        "error": result.error,
-        "attempt": result.attempt,
-        "source": result.source,
-    }
-    if call["batch_status"] != "open":
-        conn.execute(
-            Q.insert_orphan,
-            {**values, "tool_call_id": call["tool_call_id"], "reason": "batch_closed"},
-        )
-        journal(
-            conn,
-            "tool_result.orphaned",
-            call["tenant_id"],
-            **ids,
-            detail={"batch_status": call["batch_status"], "source": result.source},
-        )
-        return ResultRecord("orphaned", None, False)
-    row = fetch_one(conn, Q.insert_result, {**values, "worker": result.worker})
-    assert row is not None  # the batch lock serialises results of this batch
-    status = "succeeded" if result.status == "ok" else "failed"
-    conn.execute(
-        Q.call_done, {"tool_call_ref": call["id"], "status": status, "error": result.error}
-    )
-    counted = fetch_one(conn, Q.batch_result_counted, {"batch_id": call["batch_id"]})
-    assert counted is not None
-    journal(
+    recorded = record_tool_results(
         conn,
-        "tool_result.stored",
-        call["tenant_id"],
-        **ids,
-        detail={"status": result.status, "source": result.source},
+        [
+            {
+                "ref": call["id"],
+                "status": result.status,
+                "output": result.output,
+                "error": result.error,
+                "source": result.source,
+                "attempt": result.attempt,
+            }
+        ],
+        result.worker,
     )
-    complete = counted["pending"] == 0
-    if complete:
-        run = {
-            "id": call["run_id"],
-            "tenant_id": call["tenant_id"],
-            "thread_id": call["thread_id"],
-            "correlation_id": call["correlation_id"],
-        }
-        enqueue(
-            conn, run, "deliver_batch", f"deliver:{call['batch_id']}", batch_id=call["batch_id"]
-        )
-        journal(conn, "batch.complete", call["tenant_id"], **{**ids, "tool_call_ref": None})
-    return ResultRecord("stored", row, complete)
+    outcome, completed_batch = recorded[0][1], recorded[0][2]
+    if outcome == "orphaned":
+        return ResultRecord("orphaned", None, False)
+    stored = fetch_one(conn, Q.get_result, {"tool_call_ref": call["id"]})
+    return ResultRecord(outcome, stored, completed_batch is not None)
+
+
+def record_tool_results(
+    conn: psycopg.Connection[Any], results: list[Row], worker: str | None
+) -> list[tuple[int, str, int | None]]:
+    """Record many terminal results at once (``record_tool_results_v1``): each a dict of
+    ``ref`` (the call's id), ``status``, ``output``, ``error``, ``source``, ``attempt`` and
+    optionally ``lag_s``. Returns (ref, outcome, completed batch or None) per result, in
+    order. The caller holds the runs' locks when it moves them forward (runs, then batches:
+    the function locks the batches)."""
+    rows = conn.execute(Q.record_tool_results, {"results": Jsonb(results), "worker": worker})
+    return [(int(ref), str(outcome), batch) for ref, outcome, batch in rows.fetchall()]
 
 
 # -- delivery ---------------------------------------------------------------------------

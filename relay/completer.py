@@ -10,10 +10,10 @@ what is queued (up to ``completion_batch``) and writes it in one transaction:
   ``orphaned_results``, never applied;
 - locks are taken in one global order (runs, then batches, then rows by id), so
   completers, cancels and client submissions queue up instead of deadlocking;
-- terminal tool results and batch deliveries take set-based paths (``store_results``,
-  ``enqueue_deliveries``, ``writer.deliver_batches``): a fixed number of statements however
-  many there are; model turns are recorded through ``writer.record_model_turn``, the code
-  backends call;
+- terminal tool results and batch deliveries take set-based paths
+  (``writer.record_tool_results``, one call of ``record_tool_results_v1`` for every result,
+  and ``writer.deliver_batches``): a fixed number of statements however many there are;
+  model turns are recorded through ``writer.record_model_turn``, the code backends call;
 - a failed attempt is retried after exponential backoff with jitter (or what the tool or
   model asked with ``Retry-After``) while ``failures`` stays under ``max_attempts``, then
   quarantined; a deferred one (never started) is put back uncharged.
@@ -136,11 +136,11 @@ class Completer:
         cancels and client submissions queue up instead of deadlocking. Terminal tool
         results and batch deliveries then take set-based paths, a fixed number of
         statements however many there are: their rows are fenced together (lease holder
-        and attempt per row); ``store_results`` does what ``writer.record_tool_result``
-        does per row, and ``enqueue_deliveries`` enqueues (once, by dedup key) and
-        journals each batch this transaction completed; ``writer.deliver_batches``
-        delivers every batch at once. Fenced rows and every other action go through
-        ``_apply``, which journals a refused write.
+        and attempt per row); ``writer.record_tool_results`` stores them with one call
+        of ``record_tool_results_v1``, the function every path records results with (it
+        also enqueues, once, and journals the delivery of each batch they complete);
+        ``writer.deliver_batches`` delivers every batch at once. Fenced rows and every
+        other action go through ``_apply``, which journals a refused write.
         """
         results = [
             i
@@ -233,27 +233,11 @@ class Completer:
             }
             for o, _ in passed
         ]
-        refs = [o.row.tool_call_ref for o, _ in passed]
-        rows = conn.execute(
-            self.q.store_results, {"results": Jsonb(results), "refs": refs, "worker": worker}
-        ).fetchall()
-        stored = {ref: what for ref, what, _ in rows}
-        completed = {ref: batch for ref, _, batch in rows if batch is not None}
+        stored = {ref: what for ref, what, _ in writer.record_tool_results(conn, results, worker)}
         for outcome, i in passed:
-            applied[i] = "result_" + stored.get(outcome.row.tool_call_ref, "duplicate")
+            applied[i] = "result_" + stored.get(outcome.row.tool_call_ref or 0, "duplicate")
         self.metrics.succeeded.labels("tool_call").inc(len(passed))
         self.metrics.failed.inc(sum(1 for o, _ in passed if o.status == "error"))
-        if completed:
-            attempts = {o.row.tool_call_ref: o.row.attempt for o, _ in passed}
-            conn.execute(
-                self.q.enqueue_deliveries,
-                {
-                    "batch_ids": list(completed.values()),
-                    "refs": list(completed),
-                    "attempts": [attempts[ref] for ref in completed],
-                    "worker": worker,
-                },
-            )
 
     def _write_alone(self, link: Link, outcome: Outcome) -> None:
         """Write one outcome on its own; if even that fails, leave the row to lease expiry."""

@@ -9,7 +9,8 @@ deduplicate (idempotency mode ``lookup`` or ``none``), the executor records, con
 still holding an unexpired lease, that this attempt may reach the tool. A later attempt that
 finds the mark knows the outcome is ambiguous and follows the tool's mode: ``lookup`` asks
 the tool what happened, ``none`` goes to ``outcome_unknown`` for an operator and is never
-executed on a guess (DESIGN invariant 5).
+executed on a guess (DESIGN invariant 5). ``outbox.registry.IDEMPOTENCY_MODES`` is the
+table of what each mode does; this module and ``relay.outcomes`` follow it.
 
 Failure classes for an HTTP tool:
 
@@ -40,7 +41,7 @@ from contextlib import AbstractAsyncContextManager
 import httpx2
 
 from outbox import config as outbox_config
-from outbox import credentials
+from outbox import credentials, registry
 from relay import failpoints, inprocess
 from relay.outcomes import (
     NOT_REPEATED,
@@ -118,20 +119,20 @@ class ToolExecutor:
         return dataclasses.replace(outcome, duration_s=time.monotonic() - started)
 
     async def _run(self, row: Claimed, secret: credentials.Secret | None) -> Outcome:
-        mode = row.idempotency_mode
+        mode = registry.idempotency(row.idempotency_mode)
         if row.dispatched_attempt is not None:
-            if mode == "none":
+            if mode.after_ambiguous == "unknown":
                 return Outcome(
                     row,
                     "unknown",
                     error=f"outcome unknown: attempt {row.dispatched_attempt} may have reached "
                     f"the tool; {NOT_REPEATED}",
                 )
-            if mode == "lookup":
+            if mode.after_ambiguous == "lookup":
                 found = await self._lookup(row, secret)
                 if found is not None:
                     return found
-        if mode in ("none", "lookup") and not await self.mark_dispatched(row):
+        if mode.dispatch_mark and not await self.mark_dispatched(row):
             return Outcome(row, "lost", error="lease lost before dispatch; not called")
         if row.executor == "python":
             loop = asyncio.get_running_loop()

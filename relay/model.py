@@ -9,9 +9,10 @@ one response is ever recorded per (run, step) (a unique constraint): a crash bef
 record may call the model again, never record twice; a turn already recorded is reused.
 
 The call is a coroutine on the relay's event loop (``relay.engine``) through ``AsyncOpenAI``:
-a turn waiting seconds for its model holds no thread and no database connection. Two
-adapters, chosen per run (``api``): the Responses API (``function_call`` and
-``function_call_output`` items) and chat completions (``tool_calls``). 429, 5xx, timeouts
+a turn waiting seconds for its model holds no thread and no database connection. The two
+provider adapters, chosen per run (``api``), live in ``outbox.providers``: the Responses
+API (``function_call`` and ``function_call_output`` items) and chat completions
+(``tool_calls``), with the history and tool-list conversions. 429, 5xx, timeouts
 and connection errors retry with backoff, or after what a ``Retry-After`` header asks;
 other 4xx answers fail the run with reason ``model_error`` (sending the same request
 again would not help).
@@ -19,19 +20,16 @@ again would not help).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
-import httpx2
 import openai
 from pydantic import ValidationError
 
+from outbox import providers
 from outbox.errors import OutboxError
-from outbox.schemas import ModelTurnIn, ToolCallIn
 from relay import failpoints
 from relay.outcomes import Claimed, Outcome, retry, retry_after_s
 from relay.preparer import Turn, step_of
@@ -84,10 +82,7 @@ class ModelExecutor:
             )
         try:
             async with self.clients(base_url) as client:
-                if run["api"] == "chat":
-                    turn = await self._chat(client, run, step_no, messages, tools)
-                else:
-                    turn = await self._responses(client, run, step_no, messages, tools)
+                turn = await providers.call(client, run, step_no, messages, tools)
         except RETRYABLE as err:
             error = f"model call failed: {type(err).__name__}: {err}"
             return self._retry(row, base_url, error, err)
@@ -112,114 +107,3 @@ class ModelExecutor:
                 self.held_until.get(base_url, 0.0), time.monotonic() + delay
             )
         return retry(row, error, delay)
-
-    async def _responses(
-        self,
-        client: openai.AsyncOpenAI,
-        run: dict[str, Any],
-        step_no: int,
-        items: list[dict[str, Any]],
-        tools: dict[str, dict[str, Any]],
-    ) -> ModelTurnIn:
-        kwargs: dict[str, Any] = {"model": run["model"], "input": items}
-        if run["instructions"]:
-            kwargs["instructions"] = run["instructions"]
-        if tools:
-            kwargs["tools"] = [
-                {
-                    "type": "function",
-                    "name": name,
-                    "description": tool["description"],
-                    "parameters": tool["json_schema"],
-                }
-                for name, tool in sorted(tools.items())
-            ]
-        response = await _post(client, "/responses", kwargs)
-        texts: list[str] = []
-        calls: list[ToolCallIn] = []
-        for item in response["output"]:
-            if item["type"] == "message":
-                texts += [c["text"] for c in item["content"] if c["type"] == "output_text"]
-            elif item["type"] == "function_call":
-                calls.append(
-                    ToolCallIn(
-                        tool_call_id=item["call_id"], name=item["name"], arguments=item["arguments"]
-                    )
-                )
-        usage = response.get("usage") or {}
-        return ModelTurnIn(
-            tenant_id=run["tenant_id"],
-            run_id=run["id"],
-            step_no=step_no,
-            content="".join(texts) or None,
-            tool_calls=calls,
-            response_id=response["id"],
-            input_tokens=usage.get("input_tokens") or 0,
-            output_tokens=usage.get("output_tokens") or 0,
-            cached_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
-        )
-
-    async def _chat(
-        self,
-        client: openai.AsyncOpenAI,
-        run: dict[str, Any],
-        step_no: int,
-        messages: list[dict[str, Any]],
-        tools: dict[str, dict[str, Any]],
-    ) -> ModelTurnIn:
-        if run["instructions"]:
-            messages = [{"role": "system", "content": run["instructions"]}, *messages]
-        kwargs: dict[str, Any] = {"model": run["model"], "messages": messages}
-        if tools:
-            kwargs["tools"] = [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": name,
-                        "description": tool["description"],
-                        "parameters": tool["json_schema"],
-                    },
-                }
-                for name, tool in sorted(tools.items())
-            ]
-        response = await _post(client, "/chat/completions", kwargs)
-        message = response["choices"][0]["message"]
-        calls = [
-            ToolCallIn(
-                tool_call_id=c["id"],
-                name=c["function"]["name"],
-                arguments=c["function"]["arguments"],
-            )
-            for c in message.get("tool_calls") or []
-            if c.get("type", "function") == "function"
-        ]
-        usage = response.get("usage") or {}
-        return ModelTurnIn(
-            tenant_id=run["tenant_id"],
-            run_id=run["id"],
-            step_no=step_no,
-            content=message.get("content"),
-            tool_calls=calls,
-            response_id=response["id"],
-            input_tokens=usage.get("prompt_tokens") or 0,
-            output_tokens=usage.get("completion_tokens") or 0,
-            cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
-        )
-
-
-async def _post(client: openai.AsyncOpenAI, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POST ``body`` as it is and return the response's JSON as plain data.
-
-    The SDK's typed methods (``responses.create``) first walk the whole request against
-    its parameter types, item by item of the history, and build a pydantic object of every
-    field of the answer: about 40 ms of CPU for a 30-item history, ten times the cost of
-    the request itself, on the one event loop that holds every turn in flight. ``post``
-    keeps what we need of the SDK (base URL, auth, error classes, timeouts) and skips that;
-    the body is already plain JSON data, and we read the few fields we record."""
-    raw = await client.post(
-        path, body=body, cast_to=httpx2.Response, options={"security": {"bearer_auth": True}}
-    )
-    decoded = json.loads(raw.content)
-    if not isinstance(decoded, dict):
-        raise ValueError(f"the model answered {type(decoded).__name__}, not a JSON object")
-    return decoded

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from outbox import credentials, policy
+from outbox import credentials, policy, registry
 
 Action = Literal[
     "result", "retry", "defer", "unknown", "deliver", "lost", "turn", "fail_run", "skip"
@@ -132,7 +132,7 @@ def retry_after_s(value: str | None) -> float | None:
 
 def ambiguous(row: Claimed, error: str) -> Outcome:
     """An attempt whose effect may or may not have happened, per the tool's mode."""
-    if row.idempotency_mode == "none":
+    if registry.idempotency(row.idempotency_mode).after_ambiguous == "unknown":
         return Outcome(row, "unknown", error=f"outcome unknown: {error}; {NOT_REPEATED}")
     return retry(row, error)
 
@@ -143,7 +143,7 @@ def runs_in_chunks(row: Claimed) -> bool:
     return (
         row.kind == "tool_call"
         and row.executor == "python"
-        and row.idempotency_mode == "key"
+        and registry.idempotency(row.idempotency_mode).in_chunks
         and row.stop is None
     )
 

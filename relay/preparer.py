@@ -39,7 +39,8 @@ BATCH_MAX = 512  # most requests served by one round of statements
 
 @dataclass(frozen=True)
 class Turn:
-    """What a model call needs: the run, its history in the run's API format, its tools."""
+    """What a model call needs: the run, its history in the run's API format, its tools
+    (registry rows by name; ``outbox.providers.tool_list`` makes the API's list of them)."""
 
     run: dict[str, Any]
     messages: list[dict[str, Any]]

@@ -15,7 +15,7 @@ ORDER BY created_at;
 -- name: run_progress
 -- How many runs exist and how many have ended.
 SELECT count(*) AS total,
-       count(*) FILTER (WHERE status IN ('completed', 'failed', 'cancelled', 'expired')) AS ended
+       count(*) FILTER (WHERE {s}.run_ended_v1(status)) AS ended
 FROM {s}.runs;
 
 -- name: done_calls_sample

@@ -111,11 +111,10 @@ SELECT * FROM {s}.decide_approval_v1(%(tenant_id)s, %(id)s, %(decision)s, %(acto
 -- runs that ended meanwhile. The call's row becomes due and the relay answers it with the
 -- denial (a run that ended drops it). Skips approvals a decision holds right now.
 WITH due AS (
-    SELECT a.id, r.status IN ('completed', 'failed', 'cancelled', 'expired') AS run_ended
+    SELECT a.id, {s}.run_ended_v1(r.status) AS run_ended
     FROM {s}.approvals a
     JOIN {s}.runs r ON r.id = a.run_id
-    WHERE a.status = 'pending'
-      AND (a.deadline <= now() OR r.status IN ('completed', 'failed', 'cancelled', 'expired'))
+    WHERE a.status = 'pending' AND (a.deadline <= now() OR {s}.run_ended_v1(r.status))
     ORDER BY a.deadline
     LIMIT %(limit)s
     FOR UPDATE OF a SKIP LOCKED

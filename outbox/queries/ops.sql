@@ -135,7 +135,7 @@ DELETE FROM {s}.outbox WHERE id = %(id)s RETURNING id
 -- Queue a tool call whose outbox row is gone, continuing its attempt count.
 INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
                         tool_call_ref, tool_name, correlation_id, attempts, max_attempts)
-SELECT tc.tenant_id, 'tool_call', 'tool_call:' || tc.id, tc.thread_id, tc.run_id,
+SELECT tc.tenant_id, 'tool_call', {s}.tool_call_key_v1(tc.id), tc.thread_id, tc.run_id,
        tc.batch_id, tc.id, tc.tool_name, r.correlation_id, tc.attempts,
        greatest(coalesce(t.max_attempts, 5), tc.attempts + 1)
 FROM {s}.tool_calls tc

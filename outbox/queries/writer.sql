@@ -110,8 +110,18 @@ FOR UPDATE OF b
 -- Resolve a provider call id within a run.
 SELECT id FROM {s}.tool_calls WHERE run_id = %(run_id)s AND tool_call_id = %(tool_call_id)s
 
+-- name: record_tool_results
+-- Record terminal results of tool calls (a JSON array; record_tool_results_v1 in
+-- outbox/sql/functions.sql): stored once each, counted against their batches, the delivery
+-- of each batch they complete enqueued once, all journaled. One row per result, in order:
+-- its outcome (stored, duplicate, orphaned) and the batch it completed.
+SELECT ref, outcome, completed_batch
+FROM {s}.record_tool_results_v1(%(results)s::jsonb, %(worker)s::text)
+
 -- name: insert_result
--- The one result of a tool call; a repeat returns nothing.
+-- The one result of a tool call; a repeat returns nothing. Only for a call that is never
+-- executed (its plan refused it: the result is stored with its intent).
+
 INSERT INTO {s}.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status, output, error,
                               attempt, source, worker)
 VALUES (%(tool_call_ref)s, %(tenant_id)s, %(run_id)s, %(batch_id)s, %(status)s, %(output)s,
@@ -130,20 +140,6 @@ INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref, to
 VALUES (%(tenant_id)s, %(run_id)s, %(batch_id)s, %(tool_call_ref)s, %(tool_call_id)s,
         %(status)s, %(output)s, %(error)s, %(reason)s, %(source)s, %(attempt)s)
 RETURNING id
-
--- name: call_done
--- Mark a call terminal.
-UPDATE {s}.tool_calls SET status = %(status)s, last_error = %(error)s, updated_at = now()
-WHERE id = %(tool_call_ref)s
-
--- name: batch_result_counted
--- Count one result against its batch; the batch is complete when none is pending.
-UPDATE {s}.tool_batches
-SET pending = pending - 1,
-    status = CASE WHEN pending - 1 = 0 THEN 'complete' ELSE status END,
-    completed_at = CASE WHEN pending - 1 = 0 THEN now() END
-WHERE id = %(batch_id)s
-RETURNING pending, step_no
 
 -- name: batch_owners
 -- The runs batches belong to (read without a lock: the runs are locked first).
@@ -186,7 +182,7 @@ WITH answers AS (
                              || ' before an output of this call was submitted')::text
                 WHEN tc.attempts > 0 OR tc.dispatched_attempt IS NOT NULL
                      OR EXISTS (SELECT 1 FROM {s}.outbox o
-                                WHERE o.dedup_key = 'tool_call:' || tc.id AND o.attempts > 0
+                                WHERE o.dedup_key = {s}.tool_call_key_v1(tc.id) AND o.attempts > 0
                                 OFFSET 0)
                     THEN jsonb_build_object(
                     'error', 'outcome unknown: ' || %(why)s::text
@@ -243,7 +239,7 @@ WITH next AS (
 ), queued AS (
     INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, correlation_id,
                             payload)
-    SELECT r.tenant_id, 'model_turn', 'model_turn:' || r.id || ':' || n.step_no, r.thread_id,
+    SELECT r.tenant_id, 'model_turn', {s}.model_turn_key_v1(r.id, n.step_no), r.thread_id,
            r.id, r.correlation_id, jsonb_build_object('step_no', n.step_no)
     FROM next n JOIN {s}.runs r ON r.id = n.run_id
     ORDER BY r.id

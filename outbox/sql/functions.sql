@@ -1,7 +1,198 @@
 -- Functions for backends that do not run Python; `{s}` is the schema. Names carry a
 -- version so old and new code can overlap during a deploy. This file is every function as
 -- the newest migration leaves it (tests/migration/test_history.py checks it); migrations
--- carry frozen copies (0003 created submit_tool_outputs_v1).
+-- carry frozen copies (0003 created submit_tool_outputs_v1, 0016 the status sets, the
+-- dedup keys and record_tool_results_v1).
+
+-- The run status sets and the outbox's dedup-key formats, defined once for SQL (their
+-- Python twins are in outbox/constants.py; tests/integration/test_record_tool_results.py
+-- checks that both agree). Plain SQL expressions, IMMUTABLE: the planner inlines them, so
+-- a query that calls one plans as if the literal were written in it (partial indexes
+-- still match).
+
+-- run_active_v1: a run that can still move (the one-active-run-per-thread index covers
+-- exactly these statuses).
+CREATE OR REPLACE FUNCTION {s}.run_active_v1(p_status text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_status IN ('queued', 'in_progress', 'requires_action')
+$$;
+
+-- run_ended_v1: a run that is over; nothing of it starts again.
+CREATE OR REPLACE FUNCTION {s}.run_ended_v1(p_status text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_status IN ('completed', 'failed', 'cancelled', 'expired')
+$$;
+
+-- deliver_key_v1: the dedup key of a batch's one delivery (outbox kind deliver_batch).
+CREATE OR REPLACE FUNCTION {s}.deliver_key_v1(p_batch_id bigint) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT 'deliver:' || p_batch_id::text
+$$;
+
+-- tool_call_key_v1: the dedup key of a tool call's outbox row (kind tool_call).
+CREATE OR REPLACE FUNCTION {s}.tool_call_key_v1(p_tool_call_ref bigint) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT 'tool_call:' || p_tool_call_ref::text
+$$;
+
+-- model_turn_key_v1: the dedup key of a run's model turn at a step (kind model_turn).
+CREATE OR REPLACE FUNCTION {s}.model_turn_key_v1(p_run_id uuid, p_step_no integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT 'model_turn:' || p_run_id::text || ':' || p_step_no::text
+$$;
+
+
+-- record_tool_results_v1: record terminal results of tool calls, many in one call.
+--
+-- The one implementation of "store the result, count the batch down, enqueue its delivery
+-- once, journal it": the relay (every fenced result of a completion transaction in one
+-- call), the Python writer (writer.record_tool_result: outbox reconcile, single results)
+-- and submit_tool_outputs_v1 call it.
+--
+--   SELECT * FROM outbox.record_tool_results_v1(
+--       '[{"ref": 42, "status": "ok", "output": {"id": 7}, "source": "relay",
+--          "attempt": 2, "lag_s": 0.004}]', 'relay-host-1');
+--
+-- p_results is a JSON array of {ref (tool_calls.id), status ('ok' or 'error'), output,
+-- error, source, attempt, lag_s (optional: how long the row waited, due, before a claim)},
+-- each ref at most once. Returns one row per input, in input order: outcome 'stored',
+-- 'duplicate' (the call has its result already; it stays) or 'orphaned' (its batch is
+-- closed: the result is kept in orphaned_results, never in a context), and
+-- completed_batch, the batch this result completed (else null). For each result stored:
+-- the call marked succeeded or failed, its batch's pending count lowered, journal
+-- tool_result.stored (or tool_result.orphaned); for each batch completed: its delivery
+-- enqueued once (dedup key deliver_key_v1) and journal batch.complete, after the results'
+-- events. Locks the batches in id order; a caller that moves runs forward holds their
+-- run locks first (the one lock order of every writer path: runs, then batches). Runs
+-- with the caller's rights (row-level security applies); backends submit client outputs
+-- through submit_tool_outputs_v1, which checks them first.
+CREATE OR REPLACE FUNCTION {s}.record_tool_results_v1(p_results jsonb, p_worker text)
+RETURNS TABLE (ref bigint, outcome text, completed_batch bigint)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_refs      bigint[];
+    v_outcomes  text[];
+    v_completed bigint[];
+    v_attempts  integer[];
+BEGIN
+    v_refs := ARRAY(SELECT (e->>'ref')::bigint FROM jsonb_array_elements(p_results) e);
+    PERFORM 1 FROM {s}.tool_batches b
+    WHERE b.id IN (SELECT tc.batch_id FROM {s}.tool_calls tc WHERE tc.id = ANY(v_refs))
+    ORDER BY b.id FOR UPDATE;
+
+    -- Every lookup is by primary key or a unique index, whatever the size of the tables.
+    WITH input AS (
+        SELECT i.*, row_number() OVER () AS n
+        FROM jsonb_to_recordset(p_results)
+            AS i(ref bigint, status text, output jsonb, error text, source text,
+                 attempt int, lag_s float8)
+    ), calls AS (
+        SELECT i.*, tc.tenant_id, tc.run_id, tc.thread_id, tc.batch_id, tc.tool_call_id,
+               (SELECT b.status FROM {s}.tool_batches b WHERE b.id = tc.batch_id)
+                   AS batch_status,
+               (SELECT r.correlation_id FROM {s}.runs r WHERE r.id = tc.run_id)
+                   AS correlation_id,
+               EXISTS (SELECT 1 FROM {s}.tool_results x WHERE x.tool_call_ref = i.ref)
+                   AS repeat
+        FROM input i
+        JOIN {s}.tool_calls tc ON tc.id = i.ref AND tc.id = ANY(v_refs)
+    ), stored AS (
+        INSERT INTO {s}.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status,
+                                      output, error, attempt, source, worker)
+        SELECT c.ref, c.tenant_id, c.run_id, c.batch_id, c.status, c.output, c.error,
+               c.attempt, c.source, p_worker
+        FROM calls c WHERE NOT c.repeat AND c.batch_status = 'open'
+        ON CONFLICT (tool_call_ref) DO NOTHING
+        RETURNING tool_call_ref, batch_id, status, error
+    ), orphaned AS (
+        INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
+                                          tool_call_id, status, output, error, reason,
+                                          source, attempt)
+        SELECT c.tenant_id, c.run_id, c.batch_id, c.ref, c.tool_call_id, c.status, c.output,
+               c.error, 'batch_closed', c.source, c.attempt
+        FROM calls c WHERE NOT c.repeat AND c.batch_status <> 'open'
+        RETURNING tool_call_ref
+    ), done AS (
+        UPDATE {s}.tool_calls tc
+        SET status = CASE WHEN s.status = 'ok' THEN 'succeeded' ELSE 'failed' END,
+            last_error = s.error, updated_at = now()
+        FROM stored s
+        WHERE tc.id = s.tool_call_ref
+    ), counted AS (
+        UPDATE {s}.tool_batches b
+        SET pending = b.pending - n.n,
+            status = CASE WHEN b.pending - n.n = 0 THEN 'complete' ELSE b.status END,
+            completed_at = CASE WHEN b.pending - n.n = 0 THEN now() END
+        FROM (SELECT s.batch_id, count(*) AS n, max(s.tool_call_ref) AS last_ref
+              FROM stored s GROUP BY s.batch_id) n
+        WHERE b.id = n.batch_id
+        RETURNING b.id, b.pending, n.last_ref
+    ), journaled AS (
+        -- Each input row is matched against the stored and orphaned refs as one array
+        -- each: a join of these CTEs, each estimated at one row, was a nested loop over
+        -- both (n^2).
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id,
+                                 tool_call_ref, tool_call_id, correlation_id, attempt,
+                                 worker, detail)
+        SELECT c.tenant_id,
+               CASE WHEN c.stored THEN 'tool_result.stored' ELSE 'tool_result.orphaned' END,
+               c.thread_id, c.run_id, c.batch_id, c.ref, c.tool_call_id, c.correlation_id,
+               c.attempt, p_worker,
+               CASE WHEN c.stored
+                    THEN jsonb_strip_nulls(jsonb_build_object(
+                        'status', c.status, 'source', c.source, 'lag_s', c.lag_s))
+                    ELSE jsonb_build_object('batch_status', c.batch_status,
+                                            'source', c.source) END
+        FROM (
+            SELECT calls.*,
+                   calls.ref = ANY (ARRAY(SELECT tool_call_ref FROM stored)) AS stored,
+                   calls.ref = ANY (ARRAY(SELECT tool_call_ref FROM orphaned)) AS orphaned
+            FROM calls
+        ) c
+        WHERE c.stored OR c.orphaned
+        ORDER BY c.batch_id, c.ref
+    )
+    SELECT array_agg(i.ref ORDER BY i.n),
+           array_agg(CASE WHEN i.ref = ANY (ARRAY(SELECT tool_call_ref FROM stored))
+                              THEN 'stored'
+                          WHEN i.ref = ANY (ARRAY(SELECT tool_call_ref FROM orphaned))
+                              THEN 'orphaned'
+                          ELSE 'duplicate' END ORDER BY i.n),
+           array_agg((SELECT k.id FROM counted k WHERE k.last_ref = i.ref AND k.pending = 0)
+                     ORDER BY i.n),
+           array_agg(i.attempt ORDER BY i.n)
+    INTO v_refs, v_outcomes, v_completed, v_attempts
+    FROM input i;
+
+    IF EXISTS (SELECT 1 FROM unnest(v_completed) c WHERE c IS NOT NULL) THEN
+        WITH info AS (
+            SELECT d.batch_id, d.attempt, tc.tenant_id, tc.thread_id, tc.run_id,
+                   tc.tool_call_id, r.correlation_id
+            FROM unnest(v_completed, v_refs, v_attempts) AS d(batch_id, ref, attempt)
+            JOIN {s}.tool_calls tc ON tc.id = d.ref
+            JOIN {s}.runs r ON r.id = tc.run_id
+            WHERE d.batch_id IS NOT NULL
+        ), queued AS (
+            INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
+                                    correlation_id)
+            SELECT i.tenant_id, 'deliver_batch', {s}.deliver_key_v1(i.batch_id), i.thread_id,
+                   i.run_id, i.batch_id, i.correlation_id
+            FROM info i ORDER BY i.batch_id
+            ON CONFLICT (dedup_key) DO NOTHING
+        )
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_id,
+                                 correlation_id, attempt, worker)
+        SELECT i.tenant_id, 'batch.complete', i.thread_id, i.run_id, i.batch_id,
+               i.tool_call_id, i.correlation_id, i.attempt, p_worker
+        FROM info i ORDER BY i.batch_id;
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(v_refs, v_outcomes, v_completed);
+END $$;
+REVOKE ALL ON FUNCTION {s}.record_tool_results_v1(jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.record_tool_results_v1(jsonb, text)
+    TO outbox_writer, outbox_relay, outbox_api;
+
 
 -- submit_tool_outputs_v1: submit the outputs of client-executed tool calls of a run.
 --
@@ -41,9 +232,6 @@ DECLARE
     v_run        {s}.runs;
     v_given      text[];
     v_bad        text[];
-    v_output     jsonb;
-    v_call       {s}.tool_calls;
-    v_remaining  integer;
     v_late       boolean;
     v_kept       text[];
     v_cap        integer := coalesce(
@@ -102,7 +290,7 @@ BEGIN
     -- Past the deadline by the database clock (a sweep may not have expired it yet), the
     -- run takes no more outputs: it is expired from that moment.
     v_late := v_run.status = 'requires_action' AND coalesce(v_run.action_deadline < now(), false);
-    IF v_late OR v_run.status IN ('completed', 'failed', 'cancelled', 'expired') THEN
+    IF v_late OR {s}.run_ended_v1(v_run.status) THEN
         WITH kept AS (
             INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
                                               tool_call_id, status, output, error, reason,
@@ -152,44 +340,19 @@ BEGIN
                   HINT = 'submit the outputs of every waiting call in one request';
     END IF;
 
-    FOR v_output IN SELECT o FROM jsonb_array_elements(p_outputs) o LOOP
-        SELECT * INTO v_call FROM {s}.tool_calls
-        WHERE run_id = p_run_id AND tool_call_id = v_output->>'tool_call_id';
-        PERFORM 1 FROM {s}.tool_batches WHERE id = v_call.batch_id FOR UPDATE;
-        CONTINUE WHEN EXISTS (SELECT 1 FROM {s}.tool_results WHERE tool_call_ref = v_call.id);
-        INSERT INTO {s}.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status, output,
-                                      error, attempt, source)
-        VALUES (v_call.id, v_call.tenant_id, p_run_id, v_call.batch_id,
-                CASE WHEN v_output ? 'error' THEN 'error' ELSE 'ok' END, v_output->'output',
-                CASE WHEN v_output ? 'error' THEN coalesce(v_output->>'error', 'error') END,
-                0, 'client');
-        UPDATE {s}.tool_calls
-        SET status = CASE WHEN v_output ? 'error' THEN 'failed' ELSE 'succeeded' END,
-            updated_at = now()
-        WHERE id = v_call.id;
-        UPDATE {s}.tool_batches
-        SET pending = pending - 1,
-            status = CASE WHEN pending - 1 = 0 THEN 'complete' ELSE status END,
-            completed_at = CASE WHEN pending - 1 = 0 THEN now() END
-        WHERE id = v_call.batch_id
-        RETURNING pending INTO v_remaining;
-        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
-                                 tool_call_id, correlation_id, detail)
-        VALUES (p_tenant_id, 'tool_result.stored', v_run.thread_id, p_run_id, v_call.batch_id,
-                v_call.id, v_call.tool_call_id, v_run.correlation_id,
-                jsonb_build_object('source', 'client'));
-        IF v_remaining = 0 THEN
-            INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
-                                    correlation_id)
-            VALUES (p_tenant_id, 'deliver_batch', 'deliver:' || v_call.batch_id,
-                    v_run.thread_id, p_run_id, v_call.batch_id, v_run.correlation_id)
-            ON CONFLICT (dedup_key) DO NOTHING;
-            INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id,
-                                     correlation_id)
-            VALUES (p_tenant_id, 'batch.complete', v_run.thread_id, p_run_id, v_call.batch_id,
-                    v_run.correlation_id);
-        END IF;
-    END LOOP;
+    -- The outputs as results of their calls: stored, counted against their batches, the
+    -- delivery of a batch they complete enqueued once, all journaled (a resend is a no-op).
+    PERFORM 1 FROM {s}.record_tool_results_v1(
+        (SELECT jsonb_agg(jsonb_build_object(
+                    'ref', tc.id,
+                    'status', CASE WHEN o ? 'error' THEN 'error' ELSE 'ok' END,
+                    'output', o->'output',
+                    'error', CASE WHEN o ? 'error' THEN coalesce(o->>'error', 'error') END,
+                    'source', 'client', 'attempt', 0) ORDER BY tc.id)
+         FROM jsonb_array_elements(p_outputs) o
+         JOIN {s}.tool_calls tc
+           ON tc.run_id = p_run_id AND tc.tool_call_id = o->>'tool_call_id'),
+        NULL);
 
     UPDATE {s}.runs SET status = 'in_progress', action_deadline = NULL, updated_at = now()
     WHERE id = p_run_id AND status = 'requires_action'
@@ -387,7 +550,7 @@ BEGIN
             USING ERRCODE = 'OB004', HINT = 'pass the tenant that owns the object';
     END IF;
     SELECT * INTO v_active FROM {s}.runs r
-    WHERE r.thread_id = p_thread_id AND r.status IN ('queued', 'in_progress', 'requires_action');
+    WHERE r.thread_id = p_thread_id AND {s}.run_active_v1(r.status);
     IF FOUND THEN
         IF p_idempotency_key IS NOT NULL THEN  -- a twin with our key may have committed meanwhile
             SELECT * INTO v_run FROM {s}.runs r
@@ -453,7 +616,7 @@ BEGIN
     END IF;
     INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, correlation_id,
                             max_attempts, payload)
-    VALUES (p_tenant_id, 'model_turn', 'model_turn:' || v_run.id || ':1', p_thread_id, v_run.id,
+    VALUES (p_tenant_id, 'model_turn', {s}.model_turn_key_v1(v_run.id, 1), p_thread_id, v_run.id,
             v_run.correlation_id, 5, '{"step_no": 1}')
     ON CONFLICT (dedup_key) DO NOTHING;
     INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
@@ -555,7 +718,7 @@ BEGIN
                                      || ' before an output of this call was submitted')::text
                         WHEN tc.attempts > 0 OR tc.dispatched_attempt IS NOT NULL
                              OR EXISTS (SELECT 1 FROM {s}.outbox o
-                                        WHERE o.dedup_key = 'tool_call:' || tc.id
+                                        WHERE o.dedup_key = {s}.tool_call_key_v1(tc.id)
                                           AND o.attempts > 0
                                         OFFSET 0)
                             THEN jsonb_build_object(
@@ -636,7 +799,7 @@ BEGIN
         RAISE EXCEPTION 'run % does not exist for tenant %', p_run_id, quote_literal(p_tenant_id)
             USING ERRCODE = 'no_data_found', HINT = 'check the run id and the tenant';
     END IF;
-    IF v_run.status IN ('completed', 'failed', 'cancelled', 'expired') THEN
+    IF {s}.run_ended_v1(v_run.status) THEN
         RAISE EXCEPTION 'run % is already %: there is nothing to cancel', p_run_id, v_run.status
             USING ERRCODE = 'OB005', HINT = 'start a new run on the thread if more work is needed';
     END IF;
@@ -719,7 +882,7 @@ BEGIN
     -- The run first, then the approval: the lock order of every writer path.
     SELECT * INTO v_run FROM {s}.runs WHERE id = v_approval.run_id FOR UPDATE;
     SELECT * INTO v_approval FROM {s}.approvals WHERE id = p_approval_id FOR UPDATE;
-    IF v_run.status IN ('completed', 'failed', 'cancelled', 'expired') THEN
+    IF {s}.run_ended_v1(v_run.status) THEN
         RAISE EXCEPTION 'approval % is for run %, which is %: nothing to decide',
             p_approval_id, v_run.id, v_run.status
             USING ERRCODE = 'object_not_in_prerequisite_state';

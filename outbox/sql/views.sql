@@ -64,7 +64,7 @@ SELECT r.id AS run_id, r.tenant_id, r.thread_id, r.status, 'undelivered_batch' A
               b.id, b.step_no, b.size, b.completed_at) AS detail
 FROM {s}.runs r
 JOIN {s}.tool_batches b ON b.run_id = r.id AND b.status = 'complete'
-WHERE r.status IN ('queued', 'in_progress', 'requires_action')
+WHERE {s}.run_active_v1(r.status)
   AND NOT EXISTS (SELECT 1 FROM {s}.outbox o
                   WHERE o.kind = 'deliver_batch' AND o.batch_id = b.id)
 UNION ALL
@@ -102,7 +102,7 @@ SELECT r.id, r.tenant_id, r.thread_id, r.status, 'parked_call',
 FROM {s}.outbox o
 JOIN {s}.runs r ON r.id = o.run_id
 LEFT JOIN {s}.tool_calls tc ON tc.id = o.tool_call_ref
-WHERE o.status = 'quarantined' AND r.status IN ('queued', 'in_progress', 'requires_action');
+WHERE o.status = 'quarantined' AND {s}.run_active_v1(r.status);
 
 
 -- duplicate_executions: "Did any side effect happen more than once?"

@@ -21,9 +21,9 @@ from typing import Any
 
 import psycopg
 
-from outbox import writer
+from outbox import constants, writer
 
-ENDED = ("completed", "failed", "cancelled", "expired")
+ENDED = constants.ENDED
 STOP_TIMEOUT_S = 30.0  # seconds a relay gets to drain after SIGTERM before it is killed
 POLL_S = 0.05  # seconds between two looks at the run while waiting
 

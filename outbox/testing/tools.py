@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from outbox.registry import ModeName
 from outbox.testing.server import (
     FakeServer,
     HttpError,
@@ -39,7 +40,7 @@ from outbox.testing.server import (
     serve_main,
 )
 
-IdempotencyMode = Literal["key", "lookup", "none"]
+IdempotencyMode = ModeName  # the modes of outbox.registry.IDEMPOTENCY_MODES
 FaultKind = Literal["latency", "fail", "drop", "stall_after_commit", "echo_credentials"]
 ToolHandler = Callable[[dict[str, Any], int], dict[str, Any]]  # (arguments, effect_id) -> result
 

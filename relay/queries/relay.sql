@@ -225,7 +225,7 @@ WITH mine AS (
     SELECT o.id, o.tool_call_ref,
            EXISTS (SELECT 1 FROM {s}.runs r
                    WHERE r.id = o.run_id
-                     AND (r.status IN ('completed', 'failed', 'cancelled', 'expired')
+                     AND ({s}.run_ended_v1(r.status)
                           OR (r.status = 'requires_action'
                               AND r.action_deadline < now()))) AS run_over
     FROM {s}.outbox o
@@ -270,7 +270,7 @@ WITH mine AS (
     SELECT o.id, o.tool_call_ref,
            EXISTS (SELECT 1 FROM {s}.runs r
                    WHERE r.id = o.run_id
-                     AND (r.status IN ('completed', 'failed', 'cancelled', 'expired')
+                     AND ({s}.run_ended_v1(r.status)
                           OR (r.status = 'requires_action'
                               AND r.action_deadline < now()))) AS run_over
     FROM {s}.outbox o
@@ -364,7 +364,7 @@ WITH expired AS (
     SELECT o.id, o.lease_owner AS previous_owner,
            EXISTS (SELECT 1 FROM {s}.runs r
                    WHERE r.id = o.run_id
-                     AND (r.status IN ('completed', 'failed', 'cancelled', 'expired')
+                     AND ({s}.run_ended_v1(r.status)
                           OR (r.status = 'requires_action'
                               AND r.action_deadline < now()))) AS run_over
     FROM {s}.outbox o
@@ -437,13 +437,13 @@ RETURNING id
 WITH stalled AS (
     INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
                             correlation_id)
-    SELECT b.tenant_id, 'deliver_batch', 'deliver:' || b.id, b.thread_id, b.run_id, b.id,
+    SELECT b.tenant_id, 'deliver_batch', {s}.deliver_key_v1(b.id), b.thread_id, b.run_id, b.id,
            r.correlation_id
     FROM {s}.tool_batches b
     JOIN {s}.runs r ON r.id = b.run_id
     WHERE b.status = 'complete'
       AND b.completed_at < now() - make_interval(secs => %(grace_s)s)
-      AND NOT EXISTS (SELECT 1 FROM {s}.outbox o WHERE o.dedup_key = 'deliver:' || b.id)
+      AND NOT EXISTS (SELECT 1 FROM {s}.outbox o WHERE o.dedup_key = {s}.deliver_key_v1(b.id))
     ON CONFLICT (dedup_key) DO NOTHING
     RETURNING *
 ), journaled AS (
@@ -477,111 +477,6 @@ DELETE FROM {s}.outbox o
 USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS f(id, attempt)
 WHERE o.id = f.id AND o.attempts = f.attempt AND o.lease_owner = %(worker)s
 RETURNING o.id
-
--- name: store_results
--- Set-based record_tool_result for many fenced results (their batches are locked): one
--- result per call (a repeat is a duplicate, a closed batch sends it to orphaned_results),
--- the call marked terminal, the batch's pending count lowered, a journal event per result
--- (with lag_s: how long the row waited, due, before a worker claimed it).
--- Returns each input's outcome; for a result that completed its batch, that batch's id.
--- The results come as one JSON array of objects (one document to encode, not an array
--- parameter per column).
-WITH input AS (
-    SELECT * FROM jsonb_to_recordset(%(results)s::jsonb)
-        AS i(ref bigint, status text, output jsonb, error text, source text, attempt int,
-             lag_s float8)
-), calls AS (
-    -- Each lookup is by primary key, whatever the size of the tables.
-    SELECT i.*, tc.tenant_id, tc.run_id, tc.thread_id, tc.batch_id, tc.tool_call_id,
-           (SELECT b.status FROM {s}.tool_batches b WHERE b.id = tc.batch_id) AS batch_status,
-           (SELECT r.correlation_id FROM {s}.runs r WHERE r.id = tc.run_id) AS correlation_id,
-           EXISTS (SELECT 1 FROM {s}.tool_results x WHERE x.tool_call_ref = i.ref) AS repeat
-    FROM input i
-    JOIN {s}.tool_calls tc ON tc.id = i.ref AND tc.id = ANY(%(refs)s::bigint[])
-), stored AS (
-    INSERT INTO {s}.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status, output,
-                                  error, attempt, source, worker)
-    SELECT ref, tenant_id, run_id, batch_id, status, output, error, attempt, source, %(worker)s
-    FROM calls WHERE NOT repeat AND batch_status = 'open'
-    ON CONFLICT (tool_call_ref) DO NOTHING
-    RETURNING tool_call_ref, batch_id, status, error
-), orphaned AS (
-    INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
-                                      tool_call_id, status, output, error, reason, source,
-                                      attempt)
-    SELECT tenant_id, run_id, batch_id, ref, tool_call_id, status, output, error,
-           'batch_closed', source, attempt
-    FROM calls WHERE NOT repeat AND batch_status <> 'open'
-    RETURNING tool_call_ref
-), done AS (
-    UPDATE {s}.tool_calls tc
-    SET status = CASE WHEN s.status = 'ok' THEN 'succeeded' ELSE 'failed' END,
-        last_error = s.error, updated_at = now()
-    FROM stored s
-    WHERE tc.id = s.tool_call_ref
-), counted AS (
-    UPDATE {s}.tool_batches b
-    SET pending = b.pending - n.n,
-        status = CASE WHEN b.pending - n.n = 0 THEN 'complete' ELSE b.status END,
-        completed_at = CASE WHEN b.pending - n.n = 0 THEN now() END
-    FROM (SELECT batch_id, count(*) AS n, max(tool_call_ref) AS last_ref
-          FROM stored GROUP BY batch_id) n
-    WHERE b.id = n.batch_id
-    RETURNING b.id, b.pending, n.last_ref
-), journaled AS (
-    -- Each input row is matched against the stored and orphaned refs as one array each: a
-    -- join of these CTEs, each estimated at one row, was a nested loop over both (n^2).
-    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
-                             tool_call_id, correlation_id, attempt, worker, detail)
-    SELECT c.tenant_id,
-           CASE WHEN c.stored THEN 'tool_result.stored' ELSE 'tool_result.orphaned' END,
-           c.thread_id, c.run_id, c.batch_id, c.ref, c.tool_call_id, c.correlation_id,
-           c.attempt, %(worker)s,
-           CASE WHEN c.stored
-                THEN jsonb_build_object('status', c.status, 'source', c.source,
-                                        'lag_s', c.lag_s)
-                ELSE jsonb_build_object('batch_status', c.batch_status, 'source', c.source) END
-    FROM (
-        SELECT calls.*, calls.ref = ANY (ARRAY(SELECT tool_call_ref FROM stored)) AS stored,
-               calls.ref = ANY (ARRAY(SELECT tool_call_ref FROM orphaned)) AS orphaned
-        FROM calls
-    ) c
-    WHERE c.stored OR c.orphaned
-    ORDER BY c.batch_id, c.ref
-)
-SELECT i.ref,
-       CASE WHEN i.ref = ANY (ARRAY(SELECT tool_call_ref FROM stored)) THEN 'stored'
-            WHEN i.ref = ANY (ARRAY(SELECT tool_call_ref FROM orphaned)) THEN 'orphaned'
-            ELSE 'duplicate' END AS outcome,
-       (SELECT k.id FROM counted k WHERE k.last_ref = i.ref AND k.pending = 0)
-           AS completed_batch
-FROM input i
-
--- name: enqueue_deliveries
--- The batches store_results completed: enqueue each delivery once (dedup key) and journal
--- 'batch.complete' with the result that completed it, as record_tool_result does.
-WITH done AS (
-    SELECT * FROM unnest(%(batch_ids)s::bigint[], %(refs)s::bigint[], %(attempts)s::int[])
-        AS d(batch_id, ref, attempt)
-), info AS (
-    SELECT d.*, tc.tenant_id, tc.thread_id, tc.run_id, tc.tool_call_id, r.correlation_id
-    FROM done d
-    JOIN {s}.tool_calls tc ON tc.id = d.ref
-    JOIN {s}.runs r ON r.id = tc.run_id
-), queued AS (
-    INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
-                            correlation_id)
-    SELECT tenant_id, 'deliver_batch', 'deliver:' || batch_id, thread_id, run_id, batch_id,
-           correlation_id
-    FROM info ORDER BY batch_id
-    ON CONFLICT (dedup_key) DO NOTHING
-    RETURNING batch_id
-)
-INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_id,
-                         correlation_id, attempt, worker)
-SELECT tenant_id, 'batch.complete', thread_id, run_id, batch_id, tool_call_id,
-       correlation_id, attempt, %(worker)s
-FROM info ORDER BY batch_id
 
 -- name: mark_dispatched_many
 -- mark_dispatched for many rows at once (relay.preparer batches the rows that need it):

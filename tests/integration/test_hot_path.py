@@ -61,6 +61,31 @@ def generic_plans(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     return plans
 
 
+def nested_plans(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    """From now on, the plan (JSON) of every statement ``conn`` runs, by statement text,
+    also those run inside SQL functions (``record_tool_results_v1``), which
+    ``pg_prepared_statements`` does not list: auto_explain, sent back as notices."""
+    plans: dict[str, Any] = {}
+
+    def keep(diagnostic: psycopg.errors.Diagnostic) -> None:
+        _, found, text = (diagnostic.message_primary or "").partition("plan:")
+        if found:
+            plan = json.loads(text)
+            plans[plan["Query Text"]] = plan
+
+    conn.add_notice_handler(keep)
+    for setting in (
+        "LOAD 'auto_explain'",
+        "SET auto_explain.log_min_duration = 0",
+        "SET auto_explain.log_nested_statements = on",
+        "SET auto_explain.log_format = json",
+        "SET auto_explain.log_level = notice",
+    ):
+        conn.execute(setting, prepare=False)
+    conn.commit()
+    return plans
+
+
 def drain(worker: Worker, claim_link: Link, completion_link: Link) -> None:
     """Claim and complete as the relay does: results, batch completions, deliveries."""
     while claimed := worker._claim(claim_link, 120):
@@ -83,6 +108,9 @@ def test_relay_statements_run_on_generic_plans_that_find_rows_by_primary_key(db_
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("ANALYZE")
     claim_link, completion_link = worker.claim_link(), worker.completer.new_link()
+    # Results are recorded inside record_tool_results_v1: its statements' plans (cached by
+    # the function on the link's session, under its settings) are caught as they run.
+    nested = nested_plans(completion_link.get())
     drain(worker, claim_link, completion_link)  # the links prepare every statement they run
     modes = {
         link.get()
@@ -90,7 +118,7 @@ def test_relay_statements_run_on_generic_plans_that_find_rows_by_primary_key(db_
         .fetchone()
         for link in (claim_link, completion_link)
     }
-    plans = generic_plans(claim_link.get()) | generic_plans(completion_link.get())
+    plans = nested | generic_plans(claim_link.get()) | generic_plans(completion_link.get())
     claim_link.close()
     completion_link.close()
 
@@ -101,12 +129,13 @@ def test_relay_statements_run_on_generic_plans_that_find_rows_by_primary_key(db_
 
     assert modes == {("force_generic_plan", "off")}
     # The claim, the fence, the result write, the delivery enqueue and the tool messages of
-    # a delivery were all prepared, so the loop below looks at the relay's own plans.
+    # a delivery were all prepared (or run inside record_tool_results_v1, on the link's
+    # generic plans), so the loop below looks at the relay's own plans.
     for fragment in (
         "FOR UPDATE OF o SKIP LOCKED",
         "DELETE FROM",
         'INSERT INTO "outbox".tool_results',
-        "'deliver:' ||",
+        '"outbox".deliver_key_v1(',
         'INSERT INTO "outbox".messages',
     ):
         plan_of(fragment)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from outbox.history import repair, to_responses_input
+from outbox.history import repair
+from outbox.providers import to_responses_input
 
 
 def call(call_id: str) -> dict:

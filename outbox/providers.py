@@ -1,0 +1,256 @@
+"""Model providers: the two APIs a run may speak, and everything that differs between them.
+
+A run names its ``api``: the Responses API (``function_call`` and ``function_call_output``
+items, ``instructions`` beside the input) or chat completions (``tool_calls`` on assistant
+messages, the instructions as a leading system message). This module is the one place that
+knows those shapes, in both directions:
+
+- history: the thread's chat-format messages (``outbox.history``, the internal lingua
+  franca, repaired so every call has its result) as the API's input (``as_input``);
+- tools: the registry's tool rows as the API's ``tools`` list (``tool_list``);
+- the request body of a turn (``Adapter.request``) and the ``ModelTurnIn`` read back from
+  the answer (``Adapter.turn``), for ``writer.record_model_turn``;
+- the call itself (``call``): the body is POSTed as it is through the SDK's client.
+
+The relay's model executor (``relay.model``) owns retries and holds; it calls ``call``. The
+body is plain JSON data and the answer is read as JSON for the few fields recorded, never
+built into the SDK's typed request and response objects (see ``post``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from outbox.schemas import ModelTurnIn, ToolCallIn
+
+if TYPE_CHECKING:
+    import openai
+
+Message = dict[str, Any]
+Row = Mapping[str, Any]
+
+
+# -- history ----------------------------------------------------------------------------
+
+
+def to_responses_input(messages: list[Message]) -> list[Message]:
+    """Chat-format messages as Responses API input items."""
+    items: list[Message] = []
+    for message in messages:
+        role = message["role"]
+        if role == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message["tool_call_id"],
+                    "output": message["content"],
+                }
+            )
+            continue
+        if message.get("content"):
+            items.append({"role": role, "content": message["content"]})
+        for call in message.get("tool_calls") or []:
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": call["function"]["name"],
+                    "arguments": call["function"]["arguments"],
+                }
+            )
+    return items
+
+
+def as_input(messages: list[Message], api: str) -> list[Message]:
+    """Chat-format messages (already paired, ``outbox.history.repair``) in the format of
+    ``api``: Responses input items, or the chat messages as they are."""
+    return ADAPTERS[api].history(messages)
+
+
+# -- tools ------------------------------------------------------------------------------
+
+
+def tool_list(tools: Mapping[str, Row], api: str) -> list[dict[str, Any]]:
+    """The provider's ``tools`` for ``api``: one function per registry row (by name, in name
+    order), with its description and JSON Schema as the parameters."""
+    return [ADAPTERS[api].tool(name, tool) for name, tool in sorted(tools.items())]
+
+
+# -- the adapters -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One API's shapes: where a turn is POSTed, its body, and what its answer records."""
+
+    api: str
+    path: str  # relative to the client's base URL
+
+    def history(self, messages: list[Message]) -> list[Message]:
+        raise NotImplementedError
+
+    def tool(self, name: str, tool: Row) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def request(
+        self, run: Row, messages: list[Message], tools: Mapping[str, Row]
+    ) -> dict[str, Any]:
+        """The request body of a turn of ``run`` over ``messages`` (already in this API's
+        format, ``as_input``) with the run's ``tools`` (registry rows by name)."""
+        raise NotImplementedError
+
+    def turn(self, response: dict[str, Any], run: Row, step_no: int) -> ModelTurnIn:
+        """The turn to record from the API's answer (plain JSON data)."""
+        raise NotImplementedError
+
+
+class Responses(Adapter):
+    """The Responses API: input items, ``instructions`` as a field of the request."""
+
+    def history(self, messages: list[Message]) -> list[Message]:
+        return to_responses_input(messages)
+
+    def tool(self, name: str, tool: Row) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "name": name,
+            "description": tool["description"],
+            "parameters": tool["json_schema"],
+        }
+
+    def request(
+        self, run: Row, messages: list[Message], tools: Mapping[str, Row]
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": run["model"], "input": messages}
+        if run["instructions"]:
+            body["instructions"] = run["instructions"]
+        if tools:
+            body["tools"] = tool_list(tools, self.api)
+        return body
+
+    def turn(self, response: dict[str, Any], run: Row, step_no: int) -> ModelTurnIn:
+        texts: list[str] = []
+        calls: list[ToolCallIn] = []
+        for item in response["output"]:
+            if item["type"] == "message":
+                texts += [c["text"] for c in item["content"] if c["type"] == "output_text"]
+            elif item["type"] == "function_call":
+                calls.append(
+                    ToolCallIn(
+                        tool_call_id=item["call_id"], name=item["name"], arguments=item["arguments"]
+                    )
+                )
+        usage = response.get("usage") or {}
+        return ModelTurnIn(
+            tenant_id=run["tenant_id"],
+            run_id=run["id"],
+            step_no=step_no,
+            content="".join(texts) or None,
+            tool_calls=calls,
+            response_id=response["id"],
+            input_tokens=usage.get("input_tokens") or 0,
+            output_tokens=usage.get("output_tokens") or 0,
+            cached_tokens=(usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
+        )
+
+
+class Chat(Adapter):
+    """Chat completions: messages with ``tool_calls``, the instructions as a leading system
+    message of the request (never stored in the thread)."""
+
+    def history(self, messages: list[Message]) -> list[Message]:
+        return messages
+
+    def tool(self, name: str, tool: Row) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": tool["description"],
+                "parameters": tool["json_schema"],
+            },
+        }
+
+    def request(
+        self, run: Row, messages: list[Message], tools: Mapping[str, Row]
+    ) -> dict[str, Any]:
+        if run["instructions"]:
+            messages = [{"role": "system", "content": run["instructions"]}, *messages]
+        body: dict[str, Any] = {"model": run["model"], "messages": messages}
+        if tools:
+            body["tools"] = tool_list(tools, self.api)
+        return body
+
+    def turn(self, response: dict[str, Any], run: Row, step_no: int) -> ModelTurnIn:
+        message = response["choices"][0]["message"]
+        calls = [
+            ToolCallIn(
+                tool_call_id=c["id"],
+                name=c["function"]["name"],
+                arguments=c["function"]["arguments"],
+            )
+            for c in message.get("tool_calls") or []
+            if c.get("type", "function") == "function"
+        ]
+        usage = response.get("usage") or {}
+        return ModelTurnIn(
+            tenant_id=run["tenant_id"],
+            run_id=run["id"],
+            step_no=step_no,
+            content=message.get("content"),
+            tool_calls=calls,
+            response_id=response["id"],
+            input_tokens=usage.get("prompt_tokens") or 0,
+            output_tokens=usage.get("completion_tokens") or 0,
+            cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+        )
+
+
+ADAPTERS: dict[str, Adapter] = {
+    "responses": Responses("responses", "/responses"),
+    "chat": Chat("chat", "/chat/completions"),
+}
+
+
+# -- the call ---------------------------------------------------------------------------
+
+
+async def call(
+    client: openai.AsyncOpenAI,
+    run: Row,
+    step_no: int,
+    messages: list[Message],
+    tools: Mapping[str, Row],
+) -> ModelTurnIn:
+    """One model turn of ``run``: the request in the run's API, the turn to record.
+
+    ``messages`` are already in the run's API format (``as_input``). Raises what the SDK's
+    client raises (``openai.APIStatusError`` and its kin, connection errors and timeouts)
+    and ``KeyError``/``TypeError``/``ValueError``/``pydantic.ValidationError`` for an
+    answer that cannot be recorded."""
+    adapter = ADAPTERS[run["api"]]
+    response = await post(client, adapter.path, adapter.request(run, messages, tools))
+    return adapter.turn(response, run, step_no)
+
+
+async def post(client: openai.AsyncOpenAI, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST ``body`` as it is and return the response's JSON as plain data.
+
+    The SDK's typed methods (``responses.create``) first walk the whole request against
+    its parameter types, item by item of the history, and build a pydantic object of every
+    field of the answer: about 40 ms of CPU for a 30-item history, ten times the cost of
+    the request itself, on the one event loop that holds every turn in flight. ``post``
+    keeps what we need of the SDK (base URL, auth, error classes, timeouts) and skips that;
+    the body is already plain JSON data, and we read the few fields we record."""
+    import httpx2  # here, not at the top: replaying a thread (outbox.history) needs no HTTP
+
+    raw = await client.post(
+        path, body=body, cast_to=httpx2.Response, options={"security": {"bearer_auth": True}}
+    )
+    decoded = json.loads(raw.content)
+    if not isinstance(decoded, dict):
+        raise ValueError(f"the model answered {type(decoded).__name__}, not a JSON object")
+    return decoded
