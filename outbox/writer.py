@@ -467,7 +467,6 @@ def _record_batch(
         registry.plan_call(call, tools.get(call.name), run["tool_names"])
         for call in turn.tool_calls
     ]
-    pending = sum(1 for p in plans if p.error is None)
     batch = fetch_one(
         conn,
         Q.insert_batch,
@@ -478,12 +477,13 @@ def _record_batch(
             "step_no": turn.step_no,
             "message_id": message_id,
             "size": len(plans),
-            "pending": pending,
+            "pending": len(plans),
         },
     )
     assert batch is not None
     batch_id = int(batch["id"])
     refs: list[int] = []
+    refused: list[Row] = []  # calls refused before they could run: their error results
     waits_for_client = False
     ids = {"thread_id": run["thread_id"], "run_id": run["id"], "batch_id": batch_id}
     ids["correlation_id"] = run["correlation_id"]
@@ -528,20 +528,9 @@ def _record_batch(
             },
         )
         if plan.error is not None:
-            conn.execute(
-                Q.insert_result,
-                {
-                    "tool_call_ref": ref,
-                    "tenant_id": run["tenant_id"],
-                    "run_id": run["id"],
-                    "batch_id": batch_id,
-                    "status": "error",
-                    "output": None,
-                    "error": plan.error,
-                    "attempt": 0,
-                    "source": "validation",
-                    "worker": None,
-                },
+            refused.append(
+                {"ref": ref, "status": "error", "error": plan.error, "source": "validation"}
+                | {"output": None, "attempt": 0}
             )
         elif plan.executor == "client":
             waits_for_client = True
@@ -559,8 +548,10 @@ def _record_batch(
             )
             if plan.approval is not None:
                 _request_approval(conn, run, call_ids, call, plan.approval)
-    if pending == 0:
-        enqueue(conn, run, "deliver_batch", constants.deliver_key(batch_id), batch_id=batch_id)
+    if refused:
+        # The one rule for results (record_tool_results_v1): stored, counted down, and the
+        # batch's delivery enqueued once if no call of it is left to run.
+        record_tool_results(conn, refused, None)
     return batch_id, refs, waits_for_client
 
 

@@ -118,17 +118,6 @@ SELECT id FROM {s}.tool_calls WHERE run_id = %(run_id)s AND tool_call_id = %(too
 SELECT ref, outcome, completed_batch
 FROM {s}.record_tool_results_v1(%(results)s::jsonb, %(worker)s::text)
 
--- name: insert_result
--- The one result of a tool call; a repeat returns nothing. Only for a call that is never
--- executed (its plan refused it: the result is stored with its intent).
-
-INSERT INTO {s}.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status, output, error,
-                              attempt, source, worker)
-VALUES (%(tool_call_ref)s, %(tenant_id)s, %(run_id)s, %(batch_id)s, %(status)s, %(output)s,
-        %(error)s, %(attempt)s, %(source)s, %(worker)s)
-ON CONFLICT (tool_call_ref) DO NOTHING
-RETURNING *
-
 -- name: get_result
 -- The stored result of a tool call.
 SELECT * FROM {s}.tool_results WHERE tool_call_ref = %(tool_call_ref)s
