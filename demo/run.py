@@ -62,7 +62,7 @@ from demo.incident import (
     Services,
 )
 from demo.naive import NaiveCoordinator, error_message, history_problems
-from outbox import db, history, lifecycle, migrate, registry, writer
+from outbox import constants, db, history, lifecycle, migrate, registry, writer
 from outbox.errors import OutboxError
 from outbox.schemas import StartRun, ToolResultIn
 from outbox.sql import Queries
@@ -576,7 +576,7 @@ class OurSide:
             conn.commit()
             report.stuck_requires_action = report.runs.get("requires_action", 0)
             report.unfinished = sum(
-                report.runs.get(s, 0) for s in ("queued", "in_progress", "requires_action")
+                report.runs.get(s, 0) for s in constants.ACTIVE
             )
             report.runs_per_turn_violations = sum(1 for t in threads if t["runs"] != 1)
             self._replay_all(conn, threads, report)

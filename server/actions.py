@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from outbox import assistants, lifecycle, tenancy, writer
+from outbox import assistants, constants, lifecycle, tenancy, writer
 from outbox.errors import NotFound
 from outbox.schemas import NewMessage, StartRun
 from outbox.writer import fetch_all, fetch_one
@@ -24,7 +24,7 @@ from server.errors import APIError, not_found
 from server.store import Q, Store
 
 Row = dict[str, Any]
-ACTIVE = ("queued", "in_progress", "requires_action")
+ACTIVE = constants.ACTIVE
 
 
 @dataclass(frozen=True)

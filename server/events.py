@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 from starlette.concurrency import run_in_threadpool
 
+from outbox import constants
 from outbox.writer import fetch_one
 from server import shapes
 from server.errors import not_found
@@ -36,7 +37,7 @@ from server.store import Q, Store
 
 POLL_S = 0.2  # seconds between two reads of the journal
 BATCH = 500  # events read per poll at most
-ENDED = ("completed", "failed", "cancelled", "expired")
+ENDED = constants.ENDED
 
 
 @dataclass

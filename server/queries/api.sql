@@ -28,7 +28,7 @@ SELECT seq FROM {s}.messages WHERE id = %(message_id)s AND thread_id = %(thread_
 -- name: active_run
 -- The thread's active run, if any.
 SELECT id, status FROM {s}.runs
-WHERE thread_id = %(thread_id)s AND status IN ('queued', 'in_progress', 'requires_action')
+WHERE thread_id = %(thread_id)s AND {s}.run_active_v1(status)
 
 -- name: run
 -- A run of a thread as the Assistants protocol shows it: the run, its assistant and
