@@ -575,9 +575,7 @@ class OurSide:
             threads = cur.execute(self.q.threads_with_runs).fetchall()
             conn.commit()
             report.stuck_requires_action = report.runs.get("requires_action", 0)
-            report.unfinished = sum(
-                report.runs.get(s, 0) for s in constants.ACTIVE
-            )
+            report.unfinished = sum(report.runs.get(s, 0) for s in constants.ACTIVE)
             report.runs_per_turn_violations = sum(1 for t in threads if t["runs"] != 1)
             self._replay_all(conn, threads, report)
         report.latency_p50_s = incident.percentile(latencies, 0.5)
