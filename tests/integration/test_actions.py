@@ -481,3 +481,43 @@ def test_a_run_keeps_the_tool_versions_it_started_with(db_url, model, service):
         json.dumps([v1_schema], sort_keys=True),
         json.dumps([v2_schema], sort_keys=True),
     }
+
+
+def test_two_reviewers_approving_at_once_make_one_decision(conn, db_url):
+    """Both decisions start together; the run's lock serialises them: one wins, the other
+    is told who decided, and the call has one outbox row, due once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.helpers import add_tool, new_run, turn
+
+    add_tool(conn, "send_email", risk_tier="high")
+    run = new_run(conn, tools=["send_email"])
+    writer.record_model_turn(conn, turn(run, 1, ("call_1", "send_email", {"order_id": "7"})))
+    conn.commit()
+    (approval_id,) = conn.execute("SELECT id FROM outbox.approvals").fetchone()
+    barrier = __import__("threading").Barrier(2)
+
+    def approve(who: str) -> str:
+        with psycopg.connect(db_url) as own:
+            barrier.wait(timeout=30)
+            try:
+                approvals.decide(own, approval_id, "approve", actor=who)
+                own.commit()
+                return "won"
+            except InvalidTransition as err:
+                return f"refused: {err}"
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(approve, ["alice", "bob"]))
+    assert sorted(o.split(":")[0] for o in outcomes) == ["refused", "won"]
+    assert "already decided: approved by" in next(o for o in outcomes if o != "won")
+    conn.rollback()  # a new transaction: its now() comes after the decisions
+    rows = conn.execute(
+        "SELECT count(*), bool_and(available_at <= now()) FROM outbox.outbox "
+        "WHERE kind = 'tool_call'"
+    ).fetchone()
+    assert rows == (1, True)
+    decided = conn.execute(
+        "SELECT count(*) FROM outbox.journal WHERE event = 'approval.approved'"
+    ).fetchone()
+    assert decided == (1,)
