@@ -1253,12 +1253,13 @@ def tenants_paused(as_json: bool) -> None:
 @click.option("--role", required=True, help="The login role a backend of TENANT connects as.")
 @click.option(
     "--create",
-    "password",
-    help="Create the role first (LOGIN) with this password.",
+    is_flag=True,
+    help="Create the role first (LOGIN), with the password read from stdin (never from the "
+    "command line, which other users of the machine can see).",
 )
 @actor_option
 @json_option
-def tenants_grant(tenant: str, role: str, password: str | None, actor: str, as_json: bool) -> None:
+def tenants_grant(tenant: str, role: str, create: bool, actor: str, as_json: bool) -> None:
     """Bind login ROLE to TENANT: its sessions act for TENANT only, whatever they set.
 
     \b
@@ -1268,6 +1269,9 @@ def tenants_grant(tenant: str, role: str, password: str | None, actor: str, as_j
     change. Refused for a role that sees every tenant anyway (superuser, BYPASSRLS, a
     relay, the schema owner) or that is bound to another tenant.
     """
+    password = sys.stdin.read().strip() if create else None
+    if create and not password:
+        refuse("--create read no password", hint="pipe it in: ... | outbox tenants grant --create")
     with connection() as conn:
         row = tenancy.grant_role(conn, tenant, role, actor=actor, create_with_password=password)
     if as_json:

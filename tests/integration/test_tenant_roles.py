@@ -114,3 +114,34 @@ def test_granting_refuses_roles_that_would_not_be_confined(db_url, backend_role)
         assert tenancy.revoke_role(conn, role) == A
         assert tenancy.roles(conn) == []
         conn.commit()
+
+
+def test_cli_creates_binds_lists_and_revokes_a_role(db_url, monkeypatch):
+    from click.testing import CliRunner
+
+    import cli
+
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    role = f"backend_{uuid.uuid4().hex[:10]}"
+    runner = CliRunner()
+    try:
+        done = runner.invoke(
+            cli.main, ["tenants", "grant", A, "--role", role, "--create"], input="s3cret-pw\n"
+        )
+        assert done.exit_code == 0, done.output
+        assert f"role {role} acts for tenant {A} only" in done.output
+        listed = runner.invoke(cli.main, ["tenants", "roles", "--json"])
+        assert role in listed.output and "s3cret" not in listed.output
+        empty = runner.invoke(cli.main, ["tenants", "grant", A, "--role", "x", "--create"])
+        assert empty.exit_code == 2 and "read no password" in empty.output
+        revoked = runner.invoke(cli.main, ["tenants", "revoke", "--role", role])
+        assert revoked.exit_code == 0 and f"no longer acts for tenant {A}" in revoked.output
+        with psycopg.connect(db_url) as conn:
+            journal = conn.execute(
+                "SELECT event FROM outbox.journal WHERE event LIKE 'tenant.role_%' ORDER BY id"
+            ).fetchall()
+            assert journal == [("tenant.role_granted",), ("tenant.role_revoked",)]
+            assert "s3cret" not in str(conn.execute("SELECT * FROM outbox.journal").fetchall())
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
