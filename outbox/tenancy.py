@@ -51,9 +51,13 @@ def grant_role(
     if not role or len(role) > 63:
         raise InvalidInput("a role name is 1-63 characters")
     if create_with_password is not None:
+        # Hashed here (SCRAM), so the clear password is in no statement the server may log.
+        hashed = conn.pgconn.encrypt_password(
+            create_with_password.encode(), role.encode(), b"scram-sha-256"
+        )
         conn.execute(
             sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-                sql.Identifier(role), sql.Literal(create_with_password)
+                sql.Identifier(role), sql.Literal(hashed.decode())
             )
         )
     facts = writer.fetch_one(conn, Q.role_facts, {"role": role})

@@ -134,6 +134,10 @@ def test_cli_creates_binds_lists_and_revokes_a_role(db_url, monkeypatch):
         assert role in listed.output and "s3cret" not in listed.output
         empty = runner.invoke(cli.main, ["tenants", "grant", A, "--role", "x", "--create"])
         assert empty.exit_code == 2 and "read no password" in empty.output
+        # The password works (the role logs in with it) and no statement carried it in clear.
+        url = make_conninfo(**{**conninfo_to_dict(db_url), "user": role, "password": "s3cret-pw"})
+        with psycopg.connect(url) as backend:
+            assert backend.execute("SELECT session_user").fetchone() == (role,)
         revoked = runner.invoke(cli.main, ["tenants", "revoke", "--role", role])
         assert revoked.exit_code == 0 and f"no longer acts for tenant {A}" in revoked.output
         with psycopg.connect(db_url) as conn:
