@@ -134,7 +134,7 @@ def test_cli_creates_binds_lists_and_revokes_a_role(db_url, monkeypatch):
         assert role in listed.output and "s3cret" not in listed.output
         empty = runner.invoke(cli.main, ["tenants", "grant", A, "--role", "x", "--create"])
         assert empty.exit_code == 2 and "read no password" in empty.output
-        # The password works (the role logs in with it) and no statement carried it in clear.
+        # The password works: the role logs in with it (it was sent hashed, SCRAM).
         url = make_conninfo(**{**conninfo_to_dict(db_url), "user": role, "password": "s3cret-pw"})
         with psycopg.connect(url) as backend:
             assert backend.execute("SELECT session_user").fetchone() == (role,)
