@@ -714,6 +714,13 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     show_default=True,
     help="Database connections of the server (requests wait for a free one).",
 )
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Server processes (uvicorn's workers): each holds its own --db-connections.",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve_command(
     host: str,
@@ -722,6 +729,7 @@ def serve_command(
     model_base_url: str | None,
     action_timeout_s: float | None,
     db_connections: int,
+    workers: int,
     log_level: str,
 ) -> None:
     """Serve OpenAI's Assistants protocol and the run event stream over HTTP.
@@ -738,7 +746,7 @@ def serve_command(
     import uvicorn
 
     from outbox.schemas import url_problem
-    from server.app import create_app
+    from server import app as server_app
 
     if model_base_url is not None and (problem := url_problem(model_base_url)):
         raise click.BadParameter(problem, param_hint="--model-base-url")
@@ -751,18 +759,37 @@ def serve_command(
     if with_relay:
         env = {**os.environ, "OUTBOX_DATABASE_URL": url}
         relay = subprocess.Popen([sys.executable, "-m", "cli", "relay"], env=env)
-    app = create_app(
-        url,
-        model_base_url=model_base_url,
-        action_timeout_s=action_timeout_s,
-        max_connections=db_connections,
-    )
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the
     # handler it found: this one turns that into a clean exit that stops the relay below
     # (the default action would kill this process and leave the relay running).
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level.lower())
+        if workers == 1:
+            app = server_app.create_app(
+                url,
+                model_base_url=model_base_url,
+                action_timeout_s=action_timeout_s,
+                max_connections=db_connections,
+            )
+            uvicorn.run(app, host=host, port=port, log_level=log_level.lower())
+        else:
+            # Each worker process builds the app itself, from the environment.
+            os.environ.update(
+                {
+                    "OUTBOX_DATABASE_URL": url,
+                    server_app.ENV_MODEL_BASE_URL: model_base_url or "",
+                    server_app.ENV_ACTION_TIMEOUT_S: str(action_timeout_s or ""),
+                    server_app.ENV_DB_CONNECTIONS: str(db_connections),
+                }
+            )
+            uvicorn.run(
+                "server.app:from_environment",
+                factory=True,
+                workers=workers,
+                host=host,
+                port=port,
+                log_level=log_level.lower(),
+            )
     finally:
         if relay is not None:
             relay.terminate()

@@ -7,6 +7,7 @@ methods are answered in OpenAI's error shape too, so a client sees one kind of e
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -71,3 +72,21 @@ def create_app(
     )
     app.state.config = Config(store, Settings(model_base_url, action_timeout_s), max_body_bytes)
     return app
+
+
+# ``outbox serve --workers N`` runs the app in N processes (uvicorn's), each built by
+# ``from_environment`` from what the command put in the environment.
+ENV_MODEL_BASE_URL = "OUTBOX_SERVE_MODEL_BASE_URL"
+ENV_ACTION_TIMEOUT_S = "OUTBOX_SERVE_ACTION_TIMEOUT_S"
+ENV_DB_CONNECTIONS = "OUTBOX_SERVE_DB_CONNECTIONS"
+
+
+def from_environment() -> Starlette:
+    """The app of one worker process of ``outbox serve --workers N``."""
+    timeout = os.environ.get(ENV_ACTION_TIMEOUT_S)
+    return create_app(
+        os.environ["OUTBOX_DATABASE_URL"],
+        model_base_url=os.environ.get(ENV_MODEL_BASE_URL) or None,
+        action_timeout_s=float(timeout) if timeout else None,
+        max_connections=int(os.environ.get(ENV_DB_CONNECTIONS, "10")),
+    )

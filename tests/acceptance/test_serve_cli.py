@@ -76,3 +76,46 @@ def test_keys_and_serve_with_relay_complete_a_run(db_url, model):
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(60) == 0
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (read from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def test_serve_with_workers_answers_from_several_processes(db_url, model):
+    key = outbox(db_url, "keys", "create", "--tenant", "acme").strip()
+    port = free_port()
+    env = {**os.environ, "OUTBOX_DATABASE_URL": db_url}
+    command = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--workers", "2"]
+    command += ["--model-base-url", model.url + "/v1", "--log-level", "warning"]
+    server = subprocess.Popen(command, env=env)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+
+        def answers() -> bool:
+            try:
+                return httpx2.get(f"{base_url}/assistants").status_code == 401
+            except httpx2.TransportError:
+                return False
+
+        wait_until(answers, what="outbox serve --workers 2 to answer")
+        sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+        made = [sdk.beta.assistants.create(model="scripted-1").id for _ in range(10)]
+        listed = {a.id for a in sdk.beta.assistants.list(limit=100).data}
+        assert set(made) <= listed
+        sdk.close()
+        assert len(children(server.pid)) >= 2  # the worker processes under uvicorn's parent
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(60) == 0
