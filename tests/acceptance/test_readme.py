@@ -6,7 +6,9 @@
   database (``OUTBOX_DATABASE_URL``). ``make`` lines are skipped (CI runs them itself);
   ``outbox relay`` gets SIGINT after a few seconds (the README says Ctrl-C drains and
   stops) and must exit 0; ``RUN_PREFIX`` is the newest run's id prefix.
-- Python blocks: run after the shell blocks, with ``url`` the same database.
+- Python blocks: run after the shell blocks, with ``url`` the same database; those that
+  talk to ``outbox serve`` (``base_url=``) need it running, so
+  ``test_serve_cli.py`` runs them with it.
 """
 
 from __future__ import annotations
@@ -103,6 +105,6 @@ python() {{ {sys.executable} "$@"; }}
     assert "created run" in out and "lookup_order" in out
 
     for lang, body in BLOCKS:
-        if lang == "python":
+        if lang == "python" and "base_url=" not in body:
             namespace = {"url": db_url}
             exec(compile(body, "README.md", "exec"), namespace)

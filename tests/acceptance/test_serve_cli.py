@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,3 +120,58 @@ def test_serve_with_workers_answers_from_several_processes(db_url, model):
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(60) == 0
+
+
+def readme_http_blocks() -> tuple[list[str], str]:
+    """The shell lines and the Python block of the README's "Over HTTP" section."""
+    from tests.relay_harness import REPO
+
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Over HTTP", 1)[1].split("\n## ", 1)[0]
+    shell, python = re.findall(r"```(?:python)?\n(.*?)```", section, re.S)
+    return shell.strip().splitlines(), python
+
+
+def test_the_readme_http_example_runs_as_written(db_url, tmp_path):
+    """The README's first screen: its commands (on free ports, in one bash) and its SDK
+    example, against the scripted model it starts."""
+    shell, python = readme_http_blocks()
+    assert shell[-1].startswith(".venv/bin/outbox serve ")
+    model_port, serve_port = free_port(), free_port()
+    lines = [
+        line.replace(".venv/bin/python", sys.executable)
+        .replace(".venv/bin/outbox", f"{sys.executable} -m cli")
+        .replace("8080", str(model_port))
+        for line in shell
+    ]
+    lines[-1] = f'echo "$KEY" > key && exec {lines[-1]} --port {serve_port} --log-level warning'
+    env = {**os.environ, "OUTBOX_DATABASE_URL": db_url}
+    bash = subprocess.Popen(
+        ["bash", "-euc", "\n".join(lines)], cwd=tmp_path, env=env, start_new_session=True
+    )
+    base_url = f"http://127.0.0.1:{serve_port}/v1"
+    try:
+
+        def answers() -> bool:
+            assert bash.poll() is None, "a command of the README's block failed"
+            try:
+                return httpx2.get(f"{base_url}/assistants").status_code == 401
+            except httpx2.TransportError:
+                return False
+
+        wait_until(answers, what="the README's outbox serve to answer")
+        key = (tmp_path / "key").read_text().strip()
+        script = python.replace("http://127.0.0.1:8000/v1", base_url)
+        done = subprocess.run(
+            [sys.executable, "-W", "ignore::DeprecationWarning", "-c", script],
+            env={**env, "KEY": key},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("completed "), done.stdout
+    finally:
+        os.killpg(bash.pid, signal.SIGTERM)  # the server and the model it started
+        bash.wait(60)
