@@ -67,6 +67,69 @@ def get_assistant(conn: psycopg.Connection[Any], tenant_id: str, assistant_id: u
     return row
 
 
+def modify_assistant(
+    conn: psycopg.Connection[Any],
+    tenant_id: str,
+    assistant_id: uuid.UUID,
+    changes: dict[str, Any],
+) -> Row:
+    """Change the fields named in ``changes`` (``model``, ``name``, ``description``,
+    ``instructions``, ``tools``, ``metadata``); a field left out keeps its value, and
+    ``name``, ``description`` and ``instructions`` may be set to None. Runs already started
+    keep what they started with. ``NotFound`` as for ``get_assistant``."""
+    tenancy.scope(conn, tenant_id)
+    unknown = set(changes) - {"model", "name", "description", "instructions", "tools", "metadata"}
+    if unknown:
+        raise InvalidInput(f"an assistant has no field {sorted(unknown)[0]!r}")
+    if changes.get("model", "") is None:
+        raise InvalidInput("model cannot be removed from an assistant")
+    if changes.get("tools") is not None:
+        check_tools(changes["tools"])
+    params: dict[str, Any] = {"id": assistant_id, "model": changes.get("model")}
+    for field in ("name", "description", "instructions"):
+        params[f"set_{field}"] = field in changes
+        params[field] = changes.get(field)
+    for field in ("tools", "metadata"):
+        given = changes.get(field)
+        params[field] = None if given is None else Jsonb(given)
+    row = fetch_one(conn, Q.update_assistant, params)
+    if row is None:
+        raise NotFound(f"No assistant found with id '{assistant_id}'.")
+    journal(
+        conn,
+        "assistant.modified",
+        tenant_id,
+        detail={"assistant_id": str(assistant_id), "fields": sorted(changes)},
+    )
+    return row
+
+
+def delete_assistant(
+    conn: psycopg.Connection[Any], tenant_id: str, assistant_id: uuid.UUID
+) -> None:
+    """Delete the tenant's assistant. Its runs, their tools and history stay; they no
+    longer name it. ``NotFound`` as for ``get_assistant``."""
+    tenancy.scope(conn, tenant_id)
+    if fetch_one(conn, Q.delete_assistant, {"id": assistant_id}) is None:
+        raise NotFound(f"No assistant found with id '{assistant_id}'.")
+    journal(conn, "assistant.deleted", tenant_id, detail={"assistant_id": str(assistant_id)})
+
+
+def modify_thread(
+    conn: psycopg.Connection[Any], tenant_id: str, thread_id: uuid.UUID, metadata: dict[str, Any]
+) -> Row:
+    """Replace a thread's metadata (all the Assistants protocol lets a caller change of a
+    thread); ``NotFound`` for another tenant's thread, as for a missing one."""
+    tenancy.scope(conn, tenant_id)
+    row = fetch_one(conn, Q.update_thread_metadata, {"id": thread_id, "metadata": Jsonb(metadata)})
+    if row is None:
+        raise NotFound(f"No thread found with id '{thread_id}'.")
+    journal(
+        conn, "thread.modified", tenant_id, thread_id=thread_id, detail={"fields": ["metadata"]}
+    )
+    return row
+
+
 def list_assistants(conn: psycopg.Connection[Any], tenant_id: str) -> list[Row]:
     tenancy.scope(conn, tenant_id)
     return fetch_all(conn, Q.list_assistants, {})

@@ -2,8 +2,9 @@
 
 A key is ``ob-`` followed by 32 random bytes (URL-safe base64); only its SHA-256 is stored,
 so a database dump gives no usable key. Creating and revoking are journaled under the key's
-tenant. Looking a key up happens before any tenant is known, so it runs as the schema owner
-(the role ``outbox serve`` logs in as); nothing here grants a tenant role access to keys.
+tenant. Looking a key up happens before any tenant is known: ``api_key_tenant_v1``
+(SECURITY DEFINER) answers it for ``outbox_api`` without letting that role read ``api_keys``,
+so ``outbox serve`` may log in as a mere member of ``outbox_api``.
 Like the writer, these functions run on the caller's connection and never commit.
 """
 
@@ -86,4 +87,4 @@ def tenant_of(conn: psycopg.Connection[Any], key: str) -> str | None:
     if not key.startswith(PREFIX):
         return None
     row = fetch_one(conn, Q.tenant_of_key, {"key_hash": digest(key)})
-    return None if row is None else str(row["tenant_id"])
+    return None if row is None or row["tenant_id"] is None else str(row["tenant_id"])

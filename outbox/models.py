@@ -705,7 +705,7 @@ class Assistant(Base):
 
 
 class AssistantRun(Base):
-    """What the Assistants protocol keeps of a run beside it (migration 0020)."""
+    """What the Assistants protocol keeps of a run beside it (migrations 0020, 0022)."""
 
     __tablename__ = "assistant_runs"
     __table_args__ = (
@@ -716,6 +716,7 @@ class AssistantRun(Base):
             ["assistant_id", "tenant_id"],
             ["assistants.id", "assistants.tenant_id"],
             name="assistant_runs_assistant_fk",
+            ondelete="SET NULL (assistant_id)",  # a deleted assistant's runs stay (0022)
         ),
         {
             "comment": "the assistant, declared tools and metadata of a run started through "

@@ -97,6 +97,25 @@ def list_assistants(store: Store, tenant: str, page: Page) -> Row:
     return paginate([shapes.assistant(r) for r in rows], page)
 
 
+def modify_assistant(store: Store, tenant: str, assistant_id: str, changes: dict[str, Any]) -> Row:
+    ident = parse_id(assistant_id, "assistant")
+    with store.tenant(tenant) as conn:
+        try:
+            return shapes.assistant(assistants.modify_assistant(conn, tenant, ident, changes))
+        except NotFound:
+            raise not_found("assistant", ident) from None
+
+
+def delete_assistant(store: Store, tenant: str, assistant_id: str) -> Row:
+    ident = parse_id(assistant_id, "assistant")
+    with store.tenant(tenant) as conn:
+        try:
+            assistants.delete_assistant(conn, tenant, ident)
+        except NotFound:
+            raise not_found("assistant", ident) from None
+    return shapes.deleted(str(ident), "assistant.deleted")
+
+
 def _assistant(conn: psycopg.Connection[Any], tenant: str, ident: uuid.UUID) -> Row:
     try:
         return assistants.get_assistant(conn, tenant, ident)
@@ -124,6 +143,15 @@ def get_thread(store: Store, tenant: str, thread_id: str) -> Row:
         return shapes.thread(_thread(conn, ident))
 
 
+def modify_thread(store: Store, tenant: str, thread_id: str, metadata: dict[str, Any]) -> Row:
+    ident = parse_id(thread_id, "thread")
+    with store.tenant(tenant) as conn:
+        try:
+            return shapes.thread(assistants.modify_thread(conn, tenant, ident, metadata))
+        except NotFound:
+            raise not_found("thread", ident) from None
+
+
 def _thread(conn: psycopg.Connection[Any], ident: uuid.UUID) -> Row:
     row = fetch_one(conn, Q.thread, {"thread_id": ident})
     if row is None:
@@ -145,6 +173,18 @@ def create_message(store: Store, tenant: str, thread_id: str, body: MessageIn) -
         row = fetch_one(conn, Q.message, {"message_id": message_id, "thread_id": ident})
         assert row is not None
         return shapes.message(row, ident)
+
+
+def get_message(store: Store, tenant: str, thread_id: str, message_id: str) -> Row:
+    ident = parse_id(thread_id, "thread")
+    number = message_id.removeprefix("msg_")
+    if not number.isdigit():
+        raise not_found("message", message_id)
+    with store.tenant(tenant) as conn:
+        row = fetch_one(conn, Q.message, {"message_id": int(number), "thread_id": ident})
+    if row is None:
+        raise not_found("message", message_id)
+    return shapes.message(row, ident)
 
 
 def list_messages(
@@ -309,6 +349,19 @@ def list_steps(store: Store, tenant: str, thread_id: str, run_id: str, page: Pag
             raise not_found("run", run)
         rows = fetch_all(conn, Q.steps, {"run_id": run})
     return paginate(shapes.steps(rows, run_row), page)
+
+
+def get_step(store: Store, tenant: str, thread_id: str, run_id: str, step_id: str) -> Row:
+    thread, run = parse_id(thread_id, "thread"), parse_id(run_id, "run")
+    with store.tenant(tenant) as conn:
+        run_row = fetch_one(conn, Q.run, {"run_id": run, "thread_id": thread})
+        if run_row is None:
+            raise not_found("run", run)
+        rows = fetch_all(conn, Q.steps, {"run_id": run})
+    for step in shapes.steps(rows, run_row):
+        if step["id"] == step_id:
+            return step
+    raise not_found("run step", step_id)
 
 
 def run_state(

@@ -20,12 +20,14 @@ from starlette.routing import Route
 
 from server import actions, events, streaming
 from server.bodies import (
+    AssistantChangesIn,
     AssistantIn,
     MessageIn,
     NoBody,
     RunIn,
     SubmitOutputsIn,
     ThreadAndRunIn,
+    ThreadChangesIn,
     ThreadIn,
 )
 from server.errors import APIError
@@ -171,6 +173,19 @@ async def get_assistant(request: Request) -> Response:
     return answer(await run_in_threadpool(actions.get_assistant, cfg.store, who, ident))
 
 
+async def modify_assistant(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    changes = (await body(request, AssistantChangesIn)).changes()
+    ident = request.path_params["assistant_id"]
+    return answer(await run_in_threadpool(actions.modify_assistant, cfg.store, who, ident, changes))
+
+
+async def delete_assistant(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident = request.path_params["assistant_id"]
+    return answer(await run_in_threadpool(actions.delete_assistant, cfg.store, who, ident))
+
+
 async def create_thread(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, ThreadIn)
@@ -181,6 +196,26 @@ async def get_thread(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident = request.path_params["thread_id"]
     return answer(await run_in_threadpool(actions.get_thread, cfg.store, who, ident))
+
+
+async def modify_thread(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    metadata = (await body(request, ThreadChangesIn)).metadata or {}
+    ident = request.path_params["thread_id"]
+    return answer(await run_in_threadpool(actions.modify_thread, cfg.store, who, ident, metadata))
+
+
+async def keep_history(request: Request) -> Response:
+    """Deleting a thread or a message, or rewriting a message, is refused: they are the
+    durable history runs replay and DBAs audit (docs/serve.md)."""
+    await tenant(request)
+    raise APIError(
+        405,
+        f"{request.method} {request.url.path} is not supported by outbox serve: threads and "
+        "their messages are the durable history a run replays and the audit record; start "
+        "a new thread instead.",
+        code="history_is_kept",
+    )
 
 
 async def create_message(request: Request) -> Response:
@@ -197,6 +232,12 @@ async def list_messages(request: Request) -> Response:
         actions.list_messages, cfg.store, who, ident, page(request), run_id
     )
     return answer(result)
+
+
+async def get_message(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    thread, message = request.path_params["thread_id"], request.path_params["message_id"]
+    return answer(await run_in_threadpool(actions.get_message, cfg.store, who, thread, message))
 
 
 async def create_run(request: Request) -> Response:
@@ -266,6 +307,12 @@ async def list_steps(request: Request) -> Response:
     return answer(result)
 
 
+async def get_step(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ids = [request.path_params[name] for name in ("thread_id", "run_id", "step_id")]
+    return answer(await run_in_threadpool(actions.get_step, cfg.store, who, *ids))
+
+
 async def run_events(request: Request) -> Response:
     """``GET /v1/runs/{run_id}/events``: the run's journal as SSE (see server.events)."""
     who, cfg = await tenant(request), config(request)
@@ -281,11 +328,19 @@ ROUTES = [
     Route("/v1/assistants", create_assistant, methods=["POST"]),
     Route("/v1/assistants", list_assistants, methods=["GET"]),
     Route("/v1/assistants/{assistant_id}", get_assistant, methods=["GET"]),
+    Route("/v1/assistants/{assistant_id}", modify_assistant, methods=["POST"]),
+    Route("/v1/assistants/{assistant_id}", delete_assistant, methods=["DELETE"]),
     Route("/v1/threads", create_thread, methods=["POST"]),
     Route("/v1/threads/runs", create_thread_and_run, methods=["POST"]),
     Route("/v1/threads/{thread_id}", get_thread, methods=["GET"]),
+    Route("/v1/threads/{thread_id}", modify_thread, methods=["POST"]),
+    Route("/v1/threads/{thread_id}", keep_history, methods=["DELETE"]),
     Route("/v1/threads/{thread_id}/messages", create_message, methods=["POST"]),
     Route("/v1/threads/{thread_id}/messages", list_messages, methods=["GET"]),
+    Route("/v1/threads/{thread_id}/messages/{message_id}", get_message, methods=["GET"]),
+    Route(
+        "/v1/threads/{thread_id}/messages/{message_id}", keep_history, methods=["POST", "DELETE"]
+    ),
     Route("/v1/threads/{thread_id}/runs", create_run, methods=["POST"]),
     Route("/v1/threads/{thread_id}/runs", list_runs, methods=["GET"]),
     Route("/v1/threads/{thread_id}/runs/{run_id}", get_run, methods=["GET"]),
@@ -296,5 +351,6 @@ ROUTES = [
         methods=["POST"],
     ),
     Route("/v1/threads/{thread_id}/runs/{run_id}/steps", list_steps, methods=["GET"]),
+    Route("/v1/threads/{thread_id}/runs/{run_id}/steps/{step_id}", get_step, methods=["GET"]),
     Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),
 ]

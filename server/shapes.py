@@ -209,6 +209,11 @@ def _open_step_status(run_row: Row) -> str:
     return {"cancelled": "cancelled", "expired": "expired"}.get(status, "failed")
 
 
+def deleted(ident: str, kind: str) -> Row:
+    """OpenAI's answer to a delete (``assistant.deleted``, ...)."""
+    return {"id": ident, "object": kind, "deleted": True}
+
+
 def page(items: list[Row], has_more: bool) -> Row:
     """OpenAI's list envelope."""
     return {

@@ -4,7 +4,8 @@
 LOCAL ROLE``) and is scoped to the tenant (``outbox.tenant_id``): row-level security shows
 and accepts that tenant's rows only, whatever a handler asks for. It commits when the block
 succeeds and rolls back on any error, so a refused request stores nothing. Keys are looked
-up by the pool's own login (the schema owner), before any tenant is known. The library is
+up as ``outbox_api`` too (through ``api_key_tenant_v1``), before any tenant is known: the
+pool's login needs no more than membership in ``outbox_api``. The library is
 synchronous; handlers call these through Starlette's thread pool.
 """
 
@@ -47,6 +48,7 @@ class Store:
     def tenant_of(self, key: str) -> str | None:
         """The tenant an API key acts for; None when it is unknown or revoked."""
         with self.pool.connection() as conn:
+            conn.execute(Q.act_as_api)
             return keys.tenant_of(conn, key)
 
     @contextmanager

@@ -18,3 +18,25 @@ SELECT * FROM {s}.assistants ORDER BY created_at, id
 INSERT INTO {s}.assistant_runs (run_id, tenant_id, assistant_id, tools, metadata)
 VALUES (%(run_id)s, %(tenant_id)s, %(assistant_id)s, %(tools)s, %(metadata)s)
 ON CONFLICT (run_id) DO NOTHING
+
+-- name: update_assistant
+-- Change the fields given (a NULL parameter keeps the field; metadata replaces the whole
+-- map, as OpenAI's modify did).
+UPDATE {s}.assistants SET
+    name = CASE WHEN %(set_name)s THEN %(name)s ELSE name END,
+    description = CASE WHEN %(set_description)s THEN %(description)s ELSE description END,
+    model = coalesce(%(model)s, model),
+    instructions = CASE WHEN %(set_instructions)s THEN %(instructions)s ELSE instructions END,
+    tools = coalesce(%(tools)s, tools),
+    metadata = coalesce(%(metadata)s, metadata)
+WHERE id = %(id)s
+RETURNING *
+
+-- name: delete_assistant
+-- Delete an assistant; the runs it started keep running, their link is cleared (0022).
+DELETE FROM {s}.assistants WHERE id = %(id)s RETURNING id
+
+-- name: update_thread_metadata
+-- Replace a thread's metadata (row-level security: the tenant's threads only).
+UPDATE {s}.threads SET metadata = %(metadata)s WHERE id = %(id)s
+RETURNING id, title, metadata, created_at

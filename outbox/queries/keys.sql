@@ -18,5 +18,6 @@ WHERE id = %(id)s
 RETURNING id, tenant_id, name, key_prefix, created_at, revoked_at
 
 -- name: tenant_of_key
--- The tenant a key (by its SHA-256) acts for, unless it was revoked.
-SELECT tenant_id FROM {s}.api_keys WHERE key_hash = %(key_hash)s AND revoked_at IS NULL
+-- The tenant a key (by its SHA-256) acts for, NULL when unknown or revoked; through the
+-- function, so a login that may not read api_keys (a member of outbox_api) can ask.
+SELECT {s}.api_key_tenant_v1(%(key_hash)s) AS tenant_id
