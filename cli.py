@@ -509,6 +509,17 @@ def tools_switches(as_json: bool) -> None:
     ),
 )
 @click.option(
+    "--tenant-share",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=RELAY_DEFAULTS.tenant_share,
+    show_default=True,
+    help=(
+        "The most of --concurrency one tenant's rows may hold in a process: the rest stays "
+        "free for other tenants, so a newcomer's first call starts as soon as it is due "
+        "(1 turns the reserve off)."
+    ),
+)
+@click.option(
     "--db-connections",
     default=RELAY_DEFAULTS.db_connections,
     show_default=True,
@@ -603,6 +614,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         database_url=url,
         schema=db.schema_name(),
         concurrency=opts["concurrency"],
+        tenant_share=opts["tenant_share"],
         inprocess_slots=opts["inprocess_slots"],
         inprocess_threads=opts["inprocess_threads"],
         completers=completers,

@@ -19,7 +19,11 @@ Rules, each with its reason:
 - rows claimed and not yet *written* never exceed both capacities together: fast effects
   cannot run the claims ahead of the completers (backpressure);
 - one claim takes at most ``CLAIM_MAX`` rows: a bigger one holds its locks longer and
-  delays the first effect for little gain.
+  delays the first effect for little gain;
+- one tenant's rows hold at most ``tenant_cap`` of the I/O places (``tenant_share`` of
+  them): a tenant with a backlog never fills the relay, so another tenant's first row finds
+  a place as soon as it is due, not when the busy tenant's calls end (the claim query
+  applies the cap; at 1.0 there is none).
 """
 
 from __future__ import annotations
@@ -34,6 +38,16 @@ CLAIM_MAX = 1000  # rows per claim statement
 class Capacity:
     concurrency: int  # I/O effects in flight, at most
     inprocess_slots: int  # in-process tool calls in flight, at most
+    tenant_share: float = 1.0  # the most of the I/O places one tenant's rows may hold
+
+    def tenant_cap(self, claims_inprocess: bool) -> int:
+        """Rows of one tenant claimed and not yet written, at most: ``tenant_share`` of the
+        I/O places, plus the in-process slots while the queue holds in-process calls (the
+        claim cannot tell the two apart, so the reserve is exact for I/O work only)."""
+        if self.tenant_share >= 1.0:
+            return self.total
+        io_cap = max(1, int(self.concurrency * self.tenant_share))
+        return io_cap + (self.inprocess_slots if claims_inprocess else 0)
 
     @property
     def total(self) -> int:

@@ -24,6 +24,7 @@ class RelayConfig:
     database_url: str
     schema: str = "outbox"
     concurrency: int = 1000  # effects in flight per process (model turns, HTTP tools)
+    tenant_share: float = 0.95  # the most of `concurrency` one tenant's rows may hold
     inprocess_slots: int = 512  # in-process tool calls in flight per process, beside the slots
     inprocess_threads: int = 64  # threads running in-process tools per process
     lease_s: float = 30.0  # seconds a claim is valid without a heartbeat
@@ -50,6 +51,8 @@ class RelayConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if not 0 < self.tenant_share <= 1:
+            raise ValueError("tenant_share must be over 0 and at most 1")
         if self.completers < 1:
             raise ValueError("completers must be at least 1")
         if self.inprocess_slots < 1:

@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from outbox.sql import Queries
 from relay import failpoints, inprocess
@@ -79,7 +80,7 @@ class Worker:
         self.cfg = cfg
         self.q = Queries(Path(__file__).parent / "queries" / "relay.sql", cfg.schema)
         self.metrics = Metrics()
-        self.capacity = Capacity(cfg.concurrency, cfg.inprocess_slots)
+        self.capacity = Capacity(cfg.concurrency, cfg.inprocess_slots, cfg.tenant_share)
         self.stopping = threading.Event()  # no more claims
         self.wake = threading.Event()
         self.lock = threading.Lock()
@@ -88,6 +89,7 @@ class Worker:
         self.io_executing = 0  # of which on the engine (the rest are in-process tool calls)
         self.claims_inprocess = False  # did the last claim hold in-process tool calls?
         self.inflight: dict[int, Claimed] = {}  # claimed, outcome not yet written
+        self.held: collections.Counter[str] = collections.Counter()  # of inflight, by tenant
         # One queue per completer; a run's outcomes always go to the same one, so completers
         # of one process never wait for each other's run and batch locks.
         self.outcomes = [queue.Queue[Outcome]() for _ in range(cfg.completers)]
@@ -276,6 +278,9 @@ class Worker:
     def _claim(self, link: Link, limit: int, kinds: list[str] | None = None) -> list[Claimed]:
         conn = link.get()
         assert conn.autocommit, "a claim must commit by itself: use Worker.claim_link()"
+        with self.lock:
+            held = dict(self.held)
+            tenant_cap = self.capacity.tenant_cap(self.claims_inprocess)
         with conn.cursor() as cur:
             cur.execute(
                 self.q.claim,
@@ -284,6 +289,8 @@ class Worker:
                     "worker": self.cfg.worker_id,
                     "lease_s": self.cfg.lease_s,
                     "kinds": kinds or self.kinds,
+                    "tenant_cap": tenant_cap,
+                    "held": Jsonb(held),
                 },
             )
             now = time.monotonic()
@@ -298,6 +305,8 @@ class Worker:
         with self.lock:
             for row in rows:
                 self.inflight[row.id] = row
+                if row.kind != DELIVERY:
+                    self.held[row.tenant_id] += 1
             self.executing += len(rows)
             self.io_executing += io_rows
             # Deliveries take no slot either way; the other rows say what the queue holds.
@@ -436,7 +445,11 @@ class Worker:
         """Outcomes written (or abandoned): their rows free claim capacity."""
         with self.lock:
             for outcome in outcomes:
-                self.inflight.pop(outcome.row.id, None)
+                row = self.inflight.pop(outcome.row.id, None)
+                if row is not None and row.kind != DELIVERY:
+                    self.held[row.tenant_id] -= 1
+                    if not self.held[row.tenant_id]:
+                        del self.held[row.tenant_id]
         self.wake.set()
 
     def _release(self, ids: list[int]) -> None:

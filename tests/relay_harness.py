@@ -91,6 +91,7 @@ def config(db_url: str, **overrides: Any) -> RelayConfig:
     values: dict[str, Any] = {
         "database_url": db_url,
         "concurrency": 8,
+        "tenant_share": 1.0,  # tests count exact claims; the cap has its own (test_limits)
         "lease_s": 5.0,
         "poll_interval_s": 0.2,
         "rescue_interval_s": 0.3,

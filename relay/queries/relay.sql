@@ -14,6 +14,9 @@
 --   lane row's last writer is visible to this statement's snapshot: every claim that takes
 --   work of a lane rewrites its row, so a claim committed after this statement began shows
 --   as an invisible writer, and the lane waits for the next claim rather than count short;
+-- * this relay's own cap per tenant (relay.capacity, `--tenant-share`): a tenant holding
+--   `held` rows of this relay takes at most tenant_cap - held in its share, and others'
+--   unused shares are filled only as far as no tenant could pass the cap;
 -- * lease the chosen rows from the database clock, bump the attempt (the fencing token),
 --   take the rate tokens they used, and return each with what its executor needs. Every
 --   other lookup goes through a primary key.
@@ -45,8 +48,11 @@ WITH RECURSIVE loads AS (
             ORDER BY o.tenant_id LIMIT 1)
     FROM tenants t WHERE t.tenant_id IS NOT NULL
 ), share AS (
+    -- Tenants at this relay's cap take no share: the others split the places.
     SELECT ceil(%(limit)s::float8 / greatest(1, count(*)))::int AS n
-    FROM tenants WHERE tenant_id IS NOT NULL
+    FROM tenants
+    WHERE tenant_id IS NOT NULL
+      AND coalesce((%(held)s::jsonb ->> tenant_id)::int, 0) < %(tenant_cap)s
 ), shared AS (
     SELECT c.id, c.tenant_id, c.tool_name, c.available_at FROM tenants t
     CROSS JOIN LATERAL (
@@ -57,13 +63,25 @@ WITH RECURSIVE loads AS (
                OR NOT EXISTS (SELECT 1 FROM full_lanes f
                               WHERE f.scope = 'tool' AND f.name = o.tool_name))
         ORDER BY o.available_at, o.id
-        LIMIT (SELECT n FROM share)
+        LIMIT least((SELECT n FROM share),
+                    greatest(0, %(tenant_cap)s
+                                - coalesce((%(held)s::jsonb ->> t.tenant_id)::int, 0)))
         FOR UPDATE OF o SKIP LOCKED
     ) c
     WHERE t.tenant_id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM full_lanes f
                       WHERE f.scope = 'tenant' AND f.name = t.tenant_id)
       AND NOT EXISTS (SELECT 1 FROM {s}.tenant_pauses p WHERE p.tenant_id = t.tenant_id)
+), topped_room AS (
+    -- How many more rows fit without taking any tenant with due rows past this relay's
+    -- cap, however they fall (rows held here + rows shared above, the fullest tenant).
+    SELECT greatest(0, %(tenant_cap)s - coalesce(max(
+               coalesce((%(held)s::jsonb ->> t.tenant_id)::int, 0) + coalesce(g.n, 0)), 0))
+           AS n
+    FROM tenants t
+    LEFT JOIN (SELECT tenant_id, count(*) AS n FROM shared GROUP BY tenant_id) g
+           ON g.tenant_id = t.tenant_id
+    WHERE t.tenant_id IS NOT NULL
 ), topped AS (
     -- Tenants with less than their share leave room: the oldest other due rows fill it.
     SELECT o.id, o.tenant_id, o.tool_name, o.available_at FROM {s}.outbox o
@@ -74,7 +92,8 @@ WITH RECURSIVE loads AS (
                          OR (f.scope = 'tool' AND f.name = o.tool_name))
       AND NOT EXISTS (SELECT 1 FROM {s}.tenant_pauses p WHERE p.tenant_id = o.tenant_id)
     ORDER BY o.available_at, o.id
-    LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM shared))
+    LIMIT least(greatest(0, %(limit)s - (SELECT count(*) FROM shared)),
+                (SELECT n FROM topped_room))
     FOR UPDATE OF o SKIP LOCKED
 ), candidates AS (
     -- turn: a row's place among its tenant's (its tenant's first row, second row...).

@@ -107,6 +107,43 @@ def test_a_claim_takes_tenants_round_robin(db_url):
     assert sorted(r.tenant_id for r in claimed) == ["t1"] * 3 + ["t2"] * 3 + ["t3"] * 3
 
 
+def test_one_tenant_never_fills_the_relay_so_a_newcomer_finds_a_place(db_url, service):
+    """--tenant-share: a tenant's backlog takes at most its share of the places; the rest
+    is the next tenant's at its first claim, while the busy tenant's calls still run."""
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "slow_key", "key")
+        conn.commit()
+    seed_calls(db_url, ACME, "slow_key", runs=20, calls=10)  # 200 calls of one tenant
+    worker = Worker(config(db_url, concurrency=10, tenant_share=0.8))
+    link = worker.claim_link()
+    try:
+        first = worker._claim(link, worker._free())
+        assert [r.tenant_id for r in first] == [ACME] * 8  # 8 of 10 places, not 10
+        assert worker._claim(link, 2) == []  # at its cap: the last places stay free
+        seed_calls(db_url, "globex", "slow_key", runs=1, calls=3)
+        newcomer = worker._claim(link, 2)
+        assert [r.tenant_id for r in newcomer] == ["globex"] * 2
+    finally:
+        link.close()
+
+
+def test_the_cap_holds_when_a_claim_fills_other_tenants_shares(db_url, service):
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "slow_key", "key")
+        conn.commit()
+    seed_calls(db_url, ACME, "slow_key", runs=20, calls=10)
+    seed_calls(db_url, "globex", "slow_key", runs=1, calls=1)
+    worker = Worker(config(db_url, concurrency=10, tenant_share=0.6))
+    link = worker.claim_link()
+    try:
+        claimed = worker._claim(link, 10)  # globex's unused share goes to acme up to its cap
+        tenants = [r.tenant_id for r in claimed]
+        assert tenants.count("globex") == 1 and tenants.count(ACME) == 6
+        assert worker._claim(link, 3) == []
+    finally:
+        link.close()
+
+
 # -- limits across processes -------------------------------------------------------------
 
 

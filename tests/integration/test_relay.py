@@ -307,7 +307,8 @@ def test_claim_uses_the_partial_index(db_url, tools):
         conn.execute("ANALYZE outbox.outbox")
         plan = conn.execute(
             "EXPLAIN (FORMAT JSON) " + worker.q.claim,
-            {"limit": 10, "worker": "w", "lease_s": 30, "kinds": ["tool_call"]},
+            {"limit": 10, "worker": "w", "lease_s": 30, "kinds": ["tool_call"]}
+            | {"tenant_cap": 1000, "held": "{}"},
         ).fetchone()[0]
         conn.rollback()
     assert "outbox_ready" in str(plan), plan

@@ -339,7 +339,8 @@ def test_writer_cannot_claim_lease_or_finish_rows(conn):
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
         conn.execute(
             RELAY_Q.claim,
-            {"kinds": ["tool_call", "model_turn"], "limit": 10, "worker": "w", "lease_s": 30},
+            {"kinds": ["tool_call", "model_turn"], "limit": 10, "worker": "w", "lease_s": 30}
+            | {"tenant_cap": 1000, "held": "{}"},
         )
     conn.rollback()
     for statement in (
@@ -404,7 +405,8 @@ def test_relay_sees_and_claims_every_tenant(conn):
     assert tenants_seen(conn, "runs") == {A, B}
     claimed = conn.execute(
         RELAY_Q.claim,
-        {"kinds": ["tool_call"], "limit": 10, "worker": "w1", "lease_s": 30},
+        {"kinds": ["tool_call"], "limit": 10, "worker": "w1", "lease_s": 30}
+        | {"tenant_cap": 1000, "held": "{}"},
     ).fetchall()
     assert len(claimed) == 2
     # and completes: done rows leave the hot table

@@ -51,3 +51,10 @@ def test_unwritten_outcomes_hold_claims_back():
 
 def test_one_claim_is_bounded():
     assert room(Capacity(20000, 512)) == CLAIM_MAX
+
+
+def test_one_tenant_may_hold_its_share_of_the_io_places():
+    assert Capacity(1000, 512, 0.95).tenant_cap(False) == 950
+    assert Capacity(1000, 512, 0.95).tenant_cap(True) == 950 + 512  # in-process slots too
+    assert Capacity(1, 512, 0.5).tenant_cap(False) == 1  # never no place at all
+    assert Capacity(1000, 512, 1.0).tenant_cap(False) == 1512  # no reserve: everything
