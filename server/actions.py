@@ -99,20 +99,14 @@ def list_assistants(store: Store, tenant: str, page: Page) -> Row:
 
 def modify_assistant(store: Store, tenant: str, assistant_id: str, changes: dict[str, Any]) -> Row:
     ident = parse_id(assistant_id, "assistant")
-    with store.tenant(tenant) as conn:
-        try:
-            return shapes.assistant(assistants.modify_assistant(conn, tenant, ident, changes))
-        except NotFound:
-            raise not_found("assistant", ident) from None
+    with store.tenant(tenant) as conn:  # NotFound is a 404 (server.errors.from_library)
+        return shapes.assistant(assistants.modify_assistant(conn, tenant, ident, changes))
 
 
 def delete_assistant(store: Store, tenant: str, assistant_id: str) -> Row:
     ident = parse_id(assistant_id, "assistant")
     with store.tenant(tenant) as conn:
-        try:
-            assistants.delete_assistant(conn, tenant, ident)
-        except NotFound:
-            raise not_found("assistant", ident) from None
+        assistants.delete_assistant(conn, tenant, ident)
     return shapes.deleted(str(ident), "assistant.deleted")
 
 
@@ -146,10 +140,7 @@ def get_thread(store: Store, tenant: str, thread_id: str) -> Row:
 def modify_thread(store: Store, tenant: str, thread_id: str, metadata: dict[str, Any]) -> Row:
     ident = parse_id(thread_id, "thread")
     with store.tenant(tenant) as conn:
-        try:
-            return shapes.thread(assistants.modify_thread(conn, tenant, ident, metadata))
-        except NotFound:
-            raise not_found("thread", ident) from None
+        return shapes.thread(assistants.modify_thread(conn, tenant, ident, metadata))
 
 
 def _thread(conn: psycopg.Connection[Any], ident: uuid.UUID) -> Row:

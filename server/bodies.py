@@ -47,13 +47,7 @@ class MessageIn(_Body):
         return self.content
 
 
-class AssistantIn(_Body):
-    model: str = Field(min_length=1, max_length=200)
-    name: str | None = Field(default=None, max_length=256)
-    description: str | None = Field(default=None, max_length=512)
-    instructions: str | None = None
-    tools: list[dict[str, Any]] = Field(default_factory=list, max_length=128)
-    metadata: dict[str, str] | None = None
+class _AssistantIgnored(_Body):
     temperature: Ignored = None
     top_p: Ignored = None
     response_format: Ignored = None
@@ -61,7 +55,16 @@ class AssistantIn(_Body):
     reasoning_effort: Ignored = None
 
 
-class AssistantChangesIn(_Body):
+class AssistantIn(_AssistantIgnored):
+    model: str = Field(min_length=1, max_length=200)
+    name: str | None = Field(default=None, max_length=256)
+    description: str | None = Field(default=None, max_length=512)
+    instructions: str | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list, max_length=128)
+    metadata: dict[str, str] | None = None
+
+
+class AssistantChangesIn(_AssistantIgnored):
     """Modify an assistant: only the fields given change."""
 
     model: str | None = Field(default=None, min_length=1, max_length=200)
@@ -70,15 +73,10 @@ class AssistantChangesIn(_Body):
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
     metadata: dict[str, str] | None = None
-    temperature: Ignored = None
-    top_p: Ignored = None
-    response_format: Ignored = None
-    tool_resources: Ignored = None
-    reasoning_effort: Ignored = None
 
     def changes(self) -> dict[str, Any]:
         """The fields the caller gave, without the ignored ones."""
-        ignored = {"temperature", "top_p", "response_format", "tool_resources", "reasoning_effort"}
+        ignored = set(_AssistantIgnored.model_fields)
         return {k: v for k, v in self.model_dump(exclude_unset=True).items() if k not in ignored}
 
 
