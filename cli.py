@@ -595,7 +595,8 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
     Logs are JSON lines on stderr. SIGTERM or Ctrl-C stops claiming, lets in-flight work
     finish within the grace period and releases the rest; a second signal exits at once.
     """
-    from relay import logs, supervisor, worker
+    from outbox import logs
+    from relay import supervisor, worker
     from relay.links import check_connection_budget
 
     url = db.database_url()
@@ -757,6 +758,7 @@ def serve_command(
 
     import uvicorn
 
+    from outbox import logs
     from outbox.schemas import url_problem
     from server import app as server_app
 
@@ -783,7 +785,8 @@ def serve_command(
                 action_timeout_s=action_timeout_s,
                 max_connections=db_connections,
             )
-            uvicorn.run(app, host=host, port=port, log_level=log_level.lower())
+            logs.setup(log_level, "server")
+            uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False)
         else:
             # Each worker process builds the app itself, from the environment.
             os.environ.update(
@@ -792,6 +795,7 @@ def serve_command(
                     server_app.ENV_MODEL_BASE_URL: model_base_url or "",
                     server_app.ENV_ACTION_TIMEOUT_S: str(action_timeout_s or ""),
                     server_app.ENV_DB_CONNECTIONS: str(db_connections),
+                    server_app.ENV_LOG_LEVEL: log_level,
                 }
             )
             uvicorn.run(
@@ -801,6 +805,7 @@ def serve_command(
                 host=host,
                 port=port,
                 log_level=log_level.lower(),
+                access_log=False,
             )
     finally:
         if relay is not None:

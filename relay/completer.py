@@ -37,12 +37,12 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from outbox import writer
+from outbox.logs import log
 from outbox.schemas import ToolResultIn
 from outbox.sql import Queries
 from relay import failpoints
 from relay.config import RelayConfig
 from relay.links import Link
-from relay.logs import log
 from relay.metrics import Metrics
 from relay.outcomes import Claimed, Outcome
 

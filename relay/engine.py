@@ -34,8 +34,8 @@ from typing import Any
 import httpx2
 import openai
 
+from outbox.logs import log
 from relay.executors import ToolExecutor
-from relay.logs import log
 from relay.model import MODEL_TIMEOUT_S, ModelExecutor
 from relay.outcomes import Claimed, Outcome, retry
 from relay.preparer import Preparer

@@ -23,7 +23,7 @@ import psycopg
 
 from outbox import db
 from outbox.errors import OutboxError
-from relay.logs import log
+from outbox.logs import log
 
 logger = logging.getLogger("relay.links")
 RECONNECT_MAX_S = 5.0  # longest wait between reconnection attempts

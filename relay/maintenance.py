@@ -21,10 +21,10 @@ from collections.abc import Callable
 import psycopg
 
 from outbox import approvals, lifecycle
+from outbox.logs import log
 from outbox.sql import Queries
 from relay.config import RelayConfig
 from relay.links import Link
-from relay.logs import log
 from relay.metrics import Metrics
 
 logger = logging.getLogger("relay.maintenance")

@@ -28,9 +28,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from outbox import history, writer
+from outbox.logs import log
 from outbox.sql import Queries
 from relay.links import Link
-from relay.logs import log
 from relay.outcomes import Claimed
 
 logger = logging.getLogger("relay.preparer")

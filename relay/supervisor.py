@@ -26,11 +26,10 @@ from pathlib import Path
 
 import psycopg
 
-from outbox import db
+from outbox import db, logs
+from outbox.logs import log
 from outbox.sql import Queries
-from relay import logs
 from relay.config import RelayConfig, new_worker_id, worker_id_of
-from relay.logs import log
 from relay.worker import Worker, freeze_startup_heap, leave_process, raise_open_files_limit
 
 logger = logging.getLogger("relay.supervisor")

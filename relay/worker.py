@@ -48,6 +48,7 @@ from pathlib import Path
 import psycopg
 from psycopg.types.json import Jsonb
 
+from outbox.logs import log
 from outbox.sql import Queries
 from relay import failpoints, inprocess
 from relay.capacity import Capacity
@@ -56,7 +57,6 @@ from relay.config import RelayConfig
 from relay.engine import Engine
 from relay.links import Link
 from relay.listener import listen
-from relay.logs import log
 from relay.maintenance import Maintenance
 from relay.metrics import Metrics
 from relay.outcomes import Claimed, Outcome, retry, runs_in_chunks, stopped

@@ -14,12 +14,15 @@ from contextlib import asynccontextmanager
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from outbox import config as outbox_config
+from outbox import logs
 from outbox.errors import OutboxError
 from server import errors
+from server.access import AccessLog
 from server.actions import Settings
 from server.routes import ROUTES, Config
 from server.store import Store
@@ -62,6 +65,7 @@ def create_app(
     app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
+        middleware=[Middleware(AccessLog)],
         exception_handlers={
             errors.APIError: errors.api_error,
             OutboxError: errors.library_error,
@@ -79,11 +83,13 @@ def create_app(
 ENV_MODEL_BASE_URL = "OUTBOX_SERVE_MODEL_BASE_URL"
 ENV_ACTION_TIMEOUT_S = "OUTBOX_SERVE_ACTION_TIMEOUT_S"
 ENV_DB_CONNECTIONS = "OUTBOX_SERVE_DB_CONNECTIONS"
+ENV_LOG_LEVEL = "OUTBOX_SERVE_LOG_LEVEL"
 
 
 def from_environment() -> Starlette:
     """The app of one worker process of ``outbox serve --workers N``."""
     timeout = os.environ.get(ENV_ACTION_TIMEOUT_S)
+    logs.setup(os.environ.get(ENV_LOG_LEVEL, "INFO"), "server")
     return create_app(
         os.environ["OUTBOX_DATABASE_URL"],
         model_base_url=os.environ.get(ENV_MODEL_BASE_URL) or None,

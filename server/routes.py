@@ -73,6 +73,7 @@ async def tenant(request: Request) -> str:
             "--tenant T`; a revoked key is refused.",
             code="invalid_api_key",
         )
+    request.state.tenant_id = found  # for the access log (server.access)
     return found
 
 

@@ -20,10 +20,10 @@ from click.testing import CliRunner
 
 import cli
 from outbox import credentials, ops, registry, writer
+from outbox.logs import JsonFormatter
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
-from relay.logs import JsonFormatter
 from tests.helpers import new_run, turn
 from tests.integration.test_secrets import dump_schema
 from tests.relay_harness import register_tool, relay_thread, scalar, wait_until

@@ -366,7 +366,7 @@ def test_metrics_endpoint_counts_the_work(db_url, tools):
 def test_log_lines_carry_every_identity(db_url, tools, tmp_path):
     import json as json_module
 
-    from relay.logs import IDENTITY_FIELDS
+    from outbox.logs import IDENTITY_FIELDS
     from tests.relay_harness import start_relay_process
 
     refs = seed(db_url, ["keyed"], runs=1, calls_per_batch=2, args=args)

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from outbox.logs import JsonFormatter
 from outbox.testing.tools import FakeToolService
-from relay.logs import JsonFormatter
 from tests.relay_harness import (
     all_settled,
     register_tool,

@@ -1,17 +1,22 @@
 """``outbox serve``: modifying and deleting assistants, thread metadata, one message and one
-run step by id (the openai SDK as the client), each kept to its tenant; and a server whose
-login is only a member of ``outbox_api`` (it looks keys up without reading ``api_keys``)."""
+run step by id (the openai SDK as the client), each kept to its tenant; a server whose
+login is only a member of ``outbox_api`` (it looks keys up without reading ``api_keys``);
+the access log."""
 
 from __future__ import annotations
 
+import json
+import logging
 import uuid
 from collections.abc import Iterator
 
+import httpx2
 import openai
 import psycopg
 import pytest
 
 from outbox import keys
+from outbox.logs import JsonFormatter
 from outbox.testing.model import ScriptedModel
 from tests.relay_harness import relay_thread, scalar
 from tests.serve_harness import serve
@@ -167,3 +172,25 @@ def test_a_login_that_is_only_a_member_of_outbox_api_serves_and_cannot_read_keys
         with psycopg.connect(db_url, autocommit=True) as conn:
             conn.execute(f"DROP OWNED BY {login}")
             conn.execute(f"DROP ROLE {login}")
+
+
+def test_every_request_is_logged_with_its_tenant_path_ids_and_request_id(
+    base_url, api_keys, caplog
+):
+    caplog.set_level(logging.INFO, logger="server.access")
+    thread = client(base_url, api_keys["acme"]).beta.threads.create()
+    url = f"{base_url}/threads/{thread.id}/runs/{uuid.uuid4()}"
+    answered = httpx2.get(
+        url, headers={"Authorization": f"Bearer {api_keys['acme']}", "X-Request-Id": "req-42"}
+    )
+    assert answered.status_code == 404 and answered.headers["x-request-id"] == "req-42"
+    refused = httpx2.get(f"{base_url}/assistants", headers={"Authorization": "Bearer nope"})
+    assert refused.status_code == 401 and refused.headers["x-request-id"].startswith("req_")
+
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+    mine = next(line for line in lines if line["correlation_id"] == "req-42")
+    assert mine["event"] == "api.request" and mine["tenant_id"] == "acme"
+    assert (mine["thread_id"], mine["status"], mine["method"]) == (thread.id, 404, "GET")
+    assert mine["run_id"] == url.rsplit("/", 1)[1]
+    theirs = next(line for line in lines if line["status"] == 401)
+    assert theirs["tenant_id"] is None and theirs["correlation_id"].startswith("req_")

@@ -2,7 +2,8 @@
 
 Every line names tenant, thread, run, batch, tool call, correlation id, attempt and worker
 (null where a line concerns no such thing), so an operator can follow one run across
-workers with ``grep`` or ``jq``.
+relay workers and ``outbox serve``'s requests with ``grep`` or ``jq``. The relay logs under
+``relay``, the server under ``server``.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
-def setup(level: str = "INFO") -> None:
+def setup(level: str = "INFO", name: str = "relay") -> None:
+    """JSON lines on stderr for the loggers under ``name``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
-    root = logging.getLogger("relay")
+    root = logging.getLogger(name)
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False

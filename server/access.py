@@ -1,0 +1,66 @@
+"""The access log: one structured line per request (``api.request``), with the identities
+every log line of the product carries (``outbox.logs``).
+
+The tenant is the API key's (set by ``routes.tenant`` once the key is known; null for a
+request refused before that); thread and run come from the path. The request id is the
+caller's ``X-Request-Id`` or a new one, sent back in that header (OpenAI's SDK shows it on
+errors) and logged as the correlation id. A streamed response is logged when its stream
+ends, with how long it lasted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from outbox.logs import log
+
+logger = logging.getLogger("server.access")
+HEADER = b"x-request-id"
+MAX_REQUEST_ID = 200  # characters of a caller's request id kept
+
+
+class AccessLog:
+    """ASGI middleware: log each HTTP request once it is answered."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        given = dict(scope["headers"]).get(HEADER, b"").decode("latin-1")[:MAX_REQUEST_ID]
+        request_id = given or f"req_{uuid.uuid4().hex}"
+        status = 500
+
+        async def answer(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [h for h in message.get("headers", []) if h[0] != HEADER]
+                message["headers"] = [*headers, (HEADER, request_id.encode("latin-1"))]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, answer)
+        finally:
+            params: dict[str, Any] = scope.get("path_params", {})
+            log(
+                logger,
+                logging.INFO,
+                "api.request",
+                tenant_id=scope.get("state", {}).get("tenant_id"),
+                thread_id=params.get("thread_id"),
+                run_id=params.get("run_id"),
+                correlation_id=request_id,
+                method=scope["method"],
+                path=scope["path"],
+                status=status,
+                ms=round((time.perf_counter() - started) * 1000, 1),
+            )
