@@ -1,0 +1,119 @@
+"""NOTIFY outbox_runs: every change of a run's status reaches a listener after its
+transaction commits, in order, and nothing of a transaction rolled back; a client tool's
+``requires_action`` and the outputs that move the run on are told too."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox import lifecycle, registry, writer
+from outbox.schemas import StartRun
+from outbox.testing.model import ScriptedModel
+from tests.relay_harness import TENANT, relay_thread
+
+ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
+WAIT_S = 30.0  # the most a test waits for one notification
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel(default=[{"text": "hello"}]) as server:
+        server.add_script(
+            "approve",
+            [{"tool_calls": [{"name": "approve", "arguments": {}}]}, {"text": "approved"}],
+        )
+        yield server
+
+
+@pytest.fixture
+def listener(db_url: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(db_url) as conn:
+        registry.register(
+            conn,
+            registry.ToolSpec(name="approve", executor="client", json_schema={"type": "object"}),
+        )
+        conn.commit()
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("LISTEN outbox_runs")
+        yield conn
+
+
+def start(conn: psycopg.Connection[Any], model: ScriptedModel, script: str) -> writer.RunRef:
+    thread = writer.create_thread(conn, TENANT).id
+    return writer.start_run(
+        conn,
+        StartRun(
+            tenant_id=TENANT,
+            thread_id=thread,
+            model="scripted-1",
+            message=f"script:{script} please",
+            tools=["approve"],
+            base_url=model.url + "/v1",
+        ),
+    )
+
+
+def told(listener: psycopg.Connection[Any], run_id: uuid.UUID, until: str) -> list[dict[str, Any]]:
+    """This run's notifications, in order, up to the one with status ``until``."""
+    seen = []
+    for note in listener.notifies(timeout=WAIT_S):
+        payload = json.loads(note.payload)
+        if payload["run_id"] == str(run_id):
+            seen.append(payload)
+            if payload["status"] == until:
+                return seen
+    raise AssertionError(f"no {until!r} for run {run_id} within {WAIT_S}s; saw {seen}")
+
+
+def test_a_runs_status_changes_are_told_in_order_after_commit(db_url, model, listener):
+    with psycopg.connect(db_url) as conn:
+        rolled_back = start(conn, model, "approve")
+        conn.rollback()
+        run = start(conn, model, "approve")
+        conn.commit()
+    with relay_thread(db_url, kinds=ALL_KINDS):
+        waiting = told(listener, run.id, "requires_action")
+        assert waiting[0] == {
+            "schema": "outbox",
+            "tenant_id": TENANT,
+            "thread_id": str(run.thread_id),
+            "run_id": str(run.id),
+            "status": "queued",
+            "previous_status": None,
+        }
+        with psycopg.connect(db_url) as conn:
+            (call,) = conn.execute(
+                "SELECT tool_call_id FROM outbox.tool_calls WHERE run_id = %s", [run.id]
+            ).fetchall()
+            outputs = [{"tool_call_id": call[0], "output": "yes"}]
+            lifecycle.submit_tool_outputs(conn, TENANT, run.id, outputs)
+            conn.commit()
+        done = told(listener, run.id, "completed")
+    chain = waiting + done
+    for before, after in itertools.pairwise(chain):
+        assert after["previous_status"] == before["status"], chain
+    assert "in_progress" in [n["status"] for n in done]
+    leftovers = list(listener.notifies(timeout=0.5))
+    assert all(json.loads(n.payload)["run_id"] != str(rolled_back.id) for n in leftovers)
+    assert all(n["run_id"] != str(rolled_back.id) for n in chain)
+
+
+def test_run_notify_off_tells_nothing(db_url, model, listener):
+    with psycopg.connect(db_url) as conn:
+        conn.execute("SET outbox.run_notify = 'off'")
+        quiet = start(conn, model, "hello")
+        conn.commit()
+        conn.execute("RESET outbox.run_notify")
+        loud = start(conn, model, "hello")
+        conn.commit()
+    assert told(listener, loud.id, "queued")[0]["status"] == "queued"
+    assert all(
+        json.loads(n.payload)["run_id"] != str(quiet.id) for n in listener.notifies(timeout=0.5)
+    )
