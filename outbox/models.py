@@ -733,6 +733,60 @@ class AssistantRun(Base):
     )
 
 
+class WebhookEndpoint(Base):
+    """Where a tenant's run events are POSTed, signed (migration 0024)."""
+
+    __tablename__ = "webhook_endpoints"
+    __table_args__ = (
+        Index("webhook_endpoints_tenant", "tenant_id", postgresql_where=text("removed_at IS NULL")),
+        {
+            "comment": "webhook endpoints per tenant: run events are POSTed there, signed "
+            "(Standard Webhooks), through the outbox; the secret is encrypted with the "
+            "relay's key"
+        },
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(
+        UUID, primary_key=True, server_default=text("gen_random_uuid()")
+    )
+    tenant_id: Mapped[str] = mapped_column(Text)
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
+    ciphertext: Mapped[str] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
+    created_at: Mapped[datetime] = _now()
+    rotated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    removed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WebhookDelivery(Base):
+    """One webhook event for one endpoint, delivered once (migration 0024)."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("endpoint_id", "event_key", name="webhook_deliveries_once"),
+        ForeignKeyConstraint(
+            ["endpoint_id"], ["webhook_endpoints.id"], name="webhook_deliveries_endpoint_id_fkey"
+        ),
+        Index("webhook_deliveries_run", "run_id"),
+        {
+            "comment": "one row per webhook event and endpoint (unique): when it was "
+            "delivered and how"
+        },
+    )
+
+    id: Mapped[int] = _pk()
+    endpoint_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    tenant_id: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    event: Mapped[str] = mapped_column(Text)
+    event_key: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+
+
 def metadata_for(schema: str) -> MetaData:
     """The models' tables as they appear in ``schema`` (for migrations and comparisons)."""
     if schema == DEFAULT_SCHEMA:

@@ -323,6 +323,8 @@ class Completer:
             return "lost"
         if outcome.action in ("turn", "fail_run", "skip"):
             return self._apply_model(conn, outcome)
+        if outcome.action == "webhook":
+            return self._apply_webhook(conn, outcome)
         if outcome.action in ("result", "deliver"):
             if not self._fence(conn, self.q.finish, outcome):
                 return "fenced"
@@ -404,6 +406,40 @@ class Completer:
             return "skipped"
         writer.end_run(conn, run, "failed", "model_error", outcome.error)
         return "run_failed"
+
+    def _apply_webhook(self, conn: psycopg.Connection[Any], outcome: Outcome) -> str:
+        """A webhook answered (delivered) or was dropped (its endpoint removed): finish the
+        row and record it on its delivery."""
+        if not self._fence(conn, self.q.finish, outcome):
+            return "fenced"
+        row = outcome.row
+        assert row.payload is not None
+        delivered = outcome.status == "ok"
+        status_code = outcome.output["status_code"] if delivered else None
+        conn.execute(
+            self.q.webhook_done,
+            {
+                "delivery_id": row.payload["delivery_id"],
+                "delivered": delivered,
+                "status_code": status_code,
+                "attempt": row.attempt,
+            },
+        )
+        self.metrics.succeeded.labels(row.kind).inc()
+        writer.journal(
+            conn,
+            "webhook.delivered" if delivered else "webhook.dropped",
+            row.tenant_id,
+            **self._ids(row),
+            detail={
+                "endpoint_id": row.payload["endpoint_id"],
+                "event_key": row.payload["event_key"],
+                "run_id": row.payload["body"]["data"]["id"],
+                "status_code": status_code,
+                "reason": outcome.error,
+            },
+        )
+        return "webhook_delivered" if delivered else "webhook_dropped"
 
     def _call_status(
         self,

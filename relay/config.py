@@ -7,7 +7,7 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
+ALL_KINDS = ("model_turn", "tool_call", "deliver_batch", "webhook")
 
 
 def worker_id_of(pid: int, tag: str) -> str:

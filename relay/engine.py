@@ -39,6 +39,7 @@ from relay.executors import ToolExecutor
 from relay.model import MODEL_TIMEOUT_S, ModelExecutor
 from relay.outcomes import Claimed, Outcome, retry
 from relay.preparer import Preparer
+from relay.webhook import WebhookExecutor
 
 logger = logging.getLogger("relay.engine")
 SHARD_CONNECTIONS = 4  # connections per HTTP client (see the module docstring)
@@ -119,6 +120,7 @@ class Engine:
         self.executors: dict[str, Callable[[Claimed], Coroutine[Any, Any, Outcome]]] = {
             "tool_call": tools.run,
             "model_turn": model.run,
+            "webhook": WebhookExecutor(self.http.acquire).run,
         }
         self.thread = threading.Thread(target=self._run, name="io", daemon=True)
 

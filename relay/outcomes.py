@@ -16,7 +16,16 @@ from typing import Any, Literal, NamedTuple
 from outbox import credentials, policy, registry
 
 Action = Literal[
-    "result", "retry", "defer", "unknown", "deliver", "lost", "turn", "fail_run", "skip"
+    "result",
+    "retry",
+    "defer",
+    "unknown",
+    "deliver",
+    "lost",
+    "turn",
+    "fail_run",
+    "skip",
+    "webhook",
 ]
 RETRY_AFTER_MAX_S = 600.0  # the longest wait a Retry-After header may ask for
 NOT_REPEATED = (
@@ -83,7 +92,9 @@ class Outcome:
     and not safely repeatable; ``deliver``: a batch delivery to perform in the completion
     transaction; ``lost``: the lease was gone before the effect, nothing to write;
     ``turn``: a model response (a ``ModelTurnIn`` in ``output``) to record; ``fail_run``:
-    end the run as failed (``model_error``); ``skip``: nothing to do but finish the row.
+    end the run as failed (``model_error``); ``skip``: nothing to do but finish the row;
+    ``webhook``: a webhook answered (``output``: its status code) or was dropped (``status``
+    ``error``: its endpoint was removed), to record with the finished row.
     ``unsent``: the attempt certainly never reached the tool (refused connection, a status
     that says "not processed", a call that never started), so its dispatch mark is taken
     back and the next attempt is not ambiguous."""

@@ -178,7 +178,8 @@ WITH RECURSIVE loads AS (
 -- for its tenant or for all, its version is disabled, or its approval is not an approval of
 -- these arguments (outbox.policy.stop_text says it to the model).
 -- credential: how to find the secret the tool needs, the call's tenant's before the
--- default (outbox.credentials.resolve); never the secret itself.
+-- default (outbox.credentials.resolve); never the secret itself. For a webhook: its
+-- endpoint (URL, encrypted signing secret).
 SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call_ref,
        c.correlation_id, c.attempts, c.failures, c.max_attempts,
        CASE WHEN c.kind <> 'tool_call' THEN c.payload END AS payload,
@@ -208,6 +209,13 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
            FROM {s}.credentials cr
            WHERE cr.name = t.credential_ref AND cr.tenant_id IN (tc.tenant_id, '*')
            ORDER BY cr.tenant_id = '*' LIMIT 1
+       )
+       WHEN c.kind = 'webhook' THEN (
+           -- The endpoint as it is now: its URL, its encrypted signing secret, whether it
+           -- was removed (outbox.webhooks; NULL: no such endpoint any more).
+           SELECT jsonb_build_object('url', e.url, 'ciphertext', e.ciphertext,
+                                     'removed_at', e.removed_at)
+           FROM {s}.webhook_endpoints e WHERE e.id = (c.payload->>'endpoint_id')::uuid
        ) END AS credential
 FROM claimed c
 LEFT JOIN LATERAL (
@@ -544,3 +552,11 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
               ORDER BY tl.name, (tl.tenant_id = '*'), tl.version DESC) t) AS tools
 FROM unnest(%(run_ids)s::uuid[], %(steps)s::int[]) AS w(run_id, step_no)
 JOIN {s}.runs r ON r.id = w.run_id
+
+-- name: webhook_done
+-- A webhook delivery answered (delivered_at, the receiver's status) or dropped (its
+-- endpoint removed: delivered_at stays NULL); attempts: how many it took.
+UPDATE {s}.webhook_deliveries
+SET delivered_at = CASE WHEN %(delivered)s THEN now() END,
+    status_code = %(status_code)s, attempts = %(attempt)s
+WHERE id = %(delivery_id)s

@@ -46,6 +46,8 @@ TENANT_TABLES = [
     "api_keys",  # migration 0020 (outbox serve)
     "assistants",
     "assistant_runs",
+    "webhook_endpoints",  # migration 0024
+    "webhook_deliveries",
 ]
 
 
