@@ -787,6 +787,52 @@ class WebhookDelivery(Base):
     attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
 
 
+class Response(Base):
+    """A response of the Responses protocol: a stretch of a run (migration 0025)."""
+
+    __tablename__ = "responses"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="responses_run_fk"
+        ),
+        ForeignKeyConstraint(
+            ["thread_id", "tenant_id"],
+            ["threads.id", "threads.tenant_id"],
+            name="responses_thread_fk",
+        ),
+        ForeignKeyConstraint(
+            ["previous_response_id"],
+            ["responses.id"],
+            name="responses_previous_response_id_fkey",
+        ),
+        Index("responses_run", "run_id", "output_from_seq"),
+        Index("responses_thread", "thread_id", "created_at"),
+        {
+            "comment": "responses of the Responses protocol (outbox serve): each a stretch "
+            "of a run, with the input items the request gave"
+        },
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(
+        UUID, primary_key=True, server_default=text("gen_random_uuid()")
+    )
+    tenant_id: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    previous_response_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
+    in_conversation: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    output_from_seq: Mapped[int] = mapped_column(Integer)
+    input: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    model: Mapped[str] = mapped_column(Text)
+    instructions: Mapped[str | None] = mapped_column(Text)
+    tools: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    metadata_: Mapped[dict[str, Any]] = mapped_column(
+        "metadata", JSONB, server_default=text("'{}'::jsonb")
+    )
+    background: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    created_at: Mapped[datetime] = _now()
+
+
 def metadata_for(schema: str) -> MetaData:
     """The models' tables as they appear in ``schema`` (for migrations and comparisons)."""
     if schema == DEFAULT_SCHEMA:

@@ -132,3 +132,54 @@ class SubmitOutputsIn(_Body):
 
 class NoBody(_Body):
     """An endpoint without parameters (cancel): an empty body or ``{}``."""
+
+
+# -- the Responses protocol ---------------------------------------------------------------
+
+
+class ResponseIn(_Body):
+    model: str = Field(min_length=1, max_length=200)
+    input: str | list[dict[str, Any]] | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list, max_length=128)
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    background: bool = False
+    stream: bool = False
+    metadata: dict[str, str] | None = None
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    store: bool | None = None
+    temperature: Ignored = None
+    top_p: Ignored = None
+    parallel_tool_calls: Ignored = None
+    tool_choice: Ignored = None
+    reasoning: Ignored = None
+    text: Ignored = None
+    truncation: Ignored = None
+    user: Ignored = None
+    service_tier: Ignored = None
+    include: Ignored = None
+    top_logprobs: Ignored = None
+    max_tool_calls: Ignored = None
+    prompt_cache_key: Ignored = None
+    safety_identifier: Ignored = None
+
+    @field_validator("store")
+    @classmethod
+    def _stored(cls, value: bool | None) -> bool | None:
+        if value is False:
+            raise ValueError("outbox serve stores every response (store=false is not supported)")
+        return value
+
+
+class ConversationIn(_Body):
+    items: list[dict[str, Any]] = Field(default_factory=list, max_length=20)
+    metadata: dict[str, str] | None = None
+
+
+class ConversationChangesIn(_Body):
+    metadata: dict[str, str]
+
+
+class ItemsIn(_Body):
+    items: list[dict[str, Any]] = Field(min_length=1, max_length=20)

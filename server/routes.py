@@ -18,12 +18,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from server import actions, events, streaming
+from server import actions, events, response_stream, responses, streaming
 from server.bodies import (
     AssistantChangesIn,
     AssistantIn,
+    ConversationChangesIn,
+    ConversationIn,
+    ItemsIn,
     MessageIn,
     NoBody,
+    ResponseIn,
     RunIn,
     SubmitOutputsIn,
     ThreadAndRunIn,
@@ -126,15 +130,16 @@ def _too_large(size: int, cap: int) -> APIError:
     )
 
 
-def page(request: Request) -> actions.Page:
-    """The list parameters (``limit``, ``order``, ``after``, ``before``), checked."""
+def page(request: Request, order: str = "desc") -> actions.Page:
+    """The list parameters (``limit``, ``order``, ``after``, ``before``), checked; ``order``
+    is the default (OpenAI lists input items and conversation items oldest first)."""
     query = request.query_params
     raw_limit = query.get("limit", "20")
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
         raise APIError(
             400, f"Invalid 'limit': {raw_limit!r}; give 1 to {MAX_LIMIT}.", param="limit"
         )
-    order = query.get("order", "desc")
+    order = query.get("order", order)
     if order not in ("asc", "desc"):
         raise APIError(400, f"Invalid 'order': {order!r}; give asc or desc.", param="order")
     return actions.Page(int(raw_limit), order, query.get("after"), query.get("before"))
@@ -325,6 +330,112 @@ async def run_events(request: Request) -> Response:
     return EventSourceResponse(events.stream(cfg.store, who, run_id, int(raw)), ping=15)
 
 
+# -- the Responses and Conversations protocols (server.responses) -------------------------
+
+
+async def create_response(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    data = await body(request, ResponseIn)
+    ident = await run_in_threadpool(responses.create, cfg.store, who, data, cfg.settings)
+    return await _respond(request, who, cfg, ident, stream=data.stream, wait=not data.background)
+
+
+async def get_response(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident = responses.parse(request.path_params["response_id"], "resp_", "Response")
+    query = request.query_params
+    stream = query.get("stream", "false").lower() == "true"
+    after = query.get("starting_after", "-1")
+    if not after.lstrip("-").isdigit():
+        raise APIError(400, f"Invalid 'starting_after': {after!r}; give a sequence number.")
+    return await _respond(request, who, cfg, ident, stream=stream, wait=False, after=int(after))
+
+
+async def _respond(
+    request: Request,
+    who: str,
+    cfg: Config,
+    ident: Any,
+    *,
+    stream: bool,
+    wait: bool,
+    after: int = -1,
+) -> Response:
+    def read() -> dict[str, Any]:
+        return responses.get(cfg.store, who, ident)
+
+    shown = await run_in_threadpool(read)  # 404 before any stream starts
+    if stream:
+        return EventSourceResponse(response_stream.stream(read, after), ping=15)
+    if wait:
+        shown = await response_stream.settled(read)
+    return answer(shown)
+
+
+async def cancel_response(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    await body(request, NoBody)
+    ident = responses.parse(request.path_params["response_id"], "resp_", "Response")
+    return answer(await run_in_threadpool(responses.cancel, cfg.store, who, ident, cfg.settings))
+
+
+async def list_input_items(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident = responses.parse(request.path_params["response_id"], "resp_", "Response")
+    items = await run_in_threadpool(
+        responses.list_input_items, cfg.store, who, ident, page(request, order="asc")
+    )
+    return answer(items)
+
+
+async def create_conversation(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    data = await body(request, ConversationIn)
+    return answer(await run_in_threadpool(responses.create_conversation, cfg.store, who, data))
+
+
+def _conversation_id(request: Request) -> Any:
+    return responses.parse(request.path_params["conversation_id"], "conv_", "Conversation")
+
+
+async def get_conversation(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident = _conversation_id(request)
+    return answer(await run_in_threadpool(responses.get_conversation, cfg.store, who, ident))
+
+
+async def update_conversation(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    metadata = (await body(request, ConversationChangesIn)).metadata
+    ident = _conversation_id(request)
+    return answer(
+        await run_in_threadpool(responses.update_conversation, cfg.store, who, ident, metadata)
+    )
+
+
+async def list_items(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident = _conversation_id(request)
+    return answer(
+        await run_in_threadpool(
+            responses.list_items, cfg.store, who, ident, page(request, order="asc")
+        )
+    )
+
+
+async def add_items(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    items = (await body(request, ItemsIn)).items
+    ident = _conversation_id(request)
+    return answer(await run_in_threadpool(responses.add_items, cfg.store, who, ident, items))
+
+
+async def get_item(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident, item_id = _conversation_id(request), request.path_params["item_id"]
+    return answer(await run_in_threadpool(responses.get_item, cfg.store, who, ident, item_id))
+
+
 ROUTES = [
     Route("/v1/assistants", create_assistant, methods=["POST"]),
     Route("/v1/assistants", list_assistants, methods=["GET"]),
@@ -354,4 +465,17 @@ ROUTES = [
     Route("/v1/threads/{thread_id}/runs/{run_id}/steps", list_steps, methods=["GET"]),
     Route("/v1/threads/{thread_id}/runs/{run_id}/steps/{step_id}", get_step, methods=["GET"]),
     Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}", keep_history, methods=["DELETE"]),
+    Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
+    Route("/v1/conversations", create_conversation, methods=["POST"]),
+    Route("/v1/conversations/{conversation_id}", get_conversation, methods=["GET"]),
+    Route("/v1/conversations/{conversation_id}", update_conversation, methods=["POST"]),
+    Route("/v1/conversations/{conversation_id}", keep_history, methods=["DELETE"]),
+    Route("/v1/conversations/{conversation_id}/items", list_items, methods=["GET"]),
+    Route("/v1/conversations/{conversation_id}/items", add_items, methods=["POST"]),
+    Route("/v1/conversations/{conversation_id}/items/{item_id}", get_item, methods=["GET"]),
+    Route("/v1/conversations/{conversation_id}/items/{item_id}", keep_history, methods=["DELETE"]),
 ]

@@ -101,3 +101,26 @@ SELECT m.id, m.seq, m.role, m.content, m.run_id, m.created_at, ar.assistant_id
 FROM {s}.messages m
 LEFT JOIN {s}.assistant_runs ar ON ar.run_id = m.run_id
 WHERE m.id = %(message_id)s AND m.thread_id = %(thread_id)s
+
+-- name: response_messages
+-- A run's assistant messages with text from a position on, up to another (NULL: the end):
+-- a response's output messages.
+SELECT m.id, m.seq, m.content, m.created_at
+FROM {s}.messages m
+WHERE m.thread_id = %(thread_id)s AND m.run_id = %(run_id)s AND m.role = 'assistant'
+  AND m.content IS NOT NULL AND m.content <> ''
+  AND m.seq >= %(from_seq)s AND (%(until_seq)s::int IS NULL OR m.seq < %(until_seq)s)
+ORDER BY m.seq
+
+-- name: client_calls_between
+-- A run's client function calls made from one time on, before another (NULL: no end).
+SELECT tc.id, tc.tool_call_id, tc.tool_name, tc.arguments_raw, tc.created_at
+FROM {s}.tool_calls tc
+WHERE tc.run_id = %(run_id)s AND tc.executor = 'client'
+  AND tc.created_at >= %(since)s AND (%(before)s::timestamptz IS NULL OR tc.created_at < %(before)s)
+ORDER BY tc.id
+
+-- name: next_response_created
+-- When the next response of a run began (NULL: none yet).
+SELECT min(created_at) AS created_at FROM {s}.responses
+WHERE run_id = %(run_id)s AND output_from_seq > %(from_seq)s

@@ -48,6 +48,7 @@ TENANT_TABLES = [
     "assistant_runs",
     "webhook_endpoints",  # migration 0024
     "webhook_deliveries",
+    "responses",  # migration 0025
 ]
 
 

@@ -1,0 +1,27 @@
+-- name: insert_response
+-- A new response: a stretch of a run, with its request's input items.
+INSERT INTO {s}.responses (tenant_id, run_id, thread_id, previous_response_id,
+                           in_conversation, output_from_seq, input, model, instructions,
+                           tools, metadata, background)
+VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(previous_response_id)s,
+        %(in_conversation)s, %(output_from_seq)s, %(input)s, %(model)s, %(instructions)s,
+        %(tools)s, %(metadata)s, %(background)s)
+RETURNING *
+
+-- name: get_response
+-- One response (row-level security hides other tenants').
+SELECT * FROM {s}.responses WHERE id = %(id)s
+
+-- name: latest_of_thread
+-- The newest response of a thread, if any.
+SELECT * FROM {s}.responses WHERE thread_id = %(thread_id)s
+ORDER BY created_at DESC, output_from_seq DESC LIMIT 1
+
+-- name: output_until
+-- Where the next response of the same run begins (NULL: this one is the run's last).
+SELECT min(output_from_seq) AS seq FROM {s}.responses
+WHERE run_id = %(run_id)s AND output_from_seq > %(from_seq)s
+
+-- name: thread_position
+-- The position the thread's next message will take.
+SELECT next_seq FROM {s}.threads WHERE id = %(thread_id)s

@@ -1,0 +1,95 @@
+"""``stream=true`` for the Responses protocol: OpenAI's ``response.*`` events, each with
+its ``sequence_number``, derived from the database so that a reconnect
+(``GET /v1/responses/{id}?stream=true&starting_after=N``) gets the same events under the
+same numbers, after a server or relay restart too.
+
+The opening events (``response.created``, ``response.in_progress``) show the response as
+it began; once its run settles (ends, or waits for the caller's function calls), each
+output item follows (added, its text or arguments whole, done), then the closing event
+(``response.completed``, ``.incomplete`` or ``.failed``). Text comes as one delta per
+message: the relay records a model's answer whole, it does not stream tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+Row = dict[str, Any]
+SETTLED = ("completed", "failed", "cancelled", "incomplete")
+POLL_S = (0.05, 1.0)  # first and longest wait between looks at a response still running
+WAIT_S = 600.0  # how long a request waits for its response to settle
+
+
+async def settled(read: Callable[[], Row], wait_s: float = WAIT_S) -> Row:
+    """The response once it settled, or as it is after ``wait_s``."""
+    deadline, pause = time.monotonic() + wait_s, POLL_S[0]
+    while True:
+        shown = await run_in_threadpool(read)
+        if shown["status"] in SETTLED or time.monotonic() > deadline:
+            return shown
+        await asyncio.sleep(pause)
+        pause = min(POLL_S[1], pause * 2)
+
+
+def opening(shown: Row) -> list[Row]:
+    begun = {**shown, "status": "queued" if shown["background"] else "in_progress"}
+    begun.update(output=[], error=None, incomplete_details=None)
+    return [{"type": "response.created", "response": begun},
+            {"type": "response.in_progress", "response": begun}]  # fmt: skip
+
+
+def closing(shown: Row) -> list[Row]:
+    events: list[Row] = []
+    for index, item in enumerate(shown["output"]):
+        if item["type"] == "message":
+            part = item["content"][0]
+            start = {**item, "status": "in_progress", "content": []}
+            at = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            events += [
+                {"type": "response.output_item.added", "output_index": index, "item": start},
+                {"type": "response.content_part.added", **at,
+                 "part": {**part, "text": ""}},
+                {"type": "response.output_text.delta", **at, "delta": part["text"],
+                 "logprobs": []},
+                {"type": "response.output_text.done", **at, "text": part["text"],
+                 "logprobs": []},
+                {"type": "response.content_part.done", **at, "part": part},
+            ]  # fmt: skip
+        else:
+            start = {**item, "status": "in_progress", "arguments": ""}
+            at = {"item_id": item["id"], "output_index": index}
+            events += [
+                {"type": "response.output_item.added", "output_index": index, "item": start},
+                {"type": "response.function_call_arguments.delta", **at,
+                 "delta": item["arguments"]},
+                {"type": "response.function_call_arguments.done", **at,
+                 "arguments": item["arguments"], "name": item["name"]},
+            ]  # fmt: skip
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    last = {"completed": "response.completed", "incomplete": "response.incomplete"}
+    events.append({"type": last.get(shown["status"], "response.failed"), "response": shown})
+    return events
+
+
+async def stream(read: Callable[[], Row], starting_after: int = -1) -> AsyncIterator[Row]:
+    """The response's events after ``starting_after``, as SSE messages."""
+    first = await run_in_threadpool(read)
+    number = 0
+    for event in opening(first):
+        if number > starting_after:
+            yield _sse(event, number)
+        number += 1
+    for event in closing(await settled(read)):
+        if number > starting_after:
+            yield _sse(event, number)
+        number += 1
+
+
+def _sse(event: Row, number: int) -> Row:
+    return {"event": event["type"], "data": json.dumps({**event, "sequence_number": number})}

@@ -1,0 +1,573 @@
+"""OpenAI's Responses and Conversations protocols over our runs and threads.
+
+A conversation is a thread (``conv_<hex>``); a response (``resp_<hex>``) is a stretch of a
+run (``outbox.responses``). A request with messages starts a run on the conversation's
+thread (a new thread without ``conversation`` or ``previous_response_id``). When the run
+needs the caller's function tools it waits in ``requires_action``, and the response ends
+``completed`` with ``function_call`` items; the caller's next request answers them with
+``function_call_output`` items (by ``previous_response_id`` or ``conversation``), which
+carries the same run on under a new response, exactly once (``lifecycle``'s
+``submit_tool_outputs``). Functions of our registry run through the relay, durably, and
+do not show as ``function_call`` items.
+
+Differences from OpenAI's, by design: every response is stored (``store=false`` is
+refused); ``previous_response_id`` must name the newest response of its conversation (a
+thread is one durable line of history; no forks); a conversation's items cannot be deleted
+(the history runs replay).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import psycopg
+
+from outbox import assistants, lifecycle, responses, writer
+from outbox.errors import NotFound
+from outbox.schemas import NewMessage, StartRun
+from outbox.writer import fetch_all, fetch_one
+from server import shapes
+from server.actions import Page, Settings, paginate
+from server.bodies import ConversationIn, ResponseIn, text_of
+from server.errors import APIError
+from server.store import Q, Store
+
+Row = dict[str, Any]
+INSTRUCTION_ROLES = ("system", "developer")
+FIRST_SEQ = 1  # a thread's first message position: a thread there holds no message yet
+
+
+def response_id(ident: uuid.UUID) -> str:
+    return f"resp_{ident.hex}"
+
+
+def conversation_id(ident: uuid.UUID) -> str:
+    return f"conv_{ident.hex}"
+
+
+def parse(value: str, prefix: str, what: str) -> uuid.UUID:
+    """``resp_<hex>`` / ``conv_<hex>`` as our UUID; anything else is an id nobody has."""
+    try:
+        if value.startswith(prefix):
+            return uuid.UUID(hex=value[len(prefix) :])
+    except ValueError:
+        pass
+    raise APIError(404, f"{what} with id '{value}' not found.")
+
+
+# -- input items --------------------------------------------------------------------------
+
+
+def read_input(value: str | list[dict[str, Any]] | None) -> tuple[list[Row], list[Row]]:
+    """The request's input as (messages, function call outputs), each item normalised:
+    messages ``{"role", "text"}``, outputs ``{"call_id", "output"}``. 400 for what we
+    cannot take, naming the item."""
+    if value is None:
+        return [], []
+    if isinstance(value, str):
+        return [{"role": "user", "text": value}], []
+    messages, outputs = [], []
+    for index, item in enumerate(value):
+        kind = item.get("type", "message")
+        if kind == "function_call_output":
+            call_id, output = item.get("call_id"), item.get("output")
+            if not isinstance(call_id, str) or not call_id:
+                raise APIError(400, f"Missing required parameter: 'input[{index}].call_id'.")
+            if not isinstance(output, str):
+                output = json.dumps(output)
+            outputs.append({"call_id": call_id, "output": output})
+        elif kind == "message":
+            role, content = item.get("role"), item.get("content")
+            if role not in ("user", "assistant", *INSTRUCTION_ROLES):
+                raise APIError(
+                    400,
+                    f"Invalid value for 'input[{index}].role': {role!r}; give user, "
+                    "assistant, system or developer.",
+                    param=f"input[{index}].role",
+                )
+            try:
+                text = text_of(_plain_parts(content))
+            except (ValueError, TypeError) as err:
+                raise APIError(
+                    400, f"Invalid 'input[{index}].content': {err}.", param=f"input[{index}]"
+                ) from None
+            messages.append({"role": role, "text": text})
+        else:
+            raise APIError(
+                400,
+                f"Input items of type {kind!r} are not supported by outbox serve: send "
+                "messages and function_call_output items, and continue a conversation with "
+                "previous_response_id or conversation (its history is kept here).",
+                param=f"input[{index}]",
+            )
+    return messages, outputs
+
+
+def _plain_parts(content: Any) -> str | list[dict[str, Any]]:
+    """Responses' text parts (input_text, output_text) as the text parts ``text_of`` reads."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError("give a string or a list of text parts")
+    parts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") not in (
+            "input_text",
+            "output_text",
+            "text",
+        ):
+            raise ValueError("only text content parts are supported")
+        parts.append({"type": "text", "text": part.get("text")})
+    return parts
+
+
+def input_items(messages: list[Row], outputs: list[Row]) -> list[Row]:
+    """The input as ``input_items`` lists it (what the request gave, normalised)."""
+    items: list[Row] = []
+    for n, message in enumerate(messages):
+        items.append(
+            {
+                "type": "message",
+                "id": f"msg_in_{n}",
+                "role": message["role"],
+                "status": "completed",
+                "content": [{"type": "input_text", "text": message["text"]}],
+            }
+        )
+    for n, output in enumerate(outputs):
+        items.append(
+            {
+                "type": "function_call_output",
+                "id": f"fco_in_{n}",
+                "call_id": output["call_id"],
+                "output": output["output"],
+                "status": "completed",
+            }
+        )
+    return items
+
+
+def function_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Responses' flat function tools as the Assistants' nested ones ``assistants`` reads."""
+    nested = []
+    for index, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise APIError(
+                400,
+                f"Tools of type {tool.get('type')!r} are not supported by outbox serve: "
+                "declare function tools (registered ones run through the relay).",
+                param=f"tools[{index}]",
+            )
+        fields = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+        nested.append({"type": "function", "function": fields})
+    return nested
+
+
+# -- create -------------------------------------------------------------------------------
+
+
+def create(store: Store, tenant: str, body: ResponseIn, settings: Settings) -> uuid.UUID:
+    """Record a response (start a run, or carry a waiting one on); returns its id."""
+    messages, outputs = read_input(body.input)
+    if body.previous_response_id and body.conversation:
+        raise APIError(
+            400,
+            "Mutually exclusive parameters: 'previous_response_id' and 'conversation'. "
+            "Give one of them.",
+        )
+    with store.tenant(tenant) as conn:
+        thread_id, previous, in_conversation = _thread_for(conn, tenant, body)
+        active = fetch_one(conn, Q.active_run, {"thread_id": thread_id})
+        if active is not None and active["status"] == "requires_action":
+            run_id = active["id"]
+            _answer_calls(conn, tenant, run_id, messages, outputs)
+            output_from = responses.thread_position(conn, thread_id)
+        elif active is not None:
+            raise APIError(
+                400,
+                f"Another response is in progress in this conversation (run {active['id']}); "
+                "wait for it to finish or cancel it.",
+                code="conversation_locked",
+            )
+        else:
+            if outputs:
+                _no_such_call(outputs[0]["call_id"])
+            run_id = _start(conn, tenant, thread_id, body, messages, settings)
+            output_from = responses.thread_position(conn, thread_id)
+        row = responses.record_response(
+            conn,
+            tenant,
+            run_id=run_id,
+            thread_id=thread_id,
+            output_from_seq=output_from,
+            model=body.model,
+            input_items=input_items(messages, outputs),
+            previous_response_id=previous,
+            in_conversation=in_conversation,
+            instructions=body.instructions,
+            tools=body.tools,
+            metadata=body.metadata,
+            background=body.background,
+        )
+        return uuid.UUID(str(row["id"]))
+
+
+def _thread_for(
+    conn: psycopg.Connection[Any], tenant: str, body: ResponseIn
+) -> tuple[uuid.UUID, uuid.UUID | None, bool]:
+    """(thread, previous response, in a conversation?) the request continues or starts."""
+    if body.previous_response_id:
+        ident = parse(body.previous_response_id, "resp_", "Previous response")
+        try:
+            previous = responses.get_response(conn, tenant, ident)
+        except NotFound:
+            raise APIError(
+                404,
+                f"Previous response with id '{body.previous_response_id}' not found.",
+                param="previous_response_id",
+            ) from None
+        latest = responses.latest_of_thread(conn, previous["thread_id"])
+        if latest is not None and latest["id"] != previous["id"]:
+            raise APIError(
+                400,
+                f"Previous response '{body.previous_response_id}' is not the newest response "
+                f"of its conversation: continue from '{response_id(latest['id'])}'. outbox "
+                "serve keeps one durable history per conversation and does not fork it.",
+                param="previous_response_id",
+            )
+        return previous["thread_id"], ident, bool(previous["in_conversation"])
+    if body.conversation:
+        raw = (
+            body.conversation if isinstance(body.conversation, str) else body.conversation.get("id")
+        )
+        ident = parse(str(raw), "conv_", "Conversation")
+        if fetch_one(conn, Q.thread, {"thread_id": ident}) is None:
+            raise APIError(404, f"Conversation with id '{raw}' not found.", param="conversation")
+        latest = responses.latest_of_thread(conn, ident)
+        return ident, None if latest is None else latest["id"], True
+    return writer.create_thread(conn, tenant).id, None, False
+
+
+def _answer_calls(
+    conn: psycopg.Connection[Any],
+    tenant: str,
+    run_id: uuid.UUID,
+    messages: list[Row],
+    outputs: list[Row],
+) -> None:
+    """The run waits for its client calls: the input must answer every one of them, with
+    nothing else; then they are recorded, once, and the run goes on."""
+    pending = [c["tool_call_id"] for c in lifecycle.pending_client_calls(conn, run_id)]
+    given = [o["call_id"] for o in outputs]
+    for call_id in given:
+        if call_id not in pending:
+            _no_such_call(call_id)
+    for call_id in pending:
+        if call_id not in given:
+            raise APIError(400, f"No tool output found for function call {call_id}.")
+    if messages:
+        raise APIError(
+            400,
+            "This conversation waits for the outputs of its function calls: send only "
+            "function_call_output items now, and your messages in the next request.",
+        )
+    status = lifecycle.submit_tool_outputs(
+        conn,
+        tenant,
+        run_id,
+        [{"tool_call_id": o["call_id"], "output": o["output"]} for o in outputs],
+    )
+    if status == "expired":
+        raise APIError(
+            400, "The function calls of this conversation expired before their outputs came."
+        )
+
+
+def _no_such_call(call_id: str) -> None:
+    raise APIError(400, f"No tool call found for function call output with call_id {call_id}.")
+
+
+def _start(
+    conn: psycopg.Connection[Any],
+    tenant: str,
+    thread_id: uuid.UUID,
+    body: ResponseIn,
+    messages: list[Row],
+    settings: Settings,
+) -> uuid.UUID:
+    said = [m for m in messages if m["role"] not in INSTRUCTION_ROLES]
+    if not said and responses.thread_position(conn, thread_id) == FIRST_SEQ:
+        raise APIError(400, "Missing required parameter: 'input' (give at least one message).")
+    for message in said:
+        writer.append_message(conn, thread_id, tenant, message["role"], message["text"])
+    extra = [m["text"] for m in messages if m["role"] in INSTRUCTION_ROLES]
+    instructions = "\n\n".join(t for t in [body.instructions or "", *extra] if t) or None
+    names = assistants.declare_tools(conn, tenant, function_tools(body.tools))
+    run = writer.start_run(
+        conn,
+        StartRun(
+            tenant_id=tenant,
+            thread_id=thread_id,
+            model=body.model,
+            tools=names,
+            base_url=settings.model_base_url,
+            instructions=instructions,
+            max_tokens=body.max_output_tokens,
+            **(
+                {}
+                if settings.action_timeout_s is None
+                else {"action_timeout_s": settings.action_timeout_s}
+            ),
+        ),
+    )
+    return run.id
+
+
+# -- read -----------------------------------------------------------------------------------
+
+
+def get(store: Store, tenant: str, ident: uuid.UUID) -> Row:
+    """The response as OpenAI shows it, from the database now."""
+    with store.tenant(tenant) as conn:
+        row = responses.get_response(conn, tenant, ident)
+        return _shape(conn, row)
+
+
+def _shape(conn: psycopg.Connection[Any], row: Row) -> Row:
+    run = fetch_one(conn, Q.run, {"run_id": row["run_id"], "thread_id": None})
+    assert run is not None
+    until = responses.output_until(conn, row)
+    texts = fetch_all(
+        conn,
+        Q.response_messages,
+        {
+            "thread_id": row["thread_id"],
+            "run_id": row["run_id"],
+            "from_seq": row["output_from_seq"],
+            "until_seq": until,
+        },
+    )
+    output: list[Row] = [
+        {
+            "type": "message",
+            "id": f"msg_{m['id']}",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": m["content"], "annotations": []}],
+        }
+        for m in texts
+    ]
+    ended_before = None
+    if until is not None:
+        nxt = fetch_one(
+            conn,
+            Q.next_response_created,
+            {"run_id": row["run_id"], "from_seq": row["output_from_seq"]},
+        )
+        ended_before = None if nxt is None else nxt["created_at"]
+    calls = fetch_all(
+        conn,
+        Q.client_calls_between,
+        {"run_id": row["run_id"], "since": row["created_at"], "before": ended_before},
+    )
+    output += [
+        {
+            "type": "function_call",
+            "id": f"fc_{c['id']}",
+            "call_id": c["tool_call_id"],
+            "name": c["tool_name"],
+            "arguments": c["arguments_raw"],
+            "status": "completed",
+        }
+        for c in calls
+    ]
+    status, error, incomplete = _status(run, row, superseded=until is not None)
+    if status in ("queued", "in_progress"):
+        output = []
+    return {
+        "id": response_id(row["id"]),
+        "object": "response",
+        "created_at": shapes.ts(row["created_at"]),
+        "status": status,
+        "background": row["background"],
+        "model": row["model"],
+        "instructions": row["instructions"],
+        "tools": row["tools"],
+        "metadata": row["metadata"] or {},
+        "output": output,
+        "error": error,
+        "incomplete_details": incomplete,
+        "previous_response_id": None
+        if row["previous_response_id"] is None
+        else response_id(row["previous_response_id"]),
+        "conversation": {"id": conversation_id(row["thread_id"])}
+        if row["in_conversation"]
+        else None,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "temperature": None,
+        "top_p": None,
+        "max_output_tokens": run.get("max_tokens"),
+        "usage": {
+            "input_tokens": run["input_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": run["output_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": run["input_tokens"] + run["output_tokens"],
+        },
+    }
+
+
+def _status(run: Row, row: Row, *, superseded: bool) -> tuple[str, Row | None, Row | None]:
+    """(status, error, incomplete_details) of a response, from its run."""
+    if superseded or run["status"] == "requires_action":
+        return "completed", None, None  # ended with function calls for the caller
+    status = shapes.run_status(run)
+    if status == "queued":
+        return ("queued" if row["background"] else "in_progress"), None, None
+    if status == "incomplete":
+        return "incomplete", None, {"reason": "max_output_tokens"}
+    if status == "failed":
+        return "failed", {"code": "server_error", "message": run["last_error"] or "failed"}, None
+    if status == "expired":
+        message = "the function calls expired before their outputs came"
+        return "failed", {"code": "server_error", "message": message}, None
+    return status, None, None
+
+
+def list_input_items(store: Store, tenant: str, ident: uuid.UUID, page: Page) -> Row:
+    with store.tenant(tenant) as conn:
+        row = responses.get_response(conn, tenant, ident)
+    items = [{**item, "id": f"{item['id']}_{ident.hex[:8]}"} for item in row["input"]]
+    return paginate(items, page)
+
+
+def cancel(store: Store, tenant: str, ident: uuid.UUID, settings: Settings) -> Row:
+    """Cancel a background response whose run is still going (OpenAI's rule: only
+    background responses can be cancelled)."""
+    with store.tenant(tenant) as conn:
+        row = responses.get_response(conn, tenant, ident)
+        if not row["background"]:
+            raise APIError(400, "Only responses created with background=true can be cancelled.")
+        run = fetch_one(conn, Q.run, {"run_id": row["run_id"], "thread_id": None})
+        assert run is not None
+        if run["status"] in ("queued", "in_progress"):
+            lifecycle.cancel_run(conn, row["run_id"], tenant, actor=settings.actor)
+        return _shape(conn, row)
+
+
+# -- conversations --------------------------------------------------------------------------
+
+
+def create_conversation(store: Store, tenant: str, body: ConversationIn) -> Row:
+    messages, outputs = read_input(body.items)
+    if outputs:
+        raise APIError(400, "A new conversation has no function calls to answer.")
+    with store.tenant(tenant) as conn:
+        opening = [NewMessage(role=m["role"], content=m["text"]) for m in messages]
+        ref = writer.create_thread(conn, tenant, metadata=body.metadata, messages=opening)
+        thread = fetch_one(conn, Q.thread, {"thread_id": ref.id})
+        assert thread is not None
+        return conversation(thread)
+
+
+def conversation(thread: Row) -> Row:
+    return {
+        "id": conversation_id(thread["id"]),
+        "object": "conversation",
+        "created_at": shapes.ts(thread["created_at"]),
+        "metadata": thread["metadata"] or {},
+    }
+
+
+def get_conversation(store: Store, tenant: str, ident: uuid.UUID) -> Row:
+    with store.tenant(tenant) as conn:
+        return conversation(_conversation(conn, ident))
+
+
+def _conversation(conn: psycopg.Connection[Any], ident: uuid.UUID) -> Row:
+    thread = fetch_one(conn, Q.thread, {"thread_id": ident})
+    if thread is None:
+        raise APIError(404, f"Conversation with id '{conversation_id(ident)}' not found.")
+    return thread
+
+
+def update_conversation(
+    store: Store, tenant: str, ident: uuid.UUID, metadata: dict[str, Any]
+) -> Row:
+    with store.tenant(tenant) as conn:
+        _conversation(conn, ident)
+        return conversation(assistants.modify_thread(conn, tenant, ident, metadata))
+
+
+def list_items(store: Store, tenant: str, ident: uuid.UUID, page: Page) -> Row:
+    """The conversation's messages as items, oldest first (``order`` as asked)."""
+    with store.tenant(tenant) as conn:
+        _conversation(conn, ident)
+        rows = fetch_all(
+            conn, Q.messages, {"thread_id": ident, "after_seq": None, "before_seq": None}
+        )
+    return paginate([item(r) for r in rows], page)
+
+
+def item(row: Row) -> Row:
+    kind = "input_text" if row["role"] == "user" else "output_text"
+    part: Row = {"type": kind, "text": row["content"]}
+    if kind == "output_text":
+        part["annotations"] = []
+    return {
+        "type": "message",
+        "id": f"msg_{row['id']}",
+        "status": "completed",
+        "role": row["role"],
+        "content": [part],
+    }
+
+
+def add_items(store: Store, tenant: str, ident: uuid.UUID, items: list[dict[str, Any]]) -> Row:
+    messages, outputs = read_input(items)
+    if outputs or any(m["role"] in INSTRUCTION_ROLES for m in messages):
+        raise APIError(
+            400,
+            "Only user and assistant messages can be added to a conversation; answer "
+            "function calls with a new response.",
+        )
+    with store.tenant(tenant) as conn:
+        _conversation(conn, ident)
+        active = fetch_one(conn, Q.active_run, {"thread_id": ident})
+        if active is not None:
+            raise APIError(
+                400,
+                f"Can't add items to conversation {conversation_id(ident)} while a response "
+                "is in progress in it.",
+                code="conversation_locked",
+            )
+        added = []
+        for message in messages:
+            message_id = writer.append_message(
+                conn, ident, tenant, message["role"], message["text"]
+            )
+            row = fetch_one(conn, Q.message, {"message_id": message_id, "thread_id": ident})
+            assert row is not None
+            added.append(item(row))
+    return {
+        "object": "list",
+        "data": added,
+        "first_id": added[0]["id"],
+        "last_id": added[-1]["id"],
+        "has_more": False,
+    }
+
+
+def get_item(store: Store, tenant: str, ident: uuid.UUID, item_id: str) -> Row:
+    number = item_id.removeprefix("msg_")
+    with store.tenant(tenant) as conn:
+        _conversation(conn, ident)
+        row = None
+        if number.isdigit():
+            row = fetch_one(conn, Q.message, {"message_id": int(number), "thread_id": ident})
+    if row is None or row["role"] not in ("user", "assistant"):
+        raise APIError(404, f"Item with id '{item_id}' not found.")
+    return item(row)

@@ -1,0 +1,208 @@
+"""``outbox serve``'s Responses and Conversations protocols, with the real openai SDK: plain
+answers, a registered tool through the relay (one effect), the caller's function tools
+answered with function_call_output by previous_response_id and by conversation (once),
+OpenAI's pairing errors, background responses polled and cancelled, a stream resumed from a
+sequence number, conversation items, and tenants kept apart."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx2
+import openai
+import psycopg
+import pytest
+
+from outbox import keys
+from outbox.testing.model import ScriptedModel
+from outbox.testing.tools import FakeToolService
+from tests.relay_harness import register_tool, relay_thread, wait_until
+from tests.serve_harness import serve
+
+ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
+EMAIL = {"name": "send_email", "arguments": {"to": "a@b.c", "subject": "order 42"}}
+APPROVE = {"name": "approve_refund", "arguments": {"order_id": "42"}}
+APPROVE_TOOL = {
+    "type": "function",
+    "name": "approve_refund",
+    "description": "Ask a person to approve a refund",
+    "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
+}
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel(default=[{"text": "hello"}]) as server:
+        server.add_script("email", [{"tool_calls": [EMAIL]}, {"text": "mail sent"}])
+        server.add_script("approve", [{"tool_calls": [APPROVE]}, {"text": "refund approved"}])
+        yield server
+
+
+@pytest.fixture
+def service() -> Iterator[FakeToolService]:
+    with FakeToolService() as svc:
+        yield svc
+
+
+@pytest.fixture
+def api_keys(db_url: str, service: FakeToolService) -> dict[str, str]:
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "send_email", "key")
+        made = {t: keys.create_key(conn, t, name="test")[1] for t in ("acme", "globex")}
+        conn.commit()
+    return made
+
+
+@pytest.fixture
+def base_url(db_url: str, model: ScriptedModel, api_keys: dict[str, str]) -> Iterator[str]:
+    with serve(db_url, model_base_url=model.url + "/v1") as url:
+        yield url
+
+
+@pytest.fixture
+def sdk(base_url: str, api_keys: dict[str, str]) -> Iterator[openai.OpenAI]:
+    client = openai.OpenAI(base_url=base_url, api_key=api_keys["acme"], max_retries=0)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def relay(db_url: str) -> Iterator[None]:
+    with relay_thread(db_url, kinds=ALL_KINDS):
+        yield
+
+
+def test_a_plain_answer_and_a_registered_tool_run_by_the_relay(sdk, relay, service):
+    plain = sdk.responses.create(model="scripted-1", input="hi there")
+    assert (plain.status, plain.output_text) == ("completed", "hello")
+    assert plain.id.startswith("resp_") and plain.usage and plain.usage.total_tokens > 0
+    mailed = sdk.responses.create(
+        model="scripted-1",
+        input="script:email tell the customer",
+        tools=[{"type": "function", "name": "send_email"}],
+    )
+    assert (mailed.status, mailed.output_text) == ("completed", "mail sent")
+    assert [item.type for item in mailed.output] == ["message"]  # the relay ran the tool
+    assert len(service.tool("send_email").effects) == 1
+    again = sdk.responses.retrieve(mailed.id)
+    assert again.model_dump() == mailed.model_dump()
+    items = sdk.responses.input_items.list(mailed.id)
+    assert [i.content[0].text for i in items.data] == ["script:email tell the customer"]
+
+
+def test_client_function_calls_answered_once_by_previous_response_id(sdk, relay):
+    asked = sdk.responses.create(
+        model="scripted-1", input="script:approve refund 42", tools=[APPROVE_TOOL]
+    )
+    assert asked.status == "completed"
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    assert (call.name, json.loads(call.arguments)) == ("approve_refund", {"order_id": "42"})
+    with pytest.raises(openai.BadRequestError, match="No tool call found for function call output"):
+        sdk.responses.create(
+            model="scripted-1",
+            previous_response_id=asked.id,
+            input=[{"type": "function_call_output", "call_id": "call_nope", "output": "x"}],
+        )
+    with pytest.raises(
+        openai.BadRequestError, match=f"No tool output found for function call {call.call_id}"
+    ):
+        sdk.responses.create(model="scripted-1", previous_response_id=asked.id, input="well?")
+    answer = [{"type": "function_call_output", "call_id": call.call_id, "output": "approved"}]
+    done = sdk.responses.create(model="scripted-1", previous_response_id=asked.id, input=answer)
+    assert (done.status, done.output_text) == ("completed", "refund approved")
+    assert done.previous_response_id == asked.id
+    with pytest.raises(openai.BadRequestError, match="No tool call found"):
+        sdk.responses.create(model="scripted-1", previous_response_id=done.id, input=answer)
+    with pytest.raises(openai.BadRequestError, match="not the newest response"):
+        sdk.responses.create(model="scripted-1", previous_response_id=asked.id, input="fork?")
+    first = sdk.responses.retrieve(asked.id)  # its output stays what it was
+    assert [i.type for i in first.output] == ["function_call"]
+    later = sdk.responses.create(model="scripted-1", previous_response_id=done.id, input="thanks")
+    assert later.output_text == "refund approved"  # the script's last text, on the same thread
+
+
+def test_a_conversation_carries_messages_and_function_call_outputs(sdk, relay):
+    conv = sdk.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "script:approve refund 42"}],
+        metadata={"ticket": "7"},
+    )
+    assert conv.id.startswith("conv_") and conv.metadata == {"ticket": "7"}
+    asked = sdk.responses.create(
+        model="scripted-1", conversation=conv.id, tools=[APPROVE_TOOL], input=[]
+    )
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    with pytest.raises(openai.BadRequestError, match="while a response is in progress"):
+        sdk.conversations.items.create(
+            conv.id, items=[{"type": "message", "role": "user", "content": "hello?"}]
+        )
+    done = sdk.responses.create(
+        model="scripted-1",
+        conversation=conv.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "yes"}],
+    )
+    assert done.output_text == "refund approved" and done.conversation.id == conv.id
+    listed = sdk.conversations.items.list(conv.id)
+    texts = [(i.role, i.content[0].text) for i in listed.data]
+    assert texts == [("user", "script:approve refund 42"), ("assistant", "refund approved")]
+    added = sdk.conversations.items.create(
+        conv.id, items=[{"type": "message", "role": "user", "content": "one more"}]
+    )
+    one = sdk.conversations.items.retrieve(added.data[0].id, conversation_id=conv.id)
+    assert one.content[0].text == "one more"
+    assert sdk.conversations.update(conv.id, metadata={"ticket": "8"}).metadata == {"ticket": "8"}
+
+
+def test_background_responses_are_polled_and_cancelled(sdk, db_url):
+    queued = sdk.responses.create(model="scripted-1", input="later", background=True)
+    assert queued.status == "queued"
+    cancelled = sdk.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled"
+    with relay_thread(db_url, kinds=ALL_KINDS):
+        waiting = sdk.responses.create(model="scripted-1", input="hi", background=True)
+        wait_until(
+            lambda: sdk.responses.retrieve(waiting.id).status == "completed",
+            what="the background response to complete",
+        )
+        plain = sdk.responses.create(model="scripted-1", input="hi")
+    assert sdk.responses.retrieve(waiting.id).output_text == "hello"
+    with pytest.raises(openai.BadRequestError, match="background=true"):
+        sdk.responses.cancel(plain.id)
+
+
+def test_a_stream_is_resumed_from_a_sequence_number_with_the_same_events(
+    sdk, relay, base_url, api_keys
+):
+    events = list(sdk.responses.create(model="scripted-1", input="hi", stream=True))
+    types = [e.type for e in events]
+    assert types[0] == "response.created" and types[-1] == "response.completed"
+    assert "response.output_text.delta" in types
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    response_id = events[0].response.id
+    raw = httpx2.get(
+        f"{base_url}/responses/{response_id}",
+        params={"stream": "true", "starting_after": "2"},
+        headers={"Authorization": f"Bearer {api_keys['acme']}"},
+    )
+    again = [json.loads(line[5:]) for line in raw.text.splitlines() if line.startswith("data:")]
+    assert [e["sequence_number"] for e in again] == list(range(3, len(events)))
+    assert [e["type"] for e in again] == types[3:]
+
+
+def test_another_tenants_responses_and_conversations_are_404(sdk, relay, base_url, api_keys):
+    mine = sdk.responses.create(model="scripted-1", input="hi")
+    conv = sdk.conversations.create()
+    other = openai.OpenAI(base_url=base_url, api_key=api_keys["globex"], max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.retrieve(mine.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.create(model="scripted-1", previous_response_id=mine.id, input="hi")
+    with pytest.raises(openai.NotFoundError):
+        other.conversations.items.list(conv.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.create(model="scripted-1", conversation=conv.id, input="hi")
+    other.close()
+    with pytest.raises(openai.BadRequestError, match="Unrecognized request argument"):
+        sdk.responses.create(model="scripted-1", input="hi", extra_body={"colour": "red"})
+    with pytest.raises(openai.BadRequestError, match="store"):
+        sdk.responses.create(model="scripted-1", input="hi", store=False)
