@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx2
 import openai
@@ -206,3 +207,106 @@ def test_another_tenants_responses_and_conversations_are_404(sdk, relay, base_ur
         sdk.responses.create(model="scripted-1", input="hi", extra_body={"colour": "red"})
     with pytest.raises(openai.BadRequestError, match="store"):
         sdk.responses.create(model="scripted-1", input="hi", store=False)
+
+
+# The request shapes of the Open Responses compliance suite (openresponses/openresponses,
+# src/lib/compliance-tests.ts: seven requests, checked for output, status and stream
+# events). The suite itself (TypeScript with zod schemas generated from its OpenAPI) has no
+# copy on this machine; these send the same shapes over plain HTTP, as it does, to a
+# scripted model that calls get_weather when asked about the weather, and apply its
+# semantic checks. Image input is not implemented: refused with a message saying so.
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather for a location",
+    "parameters": {
+        "type": "object",
+        "properties": {"location": {"type": "string"}},
+        "required": ["location"],
+    },
+}
+WEATHER_Q = {"type": "message", "role": "user", "content": "What's the weather like in SF?"}
+SHAPES = {
+    "basic-response": {"input": [{"type": "message", "role": "user", "content": "Say hello."}]},
+    "streaming-response": {
+        "input": [{"type": "message", "role": "user", "content": "Count to 5."}],
+        "stream": True,
+    },
+    "system-prompt": {
+        "input": [
+            {"type": "message", "role": "system", "content": "You are a pirate."},
+            {"type": "message", "role": "user", "content": "Say hello."},
+        ]
+    },
+    "tool-calling": {"input": [WEATHER_Q], "tools": [WEATHER_TOOL]},
+    "tool-calling-streaming": {"input": [WEATHER_Q], "tools": [WEATHER_TOOL], "stream": True},
+    "multi-turn": {
+        "input": [
+            {"type": "message", "role": "user", "content": "My name is Alice."},
+            {"type": "message", "role": "assistant", "content": "Hello Alice!"},
+            {"type": "message", "role": "user", "content": "What is my name?"},
+        ]
+    },
+}
+
+
+def weather_or_hello(history: list[Any]) -> dict[str, Any]:
+    asked = next((item.text for item in reversed(history) if item.kind == "user"), "")
+    if "weather" in asked and not any(item.kind == "tool_output" for item in history):
+        return {"tool_calls": [{"name": "get_weather", "arguments": {"location": "SF"}}]}
+    return {"text": "Ahoy, hello"}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_open_responses_request_shapes(db_url, api_keys, relay, shape):
+    body = {"model": "scripted-1", **SHAPES[shape]}
+    headers = {"Authorization": f"Bearer {api_keys['acme']}"}
+    with (
+        ScriptedModel(default=[weather_or_hello]) as model,
+        serve(db_url, model_base_url=model.url + "/v1") as url,
+    ):
+        answered = httpx2.post(f"{url}/responses", json=body, headers=headers, timeout=60)
+    assert answered.status_code == 200, answered.text
+    if body.get("stream"):
+        events = [
+            json.loads(line[5:]) for line in answered.text.splitlines() if line.startswith("data:")
+        ]
+        assert events and events[-1]["type"] == "response.completed"
+        final = events[-1]["response"]
+        if "tools" in body:
+            kinds = {(e["type"], e.get("item", {}).get("type")) for e in events}
+            assert ("response.output_item.added", "function_call") in kinds
+            assert ("response.output_item.done", "function_call") in kinds
+            assert {e["type"] for e in events} >= {
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+            }
+    else:
+        final = answered.json()
+    assert final["output"], final
+    assert final["status"] == "completed", final
+    if "tools" in body:
+        assert any(item["type"] == "function_call" for item in final["output"])
+
+
+def test_image_input_is_refused_saying_so(db_url, base_url, api_keys):
+    body = {
+        "model": "scripted-1",
+        "input": [
+            {
+                "type": "message",
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "What do you see?"},
+                    {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},
+                ],
+            }
+        ],
+    }
+    answered = httpx2.post(
+        f"{base_url}/responses",
+        json=body,
+        headers={"Authorization": f"Bearer {api_keys['acme']}"},
+    )
+    assert answered.status_code == 400
+    assert "only text content parts are supported" in answered.json()["error"]["message"]
