@@ -1,7 +1,8 @@
 """A scripted model and a tool that take their time: thousands of requests open at once.
 
 ``python -m bench.latency_server --model-latency M --tool-latency T --calls K`` serves, on
-one asyncio event loop (HTTP/1.1 with keep-alive, parsed by ``h11``):
+one asyncio event loop (HTTP/1.1 with keep-alive, idle connections closed after
+``KEEP_ALIVE_S``, parsed by ``h11``):
 
 - ``POST /v1/responses`` (the OpenAI Responses API): after ``M`` seconds, a turn asking for
   ``K`` parallel calls of the tool ``slow`` when the input holds no tool output yet, else a
@@ -31,6 +32,10 @@ from typing import Any
 import h11
 
 BACKLOG = 4096  # pending connections the kernel may queue (net.core.somaxconn here)
+# An idle keep-alive connection is closed after this long, as uvicorn does (5 s) and nginx
+# (75 s): without it every connection a client ever opened stayed open, and at 10,000 runs
+# in flight the server ran out of file descriptors.
+KEEP_ALIVE_S = 5.0
 
 
 @dataclass
@@ -90,7 +95,14 @@ class Server:
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
-                data = await reader.read(65536)
+                if request is None:  # between requests: an idle keep-alive connection
+                    try:
+                        async with asyncio.timeout(KEEP_ALIVE_S):
+                            data = await reader.read(65536)
+                    except TimeoutError:
+                        return None, b""
+                else:
+                    data = await reader.read(65536)
                 conn.receive_data(data)
                 if not data and request is None:
                     return None, b""
