@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
 from outbox import registry, tenancy
-from outbox.errors import InvalidInput, NotFound
+from outbox.errors import ActiveRunExists, InvalidInput, NotFound
 from outbox.sql import queries
 from outbox.writer import Row, fetch_all, fetch_one, journal
 
@@ -128,6 +128,22 @@ def modify_thread(
         conn, "thread.modified", tenant_id, thread_id=thread_id, detail={"fields": ["metadata"]}
     )
     return row
+
+
+def delete_thread(conn: psycopg.Connection[Any], tenant_id: str, thread_id: uuid.UUID) -> None:
+    """Delete a thread (a conversation) as OpenAI's protocols do: from now on the API
+    answers 404 for it, its runs and its responses, and no run starts on it. Every row
+    stays, with ``deleted_at``: the messages, runs, tool calls and journal are the audit
+    record. A thread with an active run raises ``ActiveRunExists`` (cancel the run first);
+    ``NotFound`` for another tenant's thread, a missing or an already deleted one."""
+    tenancy.scope(conn, tenant_id)
+    row = fetch_one(conn, Q.lock_thread, {"id": thread_id})
+    if row is None:
+        raise NotFound(f"No thread found with id '{thread_id}'.")
+    if row["active_run_id"] is not None:
+        raise ActiveRunExists(thread_id, row["active_run_id"], row["active_status"])
+    fetch_one(conn, Q.delete_thread, {"id": thread_id})
+    journal(conn, "thread.deleted", tenant_id, thread_id=thread_id)
 
 
 def list_assistants(conn: psycopg.Connection[Any], tenant_id: str) -> list[Row]:

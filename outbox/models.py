@@ -63,6 +63,11 @@ class Thread(Base):
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB)
     next_seq: Mapped[int] = mapped_column(Integer, server_default=text("1"))
     created_at: Mapped[datetime] = _now()
+    deleted_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        comment="when the thread (a conversation) was deleted through the API: hidden from "
+        "it, kept here",
+    )
 
 
 class Run(Base):
@@ -831,6 +836,10 @@ class Response(Base):
     )
     background: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     created_at: Mapped[datetime] = _now()
+    deleted_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        comment="when the response was deleted through the API: hidden from it, kept here",
+    )
 
 
 def metadata_for(schema: str) -> MetaData:

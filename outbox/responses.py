@@ -82,6 +82,23 @@ def get_response(conn: psycopg.Connection[Any], tenant_id: str, response_id: uui
     return row
 
 
+def delete_response(conn: psycopg.Connection[Any], tenant_id: str, response_id: uuid.UUID) -> None:
+    """Delete a response as OpenAI's protocol does: the API answers 404 for it from now on
+    (it can no longer be a ``previous_response_id``); the row and the conversation's items
+    stay, the history runs replay. ``NotFound`` as for ``get_response``."""
+    row = get_response(conn, tenant_id, response_id)
+    if fetch_one(conn, Q.delete_response, {"id": response_id}) is None:  # a twin won
+        raise NotFound(f"Response with id 'resp_{response_id.hex}' not found.")
+    journal(
+        conn,
+        "response.deleted",
+        tenant_id,
+        thread_id=row["thread_id"],
+        run_id=row["run_id"],
+        detail={"response_id": str(response_id)},
+    )
+
+
 def latest_of_thread(conn: psycopg.Connection[Any], thread_id: uuid.UUID) -> Row | None:
     return fetch_one(conn, Q.latest_of_thread, {"thread_id": thread_id})
 

@@ -38,5 +38,21 @@ DELETE FROM {s}.assistants WHERE id = %(id)s RETURNING id
 
 -- name: update_thread_metadata
 -- Replace a thread's metadata (row-level security: the tenant's threads only).
-UPDATE {s}.threads SET metadata = %(metadata)s WHERE id = %(id)s
+UPDATE {s}.threads SET metadata = %(metadata)s WHERE id = %(id)s AND deleted_at IS NULL
 RETURNING id, title, metadata, created_at
+
+-- name: lock_thread
+-- Lock a thread that is not deleted (start_run_v1 locks it too: a delete and a start
+-- cannot both win), with its active run if any.
+SELECT t.id, a.id AS active_run_id, a.status AS active_status
+FROM {s}.threads t
+LEFT JOIN LATERAL (
+    SELECT r.id, r.status FROM {s}.runs r
+    WHERE r.thread_id = t.id AND {s}.run_active_v1(r.status)
+) a ON true
+WHERE t.id = %(id)s AND t.deleted_at IS NULL
+FOR UPDATE OF t
+
+-- name: delete_thread
+-- Mark a thread deleted: hidden from the API from now on, every row kept.
+UPDATE {s}.threads SET deleted_at = now() WHERE id = %(id)s RETURNING deleted_at

@@ -9,8 +9,15 @@ VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(previous_response_id)s,
 RETURNING *
 
 -- name: get_response
--- One response (row-level security hides other tenants').
-SELECT * FROM {s}.responses WHERE id = %(id)s
+-- One response that is not deleted (row-level security hides other tenants').
+SELECT * FROM {s}.responses r
+WHERE r.id = %(id)s AND r.deleted_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM {s}.threads t WHERE t.id = r.thread_id AND t.deleted_at IS NOT NULL)
+
+-- name: delete_response
+-- Mark a response deleted: hidden from the API from now on, kept here.
+UPDATE {s}.responses SET deleted_at = now() WHERE id = %(id)s AND deleted_at IS NULL
+RETURNING id
 
 -- name: latest_of_thread
 -- The newest response of a thread, if any.

@@ -548,6 +548,9 @@ BEGIN
     ELSIF v_thread.tenant_id <> p_tenant_id THEN
         RAISE EXCEPTION 'thread % does not belong to tenant %', p_thread_id, quote_literal(p_tenant_id)
             USING ERRCODE = 'OB004', HINT = 'pass the tenant that owns the object';
+    ELSIF v_thread.deleted_at IS NOT NULL THEN
+        RAISE EXCEPTION 'thread % was deleted at %', p_thread_id, v_thread.deleted_at
+            USING ERRCODE = 'no_data_found', HINT = 'start the run on a new thread';
     END IF;
     SELECT * INTO v_active FROM {s}.runs r
     WHERE r.thread_id = p_thread_id AND {s}.run_active_v1(r.status);

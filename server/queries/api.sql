@@ -7,8 +7,9 @@
 SET LOCAL ROLE outbox_api
 
 -- name: thread
--- One thread.
-SELECT id, title, metadata, created_at FROM {s}.threads WHERE id = %(thread_id)s
+-- One thread, unless deleted.
+SELECT id, title, metadata, created_at FROM {s}.threads
+WHERE id = %(thread_id)s AND deleted_at IS NULL
 
 -- name: messages
 -- A thread's user and assistant messages with text, in order, from a position on.
@@ -43,6 +44,7 @@ LEFT JOIN LATERAL (
     FROM {s}.model_turns mt WHERE mt.run_id = r.id
 ) u ON true
 WHERE r.id = %(run_id)s AND (%(thread_id)s::uuid IS NULL OR r.thread_id = %(thread_id)s)
+  AND NOT EXISTS (SELECT 1 FROM {s}.threads t WHERE t.id = r.thread_id AND t.deleted_at IS NOT NULL)
 
 -- name: runs_of_thread
 -- The ids of a thread's runs in creation order.
@@ -94,6 +96,7 @@ SELECT r.status,
            ) e
        ), '[]'::jsonb) AS events
 FROM {s}.runs r WHERE r.id = %(run_id)s
+  AND NOT EXISTS (SELECT 1 FROM {s}.threads t WHERE t.id = r.thread_id AND t.deleted_at IS NOT NULL)
 
 -- name: message
 -- One message of a thread, by id.
