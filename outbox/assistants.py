@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
 from outbox import registry, tenancy
-from outbox.errors import ActiveRunExists, InvalidInput, NotFound
+from outbox.errors import ActiveRunExists, InvalidInput, InvalidTransition, NotFound
 from outbox.sql import queries
 from outbox.writer import Row, fetch_all, fetch_one, journal
 
@@ -130,20 +130,81 @@ def modify_thread(
     return row
 
 
-def delete_thread(conn: psycopg.Connection[Any], tenant_id: str, thread_id: uuid.UUID) -> None:
+def delete_thread(
+    conn: psycopg.Connection[Any],
+    tenant_id: str,
+    thread_id: uuid.UUID,
+    *,
+    actor: str | None = None,
+    correlation_id: str | None = None,
+) -> None:
     """Delete a thread (a conversation) as OpenAI's protocols do: from now on the API
-    answers 404 for it, its runs and its responses, and no run starts on it. Every row
-    stays, with ``deleted_at``: the messages, runs, tool calls and journal are the audit
-    record. A thread with an active run raises ``ActiveRunExists`` (cancel the run first);
-    ``NotFound`` for another tenant's thread, a missing or an already deleted one."""
-    tenancy.scope(conn, tenant_id)
-    row = fetch_one(conn, Q.lock_thread, {"id": thread_id})
-    if row is None:
-        raise NotFound(f"No thread found with id '{thread_id}'.")
-    if row["active_run_id"] is not None:
-        raise ActiveRunExists(thread_id, row["active_run_id"], row["active_status"])
+    answers 404 for it, its messages, runs and responses, and no run starts on it. Every
+    row stays, with ``deleted_at``: the messages, runs, tool calls and journal are the
+    audit record. A thread with an active run raises ``ActiveRunExists`` (cancel the run
+    first); ``NotFound`` for another tenant's thread, a missing or an already deleted one.
+    Journaled as ``thread.deleted`` with ``actor`` and ``correlation_id``."""
+    _lock_idle_thread(conn, tenant_id, thread_id)
     fetch_one(conn, Q.delete_thread, {"id": thread_id})
-    journal(conn, "thread.deleted", tenant_id, thread_id=thread_id)
+    journal(
+        conn,
+        "thread.deleted",
+        tenant_id,
+        thread_id=thread_id,
+        actor=actor,
+        correlation_id=correlation_id,
+    )
+
+
+def delete_message(
+    conn: psycopg.Connection[Any],
+    tenant_id: str,
+    thread_id: uuid.UUID,
+    message_id: int,
+    *,
+    actor: str | None = None,
+    correlation_id: str | None = None,
+) -> None:
+    """Delete a user or assistant message of a thread: the API no longer shows it and no
+    later run replays it; the row stays, with ``deleted_at``. Only a message whose removal
+    keeps the history well-formed (DESIGN invariant 7): a tool result, or an assistant
+    message that carries tool calls, raises ``InvalidTransition`` (the database refuses it
+    too). ``ActiveRunExists`` while a run of the thread is active (the run replays the
+    history as it goes); ``NotFound`` for a missing, deleted or hidden message or thread.
+    Journaled as ``message.deleted``."""
+    _lock_idle_thread(conn, tenant_id, thread_id)
+    row = fetch_one(conn, Q.message_to_delete, {"message_id": message_id, "thread_id": thread_id})
+    if row is None or row["role"] not in ("user", "assistant") or row["tool_call_ref"] is not None:
+        raise NotFound(f"No message found with id 'msg_{message_id}'.")
+    if row["carries_calls"]:
+        raise InvalidTransition(
+            f"Message 'msg_{message_id}' carries tool calls and cannot be deleted: their "
+            "results would be left without the call that asked for them, and no provider "
+            "accepts such a history.",
+            hint="delete the thread, or start a new one",
+        )
+    fetch_one(conn, Q.delete_message, {"message_id": message_id, "thread_id": thread_id})
+    journal(
+        conn,
+        "message.deleted",
+        tenant_id,
+        thread_id=thread_id,
+        run_id=row["run_id"],
+        actor=actor,
+        correlation_id=correlation_id,
+        detail={"message_id": message_id, "role": row["role"], "seq": row["seq"]},
+    )
+
+
+def _lock_idle_thread(conn: psycopg.Connection[Any], tenant_id: str, thread_id: uuid.UUID) -> None:
+    """Lock the tenant's thread (not deleted) and check no run of it is active. The lock
+    is the one ``start_run_v1`` takes, so no run starts until this transaction ends."""
+    tenancy.scope(conn, tenant_id)
+    if fetch_one(conn, Q.lock_thread, {"id": thread_id}) is None:
+        raise NotFound(f"No thread found with id '{thread_id}'.")
+    active = fetch_one(conn, Q.active_run, {"id": thread_id})
+    if active is not None:
+        raise ActiveRunExists(thread_id, active["id"], active["status"])
 
 
 def list_assistants(conn: psycopg.Connection[Any], tenant_id: str) -> list[Row]:

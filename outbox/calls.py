@@ -186,6 +186,7 @@ _BY_SQLSTATE: dict[str, type[OutboxError]] = {
     "OB004": WrongTenant,
     "OB005": InvalidTransition,
     "OB006": NotPermitted,
+    "OB007": InvalidTransition,  # a message that carries tool calls cannot be deleted
     "55000": InvalidTransition,  # object_not_in_prerequisite_state: e.g. decided already
 }
 SAVEPOINT = "SAVEPOINT outbox_call"

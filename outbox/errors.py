@@ -60,7 +60,9 @@ class ActiveRunExists(OutboxError):
             hint=f"wait for run {run_id} to finish, cancel it (`outbox runs cancel {run_id}`), "
             "or resend this turn with the same idempotency key",
         )
+        self.thread_id = thread_id
         self.run_id = run_id
+        self.status = status
 
 
 class IdempotencyKeyReused(OutboxError):

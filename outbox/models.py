@@ -167,6 +167,11 @@ class Message(Base):
     run_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
     tool_call_ref: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = _now()
+    deleted_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        comment="when the message was deleted through the API: hidden from it and from "
+        "later replays, kept here",
+    )
 
 
 class ModelTurn(Base):

@@ -16,7 +16,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from outbox import tenancy
-from outbox.errors import NotFound
+from outbox.errors import ActiveRunExists, NotFound
 from outbox.sql import queries
 from outbox.writer import Row, fetch_one, journal
 
@@ -82,11 +82,26 @@ def get_response(conn: psycopg.Connection[Any], tenant_id: str, response_id: uui
     return row
 
 
-def delete_response(conn: psycopg.Connection[Any], tenant_id: str, response_id: uuid.UUID) -> None:
+def delete_response(
+    conn: psycopg.Connection[Any],
+    tenant_id: str,
+    response_id: uuid.UUID,
+    *,
+    actor: str | None = None,
+    correlation_id: str | None = None,
+) -> None:
     """Delete a response as OpenAI's protocol does: the API answers 404 for it from now on
-    (it can no longer be a ``previous_response_id``); the row and the conversation's items
-    stay, the history runs replay. ``NotFound`` as for ``get_response``."""
+    (it can no longer be a ``previous_response_id``); the row stays, with ``deleted_at``,
+    and so do the conversation's items, the history runs replay. A response still going
+    (its run active and this its newest response: queued, in progress, or waiting for the
+    caller's function call outputs) raises ``ActiveRunExists``: cancel it or let it end
+    first. ``NotFound`` as for ``get_response``, and for a deleted one. Journaled as
+    ``response.deleted``."""
     row = get_response(conn, tenant_id, response_id)
+    run = fetch_one(conn, Q.run_status, {"run_id": row["run_id"]})
+    assert run is not None
+    if run["active"] and output_until(conn, row) is None:
+        raise ActiveRunExists(row["thread_id"], row["run_id"], run["status"])
     if fetch_one(conn, Q.delete_response, {"id": response_id}) is None:  # a twin won
         raise NotFound(f"Response with id 'resp_{response_id.hex}' not found.")
     journal(
@@ -95,6 +110,8 @@ def delete_response(conn: psycopg.Connection[Any], tenant_id: str, response_id: 
         tenant_id,
         thread_id=row["thread_id"],
         run_id=row["run_id"],
+        actor=actor,
+        correlation_id=correlation_id,
         detail={"response_id": str(response_id)},
     )
 

@@ -19,8 +19,13 @@ WHERE r.id = %(id)s AND r.deleted_at IS NULL
 UPDATE {s}.responses SET deleted_at = now() WHERE id = %(id)s AND deleted_at IS NULL
 RETURNING id
 
+-- name: run_status
+-- A response's run: its status, and whether it is active.
+SELECT status, {s}.run_active_v1(status) AS active FROM {s}.runs WHERE id = %(run_id)s
+
 -- name: latest_of_thread
--- The newest response of a thread, if any.
+-- The newest response of a thread, if any, deleted or not: a conversation's history goes
+-- on from its newest response, whose messages stay in it when it is deleted.
 SELECT * FROM {s}.responses WHERE thread_id = %(thread_id)s
 ORDER BY created_at DESC, output_from_seq DESC LIMIT 1
 

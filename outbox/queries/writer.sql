@@ -242,11 +242,12 @@ WHERE r.id = n.run_id
 RETURNING r.id, r.status
 
 -- name: thread_messages
--- A thread's messages in order, each tool message with the call it answers.
+-- A thread's messages in order, each tool message with the call it answers; a deleted
+-- message (0026: a plain one, never a call or a result) is no longer replayed.
 SELECT m.seq, m.role, m.content, m.id, tc.tool_call_id AS answers_call
 FROM {s}.messages m
 LEFT JOIN {s}.tool_calls tc ON tc.id = m.tool_call_ref
-WHERE m.thread_id = %(thread_id)s
+WHERE m.thread_id = %(thread_id)s AND m.deleted_at IS NULL
 ORDER BY m.seq
 
 -- name: thread_calls

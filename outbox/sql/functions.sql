@@ -468,8 +468,8 @@ END $$;
 --     when two requests race; the key on another thread raises OB002;
 --   * while the thread has an active run (queued, in_progress, requires_action), another
 --     turn raises OB001, whose DETAIL is {"thread_id", "run_id", "status"} (the active run);
---   * unknown tools raise P0002; a thread that does not exist, or that row-level
---     security hides, raises P0002; one of another tenant (for roles that see every
+--   * unknown tools raise P0002; a thread that does not exist, that row-level
+--     security hides, or that was deleted (deleted_at, 0026) raises P0002; one of another tenant (for roles that see every
 --     tenant) raises OB004;
 --   * a tenant whose token budget is spent raises OB003;
 --   * bad arguments raise 22023 naming the argument.

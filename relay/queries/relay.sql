@@ -522,8 +522,8 @@ RETURNING tc.id
 
 -- name: prepare_turns
 -- What each model turn needs before its call, for many turns in one statement: the run,
--- whether the step is already recorded, the thread's messages and calls (as
--- outbox.history builds them) and the run's tools (the versions it pinned when it started;
+-- whether the step is already recorded, the thread's messages but the deleted ones, and
+-- its calls (as outbox.history builds them) and the run's tools (the versions it pinned when it started;
 -- for a run without pins, the newest visible to the tenant, its own before a shared one).
 -- Each lookup goes through an index by run, thread or name.
 SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
@@ -535,7 +535,7 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
                    'answers_call', tc.tool_call_id) ORDER BY m.seq), '[]')
         FROM {s}.messages m
         LEFT JOIN {s}.tool_calls tc ON tc.id = m.tool_call_ref
-        WHERE m.thread_id = r.thread_id) AS messages,
+        WHERE m.thread_id = r.thread_id AND m.deleted_at IS NULL) AS messages,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'message_id', c.message_id, 'tool_call_id', c.tool_call_id,
                    'tool_name', c.tool_name, 'arguments_raw', c.arguments_raw)

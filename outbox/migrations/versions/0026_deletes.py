@@ -1,12 +1,16 @@
-"""Threads, conversations and responses deleted through ``outbox serve``, kept for audit.
+"""Threads, conversations, responses and plain messages deleted through ``outbox serve``,
+kept for audit.
 
 Revision ID: 0026
 Revises: 0025
 Create Date: 2026-11-25
 
-OpenAI's protocols delete threads, conversations and responses; here a delete sets
-``deleted_at`` (the API answers 404 from then on) and keeps the rows, which are the audit
-record. ``start_run_v1`` refuses a run on a deleted thread. The SQL is ``0026_deletes.sql``
+OpenAI's protocols delete threads, conversations, responses, messages and conversation
+items; here a delete sets ``deleted_at`` (the API answers 404 from then on) and keeps the
+rows, which are the audit record. ``start_run_v1`` refuses a run on a deleted thread; a
+trigger refuses deleting a thread with an active run; a deleted message leaves every later
+replay, and only a user or assistant message that carries no tool calls and is no tool
+result can be deleted (a CHECK and a trigger: invariant 7). The SQL is ``0026_deletes.sql``
 beside this file, frozen. The downgrade puts back 0021's ``start_run_v1`` and drops the
 columns.
 """
@@ -30,6 +34,12 @@ def _start_run_of_0021() -> str:
 
 
 DOWNGRADE = """
+DROP TRIGGER message_delete_guard ON {s}.messages;
+DROP FUNCTION {s}.message_delete_guard();
+ALTER TABLE {s}.messages DROP CONSTRAINT messages_deleted_only_plain;
+ALTER TABLE {s}.messages DROP COLUMN deleted_at;
+DROP TRIGGER thread_delete_guard ON {s}.threads;
+DROP FUNCTION {s}.thread_delete_guard();
 REVOKE UPDATE (deleted_at) ON {s}.responses FROM outbox_api;
 ALTER TABLE {s}.responses DROP COLUMN deleted_at;
 ALTER TABLE {s}.threads DROP COLUMN deleted_at;

@@ -1,5 +1,5 @@
--- 0026: threads (conversations) and responses deleted through `outbox serve`. Frozen: what
--- revision 0026 applies, forever.
+-- 0026: threads (conversations), responses and plain messages (conversation items) deleted
+-- through `outbox serve`. Frozen: what revision 0026 applies, forever.
 --
 -- A delete hides the object from the API and keeps every row: a thread's messages, runs,
 -- tool calls and journal stay the audit record a DBA reads (deleted_at says when), and
@@ -13,6 +13,59 @@ ALTER TABLE {s}.responses ADD COLUMN deleted_at timestamptz;
 COMMENT ON COLUMN {s}.responses.deleted_at IS
     'when the response was deleted through the API: hidden from it, kept here';
 GRANT UPDATE (deleted_at) ON {s}.responses TO outbox_api;
+
+-- A thread is deleted only once no run of it is active (cancel first): a deleted thread
+-- never has a run the relay still works on. The library checks this under the thread's
+-- lock for a clear error; this trigger makes it a rule of the database, also for a
+-- deleted_at set by hand.
+CREATE FUNCTION {s}.thread_delete_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_active {s}.runs;
+BEGIN
+    SELECT * INTO v_active FROM {s}.runs r
+    WHERE r.thread_id = NEW.id AND {s}.run_active_v1(r.status);
+    IF FOUND THEN
+        RAISE EXCEPTION 'thread % has active run % (%): it cannot be deleted',
+                        NEW.id, v_active.id, v_active.status
+            USING ERRCODE = 'OB001',
+                  DETAIL = json_build_object('thread_id', NEW.id, 'run_id', v_active.id,
+                                            'status', v_active.status)::text,
+                  HINT = 'cancel the run first, or wait for it to end';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER thread_delete_guard BEFORE UPDATE OF deleted_at ON {s}.threads
+    FOR EACH ROW WHEN (NEW.deleted_at IS NOT NULL AND OLD.deleted_at IS NULL)
+    EXECUTE FUNCTION {s}.thread_delete_guard();
+
+-- A message is deleted (hidden from the API and from every later replay) only when that
+-- keeps the history well-formed (DESIGN invariant 7): a user or assistant message that
+-- is neither a tool result (the CHECK) nor the assistant turn that asked for tool calls
+-- (the trigger: its calls' results would be left without their call).
+ALTER TABLE {s}.messages ADD COLUMN deleted_at timestamptz;
+COMMENT ON COLUMN {s}.messages.deleted_at IS
+    'when the message was deleted through the API: hidden from it and from later replays, kept here';
+ALTER TABLE {s}.messages ADD CONSTRAINT messages_deleted_only_plain
+    CHECK (deleted_at IS NULL OR (tool_call_ref IS NULL AND role IN ('user', 'assistant')));
+CREATE FUNCTION {s}.message_delete_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- A model turn's calls carry its run: by the run's index; a message of no run
+    -- (imported or added through the API) by its thread.
+    IF EXISTS (SELECT 1 FROM {s}.tool_calls tc
+               WHERE tc.message_id = NEW.id
+                 AND (CASE WHEN NEW.run_id IS NULL THEN tc.thread_id = NEW.thread_id
+                           ELSE tc.run_id = NEW.run_id END)) THEN
+        RAISE EXCEPTION 'message % carries tool calls: it cannot be deleted', NEW.id
+            USING ERRCODE = 'OB007',
+                  HINT = 'deleting it would leave the results of its calls without the call that asked for them';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER message_delete_guard BEFORE UPDATE OF deleted_at ON {s}.messages
+    FOR EACH ROW WHEN (NEW.deleted_at IS NOT NULL AND OLD.deleted_at IS NULL)
+    EXECUTE FUNCTION {s}.message_delete_guard();
 
 
 -- start_run_v1: "start a run on this thread with this user turn".
@@ -28,8 +81,8 @@ GRANT UPDATE (deleted_at) ON {s}.responses TO outbox_api;
 --     when two requests race; the key on another thread raises OB002;
 --   * while the thread has an active run (queued, in_progress, requires_action), another
 --     turn raises OB001, whose DETAIL is {"thread_id", "run_id", "status"} (the active run);
---   * unknown tools raise P0002; a thread that does not exist, or that row-level
---     security hides, raises P0002; one of another tenant (for roles that see every
+--   * unknown tools raise P0002; a thread that does not exist, that row-level
+--     security hides, or that was deleted (deleted_at, 0026) raises P0002; one of another tenant (for roles that see every
 --     tenant) raises OB004;
 --   * a tenant whose token budget is spent raises OB003;
 --   * bad arguments raise 22023 naming the argument.
