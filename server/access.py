@@ -37,6 +37,9 @@ class AccessLog:
         started = time.perf_counter()
         given = dict(scope["headers"]).get(HEADER, b"").decode("latin-1")[:MAX_REQUEST_ID]
         request_id = given or f"req_{uuid.uuid4().hex}"
+        # Handlers journal what they change under this id (routes.request_id): the journal
+        # event and this log line, which names the key's tenant, find each other.
+        scope.setdefault("state", {})["request_id"] = request_id
         status = 500
 
         async def answer(message: Message) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from outbox import assistants, constants, lifecycle, tenancy, writer
-from outbox.errors import NotFound
+from outbox.errors import ActiveRunExists, InvalidTransition, NotFound
 from outbox.schemas import NewMessage, StartRun
 from outbox.writer import fetch_all, fetch_one
 from server import shapes
@@ -143,6 +143,34 @@ def modify_thread(store: Store, tenant: str, thread_id: str, metadata: dict[str,
         return shapes.thread(assistants.modify_thread(conn, tenant, ident, metadata))
 
 
+def delete_thread(
+    store: Store, tenant: str, thread_id: str, settings: Settings, request_id: str | None
+) -> Row:
+    """Delete a thread: 404 for it and everything of it from now on, every row kept
+    (``assistants.delete_thread``); refused while a run of it is active."""
+    ident = parse_id(thread_id, "thread")
+    with store.tenant(tenant) as conn:
+        try:
+            assistants.delete_thread(
+                conn, tenant, ident, actor=settings.actor, correlation_id=request_id
+            )
+        except NotFound:
+            raise not_found("thread", ident) from None
+        except ActiveRunExists as err:
+            raise busy_thread("thread", ident, err) from None
+    return shapes.deleted(str(ident), "thread.deleted")
+
+
+def busy_thread(what: str, ident: object, err: ActiveRunExists) -> APIError:
+    """The 400 for deleting something of a thread while a run of it is active."""
+    return APIError(
+        400,
+        f"Can't delete {what} {ident} while run {err.run_id} of its thread is active "
+        f"(status {err.status}): cancel the run first, or wait for it to end.",
+        code="run_active",
+    )
+
+
 def _thread(conn: psycopg.Connection[Any], ident: uuid.UUID) -> Row:
     row = fetch_one(conn, Q.thread, {"thread_id": ident})
     if row is None:
@@ -172,10 +200,53 @@ def get_message(store: Store, tenant: str, thread_id: str, message_id: str) -> R
     if not number.isdigit():
         raise not_found("message", message_id)
     with store.tenant(tenant) as conn:
+        _thread(conn, ident)
         row = fetch_one(conn, Q.message, {"message_id": int(number), "thread_id": ident})
     if row is None:
         raise not_found("message", message_id)
     return shapes.message(row, ident)
+
+
+def delete_message(
+    store: Store,
+    tenant: str,
+    thread_id: str,
+    message_id: str,
+    settings: Settings,
+    request_id: str | None,
+) -> Row:
+    """Delete a user or assistant message that carries no tool calls (a 400 names why for
+    any other): hidden from the API and from later replays (``assistants.delete_message``)."""
+    ident = parse_id(thread_id, "thread")
+    number = message_id.removeprefix("msg_")
+    if not number.isdigit():
+        raise not_found("message", message_id)
+    with store.tenant(tenant) as conn:
+        remove_message(conn, tenant, ident, int(number), settings, request_id, "message")
+    return shapes.deleted(message_id, "thread.message.deleted")
+
+
+def remove_message(
+    conn: psycopg.Connection[Any],
+    tenant: str,
+    thread_id: uuid.UUID,
+    number: int,
+    settings: Settings,
+    request_id: str | None,
+    what: str,
+) -> None:
+    """``assistants.delete_message`` with the library's refusals as the API's answers
+    (``what``: message or item, as the protocol names it)."""
+    try:
+        assistants.delete_message(
+            conn, tenant, thread_id, number, actor=settings.actor, correlation_id=request_id
+        )
+    except NotFound:
+        raise not_found(what, f"msg_{number}") from None
+    except ActiveRunExists as err:
+        raise busy_thread(what, f"msg_{number}", err) from None
+    except InvalidTransition as err:
+        raise APIError(400, str(err), code="message_has_tool_calls") from None
 
 
 def list_messages(

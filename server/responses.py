@@ -12,8 +12,9 @@ do not show as ``function_call`` items.
 
 Differences from OpenAI's, by design: every response is stored (``store=false`` is
 refused); ``previous_response_id`` must name the newest response of its conversation (a
-thread is one durable line of history; no forks); a conversation's items cannot be deleted
-(the history runs replay).
+thread is one durable line of history; no forks); deletes keep the rows (``deleted_at``),
+and a conversation item that is a function call or its output cannot be deleted (the
+history runs replay must pair them).
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from typing import Any
 import psycopg
 
 from outbox import assistants, lifecycle, responses, writer
-from outbox.errors import NotFound
+from outbox.errors import ActiveRunExists, NotFound
 from outbox.schemas import NewMessage, StartRun
 from outbox.writer import fetch_all, fetch_one
 from server import shapes
-from server.actions import Page, Settings, paginate
+from server.actions import Page, Settings, busy_thread, paginate, remove_message
 from server.bodies import ConversationIn, ResponseIn, text_of
 from server.errors import APIError
 from server.store import Q, Store
@@ -229,6 +230,15 @@ def _thread_for(
                 param="previous_response_id",
             ) from None
         latest = responses.latest_of_thread(conn, previous["thread_id"])
+        if latest is not None and latest["id"] != previous["id"] and latest["deleted_at"]:
+            raise APIError(
+                400,
+                f"Previous response '{body.previous_response_id}' is not the newest response "
+                f"of its conversation, and the newest, '{response_id(latest['id'])}', was "
+                "deleted: outbox serve keeps one durable history per conversation and does "
+                "not fork it. Start a new conversation.",
+                param="previous_response_id",
+            )
         if latest is not None and latest["id"] != previous["id"]:
             raise APIError(
                 400,
@@ -437,6 +447,28 @@ def _status(run: Row, row: Row, *, superseded: bool) -> tuple[str, Row | None, R
     return status, None, None
 
 
+def delete(
+    store: Store, tenant: str, ident: uuid.UUID, settings: Settings, request_id: str | None
+) -> Row:
+    """Delete a response (``outbox.responses.delete_response``): 404 from now on, the row
+    kept; refused while it is still going. OpenAI answers ``{"id", "object": "response",
+    "deleted": true}`` (the SDK's ``responses.delete`` returns None)."""
+    with store.tenant(tenant) as conn:
+        try:
+            responses.delete_response(
+                conn, tenant, ident, actor=settings.actor, correlation_id=request_id
+            )
+        except ActiveRunExists as err:
+            raise APIError(
+                400,
+                f"Can't delete response {response_id(ident)} while it is in progress (its "
+                f"run {err.run_id} is {err.status}): cancel it (background responses), "
+                "answer its function calls, or wait for it to end.",
+                code="response_in_progress",
+            ) from None
+    return shapes.deleted(response_id(ident), "response")
+
+
 def list_input_items(store: Store, tenant: str, ident: uuid.UUID, page: Page) -> Row:
     with store.tenant(tenant) as conn:
         row = responses.get_response(conn, tenant, ident)
@@ -500,6 +532,46 @@ def update_conversation(
     with store.tenant(tenant) as conn:
         _conversation(conn, ident)
         return conversation(assistants.modify_thread(conn, tenant, ident, metadata))
+
+
+def delete_conversation(
+    store: Store, tenant: str, ident: uuid.UUID, settings: Settings, request_id: str | None
+) -> Row:
+    """Delete a conversation (its thread, ``assistants.delete_thread``): 404 for it, its
+    items and its responses from now on, every row kept; refused while a response of it
+    is in progress."""
+    with store.tenant(tenant) as conn:
+        try:
+            assistants.delete_thread(
+                conn, tenant, ident, actor=settings.actor, correlation_id=request_id
+            )
+        except NotFound:
+            raise APIError(
+                404, f"Conversation with id '{conversation_id(ident)}' not found."
+            ) from None
+        except ActiveRunExists as err:
+            raise busy_thread("conversation", conversation_id(ident), err) from None
+    return shapes.deleted(conversation_id(ident), "conversation.deleted")
+
+
+def delete_item(
+    store: Store,
+    tenant: str,
+    ident: uuid.UUID,
+    item_id: str,
+    settings: Settings,
+    request_id: str | None,
+) -> Row:
+    """Delete a message item of a conversation (``assistants.delete_message``: user and
+    assistant messages that carry no function calls); answers the conversation, as
+    OpenAI's ``conversations.items.delete`` does."""
+    number = item_id.removeprefix("msg_")
+    with store.tenant(tenant) as conn:
+        thread = _conversation(conn, ident)
+        if not number.isdigit():
+            raise APIError(404, f"Item with id '{item_id}' not found.")
+        remove_message(conn, tenant, ident, int(number), settings, request_id, "item")
+        return conversation(thread)
 
 
 def list_items(store: Store, tenant: str, ident: uuid.UUID, page: Page) -> Row:

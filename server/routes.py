@@ -211,15 +211,29 @@ async def modify_thread(request: Request) -> Response:
     return answer(await run_in_threadpool(actions.modify_thread, cfg.store, who, ident, metadata))
 
 
+def request_id(request: Request) -> str | None:
+    """The request's id (server.access), journaled with what the request changes."""
+    found = getattr(request.state, "request_id", None)
+    return found if isinstance(found, str) else None
+
+
+async def delete_thread(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident, rid = request.path_params["thread_id"], request_id(request)
+    return answer(
+        await run_in_threadpool(actions.delete_thread, cfg.store, who, ident, cfg.settings, rid)
+    )
+
+
 async def keep_history(request: Request) -> Response:
-    """Deleting a thread or a message, or rewriting a message, is refused: they are the
-    durable history runs replay and DBAs audit (docs/serve.md)."""
+    """Rewriting a message is refused: a message is the history runs replay and DBAs audit
+    (docs/serve.md); a plain one can be deleted, and a new one added."""
     await tenant(request)
     raise APIError(
         405,
-        f"{request.method} {request.url.path} is not supported by outbox serve: threads and "
-        "their messages are the durable history a run replays and the audit record; start "
-        "a new thread instead.",
+        f"{request.method} {request.url.path} is not supported by outbox serve: messages "
+        "are the durable history a run replays and the audit record; delete the message "
+        "and add a new one instead.",
         code="history_is_kept",
     )
 
@@ -244,6 +258,17 @@ async def get_message(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     thread, message = request.path_params["thread_id"], request.path_params["message_id"]
     return answer(await run_in_threadpool(actions.get_message, cfg.store, who, thread, message))
+
+
+async def delete_message(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    thread, message = request.path_params["thread_id"], request.path_params["message_id"]
+    rid = request_id(request)
+    return answer(
+        await run_in_threadpool(
+            actions.delete_message, cfg.store, who, thread, message, cfg.settings, rid
+        )
+    )
 
 
 async def create_run(request: Request) -> Response:
@@ -379,6 +404,15 @@ async def cancel_response(request: Request) -> Response:
     return answer(await run_in_threadpool(responses.cancel, cfg.store, who, ident, cfg.settings))
 
 
+async def delete_response(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident = responses.parse(request.path_params["response_id"], "resp_", "Response")
+    rid = request_id(request)
+    return answer(
+        await run_in_threadpool(responses.delete, cfg.store, who, ident, cfg.settings, rid)
+    )
+
+
 async def list_input_items(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident = responses.parse(request.path_params["response_id"], "resp_", "Response")
@@ -413,6 +447,16 @@ async def update_conversation(request: Request) -> Response:
     )
 
 
+async def delete_conversation(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident, rid = _conversation_id(request), request_id(request)
+    return answer(
+        await run_in_threadpool(
+            responses.delete_conversation, cfg.store, who, ident, cfg.settings, rid
+        )
+    )
+
+
 async def list_items(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident = _conversation_id(request)
@@ -436,6 +480,17 @@ async def get_item(request: Request) -> Response:
     return answer(await run_in_threadpool(responses.get_item, cfg.store, who, ident, item_id))
 
 
+async def delete_item(request: Request) -> Response:
+    who, cfg = await tenant(request), config(request)
+    ident, item_id = _conversation_id(request), request.path_params["item_id"]
+    rid = request_id(request)
+    return answer(
+        await run_in_threadpool(
+            responses.delete_item, cfg.store, who, ident, item_id, cfg.settings, rid
+        )
+    )
+
+
 ROUTES = [
     Route("/v1/assistants", create_assistant, methods=["POST"]),
     Route("/v1/assistants", list_assistants, methods=["GET"]),
@@ -446,13 +501,12 @@ ROUTES = [
     Route("/v1/threads/runs", create_thread_and_run, methods=["POST"]),
     Route("/v1/threads/{thread_id}", get_thread, methods=["GET"]),
     Route("/v1/threads/{thread_id}", modify_thread, methods=["POST"]),
-    Route("/v1/threads/{thread_id}", keep_history, methods=["DELETE"]),
+    Route("/v1/threads/{thread_id}", delete_thread, methods=["DELETE"]),
     Route("/v1/threads/{thread_id}/messages", create_message, methods=["POST"]),
     Route("/v1/threads/{thread_id}/messages", list_messages, methods=["GET"]),
     Route("/v1/threads/{thread_id}/messages/{message_id}", get_message, methods=["GET"]),
-    Route(
-        "/v1/threads/{thread_id}/messages/{message_id}", keep_history, methods=["POST", "DELETE"]
-    ),
+    Route("/v1/threads/{thread_id}/messages/{message_id}", keep_history, methods=["POST"]),
+    Route("/v1/threads/{thread_id}/messages/{message_id}", delete_message, methods=["DELETE"]),
     Route("/v1/threads/{thread_id}/runs", create_run, methods=["POST"]),
     Route("/v1/threads/{thread_id}/runs", list_runs, methods=["GET"]),
     Route("/v1/threads/{thread_id}/runs/{run_id}", get_run, methods=["GET"]),
@@ -467,15 +521,15 @@ ROUTES = [
     Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),
     Route("/v1/responses", create_response, methods=["POST"]),
     Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
-    Route("/v1/responses/{response_id}", keep_history, methods=["DELETE"]),
+    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
     Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
     Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
     Route("/v1/conversations", create_conversation, methods=["POST"]),
     Route("/v1/conversations/{conversation_id}", get_conversation, methods=["GET"]),
     Route("/v1/conversations/{conversation_id}", update_conversation, methods=["POST"]),
-    Route("/v1/conversations/{conversation_id}", keep_history, methods=["DELETE"]),
+    Route("/v1/conversations/{conversation_id}", delete_conversation, methods=["DELETE"]),
     Route("/v1/conversations/{conversation_id}/items", list_items, methods=["GET"]),
     Route("/v1/conversations/{conversation_id}/items", add_items, methods=["POST"]),
     Route("/v1/conversations/{conversation_id}/items/{item_id}", get_item, methods=["GET"]),
-    Route("/v1/conversations/{conversation_id}/items/{item_id}", keep_history, methods=["DELETE"]),
+    Route("/v1/conversations/{conversation_id}/items/{item_id}", delete_item, methods=["DELETE"]),
 ]

@@ -12,12 +12,13 @@ SELECT id, title, metadata, created_at FROM {s}.threads
 WHERE id = %(thread_id)s AND deleted_at IS NULL
 
 -- name: messages
--- A thread's user and assistant messages with text, in order, from a position on.
+-- A thread's user and assistant messages with text, in order, from a position on (not
+-- the deleted ones).
 SELECT m.id, m.seq, m.role, m.content, m.run_id, m.created_at, ar.assistant_id
 FROM {s}.messages m
 LEFT JOIN {s}.assistant_runs ar ON ar.run_id = m.run_id
 WHERE m.thread_id = %(thread_id)s AND m.role IN ('user', 'assistant')
-  AND m.content IS NOT NULL AND m.content <> ''
+  AND m.content IS NOT NULL AND m.content <> '' AND m.deleted_at IS NULL
   AND (%(after_seq)s::int IS NULL OR m.seq > %(after_seq)s)
   AND (%(before_seq)s::int IS NULL OR m.seq < %(before_seq)s)
 ORDER BY m.seq
@@ -51,10 +52,12 @@ WHERE r.id = %(run_id)s AND (%(thread_id)s::uuid IS NULL OR r.thread_id = %(thre
 SELECT id, created_at FROM {s}.runs WHERE thread_id = %(thread_id)s ORDER BY created_at, id
 
 -- name: lock_run
--- Lock a run before answering it (the run lock comes first in every writer path).
-SELECT status, failure_reason, (action_deadline < now()) AS deadline_passed
-FROM {s}.runs WHERE id = %(run_id)s AND thread_id = %(thread_id)s
-FOR UPDATE
+-- Lock a run before answering it (the run lock comes first in every writer path); a run
+-- of a deleted thread is not found.
+SELECT r.status, r.failure_reason, (r.action_deadline < now()) AS deadline_passed
+FROM {s}.runs r WHERE r.id = %(run_id)s AND r.thread_id = %(thread_id)s
+  AND NOT EXISTS (SELECT 1 FROM {s}.threads t WHERE t.id = r.thread_id AND t.deleted_at IS NOT NULL)
+FOR UPDATE OF r
 
 -- name: steps
 -- A run's model turns with their tool calls and results, in step order.
@@ -99,11 +102,12 @@ FROM {s}.runs r WHERE r.id = %(run_id)s
   AND NOT EXISTS (SELECT 1 FROM {s}.threads t WHERE t.id = r.thread_id AND t.deleted_at IS NOT NULL)
 
 -- name: message
--- One message of a thread, by id.
+-- One message of a thread, by id, unless it or its thread is deleted.
 SELECT m.id, m.seq, m.role, m.content, m.run_id, m.created_at, ar.assistant_id
 FROM {s}.messages m
 LEFT JOIN {s}.assistant_runs ar ON ar.run_id = m.run_id
-WHERE m.id = %(message_id)s AND m.thread_id = %(thread_id)s
+WHERE m.id = %(message_id)s AND m.thread_id = %(thread_id)s AND m.deleted_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM {s}.threads t WHERE t.id = m.thread_id AND t.deleted_at IS NOT NULL)
 
 -- name: response_messages
 -- A run's assistant messages with text from a position on, up to another (NULL: the end):
