@@ -166,7 +166,8 @@ def busy_thread(what: str, ident: object, err: ActiveRunExists) -> APIError:
     return APIError(
         400,
         f"Can't delete {what} {ident} while run {err.run_id} of its thread is active "
-        f"(status {err.status}): cancel the run first, or wait for it to end.",
+        f"(status {err.status}): cancel the run first, or wait for it to end"
+        + (" (or answer its tool calls)." if err.status == "requires_action" else "."),
         code="run_active",
     )
 
