@@ -19,7 +19,7 @@ import openai
 import psycopg
 import pytest
 
-from outbox import assistants, keys
+from outbox import assistants, history, keys
 from outbox.testing.model import ScriptedModel
 from tests.relay_harness import relay_thread, scalar, wait_until
 from tests.serve_harness import serve
@@ -461,7 +461,9 @@ def test_a_plain_item_is_deleted_and_leaves_the_replay_but_calls_and_results_sta
             "ORDER BY seq",
             [thread_id],
         ).fetchall()
+        replay, _repair = history.replay(conn, thread_id, "acme")  # the library's replay too
     assert hidden == [("refund approved",), ("my secret",)]
+    assert [m["role"] for m in replay] == ["user", "assistant", "tool", "user", "assistant"]
     deletes = journal(db_url, "message.deleted")
     assert [(d[0], d[2], d[4]["message_id"]) for d in deletes] == [
         ("acme", "outbox-serve", int(secret.id.removeprefix("msg_"))),
