@@ -310,3 +310,28 @@ def test_image_input_is_refused_saying_so(db_url, base_url, api_keys):
     )
     assert answered.status_code == 400
     assert "only text content parts are supported" in answered.json()["error"]["message"]
+
+
+def test_failed_and_incomplete_responses_show_openais_statuses(sdk, relay, model):
+    model.set_faults(fail_next=1, fail_status=400)  # a 400 is not retried
+    failed = sdk.responses.create(model="scripted-1", input="hi")
+    assert failed.status == "failed" and failed.error is not None, failed
+    short = sdk.responses.create(
+        model="scripted-1",
+        input="script:email the customer",
+        tools=[{"type": "function", "name": "send_email"}],
+        max_output_tokens=1,  # spent by the first turn: no second one
+    )
+    assert short.status == "incomplete", short
+    assert short.incomplete_details is not None
+    assert short.incomplete_details.reason == "max_output_tokens"
+    events = list(
+        sdk.responses.create(
+            model="scripted-1",
+            input="script:email again",
+            tools=[{"type": "function", "name": "send_email"}],
+            max_output_tokens=1,
+            stream=True,
+        )
+    )
+    assert events[-1].type == "response.incomplete"

@@ -410,3 +410,28 @@ def test_outputs_after_the_deadline_are_refused_and_the_thread_goes_on(
         )
         assert again.status in ("requires_action", "completed")
         sdk.close()
+
+
+def test_failed_and_incomplete_runs_show_openais_statuses(db_url, base_url, api_keys, relay, model):
+    """A run the model refused for good is ``failed`` with ``last_error``; one stopped by
+    its token budget before its next turn is ``incomplete`` with the reason."""
+    sdk = client(base_url, api_keys["acme"])
+    assistant = sdk.beta.assistants.create(model="scripted-1", tools=[SEND_EMAIL_TOOL])
+    model.set_faults(fail_next=1, fail_status=400)  # a 400 is not retried
+    failed = sdk.beta.threads.create_and_run_poll(
+        assistant_id=assistant.id,
+        thread={"messages": [{"role": "user", "content": "hi"}]},
+        poll_interval_ms=100,
+    )
+    assert failed.status == "failed", failed
+    assert failed.last_error is not None and failed.last_error.message
+    short = sdk.beta.threads.create_and_run_poll(
+        assistant_id=assistant.id,
+        thread={"messages": [{"role": "user", "content": "script:email the customer"}]},
+        max_completion_tokens=1,  # spent by the first turn: no second one
+        poll_interval_ms=100,
+    )
+    assert short.status == "incomplete", short
+    assert short.incomplete_details is not None
+    assert short.incomplete_details.reason == "max_completion_tokens"
+    sdk.close()
