@@ -186,6 +186,30 @@ def test_an_in_process_tool_gets_its_context_and_only_its_secret(db_url, key):
     assert output["arguments"] == {"n": 0} and output["tenant_id"] == "acme"
 
 
+def test_an_in_process_tool_answering_the_secret_in_a_tuple_is_redacted(db_url, key):
+    """JSON stores a tuple as a list: the secret inside one must be cut like in a list."""
+    canary = "canary-" + secrets.token_hex(16)
+    with psycopg.connect(db_url) as conn:
+        registry.register(
+            conn,
+            registry.ToolSpec(
+                name="tup", executor="python", callable="tests.tooling:secret_in_a_tuple",
+                credential_ref="crm", idempotency_mode="key",
+            ),
+        )  # fmt: skip
+        credentials.set_credential(conn, "crm", value=canary)
+        conn.commit()
+    call_tool(db_url, "acme", "tup")
+    with relay_thread(db_url):
+        wait_until(lambda: settled(db_url, 1), what="the python call")
+    output = scalar(db_url, "SELECT output FROM outbox.tool_results")
+    assert output == {
+        "pair": ["token", "[redacted credential]"],
+        "nested": [{"inner": ["[redacted credential]"]}],
+    }
+    assert [name for name, text in dump_schema(db_url).items() if canary in text] == []
+
+
 def test_the_model_never_sees_a_secret_the_tool_echoed(db_url, key):
     canary = "canary-" + secrets.token_hex(16)
     with FakeToolService(standard_tools=False) as service, ScriptedModel() as model:
