@@ -45,6 +45,7 @@ from outbox import credentials, registry
 from relay import failpoints, inprocess
 from relay.outcomes import (
     NOT_REPEATED,
+    REDACTED,
     Claimed,
     Outcome,
     ambiguous,
@@ -157,12 +158,14 @@ class ToolExecutor:
         except httpx2.HTTPError as err:
             return retry(row, f"lookup at {row.lookup_endpoint} failed: {describe(err)}")
         if response.status_code != 200:
-            return retry(row, f"lookup answered HTTP {response.status_code}: {preview(response)}")
+            return retry(
+                row, f"lookup answered HTTP {response.status_code}: {preview(response, secret)}"
+            )
         try:
             body = response.json()
             found = bool(body["found"])
         except (ValueError, KeyError, TypeError):
-            return retry(row, f"lookup answered something unreadable: {preview(response)}")
+            return retry(row, f"lookup answered something unreadable: {preview(response, secret)}")
         if found:
             return result(row, body.get("result"), source="lookup")
         return None
@@ -183,11 +186,14 @@ class ToolExecutor:
             )
         except httpx2.HTTPError as err:
             return ambiguous(row, f"connection to {row.endpoint} broke: {describe(err)}")
-        return normalise(row, response)
+        return normalise(row, response, secret)
 
 
-def normalise(row: Claimed, response: httpx2.Response) -> Outcome:
-    """What an HTTP tool's answer means (the module docstring's failure classes)."""
+def normalise(
+    row: Claimed, response: httpx2.Response, secret: credentials.Secret | None = None
+) -> Outcome:
+    """What an HTTP tool's answer means (the module docstring's failure classes).
+    ``secret``: the call's credential, cut from an error body before it is shortened."""
     status = response.status_code
     if 200 <= status < 300:
         size = len(response.content)
@@ -205,13 +211,13 @@ def normalise(row: Claimed, response: httpx2.Response) -> Outcome:
     if status in NOT_PROCESSED:
         return retry(
             row,
-            f"HTTP {status} from {row.endpoint}: {preview(response)}",
+            f"HTTP {status} from {row.endpoint}: {preview(response, secret)}",
             retry_after_s(response.headers.get("retry-after")),
             unsent=True,
         )
     if 400 <= status < 500:
-        return error_result(row, f"HTTP {status} from {row.tool_name}: {preview(response)}")
-    return ambiguous(row, f"HTTP {status} from {row.endpoint}: {preview(response)}")
+        return error_result(row, f"HTTP {status} from {row.tool_name}: {preview(response, secret)}")
+    return ambiguous(row, f"HTTP {status} from {row.endpoint}: {preview(response, secret)}")
 
 
 def _call_python(row: Claimed) -> Outcome:
@@ -223,6 +229,11 @@ def describe(err: Exception) -> str:
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
-def preview(response: httpx2.Response) -> str:
+def preview(response: httpx2.Response, secret: credentials.Secret | None = None) -> str:
+    """The start of a response body for an error message. The secret is cut out before
+    the body is shortened: cut after, a body shortened inside the secret would keep its
+    start, which no later redaction recognises."""
     text = response.text
+    if secret is not None and secret.value:
+        text = text.replace(secret.value, REDACTED)
     return text if len(text) <= RESPONSE_PREVIEW_CHARS else text[:RESPONSE_PREVIEW_CHARS] + "..."

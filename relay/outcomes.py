@@ -196,7 +196,8 @@ def redacted(outcome: Outcome, secret: credentials.Secret | None) -> Outcome:
 def _scrub(value: Any, secret: str) -> Any:
     if isinstance(value, str):
         return value.replace(secret, REDACTED)
-    if isinstance(value, list):
+    # A tuple (an in-process tool may answer one) is stored as a JSON list: scrub it too.
+    if isinstance(value, list | tuple):
         return [_scrub(v, secret) for v in value]
     if isinstance(value, dict):
         return {_scrub(k, secret): _scrub(v, secret) for k, v in value.items()}

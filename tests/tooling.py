@@ -81,3 +81,9 @@ def with_context(outbox_context: Any, **arguments: Any) -> dict[str, Any]:
         "credentials": outbox_context.credentials,
         "tenant_id": outbox_context.tenant_id,
     }
+
+
+def secret_in_a_tuple(outbox_context: Any, **arguments: Any) -> dict[str, Any]:
+    """Answer the secret inside a tuple (JSON makes it a list) and as a tuple's only item."""
+    (secret,) = outbox_context.credentials.values()
+    return {"pair": ("token", secret), "nested": [{"inner": (secret,)}]}

@@ -96,6 +96,7 @@ class _Fault:
     status: int = 500
     remaining: int | None = 1  # None: no count limit
     until: float | None = None  # time.monotonic() deadline; None: no time limit
+    padding: int = 0  # echo_credentials: characters of filler before the echoed secret
 
     def active(self, now: float) -> bool:
         fresh = self.until is None or now < self.until
@@ -162,13 +163,22 @@ class FakeTool:
         self._add_fault(_Fault("stall_after_commit", seconds=seconds), n, window_s)
 
     def echo_credentials(
-        self, status: int = 401, n: int | None = 1, window_s: float | None = None
+        self,
+        status: int = 401,
+        n: int | None = 1,
+        window_s: float | None = None,
+        *,
+        padding: int = 0,
     ) -> None:
         """Answer ``status`` with a body that echoes the request's ``Authorization`` (else
-        ``X-Api-Key``) header,
-        as careless APIs do in their errors, without a side effect (a 200 plays an API that
-        puts it in a result). For tests that secrets never leave the relay."""
-        self._add_fault(_Fault("echo_credentials", status=status), n, window_s)
+        ``X-Api-Key``) header, and with that header echoed back in the response headers
+        (``X-Echoed-Authorization``, ``WWW-Authenticate``), as careless APIs do in their
+        errors, without a side effect (a 200 plays an API that puts it in a result).
+        ``padding`` puts that many characters of filler before the echo in the message, so
+        that a long error body is cut somewhere inside the secret. For tests that secrets
+        never leave the relay."""
+        fault = _Fault("echo_credentials", status=status, padding=padding)
+        self._add_fault(fault, n, window_s)
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -298,9 +308,12 @@ class FakeTool:
         if failure is not None and failure.kind == "echo_credentials":
             self._record(request, key, arguments, failure.status)
             echoed = request.headers.get("authorization") or request.headers.get("x-api-key", "")
-            return json_reply(
-                failure.status, {"message": f"credentials rejected: {echoed}", "got": echoed}
-            )
+            message = "." * failure.padding + f"credentials rejected: {echoed}"
+            headers = {
+                "X-Echoed-Authorization": echoed,
+                "WWW-Authenticate": f'Bearer error="invalid_token", token="{echoed}"',
+            }
+            return json_reply(failure.status, {"message": message, "got": echoed}, headers)
         if failure is not None:
             self._record(request, key, arguments, failure.status)
             headers = {"retry-after": str(RETRY_AFTER_S)} if failure.status in (429, 503) else {}

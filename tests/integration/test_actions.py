@@ -242,11 +242,23 @@ def test_requeue_of_delayed_rows_leaves_waiting_calls_waiting(db_url, model, ser
     assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE available_at = 'infinity'") == 1
 
 
+@pytest.mark.parametrize("mode", ["key", "none"])
 def test_a_relay_killed_after_the_approval_executes_the_call_once(
-    db_url, model, service, tmp_path: Path
+    db_url, model, service, tmp_path: Path, mode: str
 ):
-    setup_tool(db_url, service, risk_tier="high")
-    service.tool("send_email").latency(3.0, n=1)  # the first attempt is in flight when killed
+    """kill -9 of the relay process while the approved call is in flight. A tool that
+    honours keys is called again with the same key (one effect, by its own audit); one that
+    does not is never called again: the call is left for an operator (outcome_unknown).
+    Either way the one approval is not asked for, nor consumed, a second time."""
+    service.add_tool("send_email_once", mode)  # type: ignore[arg-type]
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "send_email", mode, risk_tier="high",
+                      endpoint=service.endpoint("send_email_once"))  # fmt: skip
+        conn.commit()
+    tool = service.tool("send_email_once")
+    # The first attempt's effect happens, then its answer is held back 1.5 s (the tool's
+    # timeout is 2 s): the relay is killed while it waits for that answer.
+    tool.stall_after_commit(1.5, n=1)
     run = start(db_url, model)
     log = tmp_path / "relay.log"
     kinds = [a for k in ALL_KINDS for a in ("--kind", k)]
@@ -254,12 +266,25 @@ def test_a_relay_killed_after_the_approval_executes_the_call_once(
     try:
         waiting = wait_until(lambda: pending_approval(db_url, run.id), what="an approval")
         decide(db_url, waiting["id"], "approve", "alice")
-        wait_until(lambda: service.tool("send_email").deliveries, what="the call to start")
+        wait_until(lambda: tool.deliveries, what="the call to start")
         first.kill()  # kill -9: the call's outcome is unknown to us
         first.wait(timeout=30)
+        assert first.returncode == -9
+        results = "SELECT count(*) FROM outbox.tool_results WHERE run_id = %s"
+        assert scalar(db_url, results, [run.id]) == 0  # it was in flight: nothing recorded
         second = start_relay_process(db_url, log, *kinds, "--lease", "2")
         try:
-            wait_until(lambda: ended(db_url, run.id), timeout_s=60, what="the run to end")
+            if mode == "key":
+                wait_until(lambda: ended(db_url, run.id), timeout_s=60, what="the run to end")
+            else:
+                wait_until(
+                    lambda: (
+                        scalar(db_url, "SELECT status FROM outbox.tool_calls WHERE run_id = %s",
+                               [run.id]) == "outcome_unknown"
+                    ),
+                    timeout_s=60,
+                    what="the call to be left for an operator",
+                )  # fmt: skip
         finally:
             second.terminate()
             second.wait(timeout=30)
@@ -267,9 +292,15 @@ def test_a_relay_killed_after_the_approval_executes_the_call_once(
         if first.poll() is None:
             first.kill()
             first.wait(timeout=30)
-    assert status(db_url, run.id) == "completed"
-    assert len(service.tool("send_email").effects) == 1  # retried with the same key: one effect
+    assert len(tool.effects) == 1  # by the tool's own audit
+    assert {d.key for d in tool.deliveries} == {tool.deliveries[0].key}  # one key
+    if mode == "key":
+        assert status(db_url, run.id) == "completed"
+        assert len(tool.deliveries) == 2  # called again after the kill, with the same key
+    else:
+        assert len(tool.deliveries) == 1  # never on a guess
     assert scalar(db_url, "SELECT count(*) FROM outbox.approvals") == 1
+    assert scalar(db_url, "SELECT status FROM outbox.approvals") == "approved"
     assert [e["event"] for e in events(db_url, run.id, "approval.")] == [
         "approval.requested",
         "approval.approved",

@@ -9,9 +9,11 @@ model received.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -26,7 +28,13 @@ from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.helpers import new_run, turn
 from tests.integration.test_secrets import dump_schema
-from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
+from tests.relay_harness import (
+    register_tool,
+    relay_thread,
+    scalar,
+    start_relay_process,
+    wait_until,
+)
 
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
 
@@ -186,6 +194,30 @@ def test_an_in_process_tool_gets_its_context_and_only_its_secret(db_url, key):
     assert output["arguments"] == {"n": 0} and output["tenant_id"] == "acme"
 
 
+def test_an_in_process_tool_answering_the_secret_in_a_tuple_is_redacted(db_url, key):
+    """JSON stores a tuple as a list: the secret inside one must be cut like in a list."""
+    canary = "canary-" + secrets.token_hex(16)
+    with psycopg.connect(db_url) as conn:
+        registry.register(
+            conn,
+            registry.ToolSpec(
+                name="tup", executor="python", callable="tests.tooling:secret_in_a_tuple",
+                credential_ref="crm", idempotency_mode="key",
+            ),
+        )  # fmt: skip
+        credentials.set_credential(conn, "crm", value=canary)
+        conn.commit()
+    call_tool(db_url, "acme", "tup")
+    with relay_thread(db_url):
+        wait_until(lambda: settled(db_url, 1), what="the python call")
+    output = scalar(db_url, "SELECT output FROM outbox.tool_results")
+    assert output == {
+        "pair": ["token", "[redacted credential]"],
+        "nested": [{"inner": ["[redacted credential]"]}],
+    }
+    assert [name for name, text in dump_schema(db_url).items() if canary in text] == []
+
+
 def test_the_model_never_sees_a_secret_the_tool_echoed(db_url, key):
     canary = "canary-" + secrets.token_hex(16)
     with FakeToolService(standard_tools=False) as service, ScriptedModel() as model:
@@ -217,6 +249,73 @@ def test_the_model_never_sees_a_secret_the_tool_echoed(db_url, key):
         seen = [item.text for r in model.requests for item in r.history]
         assert any("[redacted credential]" in text for text in seen)
         assert not [text for text in seen if canary in text]
+
+
+def test_a_canary_echoed_every_way_is_in_no_table_log_line_error_or_model_request(
+    db_url, key, monkeypatch, tmp_path: Path
+):
+    """A real relay process, the scripted model and a tool that echoes the credential it
+    was sent: in a 401 body long enough to be cut inside the secret, in a result, in a 500
+    that is retried, and each time in the response headers too. The canary (and any
+    16-character start of it) is then searched for in every table, the relay's log output
+    at DEBUG, what the model received, and what an operator's commands print."""
+    canary = "canary-" + secrets.token_hex(16)
+    calls = [{"name": "crm_update", "arguments": {"n": n}} for n in range(3)]
+    with FakeToolService(standard_tools=False) as service, ScriptedModel() as model:
+        tool = service.add_tool("crm_update", "key")
+        # The body is {"message": "<filler>credentials rejected: Bearer <canary>", ...}: with
+        # 440 characters of filler, the relay's 500-character preview ends inside the canary.
+        tool.echo_credentials(status=401, n=1, padding=440)
+        tool.echo_credentials(status=200, n=1)
+        tool.echo_credentials(status=500, n=1)
+        model.add_script("echo", [{"tool_calls": calls}, {"text": "done"}])
+        with psycopg.connect(db_url) as conn:
+            register_tool(conn, service, "crm_update", "key", credential_ref="crm")
+            credentials.set_credential(conn, "crm", value=canary)
+            thread = writer.create_thread(conn, "acme").id
+            run = writer.start_run(
+                conn,
+                StartRun(tenant_id="acme", thread_id=thread, model="m", message="script:echo",
+                         tools=["crm_update"], base_url=model.url + "/v1"),
+            )  # fmt: skip
+            conn.commit()
+        log = tmp_path / "relay.log"
+        kinds = [a for k in ALL_KINDS for a in ("--kind", k)]
+        relay = start_relay_process(db_url, log, *kinds, "--log-level", "DEBUG")
+        try:
+            wait_until(
+                lambda: (
+                    scalar(db_url, "SELECT status FROM outbox.runs WHERE id = %s", [run.id])
+                    == "completed"
+                ),
+                timeout_s=60,
+                what="the run",
+            )
+        finally:
+            relay.terminate()
+            relay.wait(timeout=30)
+        deliveries = tool.deliveries
+        requests = json.dumps([r.to_json() for r in model.requests], default=str)
+
+    assert [d.status for d in deliveries].count(500) == 1 and len(deliveries) == 4
+    assert {d.headers["authorization"] for d in deliveries} == {f"Bearer {canary}"}
+    assert "HTTP 401 from crm_update" in requests and "[redacted credential]" in requests
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    runner = CliRunner()
+    printed = [
+        runner.invoke(cli.main, args).output
+        for args in (
+            ["runs", "show", str(run.id), "--json"],
+            ["journal", "tail", "--run", str(run.id), "-n", "200", "--json"],
+        )
+    ]
+    assert "HTTP 500" in printed[1]  # the retried error was journaled (and is printed)
+    texts = {f"table {name}": text for name, text in dump_schema(db_url).items()}
+    texts |= {"relay log": log.read_text(), "model requests": requests}
+    texts |= {"runs show": printed[0], "journal tail": printed[1]}
+    assert "retry_scheduled" in texts["relay log"]  # the log is there, at DEBUG
+    for needle in (canary, canary[:16]):
+        assert [where for where, text in texts.items() if needle in text] == []
 
 
 def test_cli_manages_credentials(db_url, key, monkeypatch):

@@ -86,6 +86,53 @@ def test_a_bound_role_reaches_its_tenant_only_whatever_it_sets(db_url, backend_r
     assert statuses == {A: "in_progress", B: "requires_action"}
 
 
+def test_no_session_lever_moves_a_bound_role_to_another_tenant(db_url, backend_role):
+    """Each way a session changes its own state (SET, SET SESSION, set_config at session
+    level, RESET ROLE, RESET ALL, SET ROLE back and forth) leaves it acting for tenant A:
+    it sees no row of B, writes none, and the functions beyond row-level security refuse B."""
+    role, url = backend_role
+    seed(db_url)
+    with psycopg.connect(db_url) as conn:
+        tenancy.grant_role(conn, A, role, actor="dba")
+        conn.commit()
+    levers = [
+        f"SET outbox.tenant_id = '{B}'",
+        f"SET SESSION outbox.tenant_id = '{B}'",
+        f"SELECT set_config('outbox.tenant_id', '{B}', false)",
+        "RESET ROLE",
+        "SET ROLE outbox_writer",
+        "RESET ALL",
+    ]
+    with psycopg.connect(url, autocommit=True) as conn:
+        for lever in levers:
+            conn.execute(lever)
+            conn.execute(f"SET outbox.tenant_id = '{B}'")  # and the scope again after it
+            assert conn.execute("SELECT outbox.current_tenant_v1()").fetchone() == (A,), lever
+            seen = {r[0] for r in conn.execute("SELECT tenant_id FROM outbox.threads")}
+            assert seen == {A}, lever
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(  # a direct write as tenant B is refused by row-level security
+                    "INSERT INTO outbox.threads (id, tenant_id) VALUES (gen_random_uuid(), %s)",
+                    [B],
+                )
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT outbox.create_thread_v1(%s)", [B])
+        # Its session user is what binds it, and the session cannot change that.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SET SESSION AUTHORIZATION outbox_writer")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE outbox.tenant_roles SET tenant_id = %s", [B])
+        assert conn.execute("SELECT count(*) FROM outbox.tenant_roles").fetchone() == (1,)
+    with psycopg.connect(db_url) as conn:
+        threads = dict(
+            conn.execute("SELECT tenant_id, count(*) FROM outbox.threads GROUP BY 1").fetchall()
+        )
+        bound = conn.execute(
+            "SELECT tenant_id FROM outbox.tenant_roles WHERE role_name = %s", [role]
+        ).fetchone()
+    assert threads == {A: 1, B: 1} and bound == (A,)
+
+
 def test_an_unbound_writer_still_picks_its_tenant_by_setting_it(db_url):
     """The old contract holds for roles that are not bound (outbox_writer itself)."""
     seed(db_url)
