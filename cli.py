@@ -202,29 +202,43 @@ def revision_refused(revision: str) -> Iterator[None]:
 
 @db_group.command("upgrade")
 @click.argument("revision", default="head")
-def db_upgrade(revision: str) -> None:
+@json_option
+def db_upgrade(revision: str, as_json: bool) -> None:
     """Migrate the schema up to REVISION (default: the newest)."""
     url = db.database_url()
     with revision_refused(revision):
         migrate.upgrade(url, revision)
-    click.echo(f"schema {db.schema_name()!r} at {migrate.current(url)} on {db.redact(url)}")
+    at = migrate.current(url)
+    if as_json:
+        echo_json({"schema": db.schema_name(), "revision": at, "url": db.redact(url)})
+        return
+    click.echo(f"schema {db.schema_name()!r} at {at} on {db.redact(url)}")
 
 
 @db_group.command("downgrade")
 @click.argument("revision")
-def db_downgrade(revision: str) -> None:
+@json_option
+def db_downgrade(revision: str, as_json: bool) -> None:
     """Migrate the schema down to REVISION ('base' removes every table)."""
     url = db.database_url()
     with revision_refused(revision):
         migrate.downgrade(url, revision)
-    click.echo(f"schema {db.schema_name()!r} at {migrate.current(url) or 'base'}")
+    at = migrate.current(url)
+    if as_json:
+        echo_json({"schema": db.schema_name(), "revision": at})  # null: base
+        return
+    click.echo(f"schema {db.schema_name()!r} at {at or 'base'}")
 
 
 @db_group.command("current")
-def db_current() -> None:
+@json_option
+def db_current(as_json: bool) -> None:
     """Print the schema's migration revision and whether it is the newest."""
     current = migrate.current(db.database_url())
     head = migrate.head_revision()
+    if as_json:
+        echo_json({"revision": current, "head": head, "up_to_date": current == head})
+        return
     state = (
         "up to date" if current == head else f"behind (newest is {head}): run `outbox db upgrade`"
     )
@@ -232,13 +246,19 @@ def db_current() -> None:
 
 
 @db_group.command("url")
-def db_url() -> None:
+@json_option
+def db_url(as_json: bool) -> None:
     """Print the database URL in use (the embedded server's only while it runs)."""
-    click.echo(db.database_url())
+    url = db.database_url()
+    if as_json:
+        echo_json({"url": url})
+        return
+    click.echo(url)
 
 
 @db_group.command("start")
-def db_start() -> None:
+@json_option
+def db_start(as_json: bool) -> None:
     """Start the embedded PostgreSQL (reused when already running); prints its URL.
 
     The only command that starts it (with `outbox demo`): every other command uses it
@@ -249,31 +269,57 @@ def db_start() -> None:
 
     if os.environ.get("OUTBOX_DATABASE_URL"):
         url = db.redact(os.environ["OUTBOX_DATABASE_URL"])
+        if as_json:
+            echo_json({"url": url, "embedded": False})
+            return
         click.echo(f"OUTBOX_DATABASE_URL is set ({url}): using it, the embedded server stays off")
         return
-    click.echo(db.EmbeddedServer.default().start())
+    started = db.EmbeddedServer.default().start()
+    if as_json:
+        echo_json({"url": started, "embedded": True})
+        return
+    click.echo(started)
 
 
 @db_group.command("stop")
-def db_stop() -> None:
+@json_option
+def db_stop(as_json: bool) -> None:
     """Stop the embedded PostgreSQL."""
     server = db.EmbeddedServer.default()
-    click.echo("stopped" if server.stop() else f"not running ({server.pgdata})")
+    stopped = server.stop()
+    if as_json:
+        echo_json({"stopped": stopped, "pgdata": str(server.pgdata)})
+        return
+    click.echo("stopped" if stopped else f"not running ({server.pgdata})")
 
 
 @db_group.command("status")
-def db_status() -> None:
+@json_option
+def db_status(as_json: bool) -> None:
     """Say which database is in use and whether it answers."""
     import os
 
     if os.environ.get("OUTBOX_DATABASE_URL"):
         url = os.environ["OUTBOX_DATABASE_URL"]
         with db.connect(url) as conn:
-            version = conn.execute("SHOW server_version").fetchone()
-        click.echo(f"OUTBOX_DATABASE_URL {db.redact(url)}: up, PostgreSQL {version and version[0]}")
+            row = conn.execute("SHOW server_version").fetchone()
+        version = row and row[0]
+        if as_json:
+            echo_json(
+                {"source": "OUTBOX_DATABASE_URL", "url": db.redact(url), "up": True,
+                 "server_version": version}
+            )  # fmt: skip
+            return
+        click.echo(f"OUTBOX_DATABASE_URL {db.redact(url)}: up, PostgreSQL {version}")
         return
     server = db.EmbeddedServer.default()
     running = server.url()
+    if as_json:
+        echo_json(
+            {"source": "embedded", "pgdata": str(server.pgdata), "up": running is not None,
+             "url": running}
+        )  # fmt: skip
+        return
     click.echo(f"embedded {server.pgdata}: {'running at ' + running if running else 'stopped'}")
 
 
@@ -1511,9 +1557,14 @@ def credentials_list(as_json: bool) -> None:
 
 
 @credentials_group.command("new-key")
-def credentials_new_key() -> None:
+@json_option
+def credentials_new_key(as_json: bool) -> None:
     """Print a new key for $OUTBOX_CREDENTIALS_KEY (give it to the relays, keep it safe)."""
-    click.echo(credentials.new_key())
+    key = credentials.new_key()
+    if as_json:
+        echo_json({"key": key})
+        return
+    click.echo(key)
 
 
 # -- the action layer: risk policies and approvals --------------------------------------

@@ -13,6 +13,8 @@ import json
 from datetime import datetime
 from typing import Any
 
+from outbox.constants import ACTIVE, ENDED
+
 Row = dict[str, Any]
 LIMIT_REASONS = {"step_cap": "max_steps", "budget": "max_completion_tokens"}
 
@@ -106,7 +108,7 @@ def run(row: Row, pending: list[Row]) -> Row:
     if status == "incomplete":
         incomplete = {"reason": LIMIT_REASONS[row["failure_reason"]]}
     usage = None
-    if status in ("completed", "failed", "incomplete", "cancelled", "expired"):
+    if status in ENDED or status == "incomplete":
         usage = {
             "prompt_tokens": int(row["input_tokens"]),
             "completion_tokens": int(row["output_tokens"]),
@@ -204,7 +206,7 @@ def steps(rows: list[Row], run_row: Row) -> list[Row]:
 def _open_step_status(run_row: Row) -> str:
     """A step whose batch is not delivered: in progress while its run is, else how it ended."""
     status = run_status(run_row)
-    if status in ("queued", "in_progress", "requires_action"):
+    if status in ACTIVE:
         return "in_progress"
     return {"cancelled": "cancelled", "expired": "expired"}.get(status, "failed")
 

@@ -21,11 +21,14 @@ from typing import Any
 import anyio
 from starlette.concurrency import run_in_threadpool
 
+from outbox.constants import ENDED
 from server import actions
 from server.store import Store
 
 POLL_S = 0.2  # seconds between two reads of the run
-STOPS = ("requires_action", "completed", "failed", "incomplete", "cancelled", "expired")
+# A stream ends when the run waits for the client or is over ("incomplete" is OpenAI's word
+# for a run that hit a limit, shapes.run_status).
+STOPS = ("requires_action", *ENDED, "incomplete")
 Row = dict[str, Any]
 
 

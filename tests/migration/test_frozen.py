@@ -1,0 +1,122 @@
+"""Released migrations never change: what each one applies is pinned here by its hash.
+
+``test_history`` proves each revision gives one schema going up and coming down, but an
+edit of a released migration in place (its frozen SQL, or SQL written in its module) passes
+it: up and down both read the edited text, while every database already past that revision
+keeps the old schema. So the text each migration applies is pinned: the ``.sql`` files
+beside the migrations, and the string constants of the modules (docstrings and comments
+excluded: they may be corrected). A new migration adds its lines here when it is written;
+a fix to a released one is a new migration. And a migration reads no living file: it
+imports nothing of this project but the helpers of ``outbox.migrate``.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+
+from tests.relay_harness import REPO
+
+VERSIONS = REPO / "outbox" / "migrations" / "versions"
+
+# file: the first 16 hex digits of sha256 of what it applies (applied_text)
+PINNED = {
+    "0001_initial.py": "e01a6be58989139c",
+    "0002_roles_rls_views.py": "775c09486d4697a7",
+    "0002_views.sql": "711d5fd7a5335c62",
+    "0003_client_outputs.py": "5750fcf0dffc8b72",
+    "0003_functions.sql": "09b3c47436cd2709",
+    "0004_tenant_budgets.py": "3377976d0b3598d1",
+    "0005_hot_path.py": "e492ab80e974b210",
+    "0006_lease_holder_check.py": "b17993165a9542dc",
+    "0007_tenant_bound_references.py": "9f0c0ece96ac9481",
+    "0008_run_timeline_in_tenant.py": "5b697fd351607c57",
+    "0009_outputs_deadline_at_submission.py": "83d54a75f6d9c228",
+    "0009_outputs_deadline_at_submission.sql": "7d8674ae9364e907",
+    "0010_sql_api.py": "05cfeea2dd4410af",
+    "0010_sql_api.sql": "9f22b87981b84779",
+    "0012_charged_attempts.py": "863dcef5749bdc92",
+    "0013_claim_limits_and_fairness.py": "728c4e6d9ae0fbbf",
+    "0013_claim_limits_and_fairness.sql": "9b9393db6e254db2",
+    "0014_parked_runs_and_journal_guard.py": "b4cf93d2d87c0c13",
+    "0014_parked_runs_and_journal_guard.sql": "3c152d74dc9c3a52",
+    "0015_outputs_need_a_tenant_scope.py": "665cc17094089d44",
+    "0015_outputs_need_a_tenant_scope.sql": "836698f4161f67ab",
+    "0016_action_layer.py": "cf05977f4cbde0d2",
+    "0016_action_layer.sql": "06a74e20ab8d3d3e",
+    "0017_run_pins_and_money_budgets.py": "735c146d4084f330",
+    "0017_run_pins_and_money_budgets.sql": "3a8885a0e0004cf2",
+    "0018_tenant_login_roles.py": "aafdce24015a6b4b",
+    "0018_tenant_login_roles.sql": "5384023b2dd1a979",
+    "0019_credentials.py": "0298ea14cc763318",
+    "0019_credentials.sql": "b782c929519a9aae",
+    "0020_api_keys.py": "dd35e5fb00d1da66",
+    "0020_api_keys.sql": "c8e0c1166acb1f2a",
+    "0021_record_tool_results.py": "5eb418262b5db660",
+    "0021_record_tool_results.sql": "ae50a361e56a0ab7",
+    "0022_serve_gaps.py": "211e1b47c6f3cc18",
+    "0022_serve_gaps.sql": "59b1f73ffb6b372b",
+    "0023_run_notify.py": "0b6987515ecaf59f",
+    "0023_run_notify.sql": "2284c6f6663fe391",
+    "0024_webhooks.py": "274607e22aeee4b7",
+    "0024_webhooks.sql": "c883172c87a1b628",
+    "0025_responses.py": "835c83d8dd88d3fc",
+    "0025_responses.sql": "040b4a804eb023d9",
+}
+
+
+def applied_text(path: Path) -> str:
+    """The SQL file, or the string constants of a migration module but its docstrings."""
+    text = path.read_text()
+    if path.suffix == ".sql":
+        return text
+    tree = ast.parse(text, str(path))
+    docstrings = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    return "\n".join(
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in docstrings
+    )
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(applied_text(path).encode()).hexdigest()[:16]
+
+
+def test_released_migrations_apply_what_they_applied_when_written():
+    files = sorted(p for p in VERSIONS.iterdir() if p.name[:4].isdigit())
+    changed = [p.name for p in files if p.name in PINNED and digest(p) != PINNED[p.name]]
+    assert changed == [], (
+        f"released migrations edited in place: {changed}; revert them and write a new "
+        "migration (outbox/migrations/versions) that makes the change"
+    )
+    gone = sorted(set(PINNED) - {p.name for p in files})
+    assert gone == [], f"released migrations removed: {gone}"
+    new = [f'    "{p.name}": "{digest(p)}",' for p in files if p.name not in PINNED]
+    assert new == [], "pin the new migration's files in PINNED:\n" + "\n".join(new)
+
+
+def test_migrations_read_no_living_file():
+    """A migration that imported outbox.sql, outbox.models or a query file would apply
+    whatever that file says today (issue 15: 0002, 0003 and 0008 did)."""
+    readers = []
+    for path in sorted(VERSIONS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            readers += [
+                f"{path.name}: {name}"
+                for name in names
+                if name.split(".")[0] in {"outbox", "relay", "server", "demo"}
+                and name != "outbox.migrate"
+            ]
+    assert readers == []

@@ -1,0 +1,116 @@
+"""Issue 15's "one rule, one copy", kept by reading the source: no second copy of a status set
+or a dedup-key format, and no path that stores tool results but ``record_tool_results_v1``.
+
+The sets and formats live in ``outbox/constants.py`` and, for SQL, as the functions
+``run_active_v1``, ``run_ended_v1``, ``deliver_key_v1``, ``tool_call_key_v1`` and
+``model_turn_key_v1`` of ``outbox/sql/functions.sql``. Frozen migration SQL is history and
+exempt. A copy is a literal collection of strings (Python) or an ``IN (...)`` list (SQL)
+that holds a whole set: a subset (``('queued', 'in_progress')``, what ``stuck_runs`` waits
+on) names another meaning and is allowed.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from outbox.constants import ACTIVE, ENDED
+from tests.relay_harness import REPO
+
+ROOMS = ("outbox", "relay", "server", "demo", "bench")
+EXEMPT = {
+    REPO / "outbox" / "constants.py",  # the Python definitions
+    REPO / "outbox" / "sql" / "functions.sql",  # the SQL definitions (checked below)
+}
+SETS = {"ACTIVE": set(ACTIVE), "ENDED": set(ENDED)}
+KEY_PREFIXES = ("deliver:", "tool_call:", "model_turn:")
+
+
+def sources(suffix: str) -> Iterator[Path]:
+    yield from ([REPO / "cli.py"] if suffix == ".py" else [])
+    for room in ROOMS:
+        for path in sorted((REPO / room).rglob(f"*{suffix}")):
+            if "migrations" not in path.parts and path not in EXEMPT:
+                yield path
+
+
+def python_copies(path: Path) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            words = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+            for name, members in SETS.items():
+                if members <= words:
+                    yield f"{path.relative_to(REPO)}:{node.lineno}: a copy of {name}"
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith(KEY_PREFIXES)
+        ):
+            yield f"{path.relative_to(REPO)}:{node.lineno}: a dedup-key format"
+        if isinstance(node, ast.JoinedStr) and node.values:
+            first = node.values[0]
+            if isinstance(first, ast.Constant) and str(first.value).startswith(KEY_PREFIXES):
+                yield f"{path.relative_to(REPO)}:{node.lineno}: a dedup-key format"
+
+
+SQL_IN = re.compile(r"\bIN\s*\(([^()]*)\)", re.IGNORECASE)
+SQL_WORD = re.compile(r"'([a-z_]+)'")
+SQL_KEY = re.compile(r"'(deliver|tool_call|model_turn):'")
+
+
+def sql_copies(where: str, text: str) -> Iterator[str]:
+    for match in SQL_IN.finditer(text):
+        words = set(SQL_WORD.findall(match.group(1)))
+        line = text.count("\n", 0, match.start()) + 1
+        for name, members in SETS.items():
+            if members <= words:
+                yield f"{where}:{line}: a copy of {name}"
+    for match in SQL_KEY.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        yield f"{where}:{line}: a dedup-key format"
+
+
+def test_status_sets_and_dedup_keys_are_defined_once():
+    copies = [c for path in sources(".py") for c in python_copies(path)]
+    copies += [
+        c
+        for path in sources(".sql")
+        for c in sql_copies(str(path.relative_to(REPO)), path.read_text())
+    ]
+    assert copies == [], "use outbox.constants or the SQL functions:\n" + "\n".join(copies)
+
+
+def function_bodies(text: str) -> dict[str, str]:
+    """``{name: definition}`` of every function ``functions.sql`` creates."""
+    starts = list(re.finditer(r"CREATE OR REPLACE FUNCTION \{s\}\.(\w+)", text))
+    ends = [m.start() for m in starts[1:]] + [len(text)]
+    return {m.group(1): text[m.start() : end] for m, end in zip(starts, ends, strict=True)}
+
+
+def test_the_sql_functions_hold_the_sets_and_formats_once():
+    bodies = function_bodies((REPO / "outbox" / "sql" / "functions.sql").read_text())
+    holders = {"run_active_v1", "run_ended_v1"} | {
+        f"{kind}_key_v1" for kind in ("deliver", "tool_call", "model_turn")
+    }
+    copies = [
+        copy
+        for name, body in bodies.items()
+        if name not in holders
+        for copy in sql_copies(f"functions.sql, {name}", body)
+    ]
+    assert copies == [], "call run_active_v1 / run_ended_v1 / *_key_v1:\n" + "\n".join(copies)
+
+
+def test_only_record_tool_results_v1_stores_tool_results():
+    store = re.compile(r"INSERT\s+INTO\s+(\{s\}\.|outbox\.)?tool_results\b", re.IGNORECASE)
+    found = [
+        str(path.relative_to(REPO))
+        for suffix in (".py", ".sql")
+        for path in sources(suffix)
+        if store.search(path.read_text())
+    ]
+    bodies = function_bodies((REPO / "outbox" / "sql" / "functions.sql").read_text())
+    found += [f"functions.sql: {name}" for name, body in bodies.items() if store.search(body)]
+    assert found == ["functions.sql: record_tool_results_v1"]
