@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -29,13 +29,12 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from outbox import calls, constants, policy, registry, tenancy
+from outbox import calls, constants, registry, tenancy
 from outbox.errors import InvalidInput, NeedsTransaction, NotFound, WrongTenant
 from outbox.schemas import (
     ModelTurnIn,
     NewMessage,
     StartRun,
-    ToolCallIn,
     ToolResultIn,
     check_size,
 )
@@ -311,112 +310,97 @@ def record_model_turn(db: Any, turn: ModelTurnIn) -> TurnRecord:
     ``created=False``. Calls to unknown or disabled tools, or with arguments that are not
     JSON or fail the tool's schema, are stored with an error result the model will see on
     the next turn; they never raise and never lose the turn.
+
+    Each call is planned here (``registry.plan_call``: its tool as the run pinned it, its
+    JSON Schema, the risk policy); one call of ``record_model_turn_v1``
+    (outbox/sql/functions.sql) writes the rest in one round trip.
     """
     conn = pg(db)
+    check_size("assistant message", turn.content)
     tenancy.scope(conn, turn.tenant_id)
-    run = lock_run(conn, turn.run_id, turn.tenant_id)
-    existing = fetch_one(conn, Q.model_turn_by_step, {"run_id": run["id"], "step_no": turn.step_no})
-    if existing:
-        refs = [
-            int(r["id"])
-            for r in fetch_all(conn, Q.calls_of_batch, {"batch_id": existing["batch_id"]})
-        ]
-        return TurnRecord(
-            existing["id"], existing["message_id"], existing["batch_id"], refs, run["status"], False
-        )
-    if run["status"] in ENDED:
-        journal(
-            conn,
-            "model_turn.discarded",
-            run["tenant_id"],
-            thread_id=run["thread_id"],
-            run_id=run["id"],
-            correlation_id=run["correlation_id"],
-            detail={"step_no": turn.step_no, "reason": f"run is {run['status']}"},
-        )
-        return TurnRecord(None, None, None, [], run["status"], False)
-
-    message_id = append_message(
-        conn, run["thread_id"], run["tenant_id"], "assistant", turn.content, run_id=run["id"]
-    )
-    turn_row = fetch_one(
+    planned = _plan_calls(conn, turn) if turn.tool_calls else []
+    (row,) = run_call(
         conn,
-        Q.insert_model_turn,
-        {
-            "tenant_id": run["tenant_id"],
-            "run_id": run["id"],
-            "step_no": turn.step_no,
-            "message_id": message_id,
-            "response_id": turn.response_id,
-            "input_tokens": turn.input_tokens,
-            "output_tokens": turn.output_tokens,
-            "cached_tokens": turn.cached_tokens,
-            "model": run["model"],
-        },
+        calls.Call(
+            Q.record_model_turn,
+            {"turn": Jsonb(_turn_fields(turn)), "calls": Jsonb(planned)},
+            savepoint=False,
+        ),
     )
-    assert turn_row is not None
-    cost = turn_row["cost"]
-    ids = {"thread_id": run["thread_id"], "run_id": run["id"]}
-    ids["correlation_id"] = run["correlation_id"]
-    journal(
-        conn,
-        "model_turn.recorded",
-        run["tenant_id"],
-        **ids,
-        detail={
-            "step_no": turn.step_no,
-            "tool_calls": len(turn.tool_calls),
-            "input_tokens": turn.input_tokens,
-            "output_tokens": turn.output_tokens,
-            "cached_tokens": turn.cached_tokens,
-            "cost": None if cost is None else str(cost),
-        },
+    refs = [int(ref) for ref in row["tool_call_refs"]]
+    record = TurnRecord(
+        row["model_turn_id"], row["message_id"], row["batch_id"], refs, row["run_status"], False
     )
-    tokens = turn.input_tokens + turn.output_tokens
-    conn.execute(
-        Q.count_tenant_tokens, {"tenant_id": run["tenant_id"], "tokens": tokens, "cost": cost}
-    )
-    if not turn.tool_calls:
-        updated = _after_turn(conn, run, turn.step_no, tokens, cost, "completed")
-        journal(conn, "run.completed", run["tenant_id"], **ids)
-        return TurnRecord(turn_row["id"], message_id, None, [], updated["status"], True)
-
-    batch_id, refs, waits_for_client = _record_batch(conn, run, turn, message_id)
-    status = "requires_action" if waits_for_client else "in_progress"
-    updated = _after_turn(conn, run, turn.step_no, tokens, cost, status)
-    period = _repeats_itself(conn, updated, turn.step_no)
-    if period is not None:
-        if period == 1:
-            error = (
-                f"the model asked for the same tool calls with the same arguments "
-                f"{run['loop_limit']} turns in a row"
-            )
-        else:
-            error = (
-                f"the model went round the same cycle of {period} turns of tool calls "
-                f"{run['loop_limit']} times in a row"
-            )
-        updated = end_run(conn, updated, "failed", "loop", error)
-    return TurnRecord(turn_row["id"], message_id, batch_id, refs, updated["status"], True)
+    if not row["created"]:
+        return record
+    if row["recent_batches"] is not None:
+        period = _loop_period(row["recent_batches"], turn.step_no, row["loop_limit"])
+        if period is not None:
+            record = replace(record, run_status=_end_loop(conn, turn.run_id, period))
+    return replace(record, created=True)
 
 
 LOOP_PERIODS = 4  # the longest cycle of turns a loop is detected in (A, B, C, D, A, ...)
 
 
-def _repeats_itself(conn: psycopg.Connection[Any], run: Row, step_no: int) -> int | None:
-    """The period of the cycle the run's last turns went round ``loop_limit`` times in a
-    row (1: the same calls each turn; 2: A, B, A, B...), or None."""
-    limit = run["loop_limit"]
-    recent = fetch_all(
-        conn,
-        Q.recent_batch_signatures,
-        {"run_id": run["id"], "step_no": step_no, "n": limit * LOOP_PERIODS},
+def _turn_fields(turn: ModelTurnIn) -> Row:
+    fields = turn.model_dump(mode="json", exclude={"tool_calls"})
+    return {**fields, "loop_periods": LOOP_PERIODS}
+
+
+def _plan_calls(conn: psycopg.Connection[Any], turn: ModelTurnIn) -> list[Row]:
+    """How each call of the turn will run, as ``record_model_turn_v1`` takes it. A run
+    this tenant cannot see plans nothing: the function refuses it."""
+    run = fetch_one(conn, Q.run_tools, {"run_id": turn.run_id})
+    if run is None:
+        return []
+    tools = registry.resolve(
+        conn, turn.tenant_id, [c.name for c in turn.tool_calls], run["tool_pins"]
     )
+    planned = []
+    for call in turn.tool_calls:
+        plan = registry.plan_call(call, tools.get(call.name), run["tool_names"])
+        decision, approval = plan.decision, plan.approval
+        planned.append(
+            {
+                "tool_call_id": call.tool_call_id,
+                "name": call.name,
+                "version": plan.version,
+                "arguments": plan.arguments,
+                "arguments_raw": call.arguments,
+                "arguments_hash": arguments_hash(call.name, call.arguments),
+                "executor": plan.executor,
+                "idempotency_mode": plan.idempotency_mode,
+                "idempotency_key": idempotency_key(turn.run_id, call.tool_call_id),
+                "status": _call_status(plan),
+                "error": plan.error,
+                "decision": decision and {"action": decision.action, "rule": decision.rule},
+                "max_attempts": plan.max_attempts,
+                "approval": approval
+                and {
+                    "rule": approval.rule,
+                    "approvers": list(approval.approvers),
+                    "timeout_s": approval.timeout_s,
+                },
+            }
+        )
+    return planned
+
+
+def _call_status(plan: registry.CallPlan) -> str:
+    if plan.error is not None:
+        return "failed"
+    return "awaiting_approval" if plan.approval is not None else "pending"
+
+
+def _loop_period(recent: list[Row], step_no: int, limit: int) -> int | None:
+    """The period of the cycle the run's last turns (``recent``: newest first) went round
+    ``limit`` times in a row (1: the same calls each turn; 2: A, B, A, B...), or None."""
     signatures: list[tuple[str, ...]] = []
-    for expected, row in zip(range(step_no, 0, -1), recent, strict=False):
-        if row["step_no"] != expected:  # a turn without tool calls breaks the cycle
+    for expected, batch in zip(range(step_no, 0, -1), recent, strict=False):
+        if batch["step_no"] != expected:  # a turn without tool calls breaks the cycle
             break
-        signatures.append(tuple(row["signature"]))
+        signatures.append(tuple(batch["signature"]))
     return loop_period(signatures, limit)
 
 
@@ -432,176 +416,20 @@ def loop_period(newest_first: list[tuple[str, ...]], repeats: int) -> int | None
     return None
 
 
-def _after_turn(
-    conn: psycopg.Connection[Any],
-    run: Row,
-    step_no: int,
-    tokens: int,
-    cost: Decimal | None,
-    status: str,
-) -> Row:
-    row = fetch_one(
-        conn,
-        Q.run_after_turn,
-        {
-            "run_id": run["id"],
-            "step_no": step_no,
-            "tokens": tokens,
-            "cost": cost,
-            "status": status,
-            "failure_reason": None,
-            "last_error": None,
-        },
-    )
-    assert row is not None
-    return row
-
-
-def _record_batch(
-    conn: psycopg.Connection[Any], run: Row, turn: ModelTurnIn, message_id: int
-) -> tuple[int, list[int], bool]:
-    tools = registry.resolve(
-        conn, run["tenant_id"], [c.name for c in turn.tool_calls], run.get("tool_pins")
-    )
-    plans = [
-        registry.plan_call(call, tools.get(call.name), run["tool_names"])
-        for call in turn.tool_calls
-    ]
-    batch = fetch_one(
-        conn,
-        Q.insert_batch,
-        {
-            "tenant_id": run["tenant_id"],
-            "run_id": run["id"],
-            "thread_id": run["thread_id"],
-            "step_no": turn.step_no,
-            "message_id": message_id,
-            "size": len(plans),
-            "pending": len(plans),
-        },
-    )
-    assert batch is not None
-    batch_id = int(batch["id"])
-    refs: list[int] = []
-    refused: list[Row] = []  # calls refused before they could run: their error results
-    waits_for_client = False
-    ids = {"thread_id": run["thread_id"], "run_id": run["id"], "batch_id": batch_id}
-    ids["correlation_id"] = run["correlation_id"]
-    for position, (call, plan) in enumerate(zip(turn.tool_calls, plans, strict=True)):
-        row = fetch_one(
-            conn,
-            Q.insert_tool_call,
-            {
-                "tenant_id": run["tenant_id"],
-                "run_id": run["id"],
-                "thread_id": run["thread_id"],
-                "batch_id": batch_id,
-                "message_id": message_id,
-                "position": position,
-                "tool_call_id": call.tool_call_id,
-                "tool_name": call.name,
-                "tool_version": plan.version,
-                "arguments": None if plan.arguments is None else Jsonb(plan.arguments),
-                "arguments_raw": call.arguments,
-                "arguments_hash": arguments_hash(call.name, call.arguments),
-                "executor": plan.executor,
-                "idempotency_mode": plan.idempotency_mode,
-                "idempotency_key": idempotency_key(run["id"], call.tool_call_id),
-                "status": _call_status(plan),
-            },
+def _end_loop(conn: psycopg.Connection[Any], run_id: uuid.UUID, period: int) -> str:
+    """Fail a run that went round a loop (its lock is held); its new status."""
+    run = lock_run(conn, run_id, None)
+    if period == 1:
+        error = (
+            f"the model asked for the same tool calls with the same arguments "
+            f"{run['loop_limit']} turns in a row"
         )
-        assert row is not None
-        ref = int(row["id"])
-        refs.append(ref)
-        call_ids = {**ids, "tool_call_ref": ref, "tool_call_id": call.tool_call_id}
-        decision = plan.decision
-        journal(
-            conn,
-            "tool_call.intended",
-            run["tenant_id"],
-            **call_ids,
-            detail={
-                "tool": call.name,
-                "executor": plan.executor,
-                "error": plan.error,
-                "policy": decision and {"action": decision.action, "rule": decision.rule},
-            },
+    else:
+        error = (
+            f"the model went round the same cycle of {period} turns of tool calls "
+            f"{run['loop_limit']} times in a row"
         )
-        if plan.error is not None:
-            refused.append(
-                {"ref": ref, "status": "error", "error": plan.error, "source": "validation"}
-                | {"output": None, "attempt": 0}
-            )
-        elif plan.executor == "client":
-            waits_for_client = True
-        else:
-            enqueue(
-                conn,
-                run,
-                "tool_call",
-                constants.tool_call_key(ref),
-                batch_id=batch_id,
-                tool_call_ref=ref,
-                tool_name=call.name,
-                max_attempts=plan.max_attempts,
-                held=plan.approval is not None,
-            )
-            if plan.approval is not None:
-                _request_approval(conn, run, call_ids, call, plan.approval)
-    if refused:
-        # The one rule for results (record_tool_results_v1): stored, counted down, and the
-        # batch's delivery enqueued once if no call of it is left to run.
-        record_tool_results(conn, refused, None)
-    return batch_id, refs, waits_for_client
-
-
-def _call_status(plan: registry.CallPlan) -> str:
-    if plan.error is not None:
-        return "failed"
-    return "awaiting_approval" if plan.approval is not None else "pending"
-
-
-def _request_approval(
-    conn: psycopg.Connection[Any],
-    run: Row,
-    call_ids: Row,
-    call: ToolCallIn,
-    decision: policy.Decision,
-) -> None:
-    """The call waits for a reviewer: one approval, bound to its arguments' digest."""
-    digest = arguments_hash(call.name, call.arguments)
-    approval = fetch_one(
-        conn,
-        policy.Q.request_approval,
-        {
-            "tenant_id": run["tenant_id"],
-            "run_id": run["id"],
-            "thread_id": run["thread_id"],
-            "batch_id": call_ids["batch_id"],
-            "tool_call_ref": call_ids["tool_call_ref"],
-            "tool_call_id": call.tool_call_id,
-            "tool_name": call.name,
-            "arguments_digest": digest,
-            "rule": decision.rule,
-            "approvers": list(decision.approvers),
-            "timeout_s": decision.timeout_s,
-        },
-    )
-    assert approval is not None
-    journal(
-        conn,
-        "approval.requested",
-        run["tenant_id"],
-        **call_ids,
-        detail={
-            "approval_id": approval["id"],
-            "tool": call.name,
-            "arguments_digest": digest,
-            "rule": decision.rule,
-            "approvers": list(decision.approvers),
-            "deadline": approval["deadline"].isoformat(),
-        },
-    )
+    return str(end_run(conn, run, "failed", "loop", error)["status"])
 
 
 # -- tool results -----------------------------------------------------------------------

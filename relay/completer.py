@@ -13,7 +13,8 @@ what is queued (up to ``completion_batch``) and writes it in one transaction:
 - terminal tool results and batch deliveries take set-based paths
   (``writer.record_tool_results``, one call of ``record_tool_results_v1`` for every result,
   and ``writer.deliver_batches``): a fixed number of statements however many there are;
-  model turns are recorded through ``writer.record_model_turn``, the code backends call;
+  model turns are recorded through ``writer.record_model_turn``, the code backends call
+  (four statements a turn, one of them ``record_model_turn_v1``);
 - a failed attempt is retried after exponential backoff with jitter (or what the tool or
   model asked with ``Retry-After``) while ``failures`` stays under ``max_attempts``, then
   quarantined; a deferred one (never started) is put back uncharged.

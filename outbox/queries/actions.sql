@@ -73,15 +73,6 @@ RETURNING tenant_id, paused_by, paused_at
 -- name: pauses
 SELECT tenant_id, paused_by, reason, paused_at FROM {s}.tenant_pauses ORDER BY tenant_id
 
--- name: request_approval
--- A recorded call that waits for a decision (its outbox row waits with it).
-INSERT INTO {s}.approvals (tenant_id, run_id, thread_id, batch_id, tool_call_ref, tool_call_id,
-                           tool_name, arguments_digest, rule, approvers, deadline)
-VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(batch_id)s, %(tool_call_ref)s,
-        %(tool_call_id)s, %(tool_name)s, %(arguments_digest)s, %(rule)s, %(approvers)s,
-        now() + make_interval(secs => %(timeout_s)s))
-RETURNING id, deadline
-
 -- name: approvals
 -- Approvals of one status (or every status), oldest first, with the call's arguments.
 SELECT a.id, a.tenant_id, a.run_id, a.thread_id, a.batch_id, a.tool_call_ref, a.tool_call_id,

@@ -30,42 +30,6 @@ VALUES (%(tenant_id)s, %(kind)s, %(dedup_key)s, %(thread_id)s, %(run_id)s, %(bat
 ON CONFLICT (dedup_key) DO NOTHING
 RETURNING id
 
--- name: model_turn_by_step
--- The response already recorded for a run's model turn, if any.
-SELECT mt.*, b.id AS batch_id
-FROM {s}.model_turns mt
-LEFT JOIN {s}.tool_batches b ON b.run_id = mt.run_id AND b.step_no = mt.step_no
-WHERE mt.run_id = %(run_id)s AND mt.step_no = %(step_no)s
-
--- name: insert_model_turn
--- Record the one response of a model turn, with its cost by the model's price (NULL when
--- the model has none; cached input tokens at the cached price, or the input price).
-INSERT INTO {s}.model_turns (tenant_id, run_id, step_no, message_id, response_id,
-                             input_tokens, output_tokens, cached_tokens, cost)
-SELECT %(tenant_id)s, %(run_id)s, %(step_no)s, %(message_id)s, %(response_id)s,
-       %(input_tokens)s, %(output_tokens)s, %(cached_tokens)s,
-       (SELECT ((%(input_tokens)s - least(%(cached_tokens)s, %(input_tokens)s)) * p.input_per_mtok
-                + least(%(cached_tokens)s, %(input_tokens)s)
-                  * coalesce(p.cached_input_per_mtok, p.input_per_mtok)
-                + %(output_tokens)s * p.output_per_mtok) / 1000000
-        FROM {s}.model_prices p WHERE p.model = %(model)s)
-RETURNING id, cost
-
--- name: run_after_turn
--- Count the step and the tokens of a recorded turn and set the run's new status.
-UPDATE {s}.runs
-SET step_count = greatest(step_count, %(step_no)s),
-    tokens_used = tokens_used + %(tokens)s,
-    cost = cost + coalesce(%(cost)s::numeric, 0),
-    status = %(status)s,
-    action_deadline = CASE WHEN %(status)s = 'requires_action' THEN now() + action_timeout END,
-    ended_at = CASE WHEN %(status)s IN ('completed', 'failed') THEN now() END,
-    failure_reason = %(failure_reason)s,
-    last_error = %(last_error)s,
-    updated_at = now()
-WHERE id = %(run_id)s
-RETURNING *
-
 -- name: insert_batch
 -- A model turn's tool calls, as one batch at the turn's step.
 INSERT INTO {s}.tool_batches (tenant_id, run_id, thread_id, step_no, message_id, status, size,
@@ -86,14 +50,6 @@ VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(batch_id)s, %(message_id)s, 
         %(arguments_hash)s, %(executor)s, %(idempotency_mode)s, %(idempotency_key)s,
         %(status)s)
 RETURNING id
-
--- name: calls_of_batch
--- A batch's calls in the order the model asked for them.
-SELECT tc.*, r.status AS result_status, r.output, r.error
-FROM {s}.tool_calls tc
-LEFT JOIN {s}.tool_results r ON r.tool_call_ref = tc.id
-WHERE tc.batch_id = %(batch_id)s
-ORDER BY tc.position
 
 -- name: call_for_result
 -- A tool call with its batch, locking the batch: results of one batch are recorded one at a
@@ -296,16 +252,6 @@ WHERE t.name = ANY(%(names)s) AND t.tenant_id IN (%(tenant_id)s, '*')
            AND t.version = (%(pins)s::jsonb -> t.name ->> 'version')::int))
 ORDER BY t.name, (t.tenant_id = '*'), t.version DESC
 
--- name: recent_batch_signatures
--- The tool calls (as argument hashes) of a run's latest batches, newest first.
-SELECT b.step_no, array_agg(tc.arguments_hash ORDER BY tc.arguments_hash) AS signature
-FROM {s}.tool_batches b
-JOIN {s}.tool_calls tc ON tc.batch_id = b.id
-WHERE b.run_id = %(run_id)s AND b.step_no <= %(step_no)s
-GROUP BY b.step_no
-ORDER BY b.step_no DESC
-LIMIT %(n)s
-
 -- name: due_expiries
 -- Runs left in requires_action past their deadline (skipping any another worker holds),
 -- once no call of theirs is executing: a relay call under a live lease finishes first, so
@@ -341,13 +287,6 @@ JOIN {s}.tool_batches b ON b.id = tc.batch_id AND b.status = 'open'
 WHERE tc.run_id = %(run_id)s AND tc.executor = 'client' AND tc.status = 'pending'
 ORDER BY b.step_no, tc.position
 
--- name: count_tenant_tokens
--- Count a recorded turn's tokens and cost against its tenant's budget (when it has one).
-UPDATE {s}.tenant_budgets
-SET tokens_used = tokens_used + %(tokens)s,
-    cost_used = cost_used + coalesce(%(cost)s::numeric, 0), updated_at = now()
-WHERE tenant_id = %(tenant_id)s
-
 -- name: tenant_budgets
 -- Tenants' budgets and what they have used (tenants without a budget have no row).
 SELECT tenant_id, max_tokens, tokens_used, max_cost, cost_used FROM {s}.tenant_budgets
@@ -364,3 +303,12 @@ RETURNING tenant_id, max_tokens, tokens_used, max_cost, cost_used
 -- name: platform_max_steps
 -- The platform's step ceiling over every run (NULL: none).
 SELECT (SELECT max_steps FROM {s}.platform_limits) AS max_steps
+
+-- name: run_tools
+-- What planning a run's tool calls needs of it: the tools it may call and their pinned
+-- versions (set when it started, never changed).
+SELECT tool_names, tool_pins FROM {s}.runs WHERE id = %(run_id)s
+
+-- name: record_model_turn
+-- Record a model turn with its planned calls (record_model_turn_v1, functions.sql).
+SELECT * FROM {s}.record_model_turn_v1(%(turn)s, %(calls)s)

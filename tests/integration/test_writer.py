@@ -167,6 +167,32 @@ def test_model_turn_records_batch_intents_and_outbox_rows_together(conn):
     ]
 
 
+class CountingCursor(psycopg.Cursor[Any]):
+    """Counts the statements a connection sends (every ``execute`` is a round trip)."""
+
+    sent = 0
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        CountingCursor.sent += 1
+        return super().execute(*args, **kwargs)
+
+
+@pytest.mark.parametrize("calls", [1, 16])
+def test_a_model_turn_is_a_few_round_trips_however_many_calls_it_asks_for(db_url, calls):
+    """The relay records thousands of turns: each is a fixed few statements (the plan's
+    reads and one call of record_model_turn_v1), not one per row it writes."""
+    with psycopg.connect(db_url, cursor_factory=CountingCursor) as conn:
+        add_tool(conn)
+        run = new_run(conn, tools=["lookup_order"])
+        asked = [(f"c{i}", "lookup_order", {"order_id": str(i)}) for i in range(calls)]
+        CountingCursor.sent = 0
+        record = writer.record_model_turn(conn, turn(run, 1, *asked))
+        assert CountingCursor.sent <= 4
+        assert record.created and len(record.tool_call_refs) == calls
+        assert count(conn, "outbox", "kind = 'tool_call'") == calls
+        assert count(conn, "journal", "event = 'tool_call.intended'") == calls
+
+
 def test_bad_calls_become_error_results_not_exceptions(conn):
     add_tool(conn)
     run = new_run(conn, tools=["lookup_order"])
