@@ -10,24 +10,23 @@ knows those shapes, in both directions:
 - tools: the registry's tool rows as the API's ``tools`` list (``tool_list``);
 - the request body of a turn (``Adapter.request``) and the ``ModelTurnIn`` read back from
   the answer (``Adapter.turn``), for ``writer.record_model_turn``;
-- the call itself (``call``): the body is POSTed as it is through the SDK's client.
+- the call itself (``call``): the body, plain JSON data, is POSTed as it is by the
+  caller's ``post`` and the answer read as JSON for the few fields recorded.
 
-The relay's model executor (``relay.model``) owns retries and holds; it calls ``call``. The
-body is plain JSON data and the answer is read as JSON for the few fields recorded, never
-built into the SDK's typed request and response objects (see ``post``).
+The relay's model executor (``relay.model``) owns the HTTP request, retries and holds; it
+calls ``call``. The SDK's typed methods (``responses.create``) first walk the whole request
+against its parameter types, item by item of the history, and build a pydantic object of
+every field of the answer: about 40 ms of CPU for a 30-item history, ten times the cost of
+the request itself, on the one event loop that holds every turn in flight.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from outbox.schemas import ModelTurnIn, ToolCallIn
-
-if TYPE_CHECKING:
-    import openai
 
 Message = dict[str, Any]
 Row = Mapping[str, Any]
@@ -218,8 +217,11 @@ ADAPTERS: dict[str, Adapter] = {
 # -- the call ---------------------------------------------------------------------------
 
 
+Post = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]  # (path, body) -> answer
+
+
 async def call(
-    client: openai.AsyncOpenAI,
+    post: Post,
     run: Row,
     step_no: int,
     messages: list[Message],
@@ -227,30 +229,10 @@ async def call(
 ) -> ModelTurnIn:
     """One model turn of ``run``: the request in the run's API, the turn to record.
 
-    ``messages`` are already in the run's API format (``as_input``). Raises what the SDK's
-    client raises (``openai.APIStatusError`` and its kin, connection errors and timeouts)
-    and ``KeyError``/``TypeError``/``ValueError``/``pydantic.ValidationError`` for an
-    answer that cannot be recorded."""
+    ``messages`` are already in the run's API format (``as_input``); ``post`` sends a body
+    to a path of the run's server and returns the answer's JSON object. Raises what
+    ``post`` raises, and ``KeyError``/``TypeError``/``ValueError``/
+    ``pydantic.ValidationError`` for an answer that cannot be recorded."""
     adapter = ADAPTERS[run["api"]]
-    response = await post(client, adapter.path, adapter.request(run, messages, tools))
+    response = await post(adapter.path, adapter.request(run, messages, tools))
     return adapter.turn(response, run, step_no)
-
-
-async def post(client: openai.AsyncOpenAI, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POST ``body`` as it is and return the response's JSON as plain data.
-
-    The SDK's typed methods (``responses.create``) first walk the whole request against
-    its parameter types, item by item of the history, and build a pydantic object of every
-    field of the answer: about 40 ms of CPU for a 30-item history, ten times the cost of
-    the request itself, on the one event loop that holds every turn in flight. ``post``
-    keeps what we need of the SDK (base URL, auth, error classes, timeouts) and skips that;
-    the body is already plain JSON data, and we read the few fields we record."""
-    import httpx2  # here, not at the top: replaying a thread (outbox.history) needs no HTTP
-
-    raw = await client.post(
-        path, body=body, cast_to=httpx2.Response, options={"security": {"bearer_auth": True}}
-    )
-    decoded = json.loads(raw.content)
-    if not isinstance(decoded, dict):
-        raise ValueError(f"the model answered {type(decoded).__name__}, not a JSON object")
-    return decoded

@@ -2,13 +2,13 @@
 
 Agent work is latency-bound: a model turn waits seconds for its model, a tool call for its
 service. A relay process therefore holds its effects in flight as asyncio tasks on one
-event loop thread (model calls through ``openai.AsyncOpenAI``, HTTP tools through
-``httpx2.AsyncClient``), as many as ``--concurrency`` allows, while the database is reached
-through the process's few fixed links (``relay.links``): what a task needs from PostgreSQL
+event loop thread (model calls and HTTP tools, each a POST through ``relay.poster``), as
+many as ``--concurrency`` allows, while the database is reached through the process's few
+fixed links (``relay.links``): what a task needs from PostgreSQL
 before its effect is batched with other tasks' by ``relay.preparer``, and its outcome goes to
 a completer thread that writes many per transaction (``relay.completer``).
 
-HTTP clients come in shards of ``SHARD_CONNECTIONS`` connections: httpcore's pool walks all
+HTTP pools come in shards of ``SHARD_CONNECTIONS`` connections: httpcore's pool walks all
 its connections (and probes every idle socket, which cost a quarter of the loop's time with
 shards of 64) each time a request starts or ends, so one pool of ten thousand connections
 would cost ten thousand steps per request. A request takes a free place on a client
@@ -25,28 +25,24 @@ import collections
 import contextlib
 import logging
 import os
-import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any
 
-import httpx2
-import openai
 import sniffio
 
 from outbox.logs import log
 from relay.executors import ToolExecutor
-from relay.model import MODEL_TIMEOUT_S, ModelExecutor
+from relay.model import DEFAULT_BASE_URL, ModelExecutor, ModelServer
 from relay.outcomes import Claimed, Outcome, retry
+from relay.poster import SHARD_CONNECTIONS, Poster
 from relay.preparer import Preparer
 from relay.webhook import WebhookExecutor
 
 logger = logging.getLogger("relay.engine")
-SHARD_CONNECTIONS = 4  # connections per HTTP client (see the module docstring)
 IDLE_CLIENT_S = 30.0  # a client none of whose places was taken for this long is closed
-TLS = ssl.create_default_context()  # shared: a context per client took milliseconds to build
 
 
 class Shards:
@@ -62,7 +58,7 @@ class Shards:
     descriptor each, or a half-closed one once the server hung up) for good.
     """
 
-    def __init__(self, n: int, make: Callable[[], Any]) -> None:
+    def __init__(self, n: int, make: Callable[[], Any]) -> None:  # make(): has ``aclose``
         self.make = make
         self.clients: list[Any] = [None] * max(1, n)
         self.busy = [0] * len(self.clients)  # places taken, per client
@@ -110,16 +106,7 @@ class Shards:
 
 
 async def _close(client: Any) -> None:
-    await client.aclose() if hasattr(client, "aclose") else await client.close()
-
-
-def _http_client() -> httpx2.AsyncClient:
-    return httpx2.AsyncClient(
-        verify=TLS,
-        limits=httpx2.Limits(
-            max_connections=SHARD_CONNECTIONS, max_keepalive_connections=SHARD_CONNECTIONS
-        ),
-    )
+    await client.aclose()
 
 
 class Engine:
@@ -143,7 +130,7 @@ class Engine:
         self.finished = finished
         self.started = started
         self.tasks: set[asyncio.Task[None]] = set()
-        self.http = Shards(self.shards, _http_client)
+        self.http = Shards(self.shards, Poster)
         self.models: dict[tuple[str | None, str], Shards] = {}
         tools = ToolExecutor(self.http.acquire, preparer.mark, threads)
         model = ModelExecutor(preparer.turn, self._model_client)
@@ -206,21 +193,16 @@ class Engine:
         self.finished(row, outcome)
 
     def _model_client(self, base_url: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
-        """A place on an ``AsyncOpenAI`` client for ``base_url`` (a context manager)."""
+        """A place on a pool for the OpenAI-compatible server at ``base_url`` (else
+        ``OPENAI_BASE_URL``, else OpenAI's), as a ``ModelServer`` (a context manager)."""
         api_key = os.environ.get("OPENAI_API_KEY", "not-needed")
         key = (base_url, api_key)
         shards = self.models.get(key)
         if shards is None:
-            url = base_url or os.environ.get("OPENAI_BASE_URL")
+            url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
 
-            def make() -> openai.AsyncOpenAI:
-                return openai.AsyncOpenAI(
-                    base_url=url,
-                    api_key=api_key,
-                    max_retries=0,  # retries are the outbox's job: backoff, attempts, journal
-                    timeout=MODEL_TIMEOUT_S,
-                    http_client=_http_client(),
-                )
+            def make() -> ModelServer:
+                return ModelServer(Poster(), url, api_key)
 
             shards = self.models[key] = Shards(self.shards, make)
         return shards.acquire()

@@ -56,6 +56,7 @@ from relay.outcomes import (
     retry_after_s,
     secret_of,
 )
+from relay.poster import Poster
 
 NOT_PROCESSED = {408, 429, 503}  # HTTP statuses that say the request was not processed
 RESPONSE_PREVIEW_CHARS = 500
@@ -88,7 +89,7 @@ def request_headers(row: Claimed, secret: credentials.Secret | None) -> dict[str
 
 
 MarkDispatched = Callable[[Claimed], Awaitable[bool]]
-PickClient = Callable[[], AbstractAsyncContextManager[httpx2.AsyncClient]]
+PickClient = Callable[[], AbstractAsyncContextManager[Poster]]
 
 
 class ToolExecutor:

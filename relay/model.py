@@ -8,8 +8,11 @@ in a fenced transaction, with the batch of tool-call intents and their outbox ro
 one response is ever recorded per (run, step) (a unique constraint): a crash before the
 record may call the model again, never record twice; a turn already recorded is reused.
 
-The call is a coroutine on the relay's event loop (``relay.engine``) through ``AsyncOpenAI``:
-a turn waiting seconds for its model holds no thread and no database connection. The two
+The call is a coroutine on the relay's event loop (``relay.engine``): a turn waiting seconds
+for its model holds no thread and no database connection. ``ModelServer`` POSTs the
+request as the ``openai`` SDK would (base URL, bearer key, OpenAI's organization and
+project headers, OpenAI's error body) through ``relay.poster``, without the SDK's client,
+which cost as much CPU per request as the HTTP itself (``relay.poster`` has the figures). The two
 provider adapters, chosen per run (``api``), live in ``outbox.providers``: the Responses
 API (``function_call`` and ``function_call_output`` items) and chat completions
 (``tool_calls``), with the history and tool-list conversions. 429, 5xx, timeouts
@@ -20,32 +23,86 @@ again would not help).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
-import openai
+import httpx2
 from pydantic import ValidationError
 
 from outbox import providers
 from outbox.errors import OutboxError
 from relay import failpoints
 from relay.outcomes import Claimed, Outcome, retry, retry_after_s
+from relay.poster import Poster
 from relay.preparer import Turn, step_of
 
 MODEL_TIMEOUT_S = float(os.environ.get("OUTBOX_MODEL_TIMEOUT_S", "120"))  # per request
-RETRYABLE = (
-    openai.RateLimitError,
-    openai.InternalServerError,
-    openai.APIConnectionError,
-    openai.APITimeoutError,
-)
+DEFAULT_BASE_URL = "https://api.openai.com/v1"  # the SDK's, when neither run nor env names one
+PREVIEW_CHARS = 500  # of an error answer that is not OpenAI's error JSON
+
+
+class ModelAnswered(Exception):
+    """The model's server answered with an HTTP error (``status_code``); ``message`` is
+    its error's message (OpenAI's ``{"error": {"message"}}``) or the start of its body."""
+
+    def __init__(self, status_code: int, message: str, response: httpx2.Response) -> None:
+        super().__init__(f"HTTP {status_code}: {message}")
+        self.status_code = status_code
+        self.message = message
+        self.response = response
+
+    @property
+    def transient(self) -> bool:
+        """Worth sending again: the server is busy (429) or broken (5xx)."""
+        return self.status_code == 429 or self.status_code >= 500
+
+
+class ModelServer:
+    """An OpenAI-compatible server at ``base_url``, reached through a ``Poster``."""
+
+    def __init__(self, poster: Poster, base_url: str, api_key: str) -> None:
+        self.poster = poster
+        self.base_url = base_url.rstrip("/")
+        self.headers = {"authorization": f"Bearer {api_key}"}
+        for header, variable in (
+            ("openai-organization", "OPENAI_ORG_ID"),
+            ("openai-project", "OPENAI_PROJECT_ID"),
+        ):
+            if os.environ.get(variable):
+                self.headers[header] = os.environ[variable]
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` to ``path``; the answer's JSON object. ``ModelAnswered`` for an
+        HTTP error, ``httpx2.HTTPError`` when no answer came."""
+        response = await self.poster.post(
+            self.base_url + path, json=body, headers=self.headers, timeout=MODEL_TIMEOUT_S
+        )
+        if response.status_code >= 400:
+            raise ModelAnswered(response.status_code, _error_message(response), response)
+        decoded = json.loads(response.content)
+        if not isinstance(decoded, dict):
+            raise ValueError(f"the model answered {type(decoded).__name__}, not a JSON object")
+        return decoded
+
+    async def aclose(self) -> None:
+        await self.poster.aclose()
+
+
+def _error_message(response: httpx2.Response) -> str:
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return response.text[:PREVIEW_CHARS]
+    return str(message)
 
 
 def retry_after(err: Exception) -> float | None:
     """What the ``Retry-After`` header of a failed model call asks, if anything."""
-    response = getattr(err, "response", None)
+    response = err.response if isinstance(err, ModelAnswered) else None
     return retry_after_s(response.headers.get("retry-after") if response is not None else None)
 
 
@@ -53,14 +110,14 @@ class ModelExecutor:
     """Runs ``model_turn`` rows on the engine's event loop.
 
     ``prepare`` reads what the call needs (batched with other turns', ``relay.preparer``);
-    ``clients`` lends an ``AsyncOpenAI`` for a base URL (``relay.engine``: a place on one
+    ``clients`` lends a ``ModelServer`` for a base URL (``relay.engine``: a place on one
     of many small pools, so thousands of requests in flight never share one pool's scan).
     """
 
     def __init__(
         self,
         prepare: Callable[[Claimed], Awaitable[Turn | str]],
-        clients: Callable[[str | None], AbstractAsyncContextManager[openai.AsyncOpenAI]],
+        clients: Callable[[str | None], AbstractAsyncContextManager[ModelServer]],
     ) -> None:
         self.prepare = prepare
         self.clients = clients
@@ -81,13 +138,13 @@ class ModelExecutor:
                 row, "defer", error=f"{base_url} asked to wait (Retry-After)", delay_s=hold
             )
         try:
-            async with self.clients(base_url) as client:
-                turn = await providers.call(client, run, step_no, messages, tools)
-        except RETRYABLE as err:
+            async with self.clients(base_url) as server:
+                turn = await providers.call(server.post, run, step_no, messages, tools)
+        except httpx2.HTTPError as err:  # no answer: refused, timed out, cut
             error = f"model call failed: {type(err).__name__}: {err}"
             return self._retry(row, base_url, error, err)
-        except openai.APIStatusError as err:
-            if err.status_code >= 500:
+        except ModelAnswered as err:
+            if err.transient:
                 return self._retry(
                     row, base_url, f"model answered HTTP {err.status_code}: {err.message}", err
                 )

@@ -21,6 +21,7 @@ import httpx2
 
 from outbox import credentials, webhooks
 from relay.outcomes import Claimed, Outcome, retry, retry_after_s
+from relay.poster import Poster
 
 TIMEOUT_S = 15.0  # seconds a receiver has to answer
 USER_AGENT = "agent-outbox-webhooks"
@@ -34,7 +35,7 @@ def message_id(row: Claimed) -> str:
 
 
 class WebhookExecutor:
-    def __init__(self, http: Callable[[], AbstractAsyncContextManager[httpx2.AsyncClient]]) -> None:
+    def __init__(self, http: Callable[[], AbstractAsyncContextManager[Poster]]) -> None:
         self.http = http
 
     async def run(self, row: Claimed) -> Outcome:

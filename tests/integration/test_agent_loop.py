@@ -149,6 +149,26 @@ def test_model_refusing_the_request_fails_the_run_with_the_reason(setup, model):
         wait_until(lambda: ended(setup, run.id))
     assert run_status(setup, run.id) == "failed"
     assert scalar(setup, "SELECT failure_reason FROM outbox.runs") == "model_error"
+    # OpenAI's error message, read from its error body, names what the server refused.
+    assert scalar(setup, "SELECT last_error FROM outbox.runs") == (
+        "model refused the request: "
+        "The server had an error while processing your request. Sorry about that!"
+    )
+
+
+def test_model_5xx_answers_are_retried_and_charged(setup, model):
+    model.add_script("plain", [{"text": "fine"}])
+    model.fail_next(2, status=500)
+    run = start(setup, model, "plain")
+    with relay_thread(setup, kinds=ALL_KINDS):
+        wait_until(lambda: ended(setup, run.id))
+    assert run_status(setup, run.id) == "completed"
+    errors = scalar(
+        setup,
+        "SELECT count(*) FROM outbox.journal WHERE event = 'model_turn.retry_scheduled' "
+        "AND detail->>'error' LIKE 'model answered HTTP 500: The server had an error%'",
+    )
+    assert errors == 2
 
 
 def test_client_tools_wait_for_outputs_and_refuse_bad_submissions(setup, model):

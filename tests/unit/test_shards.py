@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import time
 
-from relay.engine import IDLE_CLIENT_S, SHARD_CONNECTIONS, Shards
+from relay.engine import IDLE_CLIENT_S, Shards
+from relay.poster import SHARD_CONNECTIONS
 
 
 class Client:
