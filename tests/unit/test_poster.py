@@ -1,0 +1,136 @@
+"""relay.poster against real sockets on loopback: httpx2's answers and errors, keep-alive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Awaitable, Callable
+
+import httpx2
+import pytest
+
+from relay.poster import Poster
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return await reader.readexactly(length)
+
+
+def answer(body: bytes, status: str = "200 OK", close: bool = False) -> bytes:
+    connection = b"close" if close else b"keep-alive"
+    return (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n".encode()
+        + b"content-length: %d\r\nconnection: %b\r\n\r\n" % (len(body), connection)
+        + body
+    )
+
+
+async def serve(handler: Handler) -> tuple[asyncio.Server, str]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}/tool"
+
+
+def test_posts_json_and_reads_the_answer_with_its_headers():
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received = json.loads(await read_request(reader))
+        writer.write(answer(json.dumps({"echo": received}).encode(), "201 Created"))
+        await writer.drain()
+        writer.close()
+
+    async def main() -> httpx2.Response:
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            return await poster.post(url, json={"n": "é"}, headers={"x-a": "1"}, timeout=5)
+        finally:
+            await poster.aclose()
+            server.close()
+
+    response = asyncio.run(main())
+    assert response.status_code == 201
+    assert response.json() == {"echo": {"n": "é"}}
+    assert response.headers["content-type"] == "application/json"
+
+
+def test_a_refused_connection_is_httpx2_connect_error():
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
+    async def main() -> None:
+        poster = Poster()
+        try:
+            await poster.post(f"http://127.0.0.1:{port}/", json={}, timeout=5)
+        finally:
+            await poster.aclose()
+
+    with pytest.raises(httpx2.ConnectError):
+        asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "error"),
+    [("never answers", httpx2.ReadTimeout), ("hangs up", httpx2.RemoteProtocolError)],
+)
+def test_no_answer_after_the_request_is_httpx2_s_error(behaviour, error):
+    """The executors tell "never sent" (ConnectError: retry) from "sent, no answer"
+    (a timeout or a cut: ambiguous) by these classes."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        if behaviour == "never answers":
+            await asyncio.sleep(30)
+        writer.close()
+
+    async def main() -> None:
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            await poster.post(url, json={}, timeout=0.5)
+        finally:
+            await poster.aclose()
+            server.close()
+
+    with pytest.raises(error):
+        asyncio.run(main())
+
+
+def test_a_keep_alive_connection_the_server_closed_is_not_reused():
+    """Servers close idle keep-alive connections (uvicorn after 5 s): the next request
+    must go on a new connection, not fail on the dead one (an ambiguous outcome)."""
+    connections: list[int] = []
+
+    async def main() -> list[int]:
+        hung_up = asyncio.Event()
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connections.append(len(connections))
+            await read_request(reader)
+            writer.write(answer(b'{"ok": true}'))  # says keep-alive, then hangs up
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+            hung_up.set()
+
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            first = await poster.post(url, json={}, timeout=5)
+            await asyncio.wait_for(hung_up.wait(), timeout=5)
+            second = await poster.post(url, json={}, timeout=5)
+            assert first.status_code == second.status_code == 200
+            return connections
+        finally:
+            await poster.aclose()
+            server.close()
+
+    assert asyncio.run(main()) == [0, 1]
