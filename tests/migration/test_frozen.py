@@ -63,6 +63,10 @@ PINNED = {
     "0024_webhooks.sql": "c883172c87a1b628",
     "0025_responses.py": "835c83d8dd88d3fc",
     "0025_responses.sql": "040b4a804eb023d9",
+    "0026_deletes.py": "699fe415ddc798ad",
+    "0026_deletes.sql": "89469ecd7d4369c4",
+    "0027_record_model_turn.py": "f9a8a412bfa5d929",
+    "0027_record_model_turn.sql": "a55e2d3b4ef8d18e",
 }
 
 
