@@ -37,7 +37,7 @@ from outbox.logs import log
 from relay.executors import ToolExecutor
 from relay.model import DEFAULT_BASE_URL, ModelExecutor, ModelServer
 from relay.outcomes import Claimed, Outcome, retry
-from relay.poster import SHARD_CONNECTIONS, Poster
+from relay.poster import SHARD_CONNECTIONS, AsyncioBackend, Poster
 from relay.preparer import Preparer
 from relay.webhook import WebhookExecutor
 
@@ -130,7 +130,8 @@ class Engine:
         self.finished = finished
         self.started = started
         self.tasks: set[asyncio.Task[None]] = set()
-        self.http = Shards(self.shards, Poster)
+        self.network = AsyncioBackend()  # shared: it paces the opening of connections
+        self.http = Shards(self.shards, lambda: Poster(self.network))
         self.models: dict[tuple[str | None, str], Shards] = {}
         tools = ToolExecutor(self.http.acquire, preparer.mark, threads)
         model = ModelExecutor(preparer.turn, self._model_client)
@@ -202,7 +203,7 @@ class Engine:
             url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
 
             def make() -> ModelServer:
-                return ModelServer(Poster(), url, api_key)
+                return ModelServer(Poster(self.network), url, api_key)
 
             shards = self.models[key] = Shards(self.shards, make)
         return shards.acquire()

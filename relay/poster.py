@@ -38,6 +38,7 @@ import httpx2
 SHARD_CONNECTIONS = 4  # connections per pool (relay.engine.Shards says why so few)
 TLS = ssl.create_default_context()  # shared: a context per pool took milliseconds to build
 READ_CHUNK = 65536  # bytes; what httpcore2 asks for per read
+CONNECTING = 64  # connections being opened at once per process (AsyncioBackend says why)
 
 
 class AsyncioStream(httpcore2.AsyncNetworkStream):
@@ -120,7 +121,18 @@ def _readable(sock: Any) -> bool:
 
 
 class AsyncioBackend(httpcore2.AsyncNetworkBackend):
-    """``httpcore2``'s network backend on asyncio's streams (see the module docstring)."""
+    """``httpcore2``'s network backend on asyncio's streams (see the module docstring).
+
+    At most ``CONNECTING`` connections of the process are being opened at once (all its
+    pools share this backend): a relay that claims thousands of effects together would
+    otherwise open thousands of connections in one burst, overflow the server's accept
+    queue, and have the kernel reset connections that already carried a request (seen:
+    every one of 10,000 requests failed, ``Broken pipe``), an ambiguous outcome for each
+    call. Requests on open connections are not held back.
+    """
+
+    def __init__(self) -> None:
+        self.connecting: asyncio.Semaphore | None = None  # made on the loop that uses it
 
     async def connect_tcp(
         self,
@@ -131,8 +143,10 @@ class AsyncioBackend(httpcore2.AsyncNetworkBackend):
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore2.AsyncNetworkStream:
         local = (local_address, 0) if local_address else None
+        if self.connecting is None:
+            self.connecting = asyncio.Semaphore(CONNECTING)
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout), self.connecting:
                 reader, writer = await asyncio.open_connection(
                     host, port, limit=READ_CHUNK, local_addr=local
                 )
@@ -180,12 +194,12 @@ class Poster:
     """POSTs through one ``httpcore2`` pool of ``SHARD_CONNECTIONS`` connections:
     ``httpx2.AsyncClient.post``'s answer and errors, without the client's layers."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: AsyncioBackend | None = None) -> None:
         self.pool = httpcore2.AsyncConnectionPool(
             ssl_context=TLS,
             max_connections=SHARD_CONNECTIONS,
             max_keepalive_connections=SHARD_CONNECTIONS,
-            network_backend=AsyncioBackend(),
+            network_backend=backend or AsyncioBackend(),
         )
 
     async def post(

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 import httpx2
 import pytest
 
+from relay import poster as poster_module
 from relay.poster import Poster
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -134,3 +135,45 @@ def test_a_keep_alive_connection_the_server_closed_is_not_reused():
             server.close()
 
     assert asyncio.run(main()) == [0, 1]
+
+
+def test_a_burst_of_requests_opens_its_connections_a_few_at_a_time(monkeypatch):
+    """Thousands of effects claimed together must not open thousands of connections in
+    one burst: the server's accept queue overflows and the kernel resets connections
+    that already carried a request (every one of 10,000 failed so, ``Broken pipe``)."""
+    opening = {"now": 0, "most": 0}
+    real_open = asyncio.open_connection
+
+    async def counted_open(*args, **kwargs):  # the real connection, counted while it opens
+        opening["now"] += 1
+        opening["most"] = max(opening["most"], opening["now"])
+        try:
+            await asyncio.sleep(0.001)  # an opening takes a moment on a real network
+            return await real_open(*args, **kwargs)
+        finally:
+            opening["now"] -= 1
+
+    monkeypatch.setattr(poster_module.asyncio, "open_connection", counted_open)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b'{"ok": true}', close=True))
+        await writer.drain()
+        writer.close()
+
+    async def main() -> list[int]:
+        server, url = await serve(handler)
+        backend = poster_module.AsyncioBackend()
+        posters = [Poster(backend) for _ in range(100)]  # as the engine's shards share one
+        try:
+            answers = await asyncio.gather(
+                *(p.post(url, json={}, timeout=30) for p in posters for _ in range(3))
+            )
+            return [a.status_code for a in answers]
+        finally:
+            for p in posters:
+                await p.aclose()
+            server.close()
+
+    assert asyncio.run(main()) == [200] * 300
+    assert 1 < opening["most"] <= poster_module.CONNECTING
