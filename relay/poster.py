@@ -2,7 +2,7 @@
 
 Every model turn and HTTP tool call of a relay process is a request on its one event
 loop, so each request's CPU is the relay's throughput. Measured per request on this 2-core
-machine under load (``/tmp``-style scratch runs of 4,000 POSTs, 400 at once):
+machine under load (4,000 POSTs, 400 at once; docs/benchmarks.md, 2026-11-25):
 
 | path | CPU per request |
 |---|---:|
