@@ -194,9 +194,9 @@ class Poster:
     """POSTs through one ``httpcore2`` pool of ``SHARD_CONNECTIONS`` connections:
     ``httpx2.AsyncClient.post``'s answer and errors, without the client's layers."""
 
-    def __init__(self, backend: AsyncioBackend | None = None) -> None:
+    def __init__(self, backend: AsyncioBackend | None = None, tls: ssl.SSLContext = TLS) -> None:
         self.pool = httpcore2.AsyncConnectionPool(
-            ssl_context=TLS,
+            ssl_context=tls,
             max_connections=SHARD_CONNECTIONS,
             max_keepalive_connections=SHARD_CONNECTIONS,
             network_backend=backend or AsyncioBackend(),

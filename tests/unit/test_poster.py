@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import json
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import httpx2
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from relay import poster as poster_module
 from relay.poster import Poster
@@ -177,3 +185,80 @@ def test_a_burst_of_requests_opens_its_connections_a_few_at_a_time(monkeypatch):
 
     assert asyncio.run(main()) == [200] * 300
     assert 1 < opening["most"] <= poster_module.CONNECTING
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for localhost and 127.0.0.1, and its key (cryptography, a dependency)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_https_is_verified_and_an_untrusted_server_is_never_sent_the_request(tmp_path):
+    """Model servers are HTTPS: TLS starts on the asyncio stream, the certificate and the
+    host name are checked, and a server we cannot trust is a ConnectError (never sent)."""
+    cert, key = _self_signed(tmp_path)
+    received: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            received.append(await read_request(reader))
+        except (asyncio.IncompleteReadError, ssl.SSLError, ConnectionError):
+            return  # the client refused our certificate
+        writer.write(answer(b'{"ok": true}', close=True))
+        await writer.drain()
+        writer.close()
+
+    async def main() -> tuple[list[int], Exception | None]:
+        server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_tls.load_cert_chain(cert, key)
+        server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_tls)
+        port = server.sockets[0].getsockname()[1]
+        trusting = Poster(tls=ssl.create_default_context(cafile=str(cert)))
+        untrusting = Poster()  # the system's authorities only
+        refused: Exception | None = None
+        try:
+            statuses = [
+                (await trusting.post(f"https://{host}:{port}/", json={}, timeout=5)).status_code
+                for host in ("localhost", "127.0.0.1")
+            ]
+            try:
+                await untrusting.post(f"https://localhost:{port}/", json={}, timeout=5)
+            except httpx2.HTTPError as err:
+                refused = err
+            return statuses, refused
+        finally:
+            await trusting.aclose()
+            await untrusting.aclose()
+            server.close()
+
+    statuses, refused = asyncio.run(main())
+    assert statuses == [200, 200]
+    assert isinstance(refused, httpx2.ConnectError)
+    assert len(received) == 2  # the untrusted server never saw a request
