@@ -96,17 +96,13 @@ class Shards:
         ]
         for i in idle:
             client, self.clients[i] = self.clients[i], None
-            await _close(client)
+            await client.aclose()
         return len(idle)
 
     async def aclose(self) -> None:
         for client in self.clients:
             if client is not None:
-                await _close(client)
-
-
-async def _close(client: Any) -> None:
-    await client.aclose()
+                await client.aclose()
 
 
 class Engine:

@@ -62,10 +62,6 @@ JOIN {s}.runs r ON r.id = tc.run_id
 WHERE tc.id = %(tool_call_ref)s
 FOR UPDATE OF b
 
--- name: call_by_provider_id
--- Resolve a provider call id within a run.
-SELECT id FROM {s}.tool_calls WHERE run_id = %(run_id)s AND tool_call_id = %(tool_call_id)s
-
 -- name: record_tool_results
 -- Record terminal results of tool calls (a JSON array; record_tool_results_v1 in
 -- outbox/sql/functions.sql): stored once each, counted against their batches, the delivery

@@ -23,10 +23,6 @@ WHERE m.thread_id = %(thread_id)s AND m.role IN ('user', 'assistant')
   AND (%(before_seq)s::int IS NULL OR m.seq < %(before_seq)s)
 ORDER BY m.seq
 
--- name: message_seq
--- A message's position in its thread (for cursors), by id.
-SELECT seq FROM {s}.messages WHERE id = %(message_id)s AND thread_id = %(thread_id)s
-
 -- name: active_run
 -- The thread's active run, if any.
 SELECT id, status FROM {s}.runs
