@@ -35,6 +35,7 @@ from outbox.schemas import (
     ModelTurnIn,
     NewMessage,
     StartRun,
+    ToolCallIn,
     ToolResultIn,
     check_size,
 )
@@ -315,21 +316,49 @@ def record_model_turn(db: Any, turn: ModelTurnIn) -> TurnRecord:
     JSON Schema, the risk policy); one call of ``record_model_turn_v1``
     (outbox/sql/functions.sql) writes the rest in one round trip.
     """
+    (record,) = record_model_turns(db, [turn])
+    return record
+
+
+def record_model_turns(db: Any, turns: list[ModelTurnIn]) -> list[TurnRecord]:
+    """``record_model_turn`` for many turns at once, their records in the same order (a
+    relay's completer records every turn of its transaction this way): per tenant, a
+    fixed few statements however many turns there are, one of them calling
+    ``record_model_turn_v1`` for each of its turns. A refusal of any turn (a missing run,
+    another tenant's) raises and, as for one turn, leaves the transaction to the caller."""
     conn = pg(db)
-    check_size("assistant message", turn.content)
-    tenancy.scope(conn, turn.tenant_id)
-    planned = _plan_calls(conn, turn) if turn.tool_calls else []
-    (row,) = run_call(
-        conn,
-        calls.Call(
-            Q.record_model_turn,
-            {"turn": Jsonb(_turn_fields(turn)), "calls": Jsonb(planned)},
-            savepoint=False,
-        ),
-    )
-    refs = [int(ref) for ref in row["tool_call_refs"]]
+    for turn in turns:
+        check_size("assistant message", turn.content)
+    by_tenant: dict[str, list[int]] = {}
+    for i, turn in enumerate(turns):
+        by_tenant.setdefault(turn.tenant_id, []).append(i)
+    rows: list[Row] = [{}] * len(turns)
+    for tenant_id, positions in by_tenant.items():
+        # A transaction acts for one tenant at a time (enter_tenant_v1 refuses another).
+        tenancy.scope(conn, tenant_id)
+        mine = [turns[i] for i in positions]
+        planned = _plan_calls(conn, tenant_id, mine)
+        params = {
+            "turns": [Jsonb(_turn_fields(turn)) for turn in mine],
+            "calls": [Jsonb(calls_) for calls_ in planned],
+        }
+        try:
+            recorded = fetch_all(conn, Q.record_model_turns, params)
+        except psycopg.Error as err:
+            raise calls.refusal(err) or err from err
+        for i, row in zip(positions, recorded, strict=True):
+            rows[i] = row
+    return [_turn_record(conn, turn, row) for turn, row in zip(turns, rows, strict=True)]
+
+
+def _turn_record(conn: psycopg.Connection[Any], turn: ModelTurnIn, row: Row) -> TurnRecord:
     record = TurnRecord(
-        row["model_turn_id"], row["message_id"], row["batch_id"], refs, row["run_status"], False
+        row["model_turn_id"],
+        row["message_id"],
+        row["batch_id"],
+        [int(ref) for ref in row["tool_call_refs"]],
+        row["run_status"],
+        False,
     )
     if not row["created"]:
         return record
@@ -348,43 +377,62 @@ def _turn_fields(turn: ModelTurnIn) -> Row:
     return {**fields, "loop_periods": LOOP_PERIODS}
 
 
-def _plan_calls(conn: psycopg.Connection[Any], turn: ModelTurnIn) -> list[Row]:
-    """How each call of the turn will run, as ``record_model_turn_v1`` takes it. A run
-    this tenant cannot see plans nothing: the function refuses it."""
-    run = fetch_one(conn, Q.run_tools, {"run_id": turn.run_id})
-    if run is None:
-        return []
-    tools = registry.resolve(
-        conn, turn.tenant_id, [c.name for c in turn.tool_calls], run["tool_pins"]
-    )
-    planned = []
-    for call in turn.tool_calls:
-        plan = registry.plan_call(call, tools.get(call.name), run["tool_names"])
-        decision, approval = plan.decision, plan.approval
-        planned.append(
-            {
-                "tool_call_id": call.tool_call_id,
-                "name": call.name,
-                "version": plan.version,
-                "arguments": plan.arguments,
-                "arguments_raw": call.arguments,
-                "arguments_hash": arguments_hash(call.name, call.arguments),
-                "executor": plan.executor,
-                "idempotency_mode": plan.idempotency_mode,
-                "idempotency_key": idempotency_key(turn.run_id, call.tool_call_id),
-                "status": _call_status(plan),
-                "error": plan.error,
-                "decision": decision and {"action": decision.action, "rule": decision.rule},
-                "max_attempts": plan.max_attempts,
-                "approval": approval
-                and {
-                    "rule": approval.rule,
-                    "approvers": list(approval.approvers),
-                    "timeout_s": approval.timeout_s,
-                },
-            }
-        )
+def _plan_calls(
+    conn: psycopg.Connection[Any], tenant_id: str, turns: list[ModelTurnIn]
+) -> list[list[Row]]:
+    """How each call of each of a tenant's turns will run, as ``record_model_turn_v1``
+    takes it: one read of the runs' tools, and one of the tools they name per set of pins
+    (the versions a run pinned when it started: runs started alike share one). A run this
+    tenant cannot see plans nothing: the function refuses it."""
+    planned: list[list[Row]] = [[] for _ in turns]
+    asking = [i for i, turn in enumerate(turns) if turn.tool_calls]
+    if not asking:
+        return planned
+    run_ids = list({turns[i].run_id for i in asking})
+    runs = {row["id"]: row for row in fetch_all(conn, Q.runs_tools, {"run_ids": run_ids})}
+    by_pins: dict[str, list[int]] = {}
+    for i in asking:
+        run = runs.get(turns[i].run_id)
+        if run is not None:
+            by_pins.setdefault(json.dumps(run["tool_pins"], sort_keys=True), []).append(i)
+    for group in by_pins.values():
+        pins = runs[turns[group[0]].run_id]["tool_pins"]
+        names = [call.name for i in group for call in turns[i].tool_calls]
+        tools = registry.resolve(conn, tenant_id, names, pins)
+        for i in group:
+            tool_names = runs[turns[i].run_id]["tool_names"]
+            planned[i] = [
+                _plan_call(turns[i], call, tools, tool_names) for call in turns[i].tool_calls
+            ]
     return planned
+
+
+def _plan_call(
+    turn: ModelTurnIn, call: ToolCallIn, tools: dict[str, Row], tool_names: list[str]
+) -> Row:
+    plan = registry.plan_call(call, tools.get(call.name), tool_names)
+    decision, approval = plan.decision, plan.approval
+    return {
+        "tool_call_id": call.tool_call_id,
+        "name": call.name,
+        "version": plan.version,
+        "arguments": plan.arguments,
+        "arguments_raw": call.arguments,
+        "arguments_hash": arguments_hash(call.name, call.arguments),
+        "executor": plan.executor,
+        "idempotency_mode": plan.idempotency_mode,
+        "idempotency_key": idempotency_key(turn.run_id, call.tool_call_id),
+        "status": _call_status(plan),
+        "error": plan.error,
+        "decision": decision and {"action": decision.action, "rule": decision.rule},
+        "max_attempts": plan.max_attempts,
+        "approval": approval
+        and {
+            "rule": approval.rule,
+            "approvers": list(approval.approvers),
+            "timeout_s": approval.timeout_s,
+        },
+    }
 
 
 def _call_status(plan: registry.CallPlan) -> str:

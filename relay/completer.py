@@ -13,8 +13,8 @@ what is queued (up to ``completion_batch``) and writes it in one transaction:
 - terminal tool results and batch deliveries take set-based paths
   (``writer.record_tool_results``, one call of ``record_tool_results_v1`` for every result,
   and ``writer.deliver_batches``): a fixed number of statements however many there are;
-  model turns are recorded through ``writer.record_model_turn``, the code backends call
-  (four statements a turn, one of them ``record_model_turn_v1``);
+  model turns are recorded together through ``writer.record_model_turns``, the code
+  backends call (one statement writes every turn, ``record_model_turn_v1`` for each);
 - a failed attempt is retried after exponential backoff with jitter (or what the tool or
   model asked with ``Retry-After``) while ``failures`` stays under ``max_attempts``, then
   quarantined; a deferred one (never started) is put back uncharged.
@@ -135,13 +135,14 @@ class Completer:
         First the runs, then the batches of the whole transaction are locked, each in id
         order: the one lock order of every writer path (run before batch), so completers,
         cancels and client submissions queue up instead of deadlocking. Terminal tool
-        results and batch deliveries then take set-based paths, a fixed number of
-        statements however many there are: their rows are fenced together (lease holder
-        and attempt per row); ``writer.record_tool_results`` stores them with one call
-        of ``record_tool_results_v1``, the function every path records results with (it
-        also enqueues, once, and journals the delivery of each batch they complete);
-        ``writer.deliver_batches`` delivers every batch at once. Fenced rows and every
-        other action go through ``_apply``, which journals a refused write.
+        results, batch deliveries and model turns then take set-based paths, a fixed
+        number of statements however many there are: their rows are fenced together
+        (lease holder and attempt per row); ``writer.record_tool_results`` stores them
+        with one call of ``record_tool_results_v1``, the function every path records
+        results with (it also enqueues, once, and journals the delivery of each batch they
+        complete); ``writer.deliver_batches`` delivers every batch at once;
+        ``writer.record_model_turns`` records every turn in one statement. Fenced rows
+        and every other action go through ``_apply``, which journals a refused write.
         """
         results = [
             i
@@ -157,6 +158,7 @@ class Completer:
             for i, o in enumerate(outcomes)
             if o.action == "deliver" and o.row.batch_id is not None
         ]
+        turns = [i for i, o in enumerate(outcomes) if o.action == "turn"]
         run_ids = sorted({o.row.run_id for o in outcomes if o.row.run_id is not None})
         conn.execute(writer.Q.lock_runs, {"run_ids": run_ids})
         batch_ids = sorted({o.row.batch_id for o in outcomes if o.row.batch_id is not None})
@@ -166,6 +168,8 @@ class Completer:
             self._store_results(conn, outcomes, results, applied)
         if deliveries:
             self._deliver(conn, outcomes, deliveries, applied)
+        if turns:
+            self._record_turns(conn, outcomes, turns, applied)
         return [
             what if what is not None else self.apply(conn, outcome)
             for outcome, what in zip(outcomes, applied, strict=True)
@@ -208,6 +212,23 @@ class Completer:
             assert outcome.row.batch_id is not None
             applied[i] = "delivered_" + delivered[outcome.row.batch_id].outcome
         self.metrics.succeeded.labels("deliver_batch").inc(len(passed))
+
+    def _record_turns(
+        self,
+        conn: psycopg.Connection[Any],
+        outcomes: list[Outcome],
+        positions: list[int],
+        applied: list[str | None],
+    ) -> None:
+        """Record the fenced model turns at ``positions`` together
+        (``writer.record_model_turns``: one statement writes them all)."""
+        passed = self._fence_many(conn, outcomes, positions)
+        if not passed:
+            return
+        records = writer.record_model_turns(conn, [o.output for o, _ in passed])
+        for (_, i), record in zip(passed, records, strict=True):
+            applied[i] = f"recorded_{record.run_status}" if record.created else "already_recorded"
+        self.metrics.succeeded.labels("model_turn").inc(len(passed))
 
     def _store_results(
         self,
@@ -397,7 +418,7 @@ class Completer:
             return "fenced"
         row = outcome.row
         self.metrics.succeeded.labels(row.kind).inc()
-        if outcome.action == "turn":
+        if outcome.action == "turn":  # reached only when _record_turns' fence refused it
             record = writer.record_model_turn(conn, outcome.output)
             return f"recorded_{record.run_status}" if record.created else "already_recorded"
         if outcome.action == "skip":

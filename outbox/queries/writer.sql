@@ -300,11 +300,15 @@ RETURNING tenant_id, max_tokens, tokens_used, max_cost, cost_used
 -- The platform's step ceiling over every run (NULL: none).
 SELECT (SELECT max_steps FROM {s}.platform_limits) AS max_steps
 
--- name: run_tools
--- What planning a run's tool calls needs of it: the tools it may call and their pinned
+-- name: runs_tools
+-- What planning runs' tool calls needs of them: the tools each may call and their pinned
 -- versions (set when it started, never changed).
-SELECT tool_names, tool_pins FROM {s}.runs WHERE id = %(run_id)s
+SELECT id, tool_names, tool_pins FROM {s}.runs WHERE id = ANY(%(run_ids)s)
 
--- name: record_model_turn
--- Record a model turn with its planned calls (record_model_turn_v1, functions.sql).
-SELECT * FROM {s}.record_model_turn_v1(%(turn)s, %(calls)s)
+-- name: record_model_turns
+-- Record model turns with their planned calls, in order (record_model_turn_v1,
+-- functions.sql, once per turn).
+SELECT r.*
+FROM unnest(%(turns)s::jsonb[], %(calls)s::jsonb[]) WITH ORDINALITY AS t(turn, calls, n)
+CROSS JOIN LATERAL {s}.record_model_turn_v1(t.turn, t.calls) r
+ORDER BY t.n

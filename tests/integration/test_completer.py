@@ -16,28 +16,29 @@ import psycopg
 
 from relay.outcomes import Claimed, Outcome
 from relay.worker import Link, Worker
-from tests.helpers import TENANT
+from tests.helpers import TENANT, add_tool, new_run, turn
 from tests.relay_harness import config, scalar, seed
 
 WORKER = "completer-under-test"
 
 
-def lease(db_url: str, owner: str, attempt: int = 1) -> dict[int, Claimed]:
-    """Lease every ready tool_call row to ``owner``; the claimed rows by tool call."""
+def lease(db_url: str, owner: str, attempt: int = 1, kind: str = "tool_call") -> dict[Any, Claimed]:
+    """Lease every ready row of ``kind`` to ``owner``; the claimed rows by tool call (by
+    run for model turns)."""
     with psycopg.connect(db_url) as conn:
         rows = conn.execute(
             "UPDATE outbox.outbox SET status = 'leased', attempts = %s, lease_owner = %s, "
             "lease_expires_at = now() + interval '1 minute' "
-            "WHERE kind = 'tool_call' AND status = 'ready' "
+            "WHERE kind = %s AND status = 'ready' "
             "RETURNING id, batch_id, tool_call_ref, run_id, thread_id",
-            [attempt, owner],
+            [attempt, owner, kind],
         ).fetchall()
         conn.commit()
     return {
-        ref: Claimed(
+        ref if kind == "tool_call" else run_id: Claimed(
             failures=0,
             id=row_id,
-            kind="tool_call",
+            kind=kind,
             tenant_id=TENANT,
             thread_id=thread_id,
             run_id=run_id,
@@ -183,3 +184,47 @@ def test_an_outcome_that_cannot_be_written_does_not_stop_the_others(db_url):
     assert scalar(db_url, "SELECT count(*) FROM outbox.tool_results") == 1
     leased = scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'leased'")
     assert leased == 1  # the bad one waits for its lease to expire and be rescued
+
+
+def test_many_model_turns_in_one_transaction_are_recorded_together(db_url: str) -> None:
+    """Model turns take the set-based path too: one statement records them all, each turn
+    still fenced on its own lease (a turn whose row another worker holds is refused and
+    journaled, and writes nothing), each recorded once with its calls and their rows."""
+    with psycopg.connect(db_url) as conn:
+        add_tool(conn)
+        runs = [new_run(conn, tools=["lookup_order"]) for _ in range(6)]
+        conn.commit()
+    claimed = lease(db_url, WORKER, kind="model_turn")
+    stolen, final = runs[0], runs[1]  # final: a turn without calls, which ends its run
+    with psycopg.connect(db_url) as conn:  # another worker holds run 0's turn meanwhile
+        conn.execute(
+            "UPDATE outbox.outbox SET lease_owner = 'someone-else' WHERE id = %s",
+            [claimed[stolen.id].id],
+        )
+        conn.commit()
+
+    def answer(i: int, run: Any) -> Any:
+        if run is final:
+            return turn(run, 1, text="done")
+        return turn(run, 1, *[(f"c{i}{x}", "lookup_order", {"order_id": x}) for x in "ab"])
+
+    outcomes = [
+        Outcome(claimed[run.id], "turn", output=answer(i, run)) for i, run in enumerate(runs)
+    ]
+    applied = write(db_url, outcomes)  # sorts outcomes as it writes them
+    by_run = {o.row.run_id: what for o, what in zip(outcomes, applied, strict=True)}
+    assert by_run[stolen.id] == "fenced"
+    assert by_run[final.id] == "recorded_completed"
+    assert {by_run[run.id] for run in runs[2:]} == {"recorded_in_progress"}
+    assert events(db_url)["write.fenced"] == 1
+    assert scalar(db_url, "SELECT count(*) FROM outbox.model_turns") == 5
+    for i, run in enumerate(runs):  # each turn's calls on its own run
+        ids = scalar(
+            db_url,
+            "SELECT coalesce(string_agg(tool_call_id, ',' ORDER BY position), '') "
+            f"FROM outbox.tool_calls WHERE run_id = '{run.id}'",
+        )
+        assert ids == ("" if run in (stolen, final) else f"c{i}a,c{i}b")
+    assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE kind = 'tool_call'") == 8
+    # run 0's turn is still leased to the other worker; the others' rows are finished
+    assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE kind = 'model_turn'") == 1

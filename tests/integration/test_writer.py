@@ -193,6 +193,30 @@ def test_a_model_turn_is_a_few_round_trips_however_many_calls_it_asks_for(db_url
         assert count(conn, "journal", "event = 'tool_call.intended'") == calls
 
 
+def test_many_model_turns_are_a_few_round_trips_per_tenant(db_url):
+    """A completer records all the turns of its transaction together: per tenant a scope,
+    two reads to plan its calls and one statement recording all its turns, whatever their
+    number; each record is its own turn's, in order."""
+    with psycopg.connect(db_url, cursor_factory=CountingCursor) as conn:
+        add_tool(conn)
+        runs = [new_run(conn, tools=["lookup_order"]) for _ in range(6)]
+        runs += [new_run(conn, tenant="tenant-b", tools=["lookup_order"]) for _ in range(3)]
+        turns = [
+            turn(run, 1, *[(f"c{i}{x}", "lookup_order", {"order_id": x}) for x in "ab"])
+            for i, run in enumerate(runs)
+        ]
+        CountingCursor.sent = 0
+        records = writer.record_model_turns(conn, turns)
+        assert CountingCursor.sent <= 2 * 4
+        for run, record in zip(runs, records, strict=True):
+            refs = conn.execute(
+                "SELECT array_agg(id ORDER BY position) FROM outbox.tool_calls WHERE run_id = %s",
+                [run.id],
+            ).fetchone()
+            assert record.created and refs is not None and record.tool_call_refs == refs[0]
+        assert count(conn, "outbox", "kind = 'tool_call'") == 18
+
+
 def test_bad_calls_become_error_results_not_exceptions(conn):
     add_tool(conn)
     run = new_run(conn, tools=["lookup_order"])
