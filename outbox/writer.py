@@ -338,10 +338,7 @@ def record_model_turns(db: Any, turns: list[ModelTurnIn]) -> list[TurnRecord]:
         tenancy.scope(conn, tenant_id)
         mine = [turns[i] for i in positions]
         planned = _plan_calls(conn, tenant_id, mine)
-        params = {
-            "turns": [Jsonb(_turn_fields(turn)) for turn in mine],
-            "calls": [Jsonb(calls_) for calls_ in planned],
-        }
+        params = {"turns": Jsonb([_turn_fields(turn) for turn in mine]), "calls": Jsonb(planned)}
         try:
             recorded = fetch_all(conn, Q.record_model_turns, params)
         except psycopg.Error as err:
