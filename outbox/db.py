@@ -43,7 +43,8 @@ def quote_ident(name: str) -> str:
 
 
 def home() -> Path:
-    return Path(os.environ.get("OUTBOX_HOME", ".outbox")).resolve()
+    # Set but empty is unset: "" would put the server's data in the current folder.
+    return Path(os.environ.get("OUTBOX_HOME") or ".outbox").resolve()
 
 
 @dataclass
