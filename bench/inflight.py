@@ -37,6 +37,7 @@ TOOL = "slow"
 SAMPLE_S = 0.25  # how often connections and memory are sampled
 SEED_COMMIT_EVERY = 500  # runs started per writer transaction
 TIMEOUT_FACTOR = 20  # give up after this many ideal walls (and at least two minutes)
+SETTLED_TIME_WAIT = 1000  # a case starts once the host has at most this many sockets closing
 
 
 class LatencyServer:
@@ -139,6 +140,7 @@ def measure(
 ) -> dict[str, Any]:
     """One measurement; returns its figures (see the module docstring)."""
     ideal = 2 * model_s + tool_s
+    settle_sockets()
     latency = LatencyServer(model_s, tool_s, calls)
     try:
         with bdb.scratch(server, f"inflight_{runs}") as url:
@@ -180,6 +182,31 @@ def measure(
         max_open_tool=stats["max_open_tool"],
     )
     return figures
+
+
+def settle_sockets(deadline_s: float = 90.0) -> None:
+    """Wait until the sockets an earlier case closed have left TIME_WAIT (Linux keeps them
+    60 s). A case right after another found ~18,000 of them holding local ports, and with
+    most of the range taken every new connection's port search cost the kernel more: the
+    second case measured the first one's leftovers."""
+    deadline = time.monotonic() + deadline_s
+    announced = False
+    while (waiting := _time_wait_sockets()) > SETTLED_TIME_WAIT and time.monotonic() < deadline:
+        if not announced:
+            stderr(f"  waiting for {waiting} sockets of the last case to leave TIME_WAIT")
+            announced = True
+        time.sleep(1)
+
+
+def _time_wait_sockets() -> int:
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                count += sum(1 for line in lines if line.split()[3:4] == ["06"])
+        except OSError:  # not Linux: nothing to wait for
+            pass
+    return count
 
 
 def _watch(
