@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import secrets
+import random
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -65,10 +65,18 @@ RESPONSE_PREVIEW_CHARS = 500
 
 
 def traceparent(correlation_id: str | None) -> str:
-    """A W3C traceparent whose trace id is derived from the correlation id."""
-    seed = correlation_id or secrets.token_hex(16)
-    trace_id = hashlib.sha256(seed.encode()).hexdigest()[:32]
-    return f"00-{trace_id}-{secrets.token_hex(8)}-01"
+    """A W3C traceparent whose trace id is derived from the correlation id.
+
+    Its ids need to be unique, not secret (W3C Trace Context asks for random ids, not
+    unpredictable ones): ``random`` draws them without the system call ``secrets`` makes
+    for each (``os.urandom``, which lets go of the GIL and waits to get it back: 2.5 % of
+    the event loop thread's samples with 10,000 runs in flight)."""
+    trace_id = (
+        hashlib.sha256(correlation_id.encode()).hexdigest()[:32]
+        if correlation_id
+        else f"{random.getrandbits(128):032x}"
+    )
+    return f"00-{trace_id}-{random.getrandbits(64) or 1:016x}-01"
 
 
 def request_headers(row: Claimed, secret: credentials.Secret | None) -> dict[str, str]:
