@@ -15,6 +15,7 @@ duplicate effects the tool counted by idempotency key (must be 0).
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -32,11 +33,13 @@ from bench import seed
 from bench.throughput import REPO, stderr
 from outbox import writer
 from outbox.schemas import StartRun
+from relay.config import RelayConfig
 
 TOOL = "slow"
 SAMPLE_S = 0.25  # how often connections and memory are sampled
 SEED_COMMIT_EVERY = 500  # runs started per writer transaction
 TIMEOUT_FACTOR = 20  # give up after this many ideal walls (and at least two minutes)
+MAX_CONCURRENCY = 12_000  # sockets the relay may hold, well within its 20,000 files here
 SETTLED_TIME_WAIT = 1000  # a case starts once the host has at most this many sockets closing
 
 
@@ -249,11 +252,20 @@ def _watch(
     }
 
 
+def concurrency_for(runs: int, calls: int) -> int:
+    """The relay's ``--concurrency`` for a case: every step of every run in flight at once.
+    One tenant may hold only ``tenant_share`` of it (the rest is kept for other tenants'
+    rows), so at 10,000 places 500 of 10,000 model turns waited for a whole turn of others
+    (5 s of the case's wall). At most ``MAX_CONCURRENCY``: each place may hold a socket."""
+    wanted = math.ceil(runs * calls / RelayConfig.tenant_share)
+    return min(wanted, MAX_CONCURRENCY)
+
+
 def run_cases(server: str, cases: list[tuple[int, float, float, int]], log: Path) -> list[Any]:
     """Each case is (runs, M, T, K); the relay may hold every effect of a step in flight."""
     results = []
     for runs, model_s, tool_s, calls in cases:
-        concurrency = min(runs * calls, 10_000)
+        concurrency = concurrency_for(runs, calls)
         stderr(f"runs in flight: {runs} runs, M={model_s}s, T={tool_s}s, K={calls}")
         figures = measure(server, runs, model_s, tool_s, calls, concurrency, log)
         stderr(

@@ -218,11 +218,19 @@ class Worker:
                 claims_inprocess=self.claims_inprocess,
             )
 
+    def _tenant_capped(self) -> bool:
+        """Whether a tenant holds as many rows as this relay lets one tenant hold."""
+        with self.lock:
+            cap = self.capacity.tenant_cap(self.claims_inprocess)
+            return any(n >= cap for n in self.held.values())
+
     def _delivery_room(self) -> int:
-        """How many deliveries a claim may take while the slots leave no room: they take no
-        slot (the claim loop hands them to their completer), so only the rows claimed and
-        not yet written bound them. A complete batch must not wait for other runs' slow
-        tool calls, but an empty claim costs as much as a small one: deliveries alone are
+        """How many deliveries a claim may take while the slots leave no room, or a tenant
+        is at its cap (``_tenant_capped``): they take no slot (the claim loop hands them to
+        their completer), so only the rows claimed and not yet written bound them. A
+        complete batch must not wait for other runs' slow tool calls (nor its tenant's:
+        with 10,000 runs of one tenant, 3,000 deliveries waited behind its tool calls for
+        seconds), but an empty claim costs as much as a small one: deliveries alone are
         claimed after a NOTIFY (a row was enqueued somewhere: a delivery when a batch
         completes) or after a claim that found as many as it could take, at most every
         ``DELIVERY_POLL_S``, and otherwise once a poll interval."""
@@ -231,16 +239,21 @@ class Worker:
             return 0
         if not self.notified.is_set() and since < self.cfg.poll_interval_s:
             return 0
-        with self.lock:
-            return max(0, min(INPROCESS_CHUNK, self.capacity.total - len(self.inflight)))
+        with self.lock:  # as many as a completer writes in one transaction
+            room = self.capacity.total - len(self.inflight)
+            return max(0, min(self.cfg.completion_batch, room))
 
     def _claim_loop(self) -> None:
         link = self.claim_link()
         empty = 0  # claims in a row that found nothing they could take
         while not self.stopping.is_set():
             free, kinds = self._free(), self.kinds
-            if free <= 0:
-                free, kinds = self._delivery_room(), DELIVERIES
+            if free <= 0 or self._tenant_capped():
+                # Deliveries take no place: neither full places nor a tenant at its cap
+                # (whose other rows the claim passes over) may hold them back.
+                room = self._delivery_room()
+                if room > 0 or free <= 0:
+                    free, kinds = room, DELIVERIES
             if free <= 0:
                 self.wake.wait(
                     DELIVERY_POLL_S if DELIVERY in self.kinds else self.cfg.poll_interval_s
@@ -281,6 +294,8 @@ class Worker:
         with self.lock:
             held = dict(self.held)
             tenant_cap = self.capacity.tenant_cap(self.claims_inprocess)
+        if kinds is DELIVERIES:  # they take no place: no tenant's cap binds them
+            held, tenant_cap = {}, limit
         with conn.cursor() as cur:
             cur.execute(
                 self.q.claim,
