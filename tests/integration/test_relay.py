@@ -234,9 +234,22 @@ def test_late_write_of_an_expired_lease_holder_is_fenced(db_url, tools):
     assert scalar(db_url, "SELECT output FROM outbox.tool_results") != {"late": True}
 
 
-def test_a_complete_batch_is_delivered_while_every_slot_is_busy(db_url, tools):
-    """With one slot, two slow calls fill the slot and the row waiting behind it; another
-    run's complete batch is still delivered at once, not after those calls."""
+@pytest.mark.parametrize(
+    "limits,started",
+    [
+        # one place: one slow call takes it, the other waits behind it
+        ({"concurrency": 1}, 1),
+        # places are free, but the tenant holds all one tenant may hold (2 of 4)
+        ({"concurrency": 4, "tenant_share": 0.5}, 2),
+    ],
+    ids=["every-place-busy", "tenant-at-its-cap"],
+)
+def test_a_complete_batch_is_delivered_while_slow_calls_hold_the_places(
+    db_url, tools, limits, started
+):
+    """Two slow calls hold what the relay may give (every place, or all a tenant may
+    hold); another run's complete batch of that tenant is still delivered at once, not
+    after those calls: a delivery takes no place."""
     from outbox.schemas import ToolResultIn
 
     tools.add_tool("slow", "key").stall_after_commit(5.0, n=None)
@@ -251,36 +264,8 @@ def test_a_complete_batch_is_delivered_while_every_slot_is_busy(db_url, tools):
             conn, ToolResultIn(tenant_id="acme", tool_call_ref=done, status="ok", output={})
         )
         conn.commit()
-    with relay_thread(db_url, concurrency=1):
-        wait_until(lambda: len(tools.tool("slow").deliveries) == 1, what="a slow call")
-        wait_until(
-            lambda: scalar(db_url, "SELECT count(*) FROM outbox.submissions") == 1,
-            what="the complete batch delivered",
-        )
-        results = "SELECT count(*) FROM outbox.tool_results WHERE tool_call_ref = ANY(%s)"
-        assert scalar(db_url, results, (slow,)) == 0  # both slow calls still in flight
-
-
-def test_a_complete_batch_is_delivered_while_its_tenant_is_at_its_cap(db_url, tools):
-    """Places are free but the tenant holds all this relay lets one tenant hold (its slow
-    calls): another run's complete batch of that tenant is still delivered at once, not
-    after those calls (a delivery takes no place)."""
-    from outbox.schemas import ToolResultIn
-
-    tools.add_tool("slow", "key").stall_after_commit(5.0, n=None)
-    with psycopg.connect(db_url) as conn:
-        register_tool(conn, tools, "slow", "key", timeout_s=10)
-        conn.commit()
-    slow = seed(db_url, ["slow"], runs=2, calls_per_batch=1, args=args)
-    (done,) = seed(db_url, ["slow"], runs=1, calls_per_batch=1, args=args)
-    with psycopg.connect(db_url) as conn:  # its result came from the backend
-        conn.execute("DELETE FROM outbox.outbox WHERE tool_call_ref = %s", (done,))
-        writer.record_tool_result(
-            conn, ToolResultIn(tenant_id="acme", tool_call_ref=done, status="ok", output={})
-        )
-        conn.commit()
-    with relay_thread(db_url, concurrency=4, tenant_share=0.5):  # a tenant holds 2 of 4
-        wait_until(lambda: len(tools.tool("slow").deliveries) == 2, what="both slow calls")
+    with relay_thread(db_url, **limits):
+        wait_until(lambda: len(tools.tool("slow").deliveries) == started, what="slow calls")
         wait_until(
             lambda: scalar(db_url, "SELECT count(*) FROM outbox.submissions") == 1,
             what="the complete batch delivered",
