@@ -2,9 +2,10 @@
 
 The relay owns the agent loop. A ``model_turn`` row carries a step number; its executor
 reads the run and the thread's history (replayed so every call has its result), calls an
-OpenAI-compatible server through the ``openai`` SDK with the run's tools, and returns the
-response as a ``ModelTurnIn``. The completer records it with ``writer.record_model_turn``
-in a fenced transaction, with the batch of tool-call intents and their outbox rows. Only
+OpenAI-compatible server with the run's tools (the request the ``openai`` SDK would send,
+posted by ``ModelServer``), and returns the response as a ``ModelTurnIn``. The completer
+records it with ``writer.record_model_turns``, together with the other turns of its fenced
+transaction, with the batch of tool-call intents and their outbox rows. Only
 one response is ever recorded per (run, step) (a unique constraint): a crash before the
 record may call the model again, never record twice; a turn already recorded is reused.
 
