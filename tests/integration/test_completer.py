@@ -228,3 +228,33 @@ def test_many_model_turns_in_one_transaction_are_recorded_together(db_url: str) 
     assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE kind = 'tool_call'") == 8
     # run 0's turn is still leased to the other worker; the others' rows are finished
     assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE kind = 'model_turn'") == 1
+
+
+def test_a_turn_that_cannot_be_recorded_does_not_stop_the_others(db_url: str) -> None:
+    """A turn the database refuses (here: it names another tenant than its run's) fails
+    the transaction it shares with others; the completer then writes each alone, so the
+    others are recorded and the refused one stays leased, inspectable, for lease expiry."""
+    import threading
+
+    with psycopg.connect(db_url) as conn:
+        add_tool(conn)
+        runs = [new_run(conn, tools=["lookup_order"]) for _ in range(3)]
+        conn.commit()
+    claimed = lease(db_url, WORKER, kind="model_turn")
+    worker = Worker(config(db_url, worker_id=WORKER))
+    outcomes = worker.outcomes[0]
+    for i, run in enumerate(runs):
+        answer = turn(run, 1, (f"c{i}", "lookup_order", {"order_id": "1"}))
+        if i == 1:
+            answer = answer.model_copy(update={"tenant_id": "someone-else"})
+        outcomes.put(Outcome(claimed[run.id], "turn", output=answer))
+    completer = threading.Thread(target=worker.completer.loop, args=(outcomes,))
+    completer.start()
+    outcomes.join()  # the completer went through all three, and is still alive
+    assert completer.is_alive()
+    worker.done.set()
+    completer.join(timeout=10)
+    recorded = "SELECT count(*) FROM outbox.model_turns WHERE run_id = %s"
+    assert [scalar(db_url, recorded, (run.id,)) for run in runs] == [1, 0, 1]
+    leased = "SELECT count(*) FROM outbox.outbox WHERE kind = 'model_turn' AND status = 'leased'"
+    assert scalar(db_url, leased) == 1
