@@ -164,12 +164,13 @@ class Completer:
         batch_ids = sorted({o.row.batch_id for o in outcomes if o.row.batch_id is not None})
         conn.execute(writer.Q.lock_batches, {"batch_ids": batch_ids})
         applied: list[str | None] = [None] * len(outcomes)
-        if results:
-            self._store_results(conn, outcomes, results, applied)
-        if deliveries:
-            self._deliver(conn, outcomes, deliveries, applied)
-        if turns:
-            self._record_turns(conn, outcomes, turns, applied)
+        for positions, kind, write_all in (
+            (results, "tool_call", self._store_results),
+            (deliveries, "deliver_batch", self._deliver),
+            (turns, "model_turn", self._record_turns),
+        ):
+            if positions:
+                self._set_based(conn, outcomes, positions, applied, kind, write_all)
         return [
             what if what is not None else self.apply(conn, outcome)
             for outcome, what in zip(outcomes, applied, strict=True)
@@ -194,55 +195,40 @@ class Completer:
         }
         return [(o, i) for o, i in zip(chosen, positions, strict=True) if o.row.id in kept]
 
-    def _deliver(
+    def _set_based(
         self,
         conn: psycopg.Connection[Any],
         outcomes: list[Outcome],
         positions: list[int],
         applied: list[str | None],
+        kind: str,
+        write_all: Callable[[psycopg.Connection[Any], list[Outcome]], list[str]],
     ) -> None:
-        """Deliver the batches of fenced ``deliver`` rows at once (``writer.deliver_batches``)."""
+        """Fence the rows at ``positions`` together and write the outcomes that passed
+        with ``write_all`` (what happened to each, in order); ``applied`` stays None for
+        the rows whose lease this worker lost, which ``apply`` journals."""
         passed = self._fence_many(conn, outcomes, positions)
         if not passed:
             return
-        delivered = writer.deliver_batches(
-            conn, [o.row.batch_id for o, _ in passed if o.row.batch_id]
-        )
-        for outcome, i in passed:
-            assert outcome.row.batch_id is not None
-            applied[i] = "delivered_" + delivered[outcome.row.batch_id].outcome
-        self.metrics.succeeded.labels("deliver_batch").inc(len(passed))
+        written = write_all(conn, [o for o, _ in passed])
+        for (_, i), what in zip(passed, written, strict=True):
+            applied[i] = what
+        self.metrics.succeeded.labels(kind).inc(len(passed))
 
-    def _record_turns(
-        self,
-        conn: psycopg.Connection[Any],
-        outcomes: list[Outcome],
-        positions: list[int],
-        applied: list[str | None],
-    ) -> None:
-        """Record the fenced model turns at ``positions`` together
-        (``writer.record_model_turns``: one statement writes them all)."""
-        passed = self._fence_many(conn, outcomes, positions)
-        if not passed:
-            return
-        records = writer.record_model_turns(conn, [o.output for o, _ in passed])
-        for (_, i), record in zip(passed, records, strict=True):
-            applied[i] = f"recorded_{record.run_status}" if record.created else "already_recorded"
-        self.metrics.succeeded.labels("model_turn").inc(len(passed))
+    def _deliver(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> list[str]:
+        """Deliver the batches of ``deliver`` rows at once (``writer.deliver_batches``)."""
+        batch_ids = [o.row.batch_id for o in outcomes if o.row.batch_id is not None]
+        delivered = writer.deliver_batches(conn, batch_ids)
+        return ["delivered_" + delivered[b].outcome for b in batch_ids]
 
-    def _store_results(
-        self,
-        conn: psycopg.Connection[Any],
-        outcomes: list[Outcome],
-        positions: list[int],
-        applied: list[str | None],
-    ) -> None:
-        """Store the fenced tool results at ``positions``; leaves ``applied`` None for the
-        rows whose lease this worker lost."""
-        worker = self.cfg.worker_id
-        passed = self._fence_many(conn, outcomes, positions)
-        if not passed:
-            return
+    def _record_turns(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> list[str]:
+        """Record model turns together (``writer.record_model_turns``: one statement
+        writes them all)."""
+        records = writer.record_model_turns(conn, [o.output for o in outcomes])
+        return [f"recorded_{r.run_status}" if r.created else "already_recorded" for r in records]
+
+    def _store_results(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> list[str]:
+        """Store terminal tool results with one call of ``record_tool_results_v1``."""
         results = [
             {
                 "ref": o.row.tool_call_ref,
@@ -253,13 +239,14 @@ class Completer:
                 "attempt": o.row.attempt,
                 "lag_s": round(max(0.0, o.row.lag_s), 4),
             }
-            for o, _ in passed
+            for o in outcomes
         ]
-        stored = {ref: what for ref, what, _ in writer.record_tool_results(conn, results, worker)}
-        for outcome, i in passed:
-            applied[i] = "result_" + stored.get(outcome.row.tool_call_ref or 0, "duplicate")
-        self.metrics.succeeded.labels("tool_call").inc(len(passed))
-        self.metrics.failed.inc(sum(1 for o, _ in passed if o.status == "error"))
+        stored = {
+            ref: what
+            for ref, what, _ in writer.record_tool_results(conn, results, self.cfg.worker_id)
+        }
+        self.metrics.failed.inc(sum(1 for o in outcomes if o.status == "error"))
+        return ["result_" + stored.get(o.row.tool_call_ref or 0, "duplicate") for o in outcomes]
 
     def _write_alone(self, link: Link, outcome: Outcome) -> None:
         """Write one outcome on its own; if even that fails, leave the row to lease expiry."""
@@ -418,7 +405,7 @@ class Completer:
             return "fenced"
         row = outcome.row
         self.metrics.succeeded.labels(row.kind).inc()
-        if outcome.action == "turn":  # reached only when _record_turns' fence refused it
+        if outcome.action == "turn":  # _record_turns writes turns; this one is a safe default
             record = writer.record_model_turn(conn, outcome.output)
             return f"recorded_{record.run_status}" if record.created else "already_recorded"
         if outcome.action == "skip":
