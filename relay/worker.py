@@ -247,7 +247,8 @@ class Worker:
         link = self.claim_link()
         empty = 0  # claims in a row that found nothing they could take
         while not self.stopping.is_set():
-            free, kinds = self._free(), self.kinds
+            places = self._free()
+            free, kinds = places, self.kinds
             if free <= 0 or self._tenant_capped():
                 # Deliveries take no place: neither full places nor a tenant at its cap
                 # (whose other rows the claim passes over) may hold them back.
@@ -276,7 +277,9 @@ class Worker:
                 self.notified.set()  # there may be more
             self._dispatch(rows)
             empty = 0 if rows else empty + 1
-            if len(rows) < free:
+            # Deliveries claimed while a tenant is at its cap: other tenants' rows next, at
+            # once (the wake that brought one may have been spent on the deliveries).
+            if len(rows) < free and not (kinds is DELIVERIES and places > 0):
                 self.wake.wait(
                     DELIVERY_POLL_S if kinds is DELIVERIES else self._idle_wait(link, empty)
                 )
