@@ -37,7 +37,7 @@ from outbox.logs import log
 from relay.executors import ToolExecutor
 from relay.model import DEFAULT_BASE_URL, ModelExecutor, ModelServer
 from relay.outcomes import Claimed, Outcome, retry
-from relay.poster import SHARD_CONNECTIONS, AsyncioBackend, Poster
+from relay.poster import SHARD_CONNECTIONS, Connector, Poster
 from relay.preparer import Preparer
 from relay.webhook import WebhookExecutor
 
@@ -126,7 +126,7 @@ class Engine:
         self.finished = finished
         self.started = started
         self.tasks: set[asyncio.Task[None]] = set()
-        self.network = AsyncioBackend()  # shared: it paces the opening of connections
+        self.network = Connector()  # shared: it paces the opening of connections
         self.http = Shards(self.shards, lambda: Poster(self.network))
         self.models: dict[tuple[str | None, str], Shards] = {}
         tools = ToolExecutor(self.http.acquire, preparer.mark, threads)

@@ -1,232 +1,348 @@
-"""A POST through ``httpcore2`` on asyncio: what the relay's effects send, at the least CPU.
+"""A POST over HTTP/1.1 on asyncio, at the least CPU: what the relay's effects send.
 
 Every model turn and HTTP tool call of a relay process is a request on its one event
-loop, so each request's CPU is the relay's throughput. Measured per request on this 2-core
-machine under load (4,000 POSTs, 400 at once; docs/benchmarks.md, 2026-11-25):
+loop, so each request's CPU is the relay's throughput: in the runs-in-flight bench the
+loop thread was the relay's bottleneck, and 70 % of it was the request path. Measured per
+request (``python -m bench.http_client``, docs/benchmarks.md):
 
 | path | CPU per request |
 |---|---:|
-| the ``openai`` SDK's client (model calls, until 2026-11-25) | 3.0 ms |
+| the ``openai`` SDK's client | 3.0 ms |
 | ``httpx2.AsyncClient.post`` | 1.9-2.1 ms |
-| ``httpx2``'s transport alone | 1.5-1.7 ms |
-| ``httpcore2``'s pool on its default network backend (``anyio``) | 1.3-1.5 ms |
-| ``httpcore2``'s pool on ``AsyncioBackend`` (here) | 0.9-1.2 ms |
+| ``httpcore2``'s pool on asyncio's streams (until 2026-11-26) | 0.9-1.2 ms |
+| this module | see docs/benchmarks.md |
 
-The layers above ``httpcore2`` do what the relay does not use (URL merging, auth,
-redirects, cookies, event hooks), and ``anyio``'s cancel scopes, typed attributes and task
-lookups cost a fifth of a request: this thread only ever runs asyncio, so the network
-backend is asyncio's own streams, with ``asyncio.timeout`` for each phase. It is the same
-HTTP stack (``httpcore2``'s connection pool, HTTP/1.1 by ``h11``); only the socket layer is
-asyncio's. To the executors ``Poster.post`` looks like ``httpx2.AsyncClient.post``: the
-answer is an ``httpx2.Response`` (read whole) and the errors are ``httpx2``'s
-(``ConnectError``, ``ReadTimeout``, ...: the classes the executors' failure classes are
-built on, translated one to one from ``httpcore2``'s, which have the same names).
+What the relay sends is narrow: a POST of a body it holds whole, with a few headers, to
+a server that answers with a status, headers and a body it reads whole. A connection
+here is an ``asyncio.Protocol`` that parses the answer as its bytes arrive (status line,
+headers, then the body by ``content-length``, ``chunked``, or up to the server's end)
+and hands it over when complete; there are no layers of events, locks or streams per
+request. To the executors ``Poster.post`` looks like ``httpx2.AsyncClient.post``: the
+answer is an ``httpx2.Response`` and the errors are ``httpx2``'s classes, which the
+executors' failure classes are built on: ``ConnectError``/``ConnectTimeout`` only when
+the request was certainly not sent, ``ReadTimeout``/``WriteTimeout`` and
+``RemoteProtocolError``/``ReadError`` when it was (or may have been) sent and no whole
+answer came.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json as jsonlib
 import select
 import ssl
-from collections.abc import Iterable
 from typing import Any
+from urllib.parse import quote, urlsplit
 
-import httpcore2
 import httpx2
 
-SHARD_CONNECTIONS = 4  # connections per pool (relay.engine.Shards says why so few)
-TLS = ssl.create_default_context()  # shared: a context per pool took milliseconds to build
-READ_CHUNK = 65536  # bytes; what httpcore2 asks for per read
-CONNECTING = 64  # connections being opened at once per process (AsyncioBackend says why)
+SHARD_CONNECTIONS = 4  # connections kept per poster (relay.engine.Shards says why so few)
+TLS = ssl.create_default_context()  # shared: a context per poster took milliseconds to build
+CONNECTING = 64  # connections being opened at once per process (Connector says why)
+MAX_HEAD = 64 * 1024  # bytes of status line and headers an answer may have
+URL_SAFE = "!#$%&'()*+,/:;=?@[]~"  # kept as they are in a URL's path and query (others %-encoded)
+UNTIL_END = -1  # an answer without length or chunks: its body ends with the connection
+TRAILERS = -2  # a chunked answer after its last chunk
+HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 
-class AsyncioStream(httpcore2.AsyncNetworkStream):
-    """A connection for ``httpcore2``: an asyncio stream pair."""
+class Answer:
+    """An HTTP/1.1 response parsed from its bytes as they arrive (``feed``)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.status = 0  # 0 until the head is read
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = bytearray()
+        self.length = 0  # body bytes still to read (of the answer or the chunk), or as below
+        self.chunked = False
+        self.reusable = True
+        self.complete = False
 
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        try:
-            async with asyncio.timeout(timeout):
-                return await self.reader.read(max_bytes)
-        except TimeoutError as err:
-            raise httpcore2.ReadTimeout(err) from err
-        except OSError as err:
-            raise httpcore2.ReadError(err) from err
+    def feed(self, data: bytes) -> bool:
+        """Take the next bytes; whether the answer is complete. Raises
+        ``httpx2.RemoteProtocolError`` for what is not HTTP/1.1."""
+        self.buffer += data
+        while not self.status:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buffer) > MAX_HEAD:
+                    raise httpx2.RemoteProtocolError(f"answer head over {MAX_HEAD} bytes")
+                return False
+            head = bytes(self.buffer[:end])
+            del self.buffer[: end + 4]
+            self._head(head)
+        if self.chunked:
+            return self._chunks()
+        if self.length == UNTIL_END:
+            self.body += self.buffer
+            self.buffer.clear()
+            return False
+        take = min(self.length, len(self.buffer))
+        self.body += self.buffer[:take]
+        del self.buffer[:take]
+        self.length -= take
+        if self.length == 0:
+            self._done()
+        return self.complete
 
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        if not buffer:
+    def end(self) -> bool:
+        """The server ended the connection; whether that completes the answer."""
+        if self.status and not self.chunked and self.length == UNTIL_END:
+            self._done()
+        return self.complete
+
+    def _head(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        version, _, rest = lines[0].partition(b" ")
+        code, space = rest[:3], rest[3:4]
+        if not version.startswith(b"HTTP/1.") or not code.isdigit() or space not in b" ":
+            raise httpx2.RemoteProtocolError(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
+        status = int(code)
+        headers = []
+        length: int | None = None
+        chunked = False
+        reusable = version == b"HTTP/1.1"
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if not colon or not name or name != name.strip():
+                raise httpx2.RemoteProtocolError(f"malformed header line: {line[:80]!r}")
+            value = value.strip(b" \t")
+            headers.append((name, value))
+            lowered = name.lower()
+            if lowered == b"content-length":
+                if not value.isdigit() or (length is not None and int(value) != length):
+                    raise httpx2.RemoteProtocolError(f"bad content-length: {value[:40]!r}")
+                length = int(value)
+            elif lowered == b"transfer-encoding":
+                chunked = value.lower().rsplit(b",", 1)[-1].strip() == b"chunked"
+                if not chunked:
+                    raise httpx2.RemoteProtocolError(f"unsupported transfer-encoding: {value!r}")
+            elif lowered == b"connection" and b"close" in value.lower():
+                reusable = False
+        if 100 <= status < 200:  # informational (100 Continue): the answer follows
+            return
+        if chunked and length is not None:  # chunks rule; the connection is suspect
+            reusable = False
+        self.status, self.headers, self.reusable = status, headers, reusable
+        if status in (204, 304):
+            self.length = 0
+        elif chunked:
+            self.chunked = True
+        elif length is not None:
+            self.length = length
+        else:
+            self.length = UNTIL_END
+            self.reusable = False
+        if self.length == 0 and not self.chunked:
+            self._done()
+
+    def _chunks(self) -> bool:
+        buffer = self.buffer
+        while True:
+            if self.length > 0:  # inside a chunk: its data, then CRLF
+                if len(buffer) < self.length + 2:
+                    return False
+                if buffer[self.length : self.length + 2] != b"\r\n":
+                    raise httpx2.RemoteProtocolError("a chunk does not end with CRLF")
+                self.body += buffer[: self.length]
+                del buffer[: self.length + 2]
+                self.length = 0
+            end = buffer.find(b"\r\n")
+            if end < 0:
+                return False
+            if self.length == TRAILERS:  # after the last chunk: up to an empty line
+                if end == 0:
+                    del buffer[:2]
+                    self._done()
+                    return True
+                del buffer[: end + 2]
+                continue
+            size = buffer[:end].split(b";", 1)[0].strip(b" \t")
+            if not size or size.strip(HEX_DIGITS) or len(size) > 16:
+                raise httpx2.RemoteProtocolError(f"bad chunk size: {bytes(size[:20])!r}")
+            self.length = int(size, 16) or TRAILERS  # 0: the last chunk, trailers follow
+            del buffer[: end + 2]
+
+    def _done(self) -> None:
+        self.complete = True
+        if self.buffer:  # more than the answer: the connection is out of step
+            self.reusable = False
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection, one request at a time. The server's end closes
+    it at once: asyncio would keep the socket half-open (it might still be written to),
+    and between two waves of thousands of model turns the relay held thousands of such
+    sockets, each a descriptor and a local port (with most ports taken, opening the next
+    wave cost the kernel about half a millisecond a connection)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.poller: Any = None
+        self.closed = False
+        self.answer: Answer | None = None
+        self.waiter: asyncio.Future[Answer] | None = None
+        self.deadline: asyncio.Timeout | None = None
+        self.timeout = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and hasattr(select, "poll"):
+            self.poller = select.poll()
+            self.poller.register(sock.fileno(), select.POLLIN)
+
+    def data_received(self, data: bytes) -> None:
+        answer, waiter = self.answer, self.waiter
+        if answer is None or waiter is None or waiter.done():
+            self.close()  # bytes nobody asked for: the connection is out of step
             return
         try:
-            async with asyncio.timeout(timeout):
-                self.writer.write(buffer)
-                await self.writer.drain()
-        except TimeoutError as err:
-            raise httpcore2.WriteTimeout(err) from err
-        except OSError as err:
-            raise httpcore2.WriteError(err) from err
-
-    async def aclose(self) -> None:
-        self.writer.close()
-
-    async def start_tls(
-        self,
-        ssl_context: ssl.SSLContext,
-        server_hostname: str | None = None,
-        timeout: float | None = None,
-    ) -> httpcore2.AsyncNetworkStream:
-        try:
-            async with asyncio.timeout(timeout):
-                await self.writer.start_tls(ssl_context, server_hostname=server_hostname)
-        except TimeoutError as err:
-            self.writer.close()
-            raise httpcore2.ConnectTimeout(err) from err
-        except (OSError, ssl.SSLError) as err:
-            self.writer.close()
-            raise httpcore2.ConnectError(err) from err
-        return self
-
-    def get_extra_info(self, info: str) -> Any:
-        if info == "is_readable":  # an idle keep-alive connection the server closed?
-            # Asked before a connection is reused. The stream shows an end asyncio has
-            # read; the socket (polled, as httpcore2's own backends do) one that arrived
-            # since the loop last looked: a closed peer keeps a socket readable.
-            sock = self.writer.get_extra_info("socket")
-            return (
-                self.reader.at_eof() or self.writer.is_closing() or sock is None or _readable(sock)
-            )
-        return self.writer.get_extra_info(
-            {
-                "ssl_object": "ssl_object",
-                "client_addr": "sockname",
-                "server_addr": "peername",
-                "socket": "socket",
-            }.get(info, info)
-        )
-
-
-def _readable(sock: Any) -> bool:
-    """Whether a read would not block: data or the peer's end is waiting (no wait here)."""
-    try:
-        if not hasattr(select, "poll"):  # Windows: select(), which sees fds under 1,024 only
-            return bool(select.select([sock], [], [], 0)[0])
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-        return bool(poller.poll(0))
-    except (OSError, ValueError):  # closed meanwhile: as good as readable
-        return True
-
-
-class ClosingProtocol(asyncio.StreamReaderProtocol):
-    """``asyncio.open_connection``'s protocol, but a connection the server ends is closed
-    at once. asyncio keeps a socket half-open after the peer's end (it might still be
-    written to), and a pool only looks at an idle connection when it next hands it out:
-    with servers that end idle keep-alive connections after a few seconds (uvicorn: 5 s),
-    a relay between two waves of thousands of model turns held thousands of such sockets,
-    each a file descriptor and a local port. With most local ports taken, every new
-    connection's port search cost the kernel about half a millisecond (measured: the
-    event loop thread spent 80 % of its time in the kernel while it opened the second
-    wave). What the server sent before its end stays readable."""
+            complete = answer.feed(data)
+        except httpx2.RemoteProtocolError as err:
+            self._fail(err)
+            return
+        if complete:
+            waiter.set_result(answer)
+        elif self.deadline is not None and self.loop is not None:
+            # the read timeout counts from the latest bytes
+            self.deadline.reschedule(self.loop.time() + self.timeout)
 
     def eof_received(self) -> bool:
-        super().eof_received()
+        answer, waiter = self.answer, self.waiter
+        if answer is not None and waiter is not None and not waiter.done():
+            if answer.end():
+                waiter.set_result(answer)
+            elif answer.status:
+                self._fail(httpx2.RemoteProtocolError("the server ended the answer early"))
+            else:
+                self._fail(httpx2.RemoteProtocolError("the server ended without an answer"))
+        self.closed = True
         return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.waiter is not None and not self.waiter.done():
+            if exc is None:
+                self._fail(httpx2.RemoteProtocolError("the connection closed without an answer"))
+            else:
+                self._fail(httpx2.ReadError(f"{type(exc).__name__}: {exc}"))
+
+    def usable(self) -> bool:
+        """Whether it can carry a request: open, and nothing (the server's end, which asyncio
+        has not read yet) waiting on its socket. Polled as httpcore's backends poll."""
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return False
+        try:
+            return self.poller is None or not self.poller.poll(0)
+        except (OSError, ValueError):
+            return False
+
+    async def request(self, data: bytes, timeout: float) -> Answer:
+        """Send ``data`` (a whole request) and wait for its whole answer; no bytes may
+        arrive for ``timeout`` seconds."""
+        if self.closed or self.transport is None:  # ended by the server since it was opened
+            raise httpx2.ConnectError("the server closed the connection before the request")
+        self.loop = asyncio.get_running_loop()
+        self.answer, self.waiter, self.timeout = Answer(), self.loop.create_future(), timeout
+        self.transport.write(data)
+        try:
+            async with asyncio.timeout(timeout) as self.deadline:
+                return await self.waiter
+        except TimeoutError as err:
+            if self.transport.get_write_buffer_size():
+                raise httpx2.WriteTimeout(f"request not sent within {timeout}s") from err
+            raise httpx2.ReadTimeout(f"no answer within {timeout}s") from err
+        finally:
+            self.deadline = None
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def _fail(self, err: Exception) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(err)
+        self.close()
+
+
+@functools.lru_cache(maxsize=4096)
+def _target(url: str) -> tuple[tuple[str, int, bool], bytes]:
+    """``url`` as its origin (host, port, TLS?) and the request's first two lines."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise httpx2.UnsupportedProtocol(f"not an http:// or https:// URL: {url!r}")
+    tls = parts.scheme == "https"
+    host = parts.hostname.encode("idna").decode()
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    if parts.port:
+        host += f":{parts.port}"
+    path = quote(parts.path or "/", safe=URL_SAFE)
+    if parts.query:
+        path += "?" + quote(parts.query, safe=URL_SAFE)
+    head = f"POST {path} HTTP/1.1\r\nhost: {host}\r\n"
+    return (parts.hostname, parts.port or (443 if tls else 80), tls), head.encode()
+
+
+def _headers(headers: dict[str, str], length: int) -> bytes:
+    text = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    # one CR and one LF per line, or a name or value holds a line break (a header of ours
+    # injected by whoever wrote it)
+    if text.count("\n") != len(headers) or text.count("\r") != len(headers):
+        raise httpx2.LocalProtocolError("a header name or value holds a line break")
+    return text.encode() + b"content-length: %d\r\n\r\n" % length
 
 
 async def open_connection(
-    host: str, port: int, local: tuple[str, int] | None
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """``asyncio.open_connection``, on a ``ClosingProtocol``."""
+    host: str, port: int, tls: ssl.SSLContext | None
+) -> tuple[asyncio.BaseTransport, Connection]:
+    """A connection to ``host:port``, over TLS (verified for ``host``) if ``tls``."""
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
-    transport, protocol = await loop.create_connection(
-        lambda: ClosingProtocol(reader, loop=loop), host, port, local_addr=local
-    )
-    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+    return await loop.create_connection(Connection, host, port, ssl=tls)
 
 
-class AsyncioBackend(httpcore2.AsyncNetworkBackend):
-    """``httpcore2``'s network backend on asyncio's streams (see the module docstring).
-
-    At most ``CONNECTING`` connections of the process are being opened at once (all its
-    pools share this backend): a relay that claims thousands of effects together would
-    otherwise open thousands of connections in one burst, overflow the server's accept
-    queue, and have the kernel reset connections that already carried a request (seen:
-    every one of 10,000 requests failed, ``Broken pipe``), an ambiguous outcome for each
-    call. Requests on open connections are not held back.
-    """
+class Connector:
+    """Opens the connections of every poster of a process, at most ``CONNECTING`` at once:
+    a relay that claims thousands of effects together would otherwise open thousands of
+    connections in one burst, overflow the server's accept queue, and have the kernel
+    reset connections that already carried a request (seen: every one of 10,000 requests
+    failed, ``Broken pipe``), an ambiguous outcome for each call. Requests on open
+    connections are not held back."""
 
     def __init__(self) -> None:
         self.connecting: asyncio.Semaphore | None = None  # made on the loop that uses it
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore2.AsyncNetworkStream:
-        local = (local_address, 0) if local_address else None
+    async def connect(
+        self, origin: tuple[str, int, bool], tls: ssl.SSLContext, timeout: float
+    ) -> Connection:
+        host, port, secure = origin
         if self.connecting is None:
             self.connecting = asyncio.Semaphore(CONNECTING)
         try:
             async with asyncio.timeout(timeout), self.connecting:
-                reader, writer = await open_connection(host, port, local)
+                _, connection = await open_connection(host, port, tls if secure else None)
         except TimeoutError as err:
-            raise httpcore2.ConnectTimeout(err) from err
-        except OSError as err:
-            raise httpcore2.ConnectError(err) from err
-        sock = writer.get_extra_info("socket")
-        for option in socket_options or ():
-            sock.setsockopt(*option)
-        return AsyncioStream(reader, writer)
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-
-# httpcore2's errors as httpx2's: the same names, one to one (subclasses first).
-_AS_HTTPX: list[tuple[type[Exception], type[httpx2.TransportError]]] = [
-    (httpcore2.PoolTimeout, httpx2.PoolTimeout),
-    (httpcore2.ConnectTimeout, httpx2.ConnectTimeout),
-    (httpcore2.ReadTimeout, httpx2.ReadTimeout),
-    (httpcore2.WriteTimeout, httpx2.WriteTimeout),
-    (httpcore2.TimeoutException, httpx2.TimeoutException),
-    (httpcore2.ConnectError, httpx2.ConnectError),
-    (httpcore2.ReadError, httpx2.ReadError),
-    (httpcore2.WriteError, httpx2.WriteError),
-    (httpcore2.NetworkError, httpx2.NetworkError),
-    (httpcore2.RemoteProtocolError, httpx2.RemoteProtocolError),
-    (httpcore2.LocalProtocolError, httpx2.LocalProtocolError),
-    (httpcore2.ProtocolError, httpx2.ProtocolError),
-    (httpcore2.ProxyError, httpx2.ProxyError),
-    (httpcore2.UnsupportedProtocol, httpx2.UnsupportedProtocol),
-]
-
-
-def as_httpx(err: Exception) -> Exception:
-    """``httpx2``'s class for one of ``httpcore2``'s errors (others as they are)."""
-    for core, ours in _AS_HTTPX:
-        if isinstance(err, core):
-            return ours(str(err) or type(err).__name__)
-    return err
+            raise httpx2.ConnectTimeout(f"not connected within {timeout}s") from err
+        except OSError as err:  # refused, unreachable, and TLS refused (ssl.SSLError)
+            raise httpx2.ConnectError(f"{type(err).__name__}: {err}") from err
+        return connection
 
 
 class Poster:
-    """POSTs through one ``httpcore2`` pool of ``SHARD_CONNECTIONS`` connections:
-    ``httpx2.AsyncClient.post``'s answer and errors, without the client's layers."""
+    """POSTs, each on a kept-alive connection of this poster when one is free (the most
+    recently used first) and a new one otherwise; at most ``SHARD_CONNECTIONS`` are kept."""
 
-    def __init__(self, backend: AsyncioBackend | None = None, tls: ssl.SSLContext = TLS) -> None:
-        self.pool = httpcore2.AsyncConnectionPool(
-            ssl_context=tls,
-            max_connections=SHARD_CONNECTIONS,
-            max_keepalive_connections=SHARD_CONNECTIONS,
-            network_backend=backend or AsyncioBackend(),
-        )
+    def __init__(self, connector: Connector | None = None, tls: ssl.SSLContext = TLS) -> None:
+        self.connector = connector or Connector()
+        self.tls = tls
+        self.idle: dict[tuple[str, int, bool], list[Connection]] = {}
+        self.busy: set[Connection] = set()
 
     async def post(
         self,
@@ -237,20 +353,46 @@ class Poster:
         content: bytes | None = None,
         headers: dict[str, str] | None = None,
     ) -> httpx2.Response:
-        """``timeout`` (seconds) bounds each phase: connect, write, each read, pool wait.
-        ``json`` is sent as ``application/json`` (compact, as ``httpx2`` sends it)."""
-        sent: dict[bytes | str, bytes | str] = dict((headers or {}).items())
+        """``timeout`` (seconds) bounds the connect, the send, and each wait for bytes of
+        the answer. ``json`` is sent as ``application/json`` (compact, as ``httpx2``)."""
+        origin, line = _target(url)
+        sent = dict(headers or {})
         if content is None:
             content = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode()
             sent.setdefault("content-type", "application/json")
-        phases = {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+        data = line + _headers(sent, len(content)) + content
+        connection = self._kept(origin) or await self.connector.connect(origin, self.tls, timeout)
+        self.busy.add(connection)
         try:
-            answer = await self.pool.request(
-                "POST", url, headers=sent, content=content, extensions={"timeout": phases}
-            )
-        except Exception as err:
-            raise as_httpx(err) from err
-        return httpx2.Response(answer.status, headers=answer.headers, content=answer.content)
+            answer = await connection.request(data, timeout)
+        except BaseException:
+            connection.close()
+            raise
+        finally:
+            self.busy.discard(connection)
+        self._keep(origin, connection, answer.reusable)
+        return httpx2.Response(answer.status, headers=answer.headers, content=bytes(answer.body))
+
+    def _kept(self, origin: tuple[str, int, bool]) -> Connection | None:
+        idle = self.idle.get(origin)
+        while idle:
+            connection = idle.pop()
+            if connection.usable():
+                return connection
+            connection.close()
+        return None
+
+    def _keep(self, origin: tuple[str, int, bool], connection: Connection, reusable: bool) -> None:
+        idle = self.idle.setdefault(origin, [])
+        if reusable and not connection.closed and len(idle) < SHARD_CONNECTIONS:
+            idle.append(connection)
+        else:
+            connection.close()
 
     async def aclose(self) -> None:
-        await self.pool.aclose()
+        for idle in self.idle.values():
+            for connection in idle:
+                connection.close()
+        self.idle.clear()
+        for connection in list(self.busy):
+            connection.close()

@@ -1,10 +1,12 @@
-"""relay.poster against real sockets on loopback: httpx2's answers and errors, keep-alive."""
+"""relay.poster against real sockets on loopback: httpx2's answers and errors, keep-alive,
+and its parser of answers against whatever pieces and framings a server sends."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
 import ipaddress
+import itertools
 import json
 import socket
 import ssl
@@ -12,11 +14,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx2
+import hypothesis
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from hypothesis import strategies as st
 
 from relay import poster as poster_module
 from relay.poster import Poster
@@ -207,7 +211,7 @@ def test_a_burst_of_requests_opens_its_connections_a_few_at_a_time(monkeypatch):
 
     async def main() -> list[int]:
         server, url = await serve(handler)
-        backend = poster_module.AsyncioBackend()
+        backend = poster_module.Connector()
         posters = [Poster(backend) for _ in range(100)]  # as the engine's shards share one
         try:
             answers = await asyncio.gather(
@@ -298,3 +302,244 @@ def test_https_is_verified_and_an_untrusted_server_is_never_sent_the_request(tmp
     assert statuses == [200, 200]
     assert isinstance(refused, httpx2.ConnectError)
     assert len(received) == 2  # the untrusted server never saw a request
+
+
+def _framed(body: bytes, framing: str) -> bytes:
+    """``body`` as a whole HTTP/1.1 answer in ``framing``."""
+    if framing == "content-length":
+        return answer(body)
+    if framing == "chunked":
+        chunks = b"".join(
+            b"%x;ext=1\r\n%b\r\n" % (len(body[i : i + 7]), body[i : i + 7])
+            for i in range(0, len(body), 7)
+        )
+        return (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunks
+            + b"0\r\nx-trailer: 1\r\n\r\n"
+        )
+    if framing == "until the end":  # no length: the body ends with the connection
+        return b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n" + body
+    if framing == "after 100 Continue":
+        return b"HTTP/1.1 100 Continue\r\n\r\n" + answer(body)
+    raise AssertionError(framing)
+
+
+@pytest.mark.parametrize(
+    "framing", ["content-length", "chunked", "until the end", "after 100 Continue"]
+)
+@pytest.mark.parametrize("piecewise", [False, True], ids=["at once", "byte by byte"])
+def test_an_answer_in_any_framing_is_read_whole(framing, piecewise):
+    body = json.dumps({"text": "é" * 40, "n": list(range(20))}).encode()
+    wire = _framed(body, framing)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        for piece in [wire[i : i + 1] for i in range(len(wire))] if piecewise else [wire]:
+            writer.write(piece)
+            await writer.drain()
+        if framing == "until the end":
+            writer.close()
+        await reader.read()  # keep-alive: until the client goes
+        writer.close()
+
+    async def main() -> httpx2.Response:
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            return await poster.post(url, json={}, timeout=5)
+        finally:
+            await poster.aclose()
+            server.close()
+
+    response = asyncio.run(main())
+    assert response.status_code == 200
+    assert response.content == body
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(
+    body=st.binary(max_size=300),
+    chunk_sizes=st.lists(st.integers(1, 50), min_size=1, max_size=10),
+    cuts=st.lists(st.integers(0, 400), max_size=12),
+    chunked=st.booleans(),
+)
+def test_an_answer_cut_anywhere_parses_to_its_body(body, chunk_sizes, cuts, chunked):
+    """The parser sees an answer in whatever pieces the network delivers it."""
+    if chunked:
+        pieces, i, n = [], 0, 0
+        while i < len(body):
+            size = chunk_sizes[n % len(chunk_sizes)]
+            pieces.append(b"%X\r\n%b\r\n" % (len(body[i : i + size]), body[i : i + size]))
+            i, n = i + size, n + 1
+        wire = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"".join(pieces)
+        wire += b"0\r\n\r\n"
+    else:
+        wire = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+    bounds = sorted({min(c, len(wire)) for c in cuts} | {0, len(wire)})
+    parsed = poster_module.Answer()
+    done = [parsed.feed(wire[a:b]) for a, b in itertools.pairwise(bounds)]
+    assert done[-1] and not any(done[:-1])
+    assert bytes(parsed.body) == body
+    assert parsed.reusable
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"HTTP/2 200 OK\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 2000 OK\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length : 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0x2\r\n{}\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+    ],
+    ids=[
+        "not HTTP/1",
+        "four-digit status",
+        "header without colon",
+        "space before colon",
+        "two lengths",
+        "prefixed chunk size",
+        "chunk without CRLF",
+        "not chunked",
+    ],
+)
+def test_an_answer_that_is_not_http_1_1_is_a_remote_protocol_error(wire):
+    """Sent and answered with something unreadable: ambiguous for the executors, and the
+    connection is not reused."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(wire)
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    async def main() -> None:
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            await poster.post(url, json={}, timeout=5)
+        finally:
+            await poster.aclose()
+            server.close()
+
+    with pytest.raises(httpx2.RemoteProtocolError):
+        asyncio.run(main())
+
+
+def test_a_header_with_a_line_break_is_refused_before_anything_is_sent():
+    received: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await reader.read())
+        writer.close()
+
+    async def main() -> None:
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            await poster.post(url, json={}, headers={"x-a": "1\r\nx-injected: 2"}, timeout=5)
+        finally:
+            await poster.aclose()
+            server.close()
+
+    with pytest.raises(httpx2.LocalProtocolError):
+        asyncio.run(main())
+    assert received in ([], [b""])
+
+
+def test_keep_alive_connections_are_reused_until_the_server_says_close():
+    """Requests one after another share a connection; an answer saying ``connection:
+    close`` ends it, and the next request opens another."""
+    requests_per_connection: list[int] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests_per_connection.append(0)
+        for n in range(1, 4):
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            requests_per_connection[-1] += 1
+            writer.write(answer(b'{"ok": true}', close=n == 3))
+            await writer.drain()
+        writer.close()
+
+    async def main() -> list[int]:
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            for _ in range(5):
+                assert (await poster.post(url, json={}, timeout=5)).status_code == 200
+            return requests_per_connection
+        finally:
+            await poster.aclose()
+            server.close()
+
+    assert asyncio.run(main()) == [3, 2]
+
+
+def test_the_read_timeout_counts_from_the_latest_bytes():
+    """``timeout`` bounds each wait for bytes, as ``httpx2``'s read timeout: an answer
+    trickling in for longer than the timeout, but never silent for that long, is read."""
+    body = b'{"ok": true}'
+    wire = answer(body)
+    pieces = [wire[: len(wire) // 3], wire[len(wire) // 3 : -3], wire[-3:]]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        for piece in pieces:
+            await asyncio.sleep(0.8)
+            writer.write(piece)
+            await writer.drain()
+        await reader.read()
+        writer.close()
+
+    async def main() -> httpx2.Response:
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            return await poster.post(url, json={}, timeout=2)  # 2.4 s in all
+        finally:
+            await poster.aclose()
+            server.close()
+
+    assert asyncio.run(main()).content == body
+
+
+@pytest.mark.parametrize(
+    ("url", "line"),
+    [
+        ("http://127.0.0.1:{port}/a b/é?q=1 2", b"POST /a%20b/%C3%A9?q=1%202 HTTP/1.1"),
+        ("http://user:pw@127.0.0.1:{port}", b"POST / HTTP/1.1"),
+    ],
+)
+def test_the_request_line_is_a_valid_one_for_any_url(url, line):
+    heads: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        heads.append(head)
+        await reader.readexactly(2)
+        writer.write(answer(b"{}", close=True))
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        poster = Poster()
+        try:
+            await poster.post(url.format(port=port), json={}, timeout=5)
+        finally:
+            await poster.aclose()
+            server.close()
+
+    asyncio.run(main())
+    first, host = heads[0].split(b"\r\n")[:2]
+    assert first == line
+    assert host.lower().startswith(b"host: 127.0.0.1:")
