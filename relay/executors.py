@@ -36,7 +36,6 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from contextlib import AbstractAsyncContextManager
 
 import httpx2
 
@@ -97,11 +96,10 @@ def request_headers(row: Claimed, secret: credentials.Secret | None) -> dict[str
 
 
 MarkDispatched = Callable[[Claimed], Awaitable[bool]]
-PickClient = Callable[[], AbstractAsyncContextManager[Poster]]
 
 
 class ToolExecutor:
-    """Runs ``tool_call`` rows: HTTP tools on the engine's clients, python tools in-process.
+    """Runs ``tool_call`` rows: HTTP tools through the engine's poster, python tools in-process.
 
     ``mark_dispatched`` is the fenced write of the module docstring, batched with other
     rows' by ``relay.preparer``; it returns False when this worker no longer holds the lease,
@@ -109,9 +107,7 @@ class ToolExecutor:
     that mark (a chunk of one, ``relay.inprocess``) off the event loop.
     """
 
-    def __init__(
-        self, http: PickClient, mark_dispatched: MarkDispatched, threads: Executor
-    ) -> None:
+    def __init__(self, http: Poster, mark_dispatched: MarkDispatched, threads: Executor) -> None:
         self.http = http
         self.mark_dispatched = mark_dispatched
         self.threads = threads
@@ -157,13 +153,12 @@ class ToolExecutor:
         if not row.lookup_endpoint:
             return None
         try:
-            async with self.http() as client:
-                response = await client.post(
-                    row.lookup_endpoint,
-                    json={"idempotency_key": row.idempotency_key, "arguments": row.arguments},
-                    headers=request_headers(row, secret),
-                    timeout=row.timeout_s or 30.0,
-                )
+            response = await self.http.post(
+                row.lookup_endpoint,
+                json={"idempotency_key": row.idempotency_key, "arguments": row.arguments},
+                headers=request_headers(row, secret),
+                timeout=row.timeout_s or 30.0,
+            )
         except httpx2.HTTPError as err:
             return retry(row, f"lookup at {row.lookup_endpoint} failed: {describe(err)}")
         if response.status_code != 200:
@@ -183,11 +178,10 @@ class ToolExecutor:
         assert row.endpoint is not None
         headers = request_headers(row, secret)
         try:
-            async with self.http() as client:
-                response = await client.post(
-                    row.endpoint, json=row.arguments, headers=headers, timeout=row.timeout_s or 30.0
-                )
-        except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as err:
+            response = await self.http.post(
+                row.endpoint, json=row.arguments, headers=headers, timeout=row.timeout_s or 30.0
+            )
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as err:
             return retry(row, f"could not reach {row.endpoint}: {describe(err)}", unsent=True)
         except httpx2.TimeoutException as err:
             return ambiguous(

@@ -28,7 +28,6 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx2
@@ -89,9 +88,6 @@ class ModelServer:
             raise ValueError(f"the model answered {type(decoded).__name__}, not a JSON object")
         return decoded
 
-    async def aclose(self) -> None:
-        await self.poster.aclose()
-
 
 def _error_message(response: httpx2.Response) -> str:
     try:
@@ -111,17 +107,16 @@ class ModelExecutor:
     """Runs ``model_turn`` rows on the engine's event loop.
 
     ``prepare`` reads what the call needs (batched with other turns', ``relay.preparer``);
-    ``clients`` lends a ``ModelServer`` for a base URL (``relay.engine``: a place on one
-    of many small pools, so thousands of requests in flight never share one pool's scan).
+    ``servers`` gives the ``ModelServer`` of a base URL (``relay.engine``).
     """
 
     def __init__(
         self,
         prepare: Callable[[Claimed], Awaitable[Turn | str]],
-        clients: Callable[[str | None], AbstractAsyncContextManager[ModelServer]],
+        servers: Callable[[str | None], ModelServer],
     ) -> None:
         self.prepare = prepare
-        self.clients = clients
+        self.servers = servers
         # Base URLs whose server asked, with Retry-After, that nobody call before a moment
         # (monotonic seconds): their turns wait without calling, and without a charge.
         self.held_until: dict[str | None, float] = {}
@@ -139,8 +134,7 @@ class ModelExecutor:
                 row, "defer", error=f"{base_url} asked to wait (Retry-After)", delay_s=hold
             )
         try:
-            async with self.clients(base_url) as server:
-                turn = await providers.call(server.post, run, step_no, messages, tools)
+            turn = await providers.call(self.servers(base_url).post, run, step_no, messages, tools)
         except httpx2.HTTPError as err:  # no answer: refused, timed out, cut
             error = f"model call failed: {type(err).__name__}: {err}"
             return self._retry(row, base_url, error, err)

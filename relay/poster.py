@@ -32,14 +32,15 @@ import functools
 import json as jsonlib
 import select
 import ssl
+import time
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx2
 
-SHARD_CONNECTIONS = 4  # connections kept per poster (relay.engine.Shards says why so few)
 TLS = ssl.create_default_context()  # shared: a context per poster took milliseconds to build
-CONNECTING = 64  # connections being opened at once per process (Connector says why)
+CONNECTING = 64  # connections being opened at once per process (Poster says why)
+IDLE_S = 30.0  # a kept-alive connection unused for this long is closed
 MAX_HEAD = 64 * 1024  # bytes of status line and headers an answer may have
 URL_SAFE = "!#$%&'()*+,/:;=?@[]~"  # kept as they are in a URL's path and query (others %-encoded)
 UNTIL_END = -1  # an answer without length or chunks: its body ends with the connection
@@ -187,6 +188,7 @@ class Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[Answer] | None = None
         self.deadline: asyncio.Timeout | None = None
         self.timeout = 0.0
+        self.idle_since = 0.0  # monotonic seconds, while kept alive for the next request
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -307,42 +309,23 @@ async def open_connection(
     return await loop.create_connection(Connection, host, port, ssl=tls)
 
 
-class Connector:
-    """Opens the connections of every poster of a process, at most ``CONNECTING`` at once:
-    a relay that claims thousands of effects together would otherwise open thousands of
-    connections in one burst, overflow the server's accept queue, and have the kernel
-    reset connections that already carried a request (seen: every one of 10,000 requests
-    failed, ``Broken pipe``), an ambiguous outcome for each call. Requests on open
-    connections are not held back."""
-
-    def __init__(self) -> None:
-        self.connecting: asyncio.Semaphore | None = None  # made on the loop that uses it
-
-    async def connect(
-        self, origin: tuple[str, int, bool], tls: ssl.SSLContext, timeout: float
-    ) -> Connection:
-        host, port, secure = origin
-        if self.connecting is None:
-            self.connecting = asyncio.Semaphore(CONNECTING)
-        try:
-            async with asyncio.timeout(timeout), self.connecting:
-                _, connection = await open_connection(host, port, tls if secure else None)
-        except TimeoutError as err:
-            raise httpx2.ConnectTimeout(f"not connected within {timeout}s") from err
-        except OSError as err:  # refused, unreachable, and TLS refused (ssl.SSLError)
-            raise httpx2.ConnectError(f"{type(err).__name__}: {err}") from err
-        return connection
-
-
 class Poster:
-    """POSTs, each on a kept-alive connection of this poster when one is free (the most
-    recently used first) and a new one otherwise; at most ``SHARD_CONNECTIONS`` are kept."""
+    """The POSTs of a relay process, each on a kept-alive connection to its origin when
+    one is free (the most recently used first: warm connections are reused and the others
+    age out, ``close_idle``) and on a new one otherwise.
 
-    def __init__(self, connector: Connector | None = None, tls: ssl.SSLContext = TLS) -> None:
-        self.connector = connector or Connector()
+    At most ``CONNECTING`` connections are being opened at once: a relay that claims
+    thousands of effects together would otherwise open thousands of connections in one
+    burst, overflow the server's accept queue, and have the kernel reset connections that
+    already carried a request (seen: every one of 10,000 requests failed, ``Broken pipe``),
+    an ambiguous outcome for each call. Requests on open connections are not held back.
+    """
+
+    def __init__(self, tls: ssl.SSLContext = TLS) -> None:
         self.tls = tls
         self.idle: dict[tuple[str, int, bool], list[Connection]] = {}
         self.busy: set[Connection] = set()
+        self.connecting: asyncio.Semaphore | None = None  # made on the loop that uses it
 
     async def post(
         self,
@@ -361,7 +344,7 @@ class Poster:
             content = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode()
             sent.setdefault("content-type", "application/json")
         data = line + _headers(sent, len(content)) + content
-        connection = self._kept(origin) or await self.connector.connect(origin, self.tls, timeout)
+        connection = self._kept(origin) or await self._connect(origin, timeout)
         self.busy.add(connection)
         try:
             answer = await connection.request(data, timeout)
@@ -370,8 +353,37 @@ class Poster:
             raise
         finally:
             self.busy.discard(connection)
-        self._keep(origin, connection, answer.reusable)
+        if answer.reusable and not connection.closed:
+            connection.idle_since = time.monotonic()
+            self.idle.setdefault(origin, []).append(connection)
+        else:
+            connection.close()
         return httpx2.Response(answer.status, headers=answer.headers, content=bytes(answer.body))
+
+    def close_idle(self, now: float) -> int:
+        """Close the connections idle since before ``now - IDLE_S``; returns how many.
+        Servers end idle connections too, but not all do, and a burst's connections would
+        otherwise hold their sockets (and the server's) for good."""
+        closed = 0
+        for origin, idle in list(self.idle.items()):
+            kept = [c for c in idle if not c.closed and now - c.idle_since <= IDLE_S]
+            for connection in idle:
+                if not connection.closed and now - connection.idle_since > IDLE_S:
+                    connection.close()
+                    closed += 1
+            if kept:
+                self.idle[origin] = kept
+            else:
+                del self.idle[origin]
+        return closed
+
+    async def aclose(self) -> None:
+        for idle in self.idle.values():
+            for connection in idle:
+                connection.close()
+        self.idle.clear()
+        for connection in list(self.busy):
+            connection.close()
 
     def _kept(self, origin: tuple[str, int, bool]) -> Connection | None:
         idle = self.idle.get(origin)
@@ -382,17 +394,15 @@ class Poster:
             connection.close()
         return None
 
-    def _keep(self, origin: tuple[str, int, bool], connection: Connection, reusable: bool) -> None:
-        idle = self.idle.setdefault(origin, [])
-        if reusable and not connection.closed and len(idle) < SHARD_CONNECTIONS:
-            idle.append(connection)
-        else:
-            connection.close()
-
-    async def aclose(self) -> None:
-        for idle in self.idle.values():
-            for connection in idle:
-                connection.close()
-        self.idle.clear()
-        for connection in list(self.busy):
-            connection.close()
+    async def _connect(self, origin: tuple[str, int, bool], timeout: float) -> Connection:
+        host, port, secure = origin
+        if self.connecting is None:
+            self.connecting = asyncio.Semaphore(CONNECTING)
+        try:
+            async with asyncio.timeout(timeout), self.connecting:
+                _, connection = await open_connection(host, port, self.tls if secure else None)
+        except TimeoutError as err:
+            raise httpx2.ConnectTimeout(f"not connected within {timeout}s") from err
+        except OSError as err:  # refused, unreachable, and TLS refused (ssl.SSLError)
+            raise httpx2.ConnectError(f"{type(err).__name__}: {err}") from err
+        return connection

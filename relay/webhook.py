@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 
 import httpx2
 
@@ -35,7 +33,7 @@ def message_id(row: Claimed) -> str:
 
 
 class WebhookExecutor:
-    def __init__(self, http: Callable[[], AbstractAsyncContextManager[Poster]]) -> None:
+    def __init__(self, http: Poster) -> None:
         self.http = http
 
     async def run(self, row: Claimed) -> Outcome:
@@ -63,9 +61,8 @@ class WebhookExecutor:
         }
         url = endpoint["url"]
         try:
-            async with self.http() as client:
-                response = await client.post(url, content=body, headers=headers, timeout=TIMEOUT_S)
-        except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as err:
+            response = await self.http.post(url, content=body, headers=headers, timeout=TIMEOUT_S)
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as err:
             return retry(row, f"could not reach {url}: {err!r}", unsent=True)
         except httpx2.HTTPError as err:
             return retry(row, f"no answer from {url}: {err!r}")

@@ -10,6 +10,7 @@ import itertools
 import json
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -211,16 +212,14 @@ def test_a_burst_of_requests_opens_its_connections_a_few_at_a_time(monkeypatch):
 
     async def main() -> list[int]:
         server, url = await serve(handler)
-        backend = poster_module.Connector()
-        posters = [Poster(backend) for _ in range(100)]  # as the engine's shards share one
+        poster = Poster()
         try:
             answers = await asyncio.gather(
-                *(p.post(url, json={}, timeout=30) for p in posters for _ in range(3))
+                *(poster.post(url, json={}, timeout=30) for _ in range(300))
             )
             return [a.status_code for a in answers]
         finally:
-            for p in posters:
-                await p.aclose()
+            await poster.aclose()
             server.close()
 
     assert asyncio.run(main()) == [200] * 300
@@ -543,3 +542,80 @@ def test_the_request_line_is_a_valid_one_for_any_url(url, line):
     first, host = heads[0].split(b"\r\n")[:2]
     assert first == line
     assert host.lower().startswith(b"host: 127.0.0.1:")
+
+
+def test_concurrent_requests_get_a_connection_each_and_later_ones_reuse_them():
+    """A connection carries one request at a time; kept-alive ones serve the next wave."""
+    opened: list[int] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened.append(1)
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            await asyncio.sleep(0.01)  # still answering when the others arrive
+            writer.write(answer(b"{}"))
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            for _ in range(3):
+                await asyncio.gather(*(poster.post(url, json={}, timeout=5) for _ in range(10)))
+        finally:
+            await poster.aclose()
+            server.close()
+
+    asyncio.run(main())
+    assert 1 < len(opened) <= 10
+
+
+def test_idle_connections_are_closed_after_a_while_and_busy_ones_never():
+    """``close_idle`` (the engine calls it every few seconds) closes what nobody used for
+    ``IDLE_S``, so a burst's sockets do not stay open for good; a connection carrying a
+    request is not idle, however old."""
+
+    async def main() -> tuple[int, int, int, int]:
+        ended: list[bytes] = []
+        release = asyncio.Event()
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                try:
+                    body = await read_request(reader)
+                except asyncio.IncompleteReadError:
+                    ended.append(b"")  # the client closed this connection
+                    break
+                if body == b'{"hold":true}':
+                    await release.wait()
+                writer.write(answer(b"{}"))
+                await writer.drain()
+            writer.close()
+
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            await asyncio.gather(*(poster.post(url, json={}, timeout=5) for _ in range(3)))
+            idle_now = poster.close_idle(time.monotonic())
+            held = asyncio.create_task(poster.post(url, json={"hold": True}, timeout=5))
+            while not poster.busy:  # the held request is on its connection
+                await asyncio.sleep(0.001)
+            later = time.monotonic() + poster_module.IDLE_S + 1
+            idle_later = poster.close_idle(later)
+            release.set()
+            status = (await held).status_code
+            while len(ended) < idle_later:  # the server sees the closed ones end
+                await asyncio.sleep(0.001)
+            return idle_now, idle_later, status, poster.close_idle(time.monotonic())
+        finally:
+            await poster.aclose()
+            server.close()
+
+    idle_now, idle_later, status, after = asyncio.run(main())
+    assert (idle_now, status) == (0, 200)
+    assert idle_later == 2  # three were kept; the held request took one of them
+    assert after == 0  # the one that carried it was used just now
