@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import db as bdb
-from bench import fairness, http, inflight, notify, report, seed, serve, throughput
+from bench import fairness, http, inflight, notify, poster, report, seed, serve, throughput
 from bench.throughput import stderr
 from outbox import db
 
@@ -24,6 +24,7 @@ SEED_PROCESSES = 4  # writer processes seeding the template
 
 
 FAIRNESS_TOOL_S = 0.5  # seconds each call of the backlog takes
+POSTER_AT_ONCE = 400  # requests open at once when the HTTP clients' CPU is measured
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -52,6 +53,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="runs started through outbox serve and through the writer API (500; --quick: "
         "100; 0 skips)",
     )
+    parser.add_argument(
+        "--poster-requests",
+        type=int,
+        help="POSTs through the relay's HTTP client and httpx2's, for CPU per request "
+        "(8,000; --quick: 1,000; 0 skips)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     args = parser.parse_args(argv)
@@ -60,6 +67,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.http_calls = args.http_calls or min(args.calls, 1_000 if quick else 10_000)
     args.latency_intents = args.latency_intents or (100 if quick else 500)
     args.notify_commits = args.notify_commits or (25 if quick else 250)
+    if args.poster_requests is None:
+        args.poster_requests = 1_000 if quick else 8_000
     args.process_counts = [int(p) for p in args.processes.split(",")]
     if args.fairness_backlog is None:
         args.fairness_backlog = 1_000 if quick else 10_000
@@ -202,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         out["fairness"] = fairness.run(server, args.fairness_backlog, FAIRNESS_TOOL_S, log)
     if args.serve_runs:
         out["serve"] = serve.run(server, args.serve_runs)
+    if args.poster_requests:
+        stderr(f"HTTP client: {args.poster_requests:,} POSTs per client")
+        out["poster"] = poster.run(args.poster_requests, POSTER_AT_ONCE)
     out["seconds"] = round(time.monotonic() - started, 1)
     table = report.markdown(out)
     print(table)

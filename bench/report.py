@@ -116,6 +116,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"The API adds {served['api_adds_p50_ms']:.1f} ms p50 (target: under 5 ms).",
             "",
         ]
+    if results.get("poster"):
+        lines += poster_lines(results["poster"])
     notify = results.get("notify")
     if notify:
         lines += [
@@ -129,6 +131,20 @@ def markdown(results: dict[str, Any]) -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+def poster_lines(clients: dict[str, Any]) -> list[str]:
+    """The HTTP clients' CPU per request (``bench.poster``)."""
+    lines = [
+        f"### CPU per request of the relay's HTTP client ({clients['requests']:,} POSTs, "
+        f"{clients['at_once']} at once, kept-alive connections)",
+        "",
+        "| client | CPU per request |",
+        "|---|---:|",
+    ]
+    for client, values in clients["cpu_ms"].items():
+        lines.append(f"| `{client}` | {' · '.join(f'{v:.3f} ms' for v in values)} |")
+    return [*lines, ""]
 
 
 def write(results: dict[str, Any], stamp: str) -> tuple[Path, Path | None]:

@@ -25,7 +25,7 @@ def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
     out = tmp_path / "bench.json"
     command = [sys.executable, "-m", "bench", "--quick", "--calls", "300", "--http-calls", "100"]
     command += ["--processes", "1,2", "--latency-intents", "20", "--notify-commits", "5"]
-    command += ["--inflight", "20:0.2:0.1:2", "--serve-runs", "10"]
+    command += ["--inflight", "20:0.2:0.1:2", "--serve-runs", "10", "--poster-requests", "200"]
     command += ["--json", str(out), "--no-chart"]
     env = {**os.environ, "OUTBOX_DATABASE_URL": server_url}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
@@ -43,3 +43,7 @@ def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
     assert "### Runs in flight" in done.stdout
     assert results["serve"]["runs"] == 10 and results["serve"]["api_stream"]["per_s"] > 0
     assert "### Starting a run: `outbox serve`" in done.stdout
+    clients = results["poster"]["cpu_ms"]
+    assert set(clients) == {"relay.poster", "httpx2.AsyncClient"}
+    assert all(v > 0 for values in clients.values() for v in values)
+    assert "### CPU per request of the relay's HTTP client" in done.stdout
