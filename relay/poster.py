@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json as jsonlib
+import re
 import select
 import ssl
 import time
@@ -47,6 +48,8 @@ URL_SAFE = "!#$%&'()*+,/:;=?@[]~"  # kept as they are in a URL's path and query 
 UNTIL_END = -1  # an answer without length or chunks: its body ends with the connection
 TRAILERS = -2  # a chunked answer after its last chunk
 HEX_DIGITS = b"0123456789abcdefABCDEF"
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
+OWN_HEADERS = {"host", "content-length"}  # set by the poster, whatever the caller passes
 
 
 class Answer:
@@ -294,12 +297,16 @@ def _target(url: str) -> tuple[tuple[str, int, bool], bytes]:
 
 
 def _headers(headers: dict[str, str], length: int) -> bytes:
-    text = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
-    # one CR and one LF per line, or a name or value holds a line break (a header of ours
-    # injected by whoever wrote it)
-    if text.count("\n") != len(headers) or text.count("\r") != len(headers):
-        raise httpx2.LocalProtocolError("a header name or value holds a line break")
-    return text.encode() + b"content-length: %d\r\n\r\n" % length
+    """The header lines of a request: the caller's (a name must be an HTTP token and a value
+    hold no line break: a header that would inject another is refused, not sent), then its
+    ``content-length``. ``host`` and ``content-length`` are the poster's to set."""
+    lines = []
+    for name, value in headers.items():
+        if not HEADER_NAME.fullmatch(name) or "\r" in value or "\n" in value:
+            raise httpx2.LocalProtocolError(f"header {name!r} is not a valid HTTP header")
+        if name.lower() not in OWN_HEADERS:
+            lines.append(f"{name}: {value}\r\n")
+    return "".join(lines).encode() + b"content-length: %d\r\n\r\n" % length
 
 
 async def open_connection(
@@ -343,7 +350,8 @@ class Poster:
         sent = dict(headers or {})
         if content is None:
             content = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode()
-            sent.setdefault("content-type", "application/json")
+            if not any(name.lower() == "content-type" for name in sent):
+                sent["content-type"] = "application/json"
         data = line + _headers(sent, len(content)) + content
         connection = self._kept(origin) or await self._connect(origin, timeout)
         self.busy.add(connection)

@@ -430,7 +430,12 @@ def test_an_answer_that_is_not_http_1_1_is_a_remote_protocol_error(wire):
         asyncio.run(main())
 
 
-def test_a_header_with_a_line_break_is_refused_before_anything_is_sent():
+@pytest.mark.parametrize(
+    "headers",
+    [{"x-a": "1\r\nx-injected: 2"}, {"x-a\r\nx-injected": "2"}, {"x a": "1"}, {"": "1"}],
+    ids=["line break in a value", "line break in a name", "space in a name", "empty name"],
+)
+def test_a_header_that_is_not_valid_is_refused_before_anything_is_sent(headers):
     received: list[bytes] = []
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -441,7 +446,7 @@ def test_a_header_with_a_line_break_is_refused_before_anything_is_sent():
         server, url = await serve(handler)
         poster = Poster()
         try:
-            await poster.post(url, json={}, headers={"x-a": "1\r\nx-injected: 2"}, timeout=5)
+            await poster.post(url, json={}, headers=headers, timeout=5)
         finally:
             await poster.aclose()
             server.close()
@@ -619,3 +624,33 @@ def test_idle_connections_are_closed_after_a_while_and_busy_ones_never():
     assert (idle_now, status) == (0, 200)
     assert idle_later == 2  # three were kept; the held request took one of them
     assert after == 0  # the one that carried it was used just now
+
+
+def test_the_poster_sets_host_length_and_one_content_type():
+    """A caller's (or a credential's) Host or Content-Length would make a second one, which
+    servers refuse; the poster's own stand. A caller's Content-Type, any case, is kept."""
+    heads: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        heads.append(head.lower())
+        await reader.readexactly(2)
+        writer.write(answer(b"{}", close=True))
+        await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            headers = {"Host": "elsewhere", "Content-Length": "99", "Content-Type": "x/y"}
+            await poster.post(url, json={}, headers=headers, timeout=5)
+        finally:
+            await poster.aclose()
+            server.close()
+
+    asyncio.run(main())
+    [head] = heads
+    assert head.count(b"host:") == head.count(b"content-length:") == 1
+    assert b"content-length: 2\r\n" in head and b"elsewhere" not in head
+    assert head.count(b"content-type:") == 1 and b"content-type: x/y" in head
