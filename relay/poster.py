@@ -43,13 +43,14 @@ import httpx2
 TLS = ssl.create_default_context()  # shared: a context per poster took milliseconds to build
 CONNECTING = 64  # connections being opened at once per process (Poster says why)
 IDLE_S = 30.0  # a kept-alive connection unused for this long is closed
-MAX_HEAD = 64 * 1024  # bytes of status line and headers an answer may have
+MAX_HEAD = 64 * 1024  # bytes of status line and headers (or of a chunk line) an answer may have
+MAX_INFORMATIONAL = 8  # 1xx answers skipped before the answer, at most
 URL_SAFE = "!#$%&'()*+,/:;=?@[]~"  # kept as they are in a URL's path and query (others %-encoded)
 UNTIL_END = -1  # an answer without length or chunks: its body ends with the connection
 TRAILERS = -2  # a chunked answer after its last chunk
 HEX_DIGITS = b"0123456789abcdefABCDEF"
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
-OWN_HEADERS = {"host", "content-length"}  # set by the poster, whatever the caller passes
+OWN_HEADERS = {"host", "content-length", "transfer-encoding"}  # the poster's framing
 
 
 class Answer:
@@ -62,6 +63,7 @@ class Answer:
         self.body = bytearray()
         self.length = 0  # body bytes still to read (of the answer or the chunk), or as below
         self.chunked = False
+        self.informational = 0  # 1xx answers skipped so far
         self.reusable = True
         self.complete = False
 
@@ -105,31 +107,16 @@ class Answer:
         if not version.startswith(b"HTTP/1.") or not code.isdigit() or space not in b" ":
             raise httpx2.RemoteProtocolError(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
         status = int(code)
-        headers = []
-        length: int | None = None
-        chunked = False
-        reusable = version == b"HTTP/1.1"
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not name or name != name.strip():
-                raise httpx2.RemoteProtocolError(f"malformed header line: {line[:80]!r}")
-            value = value.strip(b" \t")
-            headers.append((name, value))
-            lowered = name.lower()
-            if lowered == b"content-length":
-                if not value.isdigit() or (length is not None and int(value) != length):
-                    raise httpx2.RemoteProtocolError(f"bad content-length: {value[:40]!r}")
-                length = int(value)
-            elif lowered == b"transfer-encoding":
-                chunked = value.lower().rsplit(b",", 1)[-1].strip() == b"chunked"
-                if not chunked:
-                    raise httpx2.RemoteProtocolError(f"unsupported transfer-encoding: {value!r}")
-            elif lowered == b"connection" and b"close" in value.lower():
-                reusable = False
-        if 100 <= status < 200:  # informational (100 Continue): the answer follows
+        if status < 100:
+            raise httpx2.RemoteProtocolError(f"no such HTTP status: {lines[0][:80]!r}")
+        headers, length, chunked, close = _fields(lines[1:])
+        if status < 200:  # informational (100 Continue): the answer follows
+            self.informational += 1
+            if self.informational > MAX_INFORMATIONAL:
+                raise httpx2.RemoteProtocolError(f"over {MAX_INFORMATIONAL} 1xx answers")
             return
-        if chunked and length is not None:  # chunks rule; the connection is suspect
-            reusable = False
+        # chunks with a length too: the chunks rule, and the connection is suspect
+        reusable = version == b"HTTP/1.1" and not close and not (chunked and length is not None)
         self.status, self.headers, self.reusable = status, headers, reusable
         if status in (204, 304):
             self.length = 0
@@ -156,6 +143,8 @@ class Answer:
                 self.length = 0
             end = buffer.find(b"\r\n")
             if end < 0:
+                if len(buffer) > MAX_HEAD:
+                    raise httpx2.RemoteProtocolError(f"a chunk line over {MAX_HEAD} bytes")
                 return False
             if self.length == TRAILERS:  # after the last chunk: up to an empty line
                 if end == 0:
@@ -174,6 +163,33 @@ class Answer:
         self.complete = True
         if self.buffer:  # more than the answer: the connection is out of step
             self.reusable = False
+
+
+def _fields(
+    lines: list[bytes],
+) -> tuple[list[tuple[bytes, bytes]], int | None, bool, bool]:
+    """An answer's header lines as (headers, content-length, chunked?, connection: close?)."""
+    headers = []
+    length: int | None = None
+    chunked = close = False
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name != name.strip():
+            raise httpx2.RemoteProtocolError(f"malformed header line: {line[:80]!r}")
+        value = value.strip(b" \t")
+        headers.append((name, value))
+        lowered = name.lower()
+        if lowered == b"content-length":
+            if not value.isdigit() or len(value) > 18 or length not in (None, int(value)):
+                raise httpx2.RemoteProtocolError(f"bad content-length: {value[:40]!r}")
+            length = int(value)
+        elif lowered == b"transfer-encoding":
+            chunked = value.lower() == b"chunked"  # other codings: bytes we cannot read
+            if not chunked:
+                raise httpx2.RemoteProtocolError(f"unsupported transfer-encoding: {value!r}")
+        elif lowered == b"connection" and b"close" in value.lower():
+            close = True
+    return headers, length, chunked, close
 
 
 class Connection(asyncio.Protocol):
@@ -263,8 +279,17 @@ class Connection(asyncio.Protocol):
             if self.transport.get_write_buffer_size():
                 raise httpx2.WriteTimeout(f"request not sent within {timeout}s") from err
             raise httpx2.ReadTimeout(f"no answer within {timeout}s") from err
-        finally:
-            self.deadline = None
+        finally:  # the answer is the caller's now, not the idle connection's to keep
+            self.answer = self.waiter = self.deadline = None
+
+    def settled(self) -> bool:
+        """Open, with the whole request sent: a server may answer before it has read the
+        body, and what is still unsent would precede the next request."""
+        return (
+            not self.closed
+            and self.transport is not None
+            and not (self.transport.get_write_buffer_size())
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -362,7 +387,7 @@ class Poster:
             raise
         finally:
             self.busy.discard(connection)
-        if answer.reusable and not connection.closed:
+        if answer.reusable and connection.settled():
             connection.idle_since = time.monotonic()
             self.idle.setdefault(origin, []).append(connection)
         else:

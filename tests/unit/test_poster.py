@@ -394,6 +394,11 @@ def test_an_answer_cut_anywhere_parses_to_its_body(body, chunk_sizes, cuts, chun
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0x2\r\n{}\r\n0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1 000 OK\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: " + b"9" * 5000 + b"\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\n" * 9 + b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + b"1" * 70_000,
     ],
     ids=[
         "not HTTP/1",
@@ -404,6 +409,11 @@ def test_an_answer_cut_anywhere_parses_to_its_body(body, chunk_sizes, cuts, chun
         "prefixed chunk size",
         "chunk without CRLF",
         "not chunked",
+        "chunked after another coding",
+        "status 000",
+        "a 5,000-digit length",
+        "endless 1xx",
+        "endless chunk line",
     ],
 )
 def test_an_answer_that_is_not_http_1_1_is_a_remote_protocol_error(wire):
@@ -654,3 +664,53 @@ def test_the_poster_sets_host_length_and_one_content_type():
     assert head.count(b"host:") == head.count(b"content-length:") == 1
     assert b"content-length: 2\r\n" in head and b"elsewhere" not in head
     assert head.count(b"content-type:") == 1 and b"content-type: x/y" in head
+
+
+def test_a_connection_is_not_kept_while_part_of_its_request_is_unsent():
+    """A server may answer before it has read the whole body; what is still unsent would
+    precede the next request on that connection, so the next one gets a new connection."""
+    opened: list[int] = []
+    big = {"pad": "x" * 8_000_000}  # more than the socket buffers hold
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened.append(1)
+        await reader.readuntil(b"\r\n\r\n")  # the head only: the answer comes first
+        writer.write(answer(b"{}"))
+        await writer.drain()
+        await asyncio.sleep(0.5)
+        writer.close()
+
+    async def main() -> None:
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            await poster.post(url, json=big, timeout=5)
+            kept = sum(len(idle) for idle in poster.idle.values())
+            assert kept == 0
+        finally:
+            await poster.aclose()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_an_idle_connection_does_not_keep_its_last_answer():
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(b'{"big": "' + b"x" * 100_000 + b'"}'))
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    async def main() -> list[object]:
+        server, url = await serve(handler)
+        poster = Poster()
+        try:
+            await poster.post(url, json={}, timeout=5)
+            [connection] = [c for idle in poster.idle.values() for c in idle]
+            return [connection.answer, connection.waiter]
+        finally:
+            await poster.aclose()
+            server.close()
+
+    assert asyncio.run(main()) == [None, None]
