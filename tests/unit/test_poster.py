@@ -4,6 +4,7 @@ and its parser of answers against whatever pieces and framings a server sends.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import ipaddress
 import itertools
@@ -11,8 +12,9 @@ import json
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import hypothesis
@@ -53,6 +55,24 @@ async def serve(handler: Handler) -> tuple[asyncio.Server, str]:
     return server, f"http://127.0.0.1:{port}/tool"
 
 
+@contextlib.asynccontextmanager
+async def served(handler: Handler) -> AsyncIterator[tuple[Poster, str]]:
+    """A new poster and the URL of a server running ``handler``; both closed after."""
+    server, url = await serve(handler)
+    poster = Poster()
+    try:
+        yield poster, url
+    finally:
+        await poster.aclose()
+        server.close()
+
+
+async def post_once(handler: Handler, **post: Any) -> httpx2.Response:
+    """One POST through a new poster to a server running ``handler``."""
+    async with served(handler) as (poster, url):
+        return await poster.post(url, **post)
+
+
 def test_posts_json_and_reads_the_answer_with_its_headers():
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         received = json.loads(await read_request(reader))
@@ -61,13 +81,7 @@ def test_posts_json_and_reads_the_answer_with_its_headers():
         writer.close()
 
     async def main() -> httpx2.Response:
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
-            return await poster.post(url, json={"n": "é"}, headers={"x-a": "1"}, timeout=5)
-        finally:
-            await poster.aclose()
-            server.close()
+        return await post_once(handler, json={"n": "é"}, headers={"x-a": "1"}, timeout=5)
 
     response = asyncio.run(main())
     assert response.status_code == 201
@@ -106,13 +120,7 @@ def test_no_answer_after_the_request_is_httpx2_s_error(behaviour, error):
         writer.close()
 
     async def main() -> None:
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
-            await poster.post(url, json={}, timeout=0.5)
-        finally:
-            await poster.aclose()
-            server.close()
+        await post_once(handler, json={}, timeout=0.5)
 
     with pytest.raises(error):
         asyncio.run(main())
@@ -135,17 +143,12 @@ def test_a_keep_alive_connection_the_server_closed_is_not_reused():
             await writer.wait_closed()
             hung_up.set()
 
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
+        async with served(handler) as (poster, url):
             first = await poster.post(url, json={}, timeout=5)
             await asyncio.wait_for(hung_up.wait(), timeout=5)
             second = await poster.post(url, json={}, timeout=5)
             assert first.status_code == second.status_code == 200
             return connections
-        finally:
-            await poster.aclose()
-            server.close()
 
     assert asyncio.run(main()) == [0, 1]
 
@@ -173,15 +176,10 @@ def test_a_connection_the_server_ended_is_closed_at_once():
                 client_ended.set_result(None)
             writer.close()
 
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
+        async with served(handler) as (poster, url):
             assert (await poster.post(url, json={}, timeout=5)).status_code == 200
             idle.set()
             return await client_ended  # the pool is not used again meanwhile
-        finally:
-            await poster.aclose()
-            server.close()
 
     assert asyncio.run(main()) == b""
 
@@ -211,16 +209,11 @@ def test_a_burst_of_requests_opens_its_connections_a_few_at_a_time(monkeypatch):
         writer.close()
 
     async def main() -> list[int]:
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
+        async with served(handler) as (poster, url):
             answers = await asyncio.gather(
                 *(poster.post(url, json={}, timeout=30) for _ in range(300))
             )
             return [a.status_code for a in answers]
-        finally:
-            await poster.aclose()
-            server.close()
 
     assert asyncio.run(main()) == [200] * 300
     assert 1 < opening["most"] <= poster_module.CONNECTING
@@ -343,13 +336,7 @@ def test_an_answer_in_any_framing_is_read_whole(framing, piecewise):
         writer.close()
 
     async def main() -> httpx2.Response:
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
-            return await poster.post(url, json={}, timeout=5)
-        finally:
-            await poster.aclose()
-            server.close()
+        return await post_once(handler, json={}, timeout=5)
 
     response = asyncio.run(main())
     assert response.status_code == 200
@@ -428,13 +415,7 @@ def test_an_answer_that_is_not_http_1_1_is_a_remote_protocol_error(wire):
         writer.close()
 
     async def main() -> None:
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
-            await poster.post(url, json={}, timeout=5)
-        finally:
-            await poster.aclose()
-            server.close()
+        await post_once(handler, json={}, timeout=5)
 
     with pytest.raises(httpx2.RemoteProtocolError):
         asyncio.run(main())
@@ -453,13 +434,7 @@ def test_a_header_that_is_not_valid_is_refused_before_anything_is_sent(headers):
         writer.close()
 
     async def main() -> None:
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
-            await poster.post(url, json={}, headers=headers, timeout=5)
-        finally:
-            await poster.aclose()
-            server.close()
+        await post_once(handler, json={}, headers=headers, timeout=5)
 
     with pytest.raises(httpx2.LocalProtocolError):
         asyncio.run(main())
@@ -484,15 +459,10 @@ def test_keep_alive_connections_are_reused_until_the_server_says_close():
         writer.close()
 
     async def main() -> list[int]:
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
+        async with served(handler) as (poster, url):
             for _ in range(5):
                 assert (await poster.post(url, json={}, timeout=5)).status_code == 200
             return requests_per_connection
-        finally:
-            await poster.aclose()
-            server.close()
 
     assert asyncio.run(main()) == [3, 2]
 
@@ -514,13 +484,8 @@ def test_the_read_timeout_counts_from_the_latest_bytes():
         writer.close()
 
     async def main() -> httpx2.Response:
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
+        async with served(handler) as (poster, url):
             return await poster.post(url, json={}, timeout=2)  # 2.4 s in all
-        finally:
-            await poster.aclose()
-            server.close()
 
     assert asyncio.run(main()).content == body
 
@@ -576,14 +541,9 @@ def test_concurrent_requests_get_a_connection_each_and_later_ones_reuse_them():
         writer.close()
 
     async def main() -> None:
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
+        async with served(handler) as (poster, url):
             for _ in range(3):
                 await asyncio.gather(*(poster.post(url, json={}, timeout=5) for _ in range(10)))
-        finally:
-            await poster.aclose()
-            server.close()
 
     asyncio.run(main())
     assert 1 < len(opened) <= 10
@@ -611,9 +571,7 @@ def test_idle_connections_are_closed_after_a_while_and_busy_ones_never():
                 await writer.drain()
             writer.close()
 
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
+        async with served(handler) as (poster, url):
             await asyncio.gather(*(poster.post(url, json={}, timeout=5) for _ in range(3)))
             idle_now = poster.close_idle(time.monotonic())
             held = asyncio.create_task(poster.post(url, json={"hold": True}, timeout=5))
@@ -626,9 +584,6 @@ def test_idle_connections_are_closed_after_a_while_and_busy_ones_never():
             while len(ended) < idle_later:  # the server sees the closed ones end
                 await asyncio.sleep(0.001)
             return idle_now, idle_later, status, poster.close_idle(time.monotonic())
-        finally:
-            await poster.aclose()
-            server.close()
 
     idle_now, idle_later, status, after = asyncio.run(main())
     assert (idle_now, status) == (0, 200)
@@ -650,14 +605,9 @@ def test_the_poster_sets_host_length_and_one_content_type():
         writer.close()
 
     async def main() -> None:
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
+        async with served(handler) as (poster, url):
             headers = {"Host": "elsewhere", "Content-Length": "99", "Content-Type": "x/y"}
             await poster.post(url, json={}, headers=headers, timeout=5)
-        finally:
-            await poster.aclose()
-            server.close()
 
     asyncio.run(main())
     [head] = heads
@@ -681,15 +631,10 @@ def test_a_connection_is_not_kept_while_part_of_its_request_is_unsent():
         writer.close()
 
     async def main() -> None:
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
+        async with served(handler) as (poster, url):
             await poster.post(url, json=big, timeout=5)
             kept = sum(len(idle) for idle in poster.idle.values())
             assert kept == 0
-        finally:
-            await poster.aclose()
-            server.close()
 
     asyncio.run(main())
 
@@ -703,14 +648,9 @@ def test_an_idle_connection_does_not_keep_its_last_answer():
         writer.close()
 
     async def main() -> list[object]:
-        server, url = await serve(handler)
-        poster = Poster()
-        try:
+        async with served(handler) as (poster, url):
             await poster.post(url, json={}, timeout=5)
             [connection] = [c for idle in poster.idle.values() for c in idle]
             return [connection.answer, connection.waiter]
-        finally:
-            await poster.aclose()
-            server.close()
 
     assert asyncio.run(main()) == [None, None]
