@@ -358,7 +358,7 @@ class Poster:
         self.tls = tls
         self.idle: dict[tuple[str, int, bool], list[Connection]] = {}
         self.busy: set[Connection] = set()
-        self.connecting: asyncio.Semaphore | None = None  # made on the loop that uses it
+        self.connecting = asyncio.Semaphore(CONNECTING)  # bound to a loop at its first use
 
     async def post(
         self,
@@ -400,11 +400,15 @@ class Poster:
         otherwise hold their sockets (and the server's) for good."""
         closed = 0
         for origin, idle in list(self.idle.items()):
-            kept = [c for c in idle if not c.closed and now - c.idle_since <= IDLE_S]
+            kept = []
             for connection in idle:
-                if not connection.closed and now - connection.idle_since > IDLE_S:
+                if connection.closed:
+                    continue
+                if now - connection.idle_since > IDLE_S:
                     connection.close()
                     closed += 1
+                else:
+                    kept.append(connection)
             if kept:
                 self.idle[origin] = kept
             else:
@@ -430,8 +434,6 @@ class Poster:
 
     async def _connect(self, origin: tuple[str, int, bool], timeout: float) -> Connection:
         host, port, secure = origin
-        if self.connecting is None:
-            self.connecting = asyncio.Semaphore(CONNECTING)
         try:
             async with asyncio.timeout(timeout), self.connecting:
                 _, connection = await open_connection(host, port, self.tls if secure else None)
