@@ -313,7 +313,7 @@ def record_model_turn(db: Any, turn: ModelTurnIn) -> TurnRecord:
     the next turn; they never raise and never lose the turn.
 
     Each call is planned here (``registry.plan_call``: its tool as the run pinned it, its
-    JSON Schema, the risk policy); one call of ``record_model_turn_v1``
+    JSON Schema, the risk policy); one call of ``record_model_turns_v1``
     (outbox/sql/functions.sql) writes the rest in one round trip.
     """
     (record,) = record_model_turns(db, [turn])
@@ -324,7 +324,7 @@ def record_model_turns(db: Any, turns: list[ModelTurnIn]) -> list[TurnRecord]:
     """``record_model_turn`` for many turns at once, their records in the same order (a
     relay's completer records every turn of its transaction this way): per tenant, a
     fixed few statements however many turns there are, one of them calling
-    ``record_model_turn_v1`` for each of its turns. A refusal of any turn (a missing run,
+    ``record_model_turns_v1`` with all its turns. A refusal of any turn (a missing run,
     another tenant's) raises and, as for one turn, leaves the transaction to the caller."""
     conn = pg(db)
     for turn in turns:
@@ -377,7 +377,7 @@ def _turn_fields(turn: ModelTurnIn) -> Row:
 def _plan_calls(
     conn: psycopg.Connection[Any], tenant_id: str, turns: list[ModelTurnIn]
 ) -> list[list[Row]]:
-    """How each call of each of a tenant's turns will run, as ``record_model_turn_v1``
+    """How each call of each of a tenant's turns will run, as ``record_model_turns_v1``
     takes it: one read of the runs' tools, and one of the tools they name per set of pins
     (the versions a run pinned when it started: runs started alike share one). A run this
     tenant cannot see plans nothing: the function refuses it."""

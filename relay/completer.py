@@ -14,7 +14,7 @@ what is queued (up to ``completion_batch``) and writes it in one transaction:
   (``writer.record_tool_results``, one call of ``record_tool_results_v1`` for every result,
   and ``writer.deliver_batches``): a fixed number of statements however many there are;
   model turns are recorded together through ``writer.record_model_turns``, the code
-  backends call (one statement writes every turn, ``record_model_turn_v1`` for each);
+  backends call (one call of ``record_model_turns_v1`` writes every turn);
 - a failed attempt is retried after exponential backoff with jitter (or what the tool or
   model asked with ``Retry-After``) while ``failures`` stays under ``max_attempts``, then
   quarantined; a deferred one (never started) is put back uncharged.

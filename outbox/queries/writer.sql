@@ -306,12 +306,8 @@ SELECT (SELECT max_steps FROM {s}.platform_limits) AS max_steps
 SELECT id, tool_names, tool_pins FROM {s}.runs WHERE id = ANY(%(run_ids)s)
 
 -- name: record_model_turns
--- Record model turns with their planned calls, in order (record_model_turn_v1,
--- functions.sql, once per turn). Both come as one JSON array each, the nth call list
--- the nth turn's: a jsonb[] parameter cost the relay 82 µs of CPU a turn to send (each
--- element quoted into the array's text), a JSON array 8 µs.
-SELECT r.*
-FROM ROWS FROM (jsonb_array_elements(%(turns)s), jsonb_array_elements(%(calls)s))
-     WITH ORDINALITY AS t(turn, calls, n)
-CROSS JOIN LATERAL {s}.record_model_turn_v1(t.turn, t.calls) r
-ORDER BY t.n
+-- Record model turns with their planned calls, in order (record_model_turns_v1,
+-- functions.sql: each table written once for all the turns). Both come as one JSON array
+-- each, the nth call list the nth turn's: a jsonb[] parameter cost the relay 82 µs of CPU
+-- a turn to send (each element quoted into the array's text), a JSON array 8 µs.
+SELECT * FROM {s}.record_model_turns_v1(%(turns)s, %(calls)s)
