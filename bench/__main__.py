@@ -33,7 +33,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--calls", type=int, help="in-process calls to drain (200,000)")
     parser.add_argument("--http-calls", type=int, help="HTTP tool calls per run (10,000)")
     parser.add_argument("--processes", default="1,2,4", help="relay process counts")
-    parser.add_argument("--concurrency", type=int, default=16, help="relay slots per process")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        help="the relays' --concurrency (default: theirs, 1000 effects in flight per process)",
+    )
     parser.add_argument("--latency-intents", type=int, help="intents for the latency (500)")
     parser.add_argument("--notify-commits", type=int, help="commits per writer thread (250)")
     parser.add_argument(
@@ -152,9 +156,10 @@ def end_to_end(server: str, args: argparse.Namespace, log: Path, out: dict[str, 
             for p in args.process_counts:
                 tools.reset()
                 with bdb.scratch(server, f"http_{p}", template=template) as url:
-                    drain = throughput.drain_relay(url, n, p, args.concurrency, log)
+                    concurrency = args.concurrency or http.RELAY_CONCURRENCY
+                    drain = throughput.drain_relay(url, n, p, concurrency, log)
                     throughput.check_relay_outcome(url, n)
-                alone = http.server_alone(tools, n, p, args.concurrency)
+                alone = http.server_alone(tools, n, p, args.concurrency or http.CLIENTS)
                 out["http"]["relay"][str(p)] = drain.rate
                 out["http"]["server"][str(p)] = alone.rate
                 stderr(

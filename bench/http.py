@@ -2,8 +2,8 @@
 
 The tool is the fake service's ``noop`` tool, served by a separate process
 (``python -m outbox.testing.tools``), so the relay and the tool server do not share a GIL.
-Its own rate is measured with the same client concurrency as the relay has slots
-(``processes x concurrency`` keep-alive connections, one ``httpx2`` client per process), so
+Its own rate is measured with ``CLIENTS`` keep-alive connections per process (or the
+bench's ``--concurrency`` when given), a thread each, one ``httpx2`` client per process, so
 the ratio says what the relay costs around each call, not what the server can do.
 
 Latency: intents are committed one by one at a fixed rate with NOTIFY on, and the commit
@@ -70,6 +70,12 @@ class ToolServer:
 
 # -- the tool server alone ---------------------------------------------------------------
 
+CLIENTS = 16  # threads per process calling the tool server alone (64 or 256 were slower)
+RELAY_CONCURRENCY = 64  # the relays' in-flight calls per process, unless --concurrency says
+# The tool server starts a thread per connection: at the relay's own 1000 a process, two
+# relay processes held 2,000 of them open and measured that server's threads, not the relay
+# (1,150-1,490 calls/s against 2,200-2,800 for one process; 2,300 for two at 64).
+
 
 def _client_worker(
     endpoint: str, n: int, concurrency: int, prefix: str, ready: Any, go: Any
@@ -119,7 +125,7 @@ def latency(
         # The step-1 model turns belong to a model relay, which this bench does not run.
         conn.execute("DELETE FROM outbox.outbox WHERE kind = 'model_turn'")
         conn.commit()
-    relay = start_relay(url, 1, 16, log_path)
+    relay = start_relay(url, 1, None, log_path)
     committed: dict[str, float] = {}
     try:
         with psycopg.connect(url, autocommit=True) as conn:

@@ -42,7 +42,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [
             f"### End to end over HTTP: {http['calls']:,} calls to a no-op tool (per second)",
             "",
-            "| processes | relay | tool server alone, same concurrency | relay / server |",
+            "| processes | relay | tool server alone | relay / server |",
             "|---:|---:|---:|---:|",
         ]
         for p in results["processes"]:

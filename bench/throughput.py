@@ -59,11 +59,15 @@ def stderr(message: str) -> None:
 
 
 def start_relay(
-    url: str, processes: int, concurrency: int, log_path: Path, *extra: str
+    url: str, processes: int, concurrency: int | None, log_path: Path, *extra: str
 ) -> subprocess.Popen[bytes]:
+    """``outbox relay`` for tool calls and deliveries, at its own ``--concurrency`` when
+    ``concurrency`` is None."""
     env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "cli", "relay", "--processes", str(processes)]
-    command += ["--concurrency", str(concurrency), "--kind", "tool_call"]
+    if concurrency is not None:
+        command += ["--concurrency", str(concurrency)]
+    command += ["--kind", "tool_call"]
     command += ["--kind", "deliver_batch", "--log-level", "WARNING", *extra]
     with open(log_path, "ab") as log:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
@@ -79,7 +83,7 @@ def stop_relay(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def drain_relay(url: str, n: int, processes: int, concurrency: int, log_path: Path) -> Drain:
+def drain_relay(url: str, n: int, processes: int, concurrency: int | None, log_path: Path) -> Drain:
     """Start a relay on a seeded database and time it from first lease to drained."""
     with psycopg.connect(url, autocommit=True) as conn:
         relay = start_relay(url, processes, concurrency, log_path)
