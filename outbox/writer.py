@@ -333,8 +333,10 @@ def record_model_turns(db: Any, turns: list[ModelTurnIn]) -> list[TurnRecord]:
     for i, turn in enumerate(turns):
         by_tenant.setdefault(turn.tenant_id, []).append(i)
     rows: list[Row] = [{}] * len(turns)
-    for tenant_id, positions in by_tenant.items():
+    for tenant_id, positions in sorted(by_tenant.items()):
         # A transaction acts for one tenant at a time (enter_tenant_v1 refuses another).
+        # Tenants in name order: each holds its tenant's budget row to the end, so two
+        # completers taking tenants in opposite orders would deadlock.
         tenancy.scope(conn, tenant_id)
         mine = [turns[i] for i in positions]
         planned = _plan_calls(conn, tenant_id, mine)

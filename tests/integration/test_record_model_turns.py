@@ -8,6 +8,7 @@ as a difference between the two)."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
@@ -19,6 +20,7 @@ from outbox import budgets, writer
 from outbox.errors import NotFound
 from outbox.schemas import ModelTurnIn
 from tests.helpers import add_tool, new_run, turn
+from tests.relay_harness import scalar, wait_until
 
 TOOLS = ["lookup_order", "ask_user", "wire_money"]
 
@@ -178,3 +180,134 @@ def test_calls_that_do_not_match_the_turns_are_refused_by_the_database(db_url):
                 "SELECT * FROM outbox.record_model_turns_v1(%s, %s)",
                 [Jsonb([fields]), Jsonb([[], []])],
             )
+
+
+def test_a_turn_without_a_run_is_refused_as_a_missing_run(db_url):
+    with psycopg.connect(db_url) as conn:
+        fields = turn(new_run(conn), 1, text="x").model_dump(mode="json", exclude={"tool_calls"})
+        conn.commit()
+        for turns in ([{**fields, "run_id": None}], [fields, {**fields, "run_id": None}]):
+            with pytest.raises(psycopg.errors.NoDataFound, match="does not exist"):
+                conn.execute(
+                    "SELECT * FROM outbox.record_model_turns_v1(%s, %s)",
+                    [Jsonb(turns), Jsonb([[] for _ in turns])],
+                )
+            conn.rollback()
+
+
+def wake_ups(listener: psycopg.Connection[Any], conn: psycopg.Connection[Any]) -> list[str]:
+    """The wake-ups committed on ``conn`` since the last call: a marker NOTIFY committed
+    after them arrives after them (one session's notifications come in commit order)."""
+    conn.execute("NOTIFY outbox_ready, 'marker'")
+    conn.commit()
+    got = []
+    for notify in listener.notifies(timeout=30):
+        if notify.payload == "marker":
+            return got
+        got.append(notify.payload)
+    raise AssertionError(f"the marker did not arrive; got {got}")
+
+
+def test_only_turns_that_queue_calls_wake_the_relays(db_url):
+    """The NOTIFY trigger fires once per inserting statement, rows or not: a turn that
+    queues nothing must not run the outbox insert, or every relay wakes for nothing."""
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN outbox_ready")
+        with psycopg.connect(db_url) as conn:
+            add_tool(conn)
+            add_tool(conn, "ask_user", executor="client")
+            quiet = [
+                turn(new_run(conn), 1, text="done"),
+                turn(new_run(conn, tools=["ask_user"]), 1, ("c1", "ask_user", {"order_id": "1"})),
+            ]
+            calls = turn(
+                new_run(conn, tools=["lookup_order"]), 1, ("c2", "lookup_order", {"order_id": "7"})
+            )
+            refused = turn(new_run(conn, tools=["lookup_order"]), 1, ("c3", "no_such_tool", {}))
+            wake_ups(listener, conn)  # the seeding's own
+            writer.record_model_turns(conn, quiet)
+            assert wake_ups(listener, conn) == []
+            writer.record_model_turns(conn, [calls])  # a tool call to run
+            assert wake_ups(listener, conn) == ["outbox"]
+            writer.record_model_turns(conn, [refused])  # its batch's delivery, at once
+            assert wake_ups(listener, conn) == ["outbox"]
+
+
+def test_token_counts_past_a_32_bit_integer_add_up(db_url):
+    with psycopg.connect(db_url) as conn:
+        run = new_run(conn)
+        big = turn(run, 1, text="long").model_copy(
+            update={"input_tokens": 2_000_000_000, "output_tokens": 200_000_000}
+        )
+        assert writer.record_model_turn(conn, big).run_status == "completed"
+        row = conn.execute("SELECT tokens_used FROM outbox.runs WHERE id = %s", [run.id]).fetchone()
+        assert row == (2_200_000_000,)
+
+
+def blocked(db_url: str, pid: int) -> bool:
+    query = "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'"
+    return bool(scalar(db_url, query, [pid]))
+
+
+def record_in_thread(db_url: str, turns: list[ModelTurnIn], out: list[Any]) -> threading.Thread:
+    """Record ``turns`` on a connection of its own; its backend pid, then its outcome, go
+    to ``out``."""
+
+    def record() -> None:
+        with psycopg.connect(db_url) as conn:
+            out.append(conn.info.backend_pid)
+            try:
+                out.append(writer.record_model_turns(conn, turns))
+                conn.commit()
+            except Exception as err:
+                out.append(err)
+
+    thread = threading.Thread(target=record)
+    thread.start()
+    return thread
+
+
+def test_a_run_named_twice_is_still_locked_in_id_order(db_url):
+    """[hi, hi, lo] against a transaction holding lo and then asking for hi: with hi taken
+    first (turn order) the two would deadlock; in id order the call waits for lo holding
+    nothing."""
+    with psycopg.connect(db_url) as conn:
+        runs = sorted((new_run(conn) for _ in range(2)), key=lambda r: r.id)
+        conn.commit()
+    lo, hi = runs
+    with psycopg.connect(db_url) as holder:
+        holder.execute("SELECT 1 FROM outbox.runs WHERE id = %s FOR UPDATE", [lo.id])
+        out: list[Any] = []
+        first = record_in_thread(
+            db_url, [turn(hi, 1, text="a"), turn(hi, 1, text="a"), turn(lo, 1, text="b")], out
+        )
+        wait_until(lambda: out and blocked(db_url, out[0]), what="the first caller waits for lo")
+        holder.execute("SELECT 1 FROM outbox.runs WHERE id = %s FOR UPDATE", [hi.id])
+        holder.commit()
+        first.join(30)
+    assert not isinstance(out[1], Exception), out[1]
+    assert [r.created for r in out[1]] == [True, False, True]
+
+
+def test_turns_of_several_tenants_take_their_budgets_in_name_order(db_url):
+    """Each tenant's budget row stays locked to the end of the transaction: callers that
+    took tenants in the order of their turns could deadlock (A then B against B then A)."""
+    with psycopg.connect(db_url) as conn:
+        for tenant in ("tenant-a", "tenant-b"):
+            writer.set_tenant_budget(conn, tenant, 10_000)
+        turns = [turn(new_run(conn, tenant=t), 1, text="x") for t in ("tenant-b", "tenant-a")]
+        conn.commit()
+    with psycopg.connect(db_url) as holder:
+        holder.execute(
+            "SELECT 1 FROM outbox.tenant_budgets WHERE tenant_id = 'tenant-a' FOR UPDATE"
+        )
+        out: list[Any] = []
+        caller = record_in_thread(db_url, turns, out)
+        wait_until(lambda: out and blocked(db_url, out[0]), what="the caller waits for tenant-a")
+        with psycopg.connect(db_url) as other:  # tenant-b's row is not held meanwhile
+            other.execute(
+                "SELECT 1 FROM outbox.tenant_budgets WHERE tenant_id = 'tenant-b' FOR UPDATE NOWAIT"
+            )
+        holder.rollback()
+        caller.join(30)
+    assert not isinstance(out[1], Exception), out[1]

@@ -68,7 +68,7 @@ PINNED = {
     "0027_record_model_turn.py": "f9a8a412bfa5d929",
     "0027_record_model_turn.sql": "a55e2d3b4ef8d18e",
     "0028_record_model_turns.py": "3f55869ecaf1dd79",
-    "0028_record_model_turns.sql": "f69fb88a5ae7ca8c",
+    "0028_record_model_turns.sql": "8d62bb44defba410",
 }
 
 

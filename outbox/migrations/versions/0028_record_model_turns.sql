@@ -60,7 +60,8 @@ DECLARE
     v_refusal record;
     v_new     bigint[];  -- positions (from 1) in p_turns of the turns to record
     v_ended   bigint[];  -- positions of the turns of runs that are over
-    v_refused jsonb;
+    v_refused jsonb;     -- results of the calls refused when planned
+    v_queued  jsonb;     -- the calls that get an outbox row
 BEGIN
     IF jsonb_typeof(p_turns) IS DISTINCT FROM 'array'
        OR jsonb_typeof(p_calls) IS DISTINCT FROM 'array'
@@ -70,7 +71,17 @@ BEGIN
                   HINT = 'pass each turn''s list of calls at its turn''s position';
     END IF;
     v_run_ids := ARRAY(SELECT (t->>'run_id')::uuid FROM jsonb_array_elements(p_turns) t);
-    IF cardinality(v_run_ids) > (SELECT count(DISTINCT id) FROM unnest(v_run_ids) id) THEN
+    FOR v_tenant IN
+        SELECT t.turn->>'tenant_id' FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
+        GROUP BY 1 ORDER BY min(t.n)
+    LOOP
+        PERFORM {s}.enter_tenant_v1(v_tenant);
+    END LOOP;
+    PERFORM 1 FROM {s}.runs r WHERE r.id = ANY(v_run_ids) ORDER BY r.id FOR UPDATE;
+
+    IF cardinality(v_run_ids) > 1
+       AND cardinality(v_run_ids) > (SELECT count(DISTINCT id) FROM unnest(v_run_ids) id) THEN
+        -- A run named twice (or a turn without one): one turn at a time, in order.
         RETURN QUERY
         SELECT r.*
         FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
@@ -79,14 +90,6 @@ BEGIN
         ORDER BY t.n;
         RETURN;
     END IF;
-    FOR v_tenant IN
-        SELECT t.turn->>'tenant_id' FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
-        GROUP BY 1 ORDER BY min(t.n)
-    LOOP
-        PERFORM {s}.enter_tenant_v1(v_tenant);
-    END LOOP;
-
-    PERFORM 1 FROM {s}.runs r WHERE r.id = ANY(v_run_ids) ORDER BY r.id FOR UPDATE;
     SELECT (t.turn->>'run_id')::uuid AS run_id, t.turn->>'tenant_id' AS tenant_id,
            r.id IS NULL AS missing
     INTO v_refusal
@@ -202,8 +205,8 @@ BEGIN
     CROSS JOIN LATERAL jsonb_array_elements(p_calls->(t.n::integer - 1)) WITH ORDINALITY AS c(call, o)
     ORDER BY t.n, c.o;
 
-    -- Each call's outbox row or approval, journal tool_call.intended (and
-    -- approval.requested), and the refused calls' results.
+    -- Each call's approval, journal tool_call.intended (and approval.requested); then the
+    -- outbox rows and the refused calls' results.
     WITH call AS (
         SELECT t.n, c.call, tc.id AS ref, tc.position, tc.tenant_id, tc.run_id, tc.thread_id,
                tc.batch_id, tc.tool_call_id, r.correlation_id,
@@ -215,17 +218,6 @@ BEGIN
         CROSS JOIN LATERAL jsonb_array_elements(p_calls->(t.n::integer - 1)) WITH ORDINALITY AS c(call, o)
         JOIN {s}.tool_calls tc ON tc.batch_id = b.id AND tc.position = c.o - 1
         WHERE t.n = ANY(v_new)
-    ), queued AS (
-        INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
-                                tool_call_ref, tool_name, correlation_id, max_attempts,
-                                payload, available_at)
-        SELECT call.tenant_id, 'tool_call', {s}.tool_call_key_v1(call.ref), call.thread_id,
-               call.run_id, call.batch_id, call.ref, call.call->>'name', call.correlation_id,
-               (call.call->>'max_attempts')::integer, '{}',
-               CASE WHEN call.held THEN 'infinity'::timestamptz ELSE now() END
-        FROM call WHERE call.queued
-        ORDER BY call.n, call.position
-        ON CONFLICT (dedup_key) DO NOTHING
     ), approval AS (
         INSERT INTO {s}.approvals (tenant_id, run_id, thread_id, batch_id, tool_call_ref,
                                    tool_call_id, tool_name, arguments_digest, rule, approvers,
@@ -261,9 +253,26 @@ BEGIN
     SELECT jsonb_agg(jsonb_build_object('ref', call.ref, 'status', 'error',
                                         'error', call.call->>'error', 'source', 'validation',
                                         'output', NULL, 'attempt', 0)
-                     ORDER BY call.n, call.position)
-    INTO v_refused
-    FROM call WHERE call.call->>'error' IS NOT NULL;
+                     ORDER BY call.n, call.position) FILTER (WHERE call.call->>'error' IS NOT NULL),
+           jsonb_agg(jsonb_build_object('ref', call.ref, 'held', call.held,
+                                        'max_attempts', call.call->'max_attempts')
+                     ORDER BY call.n, call.position) FILTER (WHERE call.queued)
+    INTO v_refused, v_queued
+    FROM call;
+    -- Only a statement that inserts rows wakes the relays (the NOTIFY trigger is per statement).
+    IF v_queued IS NOT NULL THEN
+        INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
+                                tool_call_ref, tool_name, correlation_id, max_attempts,
+                                payload, available_at)
+        SELECT tc.tenant_id, 'tool_call', {s}.tool_call_key_v1(tc.id), tc.thread_id, tc.run_id,
+               tc.batch_id, tc.id, tc.tool_name, r.correlation_id, q.max_attempts, '{}',
+               CASE WHEN q.held THEN 'infinity'::timestamptz ELSE now() END
+        FROM jsonb_to_recordset(v_queued) AS q(ref bigint, held boolean, max_attempts integer)
+        JOIN {s}.tool_calls tc ON tc.id = q.ref
+        JOIN {s}.runs r ON r.id = tc.run_id
+        ORDER BY tc.id
+        ON CONFLICT (dedup_key) DO NOTHING;
+    END IF;
     IF v_refused IS NOT NULL THEN
         -- The one rule for results: stored, counted down, and the batch's delivery
         -- enqueued once if no call of it is left to run.
@@ -272,7 +281,7 @@ BEGIN
 
     -- The runs' new status (journal run.completed for a turn without calls).
     WITH outcome AS (
-        SELECT t.n, mt.run_id, mt.step_no, mt.input_tokens + mt.output_tokens AS tokens,
+        SELECT t.n, mt.run_id, mt.step_no, mt.input_tokens::bigint + mt.output_tokens AS tokens,
                coalesce(mt.cost, 0) AS cost,
                CASE WHEN jsonb_array_length(p_calls->(t.n::integer - 1)) = 0 THEN 'completed'
                     WHEN EXISTS (SELECT 1 FROM jsonb_array_elements(p_calls->(t.n::integer - 1)) c
