@@ -158,12 +158,19 @@ class ToolExecutor:
                 json={"idempotency_key": row.idempotency_key, "arguments": row.arguments},
                 headers=request_headers(row, secret),
                 timeout=row.timeout_s or 30.0,
+                max_body=outbox_config.MAX_PAYLOAD_BYTES,
             )
         except httpx2.HTTPError as err:
             return retry(row, f"lookup at {row.lookup_endpoint} failed: {describe(err)}")
         if response.status_code != 200:
             return retry(
                 row, f"lookup answered HTTP {response.status_code}: {preview(response, secret)}"
+            )
+        if "body_cut_at" in response.extensions:
+            return retry(
+                row,
+                f"lookup answered over {outbox_config.MAX_PAYLOAD_BYTES} bytes, the cap of a "
+                "tool result; it was not read further",
             )
         try:
             body = response.json()
@@ -179,7 +186,11 @@ class ToolExecutor:
         headers = request_headers(row, secret)
         try:
             response = await self.http.post(
-                row.endpoint, json=row.arguments, headers=headers, timeout=row.timeout_s or 30.0
+                row.endpoint,
+                json=row.arguments,
+                headers=headers,
+                timeout=row.timeout_s or 30.0,
+                max_body=outbox_config.MAX_PAYLOAD_BYTES,  # read no further than the cap
             )
         except (httpx2.ConnectError, httpx2.ConnectTimeout) as err:
             return retry(row, f"could not reach {row.endpoint}: {describe(err)}", unsent=True)
@@ -200,11 +211,12 @@ def normalise(
     status = response.status_code
     if 200 <= status < 300:
         size = len(response.content)
-        if size > outbox_config.MAX_PAYLOAD_BYTES:
+        cut = response.extensions.get("body_cut_at")
+        if cut is not None or size > outbox_config.MAX_PAYLOAD_BYTES:
+            said = f"{size} bytes" if cut is None else f"over {cut} bytes (not read further)"
             return error_result(
                 row,
-                f"tool result is {size} bytes, over the cap of "
-                f"{outbox_config.MAX_PAYLOAD_BYTES} bytes",
+                f"tool result is {said}, over the cap of {outbox_config.MAX_PAYLOAD_BYTES} bytes",
             )
         try:
             output = response.json() if size else None

@@ -24,6 +24,11 @@ executors' failure classes are built on: ``ConnectError``/``ConnectTimeout`` onl
 the request was certainly not sent, ``ReadTimeout``/``WriteTimeout`` and
 ``RemoteProtocolError``/``ReadError`` when it was (or may have been) sent and no whole
 answer came.
+
+A request may bound the answer's body (``max_body``): past it the body is not read further,
+the connection is closed, and the answer comes back with what was read and
+``extensions["body_cut_at"]``, so that a tool answering gigabytes costs the relay a few
+hundred kilobytes, not its memory.
 """
 
 from __future__ import annotations
@@ -56,7 +61,9 @@ OWN_HEADERS = {"host", "content-length", "transfer-encoding"}  # the poster's fr
 class Answer:
     """An HTTP/1.1 response parsed from its bytes as they arrive (``feed``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_body: int | None = None) -> None:
+        self.max_body = max_body  # body bytes read at most; past them the answer is cut
+        self.cut = False  # the body was cut at max_body
         self.buffer = bytearray()
         self.status = 0  # 0 until the head is read
         self.headers: list[tuple[bytes, bytes]] = []
@@ -80,19 +87,37 @@ class Answer:
             head = bytes(self.buffer[:end])
             del self.buffer[: end + 4]
             self._head(head)
+        if self.complete:
+            return True
         if self.chunked:
-            return self._chunks()
+            return self._chunks() or self._over()
         if self.length == UNTIL_END:
             self.body += self.buffer
             self.buffer.clear()
-            return False
+            return self._over()
+        if self._over():  # a content-length past max_body is not waited for
+            return True
         take = min(self.length, len(self.buffer))
         self.body += self.buffer[:take]
         del self.buffer[:take]
         self.length -= take
         if self.length == 0:
             self._done()
-        return self.complete
+        return self.complete or self._over()
+
+    def _over(self) -> bool:
+        """Whether the body passed ``max_body``; if so the answer ends here, cut."""
+        if self.max_body is None:
+            return False
+        ahead = self.length if self.length > 0 and not self.chunked else 0
+        if len(self.body) + max(ahead, len(self.buffer) - MAX_HEAD) <= self.max_body:
+            return False
+        if not self.chunked:  # what has arrived of it, for an error message's preview
+            self.body += self.buffer[: max(0, self.max_body - len(self.body))]
+        del self.body[self.max_body :]
+        self.buffer.clear()
+        self.cut, self.complete, self.reusable = True, True, False
+        return True
 
     def end(self) -> bool:
         """The server ended the connection; whether that completes the answer."""
@@ -264,13 +289,14 @@ class Connection(asyncio.Protocol):
         except (OSError, ValueError):
             return False
 
-    async def request(self, data: bytes, timeout: float) -> Answer:
-        """Send ``data`` (a whole request) and wait for its whole answer; no bytes may
-        arrive for ``timeout`` seconds."""
+    async def request(self, data: bytes, timeout: float, max_body: int | None = None) -> Answer:
+        """Send ``data`` (a whole request) and wait for its whole answer (or the first
+        ``max_body`` bytes of its body); no bytes may arrive for ``timeout`` seconds."""
         if self.closed or self.transport is None:  # ended by the server since it was opened
             raise httpx2.ConnectError("the server closed the connection before the request")
         self.loop = asyncio.get_running_loop()
-        self.answer, self.waiter, self.timeout = Answer(), self.loop.create_future(), timeout
+        self.answer, self.waiter = Answer(max_body), self.loop.create_future()
+        self.timeout = timeout
         self.transport.write(data)
         try:
             async with asyncio.timeout(timeout) as self.deadline:
@@ -368,9 +394,12 @@ class Poster:
         json: Any = None,
         content: bytes | None = None,
         headers: dict[str, str] | None = None,
+        max_body: int | None = None,
     ) -> httpx2.Response:
         """``timeout`` (seconds) bounds the connect, the send, and each wait for bytes of
-        the answer. ``json`` is sent as ``application/json`` (compact, as ``httpx2``)."""
+        the answer. ``json`` is sent as ``application/json`` (compact, as ``httpx2``). An
+        answer whose body passes ``max_body`` bytes comes back cut there, with
+        ``extensions["body_cut_at"] = max_body`` (the module docstring)."""
         origin, line = _target(url)
         sent = dict(headers or {})
         if content is None:
@@ -381,7 +410,7 @@ class Poster:
         connection = self._kept(origin) or await self._connect(origin, timeout)
         self.busy.add(connection)
         try:
-            answer = await connection.request(data, timeout)
+            answer = await connection.request(data, timeout, max_body)
         except BaseException:
             connection.close()
             raise
@@ -392,7 +421,10 @@ class Poster:
             self.idle.setdefault(origin, []).append(connection)
         else:
             connection.close()
-        return httpx2.Response(answer.status, headers=answer.headers, content=bytes(answer.body))
+        extensions = {"body_cut_at": max_body} if answer.cut else None
+        return httpx2.Response(
+            answer.status, headers=answer.headers, content=bytes(answer.body), extensions=extensions
+        )
 
     def close_idle(self, now: float) -> int:
         """Close the connections idle since before ``now - IDLE_S``; returns how many.

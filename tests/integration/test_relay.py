@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from outbox import writer
+from outbox import config as outbox_config
+from outbox import registry, writer
 from outbox.testing.tools import FakeToolService
 from tests.relay_harness import (
     all_settled,
@@ -92,6 +96,52 @@ def test_4xx_is_a_terminal_error_result_the_model_sees(db_url, tools):
     assert len(tools.tool("keyed").deliveries) == 1
     content = scalar(db_url, "SELECT content FROM outbox.messages WHERE role = 'tool'")
     assert "HTTP 400" in content
+
+
+@contextlib.contextmanager
+def endless_tool() -> Iterator[str]:
+    """A tool answering 200 with a chunked body that never ends: its URL. Each connection
+    is fed until the client hangs up."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    chunk = b"1000\r\n" + b"x" * 4096 + b"\r\n"
+
+    def feed(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.recv(65536)
+            conn.sendall(head)
+            while True:
+                conn.sendall(chunk)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=feed, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/endless"
+    finally:
+        listener.close()
+
+
+def test_a_tool_answering_without_end_gets_an_error_result_at_the_cap(db_url):
+    """The relay reads a tool's answer up to the cap of a result and no further: the call
+    fails with what happened, the model sees it, the relay's memory is not the tool's."""
+    with endless_tool() as url, psycopg.connect(db_url) as conn:
+        spec = registry.ToolSpec(name="endless", executor="http", endpoint=url, timeout_s=10)
+        registry.register(conn, spec)
+        conn.commit()
+        seed(db_url, ["endless"], runs=1, calls_per_batch=1, args=args)
+        with relay_thread(db_url):
+            wait_until(lambda: all_settled(db_url))
+    assert tool_call_states(db_url) == {"failed": 1}
+    content = scalar(db_url, "SELECT content FROM outbox.messages WHERE role = 'tool'")
+    assert "not read further" in content
+    assert f"over the cap of {outbox_config.MAX_PAYLOAD_BYTES} bytes" in content
 
 
 def test_5xx_retries_with_the_same_key_then_succeeds(db_url, tools):

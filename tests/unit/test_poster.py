@@ -654,3 +654,67 @@ def test_an_idle_connection_does_not_keep_its_last_answer():
             return [connection.answer, connection.waiter]
 
     assert asyncio.run(main()) == [None, None]
+
+
+ENDLESS_HEADS = {
+    "content-length": b"HTTP/1.1 200 OK\r\ncontent-length: 1000000000\r\n\r\n",
+    "chunked, small chunks": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+    "chunked, one huge chunk": b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    + b"40000000\r\n",
+    "until the end": b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("framing", ENDLESS_HEADS)
+def test_a_body_past_max_body_is_cut_and_its_connection_dropped(framing):
+    """A server that would send a gigabyte: the answer comes back cut at ``max_body`` (what
+    the relay holds of it stays near that), marked, and its connection is not kept."""
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await read_request(reader)
+        writer.write(ENDLESS_HEADS[framing])
+        piece = b"x" * 4096
+        if framing == "chunked, small chunks":
+            piece = b"1000\r\n" + piece + b"\r\n"
+        with contextlib.suppress(ConnectionError):
+            for _ in range(250_000):  # a gigabyte, unless the client stops reading
+                writer.write(piece)
+                await writer.drain()
+        writer.close()
+
+    async def main() -> tuple[httpx2.Response, httpx2.Response]:
+        async with served(handler) as (poster, url):
+            first = await poster.post(url, json={}, timeout=5, max_body=100_000)
+            return first, await poster.post(url, json={}, timeout=5, max_body=100_000)
+
+    for response in asyncio.run(main()):
+        assert response.status_code == 200
+        assert response.extensions["body_cut_at"] == 100_000
+        assert len(response.content) <= 100_000
+        assert set(response.content) <= {ord("x")}
+    assert connections == 2
+
+
+def test_a_body_within_max_body_is_read_whole_and_its_connection_kept():
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        for _ in range(2):
+            await read_request(reader)
+            writer.write(answer(b'"' + b"y" * 99_998 + b'"'))
+            await writer.drain()
+        writer.close()
+
+    async def main() -> list[httpx2.Response]:
+        async with served(handler) as (poster, url):
+            return [await poster.post(url, json={}, timeout=5, max_body=100_000) for _ in "ab"]
+
+    for response in asyncio.run(main()):
+        assert "body_cut_at" not in response.extensions
+        assert len(response.json()) == 99_998
+    assert connections == 1
