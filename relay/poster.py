@@ -103,7 +103,7 @@ class Answer:
         self.length -= take
         if self.length == 0:
             self._done()
-        return self.complete or self._over()
+        return self.complete
 
     def _over(self) -> bool:
         """Whether the body passed ``max_body``; if so the answer ends here, cut."""
