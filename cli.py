@@ -372,7 +372,23 @@ def tools_group() -> None:
 )
 @click.option("--schema", "schema_", help="JSON Schema of the arguments: inline JSON or @file.")
 @click.option(
-    "--timeout", "timeout_s", type=float, default=30.0, show_default=True, help="Seconds."
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds the relay waits for an answer.",
+)
+@click.option(
+    "--settle",
+    "settle_s",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds after --timeout that a request the relay gave up on may still take effect "
+    "at the tool (it was sent before its relay died or stopped waiting): the relay makes no "
+    "lookup and no resend of that call before dispatch + timeout + settle. The tool must "
+    "not act on a request later than that (docs/relay.md).",
 )
 @click.option("--max-attempts", type=int, default=5, show_default=True)
 @click.option(
@@ -430,6 +446,7 @@ def tools_register(
         lookup_endpoint=opts["lookup_endpoint"],
         idempotency_mode=opts["idempotency"],
         timeout_s=opts["timeout_s"],
+        settle_s=opts["settle_s"],
         max_attempts=opts["max_attempts"],
         risk_tier=opts["risk"],
         requires_approval=opts["requires_approval"],

@@ -286,6 +286,12 @@ class ToolCall(Base):
     status: Mapped[str] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer)
     dispatched_attempt: Mapped[int | None] = mapped_column(Integer)
+    dispatched_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        comment="when attempt dispatched_attempt was marked as possibly reaching the tool "
+        "(now() of the database, just before the request was sent); NULL once the tool "
+        "answered it",
+    )
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
@@ -438,6 +444,13 @@ class Tool(Base):
     callable: Mapped[str | None] = mapped_column(Text)
     credential_ref: Mapped[str | None] = mapped_column(Text)
     timeout_s: Mapped[float] = mapped_column(Double)
+    settle_s: Mapped[float] = mapped_column(
+        Double,
+        server_default=text("5"),
+        comment="seconds after its timeout that a request the relay gave up on may still take "
+        "effect at the tool: no lookup and no resend of its call before dispatch + timeout_s "
+        "+ settle_s",
+    )
     max_attempts: Mapped[int] = mapped_column(Integer)
     idempotency_mode: Mapped[str] = mapped_column(Text)
     risk_tier: Mapped[str] = mapped_column(Text)

@@ -42,12 +42,14 @@ class IdempotencyMode:
     """What a tool's idempotency mode lets the relay do with its calls (DESIGN invariant 5).
 
     ``dispatch_mark``: a mark is committed, fenced, before each attempt may reach the tool,
-    so the next attempt knows the earlier one was ambiguous. ``after_ambiguous``: what the
-    attempt after an ambiguous one (timeout after send, 5xx, broken connection, a worker that
-    died mid-call) does: ``retry`` (the same key again; the tool dedups), ``lookup`` (ask the
-    lookup endpoint first, call only on "not found") or ``unknown`` (never call again:
-    ``outcome_unknown`` for an operator). ``in_chunks``: in-process calls may run many to a
-    thread hop (``relay.inprocess``), since no mark must be committed before each."""
+    so the next attempt knows the earlier one was ambiguous (an HTTP request is marked in
+    every mode: it may outlive the relay that sent it, ``relay.executors``).
+    ``after_ambiguous``: what the attempt after an ambiguous one (timeout after send, 5xx,
+    broken connection, a worker that died mid-call) does: ``retry`` (the same key again;
+    the tool dedups), ``lookup`` (ask the lookup endpoint first, call only on "not found")
+    or ``unknown`` (never call again: ``outcome_unknown`` for an operator). ``in_chunks``:
+    in-process calls may run many to a thread hop (``relay.inprocess``), since no mark
+    must be committed before each."""
 
     name: str | None
     dispatch_mark: bool
@@ -87,6 +89,9 @@ class ToolSpec(BaseModel):
     callable: str | None = None
     credential_ref: str | None = None
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    # How long after ``timeout_s`` a request the relay gave up on may still act at the tool:
+    # no lookup and no resend of that call before dispatch + timeout_s + settle_s.
+    settle_s: float = Field(default=5.0, ge=0, le=3600)
     max_attempts: int = Field(default=5, gt=0, le=100)
     idempotency_mode: ModeName = "key"
     risk_tier: Literal["low", "medium", "high"] = "low"
@@ -105,11 +110,14 @@ class ToolSpec(BaseModel):
         if self.executor == "python" and not self.callable:
             raise ValueError("a python tool needs a callable ('package.module:function')")
         if (
-            self.executor == "http"
-            and IDEMPOTENCY_MODES[self.idempotency_mode].after_ambiguous == "lookup"
+            IDEMPOTENCY_MODES[self.idempotency_mode].after_ambiguous == "lookup"
             and not self.lookup_endpoint
         ):
-            raise ValueError("idempotency mode 'lookup' needs a lookup_endpoint URL")
+            # A python tool too: without somewhere to look, "lookup" would mean "call again".
+            raise ValueError(
+                "idempotency mode 'lookup' needs a lookup_endpoint URL (for a python tool "
+                "without one, use 'key' if it tolerates running twice, else 'none')"
+            )
         try:
             jsonschema.Draft202012Validator.check_schema(self.json_schema)
         except jsonschema.SchemaError as err:

@@ -374,7 +374,7 @@ class Completer:
                 charge=charge,
             ):
                 return "fenced"
-            self._call_status(conn, row, "pending", outcome.error, outcome.unsent)
+            self._call_status(conn, outcome, "pending")
             self.metrics.retried.inc()
             writer.journal(
                 conn,
@@ -388,7 +388,7 @@ class Completer:
         if not self._fence(conn, self.q.quarantine, outcome, error=outcome.error):
             return "fenced"
         status = "outcome_unknown" if reason == "outcome_unknown" else "quarantined"
-        self._call_status(conn, row, status, outcome.error, outcome.unsent)
+        self._call_status(conn, outcome, status)
         self.metrics.quarantined.labels(reason).inc()
         writer.journal(
             conn,
@@ -450,15 +450,11 @@ class Completer:
         )
         return "webhook_delivered" if delivered else "webhook_dropped"
 
-    def _call_status(
-        self,
-        conn: psycopg.Connection[Any],
-        row: Claimed,
-        status: str,
-        error: str | None,
-        unsent: bool = False,
-    ) -> None:
-        """Record a call's state after an attempt (``unsent``: take its dispatch mark back)."""
+    def _call_status(self, conn: psycopg.Connection[Any], outcome: Outcome, status: str) -> None:
+        """Record a call's state after an attempt: its dispatch mark taken back when the
+        attempt never reached the tool, its dispatch time forgotten when the tool answered
+        (the request is over there: nothing of it can act later)."""
+        row = outcome.row
         if row.tool_call_ref is not None:
             conn.execute(
                 self.q.call_status,
@@ -466,8 +462,9 @@ class Completer:
                     "tool_call_ref": row.tool_call_ref,
                     "status": status,
                     "attempt": row.attempt,
-                    "error": error,
-                    "unsent": unsent,
+                    "error": outcome.error,
+                    "unsent": outcome.unsent,
+                    "answered": outcome.answered,
                 },
             )
 

@@ -4,13 +4,18 @@ They are coroutines on the I/O engine's event loop (``relay.engine``): an HTTP c
 is a task waiting on a socket, not a thread and never a database connection.
 
 An executor never writes the outcome itself; the worker's completer does, in a fenced
-transaction. The one exception is the *dispatch mark*: before calling a tool that cannot
-deduplicate (idempotency mode ``lookup`` or ``none``), the executor records, conditional on
-still holding an unexpired lease, that this attempt may reach the tool. A later attempt that
-finds the mark knows the outcome is ambiguous and follows the tool's mode: ``lookup`` asks
-the tool what happened, ``none`` goes to ``outcome_unknown`` for an operator and is never
-executed on a guess (DESIGN invariant 5). ``outbox.registry.IDEMPOTENCY_MODES`` is the
-table of what each mode does; this module and ``relay.outcomes`` follow it.
+transaction. The one exception is the *dispatch mark*: before sending a request to an HTTP
+tool (in every mode) or calling a python tool that cannot deduplicate (``lookup``/``none``),
+the executor records, conditional on still holding an unexpired lease, that this attempt
+may reach the tool, and when (the database's clock). A later attempt that finds the mark
+knows the outcome is ambiguous and follows the tool's mode: ``none`` goes to
+``outcome_unknown`` for an operator and is never executed on a guess (DESIGN invariant 5);
+``lookup`` asks the tool what happened and ``key`` resends with the same key, but neither
+before the marked request can no longer take effect: a request outlives the relay that sent
+it (killed, or gave up waiting), and a lookup made while it runs at the tool answers "not
+found". So they wait until the mark's time + the tool's timeout + its ``settle_s``
+(``settling``), however soon the row was rescued. ``outbox.registry.IDEMPOTENCY_MODES`` is
+the table of what each mode does; this module and ``relay.outcomes`` follow it.
 
 Failure classes for an HTTP tool:
 
@@ -58,6 +63,9 @@ from relay.outcomes import (
 from relay.poster import Poster
 
 NOT_PROCESSED = {408, 429, 503}  # HTTP statuses that say the request was not processed
+# Answers of a gateway in front of the tool, not of the tool: the request may still be
+# running behind it, so the next attempt waits for it to settle like after a timeout.
+GATEWAY_ANSWERS = {502, 504}
 RESPONSE_PREVIEW_CHARS = 500
 
 # -- secrets and tracing ----------------------------------------------------------------
@@ -127,18 +135,25 @@ class ToolExecutor:
     async def _run(self, row: Claimed, secret: credentials.Secret | None) -> Outcome:
         mode = registry.idempotency(row.idempotency_mode)
         if row.dispatched_attempt is not None:
-            if mode.after_ambiguous == "unknown":
+            if mode.after_ambiguous == "unknown" or (
+                mode.after_ambiguous == "lookup" and not row.lookup_endpoint
+            ):
                 return Outcome(
                     row,
                     "unknown",
                     error=f"outcome unknown: attempt {row.dispatched_attempt} may have reached "
                     f"the tool; {NOT_REPEATED}",
                 )
+            if row.settle_wait_s is not None and row.settle_wait_s > 0:
+                return settling(row, row.settle_wait_s)
             if mode.after_ambiguous == "lookup":
                 found = await self._lookup(row, secret)
                 if found is not None:
                     return found
-        if mode.dispatch_mark and not await self.mark_dispatched(row):
+        # A request sent over the network may outlive its sender, so its dispatch time is
+        # recorded in every mode; an in-process call dies with its process.
+        marked = mode.dispatch_mark or row.executor == "http"
+        if marked and not await self.mark_dispatched(row):
             return Outcome(row, "lost", error="lease lost before dispatch; not called")
         if row.executor == "python":
             loop = asyncio.get_running_loop()
@@ -203,6 +218,21 @@ class ToolExecutor:
         return normalise(row, response, secret)
 
 
+def settling(row: Claimed, wait_s: float) -> Outcome:
+    """The attempt after one that may have reached the tool, too early: that request may
+    still be running there (its relay died or stopped waiting, the tool did not), so a
+    lookup would answer "not found" and a resend act twice. Nothing is done until its
+    dispatch + the tool's timeout + settle time has passed; no attempt is charged."""
+    return Outcome(
+        row,
+        "defer",
+        error=f"attempt {row.dispatched_attempt} may have reached the tool and may still take "
+        f"effect there for {wait_s:.1f}s more (its dispatch + the tool's timeout and settle "
+        "time): no lookup and no resend before then",
+        delay_s=wait_s,
+    )
+
+
 def normalise(
     row: Claimed, response: httpx2.Response, secret: credentials.Secret | None = None
 ) -> Outcome:
@@ -232,7 +262,11 @@ def normalise(
         )
     if 400 <= status < 500:
         return error_result(row, f"HTTP {status} from {row.tool_name}: {preview(response, secret)}")
-    return ambiguous(row, f"HTTP {status} from {row.endpoint}: {preview(response, secret)}")
+    return ambiguous(
+        row,
+        f"HTTP {status} from {row.endpoint}: {preview(response, secret)}",
+        answered=status not in GATEWAY_ANSWERS,
+    )
 
 
 def _call_python(row: Claimed) -> Outcome:

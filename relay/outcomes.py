@@ -59,6 +59,9 @@ class Claimed(NamedTuple):
     idempotency_mode: str | None = None
     executor: str | None = None
     dispatched_attempt: int | None = None
+    # seconds until an earlier attempt that may have reached the tool can no longer take
+    # effect there (None: there is no such attempt); by the database's clock
+    settle_wait_s: float | None = None
     endpoint: str | None = None
     lookup_endpoint: str | None = None
     callable: str | None = None
@@ -97,7 +100,9 @@ class Outcome:
     ``error``: its endpoint was removed), to record with the finished row.
     ``unsent``: the attempt certainly never reached the tool (refused connection, a status
     that says "not processed", a call that never started), so its dispatch mark is taken
-    back and the next attempt is not ambiguous."""
+    back and the next attempt is not ambiguous. ``answered``: the tool answered the attempt
+    (a 5xx from the tool itself): its outcome is still ambiguous, but the request is over
+    there, so the next attempt need not wait for it to settle (``relay.executors``)."""
 
     row: Claimed
     action: Action
@@ -108,6 +113,7 @@ class Outcome:
     duration_s: float = 0.0
     delay_s: float | None = None
     unsent: bool = False
+    answered: bool = False
 
 
 def result(row: Claimed, output: Any, source: str = "relay") -> Outcome:
@@ -141,11 +147,12 @@ def retry_after_s(value: str | None) -> float | None:
     return min(RETRY_AFTER_MAX_S, max(0.0, seconds))
 
 
-def ambiguous(row: Claimed, error: str) -> Outcome:
-    """An attempt whose effect may or may not have happened, per the tool's mode."""
+def ambiguous(row: Claimed, error: str, *, answered: bool = False) -> Outcome:
+    """An attempt whose effect may or may not have happened, per the tool's mode;
+    ``answered``: the tool answered it (``Outcome``)."""
     if registry.idempotency(row.idempotency_mode).after_ambiguous == "unknown":
         return Outcome(row, "unknown", error=f"outcome unknown: {error}; {NOT_REPEATED}")
-    return retry(row, error)
+    return dataclasses.replace(retry(row, error), answered=answered)
 
 
 def runs_in_chunks(row: Claimed) -> bool:

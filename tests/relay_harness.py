@@ -61,6 +61,9 @@ def register_tool(
         "endpoint": service.endpoint(name),
         "idempotency_mode": mode,
         "timeout_s": 2.0,
+        # How long after its timeout an abandoned request may still act at the fake tools:
+        # they act at once (or when a test's fault says), so tests need not wait 5 s.
+        "settle_s": 0.5,
         "max_attempts": 8,
     }
     if mode == "lookup":

@@ -41,7 +41,9 @@ from outbox.testing.server import (
 )
 
 IdempotencyMode = ModeName  # the modes of outbox.registry.IDEMPOTENCY_MODES
-FaultKind = Literal["latency", "fail", "drop", "stall_after_commit", "echo_credentials"]
+FaultKind = Literal[
+    "latency", "fail", "drop", "stall_after_commit", "act_after", "echo_credentials"
+]
 ToolHandler = Callable[[dict[str, Any], int], dict[str, Any]]  # (arguments, effect_id) -> result
 
 TOOLS_PREFIX = "/tools/"
@@ -140,6 +142,7 @@ class FakeTool:
         self._by_key: dict[str, Effect] = {}
         self._faults: list[_Fault] = []
         self._lookups = 0
+        self._lookup_starts: list[float] = []  # time.monotonic() at each lookup's arrival
 
     # -- faults: each applies to the next ``n`` deliveries (None: unlimited) and/or for
     #    ``window_s`` seconds from now; ``clear_faults`` removes them all.
@@ -161,6 +164,13 @@ class FakeTool:
     ) -> None:
         """Record the side effect, then hold the answer ``seconds`` (a timeout after send)."""
         self._add_fault(_Fault("stall_after_commit", seconds=seconds), n, window_s)
+
+    def act_after(self, seconds: float, n: int | None = 1, window_s: float | None = None) -> None:
+        """Take the request and check its key at once, but act ``seconds`` later, recording
+        the effect (and the key, for a ``key`` tool) only then, as a tool whose work and
+        idempotency record finish after a while: a repeat or a lookup that arrives
+        meanwhile finds nothing, and a repeat acts a second time."""
+        self._add_fault(_Fault("act_after", seconds=seconds), n, window_s)
 
     def echo_credentials(
         self,
@@ -218,6 +228,12 @@ class FakeTool:
         with self._lock:
             return self._lookups
 
+    @property
+    def lookup_starts(self) -> list[float]:
+        """When each lookup request arrived (``time.monotonic()``, as ``starts``)."""
+        with self._lock:
+            return list(self._lookup_starts)
+
     def duplicate_effects(self) -> int:
         """Effects beyond one per idempotency key (effects without a key are not counted)."""
         seen: set[str] = set()
@@ -254,6 +270,7 @@ class FakeTool:
             self._effects.clear()
             self._by_key.clear()
             self._lookups = 0
+            self._lookup_starts.clear()
 
     def to_json(self) -> dict[str, Any]:
         with self._lock:
@@ -275,6 +292,12 @@ class FakeTool:
         """The most requests this tool was answering at once (to check concurrency limits)."""
         with self._lock:
             return self._max_in_flight
+
+    @property
+    def in_flight(self) -> int:
+        """How many requests the tool is answering now (an abandoned one included)."""
+        with self._lock:
+            return self._in_flight
 
     @property
     def starts(self) -> list[float]:
@@ -329,8 +352,11 @@ class FakeTool:
         return self._apply(request, key, arguments)
 
     def _apply(self, request: Request, key: str | None, arguments: dict[str, Any]) -> Reply:
-        """Dedup by key, run the handler and record the effect: one critical section."""
+        """Dedup by key, run the handler and record the effect: one critical section (or
+        two, the key checked in the first and the effect recorded in the second, for a
+        request under ``act_after``)."""
         with self._lock:
+            late = self._take("act_after")
             stored = self._by_key.get(key) if key is not None else None
             if stored is not None:
                 if self.reject_key_reuse and stored.fingerprint != fingerprint(arguments):
@@ -343,29 +369,39 @@ class FakeTool:
                     return json_reply(422, error.body)
                 self._record_locked(request, key, arguments, 200, stored.effect_id, True)
                 return json_reply(200, stored.result)
-            effect_id = len(self._effects) + 1
-            try:
-                result = self.handler(arguments, effect_id)
-            except ToolError as exc:
-                self._record_locked(request, key, arguments, exc.status)
-                return json_reply(exc.status, exc.body)
-            effect = Effect(effect_id, key, fingerprint(arguments), arguments, result, time.time())
-            self._effects.append(effect)
-            if self.mode == "key" and key is not None:
-                self._by_key[key] = effect
-            self._record_locked(request, key, arguments, 200, effect_id)
-            stall = self._take("stall_after_commit")
+            if late is None:
+                return self._act_locked(request, key, arguments)
+        time.sleep(late.seconds)  # the tool's work, before it records the effect and key
+        with self._lock:
+            return self._act_locked(request, key, arguments)
+
+    def _act_locked(self, request: Request, key: str | None, arguments: dict[str, Any]) -> Reply:
+        """Run the handler and record the effect (lock held)."""
+        effect_id = len(self._effects) + 1
+        try:
+            result = self.handler(arguments, effect_id)
+        except ToolError as exc:
+            self._record_locked(request, key, arguments, exc.status)
+            return json_reply(exc.status, exc.body)
+        effect = Effect(effect_id, key, fingerprint(arguments), arguments, result, time.time())
+        self._effects.append(effect)
+        if self.mode == "key" and key is not None:
+            self._by_key[key] = effect
+        self._record_locked(request, key, arguments, 200, effect_id)
+        stall = self._take("stall_after_commit")
         return Reply(200, result, delay_s=stall.seconds if stall else 0.0)
 
     def lookup(self, request: Request) -> Reply:
         """Answer ``POST /tools/{name}/lookup`` (lookup-mode tools only)."""
         if self.mode != "lookup":
             raise HttpError(404, {"error": {"message": f"tool {self.name!r} has no lookup"}})
+        arrived = time.monotonic()
         body = request.json_object()
         key = body.get("idempotency_key")
         effect = self.find_effect(key if isinstance(key, str) else None, body.get("arguments"))
         with self._lock:
             self._lookups += 1
+            self._lookup_starts.append(arrived)
         if effect is None:
             return json_reply(200, {"found": False})
         return json_reply(200, {"found": True, "result": effect.result})

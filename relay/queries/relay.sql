@@ -186,6 +186,14 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
        extract(epoch FROM clock_timestamp() - c.available_at)::float8 AS lag_s,
        tc.tool_call_id, tc.tool_name, tc.arguments, tc.idempotency_key, tc.idempotency_mode,
        tc.executor, tc.dispatched_attempt,
+       -- settle_wait_s: how long an earlier attempt that may have reached the tool may still
+       -- take effect there (its dispatch + the tool's timeout + settle_s, by this clock);
+       -- no lookup and no resend before (relay.executors). NULL: no such attempt, or the
+       -- tool answered it (dispatched_at is gone).
+       CASE WHEN tc.dispatched_attempt < c.attempts THEN extract(epoch FROM
+           tc.dispatched_at
+           + make_interval(secs => coalesce(t.timeout_s, 30) + coalesce(t.settle_s, 5))
+           - now())::float8 END AS settle_wait_s,
        t.endpoint, t.lookup_endpoint, t.callable, t.timeout_s, t.credential_ref,
        CASE WHEN c.kind = 'tool_call' THEN coalesce(
            (SELECT jsonb_build_object('switch', w.tenant_id, 'by', w.switched_by,
@@ -334,19 +342,23 @@ RETURNING o.id
 -- name: call_status
 -- Record a call's state after an attempt. An attempt that certainly never reached the tool
 -- (unsent: a refused connection, 408/429/503) takes back its own dispatch mark, so the next
--- attempt is a plain call, not an ambiguous one; a mark of an earlier attempt stays.
+-- attempt is a plain call, not an ambiguous one; a mark of an earlier attempt stays. An
+-- attempt the tool answered (answered: a 5xx but a gateway's) stays ambiguous, but is over
+-- at the tool: its dispatch time goes, so the next attempt does not wait for it to settle.
 UPDATE {s}.tool_calls
 SET status = %(status)s, attempts = %(attempt)s, last_error = %(error)s, updated_at = now(),
     dispatched_attempt = CASE WHEN %(unsent)s AND dispatched_attempt = %(attempt)s THEN NULL
-                              ELSE dispatched_attempt END
+                              ELSE dispatched_attempt END,
+    dispatched_at = CASE WHEN (%(unsent)s OR %(answered)s) AND dispatched_attempt = %(attempt)s
+                         THEN NULL ELSE dispatched_at END
 WHERE id = %(tool_call_ref)s
 
 -- name: mark_dispatched
 -- Before a tool that cannot dedup is called: note that this attempt may reach it, but only
 -- while we still hold an unexpired lease (otherwise we must not call it at all).
 UPDATE {s}.tool_calls tc
-SET dispatched_attempt = %(attempt)s, attempts = %(attempt)s, status = 'running',
-    updated_at = now()
+SET dispatched_attempt = %(attempt)s, dispatched_at = now(), attempts = %(attempt)s,
+    status = 'running', updated_at = now()
 WHERE tc.id = %(tool_call_ref)s
   AND EXISTS (SELECT 1 FROM {s}.outbox o
               WHERE o.id = %(id)s AND o.lease_owner = %(worker)s AND o.status = 'leased'
@@ -510,8 +522,8 @@ RETURNING o.id
 -- each call is marked only while this worker holds the unexpired lease of that attempt.
 -- Returns the calls marked; a call not returned must not be called.
 UPDATE {s}.tool_calls tc
-SET dispatched_attempt = m.attempt, attempts = m.attempt, status = 'running',
-    updated_at = now()
+SET dispatched_attempt = m.attempt, dispatched_at = now(), attempts = m.attempt,
+    status = 'running', updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(refs)s::bigint[], %(attempts)s::int[]) AS m(id, ref, attempt)
 WHERE tc.id = m.ref
   AND EXISTS (SELECT 1 FROM {s}.outbox o

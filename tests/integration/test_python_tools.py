@@ -195,3 +195,44 @@ def test_crash_mid_call_follows_the_idempotency_mode(db_url, tmp_path, mode, sta
     else:
         assert scalar(db_url, "SELECT output FROM outbox.tool_results") == {"runs": 2}
     assert Path(log).exists()
+
+
+def test_lookup_mode_needs_somewhere_to_look_in_the_registry_and_the_database(db_url):
+    """Without a lookup endpoint, "lookup" would mean "call again after a crash": a python
+    tool in that mode is refused by the registry and by the database's constraint."""
+    with pytest.raises(ValueError, match="'lookup' needs a lookup_endpoint"):
+        registry.ToolSpec(
+            name="py", executor="python", callable="tests.tooling:echo", idempotency_mode="lookup"
+        )
+    with psycopg.connect(db_url) as conn, pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(
+            "INSERT INTO outbox.tools (name, version, executor, callable, idempotency_mode) "
+            "VALUES ('py', 1, 'python', 'tests.tooling:echo', 'lookup')"
+        )
+
+
+def test_a_call_planned_in_lookup_mode_without_a_lookup_is_never_called_again(db_url, tmp_path):
+    """A call planned as 'lookup' before the registry refused it (its tool has nowhere to
+    look): after an ambiguous attempt it is outcome_unknown, never called on a guess."""
+    evidence = tmp_path / "runs.txt"
+    register(db_url, "crashy", "tests.tooling:record_run", idempotency_mode="none")
+    seed(db_url, ["crashy"], runs=1, calls_per_batch=1, args=lambda n: {"path": str(evidence)})
+    with psycopg.connect(db_url) as conn:
+        # What a relay that died mid-call leaves of such a call.
+        conn.execute(
+            "UPDATE outbox.tool_calls SET idempotency_mode = 'lookup', dispatched_attempt = 1, "
+            "dispatched_at = now() - interval '1 hour', status = 'running'"
+        )
+        conn.execute(
+            "UPDATE outbox.outbox SET status = 'leased', attempts = 1, lease_owner = 'dead', "
+            "lease_expires_at = now() - interval '1 second' WHERE kind = 'tool_call'"
+        )
+        conn.commit()
+    with relay_thread(db_url):
+        wait_until(
+            lambda: scalar(
+                db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'quarantined'"
+            )
+        )
+    assert not evidence.exists()  # the function was not called again
+    assert tool_call_states(db_url) == {"outcome_unknown": 1}

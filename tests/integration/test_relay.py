@@ -201,6 +201,31 @@ def test_timeout_after_side_effect_with_lookup_tool_is_reconciled(db_url, tools)
     assert tool_call_states(db_url) == {"succeeded": 1}
 
 
+@pytest.mark.parametrize("mode", ["key", "lookup"])
+def test_no_resend_and_no_lookup_while_a_timed_out_request_may_still_act(db_url, service, mode):
+    """The relay stops waiting after the tool's timeout, but the tool acts on the request
+    later (and only then records its key): the retry neither resends nor looks up before
+    the request's dispatch + timeout + settle, so it finds the effect instead of making a
+    second one."""
+    timeout_s, settle_s = 0.3, 1.0
+    tool = service.add_tool("late_actor", mode)
+    tool.act_after(timeout_s + 0.5)
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "late_actor", mode, timeout_s=timeout_s, settle_s=settle_s)
+        conn.commit()
+    seed(db_url, ["late_actor"], runs=1, calls_per_batch=1, args=args)
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url))
+    wait_until(lambda: tool.in_flight == 0, what="the timed-out request done at the tool")
+    assert len(tool.effects) == 1
+    assert tool_call_states(db_url) == {"succeeded": 1}
+    again = tool.lookup_starts[0] if mode == "lookup" else tool.starts[1]
+    # The mark is committed just before the request leaves: its arrival is a few ms later.
+    assert again - tool.starts[0] >= timeout_s + settle_s - 0.2
+    waited = "SELECT count(*) FROM outbox.journal WHERE detail->>'error' LIKE '%no resend%'"
+    assert scalar(db_url, waited) == 1
+
+
 def test_timeout_after_side_effect_with_none_tool_is_never_repeated(db_url, tools):
     with psycopg.connect(db_url) as conn:
         conn.execute("UPDATE outbox.tools SET timeout_s = 0.3 WHERE name = 'blind'")

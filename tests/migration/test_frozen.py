@@ -69,6 +69,8 @@ PINNED = {
     "0027_record_model_turn.sql": "a55e2d3b4ef8d18e",
     "0028_record_model_turns.py": "3f55869ecaf1dd79",
     "0028_record_model_turns.sql": "8d62bb44defba410",
+    "0029_settle_before_repeat.py": "3a897c4bfd7661f7",
+    "0029_settle_before_repeat.sql": "67f20d3011b75c3b",
 }
 
 
