@@ -49,7 +49,6 @@ from outbox import credentials, registry
 from relay import failpoints, inprocess
 from relay.outcomes import (
     NOT_REPEATED,
-    REDACTED,
     Claimed,
     Outcome,
     ambiguous,
@@ -279,10 +278,10 @@ def describe(err: Exception) -> str:
 
 
 def preview(response: httpx2.Response, secret: credentials.Secret | None = None) -> str:
-    """The start of a response body for an error message. The secret is cut out before
-    the body is shortened: cut after, a body shortened inside the secret would keep its
-    start, which no later redaction recognises."""
+    """The start of a response body for an error message. The secret, in each of its
+    forms, is cut out before the body is shortened: cut after, a body shortened inside the
+    secret (or its base64) would keep its start, which no later redaction recognises."""
     text = response.text
-    if secret is not None and secret.value:
-        text = text.replace(secret.value, REDACTED)
+    if secret is not None:
+        text = credentials.redact(text, secret.value)
     return text if len(text) <= RESPONSE_PREVIEW_CHARS else text[:RESPONSE_PREVIEW_CHARS] + "..."

@@ -177,8 +177,6 @@ def stopped(row: Claimed) -> Outcome:
 
 # -- secrets ----------------------------------------------------------------------------
 
-REDACTED = "[redacted credential]"
-
 
 def secret_of(row: Claimed) -> credentials.Secret | None:
     """The secret the call's tool needs, minted for this call (``outbox.credentials``)."""
@@ -188,24 +186,14 @@ def secret_of(row: Claimed) -> credentials.Secret | None:
 
 
 def redacted(outcome: Outcome, secret: credentials.Secret | None) -> Outcome:
-    """The outcome with the call's secret cut out of its result and error: a tool that
-    echoes the credential it was sent (in an error body, a result) must not hand it to the
-    model, the journal, the logs or the tables."""
+    """The outcome with the call's secret, in every form ``credentials.forms`` knows, cut
+    out of its result and error: a tool that echoes the credential it was sent (in an error
+    body, a result, re-encoded or not) must not hand it to the model, the journal, the logs
+    or the tables."""
     if secret is None or not secret.value:
         return outcome
     return dataclasses.replace(
         outcome,
-        output=_scrub(outcome.output, secret.value),
-        error=None if outcome.error is None else outcome.error.replace(secret.value, REDACTED),
+        output=credentials.redact_value(outcome.output, secret.value),
+        error=None if outcome.error is None else credentials.redact(outcome.error, secret.value),
     )
-
-
-def _scrub(value: Any, secret: str) -> Any:
-    if isinstance(value, str):
-        return value.replace(secret, REDACTED)
-    # A tuple (an in-process tool may answer one) is stored as a JSON list: scrub it too.
-    if isinstance(value, list | tuple):
-        return [_scrub(v, secret) for v in value]
-    if isinstance(value, dict):
-        return {_scrub(k, secret): _scrub(v, secret) for k, v in value.items()}
-    return value

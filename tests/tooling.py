@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox import config
+from outbox.testing.tools import credential_encodings
 
 RELEASE = threading.Event()  # set by a test to let ``block`` return
 BLOCK_MAX_S = 10.0  # seconds ``block`` waits at most, so no test can hang on it
@@ -87,3 +88,9 @@ def secret_in_a_tuple(outbox_context: Any, **arguments: Any) -> dict[str, Any]:
     """Answer the secret inside a tuple (JSON makes it a list) and as a tuple's only item."""
     (secret,) = outbox_context.credentials.values()
     return {"pair": ("token", secret), "nested": [{"inner": (secret,)}]}
+
+
+def secret_re_encoded(outbox_context: Any, **arguments: Any) -> dict[str, Any]:
+    """Answer the secret in each form a careless tool re-encodes it in."""
+    (secret,) = outbox_context.credentials.values()
+    return credential_encodings(secret)

@@ -19,9 +19,12 @@ per tool for the next N deliveries or a time window; lookups are never faulted.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -99,6 +102,7 @@ class _Fault:
     remaining: int | None = 1  # None: no count limit
     until: float | None = None  # time.monotonic() deadline; None: no time limit
     padding: int = 0  # echo_credentials: characters of filler before the echoed secret
+    encoded: bool = False  # echo_credentials: the secret re-encoded beside the plain echo
 
     def active(self, now: float) -> bool:
         fresh = self.until is None or now < self.until
@@ -107,6 +111,36 @@ class _Fault:
     def consume(self) -> None:
         if self.remaining is not None:
             self.remaining -= 1
+
+
+def credential_encodings(secret: str) -> dict[str, str]:
+    """The secret as careless tools send it back re-encoded: base64 (alone, and inside the
+    ``Basic`` credentials of a user, where it starts at another byte alignment), base64url
+    without padding (as JWTs carry it), URL-encoded both ways and inside a JSON text.
+    Built here with the standard library, never with the relay's masker, so that a test
+    compares the masker against what tools really produce."""
+    raw = secret.encode()
+    return {
+        "base64": base64.b64encode(raw).decode(),
+        "basic": "Basic " + base64.b64encode(b"user:" + raw).decode(),
+        "base64url": base64.urlsafe_b64encode(raw).decode().rstrip("="),
+        "url": urllib.parse.quote(secret, safe=""),
+        "url_plus": urllib.parse.quote_plus(secret),
+        "json": json.dumps({"token": secret}),
+    }
+
+
+def echo_body(echoed: str, padding: int = 0, *, encoded: bool = False) -> dict[str, Any]:
+    """The body ``echo_credentials`` answers for the header value ``echoed``. With
+    ``encoded``, the credential (the header without its scheme) is also sent back in each
+    of its ``credential_encodings``, in the message and under ``encoded``."""
+    message = "." * padding + f"credentials rejected: {echoed}"
+    if not encoded:
+        return {"message": message, "got": echoed}
+    scheme, _, secret = echoed.partition(" ")
+    encodings = credential_encodings(secret or scheme)
+    message += "".join(f"; {name}: {form}" for name, form in encodings.items())
+    return {"message": message, "got": echoed, "encoded": encodings}
 
 
 def _generic_handler(name: str) -> ToolHandler:
@@ -179,15 +213,18 @@ class FakeTool:
         window_s: float | None = None,
         *,
         padding: int = 0,
+        encoded: bool = False,
     ) -> None:
         """Answer ``status`` with a body that echoes the request's ``Authorization`` (else
         ``X-Api-Key``) header, and with that header echoed back in the response headers
         (``X-Echoed-Authorization``, ``WWW-Authenticate``), as careless APIs do in their
         errors, without a side effect (a 200 plays an API that puts it in a result).
         ``padding`` puts that many characters of filler before the echo in the message, so
-        that a long error body is cut somewhere inside the secret. For tests that secrets
-        never leave the relay."""
-        fault = _Fault("echo_credentials", status=status, padding=padding)
+        that a long error body is cut somewhere inside the secret. ``encoded`` also sends
+        the credential back re-encoded (``credential_encodings``), in the message and in a
+        field of its own, as an API that dumps the request it got does (``echo_body``).
+        For tests that secrets never leave the relay."""
+        fault = _Fault("echo_credentials", status=status, padding=padding, encoded=encoded)
         self._add_fault(fault, n, window_s)
 
     def clear_faults(self) -> None:
@@ -331,12 +368,12 @@ class FakeTool:
         if failure is not None and failure.kind == "echo_credentials":
             self._record(request, key, arguments, failure.status)
             echoed = request.headers.get("authorization") or request.headers.get("x-api-key", "")
-            message = "." * failure.padding + f"credentials rejected: {echoed}"
             headers = {
                 "X-Echoed-Authorization": echoed,
                 "WWW-Authenticate": f'Bearer error="invalid_token", token="{echoed}"',
             }
-            return json_reply(failure.status, {"message": message, "got": echoed}, headers)
+            body = echo_body(echoed, failure.padding, encoded=failure.encoded)
+            return json_reply(failure.status, body, headers)
         if failure is not None:
             self._record(request, key, arguments, failure.status)
             headers = {"retry-after": str(RETRY_AFTER_S)} if failure.status in (429, 503) else {}

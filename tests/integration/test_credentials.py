@@ -25,9 +25,9 @@ from outbox import credentials, ops, registry, writer
 from outbox.logs import JsonFormatter
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
-from outbox.testing.tools import FakeToolService
+from outbox.testing.tools import FakeToolService, credential_encodings
 from tests.helpers import new_run, turn
-from tests.integration.test_secrets import dump_schema
+from tests.integration.test_secrets import CANARY_TAIL, dump_schema, encoded_windows
 from tests.relay_harness import (
     register_tool,
     relay_thread,
@@ -216,6 +216,30 @@ def test_an_in_process_tool_answering_the_secret_in_a_tuple_is_redacted(db_url, 
         "nested": [{"inner": ["[redacted credential]"]}],
     }
     assert [name for name, text in dump_schema(db_url).items() if canary in text] == []
+
+
+def test_an_in_process_tool_answering_the_secret_re_encoded_is_redacted(db_url, key):
+    """A python tool's answer goes through the same masker as an HTTP tool's."""
+    canary = "canary-" + secrets.token_hex(16) + CANARY_TAIL
+    with psycopg.connect(db_url) as conn:
+        registry.register(
+            conn,
+            registry.ToolSpec(
+                name="enc", executor="python", callable="tests.tooling:secret_re_encoded",
+                credential_ref="crm", idempotency_mode="key",
+            ),
+        )  # fmt: skip
+        credentials.set_credential(conn, "crm", value=canary)
+        conn.commit()
+    call_tool(db_url, "acme", "enc")
+    with relay_thread(db_url):
+        wait_until(lambda: settled(db_url, 1), what="the python call")
+    output = scalar(db_url, "SELECT output FROM outbox.tool_results")
+    assert set(output) == set(credential_encodings(canary))
+    assert all("[redacted credential]" in form for form in output.values()), output
+    windows = encoded_windows(canary)
+    tables = dump_schema(db_url)
+    assert [name for name, text in tables.items() if any(w in text for w in windows)] == []
 
 
 def test_the_model_never_sees_a_secret_the_tool_echoed(db_url, key):
