@@ -1964,7 +1964,18 @@ def _demo_module() -> Any:
         sys.path.insert(0, str(checkout))
     import importlib
 
-    return importlib.import_module("demo.run")
+    try:
+        return importlib.import_module("demo.run")
+    except ModuleNotFoundError as err:
+        # The demo's naive side is an OpenAI SDK loop; the product itself does not need the
+        # SDK, so a plain `pip install -e .` leaves it out.
+        if err.name != "openai":
+            raise
+        raise OutboxError(
+            "`outbox demo` needs the openai package, which agent-outbox installs only with "
+            "its demo extra",
+            hint=f"run `make demo`, or `pip install -e '{checkout}[demo]'`",
+        ) from err
 
 
 @main.command("demo")
