@@ -3,6 +3,8 @@
 A relay restarted by its process manager during a planned `outbox db stop` used to bring
 the database back silently. Now every other command, without OUTBOX_DATABASE_URL and with
 the embedded server stopped, exits 2 with an error and a hint, and starts nothing.
+
+And no command greets a newcomer with a dependency's warning about XDG_RUNTIME_DIR.
 """
 
 from __future__ import annotations
@@ -39,3 +41,24 @@ def test_commands_do_not_start_the_embedded_server(tmp_path, command):
     assert done.returncode == 2, err
     assert "error: OUTBOX_DATABASE_URL is not set and the embedded PostgreSQL" in err
     assert "hint: start it with `outbox db start`" in err
+
+
+@pytest.mark.parametrize(
+    "command", [["db", "url"], ["db", "status"], ["db", "stop"], ["runs", "list"]]
+)
+def test_commands_print_no_warning_without_xdg_runtime_dir(tmp_path, command):
+    # A container or a CI runner has no XDG_RUNTIME_DIR: importing the embedded server's
+    # package made platformdirs warn about it on every command's stderr.
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OUTBOX_DATABASE_URL", "XDG_RUNTIME_DIR")
+    }
+    env["OUTBOX_HOME"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", *command],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=30,
+    )
+    err = done.stderr.decode()
+    assert "Warning" not in err and "XDG_RUNTIME_DIR" not in err, err
