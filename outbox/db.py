@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from outbox.errors import DatabaseUnavailable, MigrationsBehind
+from outbox.errors import DatabaseConfigError, DatabaseUnavailable, MigrationsBehind
 
 EMBEDDED_DATABASE = "outbox"
 CONNECT_TIMEOUT_S = 10  # seconds
@@ -154,12 +154,12 @@ URL_HINT = "write it like postgresql://user:password@host:5432/dbname"
 
 
 def check_url(url: str, what: str) -> str:
-    """``url`` when libpq can parse it as a connection string; ``DatabaseUnavailable``
+    """``url`` when libpq can parse it as a connection string; ``DatabaseConfigError``
     naming ``what`` otherwise (before anything tries to connect with it)."""
     try:
         conninfo_to_dict(url)
     except psycopg.ProgrammingError as err:
-        raise DatabaseUnavailable(
+        raise DatabaseConfigError(
             f"{what} is not a database URL: {str(err).strip()}", hint=URL_HINT
         ) from err
     return url
@@ -190,20 +190,32 @@ def connect(url: str | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
 
 
 def explain_connect_error(url: str, err: Exception) -> DatabaseUnavailable:
+    """What a failed connection means, with a hint: a ``DatabaseConfigError`` when the
+    server answered and refused these settings (they must change), a
+    ``DatabaseUnavailable`` when it could not be reached (it may come back)."""
     text = str(err).strip()
     where = redact(url)
+    message = f"cannot connect to {where}: {text}"
     if "password authentication failed" in text or "no password supplied" in text:
         hint = "check the user and password in OUTBOX_DATABASE_URL"
-    elif "does not exist" in text and "database" in text:
+        return DatabaseConfigError(message, hint=hint)
+    if "does not exist" in text and "database" in text:
         hint = "create the database (createdb) or fix its name in OUTBOX_DATABASE_URL"
-    elif "Connection refused" in text or "No such file" in text or "timeout" in text:
+        return DatabaseConfigError(message, hint=hint)
+    if "does not exist" in text and "role" in text:
+        hint = "create the role (createuser) or fix the user in OUTBOX_DATABASE_URL"
+        return DatabaseConfigError(message, hint=hint)
+    if "no pg_hba.conf entry" in text:
+        hint = "the server's pg_hba.conf does not let this user in from here: add an entry"
+        return DatabaseConfigError(message, hint=hint)
+    if "Connection refused" in text or "No such file" in text or "timeout" in text:
         hint = (
             "is the server running? start it, fix OUTBOX_DATABASE_URL, or unset it to use "
             "the embedded server (`outbox db start`)"
         )
     else:
         hint = "check OUTBOX_DATABASE_URL and that the server accepts connections"
-    return DatabaseUnavailable(f"cannot connect to {where}: {text}", hint=hint)
+    return DatabaseUnavailable(message, hint=hint)
 
 
 def check_schema_current(conn: psycopg.Connection[Any], schema: str | None = None) -> None:
