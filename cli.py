@@ -12,6 +12,7 @@ refusal changes nothing.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -49,7 +50,12 @@ from outbox.errors import (
     OutboxError,
 )
 from outbox.schemas import NewMessage, StartRun
-from relay.config import ALL_KINDS, RelayConfig
+from relay.config import (
+    ALL_KINDS,
+    RelayConfig,
+    machine_concurrency,
+    raisable_open_files_limit,
+)
 
 RELAY_DEFAULTS = RelayConfig(database_url="")  # the relay's options default to these
 # The relay's exit statuses beside 2 (usage), from sysexits.h, for process managers: start
@@ -560,11 +566,16 @@ def tools_switches(as_json: bool) -> None:
 @main.command("relay")
 @click.option(
     "--concurrency",
-    default=RELAY_DEFAULTS.concurrency,
-    show_default=True,
+    type=click.IntRange(min=1),
+    default=None,  # derived when the relay starts, from the limits it raised
+    show_default=f"{machine_concurrency(open_files=raisable_open_files_limit())} on this machine",
     help=(
         "Effects in flight per process: model turns and HTTP tool calls, each a task on "
-        "the process's event loop, none holding a database connection."
+        "the process's event loop, none holding a database connection. Default: what a "
+        "process can hold: half its open-files limit (raised to the hard limit) less 256, "
+        "within a quarter of the memory at 20 kB an effect over --processes, at most "
+        "10000. When every place is busy while rows are due, the relay logs "
+        "relay.saturated once a minute and sets the outbox_relay_saturated gauge."
     ),
 )
 @click.option(
@@ -677,8 +688,10 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
           than --processes x --db-connections
     """
     from outbox import logs
+    from outbox.logs import log
     from relay import supervisor, worker
-    from relay.config import new_worker_id
+    from relay.capacity import files_needed
+    from relay.config import new_worker_id, raise_open_files_limit
     from relay.links import TooManyConnections, check_connection_budget, wait_for_database
 
     fixed = RelayConfig(database_url="", completers=1, listen=not opts["no_listen"])
@@ -691,6 +704,20 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         )
     worker_id = new_worker_id()
     logs.setup(log_level)
+    open_files = raise_open_files_limit()
+    concurrency = opts["concurrency"] or machine_concurrency(processes, open_files)
+    if files_needed(concurrency) > open_files:
+        log(
+            logging.getLogger("relay"),
+            logging.WARNING,
+            "relay.concurrency_over_open_files",
+            worker=worker_id,
+            concurrency=concurrency,
+            open_files=open_files,
+            hint="effects in flight may fail to open a socket (no attempt is lost: they are "
+            "retried); raise the hard open-files limit (ulimit -Hn, LimitNOFILE= under "
+            "systemd) or lower --concurrency",
+        )
 
     def check(conn: psycopg.Connection[Any]) -> None:
         db.check_schema_current(conn)
@@ -715,7 +742,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         database_url=url,
         worker_id=worker_id,
         schema=db.schema_name(),
-        concurrency=opts["concurrency"],
+        concurrency=concurrency,
         tenant_share=opts["tenant_share"],
         inprocess_slots=opts["inprocess_slots"],
         inprocess_threads=opts["inprocess_threads"],
