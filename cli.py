@@ -677,8 +677,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
 
     \b
     Exit status:
-      0   stopped by SIGTERM or Ctrl-C
-      128+N  stopped at once by a second signal N (130: Ctrl-C, 143: SIGTERM)
+      0   stopped by SIGTERM or Ctrl-C (also while waiting for the database)
       2   a usage error: an option given on this command line is wrong
       75  try again later (EX_TEMPFAIL): the database did not answer within
           --start-timeout, or every in-process tool thread stayed stuck for a minute
@@ -686,6 +685,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
           is not a URL, the server refuses its user, password or database, the schema is
           behind this code (`outbox db upgrade`), or the server has fewer free connections
           than --processes x --db-connections
+      128+N  stopped at once by a second signal N (130: Ctrl-C, 143: SIGTERM)
     """
     from outbox import logs
     from outbox.logs import log
@@ -714,9 +714,9 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
             worker=worker_id,
             concurrency=concurrency,
             open_files=open_files,
-            hint="effects in flight may fail to open a socket (no attempt is lost: they are "
-            "retried); raise the hard open-files limit (ulimit -Hn, LimitNOFILE= under "
-            "systemd) or lower --concurrency",
+            hint="effects past the limit fail to open their socket (before sending: they "
+            "are retried later); raise the hard open-files limit (ulimit -Hn, LimitNOFILE= "
+            "under systemd) or lower --concurrency",
         )
 
     def check(conn: psycopg.Connection[Any]) -> None:

@@ -26,7 +26,13 @@ from outbox import db, writer
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
-from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
+from tests.relay_harness import (
+    register_tool,
+    relay_thread,
+    scalar,
+    start_relay_process,
+    wait_until,
+)
 
 TENANT = "acme"
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
@@ -194,3 +200,19 @@ def test_a_configuration_the_database_refuses_is_exit_78(empty_db_url, server_ur
     assert no_database == 78 and "does not exist" in output, output
     not_a_url, output = relay_exit("not-a-url")
     assert not_a_url == 78 and "OUTBOX_DATABASE_URL is not a database URL" in output
+
+
+def test_a_relay_waiting_for_the_database_stops_at_sigterm_with_status_0(tmp_path):
+    log = tmp_path / "relay.log"
+    relay = start_relay_process(f"postgresql://postgres@/outbox?host={tmp_path}", log)
+    try:
+        wait_until(
+            lambda: "db.unavailable" in log.read_text() or relay.poll() is not None,
+            what="the relay to wait for the database",
+        )
+        assert relay.poll() is None, log.read_text()
+    finally:
+        relay.terminate()
+        status = relay.wait(timeout=30)
+    assert status == 0, log.read_text()
+    assert "Traceback" not in log.read_text()
