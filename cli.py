@@ -12,8 +12,11 @@ refusal changes nothing.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,23 +42,39 @@ from outbox import (
     tenancy,
     writer,
 )
-from outbox.errors import InvalidInput, OutboxError
+from outbox.errors import (
+    DatabaseConfigError,
+    DatabaseUnavailable,
+    InvalidInput,
+    MigrationsBehind,
+    OutboxError,
+)
 from outbox.schemas import NewMessage, StartRun
-from relay.config import ALL_KINDS, RelayConfig
+from relay.config import (
+    ALL_KINDS,
+    RelayConfig,
+    machine_concurrency,
+    raisable_open_files_limit,
+)
 
 RELAY_DEFAULTS = RelayConfig(database_url="")  # the relay's options default to these
+# The relay's exit statuses beside 2 (usage), from sysexits.h, for process managers: start
+# again later, or not before someone changes the configuration (see `outbox relay --help`).
+RELAY_EXIT_TEMPFAIL = 75  # EX_TEMPFAIL, as relay.worker.WEDGED_EXIT_CODE
+RELAY_EXIT_CONFIG = 78  # EX_CONFIG
 
 F = TypeVar("F", bound=Callable[..., Any])
 # A group called without a command prints its help through this exception (click 8.2+).
 NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
-def refuse(message: str, hint: str = "") -> NoReturn:
-    """Print ``error:`` (and ``hint:``) on stderr and exit with status 2."""
+def refuse(message: str, hint: str = "", status: int = 2) -> NoReturn:
+    """Print ``error:`` (and ``hint:``) on stderr and exit with ``status`` (2: a usage
+    error; the relay has more: `outbox relay --help`)."""
     click.echo(f"error: {message}", err=True)
     if hint:
         click.echo(f"hint: {hint}", err=True)
-    sys.exit(2)
+    sys.exit(status)
 
 
 def usage_hint(err: click.UsageError) -> str:
@@ -564,11 +583,16 @@ def tools_switches(as_json: bool) -> None:
 @main.command("relay")
 @click.option(
     "--concurrency",
-    default=RELAY_DEFAULTS.concurrency,
-    show_default=True,
+    type=click.IntRange(min=1),
+    default=None,  # derived when the relay starts, from the limits it raised
+    show_default=f"{machine_concurrency(open_files=raisable_open_files_limit())} on this machine",
     help=(
         "Effects in flight per process: model turns and HTTP tool calls, each a task on "
-        "the process's event loop, none holding a database connection."
+        "the process's event loop, none holding a database connection. Default: what a "
+        "process can hold: half its open-files limit (raised to the hard limit) less 256, "
+        "within a quarter of the memory at 20 kB an effect over --processes, at most "
+        "10000. When every place is busy while rows are due, the relay logs "
+        "relay.saturated once a minute and sets the outbox_relay_saturated gauge."
     ),
 )
 @click.option(
@@ -651,21 +675,43 @@ def tools_switches(as_json: bool) -> None:
     help="Only these kinds (repeatable); default all.",
 )
 @click.option("--metrics-port", type=int, help="Serve Prometheus metrics (port + process index).")
+@click.option(
+    "--start-timeout",
+    "start_timeout_s",
+    type=click.FloatRange(min=0),
+    help="Give up (exit 75) when the database has not answered this many seconds after "
+    "start. Default: wait as long as it takes, as a running relay does.",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts: Any) -> None:
     """Run relay workers: claim outbox rows, call tools and models, record the outcomes.
 
     Logs are JSON lines on stderr. SIGTERM or Ctrl-C stops claiming, lets in-flight work
     finish within the grace period and releases the rest; a second signal exits at once.
+
+    Started while the database is down (or the embedded server stopped), the relay waits
+    for it, logging db.unavailable with a hint every 10 s, then db.reconnected.
+
+    \b
+    Exit status:
+      0   stopped by SIGTERM or Ctrl-C (also while waiting for the database)
+      2   a usage error: an option given on this command line is wrong
+      75  try again later (EX_TEMPFAIL): the database did not answer within
+          --start-timeout, or every in-process tool thread stayed stuck for a minute
+      78  the configuration does not fit the database (EX_CONFIG): OUTBOX_DATABASE_URL
+          is not a URL, the server refuses its user, password or database, the schema is
+          behind this code (`outbox db upgrade`), or the server has fewer free connections
+          than --processes x --db-connections
+      128+N  stopped at once by a second signal N (130: Ctrl-C, 143: SIGTERM)
     """
     from outbox import logs
+    from outbox.logs import log
     from relay import supervisor, worker
-    from relay.links import check_connection_budget
+    from relay.capacity import files_needed
+    from relay.config import new_worker_id, raise_open_files_limit
+    from relay.links import TooManyConnections, check_connection_budget, wait_for_database
 
-    url = db.database_url()
-    with db.connect(url) as conn:
-        db.check_schema_current(conn)
-    fixed = RelayConfig(database_url=url, completers=1, listen=not opts["no_listen"])
+    fixed = RelayConfig(database_url="", completers=1, listen=not opts["no_listen"])
     completers = opts["db_connections"] - (fixed.db_connections - 1)
     if completers < 1:
         raise click.UsageError(
@@ -673,11 +719,47 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
             f"{fixed.db_connections} (claim, preparer, maintenance"
             f"{', listener' if fixed.listen else ''} and one completer)"
         )
-    check_connection_budget(url, processes, opts["db_connections"])
+    worker_id = new_worker_id()
+    logs.setup(log_level)
+    open_files = raise_open_files_limit()
+    concurrency = opts["concurrency"] or machine_concurrency(processes, open_files)
+    if files_needed(concurrency) > open_files:
+        log(
+            logging.getLogger("relay"),
+            logging.WARNING,
+            "relay.concurrency_over_open_files",
+            worker=worker_id,
+            concurrency=concurrency,
+            open_files=open_files,
+            hint="effects past the limit fail to open their socket (before sending: they "
+            "are retried later); raise the hard open-files limit (ulimit -Hn, LimitNOFILE= "
+            "under systemd) or lower --concurrency",
+        )
+
+    def check(conn: psycopg.Connection[Any]) -> None:
+        db.check_schema_current(conn)
+        check_connection_budget(conn, processes, opts["db_connections"])
+
+    try:
+        with stop_on_signals() as stop:
+            url = wait_for_database(
+                db.database_url,
+                check,
+                worker=worker_id,
+                stop=stop,
+                timeout_s=opts["start_timeout_s"],
+            )
+    except (DatabaseConfigError, MigrationsBehind, TooManyConnections) as err:
+        refuse(err.args[0], err.hint, RELAY_EXIT_CONFIG)
+    except DatabaseUnavailable as err:
+        refuse(err.args[0], err.hint, RELAY_EXIT_TEMPFAIL)
+    if url is None:  # stopped while waiting: nothing was started
+        sys.exit(0)
     cfg = RelayConfig(
         database_url=url,
+        worker_id=worker_id,
         schema=db.schema_name(),
-        concurrency=opts["concurrency"],
+        concurrency=concurrency,
         tenant_share=opts["tenant_share"],
         inprocess_slots=opts["inprocess_slots"],
         inprocess_threads=opts["inprocess_threads"],
@@ -691,10 +773,25 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         kinds=kinds or ALL_KINDS,
         metrics_port=opts["metrics_port"],
     )
-    logs.setup(log_level)
     if processes > 1:
         sys.exit(supervisor.supervise(cfg, processes, log_level))
     sys.exit(worker.run_worker(cfg))
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM or SIGINT while the block runs: the relay waiting for its
+    database stops at once, quietly (no traceback of an interrupted sleep)."""
+    stop = threading.Event()
+    previous = {
+        signum: signal.signal(signum, lambda _signum, _frame: stop.set())
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # -- operate: queue, runs, requeue, quarantine, release, reconcile, journal, prune -------
@@ -1981,7 +2078,18 @@ def _demo_module() -> Any:
         sys.path.insert(0, str(checkout))
     import importlib
 
-    return importlib.import_module("demo.run")
+    try:
+        return importlib.import_module("demo.run")
+    except ModuleNotFoundError as err:
+        # The demo's naive side is an OpenAI SDK loop; the product itself does not need the
+        # SDK, so a plain `pip install -e .` leaves it out.
+        if err.name != "openai":
+            raise
+        raise OutboxError(
+            "`outbox demo` needs the openai package, which agent-outbox installs only with "
+            "its demo extra",
+            hint=f"run `make demo`, or `pip install -e '{checkout}[demo]'`",
+        ) from err
 
 
 @main.command("demo")

@@ -36,7 +36,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--concurrency",
         type=int,
-        help="the relays' --concurrency (default: theirs, 1000 effects in flight per process)",
+        help="the relays' --concurrency (default: theirs, derived from each machine's limits)",
     )
     parser.add_argument("--latency-intents", type=int, help="intents for the latency (500)")
     parser.add_argument("--notify-commits", type=int, help="commits per writer thread (250)")

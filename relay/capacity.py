@@ -33,6 +33,42 @@ from dataclasses import dataclass
 GULP_MAX = 32  # rows: the most free places a busy relay waits for before claiming
 CLAIM_MAX = 1000  # rows per claim statement
 
+# The default --concurrency: what one process can hold (``default_concurrency``).
+EFFECT_MEMORY_B = 20_000  # bytes an I/O effect in flight holds (measured 15-21 kB)
+MEMORY_SHARE = 0.25  # of the memory the relays may use, the most their effects may hold
+FILES_KEPT = 256  # descriptors left for the rest: links, listener, metrics, MCP servers, logs
+SOCKETS_PER_EFFECT = 2  # its own, and as many kept alive idle for later (relay.poster)
+CONCURRENCY_MAX = 10_000  # the most one process was measured holding (docs/benchmarks.md)
+CONCURRENCY_MIN = 16  # below this a relay is of little use; too few files then fail calls
+
+
+def default_concurrency(open_files: int, memory_b: int | None, processes: int = 1) -> int:
+    """The I/O effects in flight one of ``processes`` relay processes can hold, by default.
+
+    Each effect in flight over HTTP holds a socket, a file descriptor of the process: the
+    open-files limit (``open_files``, RLIMIT_NOFILE) bounds them, less ``FILES_KEPT``, with
+    room for as many idle kept-alive connections (the poster closes those after 30 s, but
+    a burst to one origin may leave them while effects go to another). Each effect also
+    holds about ``EFFECT_MEMORY_B`` of memory: the effects of all ``processes`` together
+    stay within ``MEMORY_SHARE`` of ``memory_b`` (None: unknown, not bounded). Never over
+    ``CONCURRENCY_MAX``, the most measured in one process (and well below the about 28,000
+    ephemeral ports a machine has per destination), nor under ``CONCURRENCY_MIN``.
+
+    A fixed 1,000 used to cap a process silently: 10,000 runs with a 10 s model took 241.6 s
+    at 1,000 and 40.1 s at 10,000 (same machine, same 9 database connections).
+    """
+    by_files = (open_files - FILES_KEPT) // SOCKETS_PER_EFFECT
+    most = min(by_files, CONCURRENCY_MAX)
+    if memory_b is not None:
+        most = min(most, int(memory_b * MEMORY_SHARE / max(1, processes) / EFFECT_MEMORY_B))
+    return max(CONCURRENCY_MIN, most)
+
+
+def files_needed(concurrency: int) -> int:
+    """The open files a process with ``concurrency`` places may need at most (the reverse
+    of ``default_concurrency``'s bound by files)."""
+    return concurrency * SOCKETS_PER_EFFECT + FILES_KEPT
+
 
 @dataclass(frozen=True)
 class Capacity:
@@ -58,6 +94,11 @@ class Capacity:
     def gulp(self) -> int:
         """The fewest free I/O places worth a claim while others are in flight."""
         return max(1, min(GULP_MAX, self.concurrency // 2))
+
+    def io_full(self, io_executing: int) -> bool:
+        """Whether no I/O row may be claimed for want of places (fewer than a gulp free):
+        with due rows waiting, ``concurrency`` is what holds the relay back."""
+        return self.concurrency - io_executing < self.gulp
 
     def room(
         self,

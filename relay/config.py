@@ -1,13 +1,73 @@
-"""Relay settings: one frozen object, built from the CLI or the environment."""
+"""Relay settings: one frozen object, built from the CLI or the environment, and the
+machine's limits its defaults are derived from."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import socket
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from relay.capacity import default_concurrency
 
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch", "webhook")
+CGROUP_MEMORY_FILES = (
+    Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),  # cgroup v1
+)
+
+
+def open_files_limit() -> int:
+    """The open files this process may have now (the soft RLIMIT_NOFILE)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return hard if soft == resource.RLIM_INFINITY else soft
+
+
+def raisable_open_files_limit() -> int:
+    """The open files a relay process will have once ``raise_open_files_limit`` ran."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if hard == resource.RLIM_INFINITY else hard
+
+
+def raise_open_files_limit() -> int:
+    """Let a worker process open as many sockets as the system allows it (every effect in
+    flight over HTTP holds one, and thousands may be in flight); returns the new limit.
+
+    Only a relay process does this (``outbox relay``): an application embedding ``Worker``
+    keeps its limits (a low soft limit protects code that still uses ``select()``). A hard
+    limit of "unlimited" (macOS) cannot be the soft one: the soft limit stays."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and hard != resource.RLIM_INFINITY and soft < hard:
+        # A platform that caps it lower refuses: the limit in force is then the answer.
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return open_files_limit()
+
+
+def memory_limit() -> int | None:
+    """Bytes of memory this process's relays may use: the machine's, or less when a
+    container's cgroup caps it (None when neither is known)."""
+    limits = []
+    with contextlib.suppress(OSError, ValueError):  # not every platform tells
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    for path in CGROUP_MEMORY_FILES:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" (v2) or a huge number (v1) when unlimited
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def machine_concurrency(processes: int = 1, open_files: int | None = None) -> int:
+    """``relay.capacity.default_concurrency`` for this machine: its memory, and the open
+    files limit in force (or ``open_files``)."""
+    files = open_files_limit() if open_files is None else open_files
+    return default_concurrency(files, memory_limit(), processes)
 
 
 def worker_id_of(pid: int, tag: str) -> str:
@@ -23,7 +83,9 @@ def new_worker_id(tag: str | None = None) -> str:
 class RelayConfig:
     database_url: str
     schema: str = "outbox"
-    concurrency: int = 1000  # effects in flight per process (model turns, HTTP tools)
+    # Effects in flight per process (model turns, HTTP tools): by default what this process
+    # can hold with the limits it has now (``machine_concurrency``).
+    concurrency: int = field(default_factory=machine_concurrency)
     tenant_share: float = 0.95  # the most of `concurrency` one tenant's rows may hold
     inprocess_slots: int = 512  # in-process tool calls in flight per process, beside the slots
     inprocess_threads: int = 64  # threads running in-process tools per process

@@ -9,20 +9,23 @@ and no row is charged an attempt for it (docs/relay.md, "When the database goes 
 
 While the server cannot be reached, a link says so once per ``OUTAGE_LOG_S`` (with how many
 failures it saw), not once per retry, and the ``outbox_relay_db_unavailable`` gauge tells
-which links are waiting: an outage is a state of the relay, not a flood of errors.
+which links are waiting: an outage is a state of the relay, not a flood of errors. A relay
+that starts during an outage waits the same way (``wait_for_database``) before it starts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
 from outbox import db
-from outbox.errors import OutboxError
+from outbox.errors import DatabaseConfigError, DatabaseUnavailable, OutboxError
 from outbox.logs import log
 
 logger = logging.getLogger("relay.links")
@@ -37,6 +40,16 @@ GENERIC_PLANS = (
     "SET enable_seqscan = off",
     "SET jit = off",
 )
+
+
+def reconnect_delay_s(failures: int) -> float:
+    """How long to wait before the next try after ``failures`` failed ones in a row.
+
+    The first failure retries at once: a connection killed while idle (a restarted
+    server, ``pg_terminate_backend``) is usually replaced on the first try."""
+    if failures <= 1:
+        return 0.0
+    return float(min(RECONNECT_MAX_S, 0.05 * 2**failures))
 
 
 class Link:
@@ -93,10 +106,8 @@ class Link:
         return self.conn
 
     def failed(self, err: Exception) -> float:
-        """Drop the connection after ``err``; returns how long to wait before trying again.
-
-        The first failure retries at once: a connection killed while idle (a restarted
-        server, ``pg_terminate_backend``) is usually replaced on the first try."""
+        """Drop the connection after ``err``; returns how long to wait before trying again
+        (``reconnect_delay_s``)."""
         self.failures += 1
         self.unlogged += 1
         if self.conn is not None:
@@ -117,9 +128,7 @@ class Link:
             self.logged_at, self.unlogged = now, 0
         if self.on_outage is not None:
             self.on_outage(self.name, True)
-        if self.failures == 1:
-            return 0.0
-        return float(min(RECONNECT_MAX_S, 0.05 * 2**self.failures))
+        return reconnect_delay_s(self.failures)
 
     def ok(self) -> None:
         if self.failures:
@@ -147,25 +156,27 @@ class TooManyConnections(OutboxError):
     """The relay would need more connections than the server has free."""
 
 
-def check_connection_budget(url: str, processes: int, per_process: int) -> None:
+def check_connection_budget(
+    conn: psycopg.Connection[Any], processes: int, per_process: int
+) -> None:
     """Refuse to start a relay the server cannot serve, naming the numbers.
 
     Needed: ``processes * per_process`` connections (each worker process holds a fixed
     few, whatever it has in flight). Free: ``max_connections`` less the slots reserved for
     superusers (and, from PostgreSQL 16, for ``pg_use_reserved_connections``) less the
     connections open now. A relay started anyway would have its links refused and wait,
-    and so would every other client of the server."""
+    and so would every other client of the server. ``conn`` is the start-up check's own
+    connection, closed before the relay opens its links."""
     needed = processes * per_process
-    with psycopg.connect(url, connect_timeout=db.CONNECT_TIMEOUT_S, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT current_setting('max_connections')::int,"
-            " current_setting('superuser_reserved_connections')::int"
-            " + coalesce(current_setting('reserved_connections', true)::int, 0),"
-            " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')"
-        ).fetchone()
+    row = conn.execute(
+        "SELECT current_setting('max_connections')::int,"
+        " current_setting('superuser_reserved_connections')::int"
+        " + coalesce(current_setting('reserved_connections', true)::int, 0),"
+        " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')"
+    ).fetchone()
     assert row is not None
     max_connections, reserved, in_use = (int(v) for v in row)
-    free = max_connections - reserved - in_use + 1  # this check's own connection is closing
+    free = max_connections - reserved - in_use + 1  # ``conn`` is closing
     if needed > free:
         raise TooManyConnections(
             f"the relay needs {needed} database connections ({processes} process(es) x "
@@ -175,3 +186,80 @@ def check_connection_budget(url: str, processes: int, per_process: int) -> None:
             "connections: --concurrency is free), close other clients, or raise "
             "max_connections on the server",
         )
+
+
+def wait_for_database(
+    resolve: Callable[[], str],
+    check: Callable[[psycopg.Connection[Any]], None],
+    *,
+    worker: str,
+    stop: threading.Event,
+    timeout_s: float | None = None,
+) -> str | None:
+    """The database URL once the database answers and ``check`` passes on a connection to
+    it; None when ``stop`` is set first.
+
+    A relay started (or restarted by its process manager) while the server is down waits
+    for it, as a running relay's links do: the URL is resolved again on every try
+    (``resolve``: the embedded server's is known only while it runs), with the links'
+    backoff, logging ``db.unavailable`` with the hint and how long it has waited once per
+    ``OUTAGE_LOG_S``, and ``db.reconnected`` when the server answers. Settings the server
+    refuses (``DatabaseConfigError``) and whatever ``check`` raises (a schema behind this
+    code, too few free connections) are raised at once: waiting would not mend them. After
+    ``timeout_s`` (None: no limit) the last failure is raised as ``DatabaseUnavailable``.
+    """
+    started = time.monotonic()
+    failures = unlogged = 0
+    logged_at: float | None = None
+    while True:
+        url = ""
+        try:
+            url = resolve()
+            with db.connect(url, autocommit=True) as conn:
+                check(conn)
+        except DatabaseConfigError:
+            raise
+        except (DatabaseUnavailable, psycopg.OperationalError) as err:
+            problem = (
+                err if isinstance(err, DatabaseUnavailable) else db.explain_connect_error(url, err)
+            )
+        else:
+            if failures:
+                log(
+                    logger,
+                    logging.WARNING,
+                    "db.reconnected",
+                    worker=worker,
+                    link="start",
+                    failures=failures,
+                    waited_s=round(time.monotonic() - started, 1),
+                )
+            return url
+        failures += 1
+        unlogged += 1
+        now = time.monotonic()
+        waited_s = now - started
+        if timeout_s is not None and waited_s >= timeout_s:
+            raise DatabaseUnavailable(
+                f"the database did not answer within {timeout_s:g} s: {problem.args[0]}",
+                hint=problem.hint,
+            ) from problem
+        if logged_at is None or now - logged_at >= OUTAGE_LOG_S:
+            log(
+                logger,
+                logging.WARNING,
+                "db.unavailable",
+                worker=worker,
+                link="start",
+                error=problem.args[0],
+                hint=problem.hint,
+                failures=unlogged,
+                waited_s=round(waited_s, 1),
+                gives_up_in_s=None if timeout_s is None else round(timeout_s - waited_s, 1),
+            )
+            logged_at, unlogged = now, 0
+        delay = reconnect_delay_s(failures)
+        if timeout_s is not None:
+            delay = min(delay, timeout_s - waited_s)
+        if stop.wait(delay):
+            return None

@@ -44,7 +44,27 @@ class Metrics:
         self.oldest_ready = Gauge(
             "outbox_queue_oldest_ready_seconds", "Age of the oldest due ready row", registry=r
         )
-
+        self.concurrency = Gauge(
+            "outbox_relay_concurrency",
+            "Model turns and HTTP tool calls this process may hold in flight (--concurrency)",
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "outbox_relay_in_flight",
+            "Model turns and HTTP tool calls in flight in this process",
+            registry=r,
+        )
+        self.saturated = Gauge(
+            "outbox_relay_saturated",
+            "1 while every --concurrency place is busy and due rows wait for one: raise "
+            "--concurrency or run more relay processes",
+            registry=r,
+        )
+        self.saturated_seconds = Counter(
+            "outbox_relay_saturated_seconds",
+            "Time spent with every --concurrency place busy while due rows waited",
+            registry=r,
+        )
         self.db_unavailable = Gauge(
             "outbox_relay_db_unavailable",
             "1 while a link of this process cannot reach the database",

@@ -29,8 +29,8 @@ import psycopg
 from outbox import db, logs
 from outbox.logs import log
 from outbox.sql import Queries
-from relay.config import RelayConfig, new_worker_id, worker_id_of
-from relay.worker import Worker, freeze_startup_heap, leave_process, raise_open_files_limit
+from relay.config import RelayConfig, new_worker_id, raise_open_files_limit, worker_id_of
+from relay.worker import Worker, freeze_startup_heap, leave_process
 
 logger = logging.getLogger("relay.supervisor")
 RESTART_BACKOFF_MAX_S = 10.0

@@ -37,7 +37,6 @@ import gc
 import logging
 import os
 import queue
-import resource
 import signal
 import sys
 import threading
@@ -53,7 +52,7 @@ from outbox.sql import Queries
 from relay import failpoints, inprocess
 from relay.capacity import Capacity
 from relay.completer import Completer
-from relay.config import RelayConfig
+from relay.config import RelayConfig, open_files_limit, raise_open_files_limit
 from relay.engine import Engine
 from relay.links import Link
 from relay.listener import listen
@@ -71,6 +70,8 @@ INPROCESS_CHUNK = 32  # in-process tool calls run one after the other per thread
 WEDGED_EXIT_CODE = 75  # EX_TEMPFAIL: every in-process tool thread is kept; restart me
 WEDGED_FOR_S = 60.0  # how long every in-process tool thread must stay kept before a restart
 MARKED_CALL_THREADS = 8  # threads for in-process calls of tools that need a dispatch mark
+SATURATION_CHECK_S = 1.0  # while every place is busy, how often the loop asks if rows are due
+SATURATION_LOG_S = 60.0  # one line a minute about a relay that every place holds back
 
 
 class Worker:
@@ -108,6 +109,14 @@ class Worker:
             cfg, self.q, self.metrics, self.link, self._in_flight, self.wake, self.done, self._tick
         )
         self.wedged_since: float | None = None  # monotonic; see _tick
+        # Saturation (``_watch_saturation``), all monotonic and touched by the claim loop only.
+        self.effect_kinds = [kind for kind in self.kinds if kind != DELIVERY]
+        self.saturated_since: float | None = None
+        self.saturation_checked_at = self.saturation_counted_at = 0.0
+        self.saturation_logged_at: float | None = None
+        self.saturation_announced = False  # this episode was logged: say when it ends
+        self.metrics.concurrency.set(cfg.concurrency)
+        self.metrics.in_flight.set_function(lambda: self.io_executing)
         self.signals = 0
         self.exit_code = 0
         inprocess.configure(cfg.inprocess_threads)
@@ -152,6 +161,7 @@ class Worker:
             concurrency=self.cfg.concurrency,
             inprocess_slots=self.cfg.inprocess_slots,
             db_connections=self.cfg.db_connections,
+            open_files=open_files_limit(),
         )
         try:
             self._claim_loop()
@@ -246,6 +256,8 @@ class Worker:
         empty = 0  # claims in a row that found nothing they could take
         while not self.stopping.is_set():
             places = self._free()
+            if places <= 0:
+                self._watch_saturation(link)
             free, kinds = places, self.kinds
             if free <= 0 or self._tenant_capped():
                 # Deliveries take no place: neither full places nor a tenant at its cap
@@ -273,6 +285,8 @@ class Worker:
                 continue
             if kinds is DELIVERIES and len(rows) == free:
                 self.notified.set()  # there may be more
+            if kinds is not DELIVERIES and len(rows) < free:
+                self._saturation_over()  # it took every row it could: places were enough
             self._dispatch(rows)
             empty = 0 if rows else empty + 1
             # Deliveries claimed while a tenant is at its cap: other tenants' rows next, at
@@ -282,6 +296,72 @@ class Worker:
                     DELIVERY_POLL_S if kinds is DELIVERIES else self._idle_wait(link, empty)
                 )
         link.close()
+
+    def _watch_saturation(self, link: Link) -> None:
+        """No row can be claimed: when it is for want of places (``Capacity.io_full``) while
+        rows are due, ``--concurrency`` holds this relay back, and it says so, in the
+        ``outbox_relay_saturated`` gauge and in a ``relay.saturated`` line at most once per
+        ``SATURATION_LOG_S``: a fixed 1,000 places once made 10,000 runs take six times as
+        long as they needed, and the relay said nothing. Asked at most once per
+        ``SATURATION_CHECK_S`` (one index probe, ``next_due``); over at the first claim
+        that finds fewer rows than it could take (``_saturation_over``)."""
+        now = time.monotonic()
+        if not self.effect_kinds or now - self.saturation_checked_at < SATURATION_CHECK_S:
+            return
+        self.saturation_checked_at = now
+        with self.lock:
+            in_flight = self.io_executing
+        if not self.capacity.io_full(in_flight):
+            return  # full for another reason: outcomes not yet written (the completers)
+        try:
+            row = link.get().execute(self.q.next_due, {"kinds": self.effect_kinds}).fetchone()
+        except psycopg.Error:
+            return  # the next claim meets it and waits for the link
+        due_in = row[0] if row else None
+        if due_in is None or due_in > 0:
+            self._saturation_over()
+            return
+        if self.saturated_since is None:
+            self.saturated_since = self.saturation_counted_at = now
+            self.saturation_announced = False
+            self.metrics.saturated.set(1)
+        self.metrics.saturated_seconds.inc(now - self.saturation_counted_at)
+        self.saturation_counted_at = now
+        if self.saturation_logged_at is not None and (
+            now - self.saturation_logged_at < SATURATION_LOG_S
+        ):
+            return
+        self.saturation_logged_at = now
+        self.saturation_announced = True
+        log(
+            logger,
+            logging.WARNING,
+            "relay.saturated",
+            worker=self.cfg.worker_id,
+            concurrency=self.cfg.concurrency,
+            in_flight=in_flight,
+            oldest_due_s=round(-float(due_in), 1),
+            saturated_for_s=round(now - self.saturated_since, 1),
+            hint="every --concurrency place of this process is busy while rows are due: raise "
+            "--concurrency (its default follows the open-files limit and the memory) or run "
+            "more relay processes",
+        )
+
+    def _saturation_over(self) -> None:
+        if self.saturated_since is None:
+            return
+        now = time.monotonic()
+        self.metrics.saturated_seconds.inc(now - self.saturation_counted_at)
+        self.metrics.saturated.set(0)
+        if self.saturation_announced:
+            log(
+                logger,
+                logging.INFO,
+                "relay.saturation_ended",
+                worker=self.cfg.worker_id,
+                lasted_s=round(now - self.saturated_since, 1),
+            )
+        self.saturated_since = None
 
     def claim_link(self) -> Link:
         """The claim loop's connection: in autocommit, so a claim (one statement) is one
@@ -507,14 +587,6 @@ def freeze_startup_heap() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-
-
-def raise_open_files_limit() -> None:
-    """Let a worker process open as many sockets as the system allows it: every effect in
-    flight over HTTP holds one, and thousands may be in flight."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def run_worker(cfg: RelayConfig) -> int:

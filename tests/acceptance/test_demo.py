@@ -57,3 +57,21 @@ def test_demo_is_clean_on_our_side_and_not_on_the_naive_side(server_url, tmp_pat
     assert naive["services"]["ticketing"]["duplicates_same_call"] > 0
     assert naive["rejected_threads"] > 0
     assert "DUPLICATE side effects" in out and "naive" in out
+
+
+def test_demo_without_the_openai_package_names_the_extra_to_install(tmp_path):
+    # The product no longer depends on the SDK, so `pip install -e .` leaves it out; the
+    # process is made to find no `openai` package, as in such an install.
+    program = "import sys; sys.modules['openai'] = None; import cli; cli.main()"
+    env = {**os.environ, "OUTBOX_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [sys.executable, "-c", program, "demo", "--runs", "1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert "error: `outbox demo` needs the openai package" in err
+    assert "[demo]" in err and "Traceback" not in err

@@ -5,6 +5,11 @@ while runs arrive one by one, and while model turns and tool calls are in flight
 run completes, no attempt is charged (no retry scheduled, nothing quarantined, ``failures``
 stays 0), and no effect happens twice. A relay the server cannot serve refuses to start
 with the numbers; a model's ``Retry-After`` is honoured.
+
+A relay that cannot start says why with an exit status that means it: 2 only for what was
+typed wrong, 75 (try later) for a database that did not answer within --start-timeout, 78
+for a configuration the database refuses (tests/acceptance/test_db_restart.py shows that
+without --start-timeout it waits for the database instead).
 """
 
 from __future__ import annotations
@@ -17,11 +22,17 @@ import pytest
 from click.testing import CliRunner
 
 import cli
-from outbox import writer
+from outbox import db, writer
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
-from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
+from tests.relay_harness import (
+    register_tool,
+    relay_thread,
+    scalar,
+    start_relay_process,
+    wait_until,
+)
 
 TENANT = "acme"
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
@@ -153,7 +164,7 @@ def test_a_relay_the_server_cannot_serve_refuses_to_start(db_url, monkeypatch):
     per_process = cli.RELAY_DEFAULTS.db_connections
     processes = max_connections // per_process + 1
     result = CliRunner().invoke(cli.main, ["relay", "--processes", str(processes)])
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == cli.RELAY_EXIT_CONFIG, result.output
     assert f"needs {processes * per_process} database connections" in result.output
     assert f"max_connections {max_connections}" in result.output
     assert "hint:" in result.output
@@ -164,3 +175,44 @@ def test_too_few_connections_for_one_process_is_a_usage_error(db_url, monkeypatc
     result = CliRunner().invoke(cli.main, ["relay", "--db-connections", "4"])
     assert result.exit_code == 2
     assert "--db-connections 4 is too few" in result.output
+
+
+def relay_exit(url: str, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli.main, ["relay", *args], env={"OUTBOX_DATABASE_URL": url})
+    return result.exit_code, result.output
+
+
+def test_a_database_that_does_not_answer_in_the_start_timeout_is_exit_75(tmp_path):
+    nothing_listens = f"postgresql://postgres@/outbox?host={tmp_path}"
+    status, output = relay_exit(nothing_listens, "--start-timeout", "0.5")
+    assert status == cli.RELAY_EXIT_TEMPFAIL == 75, output
+    assert "error: the database did not answer within 0.5 s" in output
+    assert "hint: is the server running?" in output
+
+
+def test_a_configuration_the_database_refuses_is_exit_78(empty_db_url, server_url):
+    behind, output = relay_exit(empty_db_url)
+    assert behind == cli.RELAY_EXIT_CONFIG == 78, output
+    assert "schema 'outbox' is at revision none" in output
+    assert "hint: run `outbox db upgrade`" in output
+    missing = db.with_database(server_url, f"nothing_{uuid.uuid4().hex[:8]}")
+    no_database, output = relay_exit(missing, "--start-timeout", "30")
+    assert no_database == 78 and "does not exist" in output, output
+    not_a_url, output = relay_exit("not-a-url")
+    assert not_a_url == 78 and "OUTBOX_DATABASE_URL is not a database URL" in output
+
+
+def test_a_relay_waiting_for_the_database_stops_at_sigterm_with_status_0(tmp_path):
+    log = tmp_path / "relay.log"
+    relay = start_relay_process(f"postgresql://postgres@/outbox?host={tmp_path}", log)
+    try:
+        wait_until(
+            lambda: "db.unavailable" in log.read_text() or relay.poll() is not None,
+            what="the relay to wait for the database",
+        )
+        assert relay.poll() is None, log.read_text()
+    finally:
+        relay.terminate()
+        status = relay.wait(timeout=30)
+    assert status == 0, log.read_text()
+    assert "Traceback" not in log.read_text()
