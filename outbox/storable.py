@@ -46,7 +46,7 @@ ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 EMPTY_PAIR = re.compile(r"\[\]|\{\}")
-IN_TEXT = "a PostgreSQL text column cannot store"
+IN_TEXT = "PostgreSQL cannot store"
 IN_JSONB = "PostgreSQL's jsonb cannot store"
 
 
