@@ -1,0 +1,227 @@
+"""Answers that PostgreSQL or Python cannot take as they are: decided at the edge, once.
+
+A tool that answers 200 with JSON holding a NUL character, ``NaN``, a number beyond a
+float's range or nesting 100,000 deep has answered: the call gets a terminal error result
+that names the problem (the model sees it and the run goes on), the tool is never called
+again for it (for a ``none`` tool a second call is a second effect), and nothing is taken
+for a database outage. A python tool returning such a value is the same. Whatever slips
+past the edges and is refused by PostgreSQL itself (a data error: 22P05, 22P02, 54001)
+becomes the same error result in the completer, beside the other outcomes of its
+transaction, never a lease left to run out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from outbox import registry
+from outbox.testing.tools import FakeToolService
+from relay import links
+from relay.outcomes import Outcome
+from relay.worker import Worker
+from tests.helpers import add_tool, new_run, turn
+from tests.relay_harness import (
+    all_settled,
+    config,
+    register_tool,
+    relay_thread,
+    scalar,
+    seed,
+    tool_call_states,
+    wait_until,
+)
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+ANSWERS = {
+    "nul": (b'{"note": "a\\u0000b"}', "it holds a NUL character (\\u0000) at $.note"),
+    "nan": (b'{"score": NaN}', "it holds NaN, which JSON does not allow"),
+    "huge": (b'{"n": 1e400}', "it holds the number 1e400, beyond a float's range"),
+    "surrogate": (b'{"s": "\\udc00"}', "it holds a lone surrogate (\\udc00) at $.s"),
+    "deep": (DEEP, "it is nested more than 128 levels deep"),
+}
+
+
+@pytest.fixture
+def service() -> Iterator[FakeToolService]:
+    with FakeToolService(standard_tools=False) as svc:
+        svc.add_tool("blind", "none")
+        yield svc
+
+
+@pytest.fixture
+def outages(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """What the relay logs as a database outage or a crashed executor (should be nothing)."""
+    caplog.set_level(logging.WARNING, logger="relay")
+
+    class Records(list[logging.LogRecord]):
+        def __iter__(self) -> Iterator[logging.LogRecord]:
+            return iter(
+                r
+                for r in caplog.records
+                if r.getMessage() in ("db.unavailable", "executor.crashed", "complete.failed")
+            )
+
+    return Records()
+
+
+def tool_message_error(db_url: str) -> str:
+    """The error of the tool message the model will see (its content is JSON)."""
+    content = scalar(db_url, "SELECT content FROM outbox.messages WHERE role = 'tool'")
+    return str(json.loads(content)["error"])
+
+
+def next_turn_enqueued(db_url: str) -> bool:
+    """The batch was delivered and the run's next model turn is waiting: the run goes on."""
+    return bool(
+        scalar(
+            db_url,
+            "SELECT count(*) FROM outbox.outbox o JOIN outbox.submissions s "
+            "ON s.run_id = o.run_id WHERE o.kind = 'model_turn' AND o.payload->>'step_no' = '2'",
+        )
+    )
+
+
+@pytest.mark.parametrize("kind", ANSWERS)
+def test_a_tool_answer_that_cannot_be_stored_is_an_error_result_and_never_a_second_call(
+    db_url, service, outages, kind
+):
+    body, problem = ANSWERS[kind]
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "blind", "none")
+        conn.commit()
+    service.tool("blind").answer_raw(body, n=None)  # every call would answer the same
+    seed(db_url, ["blind"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call to settle")
+        wait_until(lambda: next_turn_enqueued(db_url), what="the batch to be delivered")
+    assert len(service.tool("blind").deliveries) == 1  # called once: it answered
+    assert tool_call_states(db_url) == {"failed": 1}
+    error = str(scalar(db_url, "SELECT error FROM outbox.tool_results"))
+    assert error.startswith("tool result is not storable JSON: ")
+    assert problem in error
+    assert tool_message_error(db_url) == error  # what the model sees on its next turn
+    assert list(outages) == []
+
+
+@pytest.mark.parametrize("kind", ["nul", "nan", "surrogate", "deep"])
+@pytest.mark.parametrize("mode", ["none", "key"])
+def test_a_python_tool_returning_what_cannot_be_stored_is_an_error_result(
+    db_url, tmp_path: Path, outages, kind, mode
+):
+    calls = tmp_path / "calls"
+    with psycopg.connect(db_url) as conn:
+        spec = registry.ToolSpec(
+            name="py",
+            executor="python",
+            callable="tests.tooling:unstorable",
+            idempotency_mode=mode,
+        )
+        registry.register(conn, spec)
+        conn.commit()
+    seed(
+        db_url, ["py"], runs=1, calls_per_batch=1, args=lambda n: {"kind": kind, "path": str(calls)}
+    )
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call to settle")
+        wait_until(lambda: next_turn_enqueued(db_url), what="the batch to be delivered")
+    assert calls.read_text().splitlines() == ["ran"]
+    assert tool_call_states(db_url) == {"failed": 1}
+    error = str(scalar(db_url, "SELECT error FROM outbox.tool_results"))
+    assert error.startswith("tool result is not storable JSON: ")
+    assert list(outages) == []
+
+
+def test_a_result_postgresql_refuses_becomes_an_error_result_and_the_others_are_written(
+    db_url, outages
+):
+    """Past the edges (here: outcomes made by hand), a result PostgreSQL refuses (22P05)
+    fails the transaction it shares; written alone it is refused again, and becomes an
+    error result naming the refusal. Its neighbour is written; nothing is an outage."""
+    with psycopg.connect(db_url) as conn:
+        registry.register(
+            conn, registry.ToolSpec(name="t", executor="http", endpoint="http://127.0.0.1:9/t")
+        )
+        conn.commit()
+    seed(db_url, ["t"], runs=1, calls_per_batch=2, args=lambda n: {"n": n})
+    worker = Worker(config(db_url))
+    link = worker.claim_link()
+    bad, good = worker._claim(link, 10)
+    link.close()
+    outcomes = worker.outcomes[0]
+    outcomes.put(Outcome(bad, "result", "ok", {"note": "a\x00b"}))
+    outcomes.put(Outcome(good, "result", "ok", {"fine": True}))
+    completer = threading.Thread(target=worker.completer.loop, args=(outcomes,))
+    completer.start()
+    outcomes.join()
+    worker.done.set()
+    completer.join(timeout=10)
+    rows = "SELECT tool_call_ref, status, output, error FROM outbox.tool_results ORDER BY 1"
+    with psycopg.connect(db_url) as conn:
+        (_, bad_status, _, bad_error), (_, good_status, good_output, _) = conn.execute(
+            rows
+        ).fetchall()
+    assert (good_status, good_output) == ("ok", {"fine": True})
+    assert bad_status == "error"
+    assert bad_error.startswith("tool result could not be stored: PostgreSQL refused it")
+    assert "22P05" in bad_error
+    assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE kind = 'tool_call'") == 0
+    assert list(outages) == []
+
+
+def test_a_turn_postgresql_refuses_fails_its_run_and_the_others_are_recorded(db_url, outages):
+    with psycopg.connect(db_url) as conn:
+        add_tool(conn)
+        runs = [new_run(conn, tools=["lookup_order"]) for _ in range(2)]
+        conn.commit()
+    worker = Worker(config(db_url, kinds=("model_turn",)))
+    link = worker.claim_link()
+    claimed = {row.run_id: row for row in worker._claim(link, 10)}
+    link.close()
+    outcomes = worker.outcomes[0]
+    for i, run in enumerate(runs):
+        answer = turn(run, 1, text="fine")
+        if i == 0:  # what no edge lets through any more: a NUL in the assistant's text
+            answer = answer.model_copy(update={"content": "a\x00b"})
+        outcomes.put(Outcome(claimed[run.id], "turn", output=answer))
+    completer = threading.Thread(target=worker.completer.loop, args=(outcomes,))
+    completer.start()
+    outcomes.join()
+    worker.done.set()
+    completer.join(timeout=10)
+    status = "SELECT status, failure_reason, last_error FROM outbox.runs WHERE id = %s"
+    with psycopg.connect(db_url) as conn:
+        failed = conn.execute(status, [runs[0].id]).fetchone()
+        fine = conn.execute(status, [runs[1].id]).fetchone()
+    assert fine[0] == "completed"
+    assert failed[:2] == ("failed", "model_error")
+    assert "model answer could not be recorded: PostgreSQL refused it" in failed[2]
+    assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE kind = 'model_turn'") == 0
+    assert list(outages) == []
+
+
+@pytest.mark.parametrize(
+    "literal,sqlstate",
+    [
+        ('\'{"a": "\\u0000"}\'', "22P05"),
+        ("'NaN'", "22P02"),
+        ("repeat('[', 100000) || repeat(']', 100000)", "54001"),
+    ],
+)
+def test_a_refused_statement_is_not_an_outage_and_the_link_stays_open(db_url, literal, sqlstate):
+    link = links.Link(db_url, "test")
+    conn = link.get()
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute(f"SELECT ({literal})::jsonb")
+    conn.rollback()
+    assert err.value.sqlstate == sqlstate
+    assert links.refused(err.value)
+    assert not link.outage(err.value)
+    assert link.get() is conn and conn.execute("SELECT 1").fetchone() == (1,)
+    link.close()
