@@ -51,7 +51,10 @@ IN_JSONB = "PostgreSQL's jsonb cannot store"
 
 
 class NotStorable(InvalidInput):
-    """A value that parses but that PostgreSQL or Python cannot take as it is."""
+    """A value that parses but that PostgreSQL or Python cannot take as it is; ``problem``
+    says what it holds and where, for a caller who words the message itself."""
+
+    problem: str = ""
 
     hint = (
         "send it without NUL characters, lone surrogates, NaN or Infinity, nested at most "
@@ -145,7 +148,9 @@ def _finite(literal: str) -> float:
 
 
 def _refused(what: str, problem: str) -> NotStorable:
-    return NotStorable(f"{what} is not storable JSON: {problem}")
+    err = NotStorable(f"{what} is not storable JSON: {problem}")
+    err.problem = problem
+    return err
 
 
 def _check(value: Any, text: str, what: str, *, raw_surrogates: bool) -> None:

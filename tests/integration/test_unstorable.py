@@ -15,18 +15,23 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
-from outbox import registry
+from outbox import lifecycle, registry, writer
+from outbox.errors import InvalidInput
+from outbox.schemas import StartRun
+from outbox.storable import NotStorable
 from outbox.testing.tools import FakeToolService
 from relay import links
 from relay.outcomes import Outcome
 from relay.worker import Worker
-from tests.helpers import add_tool, new_run, turn
+from tests.helpers import TENANT, add_tool, new_run, turn
 from tests.relay_harness import (
     all_settled,
     config,
@@ -225,3 +230,106 @@ def test_a_refused_statement_is_not_an_outage_and_the_link_stays_open(db_url, li
     assert not link.outage(err.value)
     assert link.get() is conn and conn.execute("SELECT 1").fetchone() == (1,)
     link.close()
+
+
+# -- the library's edges: client tool outputs, model turns, the SQL API ------------------
+
+
+def nested(depth: int) -> Any:
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@pytest.fixture
+def waiting(conn: psycopg.Connection[Any]) -> writer.RunRef:
+    """A run waiting (``requires_action``) for the output of client tool call ``c1``."""
+    registry.register(
+        conn, registry.ToolSpec(name="approve", executor="client", json_schema={"type": "object"})
+    )
+    run = new_run(conn, tools=["approve"])
+    writer.record_model_turn(conn, turn(run, 1, ("c1", "approve", {})))
+    conn.commit()
+    return run
+
+
+@pytest.mark.parametrize(
+    "output,problem",
+    [
+        ({"note": "a\x00b"}, "NUL character (\\u0000) at $.output.note"),
+        (float("nan"), "NaN at $.output"),
+        ("\udc00", "lone surrogate (\\udc00) at $.output"),
+        (nested(100_000), "nested more than 128 levels deep"),
+    ],
+)
+def test_client_tool_outputs_that_cannot_be_stored_are_refused_storing_nothing(
+    conn, waiting, output, problem
+):
+    with pytest.raises(NotStorable) as refused_:
+        lifecycle.submit_tool_outputs(
+            conn, TENANT, waiting.id, [{"tool_call_id": "c1", "output": output}]
+        )
+    assert isinstance(refused_.value, InvalidInput)
+    assert str(refused_.value).startswith("output of c1 is not storable JSON: ")
+    assert problem in str(refused_.value)
+    # nothing was stored, and the caller's transaction is still usable
+    fine = [{"tool_call_id": "c1", "output": {"approved": True}}]
+    assert lifecycle.submit_tool_outputs(conn, TENANT, waiting.id, fine) == "in_progress"
+    assert conn.execute("SELECT output FROM outbox.tool_results").fetchall() == [
+        (fine[0]["output"],)
+    ]
+
+
+@pytest.mark.parametrize(
+    "outputs,sqlstate",
+    [
+        ('[{"tool_call_id": "c1", "output": "a\\u0000b"}]', "22P05"),
+        ('[{"tool_call_id": "c1", "output": NaN}]', "22P02"),
+    ],
+)
+def test_the_sql_api_refuses_them_in_postgresql_itself(conn, waiting, outputs, sqlstate):
+    """A backend without Python hands jsonb to the SQL API: PostgreSQL refuses what jsonb
+    cannot hold before the function runs, naming it, and nothing is stored."""
+    conn.execute("SET LOCAL ROLE outbox_writer")
+    with pytest.raises(psycopg.Error) as err:
+        conn.execute(
+            "SELECT outbox.submit_tool_outputs_v1(%s, %s, %s::jsonb)", [TENANT, waiting.id, outputs]
+        )
+    conn.rollback()
+    assert err.value.sqlstate == sqlstate
+    assert conn.execute("SELECT count(*) FROM outbox.tool_results").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    "arguments,problem",
+    [
+        ('{"order_id": "\\u0000"}', "it holds a NUL character (\\u0000) at $.order_id"),
+        ('{"order_id": NaN}', "it holds NaN, which JSON does not allow"),
+        ("[" * 100_000 + "]" * 100_000, "it is nested more than 128 levels deep"),
+    ],
+)
+def test_model_arguments_that_cannot_be_stored_are_an_error_the_model_sees(
+    conn, arguments, problem
+):
+    """Arguments are the model's text: what cannot be stored of them is the model's mistake,
+    answered like arguments that are not JSON (the turn is recorded, the run goes on)."""
+    add_tool(conn)
+    run = new_run(conn, tools=["lookup_order"])
+    record = writer.record_model_turn(conn, turn(run, 1, ("c1", "lookup_order", arguments)))
+    error = conn.execute("SELECT error FROM outbox.tool_results").fetchone()[0]
+    assert error.startswith("arguments for 'lookup_order' are not storable JSON: ")
+    assert problem in error
+    assert record.created
+
+
+@pytest.mark.parametrize("text", ["a\x00b", "a\udc00"])
+def test_text_postgresql_cannot_store_is_refused_naming_the_field(conn, text):
+    run = new_run(conn)
+    with pytest.raises(NotStorable, match="assistant message cannot be stored: it holds a"):
+        turn(run, 1, text=text)
+    fields = {"tenant_id": TENANT, "thread_id": uuid.uuid4(), "model": "m"}
+    with pytest.raises(NotStorable, match="message cannot be stored: it holds a"):
+        StartRun(**fields, message=text)
+    with pytest.raises(NotStorable, match="instructions cannot be stored: it holds a"):
+        StartRun(**fields, instructions=text)
