@@ -36,6 +36,7 @@ from outbox import (
     ops,
     policy,
     registry,
+    storable,
     tenancy,
     writer,
 )
@@ -108,16 +109,14 @@ class OutboxGroup(click.Group):
 
 
 def read_json(text: str, what: str) -> Any:
-    """Parse ``text`` as JSON (strictly: NaN and Infinity are not JSON), or refuse naming
-    ``what`` it was."""
+    """Parse ``text`` as JSON that can be stored (``outbox.storable``: no NaN, NUL or nesting
+    past its limit), or refuse naming ``what`` it was and what is wrong."""
     try:
-        return json.loads(text, parse_constant=not_json_constant)
+        return storable.loads(text, what)
+    except storable.NotStorable:
+        raise
     except ValueError as err:
         raise InvalidInput(f"{what} is not JSON: {err}", hint="check its syntax") from err
-
-
-def not_json_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
 
 
 def read_json_file(file: Any, what: str) -> Any:
