@@ -626,6 +626,18 @@ def tools_switches(as_json: bool) -> None:
     help="Sweep period, s.",
 )
 @click.option(
+    "--max-model-answer",
+    "max_model_answer_bytes",
+    type=click.IntRange(min=1024),
+    default=RELAY_DEFAULTS.max_model_answer_bytes,
+    show_default=True,
+    help=(
+        "Bytes of a model's answer read at most (default: OUTBOX_MAX_MODEL_ANSWER_BYTES or "
+        "32 MiB). Past it the answer is not read further and the turn is retried; out of "
+        "attempts, the run fails naming the size."
+    ),
+)
+@click.option(
     "--kind",
     "kinds",
     type=click.Choice(ALL_KINDS),
@@ -670,6 +682,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         grace_s=opts["grace_s"],
         retry_base_s=opts["retry_base_s"],
         rescue_interval_s=opts["rescue_s"],
+        max_model_answer_bytes=opts["max_model_answer_bytes"],
         kinds=kinds or ALL_KINDS,
         metrics_port=opts["metrics_port"],
     )

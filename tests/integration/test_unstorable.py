@@ -7,13 +7,19 @@ again for it (for a ``none`` tool a second call is a second effect), and nothing
 for a database outage. A python tool returning such a value is the same. Whatever slips
 past the edges and is refused by PostgreSQL itself (a data error: 22P05, 22P02, 54001)
 becomes the same error result in the completer, beside the other outcomes of its
-transaction, never a lease left to run out.
+transaction, never a lease left to run out. The library's edges (client tool outputs,
+model arguments, text) refuse it naming it. A model's answer that cannot be stored fails
+its run at once; one over the cap of a model answer is read no further, retried, and
+fails its run naming the cap when out of attempts (docs/relay.md, "Answers the database
+cannot take").
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -27,6 +33,7 @@ from outbox import lifecycle, registry, writer
 from outbox.errors import InvalidInput
 from outbox.schemas import StartRun
 from outbox.storable import NotStorable
+from outbox.testing.server import FakeServer, Reply, Request
 from outbox.testing.tools import FakeToolService
 from relay import links
 from relay.outcomes import Outcome
@@ -333,3 +340,137 @@ def test_text_postgresql_cannot_store_is_refused_naming_the_field(conn, text):
         StartRun(**fields, message=text)
     with pytest.raises(NotStorable, match="instructions cannot be stored: it holds a"):
         StartRun(**fields, instructions=text)
+
+
+# -- model answers: over the cap, or JSON PostgreSQL cannot store ---------------------------
+
+
+class RawModel(FakeServer):
+    """A model server that answers every request 200 with ``body`` as it is."""
+
+    def __init__(self, body: bytes) -> None:
+        super().__init__()
+        self.body = body
+        self.requests = 0
+
+    def handle(self, request: Request) -> Reply:
+        with self.lock:
+            self.requests += 1
+        return Reply(200, self.body)
+
+
+@contextlib.contextmanager
+def endless_model() -> Iterator[tuple[str, list[int]]]:
+    """A model server answering 200 with a chunked body that never ends: its base URL, and
+    the bytes it sent on each request (it feeds a connection until the client hangs up)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    chunk = b"4000\r\n" + b" " * 0x4000 + b"\r\n"
+    sent: list[int] = []
+
+    def feed(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.recv(65536)
+            sent.append(0)
+            i = len(sent) - 1
+            conn.sendall(head)
+            while True:
+                conn.sendall(chunk)
+                sent[i] += len(chunk)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=feed, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1", sent
+    finally:
+        listener.close()
+
+
+def start_run(db_url: str, base_url: str) -> uuid.UUID:
+    with psycopg.connect(db_url) as conn:
+        thread = writer.create_thread(conn, TENANT).id
+        run = writer.start_run(
+            conn,
+            StartRun(
+                tenant_id=TENANT, thread_id=thread, model="m", message="hi", base_url=base_url
+            ),
+        )
+        conn.commit()
+    return run.id
+
+
+def run_row(db_url: str, run_id: uuid.UUID) -> tuple[str, str | None, str | None]:
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT status, failure_reason, last_error FROM outbox.runs WHERE id = %s", [run_id]
+        ).fetchone()
+    assert row is not None
+    return row
+
+
+def run_ended(db_url: str, run_id: uuid.UUID) -> bool:
+    return run_row(db_url, run_id)[0] in ("completed", "failed")
+
+
+def test_a_model_answer_over_the_cap_is_retried_then_fails_the_run_naming_the_cap(db_url, outages):
+    cap = 64 * 1024
+    with endless_model() as (url, sent):
+        run_id = start_run(db_url, url)
+        with relay_thread(db_url, kinds=("model_turn",), max_model_answer_bytes=cap):
+            wait_until(lambda: run_ended(db_url, run_id), what="the run to end")
+    status, reason, error = run_row(db_url, run_id)
+    assert (status, reason) == ("failed", "model_error")
+    assert error is not None
+    assert f"the model answered over {cap} bytes, the cap of a model answer" in error
+    assert "failed after 5 attempts" in error
+    assert len(sent) == 5  # retried with backoff, then no more
+    retried = "SELECT count(*) FROM outbox.journal WHERE event = 'model_turn.retry_scheduled'"
+    assert scalar(db_url, retried) == 4
+    # The relay read up to the cap and hung up: what the server got out is the cap plus
+    # the sockets' buffers, not an endless answer.
+    assert max(sent) < 32 * 1024 * 1024
+    assert list(outages) == []
+
+
+@pytest.mark.parametrize(
+    "body,problem",
+    [
+        (
+            json.dumps(
+                {
+                    "id": "r",
+                    "output": [
+                        {"type": "message", "content": [{"type": "output_text", "text": "a\x00b"}]}
+                    ],
+                }
+            ).encode(),
+            "it holds a NUL character (\\u0000) at $.output[0].content[0].text",
+        ),
+        (DEEP, "it is nested more than 128 levels deep"),
+        (b'{"id": "r", "output": [], "usage": {"input_tokens": NaN}}', "it holds NaN"),
+    ],
+    ids=["nul", "deep", "nan"],
+)
+def test_a_model_answer_that_cannot_be_stored_fails_the_run_once_naming_it(
+    db_url, outages, body, problem
+):
+    with RawModel(body) as model:
+        run_id = start_run(db_url, model.url + "/v1")
+        with relay_thread(db_url, kinds=("model_turn",)):
+            wait_until(lambda: run_ended(db_url, run_id), what="the run to end")
+    status, reason, error = run_row(db_url, run_id)
+    assert (status, reason) == ("failed", "model_error")
+    assert error is not None
+    assert error.startswith(
+        "model response cannot be recorded: the model's answer is not storable JSON: "
+    )
+    assert problem in error
+    assert model.requests == 1  # an answer that arrived is not asked for again
+    assert list(outages) == []
