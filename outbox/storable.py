@@ -36,7 +36,7 @@ from outbox.errors import InvalidInput
 
 # Levels of arrays and objects a value may nest: serde_json's default limit, well inside
 # what Python's recursive JSON code, pydantic's serializer (about 250) and PostgreSQL's
-# parser take. Not configurable: deeper values could not make the round trip anyway.
+# parser take. Not configurable: past about 250 levels no value makes the round trip.
 MAX_DEPTH = 128
 PATH_KEY_CHARS = 40  # of a key shown in the path of a problem
 SURROGATE = re.compile("[\ud800-\udfff]")
