@@ -39,6 +39,7 @@ from outbox import (
     ops,
     policy,
     registry,
+    storable,
     tenancy,
     writer,
 )
@@ -127,16 +128,14 @@ class OutboxGroup(click.Group):
 
 
 def read_json(text: str, what: str) -> Any:
-    """Parse ``text`` as JSON (strictly: NaN and Infinity are not JSON), or refuse naming
-    ``what`` it was."""
+    """Parse ``text`` as JSON that can be stored (``outbox.storable``: no NaN, NUL or nesting
+    past its limit), or refuse naming ``what`` it was and what is wrong."""
     try:
-        return json.loads(text, parse_constant=not_json_constant)
+        return storable.loads(text, what)
+    except storable.NotStorable:
+        raise
     except ValueError as err:
         raise InvalidInput(f"{what} is not JSON: {err}", hint="check its syntax") from err
-
-
-def not_json_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
 
 
 def read_json_file(file: Any, what: str) -> Any:
@@ -668,6 +667,18 @@ def tools_switches(as_json: bool) -> None:
     help="Sweep period, s.",
 )
 @click.option(
+    "--max-model-answer",
+    "max_model_answer_bytes",
+    type=click.IntRange(min=1024),
+    default=RELAY_DEFAULTS.max_model_answer_bytes,
+    show_default=True,
+    help=(
+        "Bytes of a model's answer read at most (default: OUTBOX_MAX_MODEL_ANSWER_BYTES or "
+        "32 MiB). Past it the answer is not read further and the turn is retried; out of "
+        "attempts, the run fails naming the size."
+    ),
+)
+@click.option(
     "--kind",
     "kinds",
     type=click.Choice(ALL_KINDS),
@@ -770,6 +781,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         grace_s=opts["grace_s"],
         retry_base_s=opts["retry_base_s"],
         rescue_interval_s=opts["rescue_s"],
+        max_model_answer_bytes=opts["max_model_answer_bytes"],
         kinds=kinds or ALL_KINDS,
         metrics_port=opts["metrics_port"],
     )

@@ -28,6 +28,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.types.json import Jsonb
 
+from outbox import storable
 from outbox.errors import (
     ActiveRunExists,
     BudgetExceeded,
@@ -118,6 +119,7 @@ def create_thread(
     opening = [m.model_dump() for m in messages or []]
     for message in opening:
         check_size(f"{message['role']} message", message["content"])
+    storable.check(metadata, "thread metadata")
     return Call(
         A.create_thread,
         {
@@ -150,7 +152,8 @@ def submit_tool_outputs(tenant_id: str, run_id: uuid.UUID, outputs: list[dict[st
     for output in outputs:
         if not isinstance(output, dict) or "tool_call_id" not in output:
             raise InvalidInput(f"each output needs a tool_call_id: {output!r}")
-        check_size(f"output of {output['tool_call_id']}", json.dumps(output))
+        what = f"output of {output['tool_call_id']}"
+        check_size(what, storable.dumps(output, what))
     return Call(
         W.submit_tool_outputs,
         {"tenant_id": tenant_id, "run_id": run_id, "outputs": Jsonb(outputs)},

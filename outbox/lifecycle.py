@@ -22,7 +22,6 @@ import psycopg
 
 from outbox import calls, history, tenancy
 from outbox.errors import InvalidInput
-from outbox.schemas import check_size
 from outbox.writer import (
     Q,
     Row,
@@ -102,13 +101,7 @@ def submit_tool_outputs(
                 f"each output is an object with a tool_call_id, not {output!r:.200}",
                 hint=OUTPUTS_HINT,
             )
-        try:
-            text = json.dumps(output, allow_nan=False)
-        except (TypeError, ValueError) as err:
-            raise InvalidInput(
-                f"the output of {output['tool_call_id']!r} is not JSON: {err}", hint=OUTPUTS_HINT
-            ) from err
-        check_size(f"output of {output['tool_call_id']}", text)
+    # calls.submit_tool_outputs refuses what cannot be stored (outbox.storable) or is too big
     (row,) = run_call(db, calls.submit_tool_outputs(tenant_id, run_id, outputs))
     return str(row["status"])
 

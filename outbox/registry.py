@@ -17,7 +17,6 @@ or never run.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -27,7 +26,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from outbox import config, policy
+from outbox import config, policy, storable
 from outbox.errors import InvalidInput, NotFound
 from outbox.schemas import ToolCallIn, ToolName, url_problem
 from outbox.sql import queries
@@ -247,7 +246,9 @@ def plan_call(call: ToolCallIn, tool: Row | None, allowed: list[str]) -> CallPla
             "and pass a reference)"
         )
     try:
-        arguments = json.loads(call.arguments)
+        arguments = storable.loads(call.arguments, f"arguments for {call.name!r}")
+    except storable.NotStorable as err:
+        return refuse(f"arguments for {call.name!r} are not storable JSON: {err.problem}")
     except ValueError as err:
         return refuse(f"arguments for {call.name!r} are not valid JSON: {err}")
     problem = schema_problem(tool["json_schema"], arguments)

@@ -1,8 +1,10 @@
 """Inputs of the writer API, validated at the boundary with pydantic.
 
 Anything a backend, the relay or an import hands to the writer passes through these models:
-ids have a fixed shape, JSON must parse, and sizes are capped with an error that names the
-field, its size and the limit. Once past this layer, the database constraints take over.
+ids have a fixed shape, JSON must parse, sizes are capped with an error that names the
+field, its size and the limit, and text or JSON that PostgreSQL cannot store (a NUL, a lone
+surrogate, NaN, nesting past ``outbox.storable.MAX_DEPTH``) is refused naming the problem.
+Once past this layer, the database constraints take over.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from outbox import config
+from outbox import config, storable
 from outbox.errors import PayloadTooLarge
 
 TenantId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")]
@@ -49,7 +52,7 @@ def check_size(what: str, value: str | None) -> None:
     """Raise ``PayloadTooLarge`` when ``value`` is over ``MAX_PAYLOAD_BYTES`` encoded."""
     if value is None:
         return
-    size = len(value.encode())
+    size = len(value.encode("utf-8", "surrogatepass"))  # a lone one is storable's to refuse
     if size > config.MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(
             f"{what} is {size} bytes, over the cap of {config.MAX_PAYLOAD_BYTES} bytes",
@@ -69,6 +72,7 @@ class NewMessage(_In):
     @field_validator("content")
     @classmethod
     def _cap(cls, value: str) -> str:
+        storable.check_text("message content", value)
         check_size("message content", value)
         return value
 
@@ -94,7 +98,8 @@ class StartRun(_In):
 
     @field_validator("message", "instructions")
     @classmethod
-    def _cap(cls, value: str | None) -> str | None:
+    def _cap(cls, value: str | None, info: ValidationInfo) -> str | None:
+        storable.check_text(str(info.field_name), value)
         check_size("message", value)
         return value
 
@@ -140,6 +145,7 @@ class ToolCallIn(_In):
     @field_validator("arguments")
     @classmethod
     def _cap(cls, value: str) -> str:
+        storable.check_text("tool call arguments", value)
         check_size("tool call arguments", value)
         return value
 
@@ -162,6 +168,7 @@ class ModelTurnIn(_In):
     @field_validator("content")
     @classmethod
     def _cap(cls, value: str | None) -> str | None:
+        storable.check_text("assistant message", value)
         check_size("assistant message", value)
         return value
 
@@ -189,10 +196,11 @@ class ToolResultIn(_In):
     @field_validator("error")
     @classmethod
     def _cap_error(cls, value: str | None) -> str | None:
+        storable.check_text("tool error", value)
         check_size("tool error", value)
         return value
 
     def model_post_init(self, _context: Any) -> None:
-        check_size("tool result output", json.dumps(self.output))
+        check_size("tool result output", storable.dumps(self.output, "tool result output"))
         if self.status == "error" and not self.error:
             raise ValueError("an error result needs an error message")

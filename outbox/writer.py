@@ -29,7 +29,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from outbox import calls, constants, registry, tenancy
+from outbox import calls, constants, registry, storable, tenancy
 from outbox.errors import InvalidInput, NeedsTransaction, NotFound, WrongTenant
 from outbox.schemas import (
     ModelTurnIn,
@@ -170,6 +170,7 @@ def append_message(
     tool_call_ref: int | None = None,
 ) -> int:
     """Append a message at the thread's next position; returns its id."""
+    storable.check_text(f"{role} message", content)
     check_size(f"{role} message", content)
     seq = fetch_one(conn, Q.take_seqs, {"thread_id": thread_id, "n": 1})
     if seq is None:
@@ -298,7 +299,7 @@ def idempotency_key(run_id: uuid.UUID, tool_call_id: str) -> str:
 def arguments_hash(name: str, arguments_raw: str) -> str:
     try:
         canonical = json.dumps(json.loads(arguments_raw), sort_keys=True, separators=(",", ":"))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's parser
         canonical = arguments_raw
     return hashlib.sha256(f"{name}\x00{canonical}".encode()).hexdigest()
 

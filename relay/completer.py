@@ -20,8 +20,12 @@ what is queued (up to ``completion_batch``) and writes it in one transaction:
   quarantined; a deferred one (never started) is put back uncharged.
 
 When the database goes away the outcomes are kept and written once it is back (if the
-leases expired meanwhile the fence refuses them, as it should). An outcome that cannot be
-written at all (a bug, bad data) is logged and left to lease expiry.
+leases expired meanwhile the fence refuses them, as it should). When it refuses a
+transaction for what it held (``relay.links.refused``: a NUL in jsonb, nesting past its
+stack depth), that is no outage: each outcome is written alone, and one refused again is
+written as what it means (a tool result as an error result, a model turn as its run's
+failure), since its effect is done and its answer arrived. An outcome that cannot be
+written at all (a bug) is logged and left to lease expiry.
 """
 
 from __future__ import annotations
@@ -43,9 +47,9 @@ from outbox.schemas import ToolResultIn
 from outbox.sql import Queries
 from relay import failpoints
 from relay.config import RelayConfig
-from relay.links import Link
+from relay.links import Link, refusal, refused
 from relay.metrics import Metrics
-from relay.outcomes import Claimed, Outcome
+from relay.outcomes import Claimed, Outcome, error_result
 
 logger = logging.getLogger("relay.completer")
 
@@ -97,20 +101,20 @@ class Completer:
             try:
                 self.write(link, pending)
                 link.ok()
-            except psycopg.OperationalError as err:
-                if self.finished.is_set():  # shutting down and still unreachable: leave to rescue
-                    log(logger, logging.WARNING, "complete.abandoned", n=len(pending))
-                    for _ in pending:
-                        outcomes.task_done()
-                    break
-                # The database went away: keep the outcomes and write them once it is back
-                # (if our leases expired meanwhile, the fence refuses them, as it should).
-                time.sleep(link.failed(err))
-                continue
-            except Exception as err:  # a bad outcome must not stop the others being written
+            except Exception as err:
+                if link.outage(err):
+                    if self.finished.is_set():  # shutting down, unreachable: leave to rescue
+                        log(logger, logging.WARNING, "complete.abandoned", n=len(pending))
+                        for _ in pending:
+                            outcomes.task_done()
+                        break
+                    # The database went away: keep the outcomes and write them once it is
+                    # back (if our leases expired meanwhile, the fence refuses them).
+                    time.sleep(link.failed(err))
+                    continue
+                # Refused data or a bug, not an outage (the connection is fine): one bad
+                # outcome must not stop the others being written.
                 log(logger, logging.ERROR, "complete.batch_failed", error=repr(err), n=len(pending))
-                if isinstance(err, psycopg.Error):
-                    link.failed(err)
                 for outcome in pending:
                     self._write_alone(link, outcome)
             for _ in pending:
@@ -249,14 +253,34 @@ class Completer:
         return ["result_" + stored.get(o.row.tool_call_ref or 0, "duplicate") for o in outcomes]
 
     def _write_alone(self, link: Link, outcome: Outcome) -> None:
-        """Write one outcome on its own; if even that fails, leave the row to lease expiry."""
+        """Write one outcome on its own. One the database refuses for its data (a result
+        or a turn it cannot store) is written as what that means instead (``_instead``):
+        the effect happened and its answer arrived, so waiting for its lease to run out
+        would only have it performed again. If even that fails, the row is left to lease
+        expiry."""
         try:
             self.write(link, [outcome])
+            return
         except Exception as err:
-            if isinstance(err, psycopg.Error):
-                link.failed(err)
-            log(logger, logging.ERROR, "complete.failed", error=repr(err), **outcome.row.context())
-            self.written([outcome])
+            failure = err
+        instead = _instead(outcome, failure) if refused(failure) else None
+        if instead is not None:
+            log(
+                logger,
+                logging.WARNING,
+                "complete.refused",
+                error=refusal(failure),
+                **outcome.row.context(),
+            )
+            try:
+                self.write(link, [instead])
+                return
+            except Exception as err:
+                failure = err
+        if link.outage(failure):
+            link.failed(failure)
+        log(logger, logging.ERROR, "complete.failed", error=repr(failure), **outcome.row.context())
+        self.written([outcome])
 
     def _after_commit(self, outcomes: list[Outcome], applied: list[str]) -> None:
         self.written(outcomes)  # written rows free claim capacity
@@ -473,3 +497,16 @@ class Completer:
         the nominal delay, plus up to as much again."""
         nominal = float(min(self.cfg.retry_cap_s, self.cfg.retry_base_s * 2 ** (failures - 1)))
         return nominal / 2 + random.uniform(0, nominal / 2)
+
+
+def _instead(outcome: Outcome, err: BaseException) -> Outcome | None:
+    """What to write when the database refused ``outcome``'s data (``links.refused``): a
+    tool result becomes an error result the model sees, a model turn fails its run (as a
+    model answer that cannot be recorded does), both naming the refusal. None for any
+    other outcome: its data is ours, and a refusal of it is a bug to look at."""
+    said = f"PostgreSQL refused it: {refusal(err)}"
+    if outcome.action == "result" and outcome.row.tool_call_ref is not None:
+        return error_result(outcome.row, f"tool result could not be stored: {said}")
+    if outcome.action == "turn":
+        return Outcome(outcome.row, "fail_run", error=f"model answer could not be recorded: {said}")
+    return None

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from relay.capacity import default_concurrency
 
+from outbox import config as outbox_config
+
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch", "webhook")
 CGROUP_MEMORY_FILES = (
     Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
@@ -100,6 +102,7 @@ class RelayConfig:
     completion_batch: int = 256  # most outcomes written in one transaction
     completers: int = 4  # threads writing outcomes, each with its own connection
     max_lost_leases: int = 10  # a row whose lease was lost this often is quarantined
+    max_model_answer_bytes: int = outbox_config.MAX_MODEL_ANSWER_BYTES  # read no further
     kinds: tuple[str, ...] = ALL_KINDS
     metrics_port: int | None = None
     worker_id: str = field(default_factory=new_worker_id)
@@ -123,6 +126,8 @@ class RelayConfig:
             raise ValueError("inprocess_threads must be at least 1")
         if self.max_lost_leases < 1:
             raise ValueError("max_lost_leases must be at least 1")
+        if self.max_model_answer_bytes < 1024:
+            raise ValueError("max_model_answer_bytes must be at least 1024 bytes")
         if self.lease_s <= 1:
             raise ValueError("lease_s must be over 1 second")
         unknown = set(self.kinds) - set(ALL_KINDS)

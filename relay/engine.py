@@ -26,6 +26,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from typing import Any
 
+from outbox import config as outbox_config
 from outbox.logs import log
 from relay.executors import ToolExecutor
 from relay.model import DEFAULT_BASE_URL, ModelExecutor, ModelServer
@@ -51,8 +52,11 @@ class Engine:
         threads: Executor,
         finished: Callable[[Claimed, Outcome | None], None],
         started: Callable[[Claimed], bool],
+        *,
+        max_model_answer_bytes: int = outbox_config.MAX_MODEL_ANSWER_BYTES,
     ) -> None:
         self.loop = asyncio.new_event_loop()
+        self.max_model_answer_bytes = max_model_answer_bytes
         self.finished = finished
         self.started = started
         self.tasks: set[asyncio.Task[None]] = set()
@@ -122,7 +126,8 @@ class Engine:
         server = self.models.get(key)
         if server is None:
             url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-            server = self.models[key] = ModelServer(self.http, url, api_key)
+            server = ModelServer(self.http, url, api_key, self.max_model_answer_bytes)
+            self.models[key] = server
         return server
 
     async def _close_idle_connections(self) -> None:

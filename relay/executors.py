@@ -20,7 +20,8 @@ the table of what each mode does; this module and ``relay.outcomes`` follow it.
 Failure classes for an HTTP tool:
 
 - connection refused or connect timeout: the request never left, retry in every mode;
-- 2xx: the result (a body over the size cap becomes an error result);
+- 2xx: the result (a body over the size cap, or JSON PostgreSQL cannot store, becomes an
+  error result: the tool answered, so it is never called again for it);
 - 4xx other than 408/429: a terminal error result the model will see;
 - 408, 429, 503: the tool says it did not process the request, retry;
 
@@ -45,7 +46,7 @@ from concurrent.futures import Executor
 import httpx2
 
 from outbox import config as outbox_config
-from outbox import credentials, registry
+from outbox import credentials, registry, storable
 from relay import failpoints, inprocess
 from relay.outcomes import (
     NOT_REPEATED,
@@ -187,8 +188,12 @@ class ToolExecutor:
                 "tool result; it was not read further",
             )
         try:
-            body = response.json()
+            body = storable.loads(response.content, "lookup answer")
             found = bool(body["found"])
+        except storable.NotStorable as err:
+            # The tool said what happened in a form that cannot be kept: asking again would
+            # hear the same, and calling the tool could act twice.
+            return error_result(row, err.args[0])
         except (ValueError, KeyError, TypeError):
             return retry(row, f"lookup answered something unreadable: {preview(response, secret)}")
         if found:
@@ -248,8 +253,13 @@ def normalise(
                 f"tool result is {said}, over the cap of {outbox_config.MAX_PAYLOAD_BYTES} bytes",
             )
         try:
-            output = response.json() if size else None
-        except ValueError:
+            output = storable.loads(response.content, "tool result") if size else None
+        except storable.NotStorable as err:
+            return error_result(row, err.args[0])
+        except ValueError:  # not JSON: its text, if a text column can hold it
+            problem = storable.text_problem(response.text)
+            if problem:
+                return error_result(row, f"tool result (not JSON) cannot be stored: {problem}")
             output = {"text": response.text}
         return result(row, output)
     if status in NOT_PROCESSED:

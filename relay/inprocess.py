@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outbox import config as outbox_config
-from outbox import credentials
+from outbox import credentials, storable
 from outbox.registry import ToolContext
 from relay.outcomes import (
     Claimed,
@@ -277,9 +276,9 @@ def _judge(row: Claimed, ok: bool, value: Any, seconds: float) -> Outcome:
     error = None if ok else str(value)
     if ok:
         try:
-            size = len(json.dumps(value))
-        except (TypeError, ValueError) as err:
-            error = f"python tool returned something not JSON: {err}"
+            size = len(storable.dumps(value, "tool result"))
+        except storable.NotStorable as err:
+            error = err.args[0]
         else:
             if size > outbox_config.MAX_PAYLOAD_BYTES:
                 cap = outbox_config.MAX_PAYLOAD_BYTES

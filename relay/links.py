@@ -11,6 +11,12 @@ While the server cannot be reached, a link says so once per ``OUTAGE_LOG_S`` (wi
 failures it saw), not once per retry, and the ``outbox_relay_db_unavailable`` gauge tells
 which links are waiting: an outage is a state of the relay, not a flood of errors. A relay
 that starts during an outage waits the same way (``wait_for_database``) before it starts.
+
+A statement the server *refused* for what it held (``refused``: a data exception such as
+22P05 for a NUL in jsonb, or a program limit such as 54001, stack depth) is no outage,
+though psycopg raises some of them as ``OperationalError``: the connection is fine, and
+sending the same data again would be refused again. Its owner deals with the data
+(``Link.outage`` tells the two apart).
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ PREPARE_THRESHOLD = 0  # prepared at once: the first execution runs the generic 
 # Settings of a link that prepares (see Link). JIT off: enable_seqscan = off adds its penalty
 # to the cost of any plan that keeps a scan, and a cost that high makes a server with JIT
 # (PostgreSQL 15 here) compile the statement, for 100 ms and more a claim.
+# SQLSTATE classes of a refusal of the statement's data: 22 data exception (22P05
+# untranslatable character, 22P02 invalid text representation, 22021 a NUL in text),
+# 54 program limit exceeded (54001 statement too complex: stack depth).
+REFUSED_CLASSES = ("22", "54")
 GENERIC_PLANS = (
     "SET plan_cache_mode = force_generic_plan",
     "SET enable_seqscan = off",
@@ -130,6 +140,16 @@ class Link:
             self.on_outage(self.name, True)
         return reconnect_delay_s(self.failures)
 
+    def outage(self, err: BaseException) -> bool:
+        """Whether ``err`` means the server could not be reached or dropped us (wait,
+        reconnect and try again: ``failed``), rather than a refusal of what a statement
+        held or a bug, which the same statement would meet again."""
+        if not isinstance(err, psycopg.Error) or refused(err):
+            return False
+        conn = self.conn
+        broken = conn is None or conn.closed or conn.broken
+        return isinstance(err, psycopg.OperationalError) or broken
+
     def ok(self) -> None:
         if self.failures:
             log(
@@ -150,6 +170,23 @@ class Link:
             with contextlib.suppress(Exception):
                 self.conn.close()
             self.conn = None
+
+
+def refused(err: BaseException) -> bool:
+    """Whether the server refused a statement for the data it held (``REFUSED_CLASSES``)."""
+    sqlstate = getattr(err, "sqlstate", None) or ""
+    return isinstance(err, psycopg.Error) and sqlstate[:2] in REFUSED_CLASSES
+
+
+def refusal(err: BaseException) -> str:
+    """What the server said when it refused a statement, for an error message."""
+    if not isinstance(err, psycopg.Error):
+        return f"{type(err).__name__}: {err}"
+    diag = err.diag
+    said = diag.message_primary or str(err).strip()
+    if diag.message_detail:
+        said += f" ({diag.message_detail})"
+    return f"{said} [SQLSTATE {err.sqlstate}]"
 
 
 class TooManyConnections(OutboxError):

@@ -20,11 +20,19 @@ API (``function_call`` and ``function_call_output`` items) and chat completions
 and connection errors retry with backoff, or after what a ``Retry-After`` header asks;
 other 4xx answers fail the run with reason ``model_error`` (sending the same request
 again would not help).
+
+An answer is read up to ``--max-model-answer`` bytes (``OUTBOX_MAX_MODEL_ANSWER_BYTES``,
+32 MiB: twice the largest turn that can be recorded) and no further, so a server answering
+gigabytes costs the relay the cap, not its memory. An answer past the cap is most likely a
+broken server: the turn is retried with backoff like a 5xx, and when it is out of
+attempts the run fails naming the size and the cap (a turn parked for an operator would
+hold its run for nothing: there is no answer to reconcile). An answer that parses but
+that PostgreSQL cannot store (``outbox.storable``: a NUL, ``NaN``, nesting 100,000 deep)
+fails the run at once, naming the problem, like any answer that cannot be recorded.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -33,7 +41,8 @@ from typing import Any
 import httpx2
 from pydantic import ValidationError
 
-from outbox import providers
+from outbox import config as outbox_config
+from outbox import providers, storable
 from outbox.errors import OutboxError
 from relay import failpoints
 from relay.outcomes import Claimed, Outcome, retry, retry_after_s
@@ -61,11 +70,31 @@ class ModelAnswered(Exception):
         return self.status_code == 429 or self.status_code >= 500
 
 
-class ModelServer:
-    """An OpenAI-compatible server at ``base_url``, reached through a ``Poster``."""
+class ModelAnswerTooLarge(Exception):
+    """The model's server answered more than the cap (``max_body`` bytes); the rest was not
+    read."""
 
-    def __init__(self, poster: Poster, base_url: str, api_key: str) -> None:
+    def __init__(self, max_body: int) -> None:
+        super().__init__(
+            f"the model answered over {max_body} bytes, the cap of a model answer "
+            "(--max-model-answer, OUTBOX_MAX_MODEL_ANSWER_BYTES); it was not read further"
+        )
+        self.max_body = max_body
+
+
+class ModelServer:
+    """An OpenAI-compatible server at ``base_url``, reached through a ``Poster``; its
+    answers are read up to ``max_body`` bytes."""
+
+    def __init__(
+        self,
+        poster: Poster,
+        base_url: str,
+        api_key: str,
+        max_body: int = outbox_config.MAX_MODEL_ANSWER_BYTES,
+    ) -> None:
         self.poster = poster
+        self.max_body = max_body
         self.base_url = base_url.rstrip("/")
         self.headers = {"authorization": f"Bearer {api_key}"}
         for header, variable in (
@@ -77,13 +106,21 @@ class ModelServer:
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` to ``path``; the answer's JSON object. ``ModelAnswered`` for an
-        HTTP error, ``httpx2.HTTPError`` when no answer came."""
+        HTTP error, ``httpx2.HTTPError`` when no answer came, ``ModelAnswerTooLarge`` past
+        the cap, ``storable.NotStorable`` for JSON PostgreSQL cannot store (``ValueError``
+        for no JSON at all)."""
         response = await self.poster.post(
-            self.base_url + path, json=body, headers=self.headers, timeout=MODEL_TIMEOUT_S
+            self.base_url + path,
+            json=body,
+            headers=self.headers,
+            timeout=MODEL_TIMEOUT_S,
+            max_body=self.max_body,
         )
         if response.status_code >= 400:
             raise ModelAnswered(response.status_code, _error_message(response), response)
-        decoded = json.loads(response.content)
+        if "body_cut_at" in response.extensions:
+            raise ModelAnswerTooLarge(self.max_body)
+        decoded = storable.loads(response.content, "the model's answer")
         if not isinstance(decoded, dict):
             raise ValueError(f"the model answered {type(decoded).__name__}, not a JSON object")
         return decoded
@@ -91,8 +128,8 @@ class ModelServer:
 
 def _error_message(response: httpx2.Response) -> str:
     try:
-        message = response.json()["error"]["message"]
-    except (ValueError, KeyError, TypeError):
+        message = storable.loads(response.content, "error")["error"]["message"]
+    except (ValueError, KeyError, TypeError, storable.NotStorable):
         return response.text[:PREVIEW_CHARS]
     return str(message)
 
@@ -144,6 +181,14 @@ class ModelExecutor:
                     row, base_url, f"model answered HTTP {err.status_code}: {err.message}", err
                 )
             return Outcome(row, "fail_run", error=f"model refused the request: {err.message}")
+        except ModelAnswerTooLarge as err:
+            if row.failures + 1 >= row.max_attempts:  # no answer to park for an operator
+                error = f"{err}; the run failed after {row.max_attempts} attempts"
+                return Outcome(row, "fail_run", error=error)
+            return self._retry(row, base_url, str(err), err)
+        except storable.NotStorable as err:
+            error = f"model response cannot be recorded: {err.args[0]}"
+            return Outcome(row, "fail_run", error=error)
         except (ValidationError, OutboxError, KeyError, TypeError, ValueError) as err:
             error = f"model response cannot be recorded: {type(err).__name__}: {err}"
             return Outcome(row, "fail_run", error=error)

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from outbox import credentials, policy, registry
+from outbox import credentials, policy, registry, storable
 
 Action = Literal[
     "result",
@@ -114,6 +114,14 @@ class Outcome:
     delay_s: float | None = None
     unsent: bool = False
     answered: bool = False
+
+    def __post_init__(self) -> None:
+        # An error quotes what a tool or model sent (a body's start, an exception's text);
+        # a NUL in it would have PostgreSQL refuse the whole completion, so it is shown
+        # escaped. The outcome's output is never touched: the edges refuse what cannot be
+        # stored (outbox.storable).
+        if self.error is not None:
+            object.__setattr__(self, "error", storable.printable(self.error))
 
 
 def result(row: Claimed, output: Any, source: str = "relay") -> Outcome:

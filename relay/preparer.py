@@ -105,14 +105,14 @@ class Preparer:
                 try:
                     answers = self._serve(batch)
                     self.link.ok()
-                except psycopg.OperationalError as err:
-                    # The database went away: the batch waits for it, uncharged.
-                    self.stopped.wait(self.link.failed(err))
-                    continue
-                except Exception as err:  # a bug or bad data: fail these tasks, not the thread
+                except Exception as err:
+                    if self.link.outage(err):
+                        # The database went away: the batch waits for it, uncharged.
+                        self.stopped.wait(self.link.failed(err))
+                        continue
+                    # A bug or data the server refused (not an outage: the connection is
+                    # fine): fail these tasks, not the thread.
                     log(logger, logging.ERROR, "preparer.failed", error=repr(err), n=len(batch))
-                    if isinstance(err, psycopg.Error):
-                        self.link.failed(err)
                     _resolve(batch, [err] * len(batch))
                     break
                 _resolve(batch, answers)

@@ -103,7 +103,13 @@ class Worker:
         )
         self.marked_calls = ThreadPoolExecutor(MARKED_CALL_THREADS, thread_name_prefix="marked")
         self.preparer = Preparer(self.link("prepare"), self.q, cfg.worker_id, self.done)
-        self.engine = Engine(self.preparer, self.marked_calls, self._effect_done, self._start)
+        self.engine = Engine(
+            self.preparer,
+            self.marked_calls,
+            self._effect_done,
+            self._start,
+            max_model_answer_bytes=cfg.max_model_answer_bytes,
+        )
         self.completer = Completer(cfg, self.q, self.metrics, self.link, self._written, self.done)
         self.maintenance = Maintenance(
             cfg, self.q, self.metrics, self.link, self._in_flight, self.wake, self.done, self._tick

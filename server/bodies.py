@@ -3,15 +3,45 @@
 An unknown field is refused (OpenAI answered "Unrecognized request argument supplied");
 fields OpenAI knows that we do not implement (sampling, truncation, response format) are
 accepted and ignored, so code written for OpenAI keeps working; docs/serve.md lists them.
+``metadata`` keeps OpenAI's limits (16 pairs, keys up to 64 characters, values up to 512),
+so what runs here runs on OpenAI too.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 Ignored = Any  # a field OpenAI knows and we accept without acting on it
+MAX_METADATA_PAIRS = 16  # OpenAI's limits on metadata
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+
+
+def _within_openais_limits(metadata: dict[str, str]) -> dict[str, str]:
+    """``metadata`` as OpenAI takes it, else a ValueError worded as OpenAI's."""
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise ValueError(
+            f"too many properties. Expected an object with at most {MAX_METADATA_PAIRS} "
+            f"properties, but got an object with {len(metadata)} properties instead."
+        )
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise ValueError(
+                f"key {key[:MAX_METADATA_KEY_CHARS]!r}... is too long. Expected a key with "
+                f"maximum length {MAX_METADATA_KEY_CHARS}, but got a key with length "
+                f"{len(key)} instead."
+            )
+        if len(value) > MAX_METADATA_VALUE_CHARS:
+            raise ValueError(
+                f"the value of {key!r} is too long. Expected a string with maximum length "
+                f"{MAX_METADATA_VALUE_CHARS}, but got a string with length {len(value)} instead."
+            )
+    return metadata
+
+
+Metadata = Annotated[dict[str, str], AfterValidator(_within_openais_limits)]
 
 
 class _Body(BaseModel):
@@ -34,7 +64,7 @@ class MessageIn(_Body):
     role: Literal["user", "assistant"]
     content: str | list[dict[str, Any]]
     attachments: Ignored = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
 
     @field_validator("content")
     @classmethod
@@ -61,7 +91,7 @@ class AssistantIn(_AssistantIgnored):
     description: str | None = Field(default=None, max_length=512)
     instructions: str | None = None
     tools: list[dict[str, Any]] = Field(default_factory=list, max_length=128)
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
 
 
 class AssistantChangesIn(_AssistantIgnored):
@@ -72,7 +102,7 @@ class AssistantChangesIn(_AssistantIgnored):
     description: str | None = Field(default=None, max_length=512)
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
 
     def changes(self) -> dict[str, Any]:
         """The fields the caller gave, without the ignored ones."""
@@ -81,13 +111,13 @@ class AssistantChangesIn(_AssistantIgnored):
 
 
 class ThreadChangesIn(_Body):
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     tool_resources: Ignored = None
 
 
 class ThreadIn(_Body):
     messages: list[MessageIn] = Field(default_factory=list)
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     tool_resources: Ignored = None
 
 
@@ -96,7 +126,7 @@ class _RunOptions(_Body):
     model: str | None = Field(default=None, min_length=1, max_length=200)
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     stream: bool | None = None
     max_completion_tokens: int | None = Field(default=None, gt=0)
     temperature: Ignored = None
@@ -146,7 +176,7 @@ class ResponseIn(_Body):
     conversation: str | dict[str, Any] | None = None
     background: bool = False
     stream: bool = False
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     max_output_tokens: int | None = Field(default=None, gt=0)
     store: bool | None = None
     temperature: Ignored = None
@@ -174,11 +204,11 @@ class ResponseIn(_Body):
 
 class ConversationIn(_Body):
     items: list[dict[str, Any]] = Field(default_factory=list, max_length=20)
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
 
 
 class ConversationChangesIn(_Body):
-    metadata: dict[str, str]
+    metadata: Metadata
 
 
 class ItemsIn(_Body):

@@ -3,12 +3,12 @@ thread pool, answer JSON (or SSE).
 
 Every endpoint authenticates first (``Authorization: Bearer <key>``; a missing, unknown or
 revoked key is a 401 before anything is read), then reads the body under a size cap
-(413 past it) as strict JSON (400 otherwise) into a pydantic model of ``server.bodies``.
+(413 past it) as strict JSON that PostgreSQL can store (400 otherwise) into a pydantic
+model of ``server.bodies``.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from outbox import storable
 from server import actions, events, response_stream, responses, streaming
 from server.bodies import (
     AssistantChangesIn,
@@ -81,13 +82,11 @@ async def tenant(request: Request) -> str:
     return found
 
 
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
 async def body(request: Request, model: type[B]) -> B:
     """The request's JSON body as ``model``: 413 over the cap, 400 when it is not a JSON
-    object or does not fit ``model`` (naming the parameter)."""
+    object, holds what PostgreSQL cannot store (``outbox.storable``: a NUL, NaN, nesting
+    past its limit; refused here once for every route) or does not fit ``model`` (naming
+    the parameter)."""
     cap = config(request).max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > cap:
@@ -100,7 +99,9 @@ async def body(request: Request, model: type[B]) -> B:
         chunks.append(chunk)
     raw = b"".join(chunks)
     try:
-        data = json.loads(raw, parse_constant=_not_json) if raw.strip() else {}
+        data = storable.loads(raw, "the body of your request") if raw.strip() else {}
+    except storable.NotStorable as err:  # parses, but PostgreSQL could not store it
+        raise APIError(400, f"{err.args[0][0].upper()}{err.args[0][1:]}.") from err
     except ValueError as err:
         raise APIError(
             400,

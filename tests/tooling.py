@@ -94,3 +94,23 @@ def secret_re_encoded(outbox_context: Any, **arguments: Any) -> dict[str, Any]:
     """Answer the secret in each form a careless tool re-encodes it in."""
     (secret,) = outbox_context.credentials.values()
     return credential_encodings(secret)
+
+
+UNSTORABLE: dict[str, Any] = {
+    "nul": {"note": "a\x00b"},
+    "nan": {"score": float("nan")},
+    "surrogate": {"text": "\ud800"},
+}
+
+
+def unstorable(kind: str, path: str, **arguments: Any) -> Any:
+    """Record the call in ``path`` (as ``count_call``), then return what PostgreSQL or
+    Python cannot store: ``UNSTORABLE[kind]``, or for ``deep`` a list nested 100,000 deep."""
+    with open(path, "a") as handle:
+        handle.write("ran\n")
+    if kind != "deep":
+        return UNSTORABLE[kind]
+    value: list[Any] = []
+    for _ in range(100_000):
+        value = [value]
+    return value

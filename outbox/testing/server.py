@@ -67,7 +67,9 @@ class Request:
 
 @dataclass
 class Reply:
-    """The answer to send; ``delay_s`` is slept *after* the state change, before sending."""
+    """The answer to send; ``delay_s`` is slept *after* the state change, before sending.
+    A ``body`` of bytes is sent as it is (to play a server whose answer is not the JSON
+    ``json.dumps`` would write), anything else as JSON."""
 
     status: int = 200
     body: Any = None
@@ -150,7 +152,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(reply)
 
     def _send(self, reply: Reply) -> None:
-        payload = b"" if reply.body is None else json.dumps(reply.body).encode()
+        if isinstance(reply.body, bytes):
+            payload = reply.body
+        else:
+            payload = b"" if reply.body is None else json.dumps(reply.body).encode()
         try:
             self.send_response(reply.status)
             for name, value in reply.headers.items():

@@ -45,7 +45,13 @@ from outbox.testing.server import (
 
 IdempotencyMode = ModeName  # the modes of outbox.registry.IDEMPOTENCY_MODES
 FaultKind = Literal[
-    "latency", "fail", "drop", "stall_after_commit", "act_after", "echo_credentials"
+    "latency",
+    "fail",
+    "drop",
+    "stall_after_commit",
+    "act_after",
+    "echo_credentials",
+    "answer_raw",
 ]
 ToolHandler = Callable[[dict[str, Any], int], dict[str, Any]]  # (arguments, effect_id) -> result
 
@@ -103,6 +109,7 @@ class _Fault:
     until: float | None = None  # time.monotonic() deadline; None: no time limit
     padding: int = 0  # echo_credentials: characters of filler before the echoed secret
     encoded: bool = False  # echo_credentials: the secret re-encoded beside the plain echo
+    body: bytes = b""  # answer_raw: the body answered
 
     def active(self, now: float) -> bool:
         fresh = self.until is None or now < self.until
@@ -205,6 +212,13 @@ class FakeTool:
         idempotency record finish after a while: a repeat or a lookup that arrives
         meanwhile finds nothing, and a repeat acts a second time."""
         self._add_fault(_Fault("act_after", seconds=seconds), n, window_s)
+
+    def answer_raw(self, body: bytes, n: int | None = 1, window_s: float | None = None) -> None:
+        """Record the side effect, then answer 200 with ``body`` as it is (``application/
+        json``): JSON that PostgreSQL cannot store (a NUL, ``NaN``, nesting 100,000 deep),
+        or bytes that are not JSON at all. For tests that an answer which arrived is never
+        a reason to call the tool again."""
+        self._add_fault(_Fault("answer_raw", body=body), n, window_s)
 
     def echo_credentials(
         self,
@@ -426,7 +440,9 @@ class FakeTool:
             self._by_key[key] = effect
         self._record_locked(request, key, arguments, 200, effect_id)
         stall = self._take("stall_after_commit")
-        return Reply(200, result, delay_s=stall.seconds if stall else 0.0)
+        raw = self._take("answer_raw")
+        body: Any = result if raw is None else raw.body
+        return Reply(200, body, delay_s=stall.seconds if stall else 0.0)
 
     def lookup(self, request: Request) -> Reply:
         """Answer ``POST /tools/{name}/lookup`` (lookup-mode tools only)."""
@@ -495,9 +511,12 @@ class FaultRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tool: str
-    fault: Literal["latency", "fail", "drop", "stall_after_commit", "echo_credentials", "clear"]
+    fault: Literal[
+        "latency", "fail", "drop", "stall_after_commit", "echo_credentials", "answer_raw", "clear"
+    ]
     seconds: float = 0.0  # for latency and stall_after_commit
     status: int = 500  # for fail and echo_credentials
+    body: str = ""  # for answer_raw: the body's text, sent as UTF-8
     n: int | None = 1
     window_s: float | None = None  # seconds
 
@@ -599,6 +618,8 @@ class FakeToolService(FakeServer):
             tool.drop_connection(spec.n, spec.window_s)
         elif spec.fault == "echo_credentials":
             tool.echo_credentials(spec.status, spec.n, spec.window_s)
+        elif spec.fault == "answer_raw":
+            tool.answer_raw(spec.body.encode(), spec.n, spec.window_s)
         else:
             tool.stall_after_commit(spec.seconds, spec.n, spec.window_s)
 

@@ -73,6 +73,23 @@ def test_files_that_are_not_json_are_refused(run_cli, tmp_path, waiting_run, db_
 
 
 @pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('[{"tool_call_id": "c1", "output": "a\\u0000b"}]', "NUL character (\\u0000) at $[0]"),
+        ('[{"tool_call_id": "c1", "output": NaN}]', "it holds NaN"),
+        ("[" * 100_000 + "]" * 100_000, "nested more than 128 levels deep"),
+    ],
+)
+def test_files_postgresql_cannot_store_are_refused_naming_why(
+    run_cli, tmp_path, waiting_run, db_url, text, says
+):
+    path = write(tmp_path, "outputs.json", text)
+    line = refused(run_cli("runs", "submit-outputs", str(waiting_run.id), path))
+    assert "outputs.json is not storable JSON: " in line and says in line
+    assert scalar(db_url, "SELECT count(*) FROM outbox.tool_results") == 0
+
+
+@pytest.mark.parametrize(
     ("options", "says"),
     [
         (["--endpoint", "http://127.0.0.1:9/t", "--schema", "{not json"], "--schema"),

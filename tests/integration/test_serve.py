@@ -289,6 +289,62 @@ def test_bad_json_oversized_bodies_unknown_fields_and_ids_are_refused_storing_no
     http.close()
 
 
+@pytest.mark.parametrize(
+    "path,body,says",
+    [
+        (
+            "/threads",
+            b'{"messages": [{"role": "user", "content": "a\\u0000b"}]}',
+            "it holds a NUL character (\\u0000) at $.messages[0].content",
+        ),
+        ("/threads", b'{"metadata": {"k": "\\ud800"}}', "lone surrogate (\\ud800) at $.metadata.k"),
+        ("/threads", b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested more"),
+        (
+            "/responses",
+            b'{"model": "m", "input": "a\\u0000b"}',
+            "NUL character (\\u0000) at $.input",
+        ),
+    ],
+)
+def test_bodies_postgresql_cannot_store_are_400s_naming_the_problem(
+    db_url, base_url, api_keys, caplog, path, body, says
+):
+    headers = {"Authorization": f"Bearer {api_keys['acme']}", "Content-Type": "application/json"}
+    before = {t: count(db_url, t) for t in ("threads", "messages", "runs")}
+    answer = httpx2.post(base_url + path, content=body, headers=headers)
+    assert answer.status_code == 400, answer.text
+    message = answer.json()["error"]["message"]
+    assert message.startswith("The body of your request is not storable JSON: ")
+    assert says in message
+    assert {t: count(db_url, t) for t in before} == before
+    assert not [r for r in caplog.records if r.name.startswith("outbox.serve")]  # no traceback
+
+
+@pytest.mark.parametrize(
+    "metadata,says",
+    [
+        ({f"k{i}": "v" for i in range(17)}, "at most 16 properties, but got an object with 17"),
+        ({"k" * 65: "v"}, "a key with maximum length 64, but got a key with length 65"),
+        ({"k": "v" * 513}, "a string with maximum length 512, but got a string with length 513"),
+    ],
+)
+def test_metadata_keeps_openais_limits(db_url, base_url, api_keys, metadata, says):
+    sdk = openai.OpenAI(base_url=base_url, api_key=api_keys["acme"], max_retries=0)
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.beta.threads.create(metadata=metadata)
+    assert says in refused.value.message
+    assert refused.value.body["param"] == "metadata"  # type: ignore[index]
+    assert count(db_url, "threads") == 0
+    limits = {f"k{i:02d}" + "k" * 61: "v" * 512 for i in range(16)}  # all at the limits
+    thread = sdk.beta.threads.create(metadata=limits)
+    assert sdk.beta.threads.retrieve(thread.id).metadata == limits
+    with pytest.raises(openai.BadRequestError):
+        sdk.beta.threads.update(thread.id, metadata=metadata)
+    with pytest.raises(openai.BadRequestError):
+        sdk.conversations.create(metadata=metadata)
+    sdk.close()
+
+
 def sse(response: httpx2.Response) -> Iterator[dict[str, str]]:
     """The events of an SSE response, as dicts of their fields."""
     event: dict[str, str] = {}

@@ -36,6 +36,7 @@ FIELDS = {
     "--grace": "grace_s",
     "--retry-base": "retry_base_s",
     "--rescue-interval": "rescue_interval_s",
+    "--max-model-answer": "max_model_answer_bytes",
 }
 
 
