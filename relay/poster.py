@@ -2,16 +2,10 @@
 
 Every model turn and HTTP tool call of a relay process is a request on its one event
 loop, so each request's CPU is the relay's throughput: in the runs-in-flight bench the
-loop thread was the relay's bottleneck, and 70 % of it was the request path. CPU per
-request on kept-alive connections, 400 at once (``python -m bench.poster``, part of
-``make bench``; docs/benchmarks.md, 2026-11-26):
-
-| path | CPU per request |
-|---|---:|
-| the ``openai`` SDK's client (until 2026-11-25) | 3.0 ms |
-| ``httpx2.AsyncClient.post`` | 1.7 ms |
-| ``httpcore2``'s pool on asyncio's streams (until 2026-11-26) | 0.41-0.44 ms |
-| this module | 0.08-0.11 ms |
+loop thread was the relay's bottleneck, and most of it was the request path. So this
+client does the least per request; ``python -m bench.poster`` (part of ``make bench``)
+measures its CPU per request beside ``httpx2.AsyncClient``'s, on kept-alive connections,
+400 at once (docs/benchmarks.md has the figures).
 
 What the relay sends is narrow: a POST of a body it holds whole, with a few headers, to
 a server that answers with a status, headers and a body it reads whole. A connection

@@ -580,9 +580,9 @@ def freeze_startup_heap() -> None:
     often, in a process that is only a relay worker (an application embedding ``Worker``
     keeps its own collector).
 
-    Those objects (about 140,000, the openai SDK's models among them) live as long as the
-    process, and a full collection walked them all with every thread stopped (about
-    76 ms); young collections triggered by a claim's rows cost more too (decoding a claim
+    Those objects (tens of thousands: modules, pydantic models, compiled queries) live as
+    long as the process, and a full collection walks them all with every thread stopped;
+    young collections triggered by a claim's rows cost more too (decoding a claim
     took 4.6 us a row with the collector off, 9-13 us with it on). With thousands of runs
     in flight the default thresholds collected all the time (4,000 runs in flight: 37 full
     collections took 11 of the relay's 38 CPU seconds); nearly everything a relay
