@@ -11,9 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from relay.capacity import default_concurrency
-
 from outbox import config as outbox_config
+from relay.capacity import default_concurrency
 
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch", "webhook")
 CGROUP_MEMORY_FILES = (
