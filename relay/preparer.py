@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from outbox import history, writer
+from outbox import history, registry, writer
 from outbox.logs import log
 from outbox.sql import Queries
 from relay.links import Link
@@ -124,6 +124,12 @@ class Preparer:
         turns = [r for r in batch if r.kind == "turn"]
         answers: dict[int, Any] = {}
         with conn.transaction():
+            if marks and not any(_must_survive_a_crash(r.row) for r in marks):
+                # Marks of key-mode calls only bound *when* the call may be sent again (with
+                # the same key), not *whether*: a database crash that lost them lets the next
+                # attempt resend sooner, which is all. Not waiting for the WAL flush keeps
+                # the commit off the request's path.
+                conn.execute("SET LOCAL synchronous_commit TO off")
             if marks:
                 ordered = sorted(marks, key=lambda r: r.row.tool_call_ref or 0)
                 marked = {
@@ -157,6 +163,12 @@ class Preparer:
             row = found.get((_uuid(request.row.run_id), step_no))
             answers[id(request)] = _turn(row, step_no)
         return answers
+
+
+def _must_survive_a_crash(row: Claimed) -> bool:
+    """A mark that decides whether the call may run again (``lookup``/``none``): lost, a
+    later attempt would take an ambiguous attempt for a clean one."""
+    return registry.idempotency(row.idempotency_mode).dispatch_mark
 
 
 def step_of(row: Claimed) -> int:
