@@ -1342,7 +1342,7 @@ def tenants_budget(
     click.echo(
         f"tenant {tenant}: budget {row['max_tokens'] or 'unlimited'} tokens (used "
         f"{row['tokens_used']}), {row['max_cost'] if row['max_cost'] is not None else 'unlimited'}"
-        f" in money (spent {row['cost_used']})"
+        f" in money (spent {writer.money_text(row['cost_used'])})"
     )
 
 
