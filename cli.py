@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from outbox import (
     approvals,
     budgets,
+    config,
     credentials,
     db,
     history,
@@ -218,19 +219,38 @@ def revision_refused(revision: str) -> Iterator[None]:
         ) from err
 
 
+RUN_DEFAULTS_REVISION = "0030"  # the revision that made outbox.run_defaults
+
+
 @db_group.command("upgrade")
 @click.argument("revision", default="head")
 @json_option
 def db_upgrade(revision: str, as_json: bool) -> None:
-    """Migrate the schema up to REVISION (default: the newest)."""
+    """Migrate the schema up to REVISION (default: the newest). Then store the defaults of
+    new runs that OUTBOX_DEFAULT_MAX_STEPS, OUTBOX_LOOP_LIMIT and OUTBOX_ACTION_TIMEOUT_S
+    set, if any (`outbox platform defaults`)."""
     url = db.database_url()
     with revision_refused(revision):
         migrate.upgrade(url, revision)
     at = migrate.current(url)
+    stored: dict[str, Any] = {}
+    revisions = migrate.revisions()
+    if (
+        config.run_defaults_from_environment()
+        and at in revisions
+        and revisions.index(at) >= revisions.index(RUN_DEFAULTS_REVISION)
+    ):
+        with connection() as conn:
+            stored = budgets.apply_environment(conn, actor="outbox db upgrade (environment)")
     if as_json:
-        echo_json({"schema": db.schema_name(), "revision": at, "url": db.redact(url)})
+        echo_json(
+            {"schema": db.schema_name(), "revision": at, "url": db.redact(url)}
+            | ({"run_defaults_stored": stored} if stored else {})
+        )
         return
     click.echo(f"schema {db.schema_name()!r} at {at} on {db.redact(url)}")
+    if stored:
+        click.echo("defaults of new runs from the environment: " + format_fields(stored))
 
 
 @db_group.command("downgrade")
@@ -1334,7 +1354,7 @@ def tenants_budget(
     click.echo(
         f"tenant {tenant}: budget {row['max_tokens'] or 'unlimited'} tokens (used "
         f"{row['tokens_used']}), {row['max_cost'] if row['max_cost'] is not None else 'unlimited'}"
-        f" in money (spent {row['cost_used']})"
+        f" in money (spent {writer.money_text(row['cost_used'])})"
     )
 
 
@@ -1409,6 +1429,53 @@ def platform_limit(max_steps: Any, actor: str, as_json: bool) -> None:
         echo_json(row)
         return
     click.echo(f"platform: max_steps {row['max_steps'] or 'none'}")
+
+
+@platform_group.command("defaults")
+@click.option("--max-steps", type=int, help="Model turns a new run may take.")
+@click.option("--loop-limit", type=int, help="Identical turns in a row that end a run as a loop.")
+@click.option(
+    "--action-timeout",
+    type=float,
+    help="Seconds a new run waits in requires_action for client outputs before it expires.",
+)
+@actor_option
+@json_option
+def platform_defaults(
+    max_steps: int | None,
+    loop_limit: int | None,
+    action_timeout: float | None,
+    actor: str,
+    as_json: bool,
+) -> None:
+    """Show or set what a new run gets when its caller names no step cap, loop limit or
+    action timeout: the same for start_run_v1 and the Python API (runs already started
+    keep theirs). `outbox db upgrade` sets them from OUTBOX_DEFAULT_MAX_STEPS,
+    OUTBOX_LOOP_LIMIT and OUTBOX_ACTION_TIMEOUT_S when those are set."""
+    with connection() as conn:
+        if max_steps is None and loop_limit is None and action_timeout is None:
+            row = budgets.run_defaults(conn)
+        else:
+            row = budgets.set_run_defaults(
+                conn,
+                max_steps=max_steps,
+                loop_limit=loop_limit,
+                action_timeout_s=action_timeout,
+                actor=actor,
+            )
+    if as_json:
+        echo_json(row)
+        return
+    click.echo(
+        "defaults of new runs: "
+        + format_fields({k: row[k] for k in ("max_steps", "loop_limit", "action_timeout_s")})
+    )
+
+
+def format_fields(values: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in values.items()
+    )
 
 
 @tools_group.command("limit")

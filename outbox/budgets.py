@@ -10,6 +10,12 @@ price costs nothing, so a budget in money on a run needs its model's price
 (``start_run_v1`` refuses it otherwise). ``platform_limits.max_steps`` caps every run's
 model turns, whatever the run asked for (``step_cap``).
 
+What a new run gets when its caller names no step cap, loop limit or action timeout is one
+row of the database (``run_defaults``), which ``start_run_v1`` reads for SQL callers and the
+Python writer API alike: one source, so the same settings make the same run whichever way
+it is started. ``outbox platform defaults`` sets it; ``outbox db upgrade`` stores there the
+environment variables that used to set the Python API's defaults (``apply_environment``).
+
 Like the other operator settings, these run in the caller's transaction and are journaled.
 """
 
@@ -21,7 +27,7 @@ from typing import Any
 
 import psycopg
 
-from outbox import writer
+from outbox import config, writer
 from outbox.errors import InvalidInput, NotFound
 from outbox.sql import queries
 
@@ -99,3 +105,61 @@ def set_platform_limits(
         conn, "platform.limits_set", PLATFORM, actor=actor, detail={"max_steps": max_steps}
     )
     return row
+
+
+def run_defaults(conn: psycopg.Connection[Any]) -> Row:
+    """The defaults of new runs: ``max_steps``, ``loop_limit``, ``action_timeout_s``."""
+    row = writer.fetch_one(conn, Q.run_defaults, {})
+    if row is None:
+        raise NotFound(
+            "the defaults of new runs are missing (outbox.run_defaults has no row)",
+            hint="set them again: `outbox platform defaults --max-steps N`",
+        )
+    return row
+
+
+def set_run_defaults(
+    conn: psycopg.Connection[Any],
+    *,
+    max_steps: int | None = None,
+    loop_limit: int | None = None,
+    action_timeout_s: float | None = None,
+    actor: str | None = None,
+) -> Row:
+    """Change the defaults given (None: unchanged) of runs started from now on, by SQL or
+    the writer API; runs already started keep theirs."""
+    if max_steps is not None and not 1 <= max_steps <= 10_000:
+        raise InvalidInput(f"--max-steps must be 1-10000, got {max_steps}")
+    if loop_limit is not None and loop_limit < 2:
+        raise InvalidInput(f"--loop-limit must be at least 2, got {loop_limit}")
+    if action_timeout_s is not None and not (
+        math.isfinite(action_timeout_s) and action_timeout_s > 0
+    ):
+        raise InvalidInput(f"--action-timeout must be a positive number, got {action_timeout_s}")
+    given = {"max_steps": max_steps, "loop_limit": loop_limit, "action_timeout_s": action_timeout_s}
+    conn.execute(Q.ensure_run_defaults)
+    row = writer.fetch_one(conn, Q.set_run_defaults, {**given, "actor": actor or "unknown"})
+    assert row is not None
+    detail = {k: v for k, v in given.items() if v is not None}
+    writer.journal(conn, "platform.run_defaults_set", PLATFORM, actor=actor, detail=detail)
+    return row
+
+
+def apply_environment(conn: psycopg.Connection[Any], *, actor: str | None = None) -> Row:
+    """Store the defaults of new runs this process's environment sets
+    (``config.RUN_DEFAULT_VARIABLES``: ``OUTBOX_DEFAULT_MAX_STEPS``, ``OUTBOX_LOOP_LIMIT``,
+    ``OUTBOX_ACTION_TIMEOUT_S``) where they differ from the database's; returns the ones
+    changed. ``outbox db upgrade`` calls it, so a deployment that set them keeps them."""
+    wanted: Row = {}
+    for field, text in config.run_defaults_from_environment().items():
+        name = config.RUN_DEFAULT_VARIABLES[field]
+        try:
+            wanted[field] = float(text) if field == "action_timeout_s" else int(text)
+        except ValueError:
+            kind = "a number of seconds" if field == "action_timeout_s" else "a whole number"
+            raise InvalidInput(f"{name} must be {kind}, got {text!r}") from None
+    current = writer.fetch_one(conn, Q.run_defaults, {}) or {}
+    changed = {k: v for k, v in wanted.items() if current.get(k) != v}
+    if changed:
+        set_run_defaults(conn, **changed, actor=actor)
+    return changed

@@ -525,6 +525,24 @@ class PlatformLimits(Base):
     updated_at: Mapped[datetime] = _now()
 
 
+class RunDefaults(Base):
+    """The defaults of new runs (one row), for start_run_v1 and the writer API; see
+    migration 0030."""
+
+    __tablename__ = "run_defaults"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "defaults of new runs, one row: start_run_v1 takes each one its caller "
+        "(SQL or the Python writer API) leaves out (outbox platform defaults)"
+    }
+
+    id: Mapped[bool] = mapped_column(Boolean, primary_key=True, server_default=text("true"))
+    max_steps: Mapped[int] = mapped_column(Integer, server_default=text("20"))
+    loop_limit: Mapped[int] = mapped_column(Integer, server_default=text("3"))
+    action_timeout_s: Mapped[float] = mapped_column(Double, server_default=text("600"))
+    updated_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
+    updated_at: Mapped[datetime] = _now()
+
+
 class Lane(Base):
     """A limit on a tool (across tenants) or a tenant; see migration 0013."""
 

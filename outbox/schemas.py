@@ -88,11 +88,13 @@ class StartRun(_In):
     api: Literal["responses", "chat"] = "responses"
     base_url: str | None = None
     instructions: str | None = None
-    max_steps: int = Field(default_factory=lambda: config.DEFAULT_MAX_STEPS, gt=0, le=10_000)
+    # None: the database's default (outbox.run_defaults), the one start_run_v1 gives SQL
+    # callers too, so both entry points make the same run from the same settings.
+    max_steps: int | None = Field(default=None, gt=0, le=10_000)
     max_tokens: int | None = Field(default=None, gt=0)
     max_cost: Decimal | None = Field(default=None, gt=0)  # in money, by model_prices
-    loop_limit: int = Field(default_factory=lambda: config.DEFAULT_LOOP_LIMIT, gt=1)
-    action_timeout_s: float = Field(default_factory=lambda: config.DEFAULT_ACTION_TIMEOUT_S, gt=0)
+    loop_limit: int | None = Field(default=None, gt=1)
+    action_timeout_s: float | None = Field(default=None, gt=0)
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
     correlation_id: Annotated[str, StringConstraints(max_length=255)] | None = None
 

@@ -655,9 +655,17 @@ def tenant_budgets_spent(conn: psycopg.Connection[Any], tenant_ids: list[str]) -
             )
         elif b["max_cost"] is not None and b["cost_used"] >= b["max_cost"]:
             spent[tenant] = (
-                f"tenant {tenant!r} spent {b['cost_used']:f}, its budget is {b['max_cost']:f}"
+                f"tenant {tenant!r} spent {money_text(b['cost_used'])}, "
+                f"its budget is {b['max_cost']:f}"
             )
     return spent
+
+
+def money_text(amount: Decimal) -> str:
+    """Money spent, as its prices give it: a turn's cost is a quotient that PostgreSQL keeps
+    with twenty decimals (0.60000000000000000000), shown without the zeros it added. A
+    budget keeps the scale its operator set it with, so it is shown as stored."""
+    return f"{amount.normalize():f}"
 
 
 def set_tenant_budget(
@@ -706,7 +714,10 @@ def limit_reached(
             f"the run used {run['tokens_used']} tokens, its budget is {run['max_tokens']}",
         )
     if run.get("max_cost") is not None and run["cost"] >= run["max_cost"]:
-        return "budget", f"the run spent {run['cost']:f}, its budget is {run['max_cost']:f}"
+        return (
+            "budget",
+            f"the run spent {money_text(run['cost'])}, its budget is {run['max_cost']:f}",
+        )
     if tenant_spent is not None:
         return "budget", tenant_spent
     return None

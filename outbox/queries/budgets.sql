@@ -27,3 +27,20 @@ VALUES (true, %(max_steps)s, %(actor)s)
 ON CONFLICT (id) DO UPDATE
 SET max_steps = excluded.max_steps, updated_by = excluded.updated_by, updated_at = now()
 RETURNING max_steps, updated_by, updated_at
+
+-- name: run_defaults
+-- The defaults of new runs (start_run_v1 takes each one its caller leaves out).
+SELECT max_steps, loop_limit, action_timeout_s, updated_by, updated_at FROM {s}.run_defaults
+
+-- name: ensure_run_defaults
+-- The row of the defaults, made again with the table's defaults if someone removed it.
+INSERT INTO {s}.run_defaults (id) VALUES (true) ON CONFLICT (id) DO NOTHING
+
+-- name: set_run_defaults
+-- Change the defaults given (NULL: unchanged) for runs started from now on.
+UPDATE {s}.run_defaults
+SET max_steps = coalesce(%(max_steps)s::integer, max_steps),
+    loop_limit = coalesce(%(loop_limit)s::integer, loop_limit),
+    action_timeout_s = coalesce(%(action_timeout_s)s::float8, action_timeout_s),
+    updated_by = %(actor)s, updated_at = now()
+RETURNING max_steps, loop_limit, action_timeout_s, updated_by, updated_at

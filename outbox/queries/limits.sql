@@ -23,13 +23,6 @@ DELETE FROM {s}.lanes WHERE scope = %(scope)s AND name = %(name)s RETURNING scop
 
 -- name: in_flight
 -- Every lane with a limit and what it has in flight now (leased rows), for operators.
-SELECT l.scope, l.name, l.max_concurrency, l.rate,
-       CASE l.scope
-           WHEN 'tenant' THEN (SELECT count(*) FROM {s}.outbox o
-                               WHERE o.status = 'leased' AND o.tenant_id = l.name)
-           ELSE (SELECT count(*) FROM {s}.outbox o
-                 WHERE o.status = 'leased' AND o.tool_name = l.name)
-       END AS in_flight,
-       l.claimed_at, l.updated_at
-FROM {s}.lanes l
+SELECT l.scope, l.name, l.max_concurrency, l.rate, l.in_flight, l.claimed_at, l.updated_at
+FROM {s}.lane_loads_v1() l
 ORDER BY l.scope, l.name

@@ -75,12 +75,12 @@ FROM {s}.record_tool_results_v1(%(results)s::jsonb, %(worker)s::text)
 SELECT * FROM {s}.tool_results WHERE tool_call_ref = %(tool_call_ref)s
 
 -- name: insert_orphan
--- Keep a result that arrived for a closed batch, out of every context.
-INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref, tool_call_id,
-                                  status, output, error, reason, source, attempt)
-VALUES (%(tenant_id)s, %(run_id)s, %(batch_id)s, %(tool_call_ref)s, %(tool_call_id)s,
-        %(status)s, %(output)s, %(error)s, %(reason)s, %(source)s, %(attempt)s)
-RETURNING id
+-- Keep a result that may enter no context (its attempt fenced off, its batch closed) with
+-- its call's tenant, run and batch (keep_orphaned_results_v1, functions.sql).
+SELECT id FROM {s}.keep_orphaned_results_v1(jsonb_build_array(jsonb_build_object(
+    'ref', %(tool_call_ref)s::bigint, 'status', %(status)s::text, 'output', %(output)s::jsonb,
+    'error', %(error)s::text, 'reason', %(reason)s::text, 'source', %(source)s::text,
+    'attempt', %(attempt)s::integer)))
 
 -- name: batch_owners
 -- The runs batches belong to (read without a lock: the runs are locked first).

@@ -23,6 +23,18 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_status IN ('completed', 'failed', 'cancelled', 'expired')
 $$;
 
+-- run_over_v1: a run whose work may not start any more: it ended, or it waits in
+-- requires_action past its deadline (expired from that moment by the database clock,
+-- whether or not a sweep has recorded it yet). A row of such a run leaves the queue
+-- instead of being claimed, retried, parked or rescued, and outputs for it are refused.
+-- STABLE (it reads now()) and plain SQL: inlined where it is called.
+CREATE OR REPLACE FUNCTION {s}.run_over_v1(p_status text, p_action_deadline timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT {s}.run_ended_v1(p_status)
+        OR (p_status = 'requires_action' AND coalesce(p_action_deadline < now(), false))
+$$;
+
 -- deliver_key_v1: the dedup key of a batch's one delivery (outbox kind deliver_batch).
 CREATE OR REPLACE FUNCTION {s}.deliver_key_v1(p_batch_id bigint) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -41,6 +53,67 @@ RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT 'model_turn:' || p_run_id::text || ':' || p_step_no::text
 $$;
+
+
+-- keep_orphaned_results_v1: keep results that may enter no context in orphaned_results.
+--
+-- The one place a result is orphaned: record_tool_results_v1 (its batch was closed),
+-- submit_tool_outputs_v1 (its run is over) and the relay's completions fenced off (the
+-- query insert_orphan of outbox/queries/writer.sql) call it. Only operators read them
+-- (the orphaned_results_report view).
+--
+--   SELECT * FROM outbox.keep_orphaned_results_v1(
+--       '[{"ref": 42, "status": "ok", "output": {"id": 7}, "reason": "fenced",
+--          "source": "relay", "attempt": 3}]');
+--
+-- p_results is a JSON array of {ref (tool_calls.id), status ('ok' or 'error'), output,
+-- error, reason, source, attempt}; each is kept with its call's tenant, run, batch and
+-- provider id (a JSON null output is kept as NULL, as tool_results keeps it). Returns the
+-- rows kept, in input order. STRICT: NULL (jsonb_agg of nothing) keeps nothing and costs
+-- nothing. Runs with the caller's rights (row-level security applies).
+CREATE OR REPLACE FUNCTION {s}.keep_orphaned_results_v1(p_results jsonb)
+RETURNS SETOF {s}.orphaned_results
+LANGUAGE sql STRICT SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
+                                      tool_call_id, status, output, error, reason, source,
+                                      attempt)
+    SELECT tc.tenant_id, tc.run_id, tc.batch_id, tc.id, tc.tool_call_id, o.status, o.output,
+           o.error, o.reason, o.source, o.attempt
+    FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e(item, n)
+    CROSS JOIN LATERAL jsonb_to_record(e.item)
+        AS o(ref bigint, status text, output jsonb, error text, reason text, source text,
+             attempt integer)
+    JOIN {s}.tool_calls tc ON tc.id = o.ref
+    ORDER BY e.n
+    RETURNING *
+$$;
+REVOKE ALL ON FUNCTION {s}.keep_orphaned_results_v1(jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.keep_orphaned_results_v1(jsonb)
+    TO outbox_writer, outbox_relay, outbox_api;
+
+
+-- lane_loads_v1: every lane with a limit (outbox.lanes: a tool or a tenant) and what it has
+-- in flight now (its leased rows, counted through the lease indexes). The one count of a
+-- lane's load: the relay's claim passes over lanes at their limit by it, and `outbox
+-- limits` shows it. Plain SQL and STABLE, so the planner inlines it into the claim. Runs
+-- with the caller's rights: the relay's role and the owner see every tenant's rows.
+CREATE OR REPLACE FUNCTION {s}.lane_loads_v1()
+RETURNS TABLE (scope text, name text, max_concurrency integer, rate double precision,
+               tokens double precision, refilled_at timestamptz, claimed_at timestamptz,
+               updated_at timestamptz, in_flight bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT l.scope, l.name, l.max_concurrency, l.rate, l.tokens, l.refilled_at, l.claimed_at,
+           l.updated_at,
+           CASE l.scope
+               WHEN 'tenant' THEN (SELECT count(*) FROM {s}.outbox o
+                                   WHERE o.status = 'leased' AND o.tenant_id = l.name)
+               ELSE (SELECT count(*) FROM {s}.outbox o
+                     WHERE o.status = 'leased' AND o.tool_name = l.name)
+           END
+    FROM {s}.lanes l
+$$;
+REVOKE ALL ON FUNCTION {s}.lane_loads_v1() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.lane_loads_v1() TO outbox_relay;
 
 
 -- record_tool_results_v1: record terminal results of tool calls, many in one call.
@@ -106,13 +179,15 @@ BEGIN
         ON CONFLICT (tool_call_ref) DO NOTHING
         RETURNING tool_call_ref, batch_id, status, error
     ), orphaned AS (
-        INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
-                                          tool_call_id, status, output, error, reason,
-                                          source, attempt)
-        SELECT c.tenant_id, c.run_id, c.batch_id, c.ref, c.tool_call_id, c.status, c.output,
-               c.error, 'batch_closed', c.source, c.attempt
-        FROM calls c WHERE NOT c.repeat AND c.batch_status <> 'open'
-        RETURNING tool_call_ref
+        -- The journal's insert reads it for every input row not stored, so it runs whenever
+        -- there is something to keep (a CTE with a volatile function runs once, at most).
+        SELECT k.tool_call_ref
+        FROM {s}.keep_orphaned_results_v1(
+            (SELECT jsonb_agg(jsonb_build_object(
+                        'ref', c.ref, 'status', c.status, 'output', c.output,
+                        'error', c.error, 'reason', 'batch_closed', 'source', c.source,
+                        'attempt', c.attempt) ORDER BY c.n)
+             FROM calls c WHERE NOT c.repeat AND c.batch_status <> 'open')) k
     ), done AS (
         UPDATE {s}.tool_calls tc
         SET status = CASE WHEN s.status = 'ok' THEN 'succeeded' ELSE 'failed' END,
@@ -237,18 +312,8 @@ DECLARE
     v_cap        integer := coalesce(
                      nullif(current_setting('outbox.max_payload_bytes', true), '')::integer,
                      262144);
-    v_scope      text := {s}.current_tenant_v1();
 BEGIN
-    IF v_scope IS NULL THEN
-        RAISE EXCEPTION 'submit_tool_outputs_v1 acts for the tenant this transaction is scoped to, and it has none'
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = format('call outbox.enter_tenant_v1(%L) first in this transaction',
-                                p_tenant_id);
-    END IF;
-    IF v_scope <> p_tenant_id THEN
-        RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
+    PERFORM {s}.require_tenant_scope_v1(p_tenant_id, 'submit_tool_outputs_v1');
     SELECT * INTO v_run FROM {s}.runs WHERE id = p_run_id FOR UPDATE;
     IF NOT FOUND OR v_run.tenant_id <> p_tenant_id THEN
         RAISE EXCEPTION 'run % does not exist for tenant %', p_run_id, p_tenant_id
@@ -289,32 +354,30 @@ BEGIN
 
     -- Past the deadline by the database clock (a sweep may not have expired it yet), the
     -- run takes no more outputs: it is expired from that moment.
-    v_late := v_run.status = 'requires_action' AND coalesce(v_run.action_deadline < now(), false);
-    IF v_late OR {s}.run_ended_v1(v_run.status) THEN
-        WITH kept AS (
-            INSERT INTO {s}.orphaned_results (tenant_id, run_id, batch_id, tool_call_ref,
-                                              tool_call_id, status, output, error, reason,
-                                              source)
-            SELECT tc.tenant_id, tc.run_id, tc.batch_id, tc.id, tc.tool_call_id, a.status,
-                   o->'output', a.error,
-                   CASE WHEN v_late THEN 'deadline_passed' ELSE 'run_ended' END, 'client'
-            FROM jsonb_array_elements(p_outputs) o
+    IF {s}.run_over_v1(v_run.status, v_run.action_deadline) THEN
+        v_late := NOT {s}.run_ended_v1(v_run.status);
+        SELECT array_agg(k.tool_call_id ORDER BY k.id) INTO v_kept
+        FROM {s}.keep_orphaned_results_v1((
+            SELECT jsonb_agg(jsonb_build_object(
+                       'ref', tc.id, 'status', a.status, 'output', o->'output',
+                       'error', a.error, 'source', 'client',
+                       'reason', CASE WHEN v_late THEN 'deadline_passed' ELSE 'run_ended' END)
+                   ORDER BY e.n)
+            FROM jsonb_array_elements(p_outputs) WITH ORDINALITY AS e(o, n)
             CROSS JOIN LATERAL (
                 SELECT CASE WHEN o ? 'error' THEN 'error' ELSE 'ok' END AS status,
                        CASE WHEN o ? 'error' THEN coalesce(o->>'error', 'error') END AS error
             ) a
             JOIN {s}.tool_calls tc
               ON tc.run_id = p_run_id AND tc.tool_call_id = o->>'tool_call_id'
-            -- A resend is a no-op: a call that has its result, or this very output kept.
+            -- A resend is a no-op: a call that has its result, or this very output kept (a
+            -- JSON null output is kept as NULL, and was kept as JSON null before 0030).
             WHERE NOT EXISTS (SELECT 1 FROM {s}.tool_results r WHERE r.tool_call_ref = tc.id)
               AND NOT EXISTS (SELECT 1 FROM {s}.orphaned_results x
                               WHERE x.tool_call_ref = tc.id AND x.source = 'client'
                                 AND x.status = a.status
-                                AND x.output IS NOT DISTINCT FROM o->'output'
-                                AND x.error IS NOT DISTINCT FROM a.error)
-            RETURNING tool_call_id
-        )
-        SELECT array_agg(tool_call_id) INTO v_kept FROM kept;
+                                AND coalesce(x.output, 'null') = coalesce(o->'output', 'null')
+                                AND x.error IS NOT DISTINCT FROM a.error))) k;
         IF v_kept IS NOT NULL THEN
             INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
             VALUES (p_tenant_id, 'tool_outputs.orphaned', v_run.thread_id, p_run_id,
@@ -381,6 +444,31 @@ $$;
 GRANT EXECUTE ON FUNCTION {s}.current_tenant_v1() TO PUBLIC;
 
 
+-- require_tenant_scope_v1: refuse (42501) unless this session acts for p_tenant_id (the
+-- tenant its login role is bound to, else the one its transaction is scoped to:
+-- current_tenant_v1). The guard of the functions that act beyond row-level security
+-- (submit_tool_outputs_v1, decide_approval_v1) and of enter_tenant_v1; p_caller names the
+-- function refused.
+CREATE OR REPLACE FUNCTION {s}.require_tenant_scope_v1(p_tenant_id text, p_caller text)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_scope text := {s}.current_tenant_v1();
+BEGIN
+    IF v_scope IS NULL THEN
+        RAISE EXCEPTION '% acts for the tenant this transaction is scoped to, and it has none',
+                        p_caller
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('call outbox.enter_tenant_v1(%L) first in this transaction',
+                                p_tenant_id);
+    ELSIF v_scope <> p_tenant_id THEN
+        RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END $$;
+GRANT EXECUTE ON FUNCTION {s}.require_tenant_scope_v1(text, text) TO PUBLIC;
+
+
 -- enter_tenant_v1: bind this transaction to a tenant, or refuse another one.
 --
 -- The first statement of every function below. A session already scoped to a tenant
@@ -390,16 +478,13 @@ GRANT EXECUTE ON FUNCTION {s}.current_tenant_v1() TO PUBLIC;
 -- transaction ends. Raises 22023 for an ill-formed tenant id, 42501 for another tenant.
 CREATE OR REPLACE FUNCTION {s}.enter_tenant_v1(p_tenant_id text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_scope text := {s}.current_tenant_v1();
 BEGIN
     IF p_tenant_id IS NULL OR p_tenant_id !~ '^[A-Za-z0-9_.:@-]{1,128}$' THEN
         RAISE EXCEPTION 'tenant id % is not valid', quote_nullable(p_tenant_id)
             USING ERRCODE = 'invalid_parameter_value', HINT = 'use 1-128 letters, digits or _.:@-';
     END IF;
-    IF v_scope IS NOT NULL AND v_scope <> p_tenant_id THEN
-        RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
-            USING ERRCODE = 'insufficient_privilege';
+    IF {s}.current_tenant_v1() IS NOT NULL THEN
+        PERFORM {s}.require_tenant_scope_v1(p_tenant_id, 'enter_tenant_v1');
     END IF;
     PERFORM set_config('outbox.tenant_id', p_tenant_id, true);
 END $$;
@@ -475,7 +560,10 @@ END $$;
 --   * bad arguments raise 22023 naming the argument.
 -- Locks the thread, then the run: a run is inserted only under its thread's lock. Runs
 -- with the caller's rights under the tenant's row-level security (outbox_writer may call
--- it). p_action_timeout_s, p_max_steps and p_loop_limit default to the columns' defaults.
+-- it). p_action_timeout_s, p_max_steps and p_loop_limit default to outbox.run_defaults, the
+-- one source of the defaults of new runs for SQL and the Python writer API alike (`outbox
+-- platform defaults`); the first model turn's attempts to the outbox column's default, as
+-- every later turn's.
 CREATE OR REPLACE FUNCTION {s}.start_run_v1(
     p_tenant_id text,
     p_thread_id uuid,
@@ -501,6 +589,7 @@ DECLARE
     v_missing text[];
     v_pins    jsonb;
     v_budget  {s}.tenant_budgets;
+    v_default {s}.run_defaults;
     v_seq     integer;
     v_cap     integer := coalesce(
                   nullif(current_setting('outbox.max_payload_bytes', true), '')::integer, 262144);
@@ -588,19 +677,28 @@ BEGIN
     WHERE b.tenant_id = p_tenant_id
       AND (b.tokens_used >= b.max_tokens OR b.cost_used >= b.max_cost);
     IF FOUND THEN
+        -- Money as it was priced and set: a cost is a quotient with twenty decimals.
         RAISE EXCEPTION 'tenant % used % tokens and % in money; its budget is % tokens and % in money',
-                        quote_literal(p_tenant_id), v_budget.tokens_used, v_budget.cost_used,
+                        quote_literal(p_tenant_id), v_budget.tokens_used,
+                        trim_scale(v_budget.cost_used),
                         coalesce(v_budget.max_tokens::text, 'no limit on'),
                         coalesce(v_budget.max_cost::text, 'no limit')
             USING ERRCODE = 'OB003', HINT = 'raise the tenant''s budget (`outbox tenants budget`)';
+    END IF;
+    SELECT * INTO v_default FROM {s}.run_defaults;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the defaults of new runs are missing: outbox.run_defaults has no row'
+            USING ERRCODE = 'no_data_found',
+                  HINT = 'set them again with `outbox platform defaults --max-steps N`';
     END IF;
 
     INSERT INTO {s}.runs AS r (tenant_id, thread_id, model, api, base_url, instructions,
                                tool_names, tool_pins, max_steps, max_tokens, max_cost,
                                loop_limit, action_timeout, idempotency_key, correlation_id)
     VALUES (p_tenant_id, p_thread_id, p_model, p_api, p_base_url, p_instructions,
-            coalesce(p_tools, '{}'), v_pins, coalesce(p_max_steps, 20), p_max_tokens, p_max_cost,
-            coalesce(p_loop_limit, 3), make_interval(secs => coalesce(p_action_timeout_s, 600)),
+            coalesce(p_tools, '{}'), v_pins, coalesce(p_max_steps, v_default.max_steps),
+            p_max_tokens, p_max_cost, coalesce(p_loop_limit, v_default.loop_limit),
+            make_interval(secs => coalesce(p_action_timeout_s, v_default.action_timeout_s)),
             p_idempotency_key,
             coalesce(p_correlation_id, replace(gen_random_uuid()::text, '-', '')))
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
@@ -618,9 +716,9 @@ BEGIN
         VALUES (p_tenant_id, p_thread_id, v_seq, 'user', p_message, v_run.id);
     END IF;
     INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, correlation_id,
-                            max_attempts, payload)
+                            payload)
     VALUES (p_tenant_id, 'model_turn', {s}.model_turn_key_v1(v_run.id, 1), p_thread_id, v_run.id,
-            v_run.correlation_id, 5, '{"step_no": 1}')
+            v_run.correlation_id, '{"step_no": 1}')
     ON CONFLICT (dedup_key) DO NOTHING;
     INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
     VALUES (p_tenant_id, 'run.created', p_thread_id, v_run.id, v_run.correlation_id,
@@ -855,20 +953,10 @@ CREATE OR REPLACE FUNCTION {s}.decide_approval_v1(
 ) RETURNS SETOF {s}.approvals
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_scope    text := {s}.current_tenant_v1();
     v_approval {s}.approvals;
     v_run      {s}.runs;
 BEGIN
-    IF v_scope IS NULL THEN
-        RAISE EXCEPTION 'decide_approval_v1 acts for the tenant this transaction is scoped to, and it has none'
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = format('call outbox.enter_tenant_v1(%L) first in this transaction',
-                                p_tenant_id);
-    END IF;
-    IF v_scope <> p_tenant_id THEN
-        RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
-            USING ERRCODE = 'insufficient_privilege';
-    END IF;
+    PERFORM {s}.require_tenant_scope_v1(p_tenant_id, 'decide_approval_v1');
     IF p_decision IS NULL OR p_decision NOT IN ('approve', 'deny') THEN
         RAISE EXCEPTION 'the decision must be ''approve'' or ''deny'', got %', p_decision
             USING ERRCODE = 'invalid_parameter_value';
@@ -1266,7 +1354,7 @@ END $$;
 
 REVOKE ALL ON FUNCTION {s}.record_model_turns_v1(jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.record_model_turns_v1(jsonb, jsonb)
-    TO outbox_writer, outbox_relay, outbox_api;
+    TO outbox_writer, outbox_relay;  -- not outbox_api: `outbox serve` records no turns (0030)
 
 
 -- record_model_turn_v1: record a model's response and the tool calls it asked for.
@@ -1292,4 +1380,4 @@ $$;
 
 REVOKE ALL ON FUNCTION {s}.record_model_turn_v1(jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.record_model_turn_v1(jsonb, jsonb)
-    TO outbox_writer, outbox_relay, outbox_api;
+    TO outbox_writer, outbox_relay;  -- not outbox_api: `outbox serve` records no turns (0030)

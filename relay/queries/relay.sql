@@ -19,20 +19,17 @@
 --   unused shares are filled only as far as no tenant could pass the cap;
 -- * lease the chosen rows from the database clock, bump the attempt (the fencing token),
 --   take the rate tokens they used, and return each with what its executor needs. Every
---   other lookup goes through a primary key.
+--   other lookup goes through a primary key;
+-- * but a chosen tool call whose run is over (run_over_v1: ended, or in requires_action
+--   past its deadline, whether or not a sweep expired it yet) is never started: it leaves
+--   the queue here, journaled tool_call.dropped, and is not returned.
 WITH RECURSIVE loads AS (
     -- Every lane with a limit: what it has in flight (leased rows, one index lookup) and
     -- the rate tokens it holds now, by this statement's snapshot.
-    SELECT l.scope, l.name, l.max_concurrency, l.rate,
-           CASE l.scope
-               WHEN 'tenant' THEN (SELECT count(*) FROM {s}.outbox o
-                                   WHERE o.status = 'leased' AND o.tenant_id = l.name)
-               ELSE (SELECT count(*) FROM {s}.outbox o
-                     WHERE o.status = 'leased' AND o.tool_name = l.name)
-           END AS in_flight,
+    SELECT l.scope, l.name, l.max_concurrency, l.rate, l.in_flight,
            least(greatest(1, l.rate),
                  l.tokens + l.rate * extract(epoch FROM now() - l.refilled_at)) AS tokens
-    FROM {s}.lanes l
+    FROM {s}.lane_loads_v1() l
 ), full_lanes AS (
     -- Lanes at their limit: their rows are passed over below, so a tool at its limit never
     -- takes the places of its tenant's other work in a claim.
@@ -54,9 +51,10 @@ WITH RECURSIVE loads AS (
     WHERE tenant_id IS NOT NULL
       AND coalesce((%(held)s::jsonb ->> tenant_id)::int, 0) < %(tenant_cap)s
 ), shared AS (
-    SELECT c.id, c.tenant_id, c.tool_name, c.available_at FROM tenants t
+    SELECT c.id, c.tenant_id, c.tool_name, c.available_at, c.kind, c.run_id FROM tenants t
     CROSS JOIN LATERAL (
-        SELECT o.id, o.tenant_id, o.tool_name, o.available_at FROM {s}.outbox o
+        SELECT o.id, o.tenant_id, o.tool_name, o.available_at, o.kind, o.run_id
+        FROM {s}.outbox o
         WHERE o.status = 'ready' AND o.tenant_id = t.tenant_id
           AND o.available_at <= now() AND o.kind = ANY(%(kinds)s)
           AND (o.tool_name IS NULL
@@ -84,7 +82,8 @@ WITH RECURSIVE loads AS (
     WHERE t.tenant_id IS NOT NULL
 ), topped AS (
     -- Tenants with less than their share leave room: the oldest other due rows fill it.
-    SELECT o.id, o.tenant_id, o.tool_name, o.available_at FROM {s}.outbox o
+    SELECT o.id, o.tenant_id, o.tool_name, o.available_at, o.kind, o.run_id
+    FROM {s}.outbox o
     WHERE o.status = 'ready' AND o.available_at <= now() AND o.kind = ANY(%(kinds)s)
       AND o.id <> ALL(ARRAY(SELECT id FROM shared))
       AND NOT EXISTS (SELECT 1 FROM full_lanes f
@@ -97,7 +96,7 @@ WITH RECURSIVE loads AS (
     FOR UPDATE OF o SKIP LOCKED
 ), candidates AS (
     -- turn: a row's place among its tenant's (its tenant's first row, second row...).
-    SELECT c.id, c.tenant_id, c.tool_name, c.available_at, c.stage,
+    SELECT c.id, c.tenant_id, c.tool_name, c.available_at, c.kind, c.run_id, c.stage,
            row_number() OVER (PARTITION BY c.tenant_id
                               ORDER BY c.stage, c.available_at, c.id) AS turn
     FROM (SELECT *, 1 AS stage FROM shared UNION ALL SELECT *, 2 FROM topped) c
@@ -131,7 +130,7 @@ WITH RECURSIVE loads AS (
            END AS n
     FROM held h JOIN loads d ON d.scope = h.scope AND d.name = h.name
 ), chosen AS (
-    SELECT c.id, c.tenant_id, c.tool_name FROM (
+    SELECT c.id, c.tenant_id, c.tool_name, c.kind, c.run_id FROM (
         SELECT c.*, row_number() OVER (PARTITION BY c.tool_name
                                        ORDER BY c.stage, c.turn, c.available_at, c.id)
                     AS tool_turn
@@ -149,14 +148,53 @@ WITH RECURSIVE loads AS (
                                                       AND r.name = c.tool_name), 0))
     ORDER BY c.stage, c.turn, c.available_at, c.id
     LIMIT %(limit)s
+), judged AS (
+    -- A tool call whose run is over (ended, or past its requires_action deadline: a retry
+    -- that came due before a sweep recorded the expiry) is never started. A scalar
+    -- subquery: one lookup by primary key per call chosen, where an EXISTS may be planned
+    -- as a hash of every run that is over.
+    SELECT c.id,
+           c.kind = 'tool_call'
+           AND coalesce((SELECT {s}.run_over_v1(r.status, r.action_deadline)
+                         FROM {s}.runs r WHERE r.id = c.run_id), false) AS run_over
+    FROM chosen c
 ), claimed AS (
     UPDATE {s}.outbox o
     SET status = 'leased', attempts = o.attempts + 1, lease_owner = %(worker)s,
         lease_expires_at = now() + make_interval(secs => %(lease_s)s), claimed_at = now()
-    WHERE o.id = ANY(ARRAY(SELECT id FROM chosen))
+    WHERE o.id = ANY(ARRAY(SELECT id FROM judged WHERE NOT run_over))
     RETURNING o.id, o.kind, o.tenant_id, o.thread_id, o.run_id, o.batch_id, o.tool_call_ref,
               o.correlation_id, o.attempts, o.failures, o.max_attempts, o.payload,
               o.available_at, o.tool_name
+), dropped AS (
+    -- It leaves the queue instead, as in retry_later, quarantine and rescue_expired: its
+    -- call keeps the attempts made (its tool message says what is known), the drop is
+    -- journaled, and it takes no lane's place or rate token.
+    DELETE FROM {s}.outbox o
+    WHERE o.id = ANY(ARRAY(SELECT id FROM judged WHERE run_over))
+    RETURNING o.*
+), noted AS (
+    -- SKIP LOCKED: end_run_v1 (the sweep's expiry) locks the call before it deletes this
+    -- row, which the claim holds; waiting here would deadlock with it, and it notes the
+    -- call itself.
+    UPDATE {s}.tool_calls tc
+    SET status = CASE WHEN tc.status IN ('succeeded', 'failed') THEN tc.status
+                      ELSE 'cancelled' END,
+        attempts = greatest(tc.attempts, d.attempts),
+        last_error = 'its run was over when this call came due: not started',
+        updated_at = now()
+    FROM dropped d
+    WHERE tc.id = d.tool_call_ref
+      AND tc.id = ANY(ARRAY(SELECT x.id FROM {s}.tool_calls x
+                            WHERE x.id = ANY(ARRAY(SELECT tool_call_ref FROM dropped))
+                            FOR UPDATE SKIP LOCKED))
+), journaled AS (
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
+                             outbox_id, correlation_id, attempt, worker, detail)
+    SELECT tenant_id, kind || '.dropped', thread_id, run_id, batch_id, tool_call_ref, id,
+           correlation_id, attempts, %(worker)s,
+           jsonb_build_object('reason', 'run_over', 'instead_of', 'claim')
+    FROM dropped
 ), lanes_used AS (
     UPDATE {s}.lanes l
     SET claimed_at = now(),
@@ -260,9 +298,7 @@ WITH mine AS (
     SELECT o.id, o.tool_call_ref,
            EXISTS (SELECT 1 FROM {s}.runs r
                    WHERE r.id = o.run_id
-                     AND ({s}.run_ended_v1(r.status)
-                          OR (r.status = 'requires_action'
-                              AND r.action_deadline < now()))) AS run_over
+                     AND {s}.run_over_v1(r.status, r.action_deadline)) AS run_over
     FROM {s}.outbox o
     WHERE o.id = %(id)s AND o.lease_owner = %(worker)s AND o.attempts = %(attempt)s
 ), dropped AS (
@@ -305,9 +341,7 @@ WITH mine AS (
     SELECT o.id, o.tool_call_ref,
            EXISTS (SELECT 1 FROM {s}.runs r
                    WHERE r.id = o.run_id
-                     AND ({s}.run_ended_v1(r.status)
-                          OR (r.status = 'requires_action'
-                              AND r.action_deadline < now()))) AS run_over
+                     AND {s}.run_over_v1(r.status, r.action_deadline)) AS run_over
     FROM {s}.outbox o
     WHERE o.id = %(id)s AND o.lease_owner = %(worker)s AND o.attempts = %(attempt)s
 ), dropped AS (
@@ -403,9 +437,7 @@ WITH expired AS (
     SELECT o.id, o.lease_owner AS previous_owner,
            EXISTS (SELECT 1 FROM {s}.runs r
                    WHERE r.id = o.run_id
-                     AND ({s}.run_ended_v1(r.status)
-                          OR (r.status = 'requires_action'
-                              AND r.action_deadline < now()))) AS run_over
+                     AND {s}.run_over_v1(r.status, r.action_deadline)) AS run_over
     FROM {s}.outbox o
     WHERE o.status = 'leased' AND o.lease_expires_at < now()
     ORDER BY o.lease_expires_at

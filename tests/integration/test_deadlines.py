@@ -108,6 +108,50 @@ def test_a_cancelled_call_in_flight_is_answered_outcome_unknown(db_url, tools):
     assert answers["k2"]["error"].startswith("not executed: ")
 
 
+def test_a_retry_due_after_the_deadline_is_never_started_before_any_sweep(db_url, tools):
+    """Issue 32 item 6: the claim decides, not the sweep. The call's first attempt failed
+    and its retry came due after the run's deadline; the relay's first sweep is far away
+    (lease 60 s: its maintenance ticks every 20 s, its rescue interval is an hour)."""
+    run = start_batch(db_url, APPROVE, KEYED, action_timeout_s=0.2)
+    with psycopg.connect(db_url) as conn:  # what retry_later leaves after a 503
+        ref = conn.execute(
+            "UPDATE outbox.tool_calls SET attempts = 1, last_error = 'HTTP 503' "
+            "WHERE tool_call_id = 'k1' RETURNING id"
+        ).fetchone()[0]
+        conn.execute(
+            "UPDATE outbox.outbox SET attempts = 1, failures = 1, last_error = 'HTTP 503' "
+            "WHERE tool_call_ref = %s",
+            [ref],
+        )
+        conn.commit()
+    wait_until(
+        lambda: scalar(
+            db_url, "SELECT action_deadline < now() FROM outbox.runs WHERE id = %s", [run.id]
+        ),
+        what="the database clock to pass the deadline",
+    )
+    queued = "SELECT count(*) FROM outbox.outbox WHERE tool_call_ref = %s"
+    with relay_thread(db_url, lease_s=60.0, rescue_interval_s=3600.0):
+        wait_until(
+            lambda: scalar(db_url, queued, [ref]) == 0 or tools.tool("keyed").deliveries,
+            what="the relay to claim or drop the retry",
+        )
+    assert tools.tool("keyed").deliveries == []
+    assert run_status(db_url, run.id) == "requires_action"  # no sweep expired it
+    with psycopg.connect(db_url) as conn:
+        dropped = conn.execute(
+            "SELECT attempt, detail FROM outbox.journal WHERE event = 'tool_call.dropped'"
+        ).fetchall()
+        assert dropped == [(1, {"reason": "run_over", "instead_of": "claim"})]
+        assert conn.execute(
+            "SELECT status, attempts FROM outbox.tool_calls WHERE id = %s", [ref]
+        ).fetchone() == ("cancelled", 1)
+        assert [r["status"] for r in lifecycle.expire_due_runs(conn)] == ["expired"]
+        conn.commit()
+    # the attempt that failed may have acted: the model is told so, not "not executed"
+    assert tool_messages(db_url, run.thread_id)["k1"]["error"].startswith("outcome unknown: ")
+
+
 @pytest.mark.parametrize("path", ["writer", "sql"])
 def test_outputs_after_the_deadline_are_refused_without_a_sweep(db_url, path):
     with psycopg.connect(db_url) as conn:

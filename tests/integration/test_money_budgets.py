@@ -84,6 +84,27 @@ def test_a_tenant_money_budget_stops_its_runs_and_refuses_new_ones(conn):
     assert new_run(conn, tenant="other").created
 
 
+def test_money_is_said_as_priced_and_budgets_as_set(conn):
+    """A turn's cost is a quotient PostgreSQL keeps with twenty decimals: a stop read
+    "spent 0.60000000000000000000, its budget is 0.5" (issue 32 item 13)."""
+    add_tool(conn)
+    budgets.set_price(conn, MODEL, input_per_mtok="2.50", output_per_mtok="0")
+    writer.set_tenant_budget(conn, TENANT, None, Decimal("0.5"))
+    run = new_run(conn, tools=["lookup_order"], max_cost=Decimal("0.50"))
+    first = writer.record_model_turn(
+        conn, priced_turn(run, 1, {"order_id": "1"}, input_tokens=240_000)
+    )
+    assert answer_and_deliver(conn, first) == "failed"
+    assert writer.get_run(conn, run.id)["last_error"] == "the run spent 0.6, its budget is 0.50"
+    assert writer.tenant_budget_spent(conn, TENANT) == "tenant 'acme' spent 0.6, its budget is 0.5"
+    with pytest.raises(BudgetExceeded) as refused:
+        new_run(conn)
+    assert refused.value.args[0] == (
+        "tenant 'acme' used 240000 tokens and 0.6 in money; its budget is no limit on tokens "
+        "and 0.5 in money"
+    )
+
+
 def test_a_money_budget_needs_the_models_price(conn):
     with pytest.raises(InvalidInput, match="needs the price of model 'scripted'"):
         new_run(conn, max_cost=Decimal("1"))

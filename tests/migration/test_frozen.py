@@ -71,6 +71,8 @@ PINNED = {
     "0028_record_model_turns.sql": "8d62bb44defba410",
     "0029_settle_before_repeat.py": "3a897c4bfd7661f7",
     "0029_settle_before_repeat.sql": "67f20d3011b75c3b",
+    "0030_run_defaults_and_one_rule_each.py": "e4b1c1e9710055ee",
+    "0030_run_defaults_and_one_rule_each.sql": "26ebec2834d21449",
 }
 
 

@@ -1,5 +1,7 @@
 """Issue 15's "one rule, one copy", kept by reading the source: no second copy of a status set
-or a dedup-key format, and no path that stores tool results but ``record_tool_results_v1``.
+or a dedup-key format, and no path that stores tool results but ``record_tool_results_v1``;
+and issue 32's: "the run is over", the tenant-scope guard, the orphaning of a result and a
+lane's load, each written once as a SQL function the others call.
 
 The sets and formats live in ``outbox/constants.py`` and, for SQL, as the functions
 ``run_active_v1``, ``run_ended_v1``, ``deliver_key_v1``, ``tool_call_key_v1`` and
@@ -17,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from outbox.constants import ACTIVE, ENDED
+from outbox.sql import parse
 from tests.relay_harness import REPO
 
 ROOMS = ("outbox", "relay", "server", "demo", "bench")
@@ -114,3 +117,50 @@ def test_only_record_tool_results_v1_stores_tool_results():
     bodies = function_bodies((REPO / "outbox" / "sql" / "functions.sql").read_text())
     found += [f"functions.sql: {name}" for name, body in bodies.items() if store.search(body)]
     assert found == ["functions.sql: record_tool_results_v1"]
+
+
+# Issue 32 item 9: rules a review found written in two to four places, each now one SQL
+# function that every statement calls.
+
+
+def sql_blocks() -> Iterator[tuple[str, str]]:
+    """``(where, text)`` of every function of functions.sql and every named query (or, for a
+    file without names, the file) of the other SQL sources."""
+    for name, body in function_bodies(
+        (REPO / "outbox" / "sql" / "functions.sql").read_text()
+    ).items():
+        yield f"functions.sql: {name}", body
+    for path in sources(".sql"):
+        text = path.read_text()
+        named = parse(text) or {"": text}
+        for name, body in named.items():
+            yield f"{path.relative_to(REPO)}: {name}".rstrip(": "), body
+
+
+def holders(pattern: re.Pattern[str]) -> list[str]:
+    return [where for where, text in sql_blocks() if pattern.search(text)]
+
+
+def test_a_run_is_over_by_one_rule():
+    """Ended, or in requires_action past its deadline: run_over_v1, which the claim,
+    retry_later, quarantine, rescue_expired and submit_tool_outputs_v1 call."""
+    ended = re.compile(r"run_ended_v1\(")
+    late = re.compile(r"action_deadline\s*<\s*now\(\)", re.IGNORECASE)
+    both = [w for w, text in sql_blocks() if ended.search(text) and late.search(text)]
+    assert both == ["functions.sql: run_over_v1"]
+
+
+def test_the_tenant_scope_guard_is_written_once():
+    refusal = re.compile(r"scoped to tenant %|this transaction is scoped to, and it has none")
+    assert holders(refusal) == ["functions.sql: require_tenant_scope_v1"]
+
+
+def test_only_keep_orphaned_results_v1_orphans_results():
+    store = re.compile(r"INSERT\s+INTO\s+(\{s\}\.|outbox\.)?orphaned_results\b", re.IGNORECASE)
+    python = [str(p.relative_to(REPO)) for p in sources(".py") if store.search(p.read_text())]
+    assert python + holders(store) == ["functions.sql: keep_orphaned_results_v1"]
+
+
+def test_a_lanes_load_is_counted_once():
+    count = re.compile(r"status\s*=\s*'leased'\s+AND\s+\w+\.(tenant_id|tool_name)\s*=\s*\w+\.name")
+    assert holders(count) == ["functions.sql: lane_loads_v1"]
