@@ -14,6 +14,7 @@ import pytest
 
 from outbox import config as outbox_config
 from outbox import registry, writer
+from outbox.testing.server import FakeServer, Reply, Request
 from outbox.testing.tools import FakeToolService
 from tests.relay_harness import (
     all_settled,
@@ -224,6 +225,37 @@ def test_no_resend_and_no_lookup_while_a_timed_out_request_may_still_act(db_url,
     assert again - tool.starts[0] >= timeout_s + settle_s - 0.2
     waited = "SELECT count(*) FROM outbox.journal WHERE detail->>'error' LIKE '%no resend%'"
     assert scalar(db_url, waited) == 1
+
+
+class DeepLookup(FakeServer):
+    """A lookup endpoint that says the effect happened, with a result nested 100,000 deep."""
+
+    def handle(self, request: Request) -> Reply:
+        deep = b"[" * 100_000 + b"]" * 100_000
+        return Reply(200, b'{"found": true, "result": ' + deep + b"}")
+
+
+def test_a_lookup_answer_that_cannot_be_stored_is_an_error_result_not_a_call(db_url, tools):
+    """The lookup said what happened in a form that cannot be kept: asking again would hear
+    the same and calling the tool might act twice, so the call ends with an error result
+    naming the problem, and the tool is not called."""
+    seed(db_url, ["looked_up"], runs=1, calls_per_batch=1, args=args)
+    with DeepLookup() as lookup, psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE outbox.tools SET lookup_endpoint = %s", [lookup.url + "/lookup"])
+        # What a relay that died mid-call long ago leaves of the call.
+        conn.execute(
+            "UPDATE outbox.tool_calls SET dispatched_attempt = 1, "
+            "dispatched_at = now() - interval '1 hour', status = 'running'"
+        )
+        conn.execute(
+            "UPDATE outbox.outbox SET status = 'leased', attempts = 1, lease_owner = 'dead', "
+            "lease_expires_at = now() - interval '1 second' WHERE kind = 'tool_call'"
+        )
+        conn.commit()
+        with relay_thread(db_url):
+            wait_until(lambda: tool_call_states(db_url) == {"failed": 1})
+    assert tools.tool("looked_up").deliveries == []
+    assert "nested more than" in scalar(db_url, "SELECT error FROM outbox.tool_results")
 
 
 def test_timeout_after_side_effect_with_none_tool_is_never_repeated(db_url, tools):
