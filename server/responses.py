@@ -19,7 +19,6 @@ history runs replay must pair them).
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -29,14 +28,14 @@ from outbox import assistants, lifecycle, responses, writer
 from outbox.errors import ActiveRunExists, NotFound
 from outbox.schemas import NewMessage, StartRun
 from outbox.writer import fetch_all, fetch_one
-from server import shapes
+from server import input_items, shapes
 from server.actions import Page, Settings, busy_thread, paginate, remove_message
-from server.bodies import ConversationIn, ResponseIn, text_of
+from server.bodies import ConversationIn, ResponseIn
 from server.errors import APIError
 from server.store import Q, Store
 
 Row = dict[str, Any]
-INSTRUCTION_ROLES = ("system", "developer")
+INSTRUCTION_ROLES = input_items.INSTRUCTION_ROLES
 FIRST_SEQ = 1  # a thread's first message position: a thread there holds no message yet
 
 
@@ -62,92 +61,18 @@ def parse(value: str, prefix: str, what: str) -> uuid.UUID:
 
 
 def read_input(value: str | list[dict[str, Any]] | None) -> tuple[list[Row], list[Row]]:
-    """The request's input as (messages, function call outputs), each item normalised:
-    messages ``{"role", "text"}``, outputs ``{"call_id", "output"}``. 400 for what we
-    cannot take, naming the item."""
-    if value is None:
-        return [], []
-    if isinstance(value, str):
-        return [{"role": "user", "text": value}], []
-    messages, outputs = [], []
-    for index, item in enumerate(value):
-        kind = item.get("type", "message")
-        if kind == "function_call_output":
-            call_id, output = item.get("call_id"), item.get("output")
-            if not isinstance(call_id, str) or not call_id:
-                raise APIError(400, f"Missing required parameter: 'input[{index}].call_id'.")
-            if not isinstance(output, str):
-                output = json.dumps(output)
-            outputs.append({"call_id": call_id, "output": output})
-        elif kind == "message":
-            role, content = item.get("role"), item.get("content")
-            if role not in ("user", "assistant", *INSTRUCTION_ROLES):
-                raise APIError(
-                    400,
-                    f"Invalid value for 'input[{index}].role': {role!r}; give user, "
-                    "assistant, system or developer.",
-                    param=f"input[{index}].role",
-                )
-            try:
-                text = text_of(_plain_parts(content))
-            except (ValueError, TypeError) as err:
-                raise APIError(
-                    400, f"Invalid 'input[{index}].content': {err}.", param=f"input[{index}]"
-                ) from None
-            messages.append({"role": role, "text": text})
-        else:
+    """Conversation items as (messages, function call outputs): only those two kinds are
+    items a conversation is given; 400 naming any other."""
+    items = input_items.parse(value)
+    for item in items:
+        if item["type"] not in (input_items.MESSAGE, input_items.OUTPUT) or "ref" in item:
             raise APIError(
                 400,
-                f"Input items of type {kind!r} are not supported by outbox serve: send "
-                "messages and function_call_output items, and continue a conversation with "
-                "previous_response_id or conversation (its history is kept here).",
-                param=f"input[{index}]",
+                f"Items of type {item['type']!r} (or with a stored item's id) cannot be "
+                "added to a conversation: send user and assistant messages.",
+                param=f"items[{item['index']}]",
             )
-    return messages, outputs
-
-
-def _plain_parts(content: Any) -> str | list[dict[str, Any]]:
-    """Responses' text parts (input_text, output_text) as the text parts ``text_of`` reads."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ValueError("give a string or a list of text parts")
-    parts = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") not in (
-            "input_text",
-            "output_text",
-            "text",
-        ):
-            raise ValueError("only text content parts are supported")
-        parts.append({"type": "text", "text": part.get("text")})
-    return parts
-
-
-def input_items(messages: list[Row], outputs: list[Row]) -> list[Row]:
-    """The input as ``input_items`` lists it (what the request gave, normalised)."""
-    items: list[Row] = []
-    for n, message in enumerate(messages):
-        items.append(
-            {
-                "type": "message",
-                "id": f"msg_in_{n}",
-                "role": message["role"],
-                "status": "completed",
-                "content": [{"type": "input_text", "text": message["text"]}],
-            }
-        )
-    for n, output in enumerate(outputs):
-        items.append(
-            {
-                "type": "function_call_output",
-                "id": f"fco_in_{n}",
-                "call_id": output["call_id"],
-                "output": output["output"],
-                "status": "completed",
-            }
-        )
-    return items
+    return _split(items)
 
 
 def function_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -170,8 +95,12 @@ def function_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def create(store: Store, tenant: str, body: ResponseIn, settings: Settings) -> uuid.UUID:
-    """Record a response (start a run, or carry a waiting one on); returns its id."""
-    messages, outputs = read_input(body.input)
+    """Record a response (start a run, or carry a waiting one on); returns its id.
+
+    With ``previous_response_id`` or ``conversation`` the input is the new turn. Without
+    either it is the whole history as the caller keeps it (``_stateless``): it continues
+    the stored history it extends, or seeds a new thread."""
+    given = input_items.parse(body.input)
     if body.previous_response_id and body.conversation:
         raise APIError(
             400,
@@ -179,7 +108,14 @@ def create(store: Store, tenant: str, body: ResponseIn, settings: Settings) -> u
             "Give one of them.",
         )
     with store.tenant(tenant) as conn:
-        thread_id, previous, in_conversation = _thread_for(conn, tenant, body)
+        given = input_items.resolve(conn, given)
+        if body.previous_response_id or body.conversation:
+            messages, outputs = _new_turn(given)
+            thread_id, previous, in_conversation = _thread_for(conn, tenant, body)
+        else:
+            thread_id, previous, in_conversation, messages, outputs = _stateless(
+                conn, tenant, given
+            )
         active = fetch_one(conn, Q.active_run, {"thread_id": thread_id})
         if active is not None and active["status"] == "requires_action":
             run_id = active["id"]
@@ -204,7 +140,7 @@ def create(store: Store, tenant: str, body: ResponseIn, settings: Settings) -> u
             thread_id=thread_id,
             output_from_seq=output_from,
             model=body.model,
-            input_items=input_items(messages, outputs),
+            input_items=input_items.recorded(given),
             previous_response_id=previous,
             in_conversation=in_conversation,
             instructions=body.instructions,
@@ -213,6 +149,65 @@ def create(store: Store, tenant: str, body: ResponseIn, settings: Settings) -> u
             background=body.background,
         )
         return uuid.UUID(str(row["id"]))
+
+
+def _new_turn(given: list[Row]) -> tuple[list[Row], list[Row]]:
+    """(messages, outputs) of a request that continues by ``previous_response_id`` or
+    ``conversation``: the history is stored here, so function calls are not sent again."""
+    for item in given:
+        if item["type"] == input_items.CALL:
+            raise APIError(
+                400,
+                "Input items of type 'function_call' are history: with "
+                "previous_response_id or conversation, send only the new items (messages "
+                "and function_call_output items); or send the whole history without either.",
+                param=f"input[{item['index']}]",
+            )
+    return _split(given)
+
+
+def _split(items: list[Row]) -> tuple[list[Row], list[Row]]:
+    messages = [i for i in items if i["type"] == input_items.MESSAGE]
+    outputs = [i for i in items if i["type"] == input_items.OUTPUT]
+    return messages, outputs
+
+
+def _stateless(
+    conn: psycopg.Connection[Any], tenant: str, given: list[Row]
+) -> tuple[uuid.UUID, uuid.UUID | None, bool, list[Row], list[Row]]:
+    """(thread, previous response, in a conversation?, messages, outputs) of a request
+    that carries its whole history. It continues a stored history when it extends it: the
+    last item that names one of our stored items (``msg_<n>``, ``fc_<n>``) picks the
+    thread, and that thread's history as its caller saw it (``stored_history``) must be
+    the first items of the given one, in order; the items after it are the new turn, as
+    with ``previous_response_id``. Any other history seeds a new thread, checked with the
+    pairing rules; its function calls are stored as answered history (an ``import`` run,
+    ``lifecycle.import_thread``), never executed. System and developer messages are the
+    run's instructions either way; reasoning items are kept in the response's input."""
+    history = [i for i in given if input_items.is_history(i)]
+    instructions = [
+        i
+        for i in given
+        if i["type"] == input_items.MESSAGE and i["role"] in input_items.INSTRUCTION_ROLES
+    ]
+    anchors = [i["thread_id"] for i in history if "thread_id" in i]
+    if anchors:
+        thread_id = anchors[-1]
+        latest = responses.latest_of_thread(conn, thread_id)
+        stored = input_items.stored_history(conn, thread_id)
+        head, new = history[: len(stored)], history[len(stored) :]
+        extends = [input_items.key(i) for i in head] == [input_items.key(i) for i in stored]
+        if latest is not None and extends and all(i["type"] != input_items.CALL for i in new):
+            messages, outputs = _split(new)
+            active = fetch_one(conn, Q.active_run, {"thread_id": thread_id})
+            if active is None or active["status"] != "requires_action":
+                messages = instructions + messages
+            return thread_id, latest["id"], bool(latest["in_conversation"]), messages, outputs
+    input_items.check_pairs(history)
+    if all(i["type"] == input_items.MESSAGE for i in history):
+        return writer.create_thread(conn, tenant).id, None, False, instructions + history, []
+    thread, _ = lifecycle.import_thread(conn, tenant, input_items.as_chat(history))
+    return thread.id, None, False, instructions, []
 
 
 def _thread_for(

@@ -127,3 +127,44 @@ ORDER BY tc.id
 -- When the next response of a run began (NULL: none yet).
 SELECT min(created_at) AS created_at FROM {s}.responses
 WHERE run_id = %(run_id)s AND output_from_seq > %(from_seq)s
+
+-- name: stored_messages
+-- The tenant's user and assistant messages of these ids (row-level security: no other
+-- tenant's), unless they or their thread are deleted: items a Responses input names.
+SELECT m.id, m.thread_id, m.role, m.content
+FROM {s}.messages m
+JOIN {s}.threads t ON t.id = m.thread_id AND t.deleted_at IS NULL
+WHERE m.id = ANY(%(ids)s::bigint[]) AND m.role IN ('user', 'assistant')
+  AND m.content IS NOT NULL AND m.content <> '' AND m.deleted_at IS NULL
+
+-- name: stored_calls
+-- The tenant's function calls of these ids that its callers saw (client calls, and calls
+-- of an imported history): the ``fc_<id>`` items of responses.
+SELECT tc.id, tc.thread_id, tc.tool_call_id, tc.tool_name, tc.arguments_raw
+FROM {s}.tool_calls tc
+JOIN {s}.runs r ON r.id = tc.run_id
+JOIN {s}.threads t ON t.id = tc.thread_id AND t.deleted_at IS NULL
+WHERE tc.id = ANY(%(ids)s::bigint[])
+  AND (tc.executor = 'client' OR (tc.executor = 'none' AND r.model = 'import'))
+
+-- name: history_messages
+-- A thread's messages in order, each tool message with the call it answers and whether
+-- the caller saw that call (a client call or an imported one; the relay's registry calls
+-- never show in a response).
+SELECT m.id, m.role, m.content, tc.tool_call_id AS answers_call,
+       (tc.executor = 'client' OR (tc.executor = 'none' AND r.model = 'import')) AS shown
+FROM {s}.messages m
+LEFT JOIN {s}.tool_calls tc ON tc.id = m.tool_call_ref
+LEFT JOIN {s}.runs r ON r.id = tc.run_id
+WHERE m.thread_id = %(thread_id)s AND m.deleted_at IS NULL
+  AND m.role IN ('user', 'assistant', 'tool')
+ORDER BY m.seq
+
+-- name: history_calls
+-- A thread's function calls its callers saw, by assistant message and position.
+SELECT tc.message_id, tc.tool_call_id, tc.tool_name, tc.arguments_raw
+FROM {s}.tool_calls tc
+JOIN {s}.runs r ON r.id = tc.run_id
+WHERE tc.thread_id = %(thread_id)s
+  AND (tc.executor = 'client' OR (tc.executor = 'none' AND r.model = 'import'))
+ORDER BY tc.message_id, tc.position
