@@ -18,7 +18,7 @@ from outbox import assistants, constants, lifecycle, tenancy, writer
 from outbox.errors import ActiveRunExists, InvalidTransition, NotFound
 from outbox.schemas import NewMessage, StartRun
 from outbox.writer import fetch_all, fetch_one
-from server import shapes
+from server import idempotency, shapes
 from server.bodies import AssistantIn, MessageIn, RunIn, SubmitOutputsIn, ThreadAndRunIn, ThreadIn
 from server.errors import APIError, not_found
 from server.store import Q, Store
@@ -271,27 +271,41 @@ def create_run(
     store: Store, tenant: str, thread_id: str, body: RunIn, settings: Settings, key: str | None
 ) -> Row:
     ident = parse_id(thread_id, "thread")
+    digest = idempotency.digest("runs.create", {"thread_id": thread_id}, body)
     with store.tenant(tenant) as conn:
         _thread(conn, ident)
+        first = idempotency.earlier(conn, tenant, key, digest) if key else None
+        if first:
+            return _run(conn, tenant, first["id"], first["thread_id"])
         for message in body.additional_messages or []:
             writer.append_message(conn, ident, tenant, message.role, message.text)
         instructions = body.additional_instructions
         run = _start(conn, tenant, ident, body, settings, key, instructions)
-        if not run.created:
-            # A resend with the same Idempotency-Key: what the first request stored stands,
-            # and this one's additional messages are rolled back.
+        if key and run.created:
+            idempotency.remember(conn, tenant, run.row, key, digest)
+        if key and not run.created:
+            # A twin with the same Idempotency-Key committed meanwhile: what it stored
+            # stands, and this one's additional messages are rolled back; it must have
+            # been the same request.
             conn.rollback()
             conn.execute(Q.act_as_api)
             tenancy.scope(conn, tenant)
+            idempotency.earlier(conn, tenant, key, digest)
         return _run(conn, tenant, run.id, ident)
 
 
 def create_thread_and_run(
     store: Store, tenant: str, body: ThreadAndRunIn, settings: Settings, key: str | None
 ) -> Row:
+    digest = idempotency.digest("threads.create_and_run", {}, body)
     with store.tenant(tenant) as conn:
+        first = idempotency.earlier(conn, tenant, key, digest) if key else None
+        if first:  # the first request's thread and run, not a new thread
+            return _run(conn, tenant, first["id"], first["thread_id"])
         thread = _new_thread(conn, tenant, body.thread or ThreadIn())
         run = _start(conn, tenant, thread["id"], body, settings, key, None)
+        if key and run.created:
+            idempotency.remember(conn, tenant, run.row, key, digest)
         return _run(conn, tenant, run.id, thread["id"])
 
 

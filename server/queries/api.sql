@@ -168,3 +168,12 @@ JOIN {s}.runs r ON r.id = tc.run_id
 WHERE tc.thread_id = %(thread_id)s
   AND (tc.executor = 'client' OR (tc.executor = 'none' AND r.model = 'import'))
 ORDER BY tc.message_id, tc.position
+
+-- name: run_by_idempotency_key
+-- The run a tenant's Idempotency-Key made, with the digest of the request that made it
+-- (journaled as run.requested in the run's own transaction; NULL for older runs).
+SELECT r.id, r.thread_id,
+       (SELECT j.detail->>'digest' FROM {s}.journal j
+        WHERE j.run_id = r.id AND j.event = 'run.requested' ORDER BY j.id LIMIT 1) AS digest
+FROM {s}.runs r
+WHERE r.tenant_id = %(tenant_id)s AND r.idempotency_key = %(key)s

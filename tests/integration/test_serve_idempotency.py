@@ -1,0 +1,85 @@
+"""An Idempotency-Key covers the whole request (issue 29): the same body again returns the
+first request's run, for runs and create-and-run alike; the key with any other body is a
+409 naming the key, and stores nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import psycopg
+import pytest
+
+from outbox import keys
+from tests.serve_harness import serve
+
+pytestmark = [  # the SDK marks beta.assistants and beta.threads deprecated
+    pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:The Assistants API is deprecated:DeprecationWarning"),
+]
+
+
+@pytest.fixture
+def api_key(db_url: str) -> str:
+    with psycopg.connect(db_url) as conn:
+        made = keys.create_key(conn, "acme", name="test")[1]
+        conn.commit()
+    return made
+
+
+@pytest.fixture
+def sdk(db_url: str, api_key: str) -> Iterator[openai.OpenAI]:
+    with serve(db_url) as url, openai.OpenAI(base_url=url, api_key=api_key, max_retries=0) as c:
+        yield c
+
+
+def stored(db_url: str) -> tuple[int, int, int]:
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT (SELECT count(*) FROM outbox.threads), (SELECT count(*) FROM outbox.runs),"
+            " (SELECT count(*) FROM outbox.messages)"
+        ).fetchone()
+    assert row is not None
+    return row
+
+
+def test_a_resend_must_repeat_the_whole_run_request(db_url, sdk):
+    assistant = sdk.beta.assistants.create(model="scripted-1")
+    thread = sdk.beta.threads.create()
+    extra = [{"role": "user", "content": "hello"}]
+
+    def create(key: str, **fields: object) -> object:
+        return sdk.beta.threads.runs.create(
+            thread_id=thread.id,
+            assistant_id=assistant.id,
+            additional_messages=extra,  # type: ignore[arg-type]
+            extra_headers={"Idempotency-Key": key},
+            **fields,  # type: ignore[arg-type]
+        )
+
+    first = create("req-1", instructions="be brief")
+    assert create("req-1", instructions="be brief").id == first.id  # type: ignore[attr-defined]
+    before = stored(db_url)
+    with pytest.raises(openai.ConflictError, match="Idempotency-Key 'req-1' was already used"):
+        create("req-1", instructions="be long")
+    with pytest.raises(openai.ConflictError, match="'req-1'"):
+        create("req-1", instructions="be brief", metadata={"a": "b"})
+    assert stored(db_url) == before  # nothing of the refused resends
+
+
+def test_a_resend_of_create_and_run_returns_the_first_thread_and_run(db_url, sdk):
+    assistant = sdk.beta.assistants.create(model="scripted-1")
+
+    def create(text: str) -> object:
+        return sdk.beta.threads.create_and_run(
+            assistant_id=assistant.id,
+            thread={"messages": [{"role": "user", "content": text}]},
+            extra_headers={"Idempotency-Key": "req-2"},
+        )
+
+    first, again = create("refund 42"), create("refund 42")
+    assert (again.id, again.thread_id) == (first.id, first.thread_id)  # type: ignore[attr-defined]
+    before = stored(db_url)
+    with pytest.raises(openai.ConflictError, match="'req-2'"):
+        create("refund 43")
+    assert stored(db_url) == before == (1, 1, 1)
