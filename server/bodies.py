@@ -198,7 +198,12 @@ class ResponseIn(_Body):
     @classmethod
     def _stored(cls, value: bool | None) -> bool | None:
         if value is False:
-            raise ValueError("outbox serve stores every response (store=false is not supported)")
+            raise ValueError(
+                "outbox serve stores every response (store=false is not supported): the "
+                "outbox is the record. For the same effect send the whole history in "
+                "'input' each time (no previous_response_id), and delete a response you "
+                "do not want listed with DELETE /v1/responses/{id}"
+            )
         return value
 
 
