@@ -27,12 +27,12 @@ from typing import Any
 
 import psycopg
 
-from outbox import config, writer
+from outbox import config
 from outbox.errors import InvalidInput, NotFound
 from outbox.sql import queries
+from outbox.store import Row, fetch_all, fetch_one, journal
 
 Q = queries("budgets.sql")
-Row = dict[str, Any]
 PLATFORM = "*"  # the journal's tenant for platform-wide settings
 
 
@@ -48,7 +48,7 @@ def money(value: Any, what: str) -> Decimal:
 
 
 def prices(conn: psycopg.Connection[Any]) -> list[Row]:
-    return writer.fetch_all(conn, Q.prices, {})
+    return fetch_all(conn, Q.prices, {})
 
 
 def set_price(
@@ -73,21 +73,21 @@ def set_price(
         else money(cached_input_per_mtok, "--cached-input"),
         "actor": actor or "unknown",
     }
-    row = writer.fetch_one(conn, Q.set_price, params)
+    row = fetch_one(conn, Q.set_price, params)
     assert row is not None
     detail = {k: None if v is None else str(v) for k, v in params.items() if k != "actor"}
-    writer.journal(conn, "price.set", PLATFORM, actor=actor, detail=detail)
+    journal(conn, "price.set", PLATFORM, actor=actor, detail=detail)
     return row
 
 
 def remove_price(conn: psycopg.Connection[Any], model: str, *, actor: str | None = None) -> None:
-    if writer.fetch_one(conn, Q.remove_price, {"model": model}) is None:
+    if fetch_one(conn, Q.remove_price, {"model": model}) is None:
         raise NotFound(f"model {model!r} has no price", hint="`outbox prices list`")
-    writer.journal(conn, "price.removed", PLATFORM, actor=actor, detail={"model": model})
+    journal(conn, "price.removed", PLATFORM, actor=actor, detail={"model": model})
 
 
 def platform_limits(conn: psycopg.Connection[Any]) -> Row:
-    return writer.fetch_one(conn, Q.platform_limits, {}) or {"max_steps": None}
+    return fetch_one(conn, Q.platform_limits, {}) or {"max_steps": None}
 
 
 def set_platform_limits(
@@ -97,19 +97,17 @@ def set_platform_limits(
     a run past it fails with ``step_cap`` before its next model turn."""
     if max_steps is not None and (not math.isfinite(max_steps) or max_steps < 1):
         raise InvalidInput(f"--max-steps must be at least 1, got {max_steps}")
-    row = writer.fetch_one(
+    row = fetch_one(
         conn, Q.set_platform_limits, {"max_steps": max_steps, "actor": actor or "unknown"}
     )
     assert row is not None
-    writer.journal(
-        conn, "platform.limits_set", PLATFORM, actor=actor, detail={"max_steps": max_steps}
-    )
+    journal(conn, "platform.limits_set", PLATFORM, actor=actor, detail={"max_steps": max_steps})
     return row
 
 
 def run_defaults(conn: psycopg.Connection[Any]) -> Row:
     """The defaults of new runs: ``max_steps``, ``loop_limit``, ``action_timeout_s``."""
-    row = writer.fetch_one(conn, Q.run_defaults, {})
+    row = fetch_one(conn, Q.run_defaults, {})
     if row is None:
         raise NotFound(
             "the defaults of new runs are missing (outbox.run_defaults has no row)",
@@ -138,10 +136,10 @@ def set_run_defaults(
         raise InvalidInput(f"--action-timeout must be a positive number, got {action_timeout_s}")
     given = {"max_steps": max_steps, "loop_limit": loop_limit, "action_timeout_s": action_timeout_s}
     conn.execute(Q.ensure_run_defaults)
-    row = writer.fetch_one(conn, Q.set_run_defaults, {**given, "actor": actor or "unknown"})
+    row = fetch_one(conn, Q.set_run_defaults, {**given, "actor": actor or "unknown"})
     assert row is not None
     detail = {k: v for k, v in given.items() if v is not None}
-    writer.journal(conn, "platform.run_defaults_set", PLATFORM, actor=actor, detail=detail)
+    journal(conn, "platform.run_defaults_set", PLATFORM, actor=actor, detail=detail)
     return row
 
 
@@ -158,7 +156,7 @@ def apply_environment(conn: psycopg.Connection[Any], *, actor: str | None = None
         except ValueError:
             kind = "a number of seconds" if field == "action_timeout_s" else "a whole number"
             raise InvalidInput(f"{name} must be {kind}, got {text!r}") from None
-    current = writer.fetch_one(conn, Q.run_defaults, {}) or {}
+    current = fetch_one(conn, Q.run_defaults, {}) or {}
     changed = {k: v for k, v in wanted.items() if current.get(k) != v}
     if changed:
         set_run_defaults(conn, **changed, actor=actor)

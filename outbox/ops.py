@@ -29,11 +29,13 @@ from typing import Any
 import psycopg
 
 from outbox import approvals
+from outbox.constants import ENDED
 from outbox.errors import InvalidInput, InvalidTransition, NotFound, OutboxError
 from outbox.schemas import ToolResultIn
 from outbox.sql import queries
-from outbox.writer import ENDED, fetch_all, fetch_one, journal, record_tool_result
+from outbox.store import fetch_all, fetch_one, journal
 from outbox.writer import Q as WRITER_Q
+from outbox.writer import record_tool_result
 
 Q = queries("ops.sql")
 Row = dict[str, Any]

@@ -41,7 +41,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import writer
+from outbox import constants, store, writer
 from outbox.logs import log
 from outbox.schemas import ToolResultIn
 from outbox.sql import Queries
@@ -310,7 +310,7 @@ class Completer:
         if conn.execute(query, params).fetchone() is not None:
             return True
         self.metrics.fenced.inc()
-        writer.journal(
+        store.journal(
             conn,
             "write.fenced",
             row.tenant_id,
@@ -400,7 +400,7 @@ class Completer:
                 return "fenced"
             self._call_status(conn, outcome, "pending")
             self.metrics.retried.inc()
-            writer.journal(
+            store.journal(
                 conn,
                 f"{row.kind}.retry_scheduled",
                 row.tenant_id,
@@ -414,7 +414,7 @@ class Completer:
         status = "outcome_unknown" if reason == "outcome_unknown" else "quarantined"
         self._call_status(conn, outcome, status)
         self.metrics.quarantined.labels(reason).inc()
-        writer.journal(
+        store.journal(
             conn,
             f"{row.kind}.{status}",
             row.tenant_id,
@@ -435,7 +435,7 @@ class Completer:
         if outcome.action == "skip":
             return "skipped"
         run = writer.lock_run(conn, row.run_id, None)
-        if run["status"] in writer.ENDED:
+        if run["status"] in constants.ENDED:
             return "skipped"
         writer.end_run(conn, run, "failed", "model_error", outcome.error)
         return "run_failed"
@@ -459,7 +459,7 @@ class Completer:
             },
         )
         self.metrics.succeeded.labels(row.kind).inc()
-        writer.journal(
+        store.journal(
             conn,
             "webhook.delivered" if delivered else "webhook.dropped",
             row.tenant_id,

@@ -213,14 +213,6 @@ ORDER BY message_id, position
 -- One thread.
 SELECT * FROM {s}.threads WHERE id = %(thread_id)s
 
--- name: journal
--- Append one event to the journal.
-INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
-                         tool_call_id, outbox_id, correlation_id, attempt, worker, actor, detail)
-VALUES (%(tenant_id)s, %(event)s, %(thread_id)s, %(run_id)s, %(batch_id)s, %(tool_call_ref)s,
-        %(tool_call_id)s, %(outbox_id)s, %(correlation_id)s, %(attempt)s, %(worker)s,
-        %(actor)s, %(detail)s)
-
 -- name: tools_by_name
 -- Each named tool as a run uses it: the version the run pinned (pins: runs.tool_pins), else
 -- the newest visible to the tenant (its own before shared), with
