@@ -22,9 +22,9 @@ import psycopg
 
 from outbox import calls, history, tenancy
 from outbox.errors import InvalidInput
+from outbox.sql import queries
 from outbox.store import Row, fetch_all, fetch_one, journal, pg
 from outbox.writer import (
-    Q,
     ThreadRef,
     append_message,
     arguments_hash,
@@ -34,6 +34,8 @@ from outbox.writer import (
     lock_run,
     run_call,
 )
+
+Q = queries("lifecycle.sql")
 
 
 def cancel_run(

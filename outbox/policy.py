@@ -55,7 +55,7 @@ class Decision:
 
 def decide(tool: Row) -> Decision:
     """The decision for a call of ``tool``, a row of ``tools_by_name`` (outbox/queries/
-    writer.sql), which carries the tier's policy for the run's tenant."""
+    registry.sql), which carries the tier's policy for the run's tenant."""
     tier = tool["risk_tier"]
     action: Action = tool.get("policy_action") or DEFAULT_ACTIONS[tier]
     scope = tool.get("policy_tenant") or "built-in default"
