@@ -196,6 +196,17 @@ def enqueue(
     return None if row is None else int(row["id"])
 
 
+def lock_runs_then_batches(
+    conn: psycopg.Connection[Any], run_ids: list[uuid.UUID], batch_ids: list[int]
+) -> None:
+    """Lock runs, then batches, each in id order: the one lock order of every writer path,
+    so two transactions that write the same runs queue up instead of deadlocking. A caller
+    that moves many runs forward in one transaction (the relay's completer) takes every
+    lock up front this way; the writer's functions then find them held."""
+    conn.execute(Q.lock_runs, {"run_ids": run_ids})
+    conn.execute(Q.lock_batches, {"batch_ids": batch_ids})
+
+
 def lock_run(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant_id: str | None) -> Row:
     row = fetch_one(conn, Q.lock_run, {"run_id": run_id})
     if tenant_id is None:

@@ -164,9 +164,8 @@ class Completer:
         ]
         turns = [i for i, o in enumerate(outcomes) if o.action == "turn"]
         run_ids = sorted({o.row.run_id for o in outcomes if o.row.run_id is not None})
-        conn.execute(writer.Q.lock_runs, {"run_ids": run_ids})
         batch_ids = sorted({o.row.batch_id for o in outcomes if o.row.batch_id is not None})
-        conn.execute(writer.Q.lock_batches, {"batch_ids": batch_ids})
+        writer.lock_runs_then_batches(conn, run_ids, batch_ids)
         applied: list[str | None] = [None] * len(outcomes)
         for positions, kind, write_all in (
             (results, "tool_call", self._store_results),
@@ -319,7 +318,7 @@ class Completer:
         )
         if outcome.action == "result" and row.tool_call_ref is not None:
             conn.execute(
-                writer.Q.insert_orphan,
+                self.q.insert_orphan,
                 {
                     "tenant_id": row.tenant_id,
                     "run_id": row.run_id,
