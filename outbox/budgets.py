@@ -1,4 +1,4 @@
-"""Budgets in money and the platform's limits: what the writer counts each turn against.
+"""Budgets, prices and the platform's limits: what the writer counts each turn against.
 
 A run has budgets in tokens (``max_tokens``) and in money (``max_cost``); a tenant has the
 same over all its runs (``outbox tenants budget``). Money is counted by the price of the
@@ -8,7 +8,9 @@ its run and to its tenant's budget, and the next model turn of a run that spent 
 (or whose tenant did) is not started: the run fails with ``budget``. A model without a
 price costs nothing, so a budget in money on a run needs its model's price
 (``start_run_v1`` refuses it otherwise). ``platform_limits.max_steps`` caps every run's
-model turns, whatever the run asked for (``step_cap``).
+model turns, whatever the run asked for (``step_cap``). ``limit_reached`` is the one check
+of all these, made by the writer in the transaction that would enqueue the run's next turn
+(DESIGN invariant 11).
 
 What a new run gets when its caller names no step cap, loop limit or action timeout is one
 row of the database (``run_defaults``), which ``start_run_v1`` reads for SQL callers and the
@@ -27,10 +29,10 @@ from typing import Any
 
 import psycopg
 
-from outbox import config
+from outbox import calls, config
 from outbox.errors import InvalidInput, NotFound
 from outbox.sql import queries
-from outbox.store import Row, fetch_all, fetch_one, journal
+from outbox.store import Row, fetch_all, fetch_one, journal, pg
 
 Q = queries("budgets.sql")
 PLATFORM = "*"  # the journal's tenant for platform-wide settings
@@ -45,6 +47,13 @@ def money(value: Any, what: str) -> Decimal:
     if not amount.is_finite() or amount < 0:
         raise InvalidInput(f"{what} must be a finite number at least 0, got {value!r}")
     return amount
+
+
+def money_text(amount: Decimal) -> str:
+    """Money spent, as its prices give it: a turn's cost is a quotient that PostgreSQL keeps
+    with twenty decimals (0.60000000000000000000), shown without the zeros it added. A
+    budget keeps the scale its operator set it with, so it is shown as stored."""
+    return f"{amount.normalize():f}"
 
 
 def prices(conn: psycopg.Connection[Any]) -> list[Row]:
@@ -86,6 +95,77 @@ def remove_price(conn: psycopg.Connection[Any], model: str, *, actor: str | None
     journal(conn, "price.removed", PLATFORM, actor=actor, detail={"model": model})
 
 
+def set_tenant_budget(
+    db: Any, tenant_id: str, max_tokens: int | None, max_cost: Decimal | None = None
+) -> Row:
+    """Set a tenant's budget over all its runs, in tokens and/or in money (by
+    ``model_prices``); what was used already stays counted. None: no limit of that kind."""
+    conn = pg(db)
+    calls.check_tenant(tenant_id)
+    if max_tokens is None and max_cost is None:
+        raise InvalidInput("a budget needs a limit: --max-tokens, --max-cost or both")
+    if max_tokens is not None and max_tokens <= 0:
+        raise InvalidInput(f"a token budget must be positive, got {max_tokens}")
+    if max_cost is not None and not max_cost > 0:
+        raise InvalidInput(f"a budget in money must be positive, got {max_cost}")
+    row = fetch_one(
+        conn,
+        Q.set_tenant_budget,
+        {"tenant_id": tenant_id, "max_tokens": max_tokens, "max_cost": max_cost},
+    )
+    assert row is not None
+    detail = {"max_tokens": max_tokens, "max_cost": None if max_cost is None else str(max_cost)}
+    journal(conn, "tenant.budget_set", tenant_id, detail=detail)
+    return row
+
+
+def tenant_budget_spent(conn: psycopg.Connection[Any], tenant_id: str) -> str | None:
+    """Why the tenant may start no more model turns, or None while its budget lasts."""
+    return tenant_budgets_spent(conn, [tenant_id]).get(tenant_id)
+
+
+def tenant_budgets_spent(conn: psycopg.Connection[Any], tenant_ids: list[str]) -> dict[str, str]:
+    """For each of ``tenant_ids`` whose budget is spent: why it may start no more turns."""
+    spent: dict[str, str] = {}
+    for b in fetch_all(conn, Q.tenant_budgets, {"tenant_ids": tenant_ids}):
+        tenant = b["tenant_id"]
+        if b["max_tokens"] is not None and b["tokens_used"] >= b["max_tokens"]:
+            spent[tenant] = (
+                f"tenant {tenant!r} used {b['tokens_used']} tokens, its budget is {b['max_tokens']}"
+            )
+        elif b["max_cost"] is not None and b["cost_used"] >= b["max_cost"]:
+            spent[tenant] = (
+                f"tenant {tenant!r} spent {money_text(b['cost_used'])}, "
+                f"its budget is {b['max_cost']:f}"
+            )
+    return spent
+
+
+def limit_reached(
+    run: Row, next_step: int, tenant_spent: str | None = None, ceiling: int | None = None
+) -> tuple[str, str] | None:
+    """The reason a run may not take ``next_step``: (``step_cap`` | ``budget``, message).
+    ``tenant_spent`` is ``tenant_budgets_spent``'s word on the run's tenant, ``ceiling``
+    the platform's step ceiling."""
+    if next_step > run["max_steps"]:
+        return "step_cap", f"the run reached its step cap of {run['max_steps']} model turns"
+    if ceiling is not None and next_step > ceiling:
+        return "step_cap", f"the run reached the platform's step ceiling of {ceiling} model turns"
+    if run["max_tokens"] is not None and run["tokens_used"] >= run["max_tokens"]:
+        return (
+            "budget",
+            f"the run used {run['tokens_used']} tokens, its budget is {run['max_tokens']}",
+        )
+    if run.get("max_cost") is not None and run["cost"] >= run["max_cost"]:
+        return (
+            "budget",
+            f"the run spent {money_text(run['cost'])}, its budget is {run['max_cost']:f}",
+        )
+    if tenant_spent is not None:
+        return "budget", tenant_spent
+    return None
+
+
 def platform_limits(conn: psycopg.Connection[Any]) -> Row:
     return fetch_one(conn, Q.platform_limits, {}) or {"max_steps": None}
 
@@ -103,6 +183,12 @@ def set_platform_limits(
     assert row is not None
     journal(conn, "platform.limits_set", PLATFORM, actor=actor, detail={"max_steps": max_steps})
     return row
+
+
+def platform_max_steps(conn: psycopg.Connection[Any]) -> int | None:
+    """The platform's step ceiling over every run (``outbox platform limit``), if any."""
+    row = fetch_one(conn, Q.platform_max_steps, {})
+    return None if row is None else row["max_steps"]
 
 
 def run_defaults(conn: psycopg.Connection[Any]) -> Row:

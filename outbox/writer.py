@@ -22,14 +22,22 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass, replace
-from decimal import Decimal
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import calls, constants, registry, storable, store, tenancy
-from outbox.errors import InvalidInput, NotFound
+from outbox import budgets, calls, constants, registry, storable, store, tenancy
+
+# Moved to outbox.budgets, where a run's limits are; importable from the writer still,
+# where the CLI and backends took them from.
+from outbox.budgets import limit_reached as limit_reached
+from outbox.budgets import money_text as money_text
+from outbox.budgets import platform_max_steps as platform_max_steps
+from outbox.budgets import set_tenant_budget as set_tenant_budget
+from outbox.budgets import tenant_budget_spent as tenant_budget_spent
+from outbox.budgets import tenant_budgets_spent as tenant_budgets_spent
+from outbox.errors import NotFound
 from outbox.schemas import (
     ModelTurnIn,
     NewMessage,
@@ -557,8 +565,8 @@ def _deliver(
     ids = [b["id"] for b in batches]
     answer_calls(conn, ids)
     conn.execute(Q.mark_delivered, {"batch_ids": ids}, prepare=UNPREPARED)
-    spent = tenant_budgets_spent(conn, sorted({b["tenant_id"] for b in batches}))
-    ceiling = platform_max_steps(conn)
+    spent = budgets.tenant_budgets_spent(conn, sorted({b["tenant_id"] for b in batches}))
+    ceiling = budgets.platform_max_steps(conn)
     done: dict[int, Delivery] = {}
     going_on: list[tuple[Row, int]] = []
     for batch in batches:
@@ -567,7 +575,7 @@ def _deliver(
             done[batch["id"]] = Delivery("delivered", None, run["status"])
             continue
         next_step = batch["step_no"] + 1
-        reason = limit_reached(run, next_step, spent.get(run["tenant_id"]), ceiling)
+        reason = budgets.limit_reached(run, next_step, spent.get(run["tenant_id"]), ceiling)
         if reason is not None:
             failed = end_run(conn, run, "failed", reason[0], reason[1])
             done[batch["id"]] = Delivery("delivered", None, failed["status"])
@@ -584,90 +592,6 @@ def _deliver(
         for batch, next_step in going_on:
             done[batch["id"]] = Delivery("delivered", next_step, status[batch["run_id"]])
     return done
-
-
-def tenant_budget_spent(conn: psycopg.Connection[Any], tenant_id: str) -> str | None:
-    """Why the tenant may start no more model turns, or None while its budget lasts."""
-    return tenant_budgets_spent(conn, [tenant_id]).get(tenant_id)
-
-
-def tenant_budgets_spent(conn: psycopg.Connection[Any], tenant_ids: list[str]) -> dict[str, str]:
-    """For each of ``tenant_ids`` whose budget is spent: why it may start no more turns."""
-    spent: dict[str, str] = {}
-    for b in fetch_all(conn, Q.tenant_budgets, {"tenant_ids": tenant_ids}):
-        tenant = b["tenant_id"]
-        if b["max_tokens"] is not None and b["tokens_used"] >= b["max_tokens"]:
-            spent[tenant] = (
-                f"tenant {tenant!r} used {b['tokens_used']} tokens, its budget is {b['max_tokens']}"
-            )
-        elif b["max_cost"] is not None and b["cost_used"] >= b["max_cost"]:
-            spent[tenant] = (
-                f"tenant {tenant!r} spent {money_text(b['cost_used'])}, "
-                f"its budget is {b['max_cost']:f}"
-            )
-    return spent
-
-
-def money_text(amount: Decimal) -> str:
-    """Money spent, as its prices give it: a turn's cost is a quotient that PostgreSQL keeps
-    with twenty decimals (0.60000000000000000000), shown without the zeros it added. A
-    budget keeps the scale its operator set it with, so it is shown as stored."""
-    return f"{amount.normalize():f}"
-
-
-def set_tenant_budget(
-    db: Any, tenant_id: str, max_tokens: int | None, max_cost: Decimal | None = None
-) -> Row:
-    """Set a tenant's budget over all its runs, in tokens and/or in money (by
-    ``model_prices``); what was used already stays counted. None: no limit of that kind."""
-    conn = pg(db)
-    calls.check_tenant(tenant_id)
-    if max_tokens is None and max_cost is None:
-        raise InvalidInput("a budget needs a limit: --max-tokens, --max-cost or both")
-    if max_tokens is not None and max_tokens <= 0:
-        raise InvalidInput(f"a token budget must be positive, got {max_tokens}")
-    if max_cost is not None and not max_cost > 0:
-        raise InvalidInput(f"a budget in money must be positive, got {max_cost}")
-    row = fetch_one(
-        conn,
-        Q.set_tenant_budget,
-        {"tenant_id": tenant_id, "max_tokens": max_tokens, "max_cost": max_cost},
-    )
-    assert row is not None
-    detail = {"max_tokens": max_tokens, "max_cost": None if max_cost is None else str(max_cost)}
-    journal(conn, "tenant.budget_set", tenant_id, detail=detail)
-    return row
-
-
-def platform_max_steps(conn: psycopg.Connection[Any]) -> int | None:
-    """The platform's step ceiling over every run (``outbox platform limit``), if any."""
-    row = fetch_one(conn, Q.platform_max_steps, {})
-    return None if row is None else row["max_steps"]
-
-
-def limit_reached(
-    run: Row, next_step: int, tenant_spent: str | None = None, ceiling: int | None = None
-) -> tuple[str, str] | None:
-    """The reason a run may not take ``next_step``: (``step_cap`` | ``budget``, message).
-    ``tenant_spent`` is ``tenant_budgets_spent``'s word on the run's tenant, ``ceiling``
-    the platform's step ceiling."""
-    if next_step > run["max_steps"]:
-        return "step_cap", f"the run reached its step cap of {run['max_steps']} model turns"
-    if ceiling is not None and next_step > ceiling:
-        return "step_cap", f"the run reached the platform's step ceiling of {ceiling} model turns"
-    if run["max_tokens"] is not None and run["tokens_used"] >= run["max_tokens"]:
-        return (
-            "budget",
-            f"the run used {run['tokens_used']} tokens, its budget is {run['max_tokens']}",
-        )
-    if run.get("max_cost") is not None and run["cost"] >= run["max_cost"]:
-        return (
-            "budget",
-            f"the run spent {money_text(run['cost'])}, its budget is {run['max_cost']:f}",
-        )
-    if tenant_spent is not None:
-        return "budget", tenant_spent
-    return None
 
 
 def end_run(

@@ -156,23 +156,6 @@ FROM next n
 WHERE r.id = n.run_id
 RETURNING r.id, r.status
 
--- name: tenant_budgets
--- Tenants' budgets and what they have used (tenants without a budget have no row).
-SELECT tenant_id, max_tokens, tokens_used, max_cost, cost_used FROM {s}.tenant_budgets
-WHERE tenant_id = ANY(%(tenant_ids)s)
-
--- name: set_tenant_budget
--- Set (or change) a tenant's budget in tokens and in money (NULL: no limit of that kind).
-INSERT INTO {s}.tenant_budgets (tenant_id, max_tokens, max_cost)
-VALUES (%(tenant_id)s, %(max_tokens)s, %(max_cost)s)
-ON CONFLICT (tenant_id) DO UPDATE
-SET max_tokens = excluded.max_tokens, max_cost = excluded.max_cost, updated_at = now()
-RETURNING tenant_id, max_tokens, tokens_used, max_cost, cost_used
-
--- name: platform_max_steps
--- The platform's step ceiling over every run (NULL: none).
-SELECT (SELECT max_steps FROM {s}.platform_limits) AS max_steps
-
 -- name: runs_tools
 -- What planning runs' tool calls needs of them: the tools each may call and their pinned
 -- versions (set when it started, never changed).
