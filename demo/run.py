@@ -62,7 +62,7 @@ from demo.incident import (
     Services,
 )
 from demo.naive import NaiveCoordinator, error_message, history_problems
-from outbox import constants, db, history, lifecycle, migrate, registry, writer
+from outbox import constants, db, history, lifecycle, migrate, registry, store, writer
 from outbox.errors import OutboxError
 from outbox.schemas import StartRun, ToolResultIn
 from outbox.sql import Queries
@@ -461,7 +461,7 @@ class OurSide:
         with db.connect(self.url) as conn:
             while not self.stop.wait(POLL_S):
                 try:
-                    waiting = writer.fetch_all(conn, self.q.waiting_runs, {})
+                    waiting = store.fetch_all(conn, self.q.waiting_runs, {})
                     conn.commit()
                     for run in waiting:
                         self._approve(conn, run)
@@ -520,8 +520,8 @@ class OurSide:
                 if not plan.in_window(time.monotonic() - self.started):
                     continue
                 n = {"n": DUPLICATE_CALLBACKS_PER_TICK}
-                calls = writer.fetch_all(conn, self.q.done_calls_sample, n)
-                batches = writer.fetch_all(conn, self.q.delivered_batches_sample, n)
+                calls = store.fetch_all(conn, self.q.done_calls_sample, n)
+                batches = store.fetch_all(conn, self.q.delivered_batches_sample, n)
                 conn.commit()
                 for call in calls:
                     late = ToolResultIn(

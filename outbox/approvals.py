@@ -25,11 +25,10 @@ from typing import Any
 
 import psycopg
 
-# Module imports: outbox.writer imports outbox.policy, which this module's users import.
 from outbox import calls, policy, writer
 from outbox.errors import NotFound
+from outbox.store import Row, fetch_all, fetch_one, pg
 
-Row = dict[str, Any]
 Q = policy.Q
 STATUSES = ("pending", "approved", "denied", "expired")
 
@@ -42,18 +41,16 @@ def list_approvals(
 ) -> list[Row]:
     """Approvals of ``status`` (one of ``STATUSES``; None: every status), oldest first,
     with the call's arguments."""
-    return writer.fetch_all(
-        conn, Q.approvals, {"status": status, "tenant_id": tenant_id, "limit": limit}
-    )
+    return fetch_all(conn, Q.approvals, {"status": status, "tenant_id": tenant_id, "limit": limit})
 
 
 def pending_of_run(conn: psycopg.Connection[Any], run_id: Any) -> list[Row]:
     """A run's calls waiting for a reviewer, oldest first."""
-    return writer.fetch_all(conn, Q.approvals_of_run, {"run_id": run_id})
+    return fetch_all(conn, Q.approvals_of_run, {"run_id": run_id})
 
 
 def get(conn: psycopg.Connection[Any], approval_id: int) -> Row:
-    row = writer.fetch_one(conn, Q.approval, {"id": approval_id})
+    row = fetch_one(conn, Q.approval, {"id": approval_id})
     if row is None:
         raise NotFound(
             f"approval {approval_id} does not exist", hint="`outbox approvals list` shows them"
@@ -80,7 +77,7 @@ def decide(
     Raises ``InvalidTransition`` when it was decided already, its deadline passed or its
     run ended; ``NotPermitted`` when ``actor`` is not one of its approvers.
     """
-    conn = writer.pg(db)
+    conn = pg(db)
     tenant = tenant_id or get(conn, approval_id)["tenant_id"]
     params = {
         "tenant_id": tenant,
@@ -99,4 +96,4 @@ def expire_due(
 ) -> list[Row]:
     """Deny what nobody decided in time (and approvals of runs that ended): their calls
     become due and the relay answers them with the denial. The relay's maintenance runs this."""
-    return writer.fetch_all(conn, Q.expire_approvals, {"limit": limit, "worker": worker})
+    return fetch_all(conn, Q.expire_approvals, {"limit": limit, "worker": worker})

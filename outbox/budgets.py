@@ -1,4 +1,4 @@
-"""Budgets in money and the platform's limits: what the writer counts each turn against.
+"""Budgets, prices and the platform's limits: what the writer counts each turn against.
 
 A run has budgets in tokens (``max_tokens``) and in money (``max_cost``); a tenant has the
 same over all its runs (``outbox tenants budget``). Money is counted by the price of the
@@ -8,7 +8,9 @@ its run and to its tenant's budget, and the next model turn of a run that spent 
 (or whose tenant did) is not started: the run fails with ``budget``. A model without a
 price costs nothing, so a budget in money on a run needs its model's price
 (``start_run_v1`` refuses it otherwise). ``platform_limits.max_steps`` caps every run's
-model turns, whatever the run asked for (``step_cap``).
+model turns, whatever the run asked for (``step_cap``). ``limit_reached`` is the one check
+of all these, made by the writer in the transaction that would enqueue the run's next turn
+(DESIGN invariant 11).
 
 What a new run gets when its caller names no step cap, loop limit or action timeout is one
 row of the database (``run_defaults``), which ``start_run_v1`` reads for SQL callers and the
@@ -27,12 +29,12 @@ from typing import Any
 
 import psycopg
 
-from outbox import config, writer
+from outbox import calls, config
 from outbox.errors import InvalidInput, NotFound
 from outbox.sql import queries
+from outbox.store import Row, fetch_all, fetch_one, journal, pg
 
 Q = queries("budgets.sql")
-Row = dict[str, Any]
 PLATFORM = "*"  # the journal's tenant for platform-wide settings
 
 
@@ -47,8 +49,15 @@ def money(value: Any, what: str) -> Decimal:
     return amount
 
 
+def money_text(amount: Decimal) -> str:
+    """Money spent, as its prices give it: a turn's cost is a quotient that PostgreSQL keeps
+    with twenty decimals (0.60000000000000000000), shown without the zeros it added. A
+    budget keeps the scale its operator set it with, so it is shown as stored."""
+    return f"{amount.normalize():f}"
+
+
 def prices(conn: psycopg.Connection[Any]) -> list[Row]:
-    return writer.fetch_all(conn, Q.prices, {})
+    return fetch_all(conn, Q.prices, {})
 
 
 def set_price(
@@ -73,21 +82,92 @@ def set_price(
         else money(cached_input_per_mtok, "--cached-input"),
         "actor": actor or "unknown",
     }
-    row = writer.fetch_one(conn, Q.set_price, params)
+    row = fetch_one(conn, Q.set_price, params)
     assert row is not None
     detail = {k: None if v is None else str(v) for k, v in params.items() if k != "actor"}
-    writer.journal(conn, "price.set", PLATFORM, actor=actor, detail=detail)
+    journal(conn, "price.set", PLATFORM, actor=actor, detail=detail)
     return row
 
 
 def remove_price(conn: psycopg.Connection[Any], model: str, *, actor: str | None = None) -> None:
-    if writer.fetch_one(conn, Q.remove_price, {"model": model}) is None:
+    if fetch_one(conn, Q.remove_price, {"model": model}) is None:
         raise NotFound(f"model {model!r} has no price", hint="`outbox prices list`")
-    writer.journal(conn, "price.removed", PLATFORM, actor=actor, detail={"model": model})
+    journal(conn, "price.removed", PLATFORM, actor=actor, detail={"model": model})
+
+
+def set_tenant_budget(
+    db: Any, tenant_id: str, max_tokens: int | None, max_cost: Decimal | None = None
+) -> Row:
+    """Set a tenant's budget over all its runs, in tokens and/or in money (by
+    ``model_prices``); what was used already stays counted. None: no limit of that kind."""
+    conn = pg(db)
+    calls.check_tenant(tenant_id)
+    if max_tokens is None and max_cost is None:
+        raise InvalidInput("a budget needs a limit: --max-tokens, --max-cost or both")
+    if max_tokens is not None and max_tokens <= 0:
+        raise InvalidInput(f"a token budget must be positive, got {max_tokens}")
+    if max_cost is not None and not max_cost > 0:
+        raise InvalidInput(f"a budget in money must be positive, got {max_cost}")
+    row = fetch_one(
+        conn,
+        Q.set_tenant_budget,
+        {"tenant_id": tenant_id, "max_tokens": max_tokens, "max_cost": max_cost},
+    )
+    assert row is not None
+    detail = {"max_tokens": max_tokens, "max_cost": None if max_cost is None else str(max_cost)}
+    journal(conn, "tenant.budget_set", tenant_id, detail=detail)
+    return row
+
+
+def tenant_budget_spent(conn: psycopg.Connection[Any], tenant_id: str) -> str | None:
+    """Why the tenant may start no more model turns, or None while its budget lasts."""
+    return tenant_budgets_spent(conn, [tenant_id]).get(tenant_id)
+
+
+def tenant_budgets_spent(conn: psycopg.Connection[Any], tenant_ids: list[str]) -> dict[str, str]:
+    """For each of ``tenant_ids`` whose budget is spent: why it may start no more turns."""
+    spent: dict[str, str] = {}
+    for b in fetch_all(conn, Q.tenant_budgets, {"tenant_ids": tenant_ids}):
+        tenant = b["tenant_id"]
+        if b["max_tokens"] is not None and b["tokens_used"] >= b["max_tokens"]:
+            spent[tenant] = (
+                f"tenant {tenant!r} used {b['tokens_used']} tokens, its budget is {b['max_tokens']}"
+            )
+        elif b["max_cost"] is not None and b["cost_used"] >= b["max_cost"]:
+            spent[tenant] = (
+                f"tenant {tenant!r} spent {money_text(b['cost_used'])}, "
+                f"its budget is {b['max_cost']:f}"
+            )
+    return spent
+
+
+def limit_reached(
+    run: Row, next_step: int, tenant_spent: str | None = None, ceiling: int | None = None
+) -> tuple[str, str] | None:
+    """The reason a run may not take ``next_step``: (``step_cap`` | ``budget``, message).
+    ``tenant_spent`` is ``tenant_budgets_spent``'s word on the run's tenant, ``ceiling``
+    the platform's step ceiling."""
+    if next_step > run["max_steps"]:
+        return "step_cap", f"the run reached its step cap of {run['max_steps']} model turns"
+    if ceiling is not None and next_step > ceiling:
+        return "step_cap", f"the run reached the platform's step ceiling of {ceiling} model turns"
+    if run["max_tokens"] is not None and run["tokens_used"] >= run["max_tokens"]:
+        return (
+            "budget",
+            f"the run used {run['tokens_used']} tokens, its budget is {run['max_tokens']}",
+        )
+    if run.get("max_cost") is not None and run["cost"] >= run["max_cost"]:
+        return (
+            "budget",
+            f"the run spent {money_text(run['cost'])}, its budget is {run['max_cost']:f}",
+        )
+    if tenant_spent is not None:
+        return "budget", tenant_spent
+    return None
 
 
 def platform_limits(conn: psycopg.Connection[Any]) -> Row:
-    return writer.fetch_one(conn, Q.platform_limits, {}) or {"max_steps": None}
+    return fetch_one(conn, Q.platform_limits, {}) or {"max_steps": None}
 
 
 def set_platform_limits(
@@ -97,19 +177,23 @@ def set_platform_limits(
     a run past it fails with ``step_cap`` before its next model turn."""
     if max_steps is not None and (not math.isfinite(max_steps) or max_steps < 1):
         raise InvalidInput(f"--max-steps must be at least 1, got {max_steps}")
-    row = writer.fetch_one(
+    row = fetch_one(
         conn, Q.set_platform_limits, {"max_steps": max_steps, "actor": actor or "unknown"}
     )
     assert row is not None
-    writer.journal(
-        conn, "platform.limits_set", PLATFORM, actor=actor, detail={"max_steps": max_steps}
-    )
+    journal(conn, "platform.limits_set", PLATFORM, actor=actor, detail={"max_steps": max_steps})
     return row
+
+
+def platform_max_steps(conn: psycopg.Connection[Any]) -> int | None:
+    """The platform's step ceiling over every run (``outbox platform limit``), if any."""
+    row = fetch_one(conn, Q.platform_max_steps, {})
+    return None if row is None else row["max_steps"]
 
 
 def run_defaults(conn: psycopg.Connection[Any]) -> Row:
     """The defaults of new runs: ``max_steps``, ``loop_limit``, ``action_timeout_s``."""
-    row = writer.fetch_one(conn, Q.run_defaults, {})
+    row = fetch_one(conn, Q.run_defaults, {})
     if row is None:
         raise NotFound(
             "the defaults of new runs are missing (outbox.run_defaults has no row)",
@@ -138,10 +222,10 @@ def set_run_defaults(
         raise InvalidInput(f"--action-timeout must be a positive number, got {action_timeout_s}")
     given = {"max_steps": max_steps, "loop_limit": loop_limit, "action_timeout_s": action_timeout_s}
     conn.execute(Q.ensure_run_defaults)
-    row = writer.fetch_one(conn, Q.set_run_defaults, {**given, "actor": actor or "unknown"})
+    row = fetch_one(conn, Q.set_run_defaults, {**given, "actor": actor or "unknown"})
     assert row is not None
     detail = {k: v for k, v in given.items() if v is not None}
-    writer.journal(conn, "platform.run_defaults_set", PLATFORM, actor=actor, detail=detail)
+    journal(conn, "platform.run_defaults_set", PLATFORM, actor=actor, detail=detail)
     return row
 
 
@@ -158,7 +242,7 @@ def apply_environment(conn: psycopg.Connection[Any], *, actor: str | None = None
         except ValueError:
             kind = "a number of seconds" if field == "action_timeout_s" else "a whole number"
             raise InvalidInput(f"{name} must be {kind}, got {text!r}") from None
-    current = writer.fetch_one(conn, Q.run_defaults, {}) or {}
+    current = fetch_one(conn, Q.run_defaults, {}) or {}
     changed = {k: v for k, v in wanted.items() if current.get(k) != v}
     if changed:
         set_run_defaults(conn, **changed, actor=actor)

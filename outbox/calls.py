@@ -44,7 +44,6 @@ from outbox.schemas import NewMessage, StartRun, check_size
 from outbox.sql import queries
 
 A = queries("api.sql")
-W = queries("writer.sql")
 Row = dict[str, Any]
 
 
@@ -155,18 +154,18 @@ def submit_tool_outputs(tenant_id: str, run_id: uuid.UUID, outputs: list[dict[st
         what = f"output of {output['tool_call_id']}"
         check_size(what, storable.dumps(output, what))
     return Call(
-        W.submit_tool_outputs,
+        A.submit_tool_outputs,
         {"tenant_id": tenant_id, "run_id": run_id, "outputs": Jsonb(outputs)},
         scope=tenant_id,
     )
 
 
 def get_run(run_id: uuid.UUID, tenant_id: str | None) -> Call:
-    return Call(W.get_run, {"run_id": run_id}, scope=tenant_id, savepoint=False)
+    return Call(A.get_run, {"run_id": run_id}, scope=tenant_id, savepoint=False)
 
 
 def pending_client_calls(run_id: uuid.UUID) -> Call:
-    return Call(W.pending_client_calls, {"run_id": run_id}, savepoint=False)
+    return Call(A.pending_client_calls, {"run_id": run_id}, savepoint=False)
 
 
 def found_run(row: Row | None, run_id: uuid.UUID, tenant_id: str | None) -> Row:

@@ -38,9 +38,10 @@ from typing import Any
 import psycopg
 from cryptography.fernet import Fernet, InvalidToken
 
-from outbox import calls, writer
+from outbox import calls
 from outbox.errors import InvalidInput, NotFound
 from outbox.sql import queries
+from outbox.store import fetch_all, fetch_one, journal
 
 Q = queries("credentials.sql")
 Row = dict[str, Any]
@@ -293,7 +294,7 @@ def set_credential(
     source = "env" if env else "file" if file else "db"
     reference = env or file
     ciphertext = None if value is None else encrypt(value)
-    row = writer.fetch_one(
+    row = fetch_one(
         conn,
         Q.set,
         {
@@ -310,7 +311,7 @@ def set_credential(
     assert row is not None
     event = "credential.set" if row["version"] == 1 else "credential.rotated"
     detail = {"name": name, "source": source, "reference": reference, "version": row["version"]}
-    writer.journal(conn, event, tenant_id, actor=actor, detail=detail)
+    journal(conn, event, tenant_id, actor=actor, detail=detail)
     return row
 
 
@@ -323,16 +324,16 @@ def revoke(
 ) -> Row:
     """Revoke credential ``name`` of ``tenant_id``: calls that need it end with an error
     result the model sees (``set`` it again to rotate)."""
-    row = writer.fetch_one(conn, Q.revoke, {"tenant_id": tenant_id, "name": name})
+    row = fetch_one(conn, Q.revoke, {"tenant_id": tenant_id, "name": name})
     if row is None:
         raise NotFound(
             f"tenant {tenant_id} has no credential {name!r}", hint="`outbox credentials list`"
         )
     detail = {"name": name, "version": row["version"]}
-    writer.journal(conn, "credential.revoked", tenant_id, actor=actor, detail=detail)
+    journal(conn, "credential.revoked", tenant_id, actor=actor, detail=detail)
     return row
 
 
 def list_credentials(conn: psycopg.Connection[Any]) -> list[Row]:
     """Every credential, without its ciphertext."""
-    return writer.fetch_all(conn, Q.list, {})
+    return fetch_all(conn, Q.list, {})

@@ -220,7 +220,8 @@ def explain_connect_error(url: str, err: Exception) -> DatabaseUnavailable:
 
 def check_schema_current(conn: psycopg.Connection[Any], schema: str | None = None) -> None:
     """Raise ``MigrationsBehind`` unless the schema is at this code's head revision."""
-    from outbox.migrate import head_revision
+    # Imported here: Alembic is a heavy import that nothing else of this module needs.
+    from outbox.revisions import head_revision
 
     schema = schema or schema_name()
     row = conn.execute(

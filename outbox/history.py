@@ -19,8 +19,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox import providers, tenancy, writer
+from outbox import providers, tenancy
+from outbox.sql import queries
+from outbox.store import fetch_all, fetch_one, owned, pg
 
+Q = queries("history.sql")
 Message = dict[str, Any]
 UNANSWERED = "no result was recorded for this call ({reason})"
 
@@ -81,10 +84,10 @@ def repair(messages: list[Message], reason: str = "interrupted") -> tuple[list[M
 
 def stored_messages(db: Any, thread_id: uuid.UUID) -> list[Message]:
     """A thread's stored messages in chat format, in order (no repair)."""
-    conn = writer.pg(db)
+    conn = pg(db)
     return from_rows(
-        writer.fetch_all(conn, writer.Q.thread_messages, {"thread_id": thread_id}),
-        writer.fetch_all(conn, writer.Q.thread_calls, {"thread_id": thread_id}),
+        fetch_all(conn, Q.thread_messages, {"thread_id": thread_id}),
+        fetch_all(conn, Q.thread_calls, {"thread_id": thread_id}),
     )
 
 
@@ -131,8 +134,8 @@ def replay(
     Checks the thread belongs to ``tenant_id``. Calls still waiting for their batch are
     closed in the replayed copy only; the stored history is not changed.
     """
-    conn = writer.pg(db)
+    conn = pg(db)
     tenancy.scope(conn, tenant_id)
-    thread = writer.fetch_one(conn, writer.Q.get_thread, {"thread_id": thread_id})
-    writer._owned(thread, "thread", thread_id, tenant_id)
+    thread = fetch_one(conn, Q.get_thread, {"thread_id": thread_id})
+    owned(thread, "thread", thread_id, tenant_id)
     return for_provider(stored_messages(conn, thread_id), api)

@@ -22,22 +22,20 @@ import psycopg
 
 from outbox import calls, history, tenancy
 from outbox.errors import InvalidInput
+from outbox.sql import queries
+from outbox.store import Row, fetch_all, fetch_one, journal, pg
 from outbox.writer import (
-    Q,
-    Row,
     ThreadRef,
     append_message,
     arguments_hash,
     create_thread,
     end_run,
-    fetch_all,
-    fetch_one,
     idempotency_key,
-    journal,
     lock_run,
-    pg,
     run_call,
 )
+
+Q = queries("lifecycle.sql")
 
 
 def cancel_run(

@@ -1,34 +1,23 @@
 """Run the Alembic migrations programmatically (``outbox db upgrade`` and the test harness).
 
-The history is package data of ``outbox.migrations``, found with ``importlib.resources``,
-so an installed wheel migrates without a checkout. ``alembic.ini`` at the top of a checkout
-points at the same folder for people who run ``alembic`` by hand.
+The history is package data (``outbox.revisions`` finds it), so an installed wheel migrates
+without a checkout. ``alembic.ini`` at the top of a checkout points at the same folder for
+people who run ``alembic`` by hand.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from importlib import resources
 from pathlib import Path
 
 from alembic import command
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 
 from outbox import db
+from outbox.revisions import alembic_config
 
-
-@contextmanager
-def _config(url: str, schema: str) -> Iterator[Config]:
-    # as_file: the folder as a real path for Alembic (it already is one unless the package
-    # was imported from a zip file, then it is extracted for the duration).
-    with resources.as_file(resources.files("outbox.migrations")) as location:
-        config = Config()
-        config.set_main_option("script_location", str(location))
-        config.attributes["url"] = url
-        config.attributes["schema"] = schema
-        yield config
+# Read from the history (outbox.revisions), importable from here still: the CLI and the
+# tests took them from this module.
+from outbox.revisions import head_revision as head_revision
+from outbox.revisions import revisions as revisions
 
 
 def schema_sql(template: str) -> str:
@@ -58,27 +47,13 @@ def frozen_sql(migration_file: str, name: str) -> str:
     return (Path(migration_file).parent / name).read_text()
 
 
-def revisions() -> list[str]:
-    """Every revision id, oldest first."""
-    with _config("", "outbox") as config:
-        script = ScriptDirectory.from_config(config)
-        return [s.revision for s in reversed(list(script.walk_revisions()))]
-
-
-def head_revision() -> str:
-    with _config("", "outbox") as config:
-        head = ScriptDirectory.from_config(config).get_current_head()
-    assert head is not None
-    return head
-
-
 def upgrade(url: str | None = None, revision: str = "head", schema: str | None = None) -> None:
-    with _config(url or db.database_url(), schema or db.schema_name()) as config:
+    with alembic_config(url or db.database_url(), schema or db.schema_name()) as config:
         command.upgrade(config, revision)
 
 
 def downgrade(url: str | None, revision: str, schema: str | None = None) -> None:
-    with _config(url or db.database_url(), schema or db.schema_name()) as config:
+    with alembic_config(url or db.database_url(), schema or db.schema_name()) as config:
         command.downgrade(config, revision)
 
 

@@ -28,12 +28,13 @@ from typing import Any
 
 import psycopg
 
-from outbox import approvals
+from outbox import approvals, calls
+from outbox.constants import ENDED
 from outbox.errors import InvalidInput, InvalidTransition, NotFound, OutboxError
 from outbox.schemas import ToolResultIn
 from outbox.sql import queries
-from outbox.writer import ENDED, fetch_all, fetch_one, journal, record_tool_result
-from outbox.writer import Q as WRITER_Q
+from outbox.store import fetch_all, fetch_one, journal
+from outbox.writer import record_tool_result
 
 Q = queries("ops.sql")
 Row = dict[str, Any]
@@ -124,12 +125,11 @@ def show_run(conn: psycopg.Connection[Any], ident: str) -> Row:
     run is in ``requires_action``) and its calls waiting for a reviewer
     (``pending_approvals``: see ``outbox approvals``)."""
     run = resolve_run(conn, ident)
+    waiting = calls.pending_client_calls(run["id"])
     return {
         "run": run,
         "timeline": fetch_all(conn, Q.run_timeline, {"run_id": run["id"]}),
-        "pending_client_calls": fetch_all(
-            conn, WRITER_Q.pending_client_calls, {"run_id": run["id"]}
-        )
+        "pending_client_calls": fetch_all(conn, waiting.query, waiting.params)
         if run["status"] == "requires_action"
         else [],
         "pending_approvals": approvals.pending_of_run(conn, run["id"]),

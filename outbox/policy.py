@@ -26,10 +26,10 @@ from typing import Any, Literal
 
 import psycopg
 
-# Module imports: outbox.writer imports the registry, which imports this module.
-from outbox import calls, writer
+from outbox import calls
 from outbox.errors import InvalidInput, NotFound
 from outbox.sql import queries
+from outbox.store import fetch_all, fetch_one, journal
 
 Q = queries("actions.sql")
 Row = dict[str, Any]
@@ -55,7 +55,7 @@ class Decision:
 
 def decide(tool: Row) -> Decision:
     """The decision for a call of ``tool``, a row of ``tools_by_name`` (outbox/queries/
-    writer.sql), which carries the tier's policy for the run's tenant."""
+    registry.sql), which carries the tier's policy for the run's tenant."""
     tier = tool["risk_tier"]
     action: Action = tool.get("policy_action") or DEFAULT_ACTIONS[tier]
     scope = tool.get("policy_tenant") or "built-in default"
@@ -103,7 +103,7 @@ def stop_text(tool_name: str, stop: Row) -> str:
 
 
 def policies(conn: psycopg.Connection[Any]) -> list[Row]:
-    return writer.fetch_all(conn, Q.policies, {})
+    return fetch_all(conn, Q.policies, {})
 
 
 def set_policy(
@@ -125,7 +125,7 @@ def set_policy(
         raise InvalidInput(f"action must be one of {', '.join(ACTIONS)}, got {action!r}")
     if not approval_timeout_s > 0:
         raise InvalidInput(f"the approval timeout must be positive, got {approval_timeout_s}")
-    row = writer.fetch_one(
+    row = fetch_one(
         conn,
         Q.set_policy,
         {
@@ -138,7 +138,7 @@ def set_policy(
         },
     )
     assert row is not None
-    writer.journal(conn, "policy.set", tenant_id, actor=actor, detail=_jsonable(row))
+    journal(conn, "policy.set", tenant_id, actor=actor, detail=_jsonable(row))
     return row
 
 
@@ -151,9 +151,9 @@ def clear_policy(
             "the default policy ('*') cannot be removed, only set",
             hint="outbox policy set '*' TIER allow|approve|deny",
         )
-    removed = writer.fetch_one(conn, Q.clear_policy, {"tenant_id": tenant_id, "risk_tier": tier})
+    removed = fetch_one(conn, Q.clear_policy, {"tenant_id": tenant_id, "risk_tier": tier})
     if removed:
-        writer.journal(conn, "policy.cleared", tenant_id, actor=actor, detail={"risk_tier": tier})
+        journal(conn, "policy.cleared", tenant_id, actor=actor, detail={"risk_tier": tier})
     return removed is not None
 
 
@@ -171,13 +171,13 @@ def disable_tool(
     """Switch tool ``name`` off for ``tenant_id`` (``'*'``: every tenant). Returns the new
     switch, or None when it was already off (the first record of who did it stays)."""
     _check_visible(conn, name, tenant_id)
-    row = writer.fetch_one(
+    row = fetch_one(
         conn,
         Q.switch_off,
         {"tenant_id": tenant_id, "name": name, "actor": actor or "unknown", "reason": reason},
     )
     if row is not None:
-        writer.journal(conn, "tool.disabled", tenant_id, actor=actor, detail=_jsonable(row))
+        journal(conn, "tool.disabled", tenant_id, actor=actor, detail=_jsonable(row))
     return row
 
 
@@ -191,11 +191,11 @@ def enable_tool(
     """Switch tool ``name`` on again for ``tenant_id`` (and make versions registered
     disabled in that scope usable). Returns whether anything changed."""
     _check_visible(conn, name, tenant_id)
-    switched = writer.fetch_one(conn, Q.switch_on, {"tenant_id": tenant_id, "name": name})
-    versions = writer.fetch_all(conn, Q.enable_versions, {"tenant_id": tenant_id, "name": name})
+    switched = fetch_one(conn, Q.switch_on, {"tenant_id": tenant_id, "name": name})
+    versions = fetch_all(conn, Q.enable_versions, {"tenant_id": tenant_id, "name": name})
     changed = switched is not None or bool(versions)
     if changed:
-        writer.journal(
+        journal(
             conn,
             "tool.enabled",
             tenant_id,
@@ -206,13 +206,13 @@ def enable_tool(
 
 
 def switches(conn: psycopg.Connection[Any]) -> list[Row]:
-    return writer.fetch_all(conn, Q.switches, {})
+    return fetch_all(conn, Q.switches, {})
 
 
 def _check_visible(conn: psycopg.Connection[Any], name: str, tenant_id: str) -> None:
     if tenant_id != ALL_TENANTS:
         calls.check_tenant(tenant_id)
-    found = writer.fetch_one(conn, Q.tool_visible, {"name": name, "tenant_id": tenant_id})
+    found = fetch_one(conn, Q.tool_visible, {"name": name, "tenant_id": tenant_id})
     if not (found and found["found"]):
         scope = "" if tenant_id == ALL_TENANTS else f" for tenant {tenant_id} or for all tenants"
         raise NotFound(f"tool {name!r} is not registered{scope}", hint="`outbox tools list`")
@@ -227,11 +227,11 @@ def pause_tenant(
     """Pause ``tenant_id``: no relay claims its work until it is resumed. Returns the pause,
     or None when it was already paused."""
     calls.check_tenant(tenant_id)
-    row = writer.fetch_one(
+    row = fetch_one(
         conn, Q.pause, {"tenant_id": tenant_id, "actor": actor or "unknown", "reason": reason}
     )
     if row is not None:
-        writer.journal(conn, "tenant.paused", tenant_id, actor=actor, detail={"reason": reason})
+        journal(conn, "tenant.paused", tenant_id, actor=actor, detail={"reason": reason})
     return row
 
 
@@ -240,14 +240,14 @@ def resume_tenant(
 ) -> bool:
     """Resume a paused tenant; its runs go on from where they held."""
     calls.check_tenant(tenant_id)
-    row = writer.fetch_one(conn, Q.resume, {"tenant_id": tenant_id})
+    row = fetch_one(conn, Q.resume, {"tenant_id": tenant_id})
     if row is not None:
-        writer.journal(conn, "tenant.resumed", tenant_id, actor=actor, detail={})
+        journal(conn, "tenant.resumed", tenant_id, actor=actor, detail={})
     return row is not None
 
 
 def pauses(conn: psycopg.Connection[Any]) -> list[Row]:
-    return writer.fetch_all(conn, Q.pauses, {})
+    return fetch_all(conn, Q.pauses, {})
 
 
 def _jsonable(row: Row) -> Row:

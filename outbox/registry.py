@@ -170,11 +170,9 @@ def resolve(
 ) -> dict[str, Row]:
     """Each named tool visible to ``tenant_id``, by name: the version ``pins`` names (a
     run's ``tool_pins``), else the newest."""
-    from outbox.writer import Q as WQ
-
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
-            WQ.tools_by_name,
+            Q.tools_by_name,
             {"names": sorted(set(names)), "tenant_id": tenant_id, "pins": Jsonb(pins or {})},
         )
         return {row["name"]: row for row in cur.fetchall()}

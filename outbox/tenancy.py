@@ -22,9 +22,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outbox import calls, writer
+from outbox import calls
 from outbox.errors import InvalidInput, NotFound
 from outbox.sql import queries
+from outbox.store import fetch_all, fetch_one, journal
 
 Q = queries("tenancy.sql")
 SETTING = "outbox.tenant_id"
@@ -60,7 +61,7 @@ def grant_role(
                 sql.Identifier(role), sql.Literal(hashed.decode())
             )
         )
-    facts = writer.fetch_one(conn, Q.role_facts, {"role": role})
+    facts = fetch_one(conn, Q.role_facts, {"role": role})
     if facts is None:
         raise NotFound(
             f"role {role!r} does not exist",
@@ -78,25 +79,23 @@ def grant_role(
             hint=f"`outbox tenants revoke --role {role}` first",
         )
     conn.execute(sql.SQL("GRANT outbox_writer TO {}").format(sql.Identifier(role)))
-    row = writer.fetch_one(
+    row = fetch_one(
         conn, Q.bind_role, {"role": role, "tenant_id": tenant_id, "actor": actor or "unknown"}
     )
     if row is not None:
-        writer.journal(conn, "tenant.role_granted", tenant_id, actor=actor, detail={"role": role})
+        journal(conn, "tenant.role_granted", tenant_id, actor=actor, detail={"role": role})
     return {"role_name": role, "tenant_id": tenant_id, "created": row is not None}
 
 
 def revoke_role(conn: psycopg.Connection[Any], role: str, *, actor: str | None = None) -> str:
     """Unbind ``role`` and take the writer's rights back; returns the tenant it was bound to."""
-    row = writer.fetch_one(conn, Q.unbind_role, {"role": role})
+    row = fetch_one(conn, Q.unbind_role, {"role": role})
     if row is None:
         raise NotFound(f"role {role!r} is bound to no tenant", hint="`outbox tenants roles`")
     conn.execute(sql.SQL("REVOKE outbox_writer FROM {}").format(sql.Identifier(role)))
-    writer.journal(
-        conn, "tenant.role_revoked", row["tenant_id"], actor=actor, detail={"role": role}
-    )
+    journal(conn, "tenant.role_revoked", row["tenant_id"], actor=actor, detail={"role": role})
     return str(row["tenant_id"])
 
 
 def roles(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
-    return writer.fetch_all(conn, Q.roles, {})
+    return fetch_all(conn, Q.roles, {})

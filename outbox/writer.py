@@ -22,15 +22,22 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass, replace
-from decimal import Decimal
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from outbox import calls, constants, registry, storable, tenancy
-from outbox.errors import InvalidInput, NeedsTransaction, NotFound, WrongTenant
+from outbox import budgets, calls, constants, registry, storable, store, tenancy
+
+# Moved to outbox.budgets, where a run's limits are; importable from the writer still,
+# where the CLI and backends took them from.
+from outbox.budgets import limit_reached as limit_reached
+from outbox.budgets import money_text as money_text
+from outbox.budgets import platform_max_steps as platform_max_steps
+from outbox.budgets import set_tenant_budget as set_tenant_budget
+from outbox.budgets import tenant_budget_spent as tenant_budget_spent
+from outbox.budgets import tenant_budgets_spent as tenant_budgets_spent
+from outbox.errors import NotFound
 from outbox.schemas import (
     ModelTurnIn,
     NewMessage,
@@ -41,83 +48,20 @@ from outbox.schemas import (
 )
 from outbox.sql import queries
 
+# Moved to outbox.store, the statements of every module; importable from the writer still,
+# where the relay, the server and backends took them from.
+from outbox.store import UNPREPARED as UNPREPARED
+from outbox.store import Row as Row
+from outbox.store import fetch_all as fetch_all
+from outbox.store import fetch_one as fetch_one
+from outbox.store import journal as journal
+from outbox.store import pg as pg
+
 Q = queries("writer.sql")
 RunRef = calls.RunRef  # what start_run returns (defined beside the calls both writers share)
 ThreadRef = calls.ThreadRef
-Row = dict[str, Any]
 ACTIVE = constants.ACTIVE  # run statuses, defined in outbox.constants
 ENDED = constants.ENDED
-
-
-# -- connections ------------------------------------------------------------------------
-
-
-def pg(db: Any) -> psycopg.Connection[Any]:
-    """The psycopg connection behind ``db``, checked to be inside a transaction."""
-    conn = db
-    if not isinstance(conn, psycopg.Connection):
-        get_connection = getattr(db, "connection", None)
-        if get_connection is None:
-            raise TypeError(f"expected a psycopg Connection or SQLAlchemy Session, got {db!r}")
-        sa_conn = get_connection() if callable(get_connection) else get_connection
-        conn = sa_conn.connection.driver_connection
-        if not isinstance(conn, psycopg.Connection):
-            raise TypeError(
-                "the SQLAlchemy engine must use the psycopg 3 driver "
-                "(URL scheme postgresql+psycopg://)"
-            )
-    if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-        raise NeedsTransaction("the connection is in autocommit mode outside a transaction")
-    return conn
-
-
-def fetch_one(conn: psycopg.Connection[Any], query: Any, params: Row) -> Row | None:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query, params)
-        return cur.fetchone()
-
-
-def fetch_all(
-    conn: psycopg.Connection[Any], query: Any, params: Row, *, prepare: bool | None = None
-) -> list[Row]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query, params, prepare=prepare)
-        return cur.fetchall()
-
-
-# A statement that joins another table to an array of ids is never prepared: a prepared
-# statement may drift to a generic plan that cannot see how many ids the array holds and
-# scans the joined table (measured: 2 ms instead of 0.1 ms to read one batch's outputs).
-UNPREPARED = False
-
-
-def journal(conn: psycopg.Connection[Any], event: str, tenant_id: str, **fields: Any) -> None:
-    """Append one journal event (in the caller's transaction)."""
-    detail = fields.pop("detail", None) or {}
-    params: Row = dict.fromkeys(
-        (
-            "thread_id",
-            "run_id",
-            "batch_id",
-            "tool_call_ref",
-            "tool_call_id",
-            "outbox_id",
-            "correlation_id",
-            "attempt",
-            "worker",
-            "actor",
-        )
-    )
-    params.update(fields, tenant_id=tenant_id, event=event, detail=Jsonb(detail))
-    conn.execute(Q.journal, params)
-
-
-def _owned(row: Row | None, what: str, ident: object, tenant_id: str) -> Row:
-    if row is None:
-        raise NotFound(f"{what} {ident} does not exist", hint=f"check the {what} id")
-    if row["tenant_id"] != tenant_id:
-        raise WrongTenant(f"{what} {ident} does not belong to tenant {tenant_id!r}")
-    return row
 
 
 # -- threads ----------------------------------------------------------------------------
@@ -260,13 +204,24 @@ def enqueue(
     return None if row is None else int(row["id"])
 
 
+def lock_runs_then_batches(
+    conn: psycopg.Connection[Any], run_ids: list[uuid.UUID], batch_ids: list[int]
+) -> None:
+    """Lock runs, then batches, each in id order: the one lock order of every writer path,
+    so two transactions that write the same runs queue up instead of deadlocking. A caller
+    that moves many runs forward in one transaction (the relay's completer) takes every
+    lock up front this way; the writer's functions then find them held."""
+    conn.execute(Q.lock_runs, {"run_ids": run_ids})
+    conn.execute(Q.lock_batches, {"batch_ids": batch_ids})
+
+
 def lock_run(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant_id: str | None) -> Row:
     row = fetch_one(conn, Q.lock_run, {"run_id": run_id})
     if tenant_id is None:
         if row is None:
             raise NotFound(f"run {run_id} does not exist")
         return row
-    return _owned(row, "run", run_id, tenant_id)
+    return store.owned(row, "run", run_id, tenant_id)
 
 
 def get_run(db: Any, run_id: uuid.UUID, tenant_id: str | None = None) -> Row:
@@ -505,7 +460,7 @@ def record_tool_result(db: Any, result: ToolResultIn) -> ResultRecord:
     conn = pg(db)
     tenancy.scope(conn, result.tenant_id)
     call = fetch_one(conn, Q.call_for_result, {"tool_call_ref": result.tool_call_ref})
-    call = _owned(call, "tool call", result.tool_call_ref, result.tenant_id)
+    call = store.owned(call, "tool call", result.tool_call_ref, result.tenant_id)
     recorded = record_tool_results(
         conn,
         [
@@ -610,8 +565,8 @@ def _deliver(
     ids = [b["id"] for b in batches]
     answer_calls(conn, ids)
     conn.execute(Q.mark_delivered, {"batch_ids": ids}, prepare=UNPREPARED)
-    spent = tenant_budgets_spent(conn, sorted({b["tenant_id"] for b in batches}))
-    ceiling = platform_max_steps(conn)
+    spent = budgets.tenant_budgets_spent(conn, sorted({b["tenant_id"] for b in batches}))
+    ceiling = budgets.platform_max_steps(conn)
     done: dict[int, Delivery] = {}
     going_on: list[tuple[Row, int]] = []
     for batch in batches:
@@ -620,7 +575,7 @@ def _deliver(
             done[batch["id"]] = Delivery("delivered", None, run["status"])
             continue
         next_step = batch["step_no"] + 1
-        reason = limit_reached(run, next_step, spent.get(run["tenant_id"]), ceiling)
+        reason = budgets.limit_reached(run, next_step, spent.get(run["tenant_id"]), ceiling)
         if reason is not None:
             failed = end_run(conn, run, "failed", reason[0], reason[1])
             done[batch["id"]] = Delivery("delivered", None, failed["status"])
@@ -637,90 +592,6 @@ def _deliver(
         for batch, next_step in going_on:
             done[batch["id"]] = Delivery("delivered", next_step, status[batch["run_id"]])
     return done
-
-
-def tenant_budget_spent(conn: psycopg.Connection[Any], tenant_id: str) -> str | None:
-    """Why the tenant may start no more model turns, or None while its budget lasts."""
-    return tenant_budgets_spent(conn, [tenant_id]).get(tenant_id)
-
-
-def tenant_budgets_spent(conn: psycopg.Connection[Any], tenant_ids: list[str]) -> dict[str, str]:
-    """For each of ``tenant_ids`` whose budget is spent: why it may start no more turns."""
-    spent: dict[str, str] = {}
-    for b in fetch_all(conn, Q.tenant_budgets, {"tenant_ids": tenant_ids}):
-        tenant = b["tenant_id"]
-        if b["max_tokens"] is not None and b["tokens_used"] >= b["max_tokens"]:
-            spent[tenant] = (
-                f"tenant {tenant!r} used {b['tokens_used']} tokens, its budget is {b['max_tokens']}"
-            )
-        elif b["max_cost"] is not None and b["cost_used"] >= b["max_cost"]:
-            spent[tenant] = (
-                f"tenant {tenant!r} spent {money_text(b['cost_used'])}, "
-                f"its budget is {b['max_cost']:f}"
-            )
-    return spent
-
-
-def money_text(amount: Decimal) -> str:
-    """Money spent, as its prices give it: a turn's cost is a quotient that PostgreSQL keeps
-    with twenty decimals (0.60000000000000000000), shown without the zeros it added. A
-    budget keeps the scale its operator set it with, so it is shown as stored."""
-    return f"{amount.normalize():f}"
-
-
-def set_tenant_budget(
-    db: Any, tenant_id: str, max_tokens: int | None, max_cost: Decimal | None = None
-) -> Row:
-    """Set a tenant's budget over all its runs, in tokens and/or in money (by
-    ``model_prices``); what was used already stays counted. None: no limit of that kind."""
-    conn = pg(db)
-    calls.check_tenant(tenant_id)
-    if max_tokens is None and max_cost is None:
-        raise InvalidInput("a budget needs a limit: --max-tokens, --max-cost or both")
-    if max_tokens is not None and max_tokens <= 0:
-        raise InvalidInput(f"a token budget must be positive, got {max_tokens}")
-    if max_cost is not None and not max_cost > 0:
-        raise InvalidInput(f"a budget in money must be positive, got {max_cost}")
-    row = fetch_one(
-        conn,
-        Q.set_tenant_budget,
-        {"tenant_id": tenant_id, "max_tokens": max_tokens, "max_cost": max_cost},
-    )
-    assert row is not None
-    detail = {"max_tokens": max_tokens, "max_cost": None if max_cost is None else str(max_cost)}
-    journal(conn, "tenant.budget_set", tenant_id, detail=detail)
-    return row
-
-
-def platform_max_steps(conn: psycopg.Connection[Any]) -> int | None:
-    """The platform's step ceiling over every run (``outbox platform limit``), if any."""
-    row = fetch_one(conn, Q.platform_max_steps, {})
-    return None if row is None else row["max_steps"]
-
-
-def limit_reached(
-    run: Row, next_step: int, tenant_spent: str | None = None, ceiling: int | None = None
-) -> tuple[str, str] | None:
-    """The reason a run may not take ``next_step``: (``step_cap`` | ``budget``, message).
-    ``tenant_spent`` is ``tenant_budgets_spent``'s word on the run's tenant, ``ceiling``
-    the platform's step ceiling."""
-    if next_step > run["max_steps"]:
-        return "step_cap", f"the run reached its step cap of {run['max_steps']} model turns"
-    if ceiling is not None and next_step > ceiling:
-        return "step_cap", f"the run reached the platform's step ceiling of {ceiling} model turns"
-    if run["max_tokens"] is not None and run["tokens_used"] >= run["max_tokens"]:
-        return (
-            "budget",
-            f"the run used {run['tokens_used']} tokens, its budget is {run['max_tokens']}",
-        )
-    if run.get("max_cost") is not None and run["cost"] >= run["max_cost"]:
-        return (
-            "budget",
-            f"the run spent {money_text(run['cost'])}, its budget is {run['max_cost']:f}",
-        )
-    if tenant_spent is not None:
-        return "budget", tenant_spent
-    return None
 
 
 def end_run(

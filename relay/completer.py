@@ -41,7 +41,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import writer
+from outbox import constants, store, writer
 from outbox.logs import log
 from outbox.schemas import ToolResultIn
 from outbox.sql import Queries
@@ -164,9 +164,8 @@ class Completer:
         ]
         turns = [i for i, o in enumerate(outcomes) if o.action == "turn"]
         run_ids = sorted({o.row.run_id for o in outcomes if o.row.run_id is not None})
-        conn.execute(writer.Q.lock_runs, {"run_ids": run_ids})
         batch_ids = sorted({o.row.batch_id for o in outcomes if o.row.batch_id is not None})
-        conn.execute(writer.Q.lock_batches, {"batch_ids": batch_ids})
+        writer.lock_runs_then_batches(conn, run_ids, batch_ids)
         applied: list[str | None] = [None] * len(outcomes)
         for positions, kind, write_all in (
             (results, "tool_call", self._store_results),
@@ -310,7 +309,7 @@ class Completer:
         if conn.execute(query, params).fetchone() is not None:
             return True
         self.metrics.fenced.inc()
-        writer.journal(
+        store.journal(
             conn,
             "write.fenced",
             row.tenant_id,
@@ -319,7 +318,7 @@ class Completer:
         )
         if outcome.action == "result" and row.tool_call_ref is not None:
             conn.execute(
-                writer.Q.insert_orphan,
+                self.q.insert_orphan,
                 {
                     "tenant_id": row.tenant_id,
                     "run_id": row.run_id,
@@ -400,7 +399,7 @@ class Completer:
                 return "fenced"
             self._call_status(conn, outcome, "pending")
             self.metrics.retried.inc()
-            writer.journal(
+            store.journal(
                 conn,
                 f"{row.kind}.retry_scheduled",
                 row.tenant_id,
@@ -414,7 +413,7 @@ class Completer:
         status = "outcome_unknown" if reason == "outcome_unknown" else "quarantined"
         self._call_status(conn, outcome, status)
         self.metrics.quarantined.labels(reason).inc()
-        writer.journal(
+        store.journal(
             conn,
             f"{row.kind}.{status}",
             row.tenant_id,
@@ -435,7 +434,7 @@ class Completer:
         if outcome.action == "skip":
             return "skipped"
         run = writer.lock_run(conn, row.run_id, None)
-        if run["status"] in writer.ENDED:
+        if run["status"] in constants.ENDED:
             return "skipped"
         writer.end_run(conn, run, "failed", "model_error", outcome.error)
         return "run_failed"
@@ -459,7 +458,7 @@ class Completer:
             },
         )
         self.metrics.succeeded.labels(row.kind).inc()
-        writer.journal(
+        store.journal(
             conn,
             "webhook.delivered" if delivered else "webhook.dropped",
             row.tenant_id,

@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from outbox import history, registry, writer
+from outbox import constants, history, registry
 from outbox.logs import log
 from outbox.sql import Queries
 from relay.links import Link
@@ -182,7 +182,7 @@ def _uuid(value: Any) -> uuid.UUID:
 def _turn(row: dict[str, Any] | None, step_no: int) -> Turn | str:
     if row is None:
         return "the run does not exist"
-    if row["status"] in writer.ENDED:
+    if row["status"] in constants.ENDED:
         return f"run is {row['status']}"
     if row["recorded"]:
         return f"step {step_no} is already recorded"

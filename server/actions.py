@@ -17,7 +17,7 @@ import psycopg
 from outbox import assistants, constants, lifecycle, tenancy, writer
 from outbox.errors import ActiveRunExists, InvalidTransition, NotFound
 from outbox.schemas import NewMessage, StartRun
-from outbox.writer import fetch_all, fetch_one
+from outbox.store import fetch_all, fetch_one
 from server import idempotency, shapes
 from server.bodies import AssistantIn, MessageIn, RunIn, SubmitOutputsIn, ThreadAndRunIn, ThreadIn
 from server.errors import APIError, not_found

@@ -30,7 +30,7 @@ import anyio
 from starlette.concurrency import run_in_threadpool
 
 from outbox import constants
-from outbox.writer import fetch_one
+from outbox.store import fetch_one
 from server import shapes
 from server.errors import not_found
 from server.store import Q, Store

@@ -27,7 +27,7 @@ import psycopg
 from outbox import assistants, lifecycle, responses, writer
 from outbox.errors import ActiveRunExists, NotFound
 from outbox.schemas import NewMessage, StartRun
-from outbox.writer import fetch_all, fetch_one
+from outbox.store import fetch_all, fetch_one
 from server import input_items, shapes
 from server.actions import Page, Settings, busy_thread, paginate, remove_message
 from server.bodies import ConversationIn, ResponseIn

@@ -25,3 +25,19 @@ SELECT * FROM {s}.end_run_v1(%(run_id)s, %(status)s, %(reason)s, %(error)s, %(ac
 -- name: run_tenant
 -- The tenant of a run (an operator cancelling by id alone).
 SELECT tenant_id FROM {s}.runs WHERE id = %(run_id)s
+
+-- name: get_run
+-- One run.
+SELECT * FROM {s}.runs WHERE id = %(run_id)s
+
+-- name: pending_client_calls
+-- The client calls a run is waiting for, in call order.
+SELECT tc.tool_call_id, tc.tool_name, tc.arguments_raw
+FROM {s}.tool_calls tc
+JOIN {s}.tool_batches b ON b.id = tc.batch_id AND b.status = 'open'
+WHERE tc.run_id = %(run_id)s AND tc.executor = 'client' AND tc.status = 'pending'
+ORDER BY b.step_no, tc.position
+
+-- name: submit_tool_outputs
+-- Client outputs go through the one SQL implementation (sql/functions.sql).
+SELECT {s}.submit_tool_outputs_v1(%(tenant_id)s, %(run_id)s, %(outputs)s) AS status

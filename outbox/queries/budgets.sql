@@ -1,4 +1,4 @@
--- Prices and the platform's limits (outbox/budgets.py).
+-- Prices, tenants' budgets and the platform's limits (outbox/budgets.py).
 
 -- name: prices
 SELECT model, input_per_mtok, cached_input_per_mtok, output_per_mtok, updated_by, updated_at
@@ -44,3 +44,20 @@ SET max_steps = coalesce(%(max_steps)s::integer, max_steps),
     action_timeout_s = coalesce(%(action_timeout_s)s::float8, action_timeout_s),
     updated_by = %(actor)s, updated_at = now()
 RETURNING max_steps, loop_limit, action_timeout_s, updated_by, updated_at
+
+-- name: tenant_budgets
+-- Tenants' budgets and what they have used (tenants without a budget have no row).
+SELECT tenant_id, max_tokens, tokens_used, max_cost, cost_used FROM {s}.tenant_budgets
+WHERE tenant_id = ANY(%(tenant_ids)s)
+
+-- name: set_tenant_budget
+-- Set (or change) a tenant's budget in tokens and in money (NULL: no limit of that kind).
+INSERT INTO {s}.tenant_budgets (tenant_id, max_tokens, max_cost)
+VALUES (%(tenant_id)s, %(max_tokens)s, %(max_cost)s)
+ON CONFLICT (tenant_id) DO UPDATE
+SET max_tokens = excluded.max_tokens, max_cost = excluded.max_cost, updated_at = now()
+RETURNING tenant_id, max_tokens, tokens_used, max_cost, cost_used
+
+-- name: platform_max_steps
+-- The platform's step ceiling over every run (NULL: none).
+SELECT (SELECT max_steps FROM {s}.platform_limits) AS max_steps

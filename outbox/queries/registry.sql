@@ -23,3 +23,30 @@ FROM {s}.tools ORDER BY tenant_id, name, version DESC
 -- All versions of a tool, newest first.
 SELECT * FROM {s}.tools WHERE name = %(name)s AND tenant_id = %(tenant_id)s
 ORDER BY version DESC
+
+-- name: tools_by_name
+-- Each named tool as a run uses it: the version the run pinned (pins: runs.tool_pins), else
+-- the newest visible to the tenant (its own before shared), with
+-- what the action layer says of it (outbox/policy.py): the switch that turned it off for
+-- this tenant or for all, and the risk policy of its tier (the tenant's rule before '*').
+SELECT DISTINCT ON (t.name) t.*,
+       w.tenant_id AS switch_tenant, w.switched_by, w.reason AS switch_reason,
+       p.tenant_id AS policy_tenant, p.action AS policy_action,
+       p.approvers AS policy_approvers,
+       extract(epoch FROM p.approval_timeout)::float8 AS policy_timeout_s
+FROM {s}.tools t
+LEFT JOIN LATERAL (
+    SELECT * FROM {s}.tool_switches w
+    WHERE w.tool_name = t.name AND w.tenant_id IN (%(tenant_id)s, '*')
+    ORDER BY w.tenant_id = '*' LIMIT 1
+) w ON true
+LEFT JOIN LATERAL (
+    SELECT * FROM {s}.risk_policies p
+    WHERE p.risk_tier = t.risk_tier AND p.tenant_id IN (%(tenant_id)s, '*')
+    ORDER BY p.tenant_id = '*' LIMIT 1
+) p ON true
+WHERE t.name = ANY(%(names)s) AND t.tenant_id IN (%(tenant_id)s, '*')
+  AND (NOT %(pins)s::jsonb ? t.name
+       OR (t.tenant_id = %(pins)s::jsonb -> t.name ->> 'tenant_id'
+           AND t.version = (%(pins)s::jsonb -> t.name ->> 'version')::int))
+ORDER BY t.name, (t.tenant_id = '*'), t.version DESC

@@ -15,10 +15,6 @@ RETURNING id
 -- Lock a run row: every write that moves a run forward goes through this lock.
 SELECT * FROM {s}.runs WHERE id = %(run_id)s FOR UPDATE
 
--- name: get_run
--- One run.
-SELECT * FROM {s}.runs WHERE id = %(run_id)s
-
 -- name: insert_outbox
 -- Enqueue one unit of work; a repeated dedup key is a no-op. A held row (a call waiting for
 -- approval) is due at 'infinity' until its approval is decided (decide_approval_v1).
@@ -28,27 +24,6 @@ VALUES (%(tenant_id)s, %(kind)s, %(dedup_key)s, %(thread_id)s, %(run_id)s, %(bat
         %(tool_call_ref)s, %(tool_name)s, %(correlation_id)s, %(max_attempts)s, %(payload)s,
         CASE WHEN %(held)s THEN 'infinity'::timestamptz ELSE now() END)
 ON CONFLICT (dedup_key) DO NOTHING
-RETURNING id
-
--- name: insert_batch
--- A model turn's tool calls, as one batch at the turn's step.
-INSERT INTO {s}.tool_batches (tenant_id, run_id, thread_id, step_no, message_id, status, size,
-                              pending, completed_at)
-VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(step_no)s, %(message_id)s,
-        CASE WHEN %(pending)s = 0 THEN 'complete' ELSE 'open' END, %(size)s, %(pending)s,
-        CASE WHEN %(pending)s = 0 THEN now() END)
-RETURNING id, status
-
--- name: insert_tool_call
--- One tool-call intent.
-INSERT INTO {s}.tool_calls (tenant_id, run_id, thread_id, batch_id, message_id, position,
-                            tool_call_id, tool_name, tool_version, arguments, arguments_raw,
-                            arguments_hash, executor, idempotency_mode, idempotency_key,
-                            status)
-VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(batch_id)s, %(message_id)s, %(position)s,
-        %(tool_call_id)s, %(tool_name)s, %(tool_version)s, %(arguments)s, %(arguments_raw)s,
-        %(arguments_hash)s, %(executor)s, %(idempotency_mode)s, %(idempotency_key)s,
-        %(status)s)
 RETURNING id
 
 -- name: call_for_result
@@ -73,14 +48,6 @@ FROM {s}.record_tool_results_v1(%(results)s::jsonb, %(worker)s::text)
 -- name: get_result
 -- The stored result of a tool call.
 SELECT * FROM {s}.tool_results WHERE tool_call_ref = %(tool_call_ref)s
-
--- name: insert_orphan
--- Keep a result that may enter no context (its attempt fenced off, its batch closed) with
--- its call's tenant, run and batch (keep_orphaned_results_v1, functions.sql).
-SELECT id FROM {s}.keep_orphaned_results_v1(jsonb_build_array(jsonb_build_object(
-    'ref', %(tool_call_ref)s::bigint, 'status', %(status)s::text, 'output', %(output)s::jsonb,
-    'error', %(error)s::text, 'reason', %(reason)s::text, 'source', %(source)s::text,
-    'attempt', %(attempt)s::integer)))
 
 -- name: batch_owners
 -- The runs batches belong to (read without a lock: the runs are locked first).
@@ -155,10 +122,6 @@ SELECT m.tenant_id, m.thread_id, s.first_seq + m.k - 1, 'tool', m.content, m.run
 FROM numbered m JOIN seqs s ON s.id = m.thread_id
 ORDER BY m.thread_id, m.k
 
--- name: batch_delivered
--- Mark a batch delivered (an imported conversation's batches are in the history already).
-UPDATE {s}.tool_batches SET status = 'delivered', delivered_at = now() WHERE id = %(batch_id)s
-
 -- name: mark_delivered
 -- Close batches whose outputs entered the history, and journal each delivery.
 WITH delivered AS (
@@ -192,113 +155,6 @@ SET status = 'in_progress', failure_reason = NULL, action_deadline = NULL, ended
 FROM next n
 WHERE r.id = n.run_id
 RETURNING r.id, r.status
-
--- name: thread_messages
--- A thread's messages in order, each tool message with the call it answers; a deleted
--- message (0026: a plain one, never a call or a result) is no longer replayed.
-SELECT m.seq, m.role, m.content, m.id, tc.tool_call_id AS answers_call
-FROM {s}.messages m
-LEFT JOIN {s}.tool_calls tc ON tc.id = m.tool_call_ref
-WHERE m.thread_id = %(thread_id)s AND m.deleted_at IS NULL
-ORDER BY m.seq
-
--- name: thread_calls
--- Every tool call asked for in a thread, by assistant message and position.
-SELECT message_id, tool_call_id, tool_name, arguments_raw
-FROM {s}.tool_calls
-WHERE thread_id = %(thread_id)s
-ORDER BY message_id, position
-
--- name: get_thread
--- One thread.
-SELECT * FROM {s}.threads WHERE id = %(thread_id)s
-
--- name: journal
--- Append one event to the journal.
-INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
-                         tool_call_id, outbox_id, correlation_id, attempt, worker, actor, detail)
-VALUES (%(tenant_id)s, %(event)s, %(thread_id)s, %(run_id)s, %(batch_id)s, %(tool_call_ref)s,
-        %(tool_call_id)s, %(outbox_id)s, %(correlation_id)s, %(attempt)s, %(worker)s,
-        %(actor)s, %(detail)s)
-
--- name: tools_by_name
--- Each named tool as a run uses it: the version the run pinned (pins: runs.tool_pins), else
--- the newest visible to the tenant (its own before shared), with
--- what the action layer says of it (outbox/policy.py): the switch that turned it off for
--- this tenant or for all, and the risk policy of its tier (the tenant's rule before '*').
-SELECT DISTINCT ON (t.name) t.*,
-       w.tenant_id AS switch_tenant, w.switched_by, w.reason AS switch_reason,
-       p.tenant_id AS policy_tenant, p.action AS policy_action,
-       p.approvers AS policy_approvers,
-       extract(epoch FROM p.approval_timeout)::float8 AS policy_timeout_s
-FROM {s}.tools t
-LEFT JOIN LATERAL (
-    SELECT * FROM {s}.tool_switches w
-    WHERE w.tool_name = t.name AND w.tenant_id IN (%(tenant_id)s, '*')
-    ORDER BY w.tenant_id = '*' LIMIT 1
-) w ON true
-LEFT JOIN LATERAL (
-    SELECT * FROM {s}.risk_policies p
-    WHERE p.risk_tier = t.risk_tier AND p.tenant_id IN (%(tenant_id)s, '*')
-    ORDER BY p.tenant_id = '*' LIMIT 1
-) p ON true
-WHERE t.name = ANY(%(names)s) AND t.tenant_id IN (%(tenant_id)s, '*')
-  AND (NOT %(pins)s::jsonb ? t.name
-       OR (t.tenant_id = %(pins)s::jsonb -> t.name ->> 'tenant_id'
-           AND t.version = (%(pins)s::jsonb -> t.name ->> 'version')::int))
-ORDER BY t.name, (t.tenant_id = '*'), t.version DESC
-
--- name: due_expiries
--- Runs left in requires_action past their deadline (skipping any another worker holds),
--- once no call of theirs is executing: a relay call under a live lease finishes first, so
--- its result enters the history instead of being orphaned while the model is told it did
--- not happen (the wait ends with the call: its timeout bounds it, and a dead worker's
--- lease expires). Outputs submitted meanwhile are refused by submit_tool_outputs_v1.
-SELECT id FROM {s}.runs r
-WHERE status = 'requires_action' AND action_deadline < now()
-  AND NOT EXISTS (SELECT 1 FROM {s}.outbox o
-                  WHERE o.run_id = r.id AND o.kind = 'tool_call' AND o.status = 'leased'
-                    AND o.lease_expires_at > now())
-ORDER BY action_deadline
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
-
--- name: submit_tool_outputs
--- Client outputs go through the one SQL implementation (sql/functions.sql).
-SELECT {s}.submit_tool_outputs_v1(%(tenant_id)s, %(run_id)s, %(outputs)s) AS status
-
--- name: insert_import_run
--- The closed run that owns the tool calls of an imported conversation.
-INSERT INTO {s}.runs (tenant_id, thread_id, status, model, correlation_id, ended_at,
-                      step_count)
-VALUES (%(tenant_id)s, %(thread_id)s, 'completed', 'import', %(correlation_id)s, now(),
-        %(steps)s)
-RETURNING *
-
--- name: pending_client_calls
--- The client calls a run is waiting for, in call order.
-SELECT tc.tool_call_id, tc.tool_name, tc.arguments_raw
-FROM {s}.tool_calls tc
-JOIN {s}.tool_batches b ON b.id = tc.batch_id AND b.status = 'open'
-WHERE tc.run_id = %(run_id)s AND tc.executor = 'client' AND tc.status = 'pending'
-ORDER BY b.step_no, tc.position
-
--- name: tenant_budgets
--- Tenants' budgets and what they have used (tenants without a budget have no row).
-SELECT tenant_id, max_tokens, tokens_used, max_cost, cost_used FROM {s}.tenant_budgets
-WHERE tenant_id = ANY(%(tenant_ids)s)
-
--- name: set_tenant_budget
--- Set (or change) a tenant's budget in tokens and in money (NULL: no limit of that kind).
-INSERT INTO {s}.tenant_budgets (tenant_id, max_tokens, max_cost)
-VALUES (%(tenant_id)s, %(max_tokens)s, %(max_cost)s)
-ON CONFLICT (tenant_id) DO UPDATE
-SET max_tokens = excluded.max_tokens, max_cost = excluded.max_cost, updated_at = now()
-RETURNING tenant_id, max_tokens, tokens_used, max_cost, cost_used
-
--- name: platform_max_steps
--- The platform's step ceiling over every run (NULL: none).
-SELECT (SELECT max_steps FROM {s}.platform_limits) AS max_steps
 
 -- name: runs_tools
 -- What planning runs' tool calls needs of them: the tools each may call and their pinned

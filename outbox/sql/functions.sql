@@ -59,7 +59,7 @@ $$;
 --
 -- The one place a result is orphaned: record_tool_results_v1 (its batch was closed),
 -- submit_tool_outputs_v1 (its run is over) and the relay's completions fenced off (the
--- query insert_orphan of outbox/queries/writer.sql) call it. Only operators read them
+-- query insert_orphan of relay/queries/relay.sql) call it. Only operators read them
 -- (the orphaned_results_report view).
 --
 --   SELECT * FROM outbox.keep_orphaned_results_v1(

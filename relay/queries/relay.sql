@@ -604,3 +604,11 @@ UPDATE {s}.webhook_deliveries
 SET delivered_at = CASE WHEN %(delivered)s THEN now() END,
     status_code = %(status_code)s, attempts = %(attempt)s
 WHERE id = %(delivery_id)s
+
+-- name: insert_orphan
+-- Keep a result that may enter no context (its attempt fenced off, its batch closed) with
+-- its call's tenant, run and batch (keep_orphaned_results_v1, functions.sql).
+SELECT id FROM {s}.keep_orphaned_results_v1(jsonb_build_array(jsonb_build_object(
+    'ref', %(tool_call_ref)s::bigint, 'status', %(status)s::text, 'output', %(output)s::jsonb,
+    'error', %(error)s::text, 'reason', %(reason)s::text, 'source', %(source)s::text,
+    'attempt', %(attempt)s::integer)))

@@ -1,0 +1,45 @@
+"""The migration history this code ships, read without a database: its revisions and head.
+
+The history is package data of ``outbox.migrations``, found with ``importlib.resources``,
+so an installed wheel knows it without a checkout. Reading it needs no connection, so it
+sits below ``outbox.db``: the check that a database's schema is the one this code needs
+(``db.check_schema_current``) and the migrations that bring it there (``outbox.migrate``)
+both read it here, and neither has to import the other to know the head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+
+@contextmanager
+def alembic_config(url: str = "", schema: str = "outbox") -> Iterator[Config]:
+    """An Alembic configuration of our history, migrating ``schema`` at ``url`` (neither is
+    read by what only walks the history)."""
+    # as_file: the folder as a real path for Alembic (it already is one unless the package
+    # was imported from a zip file, then it is extracted for the duration).
+    with resources.as_file(resources.files("outbox.migrations")) as location:
+        config = Config()
+        config.set_main_option("script_location", str(location))
+        config.attributes["url"] = url
+        config.attributes["schema"] = schema
+        yield config
+
+
+def revisions() -> list[str]:
+    """Every revision id, oldest first."""
+    with alembic_config() as config:
+        script = ScriptDirectory.from_config(config)
+        return [s.revision for s in reversed(list(script.walk_revisions()))]
+
+
+def head_revision() -> str:
+    with alembic_config() as config:
+        head = ScriptDirectory.from_config(config).get_current_head()
+    assert head is not None
+    return head
