@@ -38,6 +38,7 @@ from commands.common import (
     read_json_file,
     refuse,
 )
+from commands.limits import LimitValue, merged_limit, show_lane
 from outbox import (
     approvals,
     budgets,
@@ -62,12 +63,7 @@ from outbox.errors import (
     OutboxError,
 )
 from outbox.schemas import NewMessage, StartRun
-from relay.config import (
-    ALL_KINDS,
-    RelayConfig,
-    machine_concurrency,
-    raisable_open_files_limit,
-)
+from relay.config import ALL_KINDS, RelayConfig, machine_concurrency, raisable_open_files_limit
 
 RELAY_DEFAULTS = RelayConfig(database_url="")  # the relay's options default to these
 # The relay's exit statuses beside 2 (usage), from sysexits.h, for process managers: start
@@ -699,46 +695,6 @@ def stop_on_signals() -> Iterator[threading.Event]:
 
 
 # -- operate: queue, runs, requeue, quarantine, release, reconcile, journal, prune -------
-
-
-class LimitValue(click.ParamType[Any]):
-    """A positive number, or 'none' to remove that limit."""
-
-    name = "N|none"
-
-    def __init__(self, kind: type[int] | type[float]) -> None:
-        self.kind = kind
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if str(value).lower() == "none":
-            return "none"
-        try:
-            number = self.kind(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is neither a number nor 'none'", param, ctx)
-        if number <= 0:
-            self.fail(f"{value!r} must be over 0 (or 'none' to remove the limit)", param, ctx)
-        return number
-
-
-def merged_limit(current: Any, given: Any) -> Any:
-    """A limit option's effect: not given keeps ``current``, 'none' removes it."""
-    if given is None:
-        return current
-    return None if given == "none" else given
-
-
-def show_lane(scope: str, name: str, lane: dict[str, Any] | None, as_json: bool) -> None:
-    if as_json:
-        echo_json(lane or {"scope": scope, "name": name, "max_concurrency": None, "rate": None})
-        return
-    if lane is None:
-        click.echo(f"{scope} {name}: no limits")
-        return
-    parts = [f"max_concurrency {lane['max_concurrency'] or 'none'}"]
-    if scope == "tool":
-        parts.append(f"rate {lane['rate'] or 'none'}/s")
-    click.echo(f"{scope} {name}: " + ", ".join(parts))
 
 
 def echo_changes(changes: list[ops.Change], as_json: bool) -> None:
