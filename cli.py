@@ -12,7 +12,6 @@ refusal changes nothing.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from typing import Any
 
 import click
 
-from commands import relay, tools
+from commands import keys, relay, serve, tools, webhooks
 from commands.common import (
     OutboxGroup,
     actor_option,
@@ -246,265 +245,6 @@ def echo_changes(changes: list[ops.Change], as_json: bool) -> None:
             click.echo(f"skipped {c.target}: {c.note}")
             continue
         click.echo(f"{verb} {c.target}: {c.from_state} -> {c.to_state}")
-
-
-# -- serve and keys ---------------------------------------------------------------------
-
-RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain before killing it
-
-
-@main.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8000, show_default=True, help="Port to listen on.")
-@click.option(
-    "--with-relay",
-    is_flag=True,
-    help="Also run `outbox relay` (as a child process, stopped with the server): one "
-    "command for a local setup. In production, run relays as their own processes.",
-)
-@click.option(
-    "--model-base-url",
-    help="OpenAI-compatible server the runs created here call (default: the relay's "
-    "$OPENAI_BASE_URL).",
-)
-@click.option(
-    "--action-timeout",
-    "action_timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
-    help="Seconds a run waits in requires_action for client tool outputs before it "
-    "expires (expires_at).  [default: 600]",
-)
-@click.option(
-    "--db-connections",
-    default=10,
-    show_default=True,
-    help="Database connections of the server (requests wait for a free one).",
-)
-@click.option(
-    "--workers",
-    default=1,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Server processes (uvicorn's workers): each holds its own --db-connections.",
-)
-@click.option("--log-level", default="info", show_default=True)
-def serve_command(
-    host: str,
-    port: int,
-    with_relay: bool,
-    model_base_url: str | None,
-    action_timeout_s: float | None,
-    db_connections: int,
-    workers: int,
-    log_level: str,
-) -> None:
-    """Serve OpenAI's Assistants protocol and the run event stream over HTTP.
-
-    \b
-    Point the openai SDK at it: OpenAI(base_url="http://HOST:PORT/v1", api_key=KEY),
-    with a key from `outbox keys create --tenant T`. Every request acts for the key's
-    tenant under row-level security. GET /v1/runs/RUN/events streams a run's journal as
-    Server-Sent Events (resumable with Last-Event-ID). See docs/serve.md.
-    """
-    import signal
-    import subprocess
-
-    import uvicorn
-
-    from outbox import logs
-    from outbox.schemas import url_problem
-    from server import app as server_app
-
-    if model_base_url is not None and (problem := url_problem(model_base_url)):
-        raise click.BadParameter(problem, param_hint="--model-base-url")
-    if db_connections < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--db-connections")
-    url = db.database_url()
-    with db.connect(url) as conn:
-        db.check_schema_current(conn)
-    relay = None
-    if with_relay:
-        env = {**os.environ, "OUTBOX_DATABASE_URL": url}
-        relay = subprocess.Popen([sys.executable, "-m", "cli", "relay"], env=env)
-    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the
-    # handler it found: this one turns that into a clean exit that stops the relay below
-    # (the default action would kill this process and leave the relay running).
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
-    try:
-        if workers == 1:
-            app = server_app.create_app(
-                url,
-                model_base_url=model_base_url,
-                action_timeout_s=action_timeout_s,
-                max_connections=db_connections,
-            )
-            logs.setup(log_level, "server")
-            uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False)
-        else:
-            # Each worker process builds the app itself, from the environment.
-            os.environ.update(
-                {
-                    "OUTBOX_DATABASE_URL": url,
-                    server_app.ENV_MODEL_BASE_URL: model_base_url or "",
-                    server_app.ENV_ACTION_TIMEOUT_S: str(action_timeout_s or ""),
-                    server_app.ENV_DB_CONNECTIONS: str(db_connections),
-                    server_app.ENV_LOG_LEVEL: log_level,
-                }
-            )
-            uvicorn.run(
-                "server.app:from_environment",
-                factory=True,
-                workers=workers,
-                host=host,
-                port=port,
-                log_level=log_level.lower(),
-                access_log=False,
-            )
-    finally:
-        if relay is not None:
-            relay.terminate()
-            try:
-                relay.wait(RELAY_STOP_S)
-            except subprocess.TimeoutExpired:
-                relay.kill()
-                relay.wait()
-
-
-@main.group("keys")
-def keys_group() -> None:
-    """API keys of `outbox serve`: each acts for one tenant."""
-
-
-KEY_COLUMNS = ["id", "tenant_id", "name", "key_prefix", "created_at", "revoked_at"]
-
-
-@keys_group.command("create")
-@click.option("--tenant", required=True, help="The tenant the key acts for.")
-@click.option("--name", help="A label, to tell keys apart.")
-@actor_option
-@json_option
-def keys_create(tenant: str, name: str | None, actor: str, as_json: bool) -> None:
-    """Create an API key for TENANT and print it: it is shown this once (only a hash is
-    kept)."""
-    from outbox import keys
-
-    with connection() as conn:
-        row, key = keys.create_key(conn, tenant, name=name, actor=actor)
-    if as_json:
-        echo_json({**row, "key": key})
-        return
-    click.echo(key)
-    click.echo(
-        f"key {row['id']} for tenant {tenant}: store it now, it is not shown again", err=True
-    )
-
-
-@keys_group.command("list")
-@click.option("--tenant", help="Only this tenant's keys.")
-@json_option
-def keys_list(tenant: str | None, as_json: bool) -> None:
-    """List API keys (never the keys themselves: their first characters)."""
-    from outbox import keys
-
-    with connection() as conn:
-        emit(keys.list_keys(conn, tenant), as_json, KEY_COLUMNS)
-
-
-@keys_group.command("revoke")
-@click.argument("key_id", type=click.UUID)
-@actor_option
-@json_option
-def keys_revoke(key_id: uuid.UUID, actor: str, as_json: bool) -> None:
-    """Revoke the API key KEY_ID: every later request with it gets a 401."""
-    from outbox import keys
-
-    with connection() as conn:
-        row = keys.revoke_key(conn, key_id, actor=actor)
-    if as_json:
-        echo_json(row)
-        return
-    click.echo(f"revoked key {row['id']} ({row['key_prefix']}…) of tenant {row['tenant_id']}")
-
-
-@main.group("webhooks")
-def webhooks_group() -> None:
-    """Signed webhooks: a tenant's run events POSTed to its endpoints (docs/webhooks.md)."""
-
-
-WEBHOOK_COLUMNS = ["id", "tenant_id", "url", "events", "delivered", "pending", "removed_at"]
-
-
-@webhooks_group.command("add")
-@click.option("--tenant", required=True, help="The tenant whose run events are sent.")
-@click.option("--url", required=True, help="The receiver's http(s) URL.")
-@click.option(
-    "--event",
-    "events",
-    multiple=True,
-    help="An event to send (repeatable): run.queued, run.in_progress, run.requires_action, "
-    "run.completed, run.failed, run.cancelled, run.expired. None: all of them.",
-)
-@actor_option
-@json_option
-def webhooks_add(tenant: str, url: str, events: tuple[str, ...], actor: str, as_json: bool) -> None:
-    """Send TENANT's run events to URL, signed, and print the signing secret: it is shown
-    this once (kept encrypted with $OUTBOX_CREDENTIALS_KEY, which the relay needs too)."""
-    from outbox import webhooks
-
-    with connection() as conn:
-        row, secret = webhooks.add_endpoint(conn, tenant, url, list(events), actor=actor)
-    if as_json:
-        echo_json({**row, "secret": secret})
-        return
-    click.echo(secret)
-    click.echo(
-        f"endpoint {row['id']} for tenant {tenant}: store the secret now, it is not shown again",
-        err=True,
-    )
-
-
-@webhooks_group.command("list")
-@click.option("--tenant", help="Only this tenant's endpoints.")
-@json_option
-def webhooks_list(tenant: str | None, as_json: bool) -> None:
-    """List endpoints with their deliveries so far (never their secrets)."""
-    from outbox import webhooks
-
-    with connection() as conn:
-        emit(webhooks.list_endpoints(conn, tenant), as_json, WEBHOOK_COLUMNS)
-
-
-@webhooks_group.command("remove")
-@click.argument("endpoint_id", type=click.UUID)
-@actor_option
-@json_option
-def webhooks_remove(endpoint_id: uuid.UUID, actor: str, as_json: bool) -> None:
-    """Stop sending to ENDPOINT_ID; its queued deliveries are dropped, journaled."""
-    from outbox import webhooks
-
-    with connection() as conn:
-        row = webhooks.remove_endpoint(conn, endpoint_id, actor=actor)
-    if as_json:
-        echo_json(row)
-        return
-    click.echo(f"removed endpoint {row['id']} ({row['url']}) of tenant {row['tenant_id']}")
-
-
-@webhooks_group.command("rotate")
-@click.argument("endpoint_id", type=click.UUID)
-@actor_option
-@json_option
-def webhooks_rotate(endpoint_id: uuid.UUID, actor: str, as_json: bool) -> None:
-    """Give ENDPOINT_ID a new signing secret and print it (shown this once); every
-    delivery from now on, retries included, is signed with it."""
-    from outbox import webhooks
-
-    with connection() as conn:
-        row, secret = webhooks.rotate_secret(conn, endpoint_id, actor=actor)
-    if as_json:
-        echo_json({**row, "secret": secret})
-        return
-    click.echo(secret)
 
 
 @main.group("queue")
@@ -1539,6 +1279,12 @@ def demo(
 main.add_command(tools.tools_group)
 
 main.add_command(relay.relay_command)
+
+main.add_command(serve.serve_command)
+
+main.add_command(keys.keys_group)
+
+main.add_command(webhooks.webhooks_group)
 
 
 if __name__ == "__main__":
