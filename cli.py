@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from commands import keys, relay, serve, tools, webhooks
+from commands import journal, keys, queue, relay, serve, tools, webhooks
 from commands.common import (
     OutboxGroup,
     actor_option,
@@ -29,7 +29,6 @@ from commands.common import (
     echo_json,
     emit,
     format_fields,
-    inline_or_file,
     json_option,
     read_json_file,
     refuse,
@@ -228,63 +227,6 @@ def db_status(as_json: bool) -> None:
         )  # fmt: skip
         return
     click.echo(f"embedded {server.pgdata}: {'running at ' + running if running else 'stopped'}")
-
-
-# -- operate: queue, runs, requeue, quarantine, release, reconcile, journal, prune -------
-
-
-def echo_changes(changes: list[ops.Change], as_json: bool) -> None:
-    if as_json:
-        echo_json([c.as_dict() for c in changes])
-        return
-    if not changes:
-        click.echo("nothing matched")
-    for c in changes:
-        verb = c.action if c.applied else f"would {c.action}"
-        if not c.applied and c.note and c.note != "dry run":
-            click.echo(f"skipped {c.target}: {c.note}")
-            continue
-        click.echo(f"{verb} {c.target}: {c.from_state} -> {c.to_state}")
-
-
-@main.group("queue")
-def queue_group() -> None:
-    """Inspect the work queue."""
-
-
-@queue_group.command("stats")
-@click.option(
-    "--window",
-    "window_min",
-    type=int,
-    default=15,
-    show_default=True,
-    help="Minutes of claims to compute claim-to-start latency over.",
-)
-@json_option
-def queue_stats(window_min: int, as_json: bool) -> None:
-    """Ready, delayed, held (waiting for approval), in flight and quarantined work per kind
-    and tool; lag; claim latency."""
-    with connection() as conn:
-        stats = ops.queue_stats(conn, window_min)
-    if as_json:
-        echo_json(stats)
-        return
-    emit(
-        stats["by_kind"],
-        False,
-        ["kind", "ready", "delayed", "held", "in_flight", "quarantined", "lag_s"],
-    )
-    if stats["by_tool"]:
-        click.echo("")
-        columns = ["tool", "ready", "delayed", "held", "in_flight", "quarantined"]
-        emit(stats["by_tool"], False, columns)
-    claim = stats["claim_to_start"]
-    click.echo(f"\noldest ready row waits: {stats['oldest_ready_lag_s']}s")
-    click.echo(
-        f"claim-to-start over {claim['window_min']} min: p50 {claim['p50_s'] or 0}s, "
-        f"p99 {claim['p99_s'] or 0}s ({claim['samples']} claims)"
-    )
 
 
 @main.group("runs")
@@ -1063,140 +1005,6 @@ def threads_import(file: Any, tenant: str, title: str | None, as_json: bool) -> 
         )
 
 
-@main.command("requeue")
-@click.argument("ident", metavar="[ID]", required=False)
-@click.option("--tool", help="Bulk: only calls of this tool.")
-@click.option("--status", "state", help="Bulk: quarantined or delayed rows.")
-@click.option("--since", help="Bulk: last claimed (or queued) since an age or ISO time.")
-@click.option("--dry-run", is_flag=True, help="Say what would change, change nothing.")
-@actor_option
-@json_option
-def requeue_cmd(
-    ident: str | None,
-    tool: str | None,
-    state: str | None,
-    since: str | None,
-    dry_run: bool,
-    actor: str,
-    as_json: bool,
-) -> None:
-    """Put quarantined or delayed work back in the queue, due now.
-
-    ID is a tool call (12 or call:12) or an outbox row (outbox:7); or select many with
-    --status (and --tool, --since). Attempts stay counted.
-    """
-    if (ident is None) == (state is None):
-        raise click.UsageError("give an ID, or --status (with --tool/--since) for many")
-    if ident is not None and (tool or since):
-        raise click.UsageError("--tool and --since select many rows: use them with --status")
-    with connection() as conn:
-        if ident is not None:
-            changes = [ops.requeue(conn, ident, actor=actor, dry_run=dry_run)]
-        else:
-            assert state is not None
-            when = ops.parse_since(since) if since else None
-            changes = ops.requeue_matching(
-                conn, state=state, tool=tool, since=when, actor=actor, dry_run=dry_run
-            )
-    echo_changes(changes, as_json)
-
-
-@main.command("quarantine")
-@click.argument("ident", metavar="ID")
-@click.option("--reason", required=True, help="Why (recorded on the row and in the journal).")
-@actor_option
-@json_option
-def quarantine_cmd(ident: str, reason: str, actor: str, as_json: bool) -> None:
-    """Hold queued work (a tool call or outbox:N) so no worker claims it."""
-    with connection() as conn:
-        change = ops.quarantine(conn, ident, reason=reason, actor=actor)
-    echo_changes([change], as_json)
-
-
-@main.command("release")
-@click.argument("ident", metavar="ID")
-@actor_option
-@json_option
-def release_cmd(ident: str, actor: str, as_json: bool) -> None:
-    """Take quarantined work (a tool call or outbox:N) out of quarantine."""
-    with connection() as conn:
-        change = ops.release(conn, ident, actor=actor)
-    echo_changes([change], as_json)
-
-
-@main.command("reconcile")
-@click.argument("ident", metavar="TOOL_CALL")
-@click.option(
-    "--happened/--not-happened",
-    default=None,
-    required=True,
-    help="Whether the call's side effect took place.",
-)
-@click.option("--result", "result_text", help="The call's output as JSON (or @file).")
-@actor_option
-@json_option
-def reconcile_cmd(
-    ident: str, happened: bool, result_text: str | None, actor: str, as_json: bool
-) -> None:
-    """Settle an outcome_unknown TOOL_CALL: record its result, or run it again."""
-    result: Any = None
-    if happened:
-        if result_text is None:
-            raise click.UsageError("--happened needs --result JSON (the call's output)")
-        result = inline_or_file(result_text, "--result")
-    elif result_text is not None:
-        raise click.UsageError("--result goes with --happened")
-    with connection() as conn:
-        change = ops.reconcile(conn, ident, happened=happened, result=result, actor=actor)
-    echo_changes([change], as_json)
-
-
-@main.group("journal")
-def journal_group() -> None:
-    """Read the append-only journal."""
-
-
-@journal_group.command("tail")
-@click.option("--run", help="Only this run's events (id or prefix).")
-@click.option("-n", "--lines", "limit", type=int, default=20, show_default=True)
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new events (Ctrl-C stops).")
-@json_option
-def journal_tail(run: str | None, limit: int, follow: bool, as_json: bool) -> None:
-    """Print the newest journal events, oldest first (JSON: one object per line)."""
-    with db.connect(autocommit=True) as conn:
-        try:
-            for event in ops.tail(conn, run=run, limit=limit, follow=follow):
-                if as_json:
-                    click.echo(json.dumps(event, default=str))
-                    continue
-                where = " ".join(
-                    f"{k}={event[k]}"
-                    for k in ("run_id", "batch_id", "tool_call_ref", "attempt", "worker", "actor")
-                    if event[k] is not None
-                )
-                detail = json.dumps(event["detail"], default=str) if event["detail"] else ""
-                click.echo(
-                    f"{event['at']:%Y-%m-%d %H:%M:%S.%f}  {event['event']:28} {where} {detail}"
-                )
-        except KeyboardInterrupt:
-            pass
-
-
-@main.command("prune")
-@click.option("--older-than", "older_than", required=True, help="Age, e.g. 30d.")
-@actor_option
-@json_option
-def prune_cmd(older_than: str, actor: str, as_json: bool) -> None:
-    """Delete journal events older than an age (the schema owner only; journaled)."""
-    age = ops.parse_age(older_than)
-    with connection() as conn:
-        removed = ops.prune(conn, age, actor=actor)
-    if as_json:
-        echo_json({"removed": removed, "older_than": older_than})
-    else:
-        click.echo(f"pruned {removed} journal events older than {older_than}")
-
-
 # -- demo -------------------------------------------------------------------------------
 
 
@@ -1285,6 +1093,15 @@ main.add_command(serve.serve_command)
 main.add_command(keys.keys_group)
 
 main.add_command(webhooks.webhooks_group)
+
+main.add_command(queue.queue_group)
+main.add_command(queue.requeue_cmd)
+main.add_command(queue.quarantine_cmd)
+main.add_command(queue.release_cmd)
+main.add_command(queue.reconcile_cmd)
+
+main.add_command(journal.journal_group)
+main.add_command(journal.prune_cmd)
 
 
 if __name__ == "__main__":
