@@ -20,7 +20,21 @@ from typing import Any
 
 import click
 
-from commands import journal, keys, queue, relay, runs, serve, threads, tools, webhooks
+from commands import (
+    journal,
+    keys,
+    limits,
+    platform,
+    prices,
+    queue,
+    relay,
+    runs,
+    serve,
+    tenants,
+    threads,
+    tools,
+    webhooks,
+)
 from commands.common import (
     OutboxGroup,
     actor_option,
@@ -31,20 +45,7 @@ from commands.common import (
     json_option,
     refuse,
 )
-from commands.limits import LimitValue, merged_limit, show_lane
-from outbox import (
-    approvals,
-    budgets,
-    config,
-    credentials,
-    db,
-    limits,
-    migrate,
-    ops,
-    policy,
-    tenancy,
-    writer,
-)
+from outbox import approvals, budgets, config, credentials, db, migrate, ops, policy
 from outbox.errors import InvalidInput, OutboxError
 
 
@@ -222,307 +223,6 @@ def db_status(as_json: bool) -> None:
         )  # fmt: skip
         return
     click.echo(f"embedded {server.pgdata}: {'running at ' + running if running else 'stopped'}")
-
-
-# -- tenants ----------------------------------------------------------------------------
-
-
-@main.group("tenants")
-def tenants_group() -> None:
-    """Per-tenant settings."""
-
-
-@tenants_group.command("budget")
-@click.argument("tenant")
-@click.option("--max-tokens", type=int, help="Tokens over all the tenant's runs.")
-@click.option(
-    "--max-cost",
-    type=str,
-    help="Money over all the tenant's runs, by each model's price (`outbox prices set`).",
-)
-@json_option
-def tenants_budget(
-    tenant: str, max_tokens: int | None, max_cost: str | None, as_json: bool
-) -> None:
-    """Set TENANT's budget in tokens and/or money: once one is used up, no new model turns
-    start for it (its runs fail with `budget`). An option left out means no limit of that
-    kind."""
-    cost = None if max_cost is None else budgets.money(max_cost, "--max-cost")
-    with connection() as conn:
-        row = writer.set_tenant_budget(conn, tenant, max_tokens, cost)
-    if as_json:
-        echo_json(row)
-        return
-    click.echo(
-        f"tenant {tenant}: budget {row['max_tokens'] or 'unlimited'} tokens (used "
-        f"{row['tokens_used']}), {row['max_cost'] if row['max_cost'] is not None else 'unlimited'}"
-        f" in money (spent {writer.money_text(row['cost_used'])})"
-    )
-
-
-@main.group("prices")
-def prices_group() -> None:
-    """Model prices per million tokens: what budgets in money count."""
-
-
-@prices_group.command("list")
-@json_option
-def prices_list(as_json: bool) -> None:
-    """Every model with a price."""
-    with connection() as conn:
-        rows = budgets.prices(conn)
-    emit(
-        rows,
-        as_json,
-        ["model", "input_per_mtok", "cached_input_per_mtok", "output_per_mtok", "updated_by"],
-    )
-
-
-@prices_group.command("set")
-@click.argument("model")
-@click.option("--input", "input_", required=True, help="Price of a million input tokens.")
-@click.option("--output", required=True, help="Price of a million output tokens.")
-@click.option("--cached-input", help="Price of a million cached input tokens (default: --input).")
-@actor_option
-@json_option
-def prices_set(
-    model: str, input_: str, output: str, cached_input: str | None, actor: str, as_json: bool
-) -> None:
-    """Price MODEL's tokens, in the one currency the platform bills in. Turns recorded from
-    now on are counted at this price against run and tenant budgets in money."""
-    with connection() as conn:
-        row = budgets.set_price(
-            conn,
-            model,
-            input_per_mtok=input_,
-            output_per_mtok=output,
-            cached_input_per_mtok=cached_input,
-            actor=actor,
-        )
-    if as_json:
-        echo_json(row)
-        return
-    click.echo(f"priced {model}: input {input_}, output {output} per million tokens")
-
-
-@main.group("platform")
-def platform_group() -> None:
-    """Limits over every run of every tenant."""
-
-
-@platform_group.command("limit")
-@click.option(
-    "--max-steps",
-    type=LimitValue(int),
-    help="Most model turns of any run, whatever it asked for ('none': no ceiling).",
-)
-@actor_option
-@json_option
-def platform_limit(max_steps: Any, actor: str, as_json: bool) -> None:
-    """Show or set the platform's step ceiling. Runs in flight are held to it too: one past
-    it fails with `step_cap` before its next model turn."""
-    with connection() as conn:
-        row = budgets.platform_limits(conn)
-        if max_steps is not None:
-            row = budgets.set_platform_limits(
-                conn, max_steps=merged_limit(None, max_steps), actor=actor
-            )
-    if as_json:
-        echo_json(row)
-        return
-    click.echo(f"platform: max_steps {row['max_steps'] or 'none'}")
-
-
-@platform_group.command("defaults")
-@click.option("--max-steps", type=int, help="Model turns a new run may take.")
-@click.option("--loop-limit", type=int, help="Identical turns in a row that end a run as a loop.")
-@click.option(
-    "--action-timeout",
-    type=float,
-    help="Seconds a new run waits in requires_action for client outputs before it expires.",
-)
-@actor_option
-@json_option
-def platform_defaults(
-    max_steps: int | None,
-    loop_limit: int | None,
-    action_timeout: float | None,
-    actor: str,
-    as_json: bool,
-) -> None:
-    """Show or set what a new run gets when its caller names no step cap, loop limit or
-    action timeout: the same for start_run_v1 and the Python API (runs already started
-    keep theirs). `outbox db upgrade` sets them from OUTBOX_DEFAULT_MAX_STEPS,
-    OUTBOX_LOOP_LIMIT and OUTBOX_ACTION_TIMEOUT_S when those are set."""
-    with connection() as conn:
-        if max_steps is None and loop_limit is None and action_timeout is None:
-            row = budgets.run_defaults(conn)
-        else:
-            row = budgets.set_run_defaults(
-                conn,
-                max_steps=max_steps,
-                loop_limit=loop_limit,
-                action_timeout_s=action_timeout,
-                actor=actor,
-            )
-    if as_json:
-        echo_json(row)
-        return
-    click.echo(
-        "defaults of new runs: "
-        + format_fields({k: row[k] for k in ("max_steps", "loop_limit", "action_timeout_s")})
-    )
-
-
-@tenants_group.command("limit")
-@click.argument("tenant")
-@click.option(
-    "--max-concurrency",
-    type=LimitValue(int),
-    help="Most of TENANT's rows in flight at once (model turns, tool calls, deliveries), "
-    "across every relay.",
-)
-@actor_option
-@json_option
-def tenants_limit(tenant: str, max_concurrency: Any, actor: str, as_json: bool) -> None:
-    """Show or set how much of TENANT's work may be in flight at once.
-
-    \b
-    Counted in PostgreSQL when a relay claims, so it holds across every relay process and
-    machine; the rest waits in the queue, uncharged. Claims are fair across tenants
-    whatever the limits: one tenant's backlog never holds another's work back for more than
-    one claim. 'none' removes the limit; without options, shows it.
-    """
-    with connection() as conn:
-        lane = limits.get(conn, "tenant", tenant)
-        if max_concurrency is not None:
-            lane = limits.set_limits(
-                conn,
-                "tenant",
-                tenant,
-                max_concurrency=merged_limit(None, max_concurrency),
-                actor=actor,
-            )
-    show_lane("tenant", tenant, lane, as_json)
-
-
-@main.command("limits")
-@json_option
-def limits_command(as_json: bool) -> None:
-    """Every tool and tenant with limits, and what each has in flight now."""
-    with connection() as conn:
-        rows = limits.in_flight(conn)
-    if as_json:
-        echo_json(rows)
-        return
-    if not rows:
-        click.echo("no limits: set them with `outbox tools limit` or `outbox tenants limit`")
-        return
-    for row in rows:
-        rate = f", rate {row['rate']}/s" if row["rate"] is not None else ""
-        click.echo(
-            f"{row['scope']:<6} {row['name']:<24} in flight {row['in_flight']}"
-            f" of {row['max_concurrency'] or 'unlimited'}{rate}"
-        )
-
-
-@tenants_group.command("pause")
-@click.argument("tenant")
-@click.option("--reason", default="", help="Why (recorded in the journal).")
-@actor_option
-@json_option
-def tenants_pause(tenant: str, reason: str, actor: str, as_json: bool) -> None:
-    """Pause TENANT: its runs hold between steps until `outbox tenants resume`.
-
-    
-    No relay claims the tenant's work any more (model turns, tool calls, deliveries):
-    effects already in flight finish and their results are stored; nothing new starts.
-    Nothing is charged or lost: resuming continues every run where it held.
-    """
-    with connection() as conn:
-        row = policy.pause_tenant(conn, tenant, actor=actor, reason=reason)
-    if as_json:
-        echo_json({"tenant_id": tenant, "paused": True, "pause": row})
-        return
-    click.echo(f"paused tenant {tenant}" + ("" if row else " (it was already)"))
-
-
-@tenants_group.command("resume")
-@click.argument("tenant")
-@actor_option
-@json_option
-def tenants_resume(tenant: str, actor: str, as_json: bool) -> None:
-    """Resume a paused TENANT: its runs go on from where they held."""
-    with connection() as conn:
-        changed = policy.resume_tenant(conn, tenant, actor=actor)
-    if as_json:
-        echo_json({"tenant_id": tenant, "paused": False, "changed": changed})
-        return
-    click.echo(f"resumed tenant {tenant}" + ("" if changed else " (it was not paused)"))
-
-
-@tenants_group.command("paused")
-@json_option
-def tenants_paused(as_json: bool) -> None:
-    """Every paused tenant, by whom and why."""
-    with connection() as conn:
-        rows = policy.pauses(conn)
-    emit(rows, as_json, ["tenant_id", "paused_by", "paused_at", "reason"])
-
-
-@tenants_group.command("grant")
-@click.argument("tenant")
-@click.option("--role", required=True, help="The login role a backend of TENANT connects as.")
-@click.option(
-    "--create",
-    is_flag=True,
-    help="Create the role first (LOGIN), with the password read from stdin (never from the "
-    "command line, which other users of the machine can see).",
-)
-@actor_option
-@json_option
-def tenants_grant(tenant: str, role: str, create: bool, actor: str, as_json: bool) -> None:
-    """Bind login ROLE to TENANT: its sessions act for TENANT only, whatever they set.
-
-    \b
-    The role gets the writer's rights (outbox_writer). Row-level security and the SQL
-    functions ask which tenant a session's login role is bound to before the setting
-    outbox.tenant_id, so a backend's database credential decides what it can see and
-    change. Refused for a role that sees every tenant anyway (superuser, BYPASSRLS, a
-    relay, the schema owner) or that is bound to another tenant.
-    """
-    password = sys.stdin.read().strip() if create else None
-    if create and not password:
-        refuse("--create read no password", hint="pipe it in: ... | outbox tenants grant --create")
-    with connection() as conn:
-        row = tenancy.grant_role(conn, tenant, role, actor=actor, create_with_password=password)
-    if as_json:
-        echo_json(row)
-        return
-    click.echo(f"role {role} acts for tenant {tenant} only")
-
-
-@tenants_group.command("revoke")
-@click.option("--role", required=True)
-@actor_option
-@json_option
-def tenants_revoke(role: str, actor: str, as_json: bool) -> None:
-    """Unbind login ROLE from its tenant and take the writer's rights back."""
-    with connection() as conn:
-        tenant = tenancy.revoke_role(conn, role, actor=actor)
-    if as_json:
-        echo_json({"role_name": role, "tenant_id": tenant, "revoked": True})
-        return
-    click.echo(f"role {role} no longer acts for tenant {tenant}")
-
-
-@tenants_group.command("roles")
-@json_option
-def tenants_roles(as_json: bool) -> None:
-    """Every login role bound to a tenant."""
-    with connection() as conn:
-        rows = tenancy.roles(conn)
-    emit(rows, as_json, ["role_name", "tenant_id", "granted_by", "granted_at"])
 
 
 @main.group("credentials")
@@ -904,6 +604,14 @@ main.add_command(journal.prune_cmd)
 main.add_command(runs.runs_group)
 
 main.add_command(threads.threads_group)
+
+main.add_command(tenants.tenants_group)
+
+main.add_command(prices.prices_group)
+
+main.add_command(platform.platform_group)
+
+main.add_command(limits.limits_command)
 
 
 if __name__ == "__main__":

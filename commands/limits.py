@@ -1,5 +1,5 @@
-"""The limits of a lane (a tool, a tenant): the option type that sets them and how they are
-shown.
+"""The limits of a lane (a tool, a tenant): the option type that sets them, how they are
+shown, and ``outbox limits``, what each lane has in flight.
 
 ``tools limit``, ``tenants limit`` and ``platform limit`` share the option type: a number,
 or ``none`` to remove the limit, with a left-out option keeping the value it had.
@@ -11,7 +11,8 @@ from typing import Any
 
 import click
 
-from commands.common import echo_json
+from commands.common import connection, echo_json, json_option
+from outbox import limits
 
 
 class LimitValue(click.ParamType[Any]):
@@ -52,3 +53,23 @@ def show_lane(scope: str, name: str, lane: dict[str, Any] | None, as_json: bool)
     if scope == "tool":
         parts.append(f"rate {lane['rate'] or 'none'}/s")
     click.echo(f"{scope} {name}: " + ", ".join(parts))
+
+
+@click.command("limits")
+@json_option
+def limits_command(as_json: bool) -> None:
+    """Every tool and tenant with limits, and what each has in flight now."""
+    with connection() as conn:
+        rows = limits.in_flight(conn)
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo("no limits: set them with `outbox tools limit` or `outbox tenants limit`")
+        return
+    for row in rows:
+        rate = f", rate {row['rate']}/s" if row["rate"] is not None else ""
+        click.echo(
+            f"{row['scope']:<6} {row['name']:<24} in flight {row['in_flight']}"
+            f" of {row['max_concurrency'] or 'unlimited'}{rate}"
+        )
