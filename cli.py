@@ -11,7 +11,6 @@ refusal changes nothing.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,10 +20,13 @@ from typing import Any
 import click
 
 from commands import (
+    approvals,
+    credentials,
     journal,
     keys,
     limits,
     platform,
+    policy,
     prices,
     queue,
     relay,
@@ -35,17 +37,8 @@ from commands import (
     tools,
     webhooks,
 )
-from commands.common import (
-    OutboxGroup,
-    actor_option,
-    connection,
-    echo_json,
-    emit,
-    format_fields,
-    json_option,
-    refuse,
-)
-from outbox import approvals, budgets, config, credentials, db, migrate, ops, policy
+from commands.common import OutboxGroup, connection, echo_json, format_fields, json_option
+from outbox import budgets, config, db, migrate
 from outbox.errors import InvalidInput, OutboxError
 
 
@@ -225,284 +218,6 @@ def db_status(as_json: bool) -> None:
     click.echo(f"embedded {server.pgdata}: {'running at ' + running if running else 'stopped'}")
 
 
-@main.group("credentials")
-def credentials_group() -> None:
-    """The secrets tool calls carry, per tenant: by reference, or encrypted."""
-
-
-@credentials_group.command("set")
-@click.argument("name")
-@click.option("--tenant", default="*", show_default=True, help="'*': every tenant's default.")
-@click.option("--env", help="The relay reads the secret from this environment variable.")
-@click.option("--file", "file_", help="The relay reads a line NAME=value of this file.")
-@click.option(
-    "--value-stdin",
-    is_flag=True,
-    help="Read the secret from stdin and store it encrypted with $OUTBOX_CREDENTIALS_KEY.",
-)
-@click.option("--header", default="Authorization", show_default=True)
-@click.option("--scheme", default="Bearer", show_default=True, help="'' sends the bare value.")
-@actor_option
-@json_option
-def credentials_set(
-    name: str,
-    tenant: str,
-    env: str | None,
-    file_: str | None,
-    value_stdin: bool,
-    header: str,
-    scheme: str,
-    actor: str,
-    as_json: bool,
-) -> None:
-    """Create or rotate credential NAME (the --credential-ref of a tool) for TENANT.
-
-    \b
-    The database keeps where the secret is, never the secret: an environment variable or
-    a file the relay reads at call time, or (--value-stdin) the value encrypted with a key
-    only the relay and you hold ($OUTBOX_CREDENTIALS_KEY; `outbox credentials new-key`).
-    Setting it again rotates it: calls claimed from then on carry the new secret. The
-    relay sends it in HEADER ("SCHEME value") to that tool only, and cuts it from
-    whatever the tool answers.
-    """
-    value = sys.stdin.read().strip() if value_stdin else None
-    if value_stdin and not value:
-        refuse(
-            "--value-stdin read nothing", hint="pipe the secret in: ... | outbox credentials set"
-        )
-    with connection() as conn:
-        row = credentials.set_credential(
-            conn, name, tenant_id=tenant, env=env, file=file_, value=value, header=header,
-            scheme=scheme, actor=actor,
-        )  # fmt: skip
-    if as_json:
-        echo_json(row)
-        return
-    verb = "set" if row["version"] == 1 else f"rotated to version {row['version']}"
-    click.echo(f"credential {name} of tenant {tenant}: {verb} ({row['source']})")
-
-
-@credentials_group.command("revoke")
-@click.argument("name")
-@click.option("--tenant", default="*", show_default=True)
-@actor_option
-@json_option
-def credentials_revoke(name: str, tenant: str, actor: str, as_json: bool) -> None:
-    """Revoke credential NAME of TENANT: calls that need it end with an error result the
-    model sees, never with the old secret. `credentials set` rotates it back in."""
-    with connection() as conn:
-        row = credentials.revoke(conn, name, tenant_id=tenant, actor=actor)
-    if as_json:
-        echo_json(row)
-        return
-    click.echo(f"revoked credential {name} of tenant {tenant}")
-
-
-@credentials_group.command("list")
-@json_option
-def credentials_list(as_json: bool) -> None:
-    """Every credential: where its secret is, its version, whether it is revoked."""
-    with connection() as conn:
-        rows = credentials.list_credentials(conn)
-    emit(rows, as_json, ["name", "tenant_id", "source", "reference", "version", "revoked_at"])
-
-
-@credentials_group.command("new-key")
-@json_option
-def credentials_new_key(as_json: bool) -> None:
-    """Print a new key for $OUTBOX_CREDENTIALS_KEY (give it to the relays, keep it safe)."""
-    key = credentials.new_key()
-    if as_json:
-        echo_json({"key": key})
-        return
-    click.echo(key)
-
-
-# -- the action layer: risk policies and approvals --------------------------------------
-
-
-@main.group("policy")
-def policy_group() -> None:
-    """Risk policies: per tenant and risk tier, whether a tool call runs, waits, or not."""
-
-
-@policy_group.command("list")
-@json_option
-def policy_list(as_json: bool) -> None:
-    """Every rule: the default ('*') and each tenant's own."""
-    with connection() as conn:
-        rows = policy.policies(conn)
-    emit(
-        rows,
-        as_json,
-        ["tenant_id", "risk_tier", "action", "approvers", "approval_timeout_s", "updated_by"],
-    )
-
-
-@policy_group.command("set")
-@click.argument("tenant")
-@click.argument("tier", type=click.Choice(policy.TIERS))
-@click.argument("action", type=click.Choice(policy.ACTIONS))
-@click.option(
-    "--approver",
-    "approvers",
-    multiple=True,
-    help="Who may decide (repeat; none: anyone who can run `outbox approvals`).",
-)
-@click.option(
-    "--timeout", default="24h", show_default=True, help="How long a call waits: 90s, 15m, 12h."
-)
-@actor_option
-@json_option
-def policy_set(
-    tenant: str,
-    tier: str,
-    action: str,
-    approvers: tuple[str, ...],
-    timeout: str,
-    actor: str,
-    as_json: bool,
-) -> None:
-    """Say what TENANT's ('*': every tenant's default) calls of risk TIER do.
-
-    
-    allow    the call runs;
-    approve  the call waits for a reviewer's decision (`outbox approvals`); with no
-             decision by --timeout it is denied, never run;
-    deny     the call never runs: the model sees "denied by policy".
-    Decided when a call is recorded and journaled with the rule that decided it. A tool
-    registered with --requires-approval waits whatever its tier says.
-    """
-    timeout_s = ops.parse_age(timeout).total_seconds()
-    with connection() as conn:
-        row = policy.set_policy(
-            conn,
-            tenant,
-            tier,
-            action,
-            approvers=list(approvers),
-            approval_timeout_s=timeout_s,
-            actor=actor,
-        )
-    if as_json:
-        echo_json(row)
-        return
-    click.echo(f"policy {tenant}/{tier}: {action}")
-
-
-@policy_group.command("clear")
-@click.argument("tenant")
-@click.argument("tier", type=click.Choice(policy.TIERS))
-@actor_option
-@json_option
-def policy_clear(tenant: str, tier: str, actor: str, as_json: bool) -> None:
-    """Remove TENANT's own rule for TIER: the default ('*') applies again."""
-    with connection() as conn:
-        removed = policy.clear_policy(conn, tenant, tier, actor=actor)
-    if as_json:
-        echo_json({"tenant_id": tenant, "risk_tier": tier, "removed": removed})
-        return
-    click.echo(f"cleared {tenant}/{tier}" if removed else f"{tenant} had no rule for {tier}")
-
-
-@main.group("approvals")
-def approvals_group() -> None:
-    """Tool calls waiting for a reviewer: list, show, approve, deny."""
-
-
-APPROVAL_COLUMNS = ["id", "tenant_id", "tool_name", "status", "deadline", "approvers", "run_id"]
-
-
-@approvals_group.command("list")
-@click.option(
-    "--status",
-    type=click.Choice(["pending", "approved", "denied", "expired", "all"]),
-    default="pending",
-    show_default=True,
-)
-@click.option("--tenant", help="Only this tenant's.")
-@click.option("--limit", type=int, default=100, show_default=True)
-@json_option
-def approvals_list(status: str, tenant: str | None, limit: int, as_json: bool) -> None:
-    """Approvals, oldest first (by default the pending ones)."""
-    with connection() as conn:
-        rows = approvals.list_approvals(
-            conn,
-            None if status == "all" else status,
-            tenant,
-            limit,
-        )
-    emit(rows, as_json, APPROVAL_COLUMNS)
-
-
-@approvals_group.command("show")
-@click.argument("approval_id", type=int)
-@json_option
-def approvals_show(approval_id: int, as_json: bool) -> None:
-    """One approval with the exact arguments it is for and their digest."""
-    with connection() as conn:
-        row = approvals.get(conn, approval_id)
-    if as_json:
-        echo_json(row)
-        return
-    for key, value in row.items():
-        shown = json.dumps(value, indent=2) if key == "arguments" else value
-        click.echo(f"{key}: {shown}")
-
-
-def _decide(
-    approval_id: int, decision: str, actor: str, reason: str, digest: str | None, as_json: bool
-) -> None:
-    with connection() as conn:
-        row = approvals.decide(
-            conn,
-            approval_id,
-            decision,
-            actor=actor,
-            reason=reason,
-            digest=digest,
-        )
-    if as_json:
-        echo_json(row)
-        return
-    click.echo(f"approval {approval_id}: {row['status']} by {row['decided_by']}")
-
-
-@approvals_group.command("approve")
-@click.argument("approval_id", type=int)
-@click.option(
-    "--digest",
-    help="The arguments digest you reviewed (from `approvals show`): refused if it differs.",
-)
-@click.option("--reason", default="", help="Recorded in the journal.")
-@actor_option
-@json_option
-def approvals_approve(
-    approval_id: int, digest: str | None, reason: str, actor: str, as_json: bool
-) -> None:
-    """Approve a waiting call: a relay runs it once.
-
-    
-    Decided once: approving again, or denying after, is refused. Only one of the
-    approvers its policy lists may decide (as --actor), and only before its deadline.
-    """
-    _decide(approval_id, "approve", actor, reason, digest, as_json)
-
-
-@approvals_group.command("deny")
-@click.argument("approval_id", type=int)
-@click.option("--reason", default="", help="Why: the model sees it, and the journal keeps it.")
-@click.option("--digest", help="The arguments digest you reviewed (from `approvals show`).")
-@actor_option
-@json_option
-def approvals_deny(
-    approval_id: int, reason: str, digest: str | None, actor: str, as_json: bool
-) -> None:
-    """Deny a waiting call: it never runs; the model sees "denied by reviewer" and the run
-    goes on."""
-    _decide(approval_id, "deny", actor, reason, digest, as_json)
-
-
 # -- demo -------------------------------------------------------------------------------
 
 
@@ -612,6 +327,12 @@ main.add_command(prices.prices_group)
 main.add_command(platform.platform_group)
 
 main.add_command(limits.limits_command)
+
+main.add_command(credentials.credentials_group)
+
+main.add_command(policy.policy_group)
+
+main.add_command(approvals.approvals_group)
 
 
 if __name__ == "__main__":
