@@ -11,10 +11,8 @@ refusal changes nothing.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import click
@@ -22,6 +20,7 @@ import click
 from commands import (
     approvals,
     credentials,
+    demo,
     journal,
     keys,
     limits,
@@ -39,7 +38,7 @@ from commands import (
 )
 from commands.common import OutboxGroup, connection, echo_json, format_fields, json_option
 from outbox import budgets, config, db, migrate
-from outbox.errors import InvalidInput, OutboxError
+from outbox.errors import InvalidInput
 
 
 @click.group(cls=OutboxGroup)
@@ -218,85 +217,6 @@ def db_status(as_json: bool) -> None:
     click.echo(f"embedded {server.pgdata}: {'running at ' + running if running else 'stopped'}")
 
 
-# -- demo -------------------------------------------------------------------------------
-
-
-def _demo_module() -> Any:
-    """``demo.run`` from the checkout this command runs from: the demo is not in the wheel
-    (it would be a top-level ``demo`` package in everyone's site-packages)."""
-    checkout = Path(__file__).resolve().parent
-    if not (checkout / "demo" / "run.py").is_file():
-        raise OutboxError(
-            "`outbox demo` runs from a checkout of agent-outbox; the installed package "
-            "does not include the demo",
-            hint="clone the repository and run `make demo` there",
-        )
-    if str(checkout) not in sys.path:
-        sys.path.insert(0, str(checkout))
-    import importlib
-
-    try:
-        return importlib.import_module("demo.run")
-    except ModuleNotFoundError as err:
-        # The demo's naive side is an OpenAI SDK loop; the product itself does not need the
-        # SDK, so a plain `pip install -e .` leaves it out.
-        if err.name != "openai":
-            raise
-        raise OutboxError(
-            "`outbox demo` needs the openai package, which agent-outbox installs only with "
-            "its demo extra",
-            hint=f"run `make demo`, or `pip install -e '{checkout}[demo]'`",
-        ) from err
-
-
-@main.command("demo")
-@click.option("--runs", default=200, show_default=True, help="Conversations to drive.")
-@click.option("--processes", default=3, show_default=True, help="Relay processes to run.")
-@click.option("--seed", default=7, show_default=True, help="Seed of the scenario and faults.")
-@click.option(
-    "--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write JSON."
-)
-@click.option(
-    "--database-url",
-    help="Server to use (default OUTBOX_DATABASE_URL, else embedded); the demo drops and "
-    "re-creates its own database `outbox_demo` there.",
-)
-@click.option("--database-name", default="outbox_demo", hidden=True)
-@click.option("--no-naive", is_flag=True, help="Skip the naive coordinator's run.")
-def demo(
-    runs: int,
-    processes: int,
-    seed: int,
-    json_path: Path | None,
-    database_url: str | None,
-    database_name: str,
-    no_naive: bool,
-) -> None:
-    """Replay the duplicate-ticket incident under faults: the outbox beside a naive loop.
-
-    Starts a scripted model and three audited tool services over HTTP, PROCESSES relay
-    processes, and RUNS conversations with parallel tool calls, client-run approvals and
-    double-submitted turns; injects stalls past the tool timeout, kill -9 of relay
-    processes and duplicate callbacks. Prints what the services' own audits saw, for the
-    outbox and for a naive coordinator under the same faults. Exit status 1 when the
-    outbox side shows any duplicate side effect, orphan tool result or stuck run.
-    """
-    demo_module = _demo_module()
-    if runs < 1 or processes < 1:
-        raise click.BadParameter("--runs and --processes must be at least 1")
-    if database_url is not None:
-        db.check_url(database_url, "--database-url")
-    cfg = demo_module.DemoConfig(
-        runs=runs,
-        processes=processes,
-        seed=seed,
-        server_url=database_url,
-        database=database_name,
-        naive=not no_naive,
-    )
-    sys.exit(demo_module.run(cfg, json_path))
-
-
 main.add_command(tools.tools_group)
 
 main.add_command(relay.relay_command)
@@ -333,6 +253,8 @@ main.add_command(credentials.credentials_group)
 main.add_command(policy.policy_group)
 
 main.add_command(approvals.approvals_group)
+
+main.add_command(demo.demo)
 
 
 if __name__ == "__main__":
