@@ -22,7 +22,7 @@ from outbox.constants import ACTIVE, ENDED
 from outbox.sql import parse
 from tests.relay_harness import REPO
 
-ROOMS = ("outbox", "relay", "server", "demo", "bench")
+ROOMS = ("outbox", "relay", "server", "commands", "demo", "bench")
 EXEMPT = {
     REPO / "outbox" / "constants.py",  # the Python definitions
     REPO / "outbox" / "sql" / "functions.sql",  # the SQL definitions (checked below)

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-import cli
+from commands.relay import relay_command
 from relay.capacity import default_concurrency
 from relay.config import RelayConfig, memory_limit
 from tests.relay_harness import REPO
@@ -41,7 +41,7 @@ FIELDS = {
 
 
 def relay_options() -> dict[str, object]:
-    return {opt: param.default for param in cli.relay_command.params for opt in param.opts}
+    return {opt: param.default for param in relay_command.params for opt in param.opts}
 
 
 @pytest.mark.parametrize("option,field", FIELDS.items())

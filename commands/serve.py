@@ -1,0 +1,135 @@
+"""``outbox serve``: the HTTP server (OpenAI's protocols, the run API, SSE), and with
+``--with-relay`` a relay beside it for a local setup.
+
+That relay is a child process running ``python -m cli relay``, the command a production
+relay runs, stopped with the server. uvicorn and the ASGI app are imported when the command
+runs, not for every ``outbox`` command.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from outbox import db
+
+RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain before killing it
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, help="Port to listen on.")
+@click.option(
+    "--with-relay",
+    is_flag=True,
+    help="Also run `outbox relay` (as a child process, stopped with the server): one "
+    "command for a local setup. In production, run relays as their own processes.",
+)
+@click.option(
+    "--model-base-url",
+    help="OpenAI-compatible server the runs created here call (default: the relay's "
+    "$OPENAI_BASE_URL).",
+)
+@click.option(
+    "--action-timeout",
+    "action_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a run waits in requires_action for client tool outputs before it "
+    "expires (expires_at).  [default: 600]",
+)
+@click.option(
+    "--db-connections",
+    default=10,
+    show_default=True,
+    help="Database connections of the server (requests wait for a free one).",
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Server processes (uvicorn's workers): each holds its own --db-connections.",
+)
+@click.option("--log-level", default="info", show_default=True)
+def serve_command(
+    host: str,
+    port: int,
+    with_relay: bool,
+    model_base_url: str | None,
+    action_timeout_s: float | None,
+    db_connections: int,
+    workers: int,
+    log_level: str,
+) -> None:
+    """Serve OpenAI's Assistants protocol and the run event stream over HTTP.
+
+    \b
+    Point the openai SDK at it: OpenAI(base_url="http://HOST:PORT/v1", api_key=KEY),
+    with a key from `outbox keys create --tenant T`. Every request acts for the key's
+    tenant under row-level security. GET /v1/runs/RUN/events streams a run's journal as
+    Server-Sent Events (resumable with Last-Event-ID). See docs/serve.md.
+    """
+    import signal
+    import subprocess
+
+    import uvicorn
+
+    from outbox import logs
+    from outbox.schemas import url_problem
+    from server import app as server_app
+
+    if model_base_url is not None and (problem := url_problem(model_base_url)):
+        raise click.BadParameter(problem, param_hint="--model-base-url")
+    if db_connections < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--db-connections")
+    url = db.database_url()
+    with db.connect(url) as conn:
+        db.check_schema_current(conn)
+    relay = None
+    if with_relay:
+        env = {**os.environ, "OUTBOX_DATABASE_URL": url}
+        relay = subprocess.Popen([sys.executable, "-m", "cli", "relay"], env=env)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the
+    # handler it found: this one turns that into a clean exit that stops the relay below
+    # (the default action would kill this process and leave the relay running).
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
+    try:
+        if workers == 1:
+            app = server_app.create_app(
+                url,
+                model_base_url=model_base_url,
+                action_timeout_s=action_timeout_s,
+                max_connections=db_connections,
+            )
+            logs.setup(log_level, "server")
+            uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False)
+        else:
+            # Each worker process builds the app itself, from the environment.
+            os.environ.update(
+                {
+                    "OUTBOX_DATABASE_URL": url,
+                    server_app.ENV_MODEL_BASE_URL: model_base_url or "",
+                    server_app.ENV_ACTION_TIMEOUT_S: str(action_timeout_s or ""),
+                    server_app.ENV_DB_CONNECTIONS: str(db_connections),
+                    server_app.ENV_LOG_LEVEL: log_level,
+                }
+            )
+            uvicorn.run(
+                "server.app:from_environment",
+                factory=True,
+                workers=workers,
+                host=host,
+                port=port,
+                log_level=log_level.lower(),
+                access_log=False,
+            )
+    finally:
+        if relay is not None:
+            relay.terminate()
+            try:
+                relay.wait(RELAY_STOP_S)
+            except subprocess.TimeoutExpired:
+                relay.kill()
+                relay.wait()
