@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 from pydantic import BaseModel
 
-from outbox.writer import Row, fetch_one, journal
+from outbox.store import Row, fetch_one, journal
 from server.errors import APIError
 from server.store import Q
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 
-from outbox.writer import fetch_all
+from outbox.store import fetch_all
 from server.bodies import text_of
 from server.errors import APIError
 from server.store import Q
