@@ -43,7 +43,6 @@ from psycopg.types.json import Jsonb
 
 from outbox import constants, store, writer
 from outbox.logs import log
-from outbox.schemas import ToolResultIn
 from outbox.sql import Queries
 from relay import failpoints
 from relay.config import RelayConfig
@@ -148,20 +147,8 @@ class Completer:
         ``writer.record_model_turns`` records every turn in one statement. Fenced rows
         and every other action go through ``_apply``, which journals a refused write.
         """
-        results = [
-            i
-            for i, o in enumerate(outcomes)
-            if o.action == "result"
-            and o.row.kind == "tool_call"
-            and o.row.tool_call_ref is not None
-            and o.row.batch_id is not None
-            and (o.status == "ok" or (o.status == "error" and o.error))
-        ]
-        deliveries = [
-            i
-            for i, o in enumerate(outcomes)
-            if o.action == "deliver" and o.row.batch_id is not None
-        ]
+        results = [i for i, o in enumerate(outcomes) if o.action == "result"]
+        deliveries = [i for i, o in enumerate(outcomes) if o.action == "deliver"]
         turns = [i for i, o in enumerate(outcomes) if o.action == "turn"]
         run_ids = sorted({o.row.run_id for o in outcomes if o.row.run_id is not None})
         batch_ids = sorted({o.row.batch_id for o in outcomes if o.row.batch_id is not None})
@@ -353,34 +340,20 @@ class Completer:
         row = outcome.row
         if outcome.action == "lost":
             return "lost"
-        if outcome.action in ("turn", "fail_run", "skip"):
+        if outcome.action in ("fail_run", "skip"):
             return self._apply_model(conn, outcome)
         if outcome.action == "webhook":
             return self._apply_webhook(conn, outcome)
-        if outcome.action in ("result", "deliver"):
+        if outcome.action in ("result", "deliver", "turn"):
+            # apply_all writes these set-based; a row here is one whose lease this worker
+            # lost, refused by the fence (journaled, a result kept as an orphan).
             if not self._fence(conn, self.q.finish, outcome):
                 return "fenced"
-            self.metrics.succeeded.labels(row.kind).inc()
-            if outcome.action == "deliver":
-                assert row.batch_id is not None
-                return "delivered_" + writer.deliver_batch(conn, row.batch_id).outcome
-            assert row.tool_call_ref is not None and outcome.status is not None
-            if outcome.status == "error":
-                self.metrics.failed.inc()
-            stored = writer.record_tool_result(
-                conn,
-                ToolResultIn(
-                    tenant_id=row.tenant_id,
-                    tool_call_ref=row.tool_call_ref,
-                    status=outcome.status,
-                    output=outcome.output,
-                    error=outcome.error,
-                    source=outcome.source,
-                    attempt=row.attempt,
-                    worker=self.cfg.worker_id,
-                ),
+            write = {"result": self._store_results, "deliver": self._deliver}.get(
+                outcome.action, self._record_turns
             )
-            return f"result_{stored.outcome}"
+            self.metrics.succeeded.labels(row.kind).inc()
+            return write(conn, [outcome])[0]
         if outcome.action == "defer" or (
             outcome.action == "retry" and row.failures + 1 < row.max_attempts
         ):
@@ -423,14 +396,11 @@ class Completer:
         return "quarantined" if reason == "max_attempts" else "unknown"
 
     def _apply_model(self, conn: psycopg.Connection[Any], outcome: Outcome) -> str:
-        """Record a model turn's response, or end its run, or just finish the row."""
+        """End a model turn's run (``fail_run``) or just finish its row (``skip``)."""
         if not self._fence(conn, self.q.finish, outcome):
             return "fenced"
         row = outcome.row
         self.metrics.succeeded.labels(row.kind).inc()
-        if outcome.action == "turn":  # _record_turns writes turns; this one is a safe default
-            record = writer.record_model_turn(conn, outcome.output)
-            return f"recorded_{record.run_status}" if record.created else "already_recorded"
         if outcome.action == "skip":
             return "skipped"
         run = writer.lock_run(conn, row.run_id, None)
