@@ -2,7 +2,7 @@
 
 Revision ID: 0030
 Revises: 0029
-Create Date: 2026-11-28
+Create Date: 2026-11-27
 
 ``run_defaults`` holds the step cap, loop limit and action timeout a new run takes when its
 caller gives none, for ``start_run_v1`` and the Python writer API alike. ``run_over_v1``
