@@ -10,8 +10,8 @@ Three ways to start the same run (a thread, a user message, a queued model turn)
 - **api stream**: the same with ``stream=true``, time to the first SSE event
   (``thread.created``), as a client that streams the run sees it.
 
-No relay runs: the model turn stays queued, so only the surface is measured. The target
-(issue 16): the API adds under 5 ms p50 to the writer. ``python -m bench.serve [RUNS]``
+No relay runs: the model turn stays queued, so only the surface is measured. The target:
+the API adds under 5 ms p50 to the writer. ``python -m bench.serve [RUNS]``
 runs it alone on the embedded server.
 """
 

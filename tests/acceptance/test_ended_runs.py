@@ -1,4 +1,4 @@
-"""A call of a run that is over never starts again (issue 13, item 2), with real processes.
+"""A call of a run that is over never starts again, with real processes.
 
 A relay executing a call is killed with ``kill -9`` while its run expires or is cancelled;
 another relay rescues the expired lease. The call must not reach the tool a second time,

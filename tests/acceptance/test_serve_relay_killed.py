@@ -1,5 +1,5 @@
 """A relay killed mid-run behind ``outbox serve``: the client's event stream resumes and the
-run completes once (issue 16).
+run completes once.
 
 A client starts a run through the openai SDK and follows it on ``GET /v1/runs/{id}/events``.
 The relay (a process of its own) is ``kill -9``ed while the run's tool call is in flight, and

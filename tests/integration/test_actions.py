@@ -1,4 +1,4 @@
-"""The action layer (issue 17): approvals, risk policies, kill switches, paused tenants.
+"""The action layer: approvals, risk policies, kill switches, paused tenants.
 
 End to end: the relay, the scripted model and the fake tools over HTTP. What the model saw
 of a call is read from its own history (the tool output it was sent); what the tool did

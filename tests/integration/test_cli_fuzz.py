@@ -1,5 +1,5 @@
 """Every command, fed malformed ids, JSON and URLs, refuses with an ``error:`` line and exit
-status 2 and changes nothing in the database (issue 13: the property test).
+status 2 and changes nothing in the database.
 
 The database holds a thread, a tool, a run waiting for a client call and a quarantined
 call, so a command that acted on what it was given would show in the fingerprint of every

@@ -1,4 +1,4 @@
-"""The command line and bad input (issue 13, items 5-9): every refusal is an ``error:`` line
+"""The command line and bad input: every refusal is an ``error:`` line
 (and a ``hint:``) with exit status 2, never a traceback, and changes nothing; ``runs show
 --json`` says what the run waits for; a resend after the run ended is a no-op."""
 

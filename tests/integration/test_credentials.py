@@ -1,4 +1,4 @@
-"""The credential broker (issue 17 item 5): per-tenant secrets, by reference or encrypted,
+"""The credential broker: per-tenant secrets, by reference or encrypted,
 minted per call into the tool's own request, rotated, revoked, and never stored, logged or
 shown to the model.
 

@@ -1,4 +1,4 @@
-"""A database that goes away is the relay's problem, never the work's (issue 14, item 3).
+"""A database that goes away is the relay's problem, never the work's.
 
 Every relay connection is killed with ``pg_terminate_backend`` while the relay is idle,
 while runs arrive one by one, and while model turns and tool calls are in flight: every

@@ -1,4 +1,4 @@
-"""A run's deadline and the calls it ends, told truthfully (issue 13, items 1 and 3).
+"""A run's deadline and the calls it ends, told truthfully.
 
 A call that may have reached its tool is never answered "not executed": a run past its
 `requires_action` deadline waits for the calls a relay is executing, and their results
@@ -109,7 +109,7 @@ def test_a_cancelled_call_in_flight_is_answered_outcome_unknown(db_url, tools):
 
 
 def test_a_retry_due_after_the_deadline_is_never_started_before_any_sweep(db_url, tools):
-    """Issue 32 item 6: the claim decides, not the sweep. The call's first attempt failed
+    """The claim decides, not the sweep. The call's first attempt failed
     and its retry came due after the run's deadline; the relay's first sweep is far away
     (lease 60 s: its maintenance ticks every 20 s, its rescue interval is an hour)."""
     run = start_batch(db_url, APPROVE, KEYED, action_timeout_s=0.2)

@@ -1,4 +1,4 @@
-"""An idempotency key names one request (issue 13, item 5): the same request again returns
+"""An idempotency key names one request: the same request again returns
 its run; another request under the same key is refused, and nothing is dropped silently."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Budgets in money, the platform's step ceiling and cycles of tool calls (issue 17 item 6).
+"""Budgets in money, the platform's step ceiling and cycles of tool calls.
 
 Through the writer API on a real database: each turn is priced by its model's price when it
 is recorded, counted against its run and its tenant, and checked before the next turn.
@@ -86,7 +86,7 @@ def test_a_tenant_money_budget_stops_its_runs_and_refuses_new_ones(conn):
 
 def test_money_is_said_as_priced_and_budgets_as_set(conn):
     """A turn's cost is a quotient PostgreSQL keeps with twenty decimals: a stop read
-    "spent 0.60000000000000000000, its budget is 0.5" (issue 32 item 13)."""
+    "spent 0.60000000000000000000, its budget is 0.5"."""
     add_tool(conn)
     budgets.set_price(conn, MODEL, input_per_mtok="2.50", output_per_mtok="0")
     writer.set_tenant_budget(conn, TENANT, None, Decimal("0.5"))

@@ -1,4 +1,4 @@
-"""Clients that carry their own history (issue 29): the OpenAI Agents SDK against a live
+"""Clients that carry their own history: the OpenAI Agents SDK against a live
 ``outbox serve`` in its three modes (default stateless, ``auto_previous_response_id``,
 ``conversation_id``), a history from elsewhere seeding a new thread (its calls never
 executed here), item references, and forged or foreign items refused with nothing stored."""

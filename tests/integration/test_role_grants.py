@@ -1,4 +1,4 @@
-"""Each role can do what it is granted (issue 32 item 4): every function a role may EXECUTE
+"""Each role can do what it is granted: every function a role may EXECUTE
 is called as that role, on valid inputs, and must succeed.
 
 A grant says nothing of the rights the function then needs: ``outbox_api`` was granted

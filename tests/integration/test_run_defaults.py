@@ -1,4 +1,4 @@
-"""The defaults of new runs have one source (issue 32 item 3): the database's run_defaults.
+"""The defaults of new runs have one source: the database's run_defaults.
 
 ``start_run_v1`` wrote its own 20 steps, loop limit 3 and 600 s while the Python writer API
 read its process's environment, so a backend on SQL and one on Python made different runs

@@ -1,4 +1,4 @@
-"""A relay whose places are all busy while rows are due says so (issue 32 item 11).
+"""A relay whose places are all busy while rows are due says so.
 
 A fixed `--concurrency` of 1,000 once made 10,000 runs take six times as long as they
 needed, and the relay said nothing. Here a relay process with 2 places and slow tools has

@@ -1,4 +1,4 @@
-"""An Idempotency-Key covers the whole request (issue 29): the same body again returns the
+"""An Idempotency-Key covers the whole request: the same body again returns the
 first request's run, for runs and create-and-run alike; the key with any other body is a
 409 naming the key, and stores nothing."""
 

@@ -1,4 +1,4 @@
-"""A tenant bound by credential (issue 17 item 7): a backend's login role decides its tenant.
+"""A tenant bound by credential: a backend's login role decides its tenant.
 
 Before: a backend connected as ``outbox_writer`` picked its tenant by setting
 ``outbox.tenant_id``, so row-level security guarded against bugs, not against a hostile

@@ -1,4 +1,4 @@
-"""The CLI stays a set of modules one can live in (issue 31): ``cli.py`` assembles the
+"""The CLI stays a set of modules one can live in: ``cli.py`` assembles the
 command groups, each group is a module of ``commands/``, and none of them grows past
 ``MAX_LINES`` again (cli.py had reached 2,200, a group's commands in two places).
 

@@ -1,6 +1,6 @@
-"""Issue 15's "one rule, one copy", kept by reading the source: no second copy of a status set
-or a dedup-key format, and no path that stores tool results but ``record_tool_results_v1``;
-and issue 32's: "the run is over", the tenant-scope guard, the orphaning of a result and a
+"""One rule, one copy, kept by reading the source: no second copy of a status set or a
+dedup-key format, and no path that stores tool results but ``record_tool_results_v1``;
+and "the run is over", the tenant-scope guard, the orphaning of a result and a
 lane's load, each written once as a SQL function the others call.
 
 The sets and formats live in ``outbox/constants.py`` and, for SQL, as the functions
@@ -119,7 +119,7 @@ def test_only_record_tool_results_v1_stores_tool_results():
     assert found == ["functions.sql: record_tool_results_v1"]
 
 
-# Issue 32 item 9: rules a review found written in two to four places, each now one SQL
+# Rules a review found written in two to four places, each now one SQL
 # function that every statement calls.
 
 

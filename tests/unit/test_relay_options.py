@@ -1,11 +1,11 @@
 """``outbox relay``'s options default to ``RelayConfig``'s, and what the README says they are.
 
-The CLI once restated each default beside the config (issue 15 item 7): two numbers that
+The CLI once restated each default beside the config: two numbers that
 drift apart silently. Each option's default must be the config's, read from the same field,
 and the figures in parentheses of the README and docs/relay.md (``--db-connections`` (8))
 must be those values.
 
-``--concurrency`` has no fixed default (issue 32 item 11): a fixed 1,000 capped a process
+``--concurrency`` has no fixed default: a fixed 1,000 capped a process
 silently. It is derived from the process's open-files limit, which a relay process raises
 to the hard limit first, and the memory (``relay.capacity.default_concurrency``).
 """
