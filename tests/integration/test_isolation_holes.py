@@ -1,4 +1,5 @@
-"""Isolation holes found by review, each attacked the way it was found (each test failed before 0014).
+"""Isolation holes found by review, each attacked the way it was found (each test failed
+before 0014).
 
 - A run whose work is quarantined stayed ``in_progress`` and no view reported it.
 - The journal's owner could delete events by setting ``outbox.journal_prune`` to its own

@@ -1,4 +1,5 @@
-"""A request that certainly did not reach a ``none`` tool is retried, not parked: only an attempt that may have reached the tool is ambiguous.
+"""A request that certainly did not reach a ``none`` tool is retried, not parked: only an
+attempt that may have reached the tool is ambiguous.
 
 ``docs/relay.md`` promises a retry in every mode for a refused connection and for 408, 429
 and 503 (the tool says it did not process the request). The dispatch mark written before
