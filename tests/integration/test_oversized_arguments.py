@@ -1,5 +1,6 @@
 """Arguments over the size cap are the model's mistake, not the run's end: the call gets an
-error result the model sees, as a schema violation does, and the run goes on. Nothing over the cap is stored."""
+error result the model sees, as a schema violation does, and the run goes on. Nothing over
+the cap is stored."""
 
 from __future__ import annotations
 
