@@ -1,9 +1,13 @@
 """Named SQL queries, kept in ``.sql`` files and loaded once per schema; and the SQL DBAs run.
 
-This package holds the plain SQL a DBA or a backend without Python reads: ``views.sql``
-(the DBA views) and ``functions.sql`` (the versioned functions), as they stand at the head
-revision (each migration applies a frozen copy; ``tests/migration/test_history.py`` checks
-that these files equal what the head revision creates). ``sql_file`` reads them.
+This package holds the plain SQL a DBA or a backend without Python reads, every live object
+of the schema that is not a table: ``roles.sql`` (the roles), ``functions.sql`` (the
+versioned functions and their grants), ``views.sql`` (the DBA views), ``policies.sql`` (the
+grants on tables and views, row-level security) and ``triggers.sql`` (the triggers and their
+functions), as they stand at the head revision. Each migration applies a frozen copy of what
+it changes; ``tests/migration/test_history.py`` checks that these files equal what the head
+revision creates and that nothing it creates is missing from them. ``sql_file`` reads them;
+``LIVE_FILES`` lists them in the order they apply.
 
 Named queries:
 
@@ -26,6 +30,17 @@ from outbox.db import quote_ident, schema_name
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
+# The files of the schema's live objects, in the order they apply to a database whose tables
+# exist: the roles the grants name, the functions the views and policies call, the views the
+# grants name, then grants and policies, then the triggers.
+LIVE_FILES: tuple[str, ...] = (
+    "roles.sql",
+    "functions.sql",
+    "views.sql",
+    "policies.sql",
+    "triggers.sql",
+)
+
 
 def parse(text: str) -> dict[str, str]:
     """Split a file into ``{name: sql}``."""
@@ -34,8 +49,7 @@ def parse(text: str) -> dict[str, str]:
 
 
 def sql_file(name: str) -> str:
-    """The text of ``outbox/sql/<name>`` (``views.sql``, ``functions.sql``), read as
-    package data."""
+    """The text of ``outbox/sql/<name>`` (one of ``LIVE_FILES``), read as package data."""
     return resources.files(__name__).joinpath(name).read_text()
 
 

@@ -1,8 +1,10 @@
 -- Functions for backends that do not run Python; `{s}` is the schema. Names carry a
--- version so old and new code can overlap during a deploy. This file is every function as
--- the newest migration leaves it (tests/migration/test_history.py checks it); migrations
--- carry frozen copies (0003 created submit_tool_outputs_v1, 0016 the status sets, the
--- dedup keys and record_tool_results_v1).
+-- version so old and new code can overlap during a deploy. This file is every function but
+-- the trigger functions (triggers.sql keeps those beside their triggers), with its grants,
+-- as the newest migration leaves it (tests/migration/test_history.py checks it, and that
+-- none is missing); migrations carry frozen copies (0003 created submit_tool_outputs_v1,
+-- 0016 the status sets, the dedup keys and record_tool_results_v1). Applied after
+-- roles.sql, whose roles the grants name.
 
 -- The run status sets and the outbox's dedup-key formats, defined once for SQL (their
 -- Python twins are in outbox/constants.py; tests/integration/test_record_tool_results.py
@@ -1381,3 +1383,51 @@ $$;
 REVOKE ALL ON FUNCTION {s}.record_model_turn_v1(jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.record_model_turn_v1(jsonb, jsonb)
     TO outbox_writer, outbox_relay;  -- not outbox_api: `outbox serve` records no turns (0030)
+
+
+-- prune_journal: delete journal events older than older_than, journaled first
+-- (journal.pruned, with the cut-off and the count); returns how many it deleted.
+--
+--   SELECT outbox.prune_journal(interval '90 days');   -- or: outbox prune --older-than 90d
+--
+-- The one door of the journal's guard (journal_refuse_change, triggers.sql): it marks its
+-- transaction with the id of the journal.pruned event it wrote, and the guard lets through
+-- deletions of rows older than that event's cut-off only. Runs with its owner's rights
+-- (SECURITY DEFINER); only the owner (and superusers) may execute it.
+CREATE OR REPLACE FUNCTION {s}.prune_journal(older_than interval, actor text DEFAULT session_user)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    removed bigint;
+    v_before timestamptz;
+    v_event bigint;
+BEGIN
+    IF older_than IS NULL OR older_than <= interval '0' THEN
+        RAISE EXCEPTION 'prune_journal needs a positive age, got %', older_than
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_before := now() - older_than;
+    SELECT count(*) INTO removed FROM {s}.journal WHERE at < v_before;
+    INSERT INTO {s}.journal (tenant_id, event, actor, detail)
+    VALUES ('*', 'journal.pruned', actor,
+            jsonb_build_object('older_than', older_than::text, 'removed', removed,
+                               'before', v_before))
+    RETURNING id INTO v_event;
+    PERFORM set_config('outbox.journal_prune', v_event::text, true);
+    DELETE FROM {s}.journal WHERE at < v_before;
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    PERFORM set_config('outbox.journal_prune', '', true);
+    RETURN removed;
+END $$;
+REVOKE ALL ON FUNCTION {s}.prune_journal(interval, text) FROM PUBLIC;
+
+
+-- api_key_tenant_v1: "which tenant does this key act for?" `outbox serve` looks a request's
+-- key up before any tenant is known: given the SHA-256 of a key it answers the key's
+-- tenant, or NULL for an unknown or revoked key, without its caller reading api_keys
+-- (SECURITY DEFINER). Nothing else about keys is visible through it.
+CREATE OR REPLACE FUNCTION {s}.api_key_tenant_v1(p_key_hash text) RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT tenant_id FROM {s}.api_keys WHERE key_hash = p_key_hash AND revoked_at IS NULL
+$$;
+REVOKE ALL ON FUNCTION {s}.api_key_tenant_v1(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.api_key_tenant_v1(text) TO outbox_api;

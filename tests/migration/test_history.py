@@ -5,17 +5,22 @@ revision, whatever that file says today: a database migrated to 0002 would alrea
 0008's view. Here the schema is dumped from the catalogs at every revision on the way up,
 one step at a time, and again at every revision on the way back down: the two dumps of a
 revision must be equal. Then the living files of ``outbox/sql/`` must be what the head
-revision created: applying them again to a migrated database changes nothing.
+revision created: applying them again to a migrated database changes nothing (they agree
+with it), and applying them to that database stripped of every function, view, trigger,
+policy and grant gives it all back (they hold all of it: an object a migration created and
+the files forgot fails here).
 """
 
 from __future__ import annotations
 
+import re
+from pprint import pformat
 from typing import Any
 
 import psycopg
 
 from outbox import db, migrate
-from outbox.sql import sql_file
+from outbox.sql import LIVE_FILES, sql_file
 
 SCHEMA = "outbox"
 
@@ -35,9 +40,13 @@ CATALOG: dict[str, str] = {
         JOIN pg_namespace n ON n.oid = cl.relnamespace WHERE n.nspname = %(s)s""",
     "indexes": "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = %(s)s",
     "views": "SELECT viewname, definition FROM pg_views WHERE schemaname = %(s)s",
+    # ACLs are compared as sorted lists: the order of their items is the order the grants
+    # happened to run in, which means nothing. A never-granted ACL is NULL, the same rights
+    # as the default written out.
     "functions": """
         SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid),
-               coalesce(p.proacl, acldefault('f', p.proowner))::text
+               (SELECT array_agg(a::text ORDER BY a::text)
+                FROM unnest(coalesce(p.proacl, acldefault('f', p.proowner))) a)
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
         WHERE n.nspname = %(s)s""",
     "triggers": """
@@ -55,11 +64,97 @@ CATALOG: dict[str, str] = {
         SELECT grantee, table_name, column_name, privilege_type
         FROM information_schema.column_privileges
         WHERE table_schema = %(s)s AND grantee LIKE 'outbox%%'""",
-    # A never-granted ACL is NULL, the same rights as the default written out.
     "schema_grants": """
-        SELECT coalesce(nspacl, acldefault('n', nspowner))::text
+        SELECT (SELECT array_agg(a::text ORDER BY a::text)
+                FROM unnest(coalesce(nspacl, acldefault('n', nspowner))) a)
         FROM pg_namespace WHERE nspname = %(s)s""",
+    # Every grantee, PUBLIC and the owner too (table_grants sees only the outbox roles).
+    "relation_acls": """
+        SELECT c.relname,
+               (SELECT array_agg(a::text ORDER BY a::text)
+                FROM unnest(coalesce(c.relacl, acldefault(
+                    (CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END)::"char", c.relowner))) a)
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %(s)s AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')""",
+    # A column whose every right was revoked may keep an empty ACL: the same as none.
+    "column_acls": """
+        SELECT c.relname, a.attname, (SELECT array_agg(i::text ORDER BY i::text)
+                                      FROM unnest(a.attacl) i)
+        FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = %(s)s AND cardinality(a.attacl) > 0""",
+    # The roles are the cluster's, not the schema's: roles.sql may create them, never alter.
+    "roles": """
+        SELECT rolname, rolsuper, rolinherit, rolcreaterole, rolcreatedb, rolcanlogin,
+               rolreplication, rolbypassrls
+        FROM pg_roles
+        WHERE rolname IN ('outbox_writer', 'outbox_relay', 'outbox_auditor', 'outbox_api')""",
 }
+
+# What the files of outbox/sql/ claim to hold, taken from the schema: the rights of every
+# grantee but the owner (PUBLIC too) on the schema, its relations and their columns, row-level
+# security, and every policy, trigger, view and function. No CASCADE: should anything else
+# depend on these (an index or a column default that calls a function), its drop fails and
+# names it, rather than taking it along unnoticed. The roles stay (they are the cluster's;
+# other databases use them).
+STRIP = """
+DO $$
+DECLARE
+    v_schema   text := current_setting('outbox_test.schema');
+    v_ns       regnamespace := quote_ident(v_schema)::regnamespace;
+    v_grantees text;
+    v_drop     text;
+    r          record;
+BEGIN
+    SELECT string_agg(DISTINCT coalesce(quote_ident(ro.rolname), 'PUBLIC'), ', ')
+    INTO v_grantees
+    FROM (SELECT (aclexplode(nspacl)).grantee AS grantee, nspowner AS owner
+          FROM pg_namespace WHERE oid = v_ns
+          UNION ALL
+          SELECT (aclexplode(c.relacl)).grantee, c.relowner
+          FROM pg_class c WHERE c.relnamespace = v_ns
+          UNION ALL
+          SELECT (aclexplode(a.attacl)).grantee, c.relowner
+          FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+          WHERE c.relnamespace = v_ns) g
+    LEFT JOIN pg_roles ro ON ro.oid = g.grantee
+    WHERE g.grantee <> g.owner;
+    IF v_grantees IS NOT NULL THEN
+        EXECUTE format('REVOKE ALL ON SCHEMA %1$I FROM %2$s;
+                        REVOKE ALL ON ALL TABLES IN SCHEMA %1$I FROM %2$s;
+                        REVOKE ALL ON ALL SEQUENCES IN SCHEMA %1$I FROM %2$s',
+                       v_schema, v_grantees);
+    END IF;
+    FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
+             WHERE c.relnamespace = v_ns AND (c.relrowsecurity OR c.relforcerowsecurity) LOOP
+        EXECUTE format('ALTER TABLE %s NO FORCE ROW LEVEL SECURITY, DISABLE ROW LEVEL SECURITY',
+                       r.rel);
+    END LOOP;
+    FOR r IN SELECT p.polname, p.polrelid::regclass AS rel FROM pg_policy p
+             JOIN pg_class c ON c.oid = p.polrelid WHERE c.relnamespace = v_ns LOOP
+        EXECUTE format('DROP POLICY %I ON %s', r.polname, r.rel);
+    END LOOP;
+    FOR r IN SELECT t.tgname, t.tgrelid::regclass AS rel FROM pg_trigger t
+             JOIN pg_class c ON c.oid = t.tgrelid
+             WHERE c.relnamespace = v_ns AND NOT t.tgisinternal LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', r.tgname, r.rel);
+    END LOOP;
+    SELECT 'DROP VIEW ' || string_agg(c.oid::regclass::text, ', ') INTO v_drop
+    FROM pg_class c WHERE c.relnamespace = v_ns AND c.relkind IN ('v', 'm');
+    IF v_drop IS NOT NULL THEN
+        EXECUTE v_drop;
+    END IF;
+    SELECT 'DROP ROUTINE ' || string_agg(p.oid::regprocedure::text, ', ') INTO v_drop
+    FROM pg_proc p WHERE p.pronamespace = v_ns;
+    IF v_drop IS NOT NULL THEN
+        EXECUTE v_drop;
+    END IF;
+END $$;
+"""
+
+# The parts of the dump the files of outbox/sql/ make; after STRIP each is empty (or at its
+# default), which proves the strip took away what the files must give back.
+LIVE = ("views", "functions", "triggers", "policies", "table_grants", "column_grants")
 
 
 def dump(url: str) -> dict[str, list[tuple[Any, ...]]]:
@@ -105,11 +200,71 @@ def test_each_revision_makes_what_it_made_when_written(empty_db_url):
     assert "r.tenant_id" in views["run_timeline"]
 
 
+def live_sql(name: str) -> str:
+    """A file of ``outbox/sql/`` for the test schema."""
+    return sql_file(name).replace("{s}", db.quote_ident(SCHEMA))
+
+
+def apply_files(conn: psycopg.Connection[Any], files: dict[str, str]) -> None:
+    for text in files.values():
+        conn.execute(text.encode())  # as written: a '%' in the SQL is no parameter
+
+
+def strip(conn: psycopg.Connection[Any]) -> None:
+    # Qualified names in the catalog's text form: the schema is not on this search_path.
+    conn.execute("SET LOCAL search_path = pg_catalog")
+    conn.execute("SELECT set_config('outbox_test.schema', %s, true)", (SCHEMA,))
+    conn.execute(STRIP.encode())
+    conn.execute("RESET search_path")
+
+
 def test_the_sql_files_are_what_the_head_revision_made(db_url):
     """``outbox/sql/*.sql`` run again on a migrated database change nothing."""
     before = dump(db_url)
     with psycopg.connect(db_url) as conn:
-        for name in ("views.sql", "functions.sql"):
-            conn.execute(sql_file(name).replace("{s}", db.quote_ident(SCHEMA)))  # type: ignore[arg-type]
+        apply_files(conn, {name: live_sql(name) for name in LIVE_FILES})
         conn.commit()
     assert differences(before, dump(db_url)) == {}
+
+
+def test_the_sql_files_hold_everything_but_the_tables(db_url):
+    """A database at head, stripped of its functions, views, triggers, policies, row-level
+    security and grants, is itself again once the files of ``outbox/sql/`` are applied: the
+    files hold every live object the migrations made, not only agree with the ones they
+    hold."""
+    head = dump(db_url)
+    with psycopg.connect(db_url) as conn:
+        strip(conn)
+        conn.commit()
+    stripped = dump(db_url)
+    assert {name: stripped[name] for name in LIVE if stripped[name]} == {}
+    assert not any(rls or force for _, _, rls, force, _ in stripped["tables"])
+    # Only the owner's own rights are left, as if nothing had ever been granted.
+    assert [acl for (acl,) in stripped["schema_grants"] if len(acl) > 1] == []
+    assert [row for row in stripped["relation_acls"] if len(row[1]) > 1] == []
+    with psycopg.connect(db_url) as conn:
+        apply_files(conn, {name: live_sql(name) for name in LIVE_FILES})
+        conn.commit()
+    diff = differences(head, dump(db_url))
+    assert diff == {}, f"outbox/sql/ lacks (only_before) or adds (only_after):\n{pformat(diff)}"
+
+
+def test_a_live_object_missing_from_the_files_is_caught(db_url):
+    """The test above fails when the files forget something: here one policy."""
+    files = {name: live_sql(name) for name in LIVE_FILES}
+    quoted = re.escape(db.quote_ident(SCHEMA))
+    files["policies.sql"], found = re.subn(
+        rf"CREATE POLICY audit_read ON {quoted}\.runs\b[^;]*;", "", files["policies.sql"]
+    )
+    assert found == 1
+    head = dump(db_url)
+    with psycopg.connect(db_url) as conn:
+        strip(conn)
+        apply_files(conn, files)
+        conn.commit()
+    assert differences(head, dump(db_url)) == {
+        "policies": {
+            "only_before": [r for r in head["policies"] if r[:2] == ("runs", "audit_read")],
+            "only_after": [],
+        }
+    }

@@ -1,0 +1,238 @@
+-- Triggers: the rules the database enforces on every write, whoever writes (the writer
+-- API, the relay, the SQL API, an ORM, a DBA by hand), each beside its trigger function.
+-- `{s}` is the schema.
+--
+-- This file is every trigger and trigger function as the newest migration leaves them
+-- (tests/migration/test_history.py checks it, and that nothing the migrations create is
+-- missing here). Migrations carry frozen copies (0001 made the journal's guard and the
+-- outbox wake-up, 0007 the outbox's tenant check, 0014 the guard's one door for
+-- prune_journal, 0023 run notifications, 0024 webhooks, 0026 the delete guards). To change
+-- one, edit it here and add a migration that carries the change.
+--
+-- Applied after functions.sql (a guard calls run_active_v1). Re-applying changes nothing:
+-- the functions are CREATE OR REPLACE, and so are the triggers (PostgreSQL 14), but for the
+-- one constraint trigger, which PostgreSQL cannot replace: it is dropped if present and
+-- created again.
+
+
+-- The journal is append-only, whoever asks (DESIGN invariant 10). journal_refuse_change
+-- refuses UPDATE and TRUNCATE, and every DELETE but one of rows older than the cut-off of
+-- a journal.pruned event written earlier in the same transaction (the event's id in
+-- outbox.journal_prune). prune_journal (functions.sql) writes that event before it
+-- deletes, so no deletion goes unjournaled: a hand-set flag with no such event, or an
+-- event of another transaction, opens nothing.
+CREATE OR REPLACE FUNCTION {s}.journal_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    v_flag text := current_setting('outbox.journal_prune', true);
+    v_before timestamptz;
+BEGIN
+    IF TG_OP = 'DELETE' AND v_flag ~ '^[0-9]{1,18}$' THEN
+        SELECT (j.detail->>'before')::timestamptz INTO v_before FROM {s}.journal j
+        WHERE j.id = v_flag::bigint AND j.event = 'journal.pruned'
+          AND j.xmin::text = (pg_current_xact_id()::text::bigint & 4294967295)::text;
+        IF v_before IS NOT NULL AND OLD.at < v_before THEN
+            RETURN OLD;
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'the outbox journal is append-only: % is refused', TG_OP
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = 'journal rows are evidence; prune old ones with "outbox prune"';
+END $$;
+-- journal_no_update_delete: refuses changing or deleting a journal row.
+CREATE OR REPLACE TRIGGER journal_no_update_delete BEFORE UPDATE OR DELETE ON {s}.journal
+    FOR EACH ROW EXECUTE FUNCTION {s}.journal_refuse_change();
+-- journal_no_truncate: refuses emptying the journal at once.
+CREATE OR REPLACE TRIGGER journal_no_truncate BEFORE TRUNCATE ON {s}.journal
+    FOR EACH STATEMENT EXECUTE FUNCTION {s}.journal_refuse_change();
+
+
+-- outbox_notify: wakes the relays (NOTIFY outbox_ready, the schema as payload) once per
+-- statement that inserts outbox rows; identical payloads fold into one per transaction,
+-- sent at commit. SET outbox.notify = 'off' (session, role or database) switches it off:
+-- a transaction that notified takes a global lock at commit, and relays that only poll
+-- (--no-listen, behind a pooler in transaction mode) need no wake-up.
+CREATE OR REPLACE FUNCTION {s}.outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(current_setting('outbox.notify', true), '') <> 'off' THEN
+        PERFORM pg_notify('outbox_ready', TG_TABLE_SCHEMA);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER outbox_notify AFTER INSERT ON {s}.outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION {s}.outbox_notify();
+
+
+-- outbox_refs_in_tenant: an outbox row names only a thread, run, batch and tool call of
+-- its own tenant (foreign keys are checked beyond row-level security, so a row could
+-- otherwise point at another tenant's objects by id); refused as a foreign_key_violation.
+CREATE OR REPLACE FUNCTION {s}.outbox_refs_in_tenant() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    missing text;
+BEGIN
+    IF NEW.thread_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}.threads
+            WHERE id = NEW.thread_id AND tenant_id = NEW.tenant_id) THEN
+        missing := format('thread %s', NEW.thread_id);
+    ELSIF NEW.run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}.runs
+            WHERE id = NEW.run_id AND tenant_id = NEW.tenant_id) THEN
+        missing := format('run %s', NEW.run_id);
+    ELSIF NEW.batch_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}.tool_batches
+            WHERE id = NEW.batch_id AND tenant_id = NEW.tenant_id) THEN
+        missing := format('batch %s', NEW.batch_id);
+    ELSIF NEW.tool_call_ref IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {s}.tool_calls
+            WHERE id = NEW.tool_call_ref AND tenant_id = NEW.tenant_id) THEN
+        missing := format('tool call %s', NEW.tool_call_ref);
+    END IF;
+    IF missing IS NOT NULL THEN
+        RAISE foreign_key_violation USING
+            MESSAGE = format('outbox row of tenant %L names %s, which is not %L''s',
+                             NEW.tenant_id, missing, NEW.tenant_id),
+            HINT = 'enqueue work through the writer API, for rows of the tenant in scope';
+    END IF;
+    RETURN NULL;
+END $$;
+-- A constraint trigger runs after the row's own checks (row-level security first).
+DROP TRIGGER IF EXISTS outbox_refs_in_tenant ON {s}.outbox;
+CREATE CONSTRAINT TRIGGER outbox_refs_in_tenant
+    AFTER INSERT OR UPDATE OF tenant_id, thread_id, run_id, batch_id, tool_call_ref
+    ON {s}.outbox FOR EACH ROW EXECUTE FUNCTION {s}.outbox_refs_in_tenant();
+
+
+-- run_notify: tells backends without polling. Every change of a run's status sends a NOTIFY
+-- on the channel outbox_runs, from the transaction that made it: delivered when that
+-- transaction commits, never for one rolled back. The payload is a small JSON object (ids
+-- and statuses, never content):
+--   {"schema": "outbox", "tenant_id": "...", "thread_id": "...", "run_id": "...",
+--    "status": "requires_action", "previous_status": "in_progress"}
+-- (previous_status is null for a new run). LISTEN is not subject to row-level security:
+-- a connection that listens sees every tenant's ids and statuses (docs/serve.md says what
+-- to use instead where tenants must not learn of each other). SET outbox.run_notify = 'off'
+-- (session, role or database) switches it off, e.g. for a bulk import.
+CREATE OR REPLACE FUNCTION {s}.run_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(current_setting('outbox.run_notify', true), '') <> 'off' THEN
+        PERFORM pg_notify('outbox_runs', json_build_object(
+            'schema', TG_TABLE_SCHEMA,
+            'tenant_id', NEW.tenant_id,
+            'thread_id', NEW.thread_id,
+            'run_id', NEW.id,
+            'status', NEW.status,
+            'previous_status', CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END)::text);
+    END IF;
+    RETURN NULL;
+END $$;
+-- run_notify_insert: a new run's first status.
+CREATE OR REPLACE TRIGGER run_notify_insert AFTER INSERT ON {s}.runs
+    FOR EACH ROW EXECUTE FUNCTION {s}.run_notify();
+-- run_notify_update: every later change of status.
+CREATE OR REPLACE TRIGGER run_notify_update AFTER UPDATE OF status ON {s}.runs
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION {s}.run_notify();
+
+
+-- webhook_enqueue: in the transaction that changes a run's status, one delivery per
+-- endpoint of the run's tenant that wants the event ('run.' || status), each an outbox row
+-- of kind webhook, deduplicated by its event key. The outbox row carries no run_id (ending
+-- a run drops its ready rows; a delivery must outlive that): the run is named in its
+-- payload. Runs as the schema owner (SECURITY DEFINER) so a writer that may change runs
+-- needs no rights on the webhook tables; nobody executes it but as a trigger.
+CREATE OR REPLACE FUNCTION {s}.webhook_enqueue() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_event    text := 'run.' || NEW.status;
+    v_endpoint {s}.webhook_endpoints;
+    v_key      text;
+    v_delivery bigint;
+BEGIN
+    FOR v_endpoint IN
+        SELECT * FROM {s}.webhook_endpoints e
+        WHERE e.tenant_id = NEW.tenant_id AND e.removed_at IS NULL
+          AND (e.events = '{}' OR v_event = ANY(e.events))
+        ORDER BY e.id
+    LOOP
+        v_key := NEW.id || ':' || v_event || ':' || (1 + (
+            SELECT count(*) FROM {s}.webhook_deliveries d
+            WHERE d.endpoint_id = v_endpoint.id AND d.run_id = NEW.id AND d.event = v_event));
+        INSERT INTO {s}.webhook_deliveries (endpoint_id, tenant_id, run_id, event, event_key)
+        VALUES (v_endpoint.id, NEW.tenant_id, NEW.id, v_event, v_key)
+        ON CONFLICT ON CONSTRAINT webhook_deliveries_once DO NOTHING
+        RETURNING id INTO v_delivery;
+        CONTINUE WHEN v_delivery IS NULL;
+        INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, correlation_id, max_attempts,
+                                payload)
+        VALUES (NEW.tenant_id, 'webhook', 'webhook:' || v_endpoint.id || ':' || v_key,
+                NEW.correlation_id, 8,
+                jsonb_build_object(
+                    'delivery_id', v_delivery, 'endpoint_id', v_endpoint.id,
+                    'event_key', v_key,
+                    'body', jsonb_build_object(
+                        'type', v_event,
+                        'timestamp', to_char(now() AT TIME ZONE 'UTC',
+                                             'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                        'data', jsonb_build_object(
+                            'object', 'run', 'id', NEW.id, 'tenant_id', NEW.tenant_id,
+                            'thread_id', NEW.thread_id, 'status', NEW.status,
+                            'previous_status',
+                            CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END,
+                            'failure_reason', NEW.failure_reason))));
+    END LOOP;
+    RETURN NULL;
+END $$;
+REVOKE ALL ON FUNCTION {s}.webhook_enqueue() FROM PUBLIC;
+-- webhook_enqueue_insert: a new run's first status (run.queued).
+CREATE OR REPLACE TRIGGER webhook_enqueue_insert AFTER INSERT ON {s}.runs
+    FOR EACH ROW EXECUTE FUNCTION {s}.webhook_enqueue();
+-- webhook_enqueue_update: every later change of status.
+CREATE OR REPLACE TRIGGER webhook_enqueue_update AFTER UPDATE OF status ON {s}.runs
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION {s}.webhook_enqueue();
+
+
+-- thread_delete_guard: a thread is deleted (deleted_at set) only once no run of it is
+-- active (cancel first), so a deleted thread never has a run the relay still works on.
+-- The library checks this under the thread's lock for a clear error; this makes it a
+-- rule of the database, also for a deleted_at set by hand (OB001, naming the run).
+CREATE OR REPLACE FUNCTION {s}.thread_delete_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_active {s}.runs;
+BEGIN
+    SELECT * INTO v_active FROM {s}.runs r
+    WHERE r.thread_id = NEW.id AND {s}.run_active_v1(r.status);
+    IF FOUND THEN
+        RAISE EXCEPTION 'thread % has active run % (%): it cannot be deleted',
+                        NEW.id, v_active.id, v_active.status
+            USING ERRCODE = 'OB001',
+                  DETAIL = json_build_object('thread_id', NEW.id, 'run_id', v_active.id,
+                                            'status', v_active.status)::text,
+                  HINT = 'cancel the run first, or wait for it to end';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER thread_delete_guard BEFORE UPDATE OF deleted_at ON {s}.threads
+    FOR EACH ROW WHEN (NEW.deleted_at IS NOT NULL AND OLD.deleted_at IS NULL)
+    EXECUTE FUNCTION {s}.thread_delete_guard();
+
+
+-- message_delete_guard: a message is deleted (hidden from the API and from every later
+-- replay) only when that keeps the history well-formed (DESIGN invariant 7): never the
+-- assistant turn that asked for tool calls, whose results would be left without their
+-- call (OB007). The CHECK messages_deleted_only_plain refuses the rest (tool results).
+CREATE OR REPLACE FUNCTION {s}.message_delete_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- A model turn's calls carry its run: by the run's index; a message of no run
+    -- (imported or added through the API) by its thread.
+    IF EXISTS (SELECT 1 FROM {s}.tool_calls tc
+               WHERE tc.message_id = NEW.id
+                 AND (CASE WHEN NEW.run_id IS NULL THEN tc.thread_id = NEW.thread_id
+                           ELSE tc.run_id = NEW.run_id END)) THEN
+        RAISE EXCEPTION 'message % carries tool calls: it cannot be deleted', NEW.id
+            USING ERRCODE = 'OB007',
+                  HINT = 'deleting it would leave the results of its calls without the call that asked for them';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER message_delete_guard BEFORE UPDATE OF deleted_at ON {s}.messages
+    FOR EACH ROW WHEN (NEW.deleted_at IS NOT NULL AND OLD.deleted_at IS NULL)
+    EXECUTE FUNCTION {s}.message_delete_guard();
