@@ -242,8 +242,8 @@ async def keep_history(request: Request) -> Response:
 async def create_message(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, MessageIn)
-    ident = request.path_params["thread_id"]
-    return answer(await run_in_threadpool(actions.create_message, cfg.store, who, ident, data))
+    ident, key = request.path_params["thread_id"], request.headers.get("idempotency-key")
+    return answer(await run_in_threadpool(actions.create_message, cfg.store, who, ident, data, key))
 
 
 async def list_messages(request: Request) -> Response:
@@ -362,7 +362,8 @@ async def run_events(request: Request) -> Response:
 async def create_response(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, ResponseIn)
-    ident = await run_in_threadpool(responses.create, cfg.store, who, data, cfg.settings)
+    key = request.headers.get("idempotency-key")
+    ident = await run_in_threadpool(responses.create, cfg.store, who, data, cfg.settings, key)
     return await _respond(request, who, cfg, ident, stream=data.stream, wait=not data.background)
 
 
