@@ -353,9 +353,14 @@ def _start(
 
 def get(store: Store, tenant: str, ident: uuid.UUID) -> Row:
     """The response as OpenAI shows it, from the database now."""
+    return get_with_run(store, tenant, ident)[0]
+
+
+def get_with_run(store: Store, tenant: str, ident: uuid.UUID) -> tuple[Row, uuid.UUID]:
+    """The response as OpenAI shows it, and the id of its run (what a waiter watches)."""
     with store.tenant(tenant) as conn:
         row = responses.get_response(conn, tenant, ident)
-        return _shape(conn, row)
+        return _shape(conn, row), row["run_id"]
 
 
 def _shape(conn: psycopg.Connection[Any], row: Row) -> Row:
