@@ -117,3 +117,46 @@ def test_many_waiters_of_one_process_share_one_listening_connection(db_url, api_
                 " AND datname = current_database()"
             ).fetchone()
     assert done.is_set() and listening == (1,)
+
+
+def test_a_streamed_response_ends_on_the_runs_notification(db_url, api_key, monkeypatch):
+    monkeypatch.setattr(response_stream, "POLL_S", (NEVER_S, NEVER_S))
+    with serve(db_url) as url, client(url, api_key) as sdk:
+
+        def follow() -> list[str]:
+            stream = sdk.responses.create(model="scripted-1", input="hello", stream=True)
+            return [event.type for event in stream]
+
+        kinds = end_run_when_waited_on(db_url, follow)
+    assert kinds[0] == "response.created" and kinds[-1] == "response.failed"
+
+
+LISTENERS = (
+    "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN outbox_runs'"
+    " AND datname = current_database()"
+)
+
+
+def _listener(db_url: str, other_than: int | None = None) -> int:
+    """The server's listening backend (another than ``other_than``), once there is one."""
+    deadline = time.monotonic() + DEADLINE_S
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            pids = [row[0] for row in conn.execute(LISTENERS) if row[0] != other_than]
+            if pids:
+                return int(pids[0])
+            time.sleep(0.02)  # polling interval of a condition with a deadline
+    raise AssertionError("the server does not listen")
+
+
+def test_the_listener_connects_again_after_its_connection_is_cut(db_url, api_key, monkeypatch):
+    monkeypatch.setattr(response_stream, "POLL_S", (NEVER_S, NEVER_S))
+    with serve(db_url) as url, client(url, api_key) as sdk:
+        first = _listener(db_url)
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (first,))
+        _listener(db_url, other_than=first)
+        shown = end_run_when_waited_on(
+            db_url, lambda: sdk.responses.create(model="scripted-1", input="hello")
+        )
+    assert shown.status == "cancelled"
