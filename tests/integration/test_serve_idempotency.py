@@ -156,3 +156,28 @@ def test_twins_sent_at_the_same_moment_get_the_same_thread_and_run(db_url, sdk):
         pairs = [(a.result(timeout=60), b.result(timeout=60)) for a, b in answers]
     assert all(a == b for a, b in pairs)
     assert stored(db_url) == (TWINS, TWINS, TWINS)  # one thread, run and message per key
+
+
+def test_response_twins_sent_at_the_same_moment_get_the_same_response(db_url, sdk):
+    gate = threading.Barrier(2 * TWINS)
+
+    def create(key: str) -> str:
+        gate.wait(timeout=30)  # every request leaves together
+        made = sdk.responses.create(
+            model="scripted-1",
+            input=f"twin {key}",
+            background=True,  # answered at once: no relay runs here
+            extra_headers={"Idempotency-Key": key},
+        )
+        return made.id
+
+    with ThreadPoolExecutor(2 * TWINS) as pool:
+        answers = [
+            (pool.submit(create, f"rtwin-{n}"), pool.submit(create, f"rtwin-{n}"))
+            for n in range(TWINS)
+        ]
+        pairs = [(a.result(timeout=60), b.result(timeout=60)) for a, b in answers]
+    assert all(a == b for a, b in pairs)
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox.responses").fetchone() == (TWINS,)
+    assert stored(db_url) == (TWINS, TWINS, TWINS)
