@@ -109,12 +109,12 @@ def _api(client: httpx2.Client, assistant: str, runs: int, *, stream: bool) -> d
 class _serving:
     """``outbox serve``'s app under uvicorn on a free loopback port, in a thread."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, listen: bool = True) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = int(sock.getsockname()[1])
         config = uvicorn.Config(
-            create_app(url), host="127.0.0.1", port=self.port, log_level="warning"
+            create_app(url, listen=listen), host="127.0.0.1", port=self.port, log_level="warning"
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="bench-serve")

@@ -52,6 +52,12 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     type=click.IntRange(min=1),
     help="Server processes (uvicorn's workers): each holds its own --db-connections.",
 )
+@click.option(
+    "--no-listen",
+    is_flag=True,
+    help="Requests waiting on a run poll it instead of being woken by LISTEN (behind a "
+    "pooler in transaction mode, where LISTEN does not work).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve_command(
     host: str,
@@ -61,6 +67,7 @@ def serve_command(
     action_timeout_s: float | None,
     db_connections: int,
     workers: int,
+    no_listen: bool,
     log_level: str,
 ) -> None:
     """Serve OpenAI's Assistants protocol and the run event stream over HTTP.
@@ -102,6 +109,7 @@ def serve_command(
                 model_base_url=model_base_url,
                 action_timeout_s=action_timeout_s,
                 max_connections=db_connections,
+                listen=not no_listen,
             )
             logs.setup(log_level, "server")
             uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False)
@@ -114,6 +122,7 @@ def serve_command(
                     server_app.ENV_ACTION_TIMEOUT_S: str(action_timeout_s or ""),
                     server_app.ENV_DB_CONNECTIONS: str(db_connections),
                     server_app.ENV_LOG_LEVEL: log_level,
+                    server_app.ENV_NO_LISTEN: "1" if no_listen else "",
                 }
             )
             uvicorn.run(

@@ -179,10 +179,18 @@ def _thread(conn: psycopg.Connection[Any], ident: uuid.UUID) -> Row:
     return row
 
 
-def create_message(store: Store, tenant: str, thread_id: str, body: MessageIn) -> Row:
+def create_message(
+    store: Store, tenant: str, thread_id: str, body: MessageIn, key: str | None = None
+) -> Row:
+    """Add a message to a thread without an active run. With an ``Idempotency-Key`` the
+    same request again answers the same message; the key with any other is a 409."""
     ident = parse_id(thread_id, "thread")
+    digest = idempotency.digest("messages.create", {"thread_id": thread_id}, body)
     with store.tenant(tenant) as conn:
         _thread(conn, ident)
+        first = idempotency.earlier(conn, tenant, key, digest) if key else None
+        if key and first:
+            return _kept_message(conn, key, first)
         active = fetch_one(conn, Q.active_run, {"thread_id": ident})
         if active is not None:
             raise APIError(
@@ -192,7 +200,20 @@ def create_message(store: Store, tenant: str, thread_id: str, body: MessageIn) -
         message_id = writer.append_message(conn, ident, tenant, body.role, body.text)
         row = fetch_one(conn, Q.message, {"message_id": message_id, "thread_id": ident})
         assert row is not None
+        if key:
+            idempotency.keep(conn, tenant, key, digest, ident, f"msg_{message_id}")
         return shapes.message(row, ident)
+
+
+def _kept_message(conn: psycopg.Connection[Any], key: str, first: idempotency.Earlier) -> Row:
+    """The message an earlier request with the same key added (404 once deleted)."""
+    number = (first.object_id or "").removeprefix("msg_")
+    if not number.isdigit():
+        raise idempotency.reused(key)
+    row = fetch_one(conn, Q.message, {"message_id": int(number), "thread_id": first.thread_id})
+    if row is None:
+        raise not_found("message", first.object_id)
+    return shapes.message(row, first.thread_id)
 
 
 def get_message(store: Store, tenant: str, thread_id: str, message_id: str) -> Row:
@@ -275,8 +296,8 @@ def create_run(
     with store.tenant(tenant) as conn:
         _thread(conn, ident)
         first = idempotency.earlier(conn, tenant, key, digest) if key else None
-        if first:
-            return _run(conn, tenant, first["id"], first["thread_id"])
+        if key and first:
+            return _made(conn, tenant, key, first)
         for message in body.additional_messages or []:
             writer.append_message(conn, ident, tenant, message.role, message.text)
         instructions = body.additional_instructions
@@ -300,13 +321,21 @@ def create_thread_and_run(
     digest = idempotency.digest("threads.create_and_run", {}, body)
     with store.tenant(tenant) as conn:
         first = idempotency.earlier(conn, tenant, key, digest) if key else None
-        if first:  # the first request's thread and run, not a new thread
-            return _run(conn, tenant, first["id"], first["thread_id"])
+        if key and first:  # the first request's thread and run, not a new thread
+            return _made(conn, tenant, key, first)
         thread = _new_thread(conn, tenant, body.thread or ThreadIn())
         run = _start(conn, tenant, thread["id"], body, settings, key, None)
         if key and run.created:
             idempotency.remember(conn, tenant, run.row, key, digest)
         return _run(conn, tenant, run.id, thread["id"])
+
+
+def _made(conn: psycopg.Connection[Any], tenant: str, key: str, first: idempotency.Earlier) -> Row:
+    """The run an earlier request with the same key made; 409 when that request made
+    something else (only a request without a digest, older than digests, gets here)."""
+    if first.run_id is None:
+        raise idempotency.reused(key)
+    return _run(conn, tenant, first.run_id, first.thread_id)
 
 
 def _start(

@@ -26,6 +26,7 @@ from server.access import AccessLog
 from server.actions import Settings
 from server.routes import ROUTES, Config
 from server.store import Store
+from server.wakeups import Wakeups
 
 # The largest request body accepted: room for a message at the library's payload cap,
 # JSON escaping and the other fields (bytes).
@@ -48,18 +49,24 @@ def create_app(
     action_timeout_s: float | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_connections: int = 10,
+    listen: bool = True,
 ) -> Starlette:
     """The app on ``database_url``; runs it creates call the model at ``model_base_url``
     (default: the relay's ``OPENAI_BASE_URL``) and wait ``action_timeout_s`` for client
-    tool outputs (default: the library's, 10 minutes)."""
+    tool outputs (default: the library's, 10 minutes). ``listen=False``: requests waiting
+    on a run poll it instead of waking on its notification (``LISTEN`` does not work
+    through a pooler in transaction mode; server.wakeups)."""
     store = Store(database_url, max_connections=max_connections)
+    wakeups = Wakeups(database_url, listen=listen)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         store.open()
+        await wakeups.start()
         try:
             yield
         finally:
+            await wakeups.stop()
             store.close()
 
     app = Starlette(
@@ -74,7 +81,8 @@ def create_app(
             Exception: errors.unexpected_error,
         },
     )
-    app.state.config = Config(store, Settings(model_base_url, action_timeout_s), max_body_bytes)
+    settings = Settings(model_base_url, action_timeout_s)
+    app.state.config = Config(store, settings, max_body_bytes, wakeups)
     return app
 
 
@@ -84,6 +92,7 @@ ENV_MODEL_BASE_URL = "OUTBOX_SERVE_MODEL_BASE_URL"
 ENV_ACTION_TIMEOUT_S = "OUTBOX_SERVE_ACTION_TIMEOUT_S"
 ENV_DB_CONNECTIONS = "OUTBOX_SERVE_DB_CONNECTIONS"
 ENV_LOG_LEVEL = "OUTBOX_SERVE_LOG_LEVEL"
+ENV_NO_LISTEN = "OUTBOX_SERVE_NO_LISTEN"  # "1": poll waited-on runs (server.wakeups)
 
 
 def from_environment() -> Starlette:
@@ -95,4 +104,5 @@ def from_environment() -> Starlette:
         model_base_url=os.environ.get(ENV_MODEL_BASE_URL) or None,
         action_timeout_s=float(timeout) if timeout else None,
         max_connections=int(os.environ.get(ENV_DB_CONNECTIONS, "10")),
+        listen=os.environ.get(ENV_NO_LISTEN) != "1",
     )

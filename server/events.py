@@ -26,7 +26,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 from starlette.concurrency import run_in_threadpool
 
 from outbox import constants
@@ -34,6 +33,7 @@ from outbox.store import fetch_one
 from server import shapes
 from server.errors import not_found
 from server.store import Q, Store
+from server.wakeups import Wakeups, Watch
 
 POLL_S = 0.2  # seconds between two reads of the journal
 BATCH = 500  # events read per poll at most
@@ -80,11 +80,22 @@ class Cursor:
 
 
 async def stream(
-    store: Store, tenant: str, run_id: uuid.UUID, after_id: int
+    store: Store, tenant: str, run_id: uuid.UUID, after_id: int, hub: Wakeups
 ) -> AsyncIterator[dict[str, Any]]:
-    """The SSE events of a run after ``after_id`` (see the module's docstring)."""
+    """The SSE events of a run after ``after_id`` (see the module's docstring). Reads
+    again every ``POLL_S``, at once when the run's status changes (``hub``,
+    server.wakeups): most events come without one, so the poll stays."""
+    with hub.watch(run_id) as watch:
+        async for event in _events(store, tenant, run_id, after_id, watch):
+            yield event
+
+
+async def _events(
+    store: Store, tenant: str, run_id: uuid.UUID, after_id: int, watch: Watch
+) -> AsyncIterator[dict[str, Any]]:
     cursor = Cursor(after_id)
     while True:
+        watch.clear()  # before the read: a change during it wakes the wait below
         poll = await run_in_threadpool(read, store, tenant, run_id, cursor.last_id)
         horizon = cursor.final_up_to(poll)
         sent = 0
@@ -108,4 +119,4 @@ async def stream(
             }
             return
         if len(poll.events) < BATCH or sent == 0:  # a full batch sent: read on at once
-            await anyio.sleep(POLL_S)
+            await watch.changed(POLL_S)

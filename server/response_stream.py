@@ -12,13 +12,15 @@ message: the relay records a model's answer whole, it does not stream tokens.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
+
+from server.wakeups import FALLBACK_S, Wakeups, Watch
 
 Row = dict[str, Any]
 SETTLED = ("completed", "failed", "cancelled", "incomplete")
@@ -26,14 +28,18 @@ POLL_S = (0.05, 1.0)  # first and longest wait between looks at a response still
 WAIT_S = 600.0  # how long a request waits for its response to settle
 
 
-async def settled(read: Callable[[], Row], wait_s: float = WAIT_S) -> Row:
-    """The response once it settled, or as it is after ``wait_s``."""
+async def settled(read: Callable[[], Row], watch: Watch, wait_s: float = WAIT_S) -> Row:
+    """The response once it settled, or as it is after ``wait_s``. Read again when its run
+    changed (``watch``: the run's notification), polling with a growing pause only when
+    nobody listens (``server.wakeups``)."""
     deadline, pause = time.monotonic() + wait_s, POLL_S[0]
     while True:
+        watch.clear()  # before the read: a change during it wakes the wait below
         shown = await run_in_threadpool(read)
-        if shown["status"] in SETTLED or time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if shown["status"] in SETTLED or left <= 0:
             return shown
-        await asyncio.sleep(pause)
+        await watch.changed(min(pause, left), listened_s=min(FALLBACK_S, left))
         pause = min(POLL_S[1], pause * 2)
 
 
@@ -77,15 +83,24 @@ def closing(shown: Row) -> list[Row]:
     return events
 
 
-async def stream(read: Callable[[], Row], starting_after: int = -1) -> AsyncIterator[Row]:
-    """The response's events after ``starting_after``, as SSE messages."""
+async def stream(
+    read: Callable[[], Row], hub: Wakeups, run_id: uuid.UUID, starting_after: int = -1
+) -> AsyncIterator[Row]:
+    """The response's events after ``starting_after``, as SSE messages; woken by changes
+    of its run (``run_id``)."""
+    with hub.watch(run_id) as watch:
+        async for event in _events(read, watch, starting_after):
+            yield event
+
+
+async def _events(read: Callable[[], Row], watch: Watch, starting_after: int) -> AsyncIterator[Row]:
     first = await run_in_threadpool(read)
     number = 0
     for event in opening(first):
         if number > starting_after:
             yield _sse(event, number)
         number += 1
-    for event in closing(await settled(read)):
+    for event in closing(await settled(read, watch)):
         if number > starting_after:
             yield _sse(event, number)
         number += 1

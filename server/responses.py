@@ -28,7 +28,7 @@ from outbox import assistants, lifecycle, responses, writer
 from outbox.errors import ActiveRunExists, NotFound
 from outbox.schemas import NewMessage, StartRun
 from outbox.store import fetch_all, fetch_one
-from server import input_items, shapes
+from server import idempotency, input_items, shapes
 from server.actions import Page, Settings, busy_thread, paginate, remove_message
 from server.bodies import ConversationIn, ResponseIn
 from server.errors import APIError
@@ -94,12 +94,17 @@ def function_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # -- create -------------------------------------------------------------------------------
 
 
-def create(store: Store, tenant: str, body: ResponseIn, settings: Settings) -> uuid.UUID:
+def create(
+    store: Store, tenant: str, body: ResponseIn, settings: Settings, key: str | None = None
+) -> uuid.UUID:
     """Record a response (start a run, or carry a waiting one on); returns its id.
 
     With ``previous_response_id`` or ``conversation`` the input is the new turn. Without
     either it is the whole history as the caller keeps it (``_stateless``): it continues
-    the stored history it extends, or seeds a new thread."""
+    the stored history it extends, or seeds a new thread. With an ``Idempotency-Key`` the
+    same request again answers the response the first made (nothing stored twice); the
+    key with any other request is a 409 (``server.idempotency``)."""
+    digest = idempotency.digest("responses.create", {}, body)
     given = input_items.parse(body.input)
     if body.previous_response_id and body.conversation:
         raise APIError(
@@ -108,6 +113,9 @@ def create(store: Store, tenant: str, body: ResponseIn, settings: Settings) -> u
             "Give one of them.",
         )
     with store.tenant(tenant) as conn:
+        first = idempotency.earlier(conn, tenant, key, digest) if key else None
+        if key and first is not None:
+            return _kept_response(key, first)
         given = input_items.resolve(conn, given)
         if body.previous_response_id or body.conversation:
             messages, outputs = _new_turn(given)
@@ -148,7 +156,17 @@ def create(store: Store, tenant: str, body: ResponseIn, settings: Settings) -> u
             metadata=body.metadata,
             background=body.background,
         )
-        return uuid.UUID(str(row["id"]))
+        ident = uuid.UUID(str(row["id"]))
+        if key:
+            idempotency.keep(conn, tenant, key, digest, thread_id, response_id(ident))
+        return ident
+
+
+def _kept_response(key: str, first: idempotency.Earlier) -> uuid.UUID:
+    """The response an earlier request with the same key made."""
+    if first.object_id is None or not first.object_id.startswith("resp_"):
+        raise idempotency.reused(key)
+    return parse(first.object_id, "resp_", "Response")
 
 
 def _new_turn(given: list[Row]) -> tuple[list[Row], list[Row]]:
@@ -335,9 +353,14 @@ def _start(
 
 def get(store: Store, tenant: str, ident: uuid.UUID) -> Row:
     """The response as OpenAI shows it, from the database now."""
+    return get_with_run(store, tenant, ident)[0]
+
+
+def get_with_run(store: Store, tenant: str, ident: uuid.UUID) -> tuple[Row, uuid.UUID]:
+    """The response as OpenAI shows it, and the id of its run (what a waiter watches)."""
     with store.tenant(tenant) as conn:
         row = responses.get_response(conn, tenant, ident)
-        return _shape(conn, row)
+        return _shape(conn, row), row["run_id"]
 
 
 def _shape(conn: psycopg.Connection[Any], row: Row) -> Row:

@@ -37,6 +37,7 @@ from server.bodies import (
 )
 from server.errors import APIError
 from server.store import Store
+from server.wakeups import Wakeups
 
 B = TypeVar("B", bound=BaseModel)
 POLL_AFTER_MS = "200"  # how soon the SDK's *_and_poll helpers look again (openai-poll-after-ms)
@@ -46,10 +47,13 @@ MAX_LIMIT = 100  # the most items a list returns (OpenAI's cap)
 class Config:
     """What the routes share: the store, the settings of new runs, the body cap."""
 
-    def __init__(self, store: Store, settings: actions.Settings, max_body_bytes: int) -> None:
+    def __init__(
+        self, store: Store, settings: actions.Settings, max_body_bytes: int, wakeups: Wakeups
+    ) -> None:
         self.store = store
         self.settings = settings
         self.max_body_bytes = max_body_bytes
+        self.wakeups = wakeups  # wakes requests waiting on a run (server.wakeups)
 
 
 def config(request: Request) -> Config:
@@ -156,7 +160,7 @@ def run_stream(cfg: Config, who: str, run: dict[str, Any], opening: list[Any]) -
     thread_id = actions.parse_id(run["thread_id"], "thread")
     run_id = actions.parse_id(run["id"], "run")
     announced = run["status"] if opening else None
-    events = streaming.stream(cfg.store, who, thread_id, run_id, opening, announced)
+    events = streaming.stream(cfg.store, who, thread_id, run_id, opening, announced, cfg.wakeups)
     return EventSourceResponse(events, ping=15)
 
 
@@ -242,8 +246,8 @@ async def keep_history(request: Request) -> Response:
 async def create_message(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, MessageIn)
-    ident = request.path_params["thread_id"]
-    return answer(await run_in_threadpool(actions.create_message, cfg.store, who, ident, data))
+    ident, key = request.path_params["thread_id"], request.headers.get("idempotency-key")
+    return answer(await run_in_threadpool(actions.create_message, cfg.store, who, ident, data, key))
 
 
 async def list_messages(request: Request) -> Response:
@@ -353,7 +357,8 @@ async def run_events(request: Request) -> Response:
     if not raw.isdigit():
         raise APIError(400, f"Last-Event-ID must be an event id (a number), not {raw!r}")
     await run_in_threadpool(events.read, cfg.store, who, run_id, int(raw))  # 404 before streaming
-    return EventSourceResponse(events.stream(cfg.store, who, run_id, int(raw)), ping=15)
+    stream = events.stream(cfg.store, who, run_id, int(raw), cfg.wakeups)
+    return EventSourceResponse(stream, ping=15)
 
 
 # -- the Responses and Conversations protocols (server.responses) -------------------------
@@ -362,7 +367,8 @@ async def run_events(request: Request) -> Response:
 async def create_response(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, ResponseIn)
-    ident = await run_in_threadpool(responses.create, cfg.store, who, data, cfg.settings)
+    key = request.headers.get("idempotency-key")
+    ident = await run_in_threadpool(responses.create, cfg.store, who, data, cfg.settings, key)
     return await _respond(request, who, cfg, ident, stream=data.stream, wait=not data.background)
 
 
@@ -390,11 +396,13 @@ async def _respond(
     def read() -> dict[str, Any]:
         return responses.get(cfg.store, who, ident)
 
-    shown = await run_in_threadpool(read)  # 404 before any stream starts
-    if stream:
-        return EventSourceResponse(response_stream.stream(read, after), ping=15)
+    shown, run_id = await run_in_threadpool(responses.get_with_run, cfg.store, who, ident)
+    if stream:  # a 404 came before any stream starts
+        events = response_stream.stream(read, cfg.wakeups, run_id, after)
+        return EventSourceResponse(events, ping=15)
     if wait:
-        shown = await response_stream.settled(read)
+        with cfg.wakeups.watch(run_id) as watch:
+            shown = await response_stream.settled(read, watch)
     return answer(shown)
 
 

@@ -18,12 +18,12 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 from starlette.concurrency import run_in_threadpool
 
 from outbox.constants import ENDED
 from server import actions
 from server.store import Store
+from server.wakeups import Wakeups, Watch
 
 POLL_S = 0.2  # seconds between two reads of the run
 # A stream ends when the run waits for the client or is over ("incomplete" is OpenAI's word
@@ -61,15 +61,31 @@ async def stream(
     thread_id: uuid.UUID,
     run_id: uuid.UUID,
     opening: list[Row],
-    status: str | None = None,
+    status: str | None,
+    hub: Wakeups,
 ) -> AsyncIterator[Row]:
     """The events of a run from now on, after ``opening`` (e.g. ``thread.run.created``);
-    ``status``: the run's status the caller already announced."""
+    ``status``: the run's status the caller already announced. Reads again every
+    ``POLL_S``, at once when the run's status changes (``hub``, server.wakeups)."""
     for event in opening:
         yield event
+    with hub.watch(run_id) as watch:
+        async for event in _changes(store, tenant, thread_id, run_id, status, watch):
+            yield event
+
+
+async def _changes(
+    store: Store,
+    tenant: str,
+    thread_id: uuid.UUID,
+    run_id: uuid.UUID,
+    status: str | None,
+    watch: Watch,
+) -> AsyncIterator[Row]:
     steps_done: dict[str, str] = {}
     messages_sent: set[str] = set()
     while True:
+        watch.clear()  # before the read: a change during it wakes the wait below
         run, steps, messages = await run_in_threadpool(
             actions.run_state, store, tenant, thread_id, run_id
         )
@@ -91,4 +107,4 @@ async def stream(
         if status in STOPS:
             yield sse("done", "[DONE]")
             return
-        await anyio.sleep(POLL_S)
+        await watch.changed(POLL_S)

@@ -177,3 +177,17 @@ SELECT r.id, r.thread_id,
         WHERE j.run_id = r.id AND j.event = 'run.requested' ORDER BY j.id LIMIT 1) AS digest
 FROM {s}.runs r
 WHERE r.tenant_id = %(tenant_id)s AND r.idempotency_key = %(key)s
+
+-- name: request_by_idempotency_key
+-- What a tenant's Idempotency-Key made on an endpoint that starts no run of its own (a
+-- response, a message): the request.keyed event journaled with it, under the key's own
+-- uuid in run_id (server/idempotency.py says why), so the lookup uses journal_run.
+SELECT j.thread_id, j.detail->>'digest' AS digest, j.detail->>'object_id' AS object_id
+FROM {s}.journal j
+WHERE j.run_id = %(key_id)s AND j.event = 'request.keyed' AND j.tenant_id = %(tenant_id)s
+ORDER BY j.id LIMIT 1
+
+-- name: hold_idempotency_key
+-- Twins (the same tenant and key at the same moment) take turns until the first commits:
+-- the second then finds what the first made instead of racing it to a unique index.
+SELECT pg_advisory_xact_lock(hashtextextended(%(tenant_id)s || chr(1) || %(key)s, 29))

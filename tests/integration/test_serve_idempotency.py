@@ -4,7 +4,9 @@ first request's run, for runs and create-and-run alike; the key with any other b
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import psycopg
@@ -83,3 +85,99 @@ def test_a_resend_of_create_and_run_returns_the_first_thread_and_run(db_url, sdk
     with pytest.raises(openai.ConflictError, match="'req-2'"):
         create("refund 43")
     assert stored(db_url) == before == (1, 1, 1)
+
+
+def test_a_resend_must_repeat_the_whole_response_request(db_url, sdk):
+    def create(key: str, text: str, **fields: object) -> object:
+        return sdk.responses.create(
+            model="scripted-1",
+            input=text,
+            background=True,  # answered at once: no relay runs here
+            extra_headers={"Idempotency-Key": key},
+            **fields,  # type: ignore[arg-type]
+        )
+
+    first = create("resp-1", "refund 42")
+    assert create("resp-1", "refund 42").id == first.id  # type: ignore[attr-defined]
+    before = stored(db_url)
+    with pytest.raises(openai.ConflictError, match="Idempotency-Key 'resp-1' was already used"):
+        create("resp-1", "refund 43")
+    with pytest.raises(openai.ConflictError, match="'resp-1'"):
+        create("resp-1", "refund 42", metadata={"a": "b"})
+    with pytest.raises(openai.ConflictError, match="'resp-1'"):  # a key is one request
+        sdk.beta.threads.create_and_run(
+            assistant_id=sdk.beta.assistants.create(model="scripted-1").id,
+            extra_headers={"Idempotency-Key": "resp-1"},
+        )
+    assert stored(db_url) == before == (1, 1, 1)
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox.responses").fetchone() == (1,)
+
+
+def test_a_resend_must_repeat_the_whole_message_request(db_url, sdk):
+    thread = sdk.beta.threads.create()
+
+    def create(key: str, text: str, thread_id: str = thread.id) -> object:
+        return sdk.beta.threads.messages.create(
+            thread_id=thread_id, role="user", content=text, extra_headers={"Idempotency-Key": key}
+        )
+
+    first = create("msg-1", "hello")
+    assert create("msg-1", "hello").id == first.id  # type: ignore[attr-defined]
+    before = stored(db_url)
+    with pytest.raises(openai.ConflictError, match="Idempotency-Key 'msg-1' was already used"):
+        create("msg-1", "hello!")
+    with pytest.raises(openai.ConflictError, match="'msg-1'"):  # the same body, another thread
+        create("msg-1", "hello", sdk.beta.threads.create().id)
+    assert stored(db_url) == (before[0] + 1, before[1], before[2])  # only the second thread
+
+
+TWINS = 8  # pairs of twins: each pair races once; before the fix some pairs got a 409
+
+
+def test_twins_sent_at_the_same_moment_get_the_same_thread_and_run(db_url, sdk):
+    assistant = sdk.beta.assistants.create(model="scripted-1")
+    gate = threading.Barrier(2 * TWINS)
+
+    def create(key: str) -> tuple[str, str]:
+        gate.wait(timeout=30)  # every request leaves together
+        run = sdk.beta.threads.create_and_run(
+            assistant_id=assistant.id,
+            thread={"messages": [{"role": "user", "content": f"twin {key}"}]},
+            extra_headers={"Idempotency-Key": key},
+        )
+        return run.id, run.thread_id
+
+    with ThreadPoolExecutor(2 * TWINS) as pool:
+        answers = [
+            (pool.submit(create, f"twin-{n}"), pool.submit(create, f"twin-{n}"))
+            for n in range(TWINS)
+        ]
+        pairs = [(a.result(timeout=60), b.result(timeout=60)) for a, b in answers]
+    assert all(a == b for a, b in pairs)
+    assert stored(db_url) == (TWINS, TWINS, TWINS)  # one thread, run and message per key
+
+
+def test_response_twins_sent_at_the_same_moment_get_the_same_response(db_url, sdk):
+    gate = threading.Barrier(2 * TWINS)
+
+    def create(key: str) -> str:
+        gate.wait(timeout=30)  # every request leaves together
+        made = sdk.responses.create(
+            model="scripted-1",
+            input=f"twin {key}",
+            background=True,  # answered at once: no relay runs here
+            extra_headers={"Idempotency-Key": key},
+        )
+        return made.id
+
+    with ThreadPoolExecutor(2 * TWINS) as pool:
+        answers = [
+            (pool.submit(create, f"rtwin-{n}"), pool.submit(create, f"rtwin-{n}"))
+            for n in range(TWINS)
+        ]
+        pairs = [(a.result(timeout=60), b.result(timeout=60)) for a, b in answers]
+    assert all(a == b for a, b in pairs)
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox.responses").fetchone() == (TWINS,)
+    assert stored(db_url) == (TWINS, TWINS, TWINS)

@@ -1,0 +1,130 @@
+"""Requests that wait on a run wake when the run changes, not on a timer.
+
+A waiting ``responses.create``, a ``stream=true`` reader and ``GET /v1/runs/{id}/events``
+read their run again when something changed. What changed is told by the database: every
+change of a run's status sends ``NOTIFY outbox_runs`` with the run's id (migration 0023)
+when its transaction commits. One ``LISTEN`` connection per server process (``Wakeups``,
+an asyncio task started with the app) fans each notification out to the requests watching
+that run (``watch``), so N waiting requests cost one connection and no polling.
+
+Polling stays as the fallback, slow while the listener is connected (``FALLBACK_S``: a
+notification lost with a dropped connection, a status change made with
+``outbox.run_notify = 'off'``), at the callers' own pace otherwise: ``listen=False``
+(``LISTEN`` does not work through a pooler in transaction mode, as the relay's
+``--no-listen``), or while the listener reconnects. After a reconnect every watcher wakes
+once, since a notification sent meanwhile was lost.
+
+A watcher clears its flag before it reads the run and waits after: a notification that
+arrives during the read sets the flag again, so none falls between read and wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+
+from outbox import db
+
+log = logging.getLogger("outbox.server")
+CHANNEL = "outbox_runs"  # migration 0023's channel
+FALLBACK_S = 5.0  # seconds between reads of a watched run while the listener is connected
+RECONNECT_S = (0.5, 10.0)  # first and longest wait before the listener connects again
+
+
+class Watch:
+    """One request's view of one run: ``changed`` returns when the run changed (or the
+    fallback poll is due)."""
+
+    def __init__(self, hub: Wakeups) -> None:
+        self.hub = hub
+        self.flag = asyncio.Event()
+
+    def clear(self) -> None:
+        """Call before reading the run: a change from here on wakes the next wait."""
+        self.flag.clear()
+
+    async def changed(self, poll_s: float, *, listened_s: float | None = None) -> None:
+        """Wait for a change of the run, at most ``poll_s``; ``listened_s`` instead while
+        the listener is connected, for a caller that needs no read but on a change."""
+        timeout = listened_s if listened_s is not None and self.hub.listening else poll_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.flag.wait(), timeout)
+
+
+class Wakeups:
+    """The process's one ``LISTEN outbox_runs`` connection and the watchers per run."""
+
+    def __init__(self, database_url: str, *, listen: bool = True) -> None:
+        self.database_url = database_url
+        self.listen = listen
+        self.listening = False  # connected and listening now
+        self.watchers: dict[uuid.UUID, set[Watch]] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self.listen:
+            self.task = asyncio.create_task(self._listen(), name="outbox-serve-listener")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+    @contextlib.contextmanager
+    def watch(self, run_id: uuid.UUID) -> Iterator[Watch]:
+        """Watch ``run_id`` for the block."""
+        watch = Watch(self)
+        self.watchers.setdefault(run_id, set()).add(watch)
+        try:
+            yield watch
+        finally:
+            watchers = self.watchers.get(run_id, set())
+            watchers.discard(watch)
+            if not watchers:
+                self.watchers.pop(run_id, None)
+
+    def wake(self, run_id: uuid.UUID | None) -> None:
+        """Wake the watchers of ``run_id`` (every watcher for None)."""
+        if run_id is None:
+            targets = [w for ws in self.watchers.values() for w in ws]
+        else:
+            targets = list(self.watchers.get(run_id, ()))
+        for watch in targets:
+            watch.flag.set()
+
+    async def _listen(self) -> None:
+        pause = RECONNECT_S[0]
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.database_url, autocommit=True, connect_timeout=db.CONNECT_TIMEOUT_S
+                )
+                async with conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self.listening, pause = True, RECONNECT_S[0]
+                    self.wake(None)  # what changed while nobody listened was not told
+                    async for note in conn.notifies():
+                        self.wake(_run_of(note.payload))
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # any failure of the connection: poll, then reconnect
+                log.warning("run listener lost its connection: %s; polling meanwhile", err)
+            finally:
+                self.listening = False
+            await asyncio.sleep(pause)
+            pause = min(RECONNECT_S[1], pause * 2)
+
+
+def _run_of(payload: str) -> uuid.UUID | None:
+    """The run a notification names; None (wake everyone) when it cannot be read."""
+    try:
+        return uuid.UUID(json.loads(payload)["run_id"])
+    except (ValueError, KeyError, TypeError):
+        return None
