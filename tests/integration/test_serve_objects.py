@@ -9,6 +9,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx2
 import openai
@@ -18,7 +19,7 @@ import pytest
 from outbox import keys
 from outbox.logs import JsonFormatter
 from outbox.testing.model import ScriptedModel
-from tests.relay_harness import relay_thread, scalar
+from tests.relay_harness import relay_thread, scalar, wait_until
 from tests.serve_harness import serve
 
 pytestmark = [
@@ -185,7 +186,21 @@ def test_every_request_is_logged_with_its_tenant_path_ids_and_request_id(
     refused = httpx2.get(f"{base_url}/assistants", headers={"Authorization": "Bearer nope"})
     assert refused.status_code == 401 and refused.headers["x-request-id"].startswith("req_")
 
-    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+    def logged() -> list[dict[str, Any]]:
+        return [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+
+    # The access line is written once the answer has left, so it may come a moment after
+    # the client has it.
+    lines = wait_until(
+        lambda: (
+            (found := logged())
+            and any(line["correlation_id"] == "req-42" for line in found)
+            and any(line["status"] == 401 for line in found)
+            and found
+        ),
+        timeout_s=10,
+        what="both access lines",
+    )
     mine = next(line for line in lines if line["correlation_id"] == "req-42")
     assert mine["event"] == "api.request" and mine["tenant_id"] == "acme"
     assert (mine["thread_id"], mine["status"], mine["method"]) == (thread.id, 404, "GET")
