@@ -82,7 +82,7 @@ CATALOG: dict[str, str] = {
                                       FROM unnest(a.attacl) i)
         FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
         JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = %(s)s AND cardinality(a.attacl) > 0""",
+        WHERE n.nspname = %(s)s AND cardinality(a.attacl) > 0 AND NOT a.attisdropped""",
     # The roles are the cluster's, not the schema's: roles.sql may create them, never alter.
     "roles": """
         SELECT rolname, rolsuper, rolinherit, rolcreaterole, rolcreatedb, rolcanlogin,
