@@ -1,81 +1,11 @@
-"""The ``outbox`` command: the entry point that assembles the command groups.
+"""The ``outbox`` command from a checkout: ``python -m cli ...``.
 
-Each group lives in its own module of ``commands/`` (``commands/db.py`` holds ``outbox db``,
-``commands/queue.py`` the queue and the commands that act on queued work, ...), and
-``commands.common`` holds what they share: the connection, ``--json`` and ``--actor``, the
-output, and the ``error:``/``hint:`` refusals with exit status 2 of ``OutboxGroup``. This
-module stays the entry point because the console script (``cli:main``) and the relay child
-of ``outbox serve --with-relay`` (``python -m cli relay``) name it.
+The command itself is ``outbox.commands.main``, where the groups are assembled; the console
+script and the relay children of ``outbox serve --with-relay`` name that module
+(``python -m outbox.commands relay``), so an installed wheel needs no top-level ``cli``.
 """
 
-from __future__ import annotations
-
-import click
-
-from commands import (
-    approvals,
-    credentials,
-    db,
-    demo,
-    journal,
-    keys,
-    limits,
-    platform,
-    policy,
-    prices,
-    queue,
-    relay,
-    runs,
-    serve,
-    tenants,
-    threads,
-    tools,
-    webhooks,
-)
-from commands.common import OutboxGroup
-
-
-@click.group(cls=OutboxGroup)
-@click.version_option(package_name="agent-outbox")
-def main() -> None:
-    """agent-outbox: tool-using AI agent runs on Postgres, effectively once.
-
-    The database is OUTBOX_DATABASE_URL, or, when that variable is not set, an embedded
-    PostgreSQL kept in $OUTBOX_HOME/pgdata (default ./.outbox) that `outbox db start`
-    starts (other commands never start it).
-    """
-
-
-# click lists commands by name, so this order is only the reader's: the database first,
-# then the registry, the processes, and what operators and tenants act on.
-COMMANDS: tuple[click.Command, ...] = (
-    db.db_group,
-    tools.tools_group,
-    relay.relay_command,
-    serve.serve_command,
-    keys.keys_group,
-    webhooks.webhooks_group,
-    queue.queue_group,
-    queue.requeue_cmd,
-    queue.quarantine_cmd,
-    queue.release_cmd,
-    queue.reconcile_cmd,
-    journal.journal_group,
-    journal.prune_cmd,
-    runs.runs_group,
-    threads.threads_group,
-    tenants.tenants_group,
-    prices.prices_group,
-    platform.platform_group,
-    limits.limits_command,
-    credentials.credentials_group,
-    policy.policy_group,
-    approvals.approvals_group,
-    demo.demo,
-)
-for command in COMMANDS:
-    main.add_command(command)
-
+from outbox.commands.main import main
 
 if __name__ == "__main__":
     main()

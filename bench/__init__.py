@@ -11,8 +11,8 @@ Design choices:
   batches) into a template database; each relay measurement clones it with
   ``CREATE DATABASE ... TEMPLATE``. The rows are therefore exactly what a backend writes,
   and seeding is paid once, not once per process count.
-- The relay runs as real processes (``python -m cli relay --processes P``), the way users
-  run it. The clock starts when the first row is leased (interpreter start-up excluded)
+- The relay runs as real processes (``python -m outbox.commands relay --processes P``), the way
+  users run it. The clock starts when the first row is leased (interpreter start-up excluded)
   and stops when no ``tool_call`` row is left in the outbox.
 - The baselines run the same number of no-op jobs: a raw psycopg ``SKIP LOCKED`` loop (the
   ceiling of the pattern on this machine) and PgQueuer with its asyncpg driver.

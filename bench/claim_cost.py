@@ -19,10 +19,10 @@ import psycopg
 from bench import db as bdb
 from bench import seed
 from outbox import db, writer
+from outbox.relay.config import RelayConfig
+from outbox.relay.worker import Worker
 from outbox.schemas import ModelTurnIn, StartRun, ToolCallIn
 from outbox.sql import Queries
-from relay.config import RelayConfig
-from relay.worker import Worker
 
 BACKLOG = 10_000
 CLAIMS = (1000, 1000, 32, 32, 1000)

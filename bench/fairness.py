@@ -41,7 +41,7 @@ def measure(server: str, backlog: int, tool_s: float, log_path: Path) -> dict[st
                 conn.execute("DELETE FROM outbox.outbox WHERE kind = 'model_turn'")
                 conn.execute("VACUUM ANALYZE")
             env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(REPO)}
-            command = [sys.executable, "-m", "cli", "relay", "--log-level", "WARNING"]
+            command = [sys.executable, "-m", "outbox.commands", "relay", "--log-level", "WARNING"]
             command += ["--kind", "tool_call", "--kind", "deliver_batch"]
             with open(log_path, "ab") as log:
                 relay = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)

@@ -32,8 +32,8 @@ from bench import db as bdb
 from bench import seed
 from bench.throughput import REPO, stderr
 from outbox import writer
+from outbox.relay.config import RelayConfig
 from outbox.schemas import StartRun
-from relay.config import RelayConfig
 
 TOOL = "slow"
 SAMPLE_S = 0.25  # how often connections and memory are sampled
@@ -150,7 +150,14 @@ def measure(
             seed.register_http_tool(url, TOOL, latency.url + "/tools/" + TOOL, timeout_s=60)
             start_runs(url, runs, latency.url + "/v1")
             env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(REPO)}
-            command = [sys.executable, "-m", "cli", "relay", "--concurrency", str(concurrency)]
+            command = [
+                sys.executable,
+                "-m",
+                "outbox.commands",
+                "relay",
+                "--concurrency",
+                str(concurrency),
+            ]
             command += ["--processes", str(processes), "--log-level", "WARNING"]
             with open(log_path, "ab") as log:
                 relay = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)

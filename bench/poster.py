@@ -21,7 +21,7 @@ import httpx2
 
 from bench import report
 from bench.inflight import LatencyServer
-from relay.poster import Poster
+from outbox.relay.poster import Poster
 
 ANSWER_S = 0.05  # the tool's latency: enough for C requests to be open at once
 ROUNDS = 2  # each client measured this many times, interleaved

@@ -32,7 +32,7 @@ from bench import db as bdb
 from bench.throughput import stderr
 from outbox import db, keys, writer
 from outbox.schemas import StartRun
-from server.app import create_app
+from outbox.server.app import create_app
 
 TENANT = "bench"
 MODEL = "bench-model"

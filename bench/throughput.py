@@ -1,9 +1,9 @@
 """Relay overhead: drain N in-process tool calls with 1, 2, 4 relay processes, beside a raw
 ``SKIP LOCKED`` loop (the ceiling of the pattern) and PgQueuer draining N no-op jobs.
 
-The relay is started as users start it (``python -m cli relay --processes P``); the clock
-starts when the first outbox row is leased, so interpreter start-up is not counted, and
-stops when no ``tool_call`` or ``deliver_batch`` row is left in the outbox: results,
+The relay is started as users start it (``python -m outbox.commands relay --processes
+P``); the clock starts when the first outbox row is leased, so interpreter start-up is not
+counted, and stops when no ``tool_call`` or ``deliver_batch`` row is left in the outbox: results,
 fencing, journal, batch bookkeeping and every batch delivery (tool messages in the history,
 the submission, the next model turn enqueued) all written. The raw loop and PgQueuer are
 timed from the moment their workers are connected and ready to the moment the queue is
@@ -64,7 +64,7 @@ def start_relay(
     """``outbox relay`` for tool calls and deliveries, at its own ``--concurrency`` when
     ``concurrency`` is None."""
     env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "cli", "relay", "--processes", str(processes)]
+    command = [sys.executable, "-m", "outbox.commands", "relay", "--processes", str(processes)]
     if concurrency is not None:
         command += ["--concurrency", str(concurrency)]
     command += ["--kind", "tool_call"]

@@ -1,6 +1,6 @@
-"""The ``outbox`` command's groups, one module each; ``cli.py`` assembles them.
+"""The ``outbox`` command's groups, one module each; ``main`` assembles them.
 
-``commands.common`` holds what they share (the connection, ``--json`` and ``--actor``,
+``common`` holds what they share (the connection, ``--json`` and ``--actor``,
 tables and JSON output, and the ``error:``/``hint:`` refusals with exit status 2). Every
 ``outbox`` invocation, ``--help`` included, imports every module here, so what is slow to
 import and serves few commands (Alembic through ``outbox.migrate``, uvicorn and the server,

@@ -11,8 +11,15 @@ import json
 
 import click
 
-from commands.common import OutboxGroup, actor_option, connection, echo_json, emit, json_option
 from outbox import approvals
+from outbox.commands.common import (
+    OutboxGroup,
+    actor_option,
+    connection,
+    echo_json,
+    emit,
+    json_option,
+)
 
 
 @click.group("approvals", cls=OutboxGroup)

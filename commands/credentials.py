@@ -12,7 +12,8 @@ import sys
 
 import click
 
-from commands.common import (
+from outbox import credentials
+from outbox.commands.common import (
     OutboxGroup,
     actor_option,
     connection,
@@ -21,7 +22,6 @@ from commands.common import (
     json_option,
     refuse,
 )
-from outbox import credentials
 
 
 @click.group("credentials", cls=OutboxGroup)

@@ -17,8 +17,8 @@ from typing import Any
 
 import click
 
-from commands.common import OutboxGroup, connection, echo_json, format_fields, json_option
 from outbox import budgets, config, db
+from outbox.commands.common import OutboxGroup, connection, echo_json, format_fields, json_option
 from outbox.errors import InvalidInput
 
 

@@ -13,8 +13,8 @@ import json
 
 import click
 
-from commands.common import OutboxGroup, actor_option, connection, echo_json, json_option
 from outbox import db, ops
+from outbox.commands.common import OutboxGroup, actor_option, connection, echo_json, json_option
 
 
 @click.group("journal", cls=OutboxGroup)

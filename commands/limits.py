@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from commands.common import connection, echo_json, json_option
 from outbox import limits
+from outbox.commands.common import connection, echo_json, json_option
 
 
 class LimitValue(click.ParamType[Any]):

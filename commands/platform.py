@@ -11,7 +11,8 @@ from typing import Any
 
 import click
 
-from commands.common import (
+from outbox import budgets
+from outbox.commands.common import (
     OutboxGroup,
     actor_option,
     connection,
@@ -19,8 +20,7 @@ from commands.common import (
     format_fields,
     json_option,
 )
-from commands.limits import LimitValue, merged_limit
-from outbox import budgets
+from outbox.commands.limits import LimitValue, merged_limit
 
 
 @click.group("platform", cls=OutboxGroup)

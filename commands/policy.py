@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import click
 
-from commands.common import OutboxGroup, actor_option, connection, echo_json, emit, json_option
 from outbox import ops, policy
+from outbox.commands.common import (
+    OutboxGroup,
+    actor_option,
+    connection,
+    echo_json,
+    emit,
+    json_option,
+)
 
 
 @click.group("policy", cls=OutboxGroup)

@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import click
 
-from commands.common import OutboxGroup, actor_option, connection, echo_json, emit, json_option
 from outbox import budgets
+from outbox.commands.common import (
+    OutboxGroup,
+    actor_option,
+    connection,
+    echo_json,
+    emit,
+    json_option,
+)
 
 
 @click.group("prices", cls=OutboxGroup)

@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from commands.common import (
+from outbox import ops
+from outbox.commands.common import (
     OutboxGroup,
     actor_option,
     connection,
@@ -21,7 +22,6 @@ from commands.common import (
     inline_or_file,
     json_option,
 )
-from outbox import ops
 
 
 def echo_changes(changes: list[ops.Change], as_json: bool) -> None:

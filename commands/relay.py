@@ -20,10 +20,15 @@ from typing import Any
 import click
 import psycopg
 
-from commands.common import refuse
 from outbox import db
+from outbox.commands.common import refuse
 from outbox.errors import DatabaseConfigError, DatabaseUnavailable, MigrationsBehind
-from relay.config import ALL_KINDS, RelayConfig, machine_concurrency, raisable_open_files_limit
+from outbox.relay.config import (
+    ALL_KINDS,
+    RelayConfig,
+    machine_concurrency,
+    raisable_open_files_limit,
+)
 
 RELAY_DEFAULTS = RelayConfig(database_url="")  # the relay's options default to these
 # The relay's exit statuses beside 2 (usage), from sysexits.h, for process managers: start
@@ -170,10 +175,10 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
     """
     from outbox import logs
     from outbox.logs import log
-    from relay import supervisor, worker
-    from relay.capacity import files_needed
-    from relay.config import new_worker_id, raise_open_files_limit
-    from relay.links import TooManyConnections, check_connection_budget, wait_for_database
+    from outbox.relay import supervisor, worker
+    from outbox.relay.capacity import files_needed
+    from outbox.relay.config import new_worker_id, raise_open_files_limit
+    from outbox.relay.links import TooManyConnections, check_connection_budget, wait_for_database
 
     fixed = RelayConfig(database_url="", completers=1, listen=not opts["no_listen"])
     completers = opts["db_connections"] - (fixed.db_connections - 1)

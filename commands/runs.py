@@ -13,7 +13,8 @@ from typing import Any
 
 import click
 
-from commands.common import (
+from outbox import lifecycle, ops, writer
+from outbox.commands.common import (
     OutboxGroup,
     actor_option,
     connection,
@@ -22,7 +23,6 @@ from commands.common import (
     json_option,
     read_json_file,
 )
-from outbox import lifecycle, ops, writer
 from outbox.schemas import StartRun
 
 

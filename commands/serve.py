@@ -1,7 +1,7 @@
 """``outbox serve``: the HTTP server (OpenAI's protocols, the run API, SSE), and with
 ``--with-relay`` a relay beside it for a local setup.
 
-That relay is a child process running ``python -m cli relay``, the command a production
+That relay is a child process running ``python -m outbox.commands relay``, the command a production
 relay runs, stopped with the server. uvicorn and the ASGI app are imported when the command
 runs, not for every ``outbox`` command.
 """
@@ -85,7 +85,7 @@ def serve_command(
 
     from outbox import logs
     from outbox.schemas import url_problem
-    from server import app as server_app
+    from outbox.server import app as server_app
 
     if model_base_url is not None and (problem := url_problem(model_base_url)):
         raise click.BadParameter(problem, param_hint="--model-base-url")
@@ -97,7 +97,7 @@ def serve_command(
     relay = None
     if with_relay:
         env = {**os.environ, "OUTBOX_DATABASE_URL": url}
-        relay = subprocess.Popen([sys.executable, "-m", "cli", "relay"], env=env)
+        relay = subprocess.Popen([sys.executable, "-m", "outbox.commands", "relay"], env=env)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the
     # handler it found: this one turns that into a clean exit that stops the relay below
     # (the default action would kill this process and leave the relay running).

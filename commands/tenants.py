@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from commands.common import (
+from outbox import budgets, limits, policy, tenancy, writer
+from outbox.commands.common import (
     OutboxGroup,
     actor_option,
     connection,
@@ -21,8 +22,7 @@ from commands.common import (
     json_option,
     refuse,
 )
-from commands.limits import LimitValue, merged_limit, show_lane
-from outbox import budgets, limits, policy, tenancy, writer
+from outbox.commands.limits import LimitValue, merged_limit, show_lane
 
 
 @click.group("tenants", cls=OutboxGroup)

@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from commands.common import OutboxGroup, connection, echo_json, json_option, read_json_file
 from outbox import history, lifecycle, writer
+from outbox.commands.common import OutboxGroup, connection, echo_json, json_option, read_json_file
 from outbox.schemas import NewMessage
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from commands.common import (
+from outbox import limits, policy, registry
+from outbox.commands.common import (
     OutboxGroup,
     actor_option,
     connection,
@@ -21,8 +22,7 @@ from commands.common import (
     inline_or_file,
     json_option,
 )
-from commands.limits import LimitValue, merged_limit, show_lane
-from outbox import limits, policy, registry
+from outbox.commands.limits import LimitValue, merged_limit, show_lane
 
 
 @click.group("tools", cls=OutboxGroup)

@@ -10,7 +10,14 @@ import uuid
 
 import click
 
-from commands.common import OutboxGroup, actor_option, connection, echo_json, emit, json_option
+from outbox.commands.common import (
+    OutboxGroup,
+    actor_option,
+    connection,
+    echo_json,
+    emit,
+    json_option,
+)
 
 
 @click.group("webhooks", cls=OutboxGroup)

@@ -7,7 +7,7 @@ What runs (all local, all real):
   migrated), so repeated runs are independent and nothing else is touched;
 - the scripted OpenAI-compatible model and three audited tool services as HTTP servers in
   this process (``demo.incident``);
-- P relay processes (``python -m cli relay``), each a separate interpreter the demo can
+- P relay processes (``python -m outbox.commands relay``), each a separate interpreter the demo can
   ``kill -9`` and start again;
 - in this process, the user's clients (N conversations paced over time, some turns sent
   twice concurrently with one idempotency key), a backend thread answering the client-run
@@ -256,7 +256,7 @@ class RelayFleet:
         self.processes = processes
         self.kills = 0
         env = {**os.environ, "OUTBOX_DATABASE_URL": url}
-        command = [sys.executable, "-m", "cli", "relay", "--processes", str(processes)]
+        command = [sys.executable, "-m", "outbox.commands", "relay", "--processes", str(processes)]
         with open(log_path, "ab") as log:
             self.supervisor = subprocess.Popen(
                 [*command, *RELAY_ARGS], env=env, stdout=log, stderr=log

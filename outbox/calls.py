@@ -1,7 +1,7 @@
 """The backend's calls as SQL statements, shared by the sync writer and the async one.
 
 A backend starts, steers and ends runs through the versioned SQL functions of
-``outbox/sql/functions.sql`` (``create_thread_v1``, ``start_run_v1``, ``cancel_run_v1``,
+``sql/functions.sql`` (``create_thread_v1``, ``start_run_v1``, ``cancel_run_v1``,
 ``submit_tool_outputs_v1``): they are the one implementation, for Python and for backends
 without it. This module only builds each call (one statement and its parameters), runs
 nothing, and turns the database's refusals (SQLSTATE and message) into our errors. The

@@ -1,6 +1,6 @@
 """Typed SQLAlchemy 2 models of the outbox schema, for reading and for the migration check.
 
-The schema itself is written as SQL in ``outbox/migrations/versions`` (the only way it
+The schema itself is written as SQL in ``alembic/versions`` (the only way it
 changes); these models mirror it so that backends can query with the ORM and a test can prove, with
 Alembic's ``compare_metadata``, that the two never drift apart. Tables live in the schema
 ``outbox`` by default; ``metadata_for(name)`` gives the same tables in another schema.

@@ -43,12 +43,12 @@ from psycopg.types.json import Jsonb
 
 from outbox import constants, store, writer
 from outbox.logs import log
+from outbox.relay import failpoints
+from outbox.relay.config import RelayConfig
+from outbox.relay.links import Link, refusal, refused
+from outbox.relay.metrics import Metrics
+from outbox.relay.outcomes import Claimed, Outcome, error_result
 from outbox.sql import Queries
-from relay import failpoints
-from relay.config import RelayConfig
-from relay.links import Link, refusal, refused
-from relay.metrics import Metrics
-from relay.outcomes import Claimed, Outcome, error_result
 
 logger = logging.getLogger("relay.completer")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from outbox import config as outbox_config
-from relay.capacity import default_concurrency
+from outbox.relay.capacity import default_concurrency
 
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch", "webhook")
 CGROUP_MEMORY_FILES = (

@@ -28,12 +28,12 @@ from typing import Any
 
 from outbox import config as outbox_config
 from outbox.logs import log
-from relay.executors import ToolExecutor
-from relay.model import DEFAULT_BASE_URL, ModelExecutor, ModelServer
-from relay.outcomes import Claimed, Outcome, retry
-from relay.poster import IDLE_S, Poster
-from relay.preparer import Preparer
-from relay.webhook import WebhookExecutor
+from outbox.relay.executors import ToolExecutor
+from outbox.relay.model import DEFAULT_BASE_URL, ModelExecutor, ModelServer
+from outbox.relay.outcomes import Claimed, Outcome, retry
+from outbox.relay.poster import IDLE_S, Poster
+from outbox.relay.preparer import Preparer
+from outbox.relay.webhook import WebhookExecutor
 
 logger = logging.getLogger("relay.engine")
 

@@ -47,8 +47,8 @@ import httpx2
 
 from outbox import config as outbox_config
 from outbox import credentials, registry, storable
-from relay import failpoints, inprocess
-from relay.outcomes import (
+from outbox.relay import failpoints, inprocess
+from outbox.relay.outcomes import (
     NOT_REPEATED,
     Claimed,
     Outcome,
@@ -60,7 +60,7 @@ from relay.outcomes import (
     retry_after_s,
     secret_of,
 )
-from relay.poster import Poster
+from outbox.relay.poster import Poster
 
 NOT_PROCESSED = {408, 429, 503}  # HTTP statuses that say the request was not processed
 # Answers of a gateway in front of the tool, not of the tool: the request may still be

@@ -42,7 +42,7 @@ from typing import Any
 from outbox import config as outbox_config
 from outbox import credentials, storable
 from outbox.registry import ToolContext
-from relay.outcomes import (
+from outbox.relay.outcomes import (
     Claimed,
     Outcome,
     ambiguous,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from relay.links import Link
+from outbox.relay.links import Link
 
 
 def listen(

@@ -22,10 +22,10 @@ import psycopg
 
 from outbox import approvals, lifecycle
 from outbox.logs import log
+from outbox.relay.config import RelayConfig
+from outbox.relay.links import Link
+from outbox.relay.metrics import Metrics
 from outbox.sql import Queries
-from relay.config import RelayConfig
-from relay.links import Link
-from relay.metrics import Metrics
 
 logger = logging.getLogger("relay.maintenance")
 DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with metrics on)

@@ -44,10 +44,10 @@ from pydantic import ValidationError
 from outbox import config as outbox_config
 from outbox import providers, storable
 from outbox.errors import OutboxError
-from relay import failpoints
-from relay.outcomes import Claimed, Outcome, retry, retry_after_s
-from relay.poster import Poster
-from relay.preparer import Turn, step_of
+from outbox.relay import failpoints
+from outbox.relay.outcomes import Claimed, Outcome, retry, retry_after_s
+from outbox.relay.poster import Poster
+from outbox.relay.preparer import Turn, step_of
 
 MODEL_TIMEOUT_S = float(os.environ.get("OUTBOX_MODEL_TIMEOUT_S", "120"))  # per request
 DEFAULT_BASE_URL = "https://api.openai.com/v1"  # the SDK's, when neither run nor env names one

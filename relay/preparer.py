@@ -29,9 +29,9 @@ from psycopg.rows import dict_row
 
 from outbox import constants, history, registry
 from outbox.logs import log
+from outbox.relay.links import Link
+from outbox.relay.outcomes import Claimed
 from outbox.sql import Queries
-from relay.links import Link
-from relay.outcomes import Claimed
 
 logger = logging.getLogger("relay.preparer")
 BATCH_MAX = 512  # most requests served by one round of statements

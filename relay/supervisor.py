@@ -28,9 +28,9 @@ import psycopg
 
 from outbox import db, logs
 from outbox.logs import log
+from outbox.relay.config import RelayConfig, new_worker_id, raise_open_files_limit, worker_id_of
+from outbox.relay.worker import Worker, freeze_startup_heap, leave_process
 from outbox.sql import Queries
-from relay.config import RelayConfig, new_worker_id, raise_open_files_limit, worker_id_of
-from relay.worker import Worker, freeze_startup_heap, leave_process
 
 logger = logging.getLogger("relay.supervisor")
 RESTART_BACKOFF_MAX_S = 10.0

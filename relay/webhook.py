@@ -18,8 +18,8 @@ import time
 import httpx2
 
 from outbox import credentials, webhooks
-from relay.outcomes import Claimed, Outcome, retry, retry_after_s
-from relay.poster import Poster
+from outbox.relay.outcomes import Claimed, Outcome, retry, retry_after_s
+from outbox.relay.poster import Poster
 
 TIMEOUT_S = 15.0  # seconds a receiver has to answer
 USER_AGENT = "agent-outbox-webhooks"

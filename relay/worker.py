@@ -48,18 +48,18 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from outbox.logs import log
+from outbox.relay import failpoints, inprocess
+from outbox.relay.capacity import Capacity
+from outbox.relay.completer import Completer
+from outbox.relay.config import RelayConfig, open_files_limit, raise_open_files_limit
+from outbox.relay.engine import Engine
+from outbox.relay.links import Link
+from outbox.relay.listener import listen
+from outbox.relay.maintenance import Maintenance
+from outbox.relay.metrics import Metrics
+from outbox.relay.outcomes import Claimed, Outcome, retry, runs_in_chunks, stopped
+from outbox.relay.preparer import Preparer
 from outbox.sql import Queries
-from relay import failpoints, inprocess
-from relay.capacity import Capacity
-from relay.completer import Completer
-from relay.config import RelayConfig, open_files_limit, raise_open_files_limit
-from relay.engine import Engine
-from relay.links import Link
-from relay.listener import listen
-from relay.maintenance import Maintenance
-from relay.metrics import Metrics
-from relay.outcomes import Claimed, Outcome, retry, runs_in_chunks, stopped
-from relay.preparer import Preparer
 
 logger = logging.getLogger("relay.worker")
 BUSY_ROW_WAIT_S = 0.02  # idle wait when the only due rows are being claimed by others

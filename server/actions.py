@@ -17,11 +17,18 @@ import psycopg
 from outbox import assistants, constants, lifecycle, tenancy, writer
 from outbox.errors import ActiveRunExists, InvalidTransition, NotFound
 from outbox.schemas import NewMessage, StartRun
+from outbox.server import idempotency, shapes
+from outbox.server.bodies import (
+    AssistantIn,
+    MessageIn,
+    RunIn,
+    SubmitOutputsIn,
+    ThreadAndRunIn,
+    ThreadIn,
+)
+from outbox.server.errors import APIError, not_found
+from outbox.server.store import Q, Store
 from outbox.store import fetch_all, fetch_one
-from server import idempotency, shapes
-from server.bodies import AssistantIn, MessageIn, RunIn, SubmitOutputsIn, ThreadAndRunIn, ThreadIn
-from server.errors import APIError, not_found
-from server.store import Q, Store
 
 Row = dict[str, Any]
 ACTIVE = constants.ACTIVE

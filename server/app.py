@@ -21,12 +21,12 @@ from starlette.responses import JSONResponse
 from outbox import config as outbox_config
 from outbox import logs
 from outbox.errors import OutboxError
-from server import errors
-from server.access import AccessLog
-from server.actions import Settings
-from server.routes import ROUTES, Config
-from server.store import Store
-from server.wakeups import Wakeups
+from outbox.server import errors
+from outbox.server.access import AccessLog
+from outbox.server.actions import Settings
+from outbox.server.routes import ROUTES, Config
+from outbox.server.store import Store
+from outbox.server.wakeups import Wakeups
 
 # The largest request body accepted: room for a message at the library's payload cap,
 # JSON escaping and the other fields (bytes).

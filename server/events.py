@@ -29,11 +29,11 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from outbox import constants
+from outbox.server import shapes
+from outbox.server.errors import not_found
+from outbox.server.store import Q, Store
+from outbox.server.wakeups import Wakeups, Watch
 from outbox.store import fetch_one
-from server import shapes
-from server.errors import not_found
-from server.store import Q, Store
-from server.wakeups import Wakeups, Watch
 
 POLL_S = 0.2  # seconds between two reads of the journal
 BATCH = 500  # events read per poll at most

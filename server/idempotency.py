@@ -35,9 +35,9 @@ from typing import Any
 import psycopg
 from pydantic import BaseModel
 
+from outbox.server.errors import APIError
+from outbox.server.store import Q
 from outbox.store import Row, fetch_one, journal
-from server.errors import APIError
-from server.store import Q
 
 EVENT = "run.requested"
 KEYED = "request.keyed"  # the key of a request that started no run of its own

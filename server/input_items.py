@@ -22,10 +22,10 @@ from typing import Any
 
 import psycopg
 
+from outbox.server.bodies import text_of
+from outbox.server.errors import APIError
+from outbox.server.store import Q
 from outbox.store import fetch_all
-from server.bodies import text_of
-from server.errors import APIError
-from server.store import Q
 
 Item = dict[str, Any]
 INSTRUCTION_ROLES = ("system", "developer")

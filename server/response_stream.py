@@ -20,7 +20,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from server.wakeups import FALLBACK_S, Wakeups, Watch
+from outbox.server.wakeups import FALLBACK_S, Wakeups, Watch
 
 Row = dict[str, Any]
 SETTLED = ("completed", "failed", "cancelled", "incomplete")

@@ -27,12 +27,12 @@ import psycopg
 from outbox import assistants, lifecycle, responses, writer
 from outbox.errors import ActiveRunExists, NotFound
 from outbox.schemas import NewMessage, StartRun
+from outbox.server import idempotency, input_items, shapes
+from outbox.server.actions import Page, Settings, busy_thread, paginate, remove_message
+from outbox.server.bodies import ConversationIn, ResponseIn
+from outbox.server.errors import APIError
+from outbox.server.store import Q, Store
 from outbox.store import fetch_all, fetch_one
-from server import idempotency, input_items, shapes
-from server.actions import Page, Settings, busy_thread, paginate, remove_message
-from server.bodies import ConversationIn, ResponseIn
-from server.errors import APIError
-from server.store import Q, Store
 
 Row = dict[str, Any]
 INSTRUCTION_ROLES = input_items.INSTRUCTION_ROLES

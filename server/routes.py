@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from outbox import storable
-from server import actions, events, response_stream, responses, streaming
-from server.bodies import (
+from outbox.server import actions, events, response_stream, responses, streaming
+from outbox.server.bodies import (
     AssistantChangesIn,
     AssistantIn,
     ConversationChangesIn,
@@ -35,9 +35,9 @@ from server.bodies import (
     ThreadChangesIn,
     ThreadIn,
 )
-from server.errors import APIError
-from server.store import Store
-from server.wakeups import Wakeups
+from outbox.server.errors import APIError
+from outbox.server.store import Store
+from outbox.server.wakeups import Wakeups
 
 B = TypeVar("B", bound=BaseModel)
 POLL_AFTER_MS = "200"  # how soon the SDK's *_and_poll helpers look again (openai-poll-after-ms)

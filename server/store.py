@@ -19,8 +19,8 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from outbox import db, keys, tenancy
+from outbox.server import QUERIES
 from outbox.sql import Queries
-from server import QUERIES
 
 Q = Queries(QUERIES / "api.sql")
 POOL_TIMEOUT_S = 10.0  # seconds a request waits for a free connection before a 503

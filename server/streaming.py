@@ -21,9 +21,9 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from outbox.constants import ENDED
-from server import actions
-from server.store import Store
-from server.wakeups import Wakeups, Watch
+from outbox.server import actions
+from outbox.server.store import Store
+from outbox.server.wakeups import Wakeups, Watch
 
 POLL_S = 0.2  # seconds between two reads of the run
 # A stream ends when the run waits for the client or is over ("incomplete" is OpenAI's word

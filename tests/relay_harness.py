@@ -15,9 +15,9 @@ from typing import Any
 import psycopg
 
 from outbox import registry, writer
+from outbox.relay.config import RelayConfig
+from outbox.relay.worker import Worker
 from outbox.testing.tools import FakeToolService
-from relay.config import RelayConfig
-from relay.worker import Worker
 from tests.helpers import TENANT, new_run, turn
 
 REPO = Path(__file__).resolve().parent.parent
@@ -128,7 +128,7 @@ def start_relay_process(
     env = {**os.environ, "OUTBOX_DATABASE_URL": db_url, **(env or {})}
     kinds = [] if "--kind" in args else ["--kind", "tool_call", "--kind", "deliver_batch"]
     level = [] if "--log-level" in args else ["--log-level", "WARNING"]
-    command = [sys.executable, "-m", "cli", "relay", *kinds, *level, *args]
+    command = [sys.executable, "-m", "outbox.commands", "relay", *kinds, *level, *args]
     with open(log_path, "ab") as log:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from server.app import create_app
+from outbox.server.app import create_app
 
 START_TIMEOUT_S = 20.0  # seconds the server gets to start listening
 

@@ -1,5 +1,5 @@
 -- name: create_thread
--- Create a thread with its opening messages (create_thread_v1 in outbox/sql/functions.sql).
+-- Create a thread with its opening messages (create_thread_v1 in sql/functions.sql).
 SELECT {s}.create_thread_v1(%(tenant_id)s, %(title)s, %(metadata)s, %(messages)s) AS id
 
 -- name: start_run

@@ -39,7 +39,7 @@ FOR UPDATE OF b
 
 -- name: record_tool_results
 -- Record terminal results of tool calls (a JSON array; record_tool_results_v1 in
--- outbox/sql/functions.sql): stored once each, counted against their batches, the delivery
+-- sql/functions.sql): stored once each, counted against their batches, the delivery
 -- of each batch they complete enqueued once, all journaled. One row per result, in order:
 -- its outcome (stored, duplicate, orphaned) and the batch it completed.
 SELECT ref, outcome, completed_batch

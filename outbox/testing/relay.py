@@ -1,6 +1,6 @@
 """Run the relay against a test database and wait for a run: for tests of your own agent.
 
-The relay runs as what it is in production, a separate process (``python -m cli relay``,
+The relay runs as what it is in production, a separate process (``python -m outbox.commands relay``,
 the ``outbox relay`` command), so your test exercises the real claim loop, leases and HTTP
 stack; nothing is patched. Design choice: a subprocess rather than an in-process worker,
 because the library never imports the relay (an import-linter contract), and because a
@@ -37,7 +37,7 @@ def relay_process(
     Its JSON logs go to this process's stderr. On exit it gets SIGTERM (it drains and
     stops) and is killed if it has not stopped after ``STOP_TIMEOUT_S``.
     """
-    command = [sys.executable, "-m", "cli", "relay", "--poll-interval", "0.2", *args]
+    command = [sys.executable, "-m", "outbox.commands", "relay", "--poll-interval", "0.2", *args]
     process_env = {**os.environ, **(env or {}), "OUTBOX_DATABASE_URL": database_url}
     process = subprocess.Popen(command, env=process_env)
     try:

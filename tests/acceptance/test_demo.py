@@ -23,7 +23,7 @@ def test_demo_is_clean_on_our_side_and_not_on_the_naive_side(server_url, tmp_pat
     name = f"outbox_demo_{uuid.uuid4().hex[:10]}"
     report = tmp_path / "demo.json"
     env = {**os.environ, "OUTBOX_HOME": str(tmp_path / "home")}
-    command = [sys.executable, "-m", "cli", "demo", "--runs", "20", "--processes", "2"]
+    command = [sys.executable, "-m", "outbox.commands", "demo", "--runs", "20", "--processes", "2"]
     command += ["--seed", "3", "--json", str(report), "--database-url", server_url]
     command += ["--database-name", name]
     try:

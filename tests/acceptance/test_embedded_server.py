@@ -30,7 +30,7 @@ def test_commands_do_not_start_the_embedded_server(tmp_path, command, status):
     server = db.EmbeddedServer(tmp_path / "pgdata")
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "cli", *command],
+            [sys.executable, "-m", "outbox.commands", *command],
             cwd=REPO,
             env=env,
             capture_output=True,
@@ -65,7 +65,7 @@ def test_commands_print_no_warning_without_xdg_runtime_dir(tmp_path, command):
     }
     env["OUTBOX_HOME"] = str(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "cli", *command],
+        [sys.executable, "-m", "outbox.commands", *command],
         cwd=REPO,
         env=env,
         capture_output=True,

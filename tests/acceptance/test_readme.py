@@ -86,7 +86,7 @@ def test_the_shell_and_python_blocks_run(db_url, tmp_path: Path):
     wrapper = f"""
 outbox() {{
     if [ "$1" = relay ]; then
-        {sys.executable} -m cli "$@" 2>> relay.log &
+        {sys.executable} -m outbox.commands "$@" 2>> relay.log &
         local pid=$! deadline=$((SECONDS + {RELAY_START_S}))
         until grep -q '"event": "relay.started"' relay.log 2>/dev/null; do
             kill -0 $pid 2>/dev/null || break  # it stopped by itself: its status says why
@@ -97,7 +97,7 @@ outbox() {{
         kill -INT $pid 2>/dev/null || true
         wait $pid
     else
-        {sys.executable} -m cli "$@"
+        {sys.executable} -m outbox.commands "$@"
     fi
 }}
 python() {{ {sys.executable} "$@"; }}

@@ -28,7 +28,11 @@ pytestmark = [
 def outbox(db_url: str, *args: str) -> str:
     env = {**os.environ, "OUTBOX_DATABASE_URL": db_url}
     done = subprocess.run(
-        [sys.executable, "-m", "cli", *args], env=env, capture_output=True, text=True, check=False
+        [sys.executable, "-m", "outbox.commands", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -49,7 +53,15 @@ def test_keys_and_serve_with_relay_complete_a_run(db_url, model):
 
     port = free_port()
     env = {**os.environ, "OUTBOX_DATABASE_URL": db_url}
-    command = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--with-relay"]
+    command = [
+        sys.executable,
+        "-m",
+        "outbox.commands",
+        "serve",
+        "--port",
+        str(port),
+        "--with-relay",
+    ]
     command += ["--model-base-url", model.url + "/v1", "--log-level", "warning"]
     server = subprocess.Popen(command, env=env)
     base_url = f"http://127.0.0.1:{port}/v1"
@@ -98,7 +110,16 @@ def test_serve_with_workers_answers_from_several_processes(db_url, model):
     key = outbox(db_url, "keys", "create", "--tenant", "acme").strip()
     port = free_port()
     env = {**os.environ, "OUTBOX_DATABASE_URL": db_url}
-    command = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--workers", "2"]
+    command = [
+        sys.executable,
+        "-m",
+        "outbox.commands",
+        "serve",
+        "--port",
+        str(port),
+        "--workers",
+        "2",
+    ]
     command += ["--model-base-url", model.url + "/v1", "--log-level", "warning"]
     server = subprocess.Popen(command, env=env)
     base_url = f"http://127.0.0.1:{port}/v1"
@@ -140,7 +161,7 @@ def test_the_readme_http_example_runs_as_written(db_url, tmp_path):
     model_port, serve_port = free_port(), free_port()
     lines = [
         line.replace(".venv/bin/python", sys.executable)
-        .replace(".venv/bin/outbox", f"{sys.executable} -m cli")
+        .replace(".venv/bin/outbox", f"{sys.executable} -m outbox.commands")
         .replace("8080", str(model_port))
         for line in shell
     ]

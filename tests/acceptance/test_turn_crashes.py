@@ -10,10 +10,10 @@ import psycopg
 import pytest
 
 from outbox import history, writer
+from outbox.relay.failpoints import CRASH_EXIT_CODE, POINTS
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
-from relay.failpoints import CRASH_EXIT_CODE, POINTS
 from tests.relay_harness import FAST, register_tool, scalar, start_relay_process, wait_until
 
 ALL = ["--kind", "model_turn", "--kind", "tool_call", "--kind", "deliver_batch"]

@@ -14,8 +14,8 @@ from typing import Any
 
 import psycopg
 
-from relay.outcomes import Claimed, Outcome
-from relay.worker import Link, Worker
+from outbox.relay.outcomes import Claimed, Outcome
+from outbox.relay.worker import Link, Worker
 from tests.helpers import TENANT, add_tool, new_run, turn
 from tests.relay_harness import config, scalar, seed
 

@@ -22,8 +22,8 @@ import pytest
 from click.testing import CliRunner
 
 import cli
-from commands.relay import RELAY_DEFAULTS, RELAY_EXIT_CONFIG, RELAY_EXIT_TEMPFAIL
 from outbox import db, writer
+from outbox.commands.relay import RELAY_DEFAULTS, RELAY_EXIT_CONFIG, RELAY_EXIT_TEMPFAIL
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService

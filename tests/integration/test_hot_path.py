@@ -18,8 +18,8 @@ import psycopg
 import pytest
 
 from outbox import registry
-from relay.outcomes import Outcome
-from relay.worker import Link, Worker
+from outbox.relay.outcomes import Outcome
+from outbox.relay.worker import Link, Worker
 from tests.relay_harness import config, scalar, seed
 
 

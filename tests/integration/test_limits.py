@@ -18,8 +18,8 @@ import pytest
 
 from outbox import limits, registry, writer
 from outbox.errors import InvalidInput
+from outbox.relay.worker import Worker
 from outbox.testing.tools import RETRY_AFTER_S, FakeToolService
-from relay.worker import Worker
 from tests.helpers import new_run, turn
 from tests.relay_harness import (
     FAST,

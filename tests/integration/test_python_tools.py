@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from outbox import registry
-from relay import inprocess
+from outbox.relay import inprocess
 from tests import tooling
 from tests.relay_harness import (
     all_settled,
@@ -113,7 +113,7 @@ def test_a_worker_whose_tool_threads_are_all_kept_stops_to_be_restarted(db_url, 
     call that overran (for ``WEDGED_FOR_S``), no python tool can run in this process. The
     worker stops as on SIGTERM (the call's retry written, nothing lost) and returns the
     exit code that asks for a fresh process."""
-    from relay import worker
+    from outbox.relay import worker
     from tests.relay_harness import config
 
     pool = ThreadPoolExecutor(1)

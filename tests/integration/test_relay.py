@@ -313,11 +313,11 @@ def test_late_write_of_an_expired_lease_holder_is_fenced(db_url, tools):
     with relay_thread(db_url):
         wait_until(lambda: all_settled(db_url))
     # The ghost wakes up and tries to complete its (old) attempt: the fence refuses it.
-    from relay.worker import Worker
+    from outbox.relay.worker import Worker
     from tests.relay_harness import config
 
     ghost = Worker(config(db_url, worker_id="ghost"))
-    from relay.outcomes import Claimed, Outcome
+    from outbox.relay.outcomes import Claimed, Outcome
 
     claimed = Claimed(
         failures=0,
@@ -419,7 +419,7 @@ def test_complete_batch_with_a_lost_delivery_is_driven_on(db_url, tools):
 
 def test_claim_uses_the_partial_index(db_url, tools):
     seed(db_url, ["keyed"], runs=50, calls_per_batch=10, args=args)
-    from relay.worker import Worker
+    from outbox.relay.worker import Worker
     from tests.relay_harness import config
 
     worker = Worker(config(db_url))

@@ -20,10 +20,10 @@ from psycopg import sql
 
 from outbox import writer
 from outbox.logs import JsonFormatter
+from outbox.relay.executors import RESPONSE_PREVIEW_CHARS
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService, credential_encodings, echo_body
-from relay.executors import RESPONSE_PREVIEW_CHARS
 from tests.relay_harness import (
     all_settled,
     register_tool,

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from outbox import keys, lifecycle
-from server import response_stream, streaming
+from outbox.server import response_stream, streaming
 from tests.serve_harness import serve
 
 pytestmark = [  # the SDK marks beta.assistants and beta.threads deprecated

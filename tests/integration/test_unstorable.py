@@ -31,13 +31,13 @@ import pytest
 
 from outbox import lifecycle, registry, writer
 from outbox.errors import InvalidInput
+from outbox.relay import links
+from outbox.relay.outcomes import Outcome
+from outbox.relay.worker import Worker
 from outbox.schemas import StartRun
 from outbox.storable import NotStorable
 from outbox.testing.server import FakeServer, Reply, Request
 from outbox.testing.tools import FakeToolService
-from relay import links
-from relay.outcomes import Outcome
-from relay.worker import Worker
 from tests.helpers import TENANT, add_tool, new_run, turn
 from tests.relay_harness import (
     all_settled,

@@ -1,4 +1,4 @@
-"""The DBA views (outbox/sql/views.sql) on a seeded scenario: a duplicate, an orphan, stuck runs."""
+"""The DBA views (sql/views.sql) on a seeded scenario: a duplicate, an orphan, stuck runs."""
 
 from __future__ import annotations
 

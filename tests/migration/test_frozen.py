@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tests.relay_harness import REPO
 
-VERSIONS = REPO / "outbox" / "migrations" / "versions"
+VERSIONS = REPO / "alembic" / "versions"
 
 # file: the first 16 hex digits of sha256 of what it applies (applied_text)
 PINNED = {
@@ -104,7 +104,7 @@ def test_released_migrations_apply_what_they_applied_when_written():
     changed = [p.name for p in files if p.name in PINNED and digest(p) != PINNED[p.name]]
     assert changed == [], (
         f"released migrations edited in place: {changed}; revert them and write a new "
-        "migration (outbox/migrations/versions) that makes the change"
+        "migration (alembic/versions) that makes the change"
     )
     gone = sorted(set(PINNED) - {p.name for p in files})
     assert gone == [], f"released migrations removed: {gone}"

@@ -3,7 +3,7 @@ database."""
 
 from __future__ import annotations
 
-from relay.capacity import (
+from outbox.relay.capacity import (
     CLAIM_MAX,
     CONCURRENCY_MAX,
     CONCURRENCY_MIN,

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from relay import inprocess
-from relay.outcomes import Claimed, Outcome
+from outbox.relay import inprocess
+from outbox.relay.outcomes import Claimed, Outcome
 from tests import tooling
 from tests.relay_harness import wait_until
 
@@ -135,7 +135,7 @@ def test_a_thread_kept_by_an_overrun_counts_until_its_call_returns(monkeypatch):
 
 EXIT_WITH_A_KEPT_THREAD = """
 import sys
-from relay import inprocess, worker
+from outbox.relay import inprocess, worker
 from tests.unit.test_inprocess import row
 inprocess.run_calls([row(1, "tests.tooling:hang", {}, timeout_s=0.2)])
 assert inprocess.overrunning() == 1

@@ -5,7 +5,7 @@ lane's load, each written once as a SQL function the others call.
 
 The sets and formats live in ``outbox/constants.py`` and, for SQL, as the functions
 ``run_active_v1``, ``run_ended_v1``, ``deliver_key_v1``, ``tool_call_key_v1`` and
-``model_turn_key_v1`` of ``outbox/sql/functions.sql``. Frozen migration SQL is history and
+``model_turn_key_v1`` of ``sql/functions.sql``. Frozen migration SQL is history and
 exempt. A copy is a literal collection of strings (Python) or an ``IN (...)`` list (SQL)
 that holds a whole set: a subset (``('queued', 'in_progress')``, what ``stuck_runs`` waits
 on) names another meaning and is allowed.
@@ -25,7 +25,7 @@ from tests.relay_harness import REPO
 ROOMS = ("outbox", "relay", "server", "commands", "demo", "bench")
 EXEMPT = {
     REPO / "outbox" / "constants.py",  # the Python definitions
-    REPO / "outbox" / "sql" / "functions.sql",  # the SQL definitions (checked below)
+    REPO / "sql" / "functions.sql",  # the SQL definitions (checked below)
 }
 SETS = {"ACTIVE": set(ACTIVE), "ENDED": set(ENDED)}
 KEY_PREFIXES = ("deliver:", "tool_call:", "model_turn:")
@@ -93,7 +93,7 @@ def function_bodies(text: str) -> dict[str, str]:
 
 
 def test_the_sql_functions_hold_the_sets_and_formats_once():
-    bodies = function_bodies((REPO / "outbox" / "sql" / "functions.sql").read_text())
+    bodies = function_bodies((REPO / "sql" / "functions.sql").read_text())
     holders = {"run_active_v1", "run_ended_v1"} | {
         f"{kind}_key_v1" for kind in ("deliver", "tool_call", "model_turn")
     }
@@ -114,7 +114,7 @@ def test_only_record_tool_results_v1_stores_tool_results():
         for path in sources(suffix)
         if store.search(path.read_text())
     ]
-    bodies = function_bodies((REPO / "outbox" / "sql" / "functions.sql").read_text())
+    bodies = function_bodies((REPO / "sql" / "functions.sql").read_text())
     found += [f"functions.sql: {name}" for name, body in bodies.items() if store.search(body)]
     assert found == ["functions.sql: record_tool_results_v1"]
 
@@ -126,9 +126,7 @@ def test_only_record_tool_results_v1_stores_tool_results():
 def sql_blocks() -> Iterator[tuple[str, str]]:
     """``(where, text)`` of every function of functions.sql and every named query (or, for a
     file without names, the file) of the other SQL sources."""
-    for name, body in function_bodies(
-        (REPO / "outbox" / "sql" / "functions.sql").read_text()
-    ).items():
+    for name, body in function_bodies((REPO / "sql" / "functions.sql").read_text()).items():
         yield f"functions.sql: {name}", body
     for path in sources(".sql"):
         text = path.read_text()

@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from hypothesis import strategies as st
 
-from relay import poster as poster_module
-from relay.poster import Poster
+from outbox.relay import poster as poster_module
+from outbox.relay.poster import Poster
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

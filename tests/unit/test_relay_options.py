@@ -19,9 +19,9 @@ import sys
 
 import pytest
 
-from commands.relay import relay_command
-from relay.capacity import default_concurrency
-from relay.config import RelayConfig, memory_limit
+from outbox.commands.relay import relay_command
+from outbox.relay.capacity import default_concurrency
+from outbox.relay.config import RelayConfig, memory_limit
 from tests.relay_harness import REPO
 
 DEFAULTS = RelayConfig(database_url="")

@@ -49,7 +49,7 @@ def parse(text: str) -> dict[str, str]:
 
 
 def sql_file(name: str) -> str:
-    """The text of ``outbox/sql/<name>`` (one of ``LIVE_FILES``), read as package data."""
+    """The text of ``sql/<name>`` (one of ``LIVE_FILES``), read as package data."""
     return resources.files(__name__).joinpath(name).read_text()
 
 
