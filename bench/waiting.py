@@ -1,9 +1,9 @@
 """Requests waiting on a run: from the run's last commit to the answer, polled or woken.
 
-A waiting ``responses.create`` (no ``background``) answers once its run settles. Before
-issue 29 item 5 it polled the run (a pause growing from 50 ms to 1 s, through the thread
-pool); now one ``LISTEN outbox_runs`` connection per server process wakes it
-(server.wakeups). ``listen=False`` is the polling path, kept for poolers.
+A waiting ``responses.create`` (no ``background``) answers once its run settles: one
+``LISTEN outbox_runs`` connection per server process wakes it (``outbox.server.wakeups``).
+``listen=False`` is the fallback for poolers: it polls the run, a pause growing from 50 ms
+to 1 s, through the thread pool.
 
 Two measures, each with ``listen`` on and off, on one scratch database:
 
