@@ -3,11 +3,13 @@ way a refusal is reported.
 
 Every command resolves the database the same way (``OUTBOX_DATABASE_URL``, else the
 embedded server), prints tables for people and JSON with ``--json``, and reports every
-refusal the same way: ``error: ...`` plus ``hint: ...`` on stderr with exit status 2, never
-a traceback. That covers the library's ``OutboxError``, input the library's models refuse
-(a pydantic ``ValidationError``, summed up one line per field) and click's usage errors
-(a malformed uuid, a missing option); input is checked before anything is written, so a
-refusal changes nothing.
+refusal the same way: ``error: ...`` plus ``hint: ...`` on stderr, never a traceback. That
+covers the library's ``OutboxError``, input the library's models refuse (a pydantic
+``ValidationError``, summed up one line per field) and click's usage errors (a malformed
+uuid, a missing option); input is checked before anything is written, so a refusal changes
+nothing. The exit status says what a script or a process manager should do (sysexits'):
+2 the command or its input was refused (fix it), 75 the database did not answer (try again
+later), 78 the settings do not fit the database (fix OUTBOX_DATABASE_URL or migrate).
 """
 
 from __future__ import annotations
@@ -24,16 +26,28 @@ import psycopg
 from pydantic import ValidationError
 
 from outbox import db, storable
-from outbox.errors import InvalidInput, OutboxError
+from outbox.errors import (
+    DatabaseConfigError,
+    DatabaseUnavailable,
+    InvalidInput,
+    MigrationsBehind,
+    OutboxError,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 # A group called without a command prints its help through this exception (click 8.2+).
 NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
+EXIT_REFUSED = 2  # the command or its input: fix it
+EXIT_TEMPFAIL = 75  # EX_TEMPFAIL: the database did not answer; the same command may work later
+EXIT_CONFIG = 78  # EX_CONFIG: the settings do not fit the database; waiting will not mend it
 
-def refuse(message: str, hint: str = "", status: int = 2) -> NoReturn:
-    """Print ``error:`` (and ``hint:``) on stderr and exit with ``status`` (2: a usage
-    error; the relay has more: `outbox relay --help`)."""
+
+def refuse(message: str, hint: str = "", status: int = EXIT_REFUSED) -> NoReturn:
+    """Print ``error:`` (and ``hint:``) on stderr and exit with ``status``."""
+    # One line each, whatever the message quotes (a server's error spans lines), so every
+    # line a refusal prints starts with what it is.
+    message = " ".join(line.strip() for line in message.splitlines())
     click.echo(f"error: {message}", err=True)
     if hint:
         click.echo(f"hint: {hint}", err=True)
@@ -56,8 +70,9 @@ def validation_message(err: ValidationError) -> str:
 
 
 class OutboxGroup(click.Group):
-    """A click group that reports every refusal as ``error:``/``hint:`` lines, exit 2
-    (its subgroups are OutboxGroups too, so the hint names the command that refused)."""
+    """A click group that reports every refusal as ``error:``/``hint:`` lines with the exit
+    status that says what to do (its subgroups are OutboxGroups too, so the hint names the
+    command that refused)."""
 
     group_class = type
 
@@ -78,8 +93,26 @@ class OutboxGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except (DatabaseConfigError, MigrationsBehind) as err:
+            refuse(err.args[0], err.hint, EXIT_CONFIG)
+        except DatabaseUnavailable as err:
+            refuse(err.args[0], err.hint, EXIT_TEMPFAIL)
         except OutboxError as err:
             refuse(err.args[0], err.hint)
+        except psycopg.errors.UndefinedTable as err:
+            refuse(
+                f"the database has no outbox tables in schema {db.schema_name()!r}:"
+                f" {str(err).splitlines()[0]}",
+                "run `outbox db upgrade`, or set OUTBOX_SCHEMA to the schema it migrated",
+                EXIT_CONFIG,
+            )
+        except psycopg.OperationalError as err:
+            refuse(
+                f"the database connection failed: {err}".strip(),
+                "the server may be restarting: run the command again (what it had not"
+                " committed was not written)",
+                EXIT_TEMPFAIL,
+            )
         except ValidationError as err:
             command = f"{ctx.command_path} {ctx.invoked_subcommand or ''}".strip()
             refuse(validation_message(err), f"see `{command} --help`")

@@ -43,6 +43,11 @@ def main() -> None:
     The database is OUTBOX_DATABASE_URL, or, when that variable is not set, an embedded
     PostgreSQL kept in $OUTBOX_HOME/pgdata (default ./.outbox) that `outbox db start`
     starts (other commands never start it).
+
+    Exit status: 0 done; 2 the command or its input was refused (nothing changed); 75 the
+    database did not answer (run it again later); 78 the settings do not fit the database
+    (OUTBOX_DATABASE_URL, OUTBOX_SCHEMA, or a schema that needs `outbox db upgrade`). The
+    relay has its own: `outbox relay --help`.
     """
 
 

@@ -21,7 +21,7 @@ import click
 import psycopg
 
 from outbox import db
-from outbox.commands.common import refuse
+from outbox.commands.common import EXIT_CONFIG, EXIT_TEMPFAIL, refuse
 from outbox.errors import DatabaseConfigError, DatabaseUnavailable, MigrationsBehind
 from outbox.relay.config import (
     ALL_KINDS,
@@ -33,8 +33,6 @@ from outbox.relay.config import (
 RELAY_DEFAULTS = RelayConfig(database_url="")  # the relay's options default to these
 # The relay's exit statuses beside 2 (usage), from sysexits.h, for process managers: start
 # again later, or not before someone changes the configuration (see `outbox relay --help`).
-RELAY_EXIT_TEMPFAIL = 75  # EX_TEMPFAIL, as relay.worker.WEDGED_EXIT_CODE
-RELAY_EXIT_CONFIG = 78  # EX_CONFIG
 
 
 @click.command("relay")
@@ -219,9 +217,9 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
                 timeout_s=opts["start_timeout_s"],
             )
     except (DatabaseConfigError, MigrationsBehind, TooManyConnections) as err:
-        refuse(err.args[0], err.hint, RELAY_EXIT_CONFIG)
+        refuse(err.args[0], err.hint, EXIT_CONFIG)
     except DatabaseUnavailable as err:
-        refuse(err.args[0], err.hint, RELAY_EXIT_TEMPFAIL)
+        refuse(err.args[0], err.hint, EXIT_TEMPFAIL)
     if url is None:  # stopped while waiting: nothing was started
         sys.exit(0)
     cfg = RelayConfig(

@@ -22,7 +22,7 @@ from tests.relay_harness import REPO
 
 @pytest.mark.parametrize(
     ("command", "status"),
-    [(["relay", "--start-timeout", "0"], 75), (["db", "upgrade"], 2), (["runs", "list"], 2)],
+    [(["relay", "--start-timeout", "0"], 75), (["db", "upgrade"], 75), (["runs", "list"], 75)],
 )
 def test_commands_do_not_start_the_embedded_server(tmp_path, command, status):
     env = {k: v for k, v in os.environ.items() if k != "OUTBOX_DATABASE_URL"}

@@ -29,10 +29,10 @@ def run_cli(db_url, monkeypatch):
     return invoke
 
 
-def refused(result: Result) -> str:
+def refused(result: Result, status: int = 2) -> str:
     """The ``error:`` line of a refusal; fails on a traceback or another exit status."""
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == status, result.output
     lines = result.stderr.splitlines()
     assert lines and lines[0].startswith("error: "), result.output
     assert all(line.startswith(("error: ", "hint: ")) for line in lines), result.stderr
@@ -169,8 +169,22 @@ def test_commands_that_migrate_start_relays_or_the_demo_refuse_bad_input(
     assert "nonsense" in refused(run_cli("db", "upgrade", "nonsense"))
     assert "nonsense" in refused(run_cli("db", "downgrade", "nonsense"))
     assert "nope" in refused(run_cli("relay", "--kind", "nope"))
-    assert "--database-url" in refused(run_cli("demo", "--database-url", "not-a-url"))
+    assert "--database-url" in refused(run_cli("demo", "--database-url", "not-a-url"), 78)
     head = migrate.head_revision()
     assert scalar(db_url, "SELECT version_num FROM outbox.alembic_version") == head
     monkeypatch.setenv("OUTBOX_DATABASE_URL", "not-a-url")
-    assert "OUTBOX_DATABASE_URL" in refused(run_cli("runs", "list"))
+    assert "OUTBOX_DATABASE_URL" in refused(run_cli("runs", "list"), 78)
+
+
+def test_a_database_that_does_not_answer_is_75_and_settings_that_do_not_fit_are_78(
+    run_cli, db_url, monkeypatch
+):
+    """A script or a process manager tells "try again later" from "fix the settings"."""
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", "postgresql://outbox@127.0.0.1:1/outbox")
+    assert "cannot connect" in refused(run_cli("runs", "list"), status=75)
+    missing = psycopg.conninfo.make_conninfo(db_url, dbname=f"no_such_{uuid.uuid4().hex}")
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", missing)
+    assert "does not exist" in refused(run_cli("runs", "list"), status=78)
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    monkeypatch.setenv("OUTBOX_SCHEMA", "no_outbox_here")
+    assert "no outbox tables" in refused(run_cli("runs", "list"), status=78)

@@ -23,7 +23,8 @@ from click.testing import CliRunner
 
 import cli
 from outbox import db, writer
-from outbox.commands.relay import RELAY_DEFAULTS, RELAY_EXIT_CONFIG, RELAY_EXIT_TEMPFAIL
+from outbox.commands.common import EXIT_CONFIG, EXIT_TEMPFAIL
+from outbox.commands.relay import RELAY_DEFAULTS
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
@@ -165,7 +166,7 @@ def test_a_relay_the_server_cannot_serve_refuses_to_start(db_url, monkeypatch):
     per_process = RELAY_DEFAULTS.db_connections
     processes = max_connections // per_process + 1
     result = CliRunner().invoke(cli.main, ["relay", "--processes", str(processes)])
-    assert result.exit_code == RELAY_EXIT_CONFIG, result.output
+    assert result.exit_code == EXIT_CONFIG, result.output
     assert f"needs {processes * per_process} database connections" in result.output
     assert f"max_connections {max_connections}" in result.output
     assert "hint:" in result.output
@@ -186,14 +187,14 @@ def relay_exit(url: str, *args: str) -> tuple[int, str]:
 def test_a_database_that_does_not_answer_in_the_start_timeout_is_exit_75(tmp_path):
     nothing_listens = f"postgresql://postgres@/outbox?host={tmp_path}"
     status, output = relay_exit(nothing_listens, "--start-timeout", "0.5")
-    assert status == RELAY_EXIT_TEMPFAIL == 75, output
+    assert status == EXIT_TEMPFAIL == 75, output
     assert "error: the database did not answer within 0.5 s" in output
     assert "hint: is the server running?" in output
 
 
 def test_a_configuration_the_database_refuses_is_exit_78(empty_db_url, server_url):
     behind, output = relay_exit(empty_db_url)
-    assert behind == RELAY_EXIT_CONFIG == 78, output
+    assert behind == EXIT_CONFIG == 78, output
     assert "schema 'outbox' is at revision none" in output
     assert "hint: run `outbox db upgrade`" in output
     missing = db.with_database(server_url, f"nothing_{uuid.uuid4().hex[:8]}")
