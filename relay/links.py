@@ -17,12 +17,19 @@ A statement the server *refused* for what it held (``refused``: a data exception
 though psycopg raises some of them as ``OperationalError``: the connection is fine, and
 sending the same data again would be refused again. Its owner deals with the data
 (``Link.outage`` tells the two apart).
+
+A transaction the server rolled back for a conflict with another (``conflict``: 40P01
+deadlock, 40001 serialization failure) is no outage either: the connection is fine and the
+same statements, tried again, pass. The link keeps its connection, logs ``db.conflict``
+and its owner tries again after a short random pause, which keeps two relays that
+deadlocked from meeting again in step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +52,9 @@ PREPARE_THRESHOLD = 0  # prepared at once: the first execution runs the generic 
 # untranslatable character, 22P02 invalid text representation, 22021 a NUL in text),
 # 54 program limit exceeded (54001 statement too complex: stack depth).
 REFUSED_CLASSES = ("22", "54")
+# SQLSTATE class 40, transaction rollback: a deadlock or a serialization failure.
+CONFLICT_CLASS = "40"
+CONFLICT_RETRY_S = 0.05  # the longest random pause before a conflicted transaction is retried
 GENERIC_PLANS = (
     "SET plan_cache_mode = force_generic_plan",
     "SET enable_seqscan = off",
@@ -117,7 +127,10 @@ class Link:
 
     def failed(self, err: Exception) -> float:
         """Drop the connection after ``err``; returns how long to wait before trying again
-        (``reconnect_delay_s``)."""
+        (``reconnect_delay_s``). A conflict keeps the connection (``conflicted``)."""
+        conn = self.conn
+        if conflict(err) and conn is not None and not conn.closed and not conn.broken:
+            return self.conflicted(conn, err)
         self.failures += 1
         self.unlogged += 1
         if self.conn is not None:
@@ -139,6 +152,21 @@ class Link:
         if self.on_outage is not None:
             self.on_outage(self.name, True)
         return reconnect_delay_s(self.failures)
+
+    def conflicted(self, conn: psycopg.Connection[Any], err: Exception) -> float:
+        """Roll back a transaction the server ended for a conflict, keep the connection, and
+        return a short random pause before the owner tries again."""
+        with contextlib.suppress(psycopg.Error):
+            conn.rollback()
+        log(
+            logger,
+            logging.WARNING,
+            "db.conflict",
+            worker=self.worker,
+            link=self.name,
+            error=refusal(err),
+        )
+        return random.uniform(0.0, CONFLICT_RETRY_S)
 
     def outage(self, err: BaseException) -> bool:
         """Whether ``err`` means the server could not be reached or dropped us (wait,
@@ -176,6 +204,12 @@ def refused(err: BaseException) -> bool:
     """Whether the server refused a statement for the data it held (``REFUSED_CLASSES``)."""
     sqlstate = getattr(err, "sqlstate", None) or ""
     return isinstance(err, psycopg.Error) and sqlstate[:2] in REFUSED_CLASSES
+
+
+def conflict(err: BaseException) -> bool:
+    """Whether the server rolled the transaction back for a conflict with another one."""
+    sqlstate = getattr(err, "sqlstate", None) or ""
+    return isinstance(err, psycopg.Error) and sqlstate[:2] == CONFLICT_CLASS
 
 
 def refusal(err: BaseException) -> str:

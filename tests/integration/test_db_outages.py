@@ -14,6 +14,9 @@ without --start-timeout it waits for the database instead).
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -25,6 +28,7 @@ import cli
 from outbox import db, writer
 from outbox.commands.common import EXIT_CONFIG, EXIT_TEMPFAIL
 from outbox.commands.relay import RELAY_DEFAULTS
+from outbox.relay.links import CONFLICT_RETRY_S, Link
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
@@ -218,3 +222,41 @@ def test_a_relay_waiting_for_the_database_stops_at_sigterm_with_status_0(tmp_pat
         status = relay.wait(timeout=30)
     assert status == 0, log.read_text()
     assert "Traceback" not in log.read_text()
+
+
+def test_a_deadlock_is_retried_on_the_same_connection_and_is_no_outage(db_url, caplog):
+    """A transaction the server ended for a deadlock: the link keeps its connection, says
+    ``db.conflict`` (not ``db.unavailable``), marks no outage and pauses only briefly."""
+    outages: list[bool] = []
+    link = Link(db_url, "test", prepare=False, on_outage=lambda _, waiting: outages.append(waiting))
+    victim = link.get()
+    with psycopg.connect(db_url, autocommit=True) as setup:
+        setup.execute("CREATE TABLE pair (id int PRIMARY KEY); INSERT INTO pair VALUES (1), (2)")
+    victim.execute("SET deadlock_timeout = '10ms'")  # it finds the cycle, so it is rolled back
+    victim.commit()
+    with psycopg.connect(db_url) as other, psycopg.connect(db_url, autocommit=True) as watch:
+        other.execute("SET deadlock_timeout = '10s'")
+        other.commit()
+        victim.execute("UPDATE pair SET id = id WHERE id = 1")
+        other.execute("UPDATE pair SET id = id WHERE id = 2")
+        blocked = threading.Thread(
+            target=other.execute, args=("UPDATE pair SET id = id WHERE id = 1",)
+        )
+        blocked.start()
+        deadline = time.monotonic() + 10
+        waiting = "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted"
+        while watch.execute(waiting, (other.info.backend_pid,)).fetchone() != (1,):
+            assert time.monotonic() < deadline, "the other transaction never waited on the lock"
+            time.sleep(0.01)
+        with caplog.at_level(logging.INFO, logger="relay.links"):
+            with pytest.raises(psycopg.errors.DeadlockDetected) as deadlock:
+                victim.execute("UPDATE pair SET id = id WHERE id = 2")
+            pause = link.failed(deadlock.value)
+        blocked.join(timeout=10)
+        other.commit()
+    assert link.conn is victim and not victim.closed and link.get() is victim
+    assert victim.execute("SELECT count(*) FROM pair").fetchone() == (2,)  # rolled back, usable
+    assert outages == [] and link.failures == 0
+    assert 0.0 <= pause <= CONFLICT_RETRY_S
+    said = " ".join(record.getMessage() for record in caplog.records)
+    assert "db.conflict" in said and "db.unavailable" not in said
