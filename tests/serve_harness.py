@@ -1,6 +1,6 @@
 """A live ``outbox serve`` app for tests: uvicorn on a free loopback port, in a thread.
 
-The app is the one ``outbox serve`` runs (``server.app.create_app``), served by uvicorn over
+The app is the one ``outbox serve`` runs (``outbox.server.app.create_app``), served by uvicorn over
 real sockets, so the openai SDK talks to it exactly as it would in production.
 """
 
