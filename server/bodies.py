@@ -21,7 +21,7 @@ from pydantic import (
     field_validator,
 )
 
-from outbox.schemas import ModelOptions, tool_choice_of
+from outbox.schemas import ModelOptions, text_format_of, tool_choice_of
 
 Ignored = Any  # a field OpenAI knows and we accept without acting on it
 MAX_METADATA_PAIRS = 16  # OpenAI's limits on metadata
@@ -139,15 +139,34 @@ class _RunOptions(_Body):
     metadata: Metadata | None = None
     stream: bool | None = None
     max_completion_tokens: int | None = Field(default=None, gt=0)
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: Any = None
     temperature: Ignored = None
     top_p: Ignored = None
     max_prompt_tokens: Ignored = None
     truncation_strategy: Ignored = None
-    tool_choice: Ignored = None
-    parallel_tool_calls: Ignored = None
-    response_format: Ignored = None
     reasoning_effort: Ignored = None
     tool_resources: Ignored = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice(cls, value: Any) -> Any:
+        return None if value is None else tool_choice_of(value)
+
+    @field_validator("response_format")
+    @classmethod
+    def _format(cls, value: Any) -> Any:
+        return None if value in (None, "auto") else text_format_of(value)
+
+    def model_options(self) -> ModelOptions:
+        """What the run passes to its model beside the history (chat completions' shapes
+        read into the Responses API's terms, as runs keep them)."""
+        return ModelOptions(
+            tool_choice=self.tool_choice,
+            parallel_tool_calls=self.parallel_tool_calls,
+            format=self.response_format,
+        )
 
 
 class RunIn(_RunOptions):

@@ -427,3 +427,41 @@ def test_a_forced_function_must_be_one_of_the_tools():
             tools=["lookup_order"],
             model_options=ModelOptions(tool_choice={"type": "function", "name": "refund"}),
         )
+
+
+# -- the Assistants protocol's runs --------------------------------------------------------------
+
+
+def test_an_assistants_run_passes_its_options_on_and_shows_them(db_url, base_url, key, model):
+    headers = {"Authorization": f"Bearer {key}", "OpenAI-Beta": "assistants=v2"}
+    tool = {"type": "function", "function": {"name": "lookup_order", "parameters": {}}}
+    with httpx2.Client(base_url=base_url, headers=headers, timeout=30) as client:
+        assistant = client.post("/assistants", json={"model": "scripted-1", "tools": [tool]})
+        body = {
+            "assistant_id": assistant.json()["id"],
+            "thread": {"messages": [{"role": "user", "content": "script:lookup order 42?"}]},
+            "tool_choice": {"type": "function", "function": {"name": "lookup_order"}},
+            "parallel_tool_calls": False,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "order_status", "schema": SCHEMA, "strict": True},
+            },
+        }
+        refused = client.post(
+            "/threads/runs",
+            json={
+                **body,
+                "tool_choice": "required",
+                "assistant_id": client.post("/assistants", json={"model": "m"}).json()["id"],
+            },
+        )
+        run = client.post("/threads/runs", json=body).json()
+        wait_until(lambda: status(db_url, uuid.UUID(run["id"])) == "requires_action")
+        shown = client.get(f"/threads/{run['thread_id']}/runs/{run['id']}").json()
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tool_choice"
+    (sent,) = model.requests
+    assert sent.body["tool_choice"] == {"type": "function", "name": "lookup_order"}
+    assert sent.body["parallel_tool_calls"] is False and sent.body["text"] == {"format": FORMAT}
+    assert shown["tool_choice"] == body["tool_choice"]
+    assert shown["response_format"] == body["response_format"]
+    assert shown["parallel_tool_calls"] is False
