@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import psutil
 import psycopg
 
 from bench import db as bdb
@@ -63,10 +64,10 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serving(url: str, model_base_url: str, log: Path) -> Iterator[str]:
+def serving(url: str, model_base_url: str, log: Path) -> Iterator[tuple[str, psutil.Process]]:
     """``outbox serve`` on ``url`` and one ``outbox relay``, each a process of its own (what
     ``outbox serve --with-relay`` starts, but the server's connections named apart from
-    its relay's); yields the server's base URL once it answers."""
+    its relay's); yields the server's base URL once it answers, and its process."""
     port = _free_port()
     env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(REPO)}
     named = url + ("&" if "?" in url else "?") + f"application_name={SERVER_NAME}"
@@ -93,7 +94,7 @@ def serving(url: str, model_base_url: str, log: Path) -> Iterator[str]:
                         f"outbox serve or its relay did not start; see {log}"
                     ) from None
                 time.sleep(0.1)  # polling a condition with a deadline
-        yield base
+        yield base, psutil.Process(processes[0].pid)
     finally:
         for process in processes:
             process.terminate()
@@ -105,11 +106,13 @@ class Connections(threading.Thread):
     """The most connections ``outbox serve`` held on the database at once, by
     ``application_name`` (its relay's are named ``outbox-relay-...``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, responses: int = 0) -> None:
         super().__init__(daemon=True)
         self.url = url
         self.most: dict[str, int] = {}
         self.stop = threading.Event()
+        self.responses = responses  # when this many responses are stored: all_stored_at
+        self.all_stored_at: float | None = None  # perf_counter
 
     def run(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as conn:
@@ -121,6 +124,10 @@ class Connections(threading.Thread):
                 ).fetchall()
                 for name, count in rows:
                     self.most[name] = max(self.most.get(name, 0), int(count))
+                if self.responses and self.all_stored_at is None:
+                    row = conn.execute("SELECT count(*) FROM outbox.responses").fetchone()
+                    if row is not None and int(row[0]) >= self.responses:
+                        self.all_stored_at = time.perf_counter()
 
     def server(self) -> int:
         """The most the server itself held (its pool and its LISTEN connection)."""
@@ -164,12 +171,15 @@ def waiting(server: str, n: int, log: Path) -> dict[str, Any]:
             with psycopg.connect(url) as conn:
                 _, key = keys.create_key(conn, seed.TENANT, name="bench")
                 conn.commit()
-            with serving(url, latency.url + "/v1", log) as base:
-                watch, commits = Connections(url), Commits(url)
+            with serving(url, latency.url + "/v1", log) as (base, process):
+                watch, commits = Connections(url, n), Commits(url)
                 watch.start()
                 commits.start()
                 commits.listening.wait(START_S)
+                cpu = inflight.cpu_s(process)
+                started = time.perf_counter()
                 wall, answered = asyncio.run(_waiting_requests(base, key, n))
+                cpu = inflight.cpu_s(process) - cpu
                 for thread in (watch, commits):
                     thread.stop.set()
                     thread.join()
@@ -181,6 +191,11 @@ def waiting(server: str, n: int, log: Path) -> dict[str, Any]:
             "commit_to_answer_p99_ms": round(1000 * sorted(lags)[int(0.99 * (len(lags) - 1))], 1),
             "server_db_connections": watch.server(),
             "db_connections_by_name": watch.most,
+            "all_responses_stored_after_s": None
+            if watch.all_stored_at is None
+            else round(watch.all_stored_at - started, 2),
+            "server_cpu_s": round(cpu, 2),
+            "server_cpu_ms_per_request": round(1000 * cpu / n, 2),
         }
     finally:
         latency.close()
@@ -251,10 +266,12 @@ def agents(server: str, n: int, log: Path) -> dict[str, Any]:
             with psycopg.connect(url) as conn:
                 _, key = keys.create_key(conn, seed.TENANT, name="bench")
                 conn.commit()
-            with serving(url, latency.url + "/v1", log) as base:
+            with serving(url, latency.url + "/v1", log) as (base, process):
                 watch = Connections(url)
                 watch.start()
+                cpu = inflight.cpu_s(process)
                 served = _agent_runs(base, key, n)
+                cpu = inflight.cpu_s(process) - cpu
                 watch.stop.set()
                 watch.join()
             with psycopg.connect(url, autocommit=True) as conn:
@@ -274,6 +291,7 @@ def agents(server: str, n: int, log: Path) -> dict[str, Any]:
         "serve_vs_direct": round(served / direct, 2),
         "server_db_connections": watch.server(),
         "db_connections_by_name": watch.most,
+        "server_cpu_s": round(cpu, 2),
         "server_runs_completed": int(row[0]),
         "server_runs": int(row[1]),
     }
