@@ -113,6 +113,10 @@ class Connections(threading.Thread):
         self.stop = threading.Event()
         self.responses = responses  # when this many responses are stored: all_stored_at
         self.all_stored_at: float | None = None  # perf_counter
+        # What the server's connections were doing, sample by sample: how many were idle
+        # in the pool, waiting on the server's Python in a transaction, running, or waiting
+        # on a lock (state, and the wait event's type).
+        self.doing: dict[str, int] = {}
 
     def run(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as conn:
@@ -124,6 +128,12 @@ class Connections(threading.Thread):
                 ).fetchall()
                 for name, count in rows:
                     self.most[name] = max(self.most.get(name, 0), int(count))
+                for (what,) in conn.execute(
+                    "SELECT state || coalesce(' ' || wait_event_type, '') FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name = %s",
+                    [SERVER_NAME],
+                ).fetchall():
+                    self.doing[what] = self.doing.get(what, 0) + 1
                 if self.responses and self.all_stored_at is None:
                     row = conn.execute("SELECT count(*) FROM outbox.responses").fetchone()
                     if row is not None and int(row[0]) >= self.responses:
@@ -196,6 +206,7 @@ def waiting(server: str, n: int, log: Path) -> dict[str, Any]:
             else round(watch.all_stored_at - started, 2),
             "server_cpu_s": round(cpu, 2),
             "server_cpu_ms_per_request": round(1000 * cpu / n, 2),
+            "server_connections_doing": watch.doing,
         }
     finally:
         latency.close()
@@ -260,7 +271,7 @@ def agents(server: str, n: int, log: Path) -> dict[str, Any]:
     inflight.settle_sockets()
     latency = inflight.LatencyServer(MODEL_S, TOOL_S, 1)
     try:
-        direct = _agent_runs(latency.url + "/v1", "direct", n)
+        direct, direct_cpu = _agent_runs(latency.url + "/v1", "direct", n)
         stderr(f"  {n} agent runs against the model directly: {direct:.2f} s")
         with bdb.scratch(server, f"clients_agents_{n}") as url:
             with psycopg.connect(url) as conn:
@@ -270,7 +281,7 @@ def agents(server: str, n: int, log: Path) -> dict[str, Any]:
                 watch = Connections(url)
                 watch.start()
                 cpu = inflight.cpu_s(process)
-                served = _agent_runs(base, key, n)
+                served, served_cpu = _agent_runs(base, key, n)
                 cpu = inflight.cpu_s(process) - cpu
                 watch.stop.set()
                 watch.join()
@@ -292,13 +303,16 @@ def agents(server: str, n: int, log: Path) -> dict[str, Any]:
         "server_db_connections": watch.server(),
         "db_connections_by_name": watch.most,
         "server_cpu_s": round(cpu, 2),
+        "client_cpu_s_direct": round(direct_cpu, 2),
+        "client_cpu_s_served": round(served_cpu, 2),
         "server_runs_completed": int(row[0]),
         "server_runs": int(row[1]),
     }
 
 
-def _agent_runs(base_url: str, key: str, n: int) -> float:
-    """The wall of N runs of the agent at once (one event loop, one client)."""
+def _agent_runs(base_url: str, key: str, n: int) -> tuple[float, float]:
+    """The wall of N runs of the agent at once (one event loop, one client), and the CPU
+    seconds this process (the SDK and its client) spent on them."""
     from agents import (  # the bench extra's: imported only when this measurement runs
         Agent,
         OpenAIResponsesModel,
@@ -317,22 +331,22 @@ def _agent_runs(base_url: str, key: str, n: int) -> float:
         await asyncio.sleep(TOOL_S)
         return "ok"
 
-    async def go() -> float:
+    async def go() -> tuple[float, float]:
         client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=DEADLINE_S)
         model = OpenAIResponsesModel(model="bench", openai_client=client)
         agent = Agent(name="bench", instructions="Use the tool.", tools=[slow], model=model)
         config = RunConfig(tracing_disabled=True)
         try:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             results = await asyncio.gather(
                 *(Runner.run(agent, f"run {i}", run_config=config) for i in range(n))
             )
-            wall = time.perf_counter() - started
+            wall, cpu = time.perf_counter() - started, time.process_time() - cpu
         finally:
             await client.close()
         if any(r.final_output != "done" for r in results):
             raise RuntimeError("an agent run did not end with the model's answer")
-        return wall
+        return wall, cpu
 
     return asyncio.run(go())
 
