@@ -1,8 +1,11 @@
 """Request bodies of the Assistants protocol, validated at the boundary with pydantic.
 
 An unknown field is refused (OpenAI answered "Unrecognized request argument supplied");
-fields OpenAI knows that we do not implement (sampling, truncation, response format) are
-accepted and ignored, so code written for OpenAI keeps working; docs/serve.md lists them.
+fields OpenAI knows that we do not implement (sampling, truncation) are accepted and
+ignored, so code written for OpenAI keeps working; docs/serve.md lists them. What a run
+passes to its model beside the history (``tool_choice``, ``parallel_tool_calls``, the
+answer's format) is checked here with ``outbox.schemas.ModelOptions``' rules, so a field
+no model could follow is a 400 naming it.
 ``metadata`` keeps OpenAI's limits (16 pairs, keys up to 64 characters, values up to 512),
 so what runs here runs on OpenAI too.
 """
