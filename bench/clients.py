@@ -2,8 +2,8 @@
 
 Two measurements, each beside the same work without the server:
 
-- **waiting** (``python -m bench.clients waiting [N]``): N waiting ``responses.create``
-  at once from one asyncio client, to ``outbox serve`` on its default ``--db-connections``
+- **waiting** (``python -m bench.clients waiting [N] [--no-writer]``): N waiting
+  ``responses.create`` at once from one asyncio client, to ``outbox serve`` on its default ``--db-connections``
   and one relay (each a process, as ``--with-relay`` runs them); each starts a run whose
   model (``bench.latency_server``) takes ``MODEL_S`` a turn and asks for one call of a
   registry tool that takes ``TOOL_S``, then answers: ideal ``2 MODEL_S + TOOL_S``. The
@@ -169,9 +169,10 @@ class Commits(threading.Thread):
 # -- waiting responses.create beside the writer API -----------------------------------------
 
 
-def waiting(server: str, n: int, log: Path) -> dict[str, Any]:
-    """N waiting responses.create through ``outbox serve --with-relay``, then the same runs
-    through the writer API and one relay (see the module's docstring)."""
+def waiting(server: str, n: int, log: Path, with_writer: bool = True) -> dict[str, Any]:
+    """N waiting responses.create through ``outbox serve`` and a relay, then (unless not
+    ``with_writer``) the same runs through the writer API and one relay (see the module's
+    docstring)."""
     ideal = 2 * MODEL_S + TOOL_S
     inflight.settle_sockets()
     latency = inflight.LatencyServer(MODEL_S, TOOL_S, 1)
@@ -211,6 +212,8 @@ def waiting(server: str, n: int, log: Path) -> dict[str, Any]:
     finally:
         latency.close()
     stderr(f"  {n} waiting responses.create: {api}")
+    if not with_writer:
+        return {"runs": n, "ideal_s": ideal, "api": api}
     concurrency = inflight.concurrency_for(n, 1)
     writer = inflight.measure(server, n, MODEL_S, TOOL_S, 1, concurrency, log)
     stderr(f"  the same runs through the writer API: {writer['wall_s']} s")
@@ -355,12 +358,19 @@ def _agent_runs(base_url: str, key: str, n: int) -> tuple[float, float]:
 
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "waiting"
-    n = int(argv[1]) if len(argv) > 1 else (1000 if what == "waiting" else 200)
+    n = (
+        int(argv[1])
+        if len(argv) > 1 and argv[1].isdigit()
+        else (1000 if what == "waiting" else 200)
+    )
     log = REPO / "bench" / "results" / f"clients-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     server = db.database_url(start=True)
     stderr(f"load before: {os.getloadavg()}")
-    out = (waiting if what == "waiting" else agents)(server, n, log)
+    if what == "waiting":
+        out = waiting(server, n, log, with_writer="--no-writer" not in argv)
+    else:
+        out = agents(server, n, log)
     out["load_after"] = os.getloadavg()
     print(out)
     return 0

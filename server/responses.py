@@ -96,8 +96,9 @@ def function_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def create(
     store: Store, tenant: str, body: ResponseIn, settings: Settings, key: str | None = None
-) -> uuid.UUID:
-    """Record a response (start a run, or carry a waiting one on); returns its id.
+) -> tuple[uuid.UUID, uuid.UUID]:
+    """Record a response (start a run, or carry a waiting one on); returns its id and its
+    run's (what a waiting request watches).
 
     With ``previous_response_id`` or ``conversation`` the input is the new turn. Without
     either it is the whole history as the caller keeps it (``_stateless``): it continues
@@ -115,7 +116,8 @@ def create(
     with store.tenant(tenant) as conn:
         first = idempotency.earlier(conn, tenant, key, digest) if key else None
         if key and first is not None:
-            return _kept_response(key, first)
+            kept = _kept_response(key, first)
+            return kept, responses.get_response(conn, tenant, kept)["run_id"]
         given = input_items.resolve(conn, given)
         items = input_items.with_reasoning(given)
         if body.previous_response_id or body.conversation:
@@ -163,7 +165,7 @@ def create(
         ident = uuid.UUID(str(row["id"]))
         if key:
             idempotency.keep(conn, tenant, key, digest, thread_id, response_id(ident))
-        return ident
+        return ident, run_id
 
 
 def _kept_response(key: str, first: idempotency.Earlier) -> uuid.UUID:
