@@ -3,14 +3,15 @@
 Two measurements, each beside the same work without the server:
 
 - **waiting** (``python -m bench.clients waiting [N] [--no-writer]``): N waiting
-  ``responses.create`` at once from one asyncio client, to ``outbox serve`` on its default ``--db-connections``
-  and one relay (each a process, as ``--with-relay`` runs them); each starts a run whose
-  model (``bench.latency_server``) takes ``MODEL_S`` a turn and asks for one call of a
-  registry tool that takes ``TOOL_S``, then answers: ideal ``2 MODEL_S + TOOL_S``. The
-  wall runs from the first request sent to the last answer; beside it, the time from each
-  run's completing commit (its ``NOTIFY outbox_runs``, as a listener of the bench sees it)
-  to its answer (as the client sees it), and the most database connections the server
-  held (its pool and its LISTEN). Then the same N runs started through the writer API and
+  ``responses.create`` at once from one asyncio client, to ``outbox serve`` on its
+  default ``--db-connections`` and one relay (each a process, as ``--with-relay`` runs
+  them); each starts a run whose model (``bench.latency_server``) takes ``MODEL_S`` a
+  turn and asks for one call of a registry tool that takes ``TOOL_S``, then answers:
+  ideal ``2 MODEL_S + TOOL_S``. The wall runs from the first request sent to the last
+  answer; beside it, the time from each run's completing commit (its ``NOTIFY
+  outbox_runs``, as a listener of the bench sees it) to its answer (as the client sees
+  it), and the most database connections the server held (its pool and its LISTEN).
+  Then, unless ``--no-writer``, the same N runs started through the writer API and
   drained by one relay (``bench.inflight``, clocked from the relay's first lease), the
   figure the server is held to: within 1.25x.
 - **agents** (``python -m bench.clients agents [N]``): the same OpenAI Agents SDK agent (one
