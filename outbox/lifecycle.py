@@ -117,9 +117,9 @@ def retarget_run(db: Any, change: Retarget, *, actor: str | None = None) -> bool
     of it is queued or in flight, so every turn is asked and recorded with one set of
     tools. Tools the run named before keep the versions it pinned; a tool new to it is
     pinned now, as ``start_run_v1`` pins (the tenant's own before a shared one, the
-    newest); an unknown tool raises ``NotFound``, a ``tool_choice`` forcing a function
-    that is not one of the tools ``InvalidInput``, a model without a price for a run with
-    a budget in money ``InvalidInput``, and nothing changes. Journaled as
+    newest); an unknown tool raises ``NotFound`` and a model without a price for a run
+    with a budget in money ``InvalidInput``, and nothing changes (``Retarget`` itself
+    refuses a ``tool_choice`` forcing a function that is not one of its tools). Journaled as
     ``run.retargeted`` naming what changed; the same settings again change nothing and
     journal nothing. Returns whether anything changed. Takes the caller's connection or
     Session and never commits.

@@ -207,7 +207,8 @@ def _stateless(
     with ``previous_response_id``. Any other history seeds a new thread, checked with the
     pairing rules; its function calls are stored as answered history (an ``import`` run,
     ``lifecycle.import_thread``), never executed. System and developer messages are the
-    run's instructions either way; reasoning items are kept in the response's input."""
+    instructions either way. ``given`` has its reasoning items on the items they came
+    before (``input_items.with_reasoning``): stored with what they came before."""
     history = [i for i in given if input_items.is_history(i)]
     instructions = [
         i
