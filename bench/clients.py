@@ -373,7 +373,7 @@ def main(argv: list[str]) -> int:
     else:
         out = agents(server, n, log)
     out["load_after"] = os.getloadavg()
-    print(out)
+    print(json.dumps(out))
     return 0
 
 
