@@ -113,7 +113,8 @@ def test_a_streamed_run_gets_the_events_and_the_answer(db_url, base_url, key, mo
     assert (stored["threads"], stored["runs"], stored["responses"]) == (1, 1, 2)
 
 
-def test_a_handoff_carries_the_conversation_to_the_second_agent(db_url, base_url, key, model):
+@pytest.mark.parametrize("mode", ["stateless", "auto_previous_response_id", "conversation_id"])
+def test_a_handoff_carries_the_conversation_to_the_second_agent(db_url, base_url, key, model, mode):
     model.add_script(
         "handoff", [{"tool_calls": [HANDOFF]}, {"tool_calls": [LOOKUP]}, {"text": "shipped"}]
     )
@@ -124,11 +125,17 @@ def test_a_handoff_carries_the_conversation_to_the_second_agent(db_url, base_url
         triage = Agent(
             name="triage", instructions="Route the customer.", handoffs=[desk.agent], model=chat
         )
+        options: dict[str, Any] = {}
+        if mode == "auto_previous_response_id":
+            options["auto_previous_response_id"] = True
+        elif mode == "conversation_id":
+            options["conversation_id"] = (await client.conversations.create()).id
         try:
             result = await Runner.run(
                 triage,
                 "script:handoff where is order 42?",
                 run_config=RunConfig(tracing_disabled=True),
+                **options,
             )
             return result.final_output, result.last_agent.name, desk.calls
         finally:
