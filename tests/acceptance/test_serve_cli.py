@@ -44,7 +44,7 @@ def model() -> Iterator[ScriptedModel]:
         yield server
 
 
-def test_keys_and_serve_with_relay_complete_a_run(db_url, model):
+def test_keys_and_serve_with_relay_complete_a_run(db_url, model, tmp_path):
     key = outbox(db_url, "keys", "create", "--tenant", "acme", "--name", "ci").strip()
     assert key.startswith("ob-")
     (listed,) = json.loads(outbox(db_url, "keys", "list", "--json"))
