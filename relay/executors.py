@@ -48,6 +48,7 @@ import httpx2
 from outbox import config as outbox_config
 from outbox import credentials, registry, storable
 from outbox.relay import failpoints, inprocess
+from outbox.relay.mcpclient import McpCaller
 from outbox.relay.outcomes import (
     NOT_REPEATED,
     Claimed,
@@ -107,7 +108,9 @@ MarkDispatched = Callable[[Claimed], Awaitable[bool]]
 
 
 class ToolExecutor:
-    """Runs ``tool_call`` rows: HTTP tools through the engine's poster, python tools in-process.
+    """Runs ``tool_call`` rows: HTTP tools through the engine's poster, MCP tools through
+    ``relay.mcpclient`` (which opens the session and takes a slot before it marks), python
+    tools in-process.
 
     ``mark_dispatched`` is the fenced write of the module docstring, batched with other
     rows' by ``relay.preparer``; it returns False when this worker no longer holds the lease,
@@ -119,6 +122,7 @@ class ToolExecutor:
         self.http = http
         self.mark_dispatched = mark_dispatched
         self.threads = threads
+        self.mcp = McpCaller(mark_dispatched)
 
     async def run(self, row: Claimed) -> Outcome:
         started = time.monotonic()
@@ -150,6 +154,11 @@ class ToolExecutor:
                 found = await self._lookup(row, secret)
                 if found is not None:
                     return found
+        if row.executor == "mcp":
+            # A request sent over the network may outlive its sender: marked in every mode.
+            outcome = await self.mcp.call(row, secret, request_headers(row, secret))
+            failpoints.hit("tool.after_call")
+            return outcome
         # A request sent over the network may outlive its sender, so its dispatch time is
         # recorded in every mode; an in-process call dies with its process.
         marked = mode.dispatch_mark or row.executor == "http"

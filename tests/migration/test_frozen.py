@@ -73,6 +73,8 @@ PINNED = {
     "0029_settle_before_repeat.sql": "67f20d3011b75c3b",
     "0030_run_defaults_and_one_rule_each.py": "e4b1c1e9710055ee",
     "0030_run_defaults_and_one_rule_each.sql": "26ebec2834d21449",
+    "0032_mcp_servers.py": "067fd1316c717303",
+    "0032_mcp_servers.sql": "a8495a7e96a3b6fb",
 }
 
 

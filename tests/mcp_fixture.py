@@ -1,0 +1,114 @@
+"""A small MCP server built with the official SDK (``MCPServer``), for the tests to call.
+
+Run as ``python tests/mcp_fixture.py http PORT AUDIT`` (streamable HTTP on 127.0.0.1) or
+``python tests/mcp_fixture.py stdio AUDIT``. Every call a tool receives is appended to the
+file AUDIT as one JSON line, written before the tool acts and flushed to disk, so a test can
+count what the server saw even when a relay or the server is killed mid-call: the tool, its
+arguments, the ``_meta`` it came with, the ``Idempotency-Key`` header (HTTP) and this
+process's id.
+
+Its tools and their annotations:
+
+- ``create_ticket(title, hold_s=0)``: an effect that is neither read-only nor idempotent;
+  ``hold_s`` keeps the call open that long after it is recorded.
+- ``read_ticket(title)``: read-only.
+- ``set_label(label)``: idempotent, and deduplicated here by the key of ``_meta`` the way
+  docs/mcp.md tells server authors to: a key seen before returns the first answer.
+- ``reject(reason)``: answers ``isError: true``.
+- ``die()``: the process exits mid-call (the server's death).
+- ``whoami()``: this process's id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
+
+META_KEY = "dev.agent-outbox/call"
+AUDIT = sys.argv[-1]
+app = MCPServer("outbox-test-fixture", log_level="WARNING")
+labels: dict[str, str] = {}  # idempotency key -> the label's answer
+
+
+def audit(tool: str, ctx: Context, **arguments: Any) -> dict[str, Any]:
+    meta = dict(ctx.request_context.meta or {})
+    headers = ctx.headers or {}
+    line = {
+        "tool": tool,
+        "arguments": arguments,
+        "meta": meta,
+        "idempotency_key_header": headers.get("idempotency-key"),
+        "pid": os.getpid(),
+    }
+    with open(AUDIT, "a") as f:
+        f.write(json.dumps(line) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return meta
+
+
+@app.tool(
+    annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False)
+)
+async def create_ticket(title: str, ctx: Context, hold_s: float = 0.0) -> dict[str, Any]:
+    """Open a ticket titled TITLE."""
+    audit("create_ticket", ctx, title=title, hold_s=hold_s)
+    await asyncio.sleep(hold_s)
+    return {"ticket": title}
+
+
+@app.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def read_ticket(title: str, ctx: Context) -> str:
+    """Read the ticket titled TITLE."""
+    audit("read_ticket", ctx, title=title)
+    return f"ticket {title}: open"
+
+
+@app.tool(
+    annotations=ToolAnnotations(readOnlyHint=False, idempotentHint=True, destructiveHint=False)
+)
+async def set_label(label: str, ctx: Context) -> str:
+    """Set the label (deduplicated by the caller's idempotency key)."""
+    meta = audit("set_label", ctx, label=label)
+    key = (meta.get(META_KEY) or {}).get("idempotency_key")
+    if key is not None and key in labels:
+        return labels[key]
+    answer = f"label {label} set"
+    if key is not None:
+        labels[key] = answer
+    return answer
+
+
+@app.tool()
+async def reject(reason: str, ctx: Context) -> str:
+    """Always refuses, saying REASON."""
+    audit("reject", ctx, reason=reason)
+    raise ToolError(f"refused: {reason}")
+
+
+@app.tool()
+async def die(ctx: Context) -> str:
+    """The server exits in the middle of the call."""
+    audit("die", ctx)
+    os._exit(3)
+
+
+@app.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def whoami(ctx: Context) -> int:
+    """This server process's id."""
+    audit("whoami", ctx)
+    return os.getpid()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "http":
+        app.run("streamable-http", port=int(sys.argv[2]))
+    else:
+        app.run("stdio")
