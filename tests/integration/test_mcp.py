@@ -302,10 +302,14 @@ def test_relay_killed_mid_call_of_a_none_tool_parks_it_and_never_calls_again(
 
 
 def test_a_server_that_cannot_be_reached_is_retried_unsent_and_called_once(db_url, http_server):
+    """Whether the session is found dead before the call or the call's POST cannot
+    connect, the request never left: a none-mode call is retried, not parked."""
     add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_attempts=100)
-    http_server.kill()
-    ref = call_once(db_url, "tk__create_ticket", {"title": "later"})
     with relay_thread(db_url):
+        warm = call_once(db_url, "tk__create_ticket", {"title": "first"})
+        wait_until(lambda: all_settled(db_url), what="the first call (its session opened)")
+        http_server.kill()
+        ref = call_once(db_url, "tk__create_ticket", {"title": "later"})
         wait_until(
             lambda: (call_row(db_url, ref)["attempts"] or 0) >= 2,
             what="attempts against the stopped server",
@@ -313,8 +317,9 @@ def test_a_server_that_cannot_be_reached_is_retried_unsent_and_called_once(db_ur
         assert call_row(db_url, ref)["dispatched_attempt"] is None  # never ambiguous
         http_server.start()
         wait_until(lambda: all_settled(db_url), what="the call to finish")
+    assert call_row(db_url, warm)["status"] == "succeeded"
     assert call_row(db_url, ref)["status"] == "succeeded"  # none mode, and yet called
-    assert len(http_server.calls("create_ticket")) == 1
+    assert [c["arguments"]["title"] for c in http_server.calls()] == ["first", "later"]
 
 
 # -- stdio servers ----------------------------------------------------------------------
