@@ -429,6 +429,14 @@ def _error(
         return error_result(row, f"HTTP {exchange.status} from {where}: {text}")
     if err.code == mcp_types.REQUEST_TIMEOUT:
         return ambiguous(row, f"no answer from {where} within {timeout_s}s")
+    if err.code == mcp_types.CONNECTION_CLOSED and "byte limit" in err.message:
+        # The SDK stopped reading an answer larger than MAX_EVENT_BYTES (its message is
+        # the only sign of it): the tool did answer, too much, as an HTTP tool's body cut.
+        return error_result(
+            row,
+            f"the answer of {where} is over {MAX_EVENT_BYTES} bytes (not read further), over "
+            f"the cap of a tool result ({outbox_config.MAX_PAYLOAD_BYTES} bytes)",
+        )
     if err.code == mcp_types.CONNECTION_CLOSED:
         return ambiguous(row, f"the connection to {where} ended before its answer ({text})")
     return ambiguous(row, f"{where} answered an error: {text}", answered=True)

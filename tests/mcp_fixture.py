@@ -13,8 +13,10 @@ Its tools and their annotations:
   ``hold_s`` keeps the call open that long after it is recorded.
 - ``read_ticket(title)``: read-only.
 - ``set_label(label)``: idempotent, and deduplicated here by the key of ``_meta`` the way
-  docs/mcp.md tells server authors to: a key seen before returns the first answer.
+  docs/mcp.md tells server authors to: a key seen before returns the first answer
+  (``hold_s`` as for ``create_ticket``).
 - ``reject(reason)``: answers ``isError: true``.
+- ``big(size)``: a text of ``size`` characters.
 - ``die()``: the process exits mid-call (the server's death).
 - ``whoami()``: this process's id.
 """
@@ -74,15 +76,16 @@ async def read_ticket(title: str, ctx: Context) -> str:
 @app.tool(
     annotations=ToolAnnotations(readOnlyHint=False, idempotentHint=True, destructiveHint=False)
 )
-async def set_label(label: str, ctx: Context) -> str:
+async def set_label(label: str, ctx: Context, hold_s: float = 0.0) -> str:
     """Set the label (deduplicated by the caller's idempotency key)."""
-    meta = audit("set_label", ctx, label=label)
+    meta = audit("set_label", ctx, label=label, hold_s=hold_s)
     key = (meta.get(META_KEY) or {}).get("idempotency_key")
     if key is not None and key in labels:
         return labels[key]
     answer = f"label {label} set"
     if key is not None:
         labels[key] = answer
+    await asyncio.sleep(hold_s)
     return answer
 
 
@@ -91,6 +94,13 @@ async def reject(reason: str, ctx: Context) -> str:
     """Always refuses, saying REASON."""
     audit("reject", ctx, reason=reason)
     raise ToolError(f"refused: {reason}")
+
+
+@app.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def big(size: int, ctx: Context) -> str:
+    """A text of SIZE characters."""
+    audit("big", ctx, size=size)
+    return "x" * size
 
 
 @app.tool()

@@ -157,7 +157,7 @@ def test_add_registers_every_listed_tool_with_its_schema_and_journals_the_actor(
     )
     assert done.exit_code == 0, done.output
     added = json.loads(done.output)
-    names = {"create_ticket", "read_ticket", "set_label", "reject", "die", "whoami"}
+    names = {"create_ticket", "read_ticket", "set_label", "reject", "big", "die", "whoami"}
     assert sorted(added["added"]) == sorted(f"tk__{n} v1" for n in names)
     assert added["headers"] == [] and added["trusted"] is False
 
@@ -186,7 +186,7 @@ def test_add_registers_every_listed_tool_with_its_schema_and_journals_the_actor(
 
     # Listing again registers nothing new; removing disables every tool.
     synced = json.loads(runner.invoke(cli.main, ["mcp", "sync", "tk", "--json"]).output)
-    assert synced["added"] == [] and synced["changed"] == [] and len(synced["unchanged"]) == 6
+    assert synced["added"] == [] and synced["changed"] == [] and len(synced["unchanged"]) == 7
     removed = json.loads(runner.invoke(cli.main, ["mcp", "remove", "tk", "--json"]).output)
     assert removed["disabled_tools"] == sorted(f"tk__{n}" for n in names)
     assert scalar(db_url, "SELECT count(*) FROM outbox.tools WHERE enabled") == 0
@@ -299,6 +299,47 @@ def test_relay_killed_mid_call_of_a_none_tool_parks_it_and_never_calls_again(
     assert "outcome unknown" in scalar(
         db_url, "SELECT last_error FROM outbox.outbox WHERE tool_call_ref = %s", (ref,)
     )
+
+
+def test_relay_killed_mid_call_of_a_key_tool_resends_the_same_key_and_the_server_dedups(
+    db_url, http_server, tmp_path
+):
+    add_server(db_url, name="tk", url=http_server.url, trusted=True)  # set_label: idempotent
+    ref = call_once(db_url, "tk__set_label", {"label": "urgent", "hold_s": 3})
+    assert call_row(db_url, ref)["idempotency_mode"] == "key"
+    relay = start_relay_process(db_url, tmp_path / "relay.log", *FAST)
+    try:
+        wait_until(lambda: http_server.calls("set_label"), what="the call to reach the server")
+        relay.send_signal(signal.SIGKILL)
+        relay.wait()
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+    with relay_thread(db_url, lease_s=2.0):
+        wait_until(lambda: all_settled(db_url), timeout_s=60, what="the call to finish")
+    row = call_row(db_url, ref)
+    assert (row["status"], row["output"]["structuredContent"]) == (
+        "succeeded",
+        {"result": "label urgent set"},
+    )
+    received = http_server.calls("set_label")
+    # Sent again after the crash (a later claim), with the same key: the server's dedup
+    # answered the second from the first.
+    assert len(received) == 2
+    assert {c["meta"][META_KEY]["idempotency_key"] for c in received} == {row["idempotency_key"]}
+    first, again = (c["meta"][META_KEY]["attempt"] for c in received)
+    assert first == 1 and again > 1
+
+
+def test_a_result_over_the_cap_is_an_error_result_and_not_asked_again(db_url, http_server):
+    add_server(db_url, name="tk", url=http_server.url, trusted=True)
+    ref = call_once(db_url, "tk__big", {"size": 20 * 1024 * 1024})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call to finish")
+    row = call_row(db_url, ref)
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    assert "not read further" in row["error"] and "cap of a tool result" in row["error"]
+    assert len(http_server.calls("big")) == 1
 
 
 def test_a_server_that_cannot_be_reached_is_retried_unsent_and_called_once(db_url, http_server):
