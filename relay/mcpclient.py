@@ -14,10 +14,12 @@ What a call's outcome means follows ``relay.executors``' classes for HTTP tools:
 - the session cannot be opened, or the POST of the call never connected: the request was
   certainly not sent (``unsent``: the next attempt is a plain call, in every mode);
 - the server answered HTTP 408, 429 or 503: it says it did not process the request;
-- ``isError: true``, JSON-RPC "invalid params" or "method not found": the tool answered,
-  a terminal error result the model sees;
+- ``isError: true``, JSON-RPC "invalid params" or "method not found", an HTTP 4xx, a
+  request for input mid-call, an answer over the size cap: the tool answered, a terminal
+  error result the model sees;
 - no answer within the tool's timeout, or the connection lost after the request left, or
-  any other JSON-RPC error: ambiguous, handled by the tool's idempotency mode.
+  any other JSON-RPC error, or an answer that is not a tool result: ambiguous, handled by
+  the tool's idempotency mode.
 
 The order that keeps the dispatch mark true: the session is opened and a slot of the
 server's limit taken *before* the mark is committed, so the mark's time is when the request
@@ -42,7 +44,6 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO, cast
@@ -50,10 +51,12 @@ from typing import Any, TextIO, cast
 import anyio
 import httpx2
 import mcp_types
+from mcp.client.extension import UnexpectedClaimedResult
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from outbox import config as outbox_config
 from outbox import credentials, mcpservers, storable
@@ -164,7 +167,6 @@ class Session:
         self.stop = asyncio.Event()
         self.ended = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.opened_at = time.monotonic()
 
     async def open(self, timeout_s: float = OPEN_TIMEOUT_S) -> None:
         ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
@@ -405,6 +407,16 @@ class McpCaller:
                 )
         except MCPError as err:
             return _error(row, err, exchange, where, timeout_s)
+        except (RuntimeError, UnexpectedClaimedResult) as err:
+            # The server asked for input mid-call (elicitation, sampling) or answered with an
+            # extension's result: an answer, and not one the relay can act on.
+            return error_result(row, f"{where} answered what the relay cannot use: {err}")
+        except ValidationError as err:
+            return ambiguous(
+                row,
+                f"{where} answered something that is not a tool result: {_first_line(err)}",
+                answered=True,
+            )
         except TimeoutError:
             return ambiguous(row, f"no answer from {where} within {timeout_s}s")
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as err:
@@ -466,6 +478,10 @@ def normalise(row: Claimed, answer: Any) -> Outcome:
             f"tool result is {size} bytes, over the cap of {outbox_config.MAX_PAYLOAD_BYTES} bytes",
         )
     return result(row, output)
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def describe(err: BaseException) -> str:

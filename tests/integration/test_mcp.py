@@ -26,6 +26,7 @@ from click.testing import CliRunner
 import cli
 from outbox import mcpservers, writer
 from outbox.commands.mcp import discover
+from outbox.testing.server import FakeServer, Reply, Request
 from tests.helpers import new_run, turn
 from tests.relay_harness import (
     FAST,
@@ -200,6 +201,22 @@ def test_a_server_that_cannot_be_reached_is_refused_and_nothing_is_written(db_ur
     assert "could not list the tools of MCP server gone" in done.output
     assert scalar(db_url, "SELECT count(*) FROM outbox.mcp_servers") == 0
     assert scalar(db_url, "SELECT count(*) FROM outbox.tools") == 0
+
+
+class Garbage(FakeServer):
+    """An HTTP server that answers every request with bytes that are not MCP."""
+
+    def handle(self, request: Request) -> Reply:
+        return Reply(200, b"<html>hello</html>", {"content-type": "application/json"})
+
+
+def test_a_server_that_answers_garbage_is_refused_and_nothing_is_written(db_url, monkeypatch):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    with Garbage() as garbage:
+        done = CliRunner().invoke(cli.main, ["mcp", "add", "junk", "--url", garbage.url + "/mcp"])
+    assert done.exit_code == 2
+    assert "could not list the tools of MCP server junk" in done.output
+    assert scalar(db_url, "SELECT count(*) FROM outbox.mcp_servers") == 0
 
 
 def test_trusted_annotations_give_modes_and_tiers_untrusted_ones_do_not(db_url, tmp_path):
@@ -389,17 +406,17 @@ def test_a_stdio_server_that_died_is_started_again_for_the_next_call(db_url, tmp
 
 def test_a_stdio_server_dying_mid_call_leaves_a_none_call_unknown(db_url, tmp_path):
     command, audit_path = stdio_command(tmp_path)
-    add_server(db_url, name="local", command=command, overrides={"die": {"risk_tier": "low"}})
+    low = {"die": {"risk_tier": "low"}, "read_ticket": {"risk_tier": "low"}}
+    add_server(db_url, name="local", command=command, overrides=low)
     ref = call_once(db_url, "local__die", {})
     with relay_thread(db_url):
         wait_until(lambda: tool_call_states(db_url) == {"outcome_unknown": 1}, what="parked")
         after = call_once(db_url, "local__read_ticket", {"title": "t"})
-        with psycopg.connect(db_url) as conn:  # untrusted: high tier, approved by its policy
-            conn.execute("UPDATE outbox.risk_policies SET action = 'allow'")
-            conn.commit()
-        wait_until(lambda: call_row(db_url, after)["status"] != "pending", what="next call")
+        wait_until(lambda: call_row(db_url, after)["status"] == "succeeded", what="next call")
     assert len(audit(audit_path, "die")) == 1
     assert call_row(db_url, ref)["status"] == "outcome_unknown"
+    # The server was started again for the next call.
+    assert len({line["pid"] for line in audit(audit_path)}) == 2
 
 
 def test_a_published_stdio_server_answers_through_the_relay(db_url, monkeypatch):
