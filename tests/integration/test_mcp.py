@@ -26,11 +26,15 @@ from click.testing import CliRunner
 import cli
 from outbox import mcpservers, writer
 from outbox.commands.mcp import discover
+from outbox.schemas import StartRun
+from outbox.testing.model import HistoryItem, ScriptedModel
 from outbox.testing.server import FakeServer, Reply, Request
+from outbox.testing.tools import FakeToolService
 from tests.helpers import new_run, turn
 from tests.relay_harness import (
     FAST,
     all_settled,
+    register_tool,
     relay_thread,
     scalar,
     start_relay_process,
@@ -437,3 +441,56 @@ def test_a_published_stdio_server_answers_through_the_relay(db_url, monkeypatch)
     assert row["status"] == "succeeded"
     text = row["output"]["content"][0]["text"]
     assert json.loads(text)["timezone"] == "UTC"
+
+
+# -- a run of a model --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_a_models_parallel_mcp_and_http_calls_are_answered_once(db_url, http_server, api):
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+    outputs: list[dict[str, str]] = []
+
+    def after_tools(items: list[HistoryItem]) -> dict[str, Any]:
+        outputs.append({i.call_id or "": i.text for i in items if i.kind == "tool_output"})
+        return {"text": "filed"}
+
+    ticket = {"name": "tk__create_ticket", "arguments": {"title": "printer"}}
+    email = {"name": "send_email", "arguments": {"to": "a@b.c"}}
+    with ScriptedModel() as model, FakeToolService() as service:
+        with psycopg.connect(db_url) as conn:
+            register_tool(conn, service, "send_email", "key")
+            conn.commit()
+        model.add_script("both", [{"tool_calls": [ticket, email]}, after_tools])
+        with psycopg.connect(db_url) as conn:
+            writer.start_run(
+                conn,
+                StartRun(
+                    tenant_id="acme",
+                    thread_id=writer.create_thread(conn, "acme").id,
+                    model="scripted-1",
+                    message="script:both please",
+                    tools=["tk__create_ticket", "send_email"],
+                    base_url=model.url + "/v1",
+                    api=api,
+                ),
+            )
+            conn.commit()
+        with relay_thread(db_url, kinds=("model_turn", "tool_call", "deliver_batch")):
+            wait_until(
+                lambda: scalar(db_url, "SELECT status FROM outbox.runs") == "completed",
+                what="the run to complete",
+            )
+        sent = {
+            tool.get("name") or tool["function"]["name"]: tool for tool in model.requests[0].tools
+        }
+    # The model was offered the MCP tool under its registry name, with the server's schema.
+    offered = sent["tk__create_ticket"]
+    parameters = offered.get("parameters") or offered["function"]["parameters"]
+    assert parameters["required"] == ["title"]
+    # Each call answered once, both results in the model's next request.
+    [seen] = outputs
+    assert len(seen) == 2
+    assert any("printer" in text for text in seen.values())
+    assert len(http_server.calls("create_ticket")) == 1
+    assert len(service.tool("send_email").deliveries) == 1
