@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from outbox.relay.executors import normalise
@@ -175,7 +176,7 @@ async def _in_flight(port: int, n: int, latency_s: float) -> dict[str, Any]:
 
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user and system) process ``pid`` has used (Linux's /proc)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
