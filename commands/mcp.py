@@ -29,7 +29,7 @@ SERVER_COLUMNS = ["tenant_id", "name", "transport", "trusted", "tools", "synced_
 
 @click.group("mcp", cls=OutboxGroup)
 def mcp_group() -> None:
-    """MCP tool servers: add, sync, list, show, remove."""
+    """MCP tool servers: add, sync, set, list, show, remove."""
 
 
 def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
@@ -184,6 +184,45 @@ def mcp_sync(name: str, tenant: str, actor: str, as_json: bool) -> None:
     with connection() as conn:
         row = {**server, **mcpservers.sync(conn, server, listed, actor)}
     _report(row, "synced", as_json)
+
+
+@mcp_group.command("set")
+@click.argument("name")
+@click.option("--tenant", default="*", show_default=True)
+@click.option(
+    "--trusted/--untrusted",
+    default=None,
+    help="Whether the tools' annotations give their modes and tiers (docs/mcp.md).",
+)
+@click.option("--mode", "modes", multiple=True, help="TOOL=key|none: the mode of one tool.")
+@click.option("--risk", "risks", multiple=True, help="TOOL=low|medium|high: the tier of one tool.")
+@actor_option
+@json_option
+def mcp_set(
+    name: str,
+    tenant: str,
+    trusted: bool | None,
+    modes: tuple[str, ...],
+    risks: tuple[str, ...],
+    actor: str,
+    as_json: bool,
+) -> None:
+    """Trust server NAME or not, or set the mode and tier of some of its tools.
+
+    Its tools get new versions where that changes them (runs keep the versions they pinned);
+    the server is not asked anything. Overrides stay in force across `outbox mcp sync`.
+    """
+    overrides = {
+        tool: mcpservers.Override.model_validate(value)
+        for tool, value in _overrides(_pairs(modes, "--mode"), _pairs(risks, "--risk")).items()
+    }
+    if trusted is None and not overrides:
+        raise InvalidInput("nothing to set", hint="give --trusted/--untrusted, --mode or --risk")
+    with connection() as conn:
+        row = mcpservers.configure(
+            conn, name, tenant, trusted=trusted, overrides=overrides, actor=actor
+        )
+    _report(row, "configured", as_json)
 
 
 @mcp_group.command("list")

@@ -294,6 +294,50 @@ def _same(row: Row, spec: registry.ToolSpec) -> bool:
     )
 
 
+def configure(
+    conn: psycopg.Connection[Any],
+    name: str,
+    tenant_id: str,
+    *,
+    trusted: bool | None,
+    overrides: dict[str, Override],
+    actor: str,
+) -> Row:
+    """Trust the server's annotations or not, and set the operator's mode and tier of some of
+    its tools; the tools it last listed get new versions where that changes them (nothing is
+    asked of the server: their schemas and annotations are the registry's)."""
+    server = get(conn, name, tenant_id)
+    merged = dict(server["overrides"] or {})
+    for tool, override in overrides.items():
+        merged[tool] = {**merged.get(tool, {}), **override.model_dump(exclude_none=True)}
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            Q.configure_server,
+            {"name": name, "tenant_id": tenant_id, "trusted": trusted, "overrides": Jsonb(merged)},
+        )
+        updated = cur.fetchone()
+    assert updated is not None
+    server = updated
+    listed = [
+        {
+            "name": row["mcp_tool"],
+            "description": row["description"],
+            "inputSchema": row["json_schema"],
+            "annotations": row["annotations"],
+        }
+        for row in newest_tools(conn, name, tenant_id)
+        if row["enabled"]
+    ]
+    store.journal(
+        conn,
+        "mcp.server_configured",
+        tenant_id,
+        actor=actor,
+        detail={"server": name, "trusted": server["trusted"], "overrides": merged},
+    )
+    return {**server, **sync(conn, server, listed, actor)}
+
+
 def newest_tools(conn: psycopg.Connection[Any], server: str, tenant_id: str) -> list[Row]:
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(Q.server_tools, {"server": server, "tenant_id": tenant_id})

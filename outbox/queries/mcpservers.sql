@@ -48,3 +48,10 @@ SELECT cr.tenant_id, cr.source, cr.reference, cr.ciphertext, cr.header, cr.schem
 FROM {s}.credentials cr
 WHERE cr.name = %(name)s AND cr.tenant_id IN (%(tenant_id)s, '*')
 ORDER BY cr.tenant_id = '*' LIMIT 1
+
+-- name: configure_server
+-- Change whether a server is trusted and the operator's overrides of its tools.
+UPDATE {s}.mcp_servers
+SET trusted = coalesce(%(trusted)s, trusted), overrides = %(overrides)s
+WHERE tenant_id = %(tenant_id)s AND name = %(name)s
+RETURNING *

@@ -189,6 +189,26 @@ def test_add_registers_every_listed_tool_with_its_schema_and_journals_the_actor(
     again = runner.invoke(cli.main, ["mcp", "add", "tk", "--url", http_server.url])
     assert again.exit_code == 2 and "already registered" in again.output
 
+    # The operator trusts it afterwards and sets one tool's tier: new versions where that
+    # changes a tool, without asking the server; the override holds across a sync.
+    stop = http_server.process
+    http_server.kill()
+    configured = json.loads(
+        runner.invoke(
+            cli.main,
+            ["mcp", "set", "tk", "--trusted", "--risk", "create_ticket=low", "--json"],
+        ).output
+    )
+    assert sorted(configured["changed"]) == sorted(
+        f"tk__{n} v2" for n in ("create_ticket", "read_ticket", "set_label", "big", "whoami")
+    )
+    http_server.start()
+    assert stop is not http_server.process
+    shown = json.loads(runner.invoke(cli.main, ["mcp", "show", "tk", "--json"]).output)
+    tools = {t["mcp_tool"]: (t["idempotency_mode"], t["risk_tier"]) for t in shown["tools"]}
+    assert tools["read_ticket"] == ("key", "low") and tools["create_ticket"] == ("none", "low")
+    assert tools["reject"] == ("none", "high")
+
     # Listing again registers nothing new; removing disables every tool.
     synced = json.loads(runner.invoke(cli.main, ["mcp", "sync", "tk", "--json"]).output)
     assert synced["added"] == [] and synced["changed"] == [] and len(synced["unchanged"]) == 7
@@ -262,6 +282,13 @@ def test_a_changed_schema_is_a_new_version_and_a_pinned_run_keeps_the_old(db_url
         conn.commit()
     planned = {run_id: call_row(db_url, ref)["tool_version"] for run_id, ref in refs.items()}
     assert planned == {pinned.id: 1, later.id: 2}
+
+
+def test_an_untrusted_servers_tool_waits_for_approval_like_any_high_tier_tool(db_url, http_server):
+    add_server(db_url, name="tk", url=http_server.url)
+    ref = call_once(db_url, "tk__read_ticket", {"title": "t"})
+    assert scalar(db_url, "SELECT count(*) FROM outbox.approvals WHERE tool_call_ref = %s", (ref,))
+    assert call_row(db_url, ref)["idempotency_mode"] == "none"
 
 
 # -- calls through the relay ------------------------------------------------------------
