@@ -37,6 +37,7 @@ META_KEY = "dev.agent-outbox/call"
 AUDIT = sys.argv[-1]
 app = MCPServer("outbox-test-fixture", log_level="WARNING")
 labels: dict[str, str] = {}  # idempotency key -> the label's answer
+in_flight = [0]
 
 
 def audit(tool: str, ctx: Context, **arguments: Any) -> dict[str, Any]:
@@ -48,6 +49,7 @@ def audit(tool: str, ctx: Context, **arguments: Any) -> dict[str, Any]:
         "meta": meta,
         "idempotency_key_header": headers.get("idempotency-key"),
         "pid": os.getpid(),
+        "in_flight": in_flight[0],  # calls of create_ticket open here when this one arrived
     }
     with open(AUDIT, "a") as f:
         f.write(json.dumps(line) + "\n")
@@ -61,8 +63,12 @@ def audit(tool: str, ctx: Context, **arguments: Any) -> dict[str, Any]:
 )
 async def create_ticket(title: str, ctx: Context, hold_s: float = 0.0) -> dict[str, Any]:
     """Open a ticket titled TITLE."""
-    audit("create_ticket", ctx, title=title, hold_s=hold_s)
-    await asyncio.sleep(hold_s)
+    in_flight[0] += 1
+    try:
+        audit("create_ticket", ctx, title=title, hold_s=hold_s)
+        await asyncio.sleep(hold_s)
+    finally:
+        in_flight[0] -= 1
     return {"ticket": title}
 
 

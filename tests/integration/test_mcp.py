@@ -379,6 +379,25 @@ def test_relay_killed_mid_call_of_a_key_tool_resends_the_same_key_and_the_server
     assert first == 1 and again > 1
 
 
+def test_calls_of_one_server_in_flight_stay_within_its_limit(db_url, http_server):
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_concurrency=2)
+    with psycopg.connect(db_url) as conn:
+        run = new_run(conn, tools=["tk__create_ticket"])
+        calls = [
+            (f"call_{i}", "tk__create_ticket", json.dumps({"title": f"t{i}", "hold_s": 0.5}))
+            for i in range(6)
+        ]
+        writer.record_model_turn(conn, turn(run, 1, *calls))
+        conn.commit()
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the calls to finish")
+    assert tool_call_states(db_url) == {"succeeded": 6}
+    received = http_server.calls("create_ticket")
+    assert len(received) == 6
+    # Each arrived while at most one other was open at the server.
+    assert max(c["in_flight"] for c in received) == 2
+
+
 def test_a_result_over_the_cap_is_an_error_result_and_not_asked_again(db_url, http_server):
     add_server(db_url, name="tk", url=http_server.url, trusted=True)
     ref = call_once(db_url, "tk__big", {"size": 20 * 1024 * 1024})
