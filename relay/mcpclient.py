@@ -13,7 +13,8 @@ What a call's outcome means follows ``relay.executors``' classes for HTTP tools:
 
 - the session cannot be opened, or the POST of the call never connected: the request was
   certainly not sent (``unsent``: the next attempt is a plain call, in every mode);
-- the server answered HTTP 408, 429 or 503: it says it did not process the request;
+- the server answered HTTP 408, 429 or 503: it says it did not process the request; or
+  404: it no longer knows the session (it restarted), so a new one is opened;
 - ``isError: true``, JSON-RPC "invalid params" or "method not found", an HTTP 4xx, a
   request for input mid-call, an answer over the size cap: the tool answered, a terminal
   error result the model sees;
@@ -72,6 +73,10 @@ from outbox.relay.outcomes import (
 
 logger = logging.getLogger("relay.mcp")
 NOT_PROCESSED = {408, 429, 503}  # HTTP statuses that say the request was not processed
+# The answer to a request of a session the server no longer knows (it restarted, or ended
+# the session): the request was not processed, and the client starts a new session (MCP's
+# streamable HTTP transport says so).
+SESSION_GONE = 404
 OPEN_TIMEOUT_S = 30.0  # longest wait for a session to open (connect + initialize)
 CLOSE_TIMEOUT_S = 5.0  # longest wait for a session to close (a stdio child is then killed)
 # An SSE event of a result may be as large as a result may be, twice (text content and
@@ -275,6 +280,7 @@ class Sessions:
     def __init__(self) -> None:
         self.open: dict[str, Session] = {}
         self.opening: dict[str, asyncio.Future[Session]] = {}
+        self.closing: set[asyncio.Task[None]] = set()  # ended sessions being closed
 
     async def get(self, server: Server, secret_headers: dict[str, str]) -> Session:
         """The server's live session, opened now if it has none (callers that ask at the
@@ -285,8 +291,16 @@ class Sessions:
             return session
         if session is not None:  # ended by itself (a stdio server died): started again
             del self.open[key]
-            asyncio.get_running_loop().create_task(session.close())
-            log(logger, logging.INFO, "mcp.session_restarted", server=server.name)
+            closing = asyncio.get_running_loop().create_task(session.close())
+            self.closing.add(closing)
+            closing.add_done_callback(self.closing.discard)
+            log(
+                logger,
+                logging.INFO,
+                "mcp.session_restarted",
+                server=server.name,
+                tenant_id=server.tenant_id,
+            )
         opening = self.opening.get(key)
         if opening is None:
             opening = asyncio.ensure_future(self._open(key, server, secret_headers))
@@ -406,6 +420,8 @@ class McpCaller:
                     ),
                 )
         except MCPError as err:
+            if exchange.status == SESSION_GONE:
+                session.stop.set()  # the next call opens a new one
             return _error(row, err, exchange, where, timeout_s)
         except (RuntimeError, UnexpectedClaimedResult) as err:
             # The server asked for input mid-call (elicitation, sampling) or answered with an
@@ -435,6 +451,13 @@ def _error(
         return retry(row, f"could not reach {where}: {text}", unsent=True)
     if exchange.status in NOT_PROCESSED:
         return retry(row, f"HTTP {exchange.status} from {where}: {text}", unsent=True)
+    if exchange.status == SESSION_GONE:
+        return retry(
+            row,
+            f"{where} no longer knows the session (HTTP 404: it restarted or ended it); "
+            "a new one is opened for the next attempt",
+            unsent=True,
+        )
     if err.code in (mcp_types.INVALID_PARAMS, mcp_types.METHOD_NOT_FOUND):
         return error_result(row, f"{row.tool_name} refused the call ({text})")
     if exchange.status is not None and 400 <= exchange.status < 500:

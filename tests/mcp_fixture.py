@@ -11,7 +11,7 @@ Its tools and their annotations:
 
 - ``create_ticket(title, hold_s=0)``: an effect that is neither read-only nor idempotent;
   ``hold_s`` keeps the call open that long after it is recorded.
-- ``read_ticket(title)``: read-only.
+- ``read_ticket(title, hold_s=0)``: read-only; held only the first time a call arrives.
 - ``set_label(label)``: idempotent, and deduplicated here by the key of ``_meta`` the way
   docs/mcp.md tells server authors to: a key seen before returns the first answer
   (``hold_s`` as for ``create_ticket``).
@@ -58,6 +58,16 @@ def audit(tool: str, ctx: Context, **arguments: Any) -> dict[str, Any]:
     return meta
 
 
+def received(meta: dict[str, Any]) -> int:
+    """How many times this server (this process or an earlier one) received the call."""
+    key = (meta.get(META_KEY) or {}).get("idempotency_key")
+    with open(AUDIT) as f:
+        lines = [json.loads(line) for line in f]
+    return sum(
+        1 for line in lines if (line["meta"].get(META_KEY) or {}).get("idempotency_key") == key
+    )
+
+
 @app.tool(
     annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False)
 )
@@ -73,9 +83,11 @@ async def create_ticket(title: str, ctx: Context, hold_s: float = 0.0) -> dict[s
 
 
 @app.tool(annotations=ToolAnnotations(readOnlyHint=True))
-async def read_ticket(title: str, ctx: Context) -> str:
-    """Read the ticket titled TITLE."""
-    audit("read_ticket", ctx, title=title)
+async def read_ticket(title: str, ctx: Context, hold_s: float = 0.0) -> str:
+    """Read the ticket titled TITLE (held ``hold_s`` the first time a call is received)."""
+    meta = audit("read_ticket", ctx, title=title, hold_s=hold_s)
+    if received(meta) == 1:
+        await asyncio.sleep(hold_s)
     return f"ticket {title}: open"
 
 

@@ -379,6 +379,23 @@ def test_relay_killed_mid_call_of_a_key_tool_resends_the_same_key_and_the_server
     assert first == 1 and again > 1
 
 
+@pytest.mark.parametrize(
+    ("tool", "ending"),
+    [("read_ticket", "succeeded"), ("create_ticket", "outcome_unknown")],
+)
+def test_the_server_killed_mid_call_retries_a_read_only_tool_and_parks_a_none_one(
+    db_url, http_server, tool, ending
+):
+    add_server(db_url, name="tk", url=http_server.url, trusted=True, overrides=LOW)
+    ref = call_once(db_url, f"tk__{tool}", {"title": "t", "hold_s": 30})
+    with relay_thread(db_url):
+        wait_until(lambda: http_server.calls(tool), what="the call to reach the server")
+        http_server.kill()
+        http_server.start()
+        wait_until(lambda: call_row(db_url, ref)["status"] == ending, what=ending)
+    assert len(http_server.calls(tool)) == (2 if ending == "succeeded" else 1)
+
+
 def test_calls_of_one_server_in_flight_stay_within_its_limit(db_url, http_server):
     add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_concurrency=2)
     with psycopg.connect(db_url) as conn:
