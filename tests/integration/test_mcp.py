@@ -260,6 +260,33 @@ def test_trusted_annotations_give_modes_and_tiers_untrusted_ones_do_not(db_url, 
     assert {(t["idempotency_mode"], t["risk_tier"]) for t in untrusted} == {("none", "high")}
 
 
+def test_a_published_servers_effect_happens_once_per_call(db_url, tmp_path):
+    """mcp-server-git on a temporary repository: its commits are effects to count."""
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for key, value in (("user.name", "t"), ("user.email", "t@example.com")):
+        subprocess.run(["git", "-C", str(repo), "config", key, value], check=True)
+    (repo / "a.txt").write_text("a\n")
+    command = [str(BIN / "mcp-server-git"), "--repository", str(repo)]
+    # git_commit is neither read-only nor idempotent: tier high, approved by its override.
+    low = {"git_add": {"risk_tier": "low"}, "git_commit": {"risk_tier": "low"}}
+    add_server(db_url, name="git", command=command, trusted=True, overrides=low)
+    with relay_thread(db_url):
+        added = call_once(db_url, "git__git_add", {"repo_path": str(repo), "files": ["a.txt"]})
+        wait_until(lambda: all_settled(db_url), what="git_add")
+        committed = call_once(db_url, "git__git_commit", {"repo_path": str(repo), "message": "m"})
+        wait_until(lambda: all_settled(db_url), what="git_commit")
+    assert call_row(db_url, added)["status"] == "succeeded"
+    assert call_row(db_url, committed)["status"] == "succeeded"
+    count = subprocess.run(
+        ["git", "-C", str(repo), "rev-list", "--count", "HEAD"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert count.strip() == "1"
+
+
 def test_a_changed_schema_is_a_new_version_and_a_pinned_run_keeps_the_old(db_url, http_server):
     add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
     with psycopg.connect(db_url) as conn:
