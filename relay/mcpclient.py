@@ -187,7 +187,7 @@ class Session:
         """Whether calls may go over it. The SDK refuses a request on a connection that
         ended before sending it, with the error it also gives a request whose answer was
         lost, so a session whose connection ended is replaced before the call, not after."""
-        if self.client is None or self.ended.is_set():
+        if self.client is None or self.ended.is_set() or self.stop.is_set():
             return False
         dispatcher = getattr(self.client, "_dispatcher", None)
         return not getattr(dispatcher, "_closed", False)
@@ -212,7 +212,10 @@ class Session:
                 await self.stop.wait()
         except BaseException as err:  # the transport's task group ends as a group of errors
             if not ready.done():
-                ready.set_exception(_first(err))
+                if isinstance(err, asyncio.CancelledError):
+                    ready.cancel()
+                else:
+                    ready.set_exception(_first(err))
             elif not self.stop.is_set():
                 log(
                     logger,
@@ -305,7 +308,13 @@ class Sessions:
         if opening is None:
             opening = asyncio.ensure_future(self._open(key, server, secret_headers))
             self.opening[key] = opening
-            opening.add_done_callback(lambda _: self.opening.pop(key, None))
+
+            def opened(done: asyncio.Future[Session]) -> None:
+                self.opening.pop(key, None)
+                if not done.cancelled():
+                    done.exception()  # retrieved here: its callers may all have gone
+
+            opening.add_done_callback(opened)
         return await asyncio.shield(opening)
 
     async def _open(self, key: str, server: Server, secret_headers: dict[str, str]) -> Session:
