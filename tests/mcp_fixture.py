@@ -17,6 +17,7 @@ Its tools and their annotations:
   (``hold_s`` as for ``create_ticket``).
 - ``reject(reason)``: answers ``isError: true``.
 - ``big(size)``: a text of ``size`` characters.
+- ``echo_auth()``: answers with the ``Authorization`` header it was sent.
 - ``die()``: the process exits mid-call (the server's death).
 - ``whoami()``: this process's id.
 """
@@ -126,6 +127,13 @@ async def die(ctx: Context) -> str:
     """The server exits in the middle of the call."""
     audit("die", ctx)
     os._exit(3)
+
+
+@app.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def echo_auth(ctx: Context) -> str:
+    """The Authorization header this call came with (a tool that leaks its credential)."""
+    audit("echo_auth", ctx)
+    return f"I was sent {(ctx.headers or {}).get('authorization')}"
 
 
 @app.tool(annotations=ToolAnnotations(readOnlyHint=True))

@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 import cli
-from outbox import mcpservers, writer
+from outbox import credentials, mcpservers, writer
 from outbox.commands.mcp import discover
 from outbox.schemas import StartRun
 from outbox.testing.model import HistoryItem, ScriptedModel
@@ -162,7 +162,16 @@ def test_add_registers_every_listed_tool_with_its_schema_and_journals_the_actor(
     )
     assert done.exit_code == 0, done.output
     added = json.loads(done.output)
-    names = {"create_ticket", "read_ticket", "set_label", "reject", "big", "die", "whoami"}
+    names = {
+        "create_ticket",
+        "read_ticket",
+        "set_label",
+        "reject",
+        "big",
+        "echo_auth",
+        "die",
+        "whoami",
+    }
     assert sorted(added["added"]) == sorted(f"tk__{n} v1" for n in names)
     assert added["headers"] == [] and added["trusted"] is False
 
@@ -200,7 +209,8 @@ def test_add_registers_every_listed_tool_with_its_schema_and_journals_the_actor(
         ).output
     )
     assert sorted(configured["changed"]) == sorted(
-        f"tk__{n} v2" for n in ("create_ticket", "read_ticket", "set_label", "big", "whoami")
+        f"tk__{n} v2"
+        for n in ("create_ticket", "read_ticket", "set_label", "big", "echo_auth", "whoami")
     )
     http_server.start()
     assert stop is not http_server.process
@@ -211,7 +221,7 @@ def test_add_registers_every_listed_tool_with_its_schema_and_journals_the_actor(
 
     # Listing again registers nothing new; removing disables every tool.
     synced = json.loads(runner.invoke(cli.main, ["mcp", "sync", "tk", "--json"]).output)
-    assert synced["added"] == [] and synced["changed"] == [] and len(synced["unchanged"]) == 7
+    assert synced["added"] == [] and synced["changed"] == [] and len(synced["unchanged"]) == 8
     removed = json.loads(runner.invoke(cli.main, ["mcp", "remove", "tk", "--json"]).output)
     assert removed["disabled_tools"] == sorted(f"tk__{n}" for n in names)
     assert scalar(db_url, "SELECT count(*) FROM outbox.tools WHERE enabled") == 0
@@ -338,6 +348,26 @@ def test_a_call_gets_its_result_once_with_our_key_in_meta_and_header(db_url, htt
     assert received["idempotency_key_header"] == row["idempotency_key"]
     assert received["meta"]["traceparent"].startswith("00-")
     assert scalar(db_url, "SELECT count(*) FROM outbox.submissions") == 1
+
+
+def test_the_credential_goes_to_the_server_and_is_cut_from_its_answer(
+    db_url, http_server, monkeypatch
+):
+    monkeypatch.setenv("TICKETS_TOKEN", "s3cr3t-t0ken-value")
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)  # listing finds the credential there
+    with psycopg.connect(db_url) as conn:
+        credentials.set_credential(conn, "tickets", env="TICKETS_TOKEN", actor="test")
+        conn.commit()
+    add_server(db_url, name="tk", url=http_server.url, trusted=True, credential_ref="tickets")
+    ref = call_once(db_url, "tk__echo_auth", {})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call to finish")
+    row = call_row(db_url, ref)
+    assert row["status"] == "succeeded"
+    text = row["output"]["content"][0]["text"]
+    assert "s3cr3t" not in json.dumps(row["output"]) and "[redacted credential]" in text
+    [received] = http_server.calls("echo_auth")
+    assert received["meta"][META_KEY]["idempotency_key"] == row["idempotency_key"]
 
 
 def test_is_error_is_a_terminal_error_result_the_model_sees(db_url, http_server):
