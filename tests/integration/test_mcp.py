@@ -453,6 +453,21 @@ def test_the_server_killed_mid_call_retries_a_read_only_tool_and_parks_a_none_on
     assert len(http_server.calls(tool)) == (2 if ending == "succeeded" else 1)
 
 
+@pytest.mark.parametrize(
+    ("tool", "ending"),
+    [("read_ticket", "succeeded"), ("create_ticket", "outcome_unknown")],
+)
+def test_a_server_that_hangs_past_the_timeout_is_ambiguous(db_url, http_server, tool, ending):
+    """read_ticket hangs only the first time a call arrives: its retry answers."""
+    add_server(db_url, name="tk", url=http_server.url, trusted=True, overrides=LOW, timeout_s=1.0)
+    ref = call_once(db_url, f"tk__{tool}", {"title": "t", "hold_s": 30})
+    with relay_thread(db_url):
+        wait_until(lambda: call_row(db_url, ref)["status"] == ending, what=ending)
+    assert len(http_server.calls(tool)) == (2 if ending == "succeeded" else 1)
+    journal = scalar(db_url, "SELECT string_agg(detail::text, ' ') FROM outbox.journal")
+    assert "no answer from MCP server tk" in journal
+
+
 def test_calls_of_one_server_in_flight_stay_within_its_limit(db_url, http_server):
     add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_concurrency=2)
     with psycopg.connect(db_url) as conn:
