@@ -115,9 +115,30 @@ def _report(row: dict[str, Any], verb: str, as_json: bool) -> None:
 )
 @click.option("--prefix", help="Registry names are PREFIX__tool (default: NAME).")
 @click.option("--tenant", default="*", show_default=True, help="'*' = shared by all tenants.")
-@click.option("--timeout", "timeout_s", type=float, default=30.0, show_default=True)
-@click.option("--settle", "settle_s", type=float, default=5.0, show_default=True)
-@click.option("--max-attempts", type=int, default=5, show_default=True)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds the relay waits for a call's answer.",
+)
+@click.option(
+    "--settle",
+    "settle_s",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Seconds after --timeout that a call the relay gave up on may still act at the "
+    "server: no resend before dispatch + timeout + settle (docs/relay.md).",
+)
+@click.option(
+    "--max-attempts",
+    type=int,
+    default=5,
+    show_default=True,
+    help="Attempts of a call before it is quarantined.",
+)
 @click.option(
     "--max-concurrency",
     type=int,
