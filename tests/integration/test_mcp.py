@@ -19,12 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import psycopg
 import pytest
 from click.testing import CliRunner
 
 import cli
-from outbox import credentials, mcpservers, writer
+from outbox import credentials, keys, mcpservers, writer
 from outbox.commands.mcp import discover
 from outbox.schemas import StartRun
 from outbox.testing.model import HistoryItem, ScriptedModel
@@ -41,6 +42,7 @@ from tests.relay_harness import (
     tool_call_states,
     wait_until,
 )
+from tests.serve_harness import serve
 
 FIXTURE = Path(__file__).resolve().parent.parent / "mcp_fixture.py"
 BIN = Path(sys.executable).parent
@@ -629,3 +631,36 @@ def test_a_models_parallel_mcp_and_http_calls_are_answered_once(db_url, http_ser
     assert any("printer" in text for text in seen.values())
     assert len(http_server.calls("create_ticket")) == 1
     assert len(service.tool("send_email").deliveries) == 1
+
+
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:The Assistants API is deprecated:DeprecationWarning")
+def test_an_mcp_tool_through_outbox_serve(db_url, http_server):
+    """A client of `outbox serve` (the openai SDK, Assistants protocol) names the MCP tool
+    as it names any registered tool; the relay calls it once."""
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+    ticket = {"name": "tk__create_ticket", "arguments": {"title": "via serve"}}
+    with ScriptedModel() as model:
+        model.add_script("ticket", [{"tool_calls": [ticket]}, {"text": "ticket filed"}])
+        with psycopg.connect(db_url) as conn:
+            key = keys.create_key(conn, "acme", name="test")[1]
+            conn.commit()
+        with (
+            serve(db_url, model_base_url=model.url + "/v1") as base_url,
+            relay_thread(db_url, kinds=("model_turn", "tool_call", "deliver_batch")),
+        ):
+            sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+            assistant = sdk.beta.assistants.create(
+                model="scripted-1",
+                tools=[{"type": "function", "function": {"name": "tk__create_ticket"}}],
+            )
+            thread = sdk.beta.threads.create(
+                messages=[{"role": "user", "content": "script:ticket please"}]
+            )
+            run = sdk.beta.threads.runs.create_and_poll(
+                thread_id=thread.id, assistant_id=assistant.id, poll_interval_ms=100
+            )
+            sdk.close()
+    assert run.status == "completed", run
+    [received] = http_server.calls("create_ticket")
+    assert received["arguments"]["title"] == "via serve"
