@@ -255,6 +255,18 @@ def test_a_server_that_answers_garbage_is_refused_and_nothing_is_written(db_url,
     assert scalar(db_url, "SELECT count(*) FROM outbox.mcp_servers") == 0
 
 
+NO_TOOLS = "from mcp.server.mcpserver import MCPServer; MCPServer('empty').run('stdio')"
+
+
+def test_a_server_that_lists_no_tools_is_refused_and_nothing_is_written(db_url, monkeypatch):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    command = f"{sys.executable} -c \"{NO_TOOLS}\""
+    done = CliRunner().invoke(cli.main, ["mcp", "add", "empty", "--command", command])
+    assert done.exit_code == 2, done.output
+    assert "MCP server empty lists no tools" in done.output
+    assert scalar(db_url, "SELECT count(*) FROM outbox.mcp_servers") == 0
+
+
 def test_trusted_annotations_give_modes_and_tiers_untrusted_ones_do_not(db_url, tmp_path):
     repo = tmp_path / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
