@@ -260,7 +260,7 @@ NO_TOOLS = "from mcp.server.mcpserver import MCPServer; MCPServer('empty').run('
 
 def test_a_server_that_lists_no_tools_is_refused_and_nothing_is_written(db_url, monkeypatch):
     monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
-    command = f"{sys.executable} -c \"{NO_TOOLS}\""
+    command = f'{sys.executable} -c "{NO_TOOLS}"'
     done = CliRunner().invoke(cli.main, ["mcp", "add", "empty", "--command", command])
     assert done.exit_code == 2, done.output
     assert "MCP server empty lists no tools" in done.output
