@@ -5,7 +5,8 @@ is a task waiting on a socket, not a thread and never a database connection.
 
 An executor never writes the outcome itself; the worker's completer does, in a fenced
 transaction. The one exception is the *dispatch mark*: before sending a request to an HTTP
-tool (in every mode) or calling a python tool that cannot deduplicate (``lookup``/``none``),
+tool or an MCP server (in every mode; ``relay.mcpclient`` for MCP and its own failure
+classes) or calling a python tool that cannot deduplicate (``lookup``/``none``),
 the executor records, conditional on still holding an unexpired lease, that this attempt
 may reach the tool, and when (the database's clock). A later attempt that finds the mark
 knows the outcome is ambiguous and follows the tool's mode: ``none`` goes to
