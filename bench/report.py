@@ -167,6 +167,13 @@ def mcp_lines(runs: dict[str, Any]) -> list[str]:
             f"| {flight['in_flight']:,} x {flight['latency_s']:g} s "
             f"| {flight['x_ideal']:.1f}x | {flight['server_cpu_ms_per_call']:.2f} ms |"
         )
+        spec = run.get("spec_baseline")
+        if spec:
+            lines.append(
+                f"| {answers}, spec client on the poster (baseline) | {spec['p50_ms']:.1f} ms "
+                f"| | | {spec['client_cpu_ms_per_call']:.2f} ms | {spec['in_flight']:,} "
+                f"| {spec['x_ideal']:.1f}x | |"
+            )
     return [*lines, "", "Targets: under 2 ms p50 extra; 1,000 in flight within 1.5x.", ""]
 
 
