@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import db as bdb
-from bench import fairness, http, inflight, notify, poster, report, seed, serve, throughput
+from bench import fairness, http, inflight, mcp, notify, poster, report, seed, serve, throughput
 from bench.throughput import stderr
 from outbox import db
 
@@ -63,6 +63,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="POSTs through the relay's HTTP client and httpx2's, for CPU per request "
         "(8,000; --quick: 1,000; 0 skips)",
     )
+    parser.add_argument(
+        "--mcp-calls",
+        type=int,
+        help="MCP calls one at a time beside HTTP tool calls, then that many x2 in flight "
+        "(500; --quick: 100; 0 skips)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     args = parser.parse_args(argv)
@@ -76,6 +82,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.process_counts = [int(p) for p in args.processes.split(",")]
     if args.fairness_backlog is None:
         args.fairness_backlog = 1_000 if quick else 10_000
+    if args.mcp_calls is None:
+        args.mcp_calls = 100 if quick else 500
     if args.serve_runs is None:
         args.serve_runs = 100 if quick else 500
     cases = args.inflight or ("200:1:0.2:2" if quick else "2000:2:0.5:2,10000:10:1:2")
@@ -219,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.poster_requests:
         stderr(f"HTTP client: {args.poster_requests:,} POSTs per client")
         out["poster"] = poster.run(args.poster_requests, POSTER_AT_ONCE)
+    if args.mcp_calls:
+        stderr(f"MCP tools: {args.mcp_calls:,} calls, then {2 * args.mcp_calls:,} in flight")
+        out["mcp"] = {
+            answers: mcp.run(args.mcp_calls, 2 * args.mcp_calls, 1.0, answers)
+            for answers in ("sse", "json")
+        }
     out["seconds"] = round(time.monotonic() - started, 1)
     table = report.markdown(out)
     print(table)

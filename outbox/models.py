@@ -469,6 +469,33 @@ class Tool(Base):
     enabled: Mapped[bool] = mapped_column(Boolean)
     created_at: Mapped[datetime] = _now()
     requires_approval: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    mcp_server: Mapped[str | None] = mapped_column(Text)
+    mcp_tool: Mapped[str | None] = mapped_column(Text)
+    annotations: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+
+
+class McpServer(Base):
+    """An MCP tool server (outbox.mcpservers): how the relay reaches it."""
+
+    __tablename__ = "mcp_servers"
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True, server_default=text("'*'"))
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    transport: Mapped[str] = mapped_column(Text)
+    url: Mapped[str | None] = mapped_column(Text)
+    headers: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    command: Mapped[list[str] | None] = mapped_column(JSONB)
+    env: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    credential_ref: Mapped[str | None] = mapped_column(Text)
+    trusted: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    prefix: Mapped[str] = mapped_column(Text)
+    timeout_s: Mapped[float] = mapped_column(Double, server_default=text("30"))
+    settle_s: Mapped[float] = mapped_column(Double, server_default=text("5"))
+    max_attempts: Mapped[int] = mapped_column(Integer, server_default=text("5"))
+    max_concurrency: Mapped[int] = mapped_column(Integer, server_default=text("16"))
+    overrides: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    synced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
 
 
 class JournalEvent(Base):

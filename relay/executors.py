@@ -5,7 +5,8 @@ is a task waiting on a socket, not a thread and never a database connection.
 
 An executor never writes the outcome itself; the worker's completer does, in a fenced
 transaction. The one exception is the *dispatch mark*: before sending a request to an HTTP
-tool (in every mode) or calling a python tool that cannot deduplicate (``lookup``/``none``),
+tool or an MCP server (in every mode; ``relay.mcpclient`` for MCP and its own failure
+classes) or calling a python tool that cannot deduplicate (``lookup``/``none``),
 the executor records, conditional on still holding an unexpired lease, that this attempt
 may reach the tool, and when (the database's clock). A later attempt that finds the mark
 knows the outcome is ambiguous and follows the tool's mode: ``none`` goes to
@@ -48,6 +49,7 @@ import httpx2
 from outbox import config as outbox_config
 from outbox import credentials, registry, storable
 from outbox.relay import failpoints, inprocess
+from outbox.relay.mcpclient import McpCaller
 from outbox.relay.outcomes import (
     NOT_REPEATED,
     Claimed,
@@ -107,7 +109,9 @@ MarkDispatched = Callable[[Claimed], Awaitable[bool]]
 
 
 class ToolExecutor:
-    """Runs ``tool_call`` rows: HTTP tools through the engine's poster, python tools in-process.
+    """Runs ``tool_call`` rows: HTTP tools through the engine's poster, MCP tools through
+    ``relay.mcpclient`` (which opens the session and takes a slot before it marks), python
+    tools in-process.
 
     ``mark_dispatched`` is the fenced write of the module docstring, batched with other
     rows' by ``relay.preparer``; it returns False when this worker no longer holds the lease,
@@ -119,6 +123,7 @@ class ToolExecutor:
         self.http = http
         self.mark_dispatched = mark_dispatched
         self.threads = threads
+        self.mcp = McpCaller(mark_dispatched)
 
     async def run(self, row: Claimed) -> Outcome:
         started = time.monotonic()
@@ -150,6 +155,11 @@ class ToolExecutor:
                 found = await self._lookup(row, secret)
                 if found is not None:
                     return found
+        if row.executor == "mcp":
+            # A request sent over the network may outlive its sender: marked in every mode.
+            outcome = await self.mcp.call(row, secret, request_headers(row, secret))
+            failpoints.hit("tool.after_call")
+            return outcome
         # A request sent over the network may outlive its sender, so its dispatch time is
         # recorded in every mode; an in-process call dies with its process.
         marked = mode.dispatch_mark or row.executor == "http"

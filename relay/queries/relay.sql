@@ -262,7 +262,14 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
            SELECT jsonb_build_object('url', e.url, 'ciphertext', e.ciphertext,
                                      'removed_at', e.removed_at)
            FROM {s}.webhook_endpoints e WHERE e.id = (c.payload->>'endpoint_id')::uuid
-       ) END AS credential
+       ) END AS credential,
+       -- mcp: an MCP tool's name at its server, and how to reach the server as it is
+       -- registered now (outbox.relay.mcpclient; server NULL: it was removed).
+       CASE WHEN t.executor = 'mcp' THEN jsonb_build_object(
+           'tool', t.mcp_tool, 'missing', t.mcp_server,
+           'server', (SELECT to_jsonb(m) FROM {s}.mcp_servers m
+                      WHERE m.name = t.mcp_server AND m.tenant_id = t.tenant_id))
+       END AS mcp
 FROM claimed c
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tool_calls WHERE id = c.tool_call_ref OFFSET 0

@@ -26,7 +26,7 @@ def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
     command = [sys.executable, "-m", "bench", "--quick", "--calls", "300", "--http-calls", "100"]
     command += ["--processes", "1,2", "--latency-intents", "20", "--notify-commits", "5"]
     command += ["--inflight", "20:0.2:0.1:2", "--serve-runs", "10", "--poster-requests", "200"]
-    command += ["--json", str(out), "--no-chart"]
+    command += ["--mcp-calls", "20", "--json", str(out), "--no-chart"]
     env = {**os.environ, "OUTBOX_DATABASE_URL": server_url}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -47,3 +47,7 @@ def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
     assert set(clients) == {"relay.poster", "httpx2.AsyncClient"}
     assert all(v > 0 for values in clients.values() for v in values)
     assert "### CPU per request of the relay's HTTP client" in done.stdout
+    for answers in ("sse", "json"):
+        mcp = results["mcp"][answers]
+        assert mcp["overhead"]["mcp_p50_ms"] > 0 and mcp["in_flight"]["failed"] == 0
+    assert "### MCP tool calls beside HTTP tool calls" in done.stdout
