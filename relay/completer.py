@@ -43,7 +43,7 @@ from psycopg.types.json import Jsonb
 
 from outbox import constants, store, writer
 from outbox.logs import log
-from outbox.relay import failpoints
+from outbox.relay import failpoints, spans
 from outbox.relay.config import RelayConfig
 from outbox.relay.links import Link, refusal, refused
 from outbox.relay.metrics import Metrics
@@ -51,6 +51,14 @@ from outbox.relay.outcomes import Claimed, Outcome, error_result
 from outbox.sql import Queries
 
 logger = logging.getLogger("relay.completer")
+# What a written outcome (``apply``) says about its run's end: the run's status then.
+RUN_ENDED_BY = {
+    "recorded_completed": "completed",
+    "recorded_failed": "failed",
+    "recorded_cancelled": "cancelled",
+    "recorded_expired": "expired",
+    "run_failed": "failed",
+}
 
 
 class Completer:
@@ -273,6 +281,9 @@ class Completer:
         info = logger.isEnabledFor(logging.INFO)  # asked once: thousands of outcomes a second
         for outcome, what in zip(outcomes, applied, strict=True):
             row = outcome.row
+            ended = RUN_ENDED_BY.get(what)
+            if ended is not None:
+                spans.run_ended(row, ended)
             level = (
                 logging.WARNING if what in ("fenced", "quarantined", "unknown") else logging.INFO
             )

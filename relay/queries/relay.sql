@@ -262,11 +262,19 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
            SELECT jsonb_build_object('url', e.url, 'ciphertext', e.ciphertext,
                                      'removed_at', e.removed_at)
            FROM {s}.webhook_endpoints e WHERE e.id = (c.payload->>'endpoint_id')::uuid
-       ) END AS credential
+       ) END AS credential,
+       -- The run's trace context, its start (seconds since the epoch) and model: every span
+       -- of the run hangs under its invoke_agent span (outbox.tracing).
+       r.traceparent, r.tracestate, extract(epoch FROM r.created_at)::float8 AS run_started_at,
+       r.model
 FROM claimed c
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tool_calls WHERE id = c.tool_call_ref OFFSET 0
 ) tc ON true
+LEFT JOIN LATERAL (
+    SELECT r.traceparent, r.tracestate, r.created_at, r.model
+    FROM {s}.runs r WHERE r.id = c.run_id OFFSET 0
+) r ON true
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tools t
     WHERE t.name = tc.tool_name AND t.version = tc.tool_version

@@ -1,0 +1,198 @@
+"""The relay's spans, per OpenTelemetry's GenAI conventions: ``chat {model}`` for a model turn,
+``execute_tool {name}`` for a tool call, ``invoke_agent`` for a run when it ends.
+
+Each is a child of its run's ``invoke_agent`` span, found from the claimed row alone
+(``outbox.tracing``), so spans of one run recorded by different relay processes, before and
+after a crash, form one trace. The tool or model receives the ``traceparent`` of its span
+(``headers``); with tracing off, that of the run's span, so its own spans still join the
+run's trace. ``gen_ai.*`` attributes are the conventions'; ``outbox.*`` ones are ours.
+Nothing a tool or model was given or answered goes into a span unless content capture is
+on (``outbox.tracing.capture_content``); an error's text neither, since it quotes what a
+tool or model sent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from opentelemetry import trace
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+
+from outbox import tracing
+from outbox.relay.outcomes import Claimed, Outcome
+from outbox.schemas import ModelTurnIn
+
+PROVIDER = "openai"  # the protocol the relay speaks to every model server (relay.model)
+# What an outcome's action says, as the value of ``outbox.outcome``; the ones marked as
+# errors set the span's status (``error.type``: that value).
+ERRORS = {"retry", "unknown", "fail_run", "lost", "result_error"}
+
+
+def _common(row: Claimed) -> dict[str, Any]:
+    return {
+        gen_ai.GEN_AI_CONVERSATION_ID: str(row.thread_id),
+        "outbox.tenant.id": row.tenant_id,
+        "outbox.run.id": str(row.run_id),
+        "outbox.correlation_id": row.correlation_id or "",
+        "outbox.attempt": row.attempt,
+        "outbox.fencing_token": row.attempt,
+        "outbox.failures": row.failures,
+    }
+
+
+def parent(row: Claimed) -> Any:
+    return tracing.run_context(row.run_id, row.traceparent, row.tracestate)
+
+
+def headers(row: Claimed, span: trace.Span | None) -> dict[str, str]:
+    """The ``traceparent``/``tracestate`` a tool or model receives for ``row``."""
+    return tracing.headers(trace.set_span_in_context(span) if span else parent(row))
+
+
+def outcome_of(outcome: Outcome) -> str:
+    return f"result_{outcome.status}" if outcome.action == "result" else outcome.action
+
+
+def _end(span: trace.Span, outcome: Outcome, end_time: int | None = None) -> None:
+    what = outcome_of(outcome)
+    span.set_attribute("outbox.outcome", what)
+    if what in ERRORS:
+        span.set_attribute("error.type", what)
+        description = outcome.error if tracing.capture_content() else None
+        span.set_status(trace.Status(trace.StatusCode.ERROR, description))
+    span.end(end_time=end_time)
+
+
+# -- tool calls -------------------------------------------------------------------------
+
+
+def tool_started(row: Claimed, start_time: int | None = None) -> trace.Span | None:
+    """The ``execute_tool`` span of a call about to run (None: tracing is off)."""
+    if not tracing.enabled():
+        return None
+    attributes = _common(row)
+    attributes.update(
+        {
+            gen_ai.GEN_AI_OPERATION_NAME: "execute_tool",
+            gen_ai.GEN_AI_TOOL_NAME: row.tool_name or "",
+            gen_ai.GEN_AI_TOOL_CALL_ID: row.tool_call_id or "",
+            gen_ai.GEN_AI_TOOL_TYPE: "function",
+            "outbox.tool_call.ref": row.tool_call_ref or 0,
+            "outbox.idempotency.mode": row.idempotency_mode or "",
+            "outbox.idempotency.key": row.idempotency_key or "",
+            "outbox.executor": row.executor or "",
+        }
+    )
+    if row.stop is not None:
+        attributes["outbox.stopped"] = ",".join(sorted(row.stop))
+    if tracing.capture_content():
+        attributes[gen_ai.GEN_AI_TOOL_CALL_ARGUMENTS] = json.dumps(row.arguments)
+    return tracing.tracer().start_span(
+        f"execute_tool {row.tool_name}",
+        context=parent(row),
+        kind=trace.SpanKind.INTERNAL,
+        attributes=attributes,
+        start_time=start_time,
+    )
+
+
+def tool_ended(span: trace.Span | None, outcome: Outcome) -> None:
+    """End a call's span with its outcome (its result too, when content capture is on)."""
+    if span is None:
+        return
+    if tracing.capture_content() and outcome.action == "result" and outcome.status == "ok":
+        span.set_attribute(gen_ai.GEN_AI_TOOL_CALL_RESULT, json.dumps(outcome.output))
+    _end(span, outcome)
+
+
+def tool_ran(outcome: Outcome) -> None:
+    """The span of an in-process call that already ran (a chunk of them, ``relay.inprocess``):
+    recorded after the fact, over the time it took."""
+    if not tracing.enabled():
+        return
+    end = time.time_ns()
+    span = tool_started(outcome.row, start_time=end - int(outcome.duration_s * 1e9))
+    if span is not None:
+        if tracing.capture_content() and outcome.action == "result" and outcome.status == "ok":
+            span.set_attribute(gen_ai.GEN_AI_TOOL_CALL_RESULT, json.dumps(outcome.output))
+        _end(span, outcome, end_time=end)
+
+
+# -- model turns ------------------------------------------------------------------------
+
+
+def chat_started(
+    row: Claimed, run: dict[str, Any], step_no: int, messages: Any
+) -> trace.Span | None:
+    """The ``chat`` span of a model turn about to be requested (None: tracing is off)."""
+    if not tracing.enabled():
+        return None
+    attributes = _common(row)
+    attributes.update(
+        {
+            gen_ai.GEN_AI_OPERATION_NAME: "chat",
+            gen_ai.GEN_AI_PROVIDER_NAME: PROVIDER,
+            gen_ai.GEN_AI_REQUEST_MODEL: run["model"],
+            "outbox.step": step_no,
+            "outbox.api": run["api"],
+        }
+    )
+    if run.get("base_url"):
+        attributes["server.address"] = urlsplit(run["base_url"]).hostname or ""
+    if tracing.capture_content():
+        attributes[gen_ai.GEN_AI_INPUT_MESSAGES] = json.dumps(messages, default=str)
+    return tracing.tracer().start_span(
+        f"chat {run['model']}",
+        context=parent(row),
+        kind=trace.SpanKind.CLIENT,
+        attributes=attributes,
+    )
+
+
+def chat_ended(span: trace.Span | None, outcome: Outcome) -> None:
+    if span is None:
+        return
+    turn = outcome.output
+    if isinstance(turn, ModelTurnIn):
+        if turn.response_id:
+            span.set_attribute(gen_ai.GEN_AI_RESPONSE_ID, turn.response_id)
+        span.set_attribute(gen_ai.GEN_AI_USAGE_INPUT_TOKENS, turn.input_tokens)
+        span.set_attribute(gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS, turn.output_tokens)
+        span.set_attribute("outbox.tool_calls", len(turn.tool_calls))
+        if tracing.capture_content():
+            said = {
+                "content": turn.content,
+                "tool_calls": [c.model_dump(mode="json") for c in turn.tool_calls],
+            }
+            span.set_attribute(gen_ai.GEN_AI_OUTPUT_MESSAGES, json.dumps(said))
+    _end(span, outcome)
+
+
+# -- runs -------------------------------------------------------------------------------
+
+
+def run_ended(row: Claimed, status: str) -> None:
+    """Record the ``invoke_agent`` span of ``row``'s run, which its outcome just ended."""
+    if not tracing.enabled() or row.run_started_at is None:
+        return
+    attributes = {
+        gen_ai.GEN_AI_OPERATION_NAME: "invoke_agent",
+        gen_ai.GEN_AI_CONVERSATION_ID: str(row.thread_id),
+        "outbox.tenant.id": row.tenant_id,
+        "outbox.run.id": str(row.run_id),
+        "outbox.correlation_id": row.correlation_id or "",
+        "outbox.run.status": status,
+    }
+    if row.model:
+        attributes[gen_ai.GEN_AI_REQUEST_MODEL] = row.model
+    tracing.record_run(
+        row.run_id,
+        row.traceparent,
+        row.tracestate,
+        row.run_started_at,
+        attributes,
+        error=None if status == "completed" else status,
+    )
