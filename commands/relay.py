@@ -145,6 +145,13 @@ RELAY_EXIT_CONFIG = 78  # EX_CONFIG
 )
 @click.option("--metrics-port", type=int, help="Serve Prometheus metrics (port + process index).")
 @click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics are served on (0.0.0.0: every interface, for a scraper on "
+    "another machine).",
+)
+@click.option(
     "--start-timeout",
     "start_timeout_s",
     type=click.FloatRange(min=0),
@@ -242,6 +249,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         max_model_answer_bytes=opts["max_model_answer_bytes"],
         kinds=kinds or ALL_KINDS,
         metrics_port=opts["metrics_port"],
+        metrics_host=opts["metrics_host"],
     )
     if processes > 1:
         sys.exit(supervisor.supervise(cfg, processes, log_level))

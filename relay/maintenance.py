@@ -88,6 +88,16 @@ class Maintenance:
         for status, kind, n, _lag in rows:
             self.metrics.depth.labels(status, kind).set(n)
         self.metrics.oldest_ready.set(max((float(r[3]) for r in rows), default=0.0))
+        with conn.transaction():
+            waiting = conn.execute(self.q.waiting_for_people).fetchall()
+        self.metrics.approvals_waiting.clear()
+        self.metrics.runs_parked.clear()
+        oldest = 0.0
+        for tenant, pending, oldest_s, parked in waiting:
+            self.metrics.approvals_waiting.labels(tenant).set(pending)
+            self.metrics.runs_parked.labels(tenant).set(parked)
+            oldest = max(oldest, float(oldest_s))
+        self.metrics.approvals_oldest.set(oldest)
 
     def _heartbeat(self, link: Link) -> None:
         ids = self.in_flight()

@@ -146,7 +146,7 @@ class Worker:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
         if self.cfg.metrics_port is not None:
-            self.metrics.serve(self.cfg.metrics_port)
+            self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_host)
         sides = [
             threading.Thread(target=self.completer.loop, args=(q,), name=f"completer-{i}")
             for i, q in enumerate(self.outcomes)

@@ -24,9 +24,9 @@ from outbox.errors import OutboxError
 from outbox.server import errors
 from outbox.server.access import AccessLog
 from outbox.server.actions import Settings
+from outbox.server.observed import Observed
 from outbox.server.routes import ROUTES, Config
 from outbox.server.store import Store
-from outbox.server.traced import Traced
 from outbox.server.wakeups import Wakeups
 
 # The largest request body accepted: room for a message at the library's payload cap,
@@ -77,7 +77,7 @@ def create_app(
     app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
-        middleware=[Middleware(AccessLog), Middleware(Traced)],
+        middleware=[Middleware(AccessLog), Middleware(Observed)],
         exception_handlers={
             errors.APIError: errors.api_error,
             OutboxError: errors.library_error,

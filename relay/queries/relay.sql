@@ -546,6 +546,20 @@ SELECT status, kind, count(*) AS n,
                 FILTER (WHERE status = 'ready' AND available_at <= now())), 0) AS lag_s
 FROM {s}.outbox GROUP BY status, kind
 
+-- name: waiting_for_people
+-- Per tenant: tool calls waiting for a reviewer's decision (and the oldest one's wait, in
+-- seconds), and runs with a row parked for an operator (quarantined or outcome unknown).
+SELECT tenant_id, sum(approvals)::bigint, max(oldest_s)::float8, sum(parked)::bigint
+FROM (
+    SELECT a.tenant_id, count(*) AS approvals,
+           extract(epoch FROM now() - min(a.created_at)) AS oldest_s, 0 AS parked
+    FROM {s}.approvals a WHERE a.status = 'pending' GROUP BY a.tenant_id
+    UNION ALL
+    SELECT o.tenant_id, 0, 0, count(DISTINCT o.run_id)
+    FROM {s}.outbox o WHERE o.status = 'quarantined' GROUP BY o.tenant_id
+) w
+GROUP BY tenant_id
+
 -- name: finish_many
 -- Fencing for many done rows at once: each row leaves the hot table only for its current
 -- lease holder and attempt. Rows not returned were fenced off (their caller journals it).

@@ -23,6 +23,10 @@ from outbox.testing.tools import FakeToolService
 from tests.otlp_receiver import otlp_receiver
 from tests.relay_harness import FAST, register_tool, scalar, start_relay_process, wait_until
 
+TICKET_DONE = (
+    "SELECT status = 'succeeded' FROM outbox.tool_calls "
+    "WHERE run_id = %s AND tool_name = 'create_ticket'"
+)
 KINDS = [a for k in ("model_turn", "tool_call", "deliver_batch") for a in ("--kind", k)]
 TICKET = {"name": "create_ticket", "arguments": {"title": "broken order"}}
 EMAIL = {"name": "send_email", "arguments": {"to": "a@b.c", "subject": "sorry"}}
@@ -68,9 +72,12 @@ def test_a_relay_killed_mid_run_leaves_one_connected_trace(db_url, tmp_path: Pat
             email = service.tool("send_email")
             wait_until(
                 lambda: (
-                    email.starts and any(s.name == "chat scripted-1" for s in receiver.received())
+                    email.starts
+                    and {"chat scripted-1", "execute_tool create_ticket"}
+                    <= {s.name for s in receiver.received()}
+                    and scalar(db_url, TICKET_DONE, [run.id])
                 ),
-                what="the slow tool call to be under way, the first turn's span exported",
+                what="the slow call under way; the first turn and the quick call done, exported",
             )
             first.kill()
             first.wait(timeout=30)

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from outbox import keys, registry, tracing, writer
 from outbox.schemas import StartRun
+from outbox.server.observed import REGISTRY
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.relay_harness import register_tool, relay_thread, scalar, seed, wait_until
@@ -319,6 +320,8 @@ def test_a_run_started_through_outbox_serve_continues_the_callers_traceparent(
         _, key = keys.create_key(conn, TENANT, name="test")
         conn.commit()
     caller_trace, caller_span = ids(BACKEND_TRACEPARENT)
+    labels = {"method": "POST", "route": "/v1/responses", "status": "200"}
+    served_before = REGISTRY.get_sample_value("outbox_serve_request_seconds_count", labels) or 0
     with serve(setup, model_base_url=model.url + "/v1") as base_url:
         sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
         with relay_thread(setup, kinds=ALL_KINDS):
@@ -347,3 +350,7 @@ def test_a_run_started_through_outbox_serve_continues_the_callers_traceparent(
     assert {ids(d.headers["traceparent"])[0] for d in service.tool("send_email").deliveries} == {
         caller_trace
     }
+    # The request was counted too, under its route's template (outbox serve's metrics).
+    assert REGISTRY.get_sample_value("outbox_serve_request_seconds_count", labels) == (
+        served_before + 1
+    )

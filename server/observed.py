@@ -1,4 +1,10 @@
-"""Traces of ``outbox serve``: a server span per HTTP request, continuing the caller's trace.
+"""Traces and metrics of ``outbox serve``'s requests.
+
+Metrics: ``outbox_serve_request_seconds`` by method, route (the path's template, so ids do
+not make a series each) and status, in this process's registry (``REGISTRY``), served by
+``outbox serve --metrics-port``.
+
+Traces: a server span per HTTP request, continuing the caller's trace.
 
 The caller's ``traceparent`` (and ``tracestate``) headers name the trace a request belongs
 to. The request's span (``{method} {route}``, kind server, with the semantic conventions'
@@ -10,16 +16,30 @@ still continues it. Handlers run on Starlette's thread pool, which carries the c
 
 from __future__ import annotations
 
+import time
+
 from opentelemetry import trace
+from prometheus_client import CollectorRegistry, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from outbox import tracing
 
 CONTEXT_HEADERS = (b"traceparent", b"tracestate")
+METHODS = {"GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"}  # others: "other"
+REGISTRY = CollectorRegistry()
+REQUEST_SECONDS = Histogram(
+    "outbox_serve_request_seconds",
+    "Requests to outbox serve, from their arrival to their answer (a stream: to its end), "
+    "by method, route and status",
+    ["method", "route", "status"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
 
 
-class Traced:
-    """ASGI middleware: each HTTP request in a span of its own (``outbox.tracing``)."""
+class Observed:
+    """ASGI middleware: each HTTP request in a span of its own (``outbox.tracing``), and
+    counted with its duration."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -33,7 +53,8 @@ class Traced:
             for name, value in scope["headers"]
             if name in CONTEXT_HEADERS
         }
-        method = scope["method"]
+        started = time.perf_counter()
+        method = scope["method"] if scope["method"] in METHODS else "other"
         attributes = {"http.request.method": method, "url.path": scope["path"]}
         with tracing.server_span(method, carrier, attributes) as span:
             status = 500
@@ -47,8 +68,11 @@ class Traced:
             try:
                 await self.app(scope, receive, answer)
             finally:
+                route = getattr(scope.get("route"), "path", None)
+                REQUEST_SECONDS.labels(method, route or "unmatched", str(status)).observe(
+                    time.perf_counter() - started
+                )
                 if span.is_recording():
-                    route = getattr(scope.get("route"), "path", None)
                     if route:
                         span.update_name(f"{method} {route}")
                         span.set_attribute("http.route", route)
