@@ -14,7 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from bench import db as bdb
-from bench import fairness, http, inflight, notify, poster, report, seed, serve, throughput
+from bench import (
+    fairness,
+    http,
+    inflight,
+    notify,
+    poster,
+    report,
+    seed,
+    serve,
+    throughput,
+    tracing,
+)
 from bench.throughput import stderr
 from outbox import db
 
@@ -63,6 +74,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="POSTs through the relay's HTTP client and httpx2's, for CPU per request "
         "(8,000; --quick: 1,000; 0 skips)",
     )
+    parser.add_argument(
+        "--tracing",
+        default=None,
+        help="the runs-in-flight case RUNS:M:T:K run with tracing off and on, alternately "
+        "(2000:2:0.5:2; --quick: 200:1:0.2:2); 'none' skips it",
+    )
+    parser.add_argument("--tracing-rounds", type=int, help="measurements each way (3; --quick: 1)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     args = parser.parse_args(argv)
@@ -87,6 +105,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             for r, m, t, k in (case.split(":") for case in cases.split(","))
         ]
     )
+    traced = args.tracing or ("200:1:0.2:2" if quick else "2000:2:0.5:2")
+    args.tracing_case = None
+    if traced != "none":
+        r, m, t, k = traced.split(":")
+        args.tracing_case = (int(r), float(m), float(t), int(k))
+    args.tracing_rounds = args.tracing_rounds or (1 if quick else 3)
     return args
 
 
@@ -212,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     stderr("NOTIFY cost")
     notify_cost(server, args, out)
     out["inflight"] = inflight.run_cases(server, args.inflight_cases, log)
+    if args.tracing_case is not None:
+        out["tracing"] = tracing.run_case(server, args.tracing_case, args.tracing_rounds, log)
     if args.fairness_backlog:
         out["fairness"] = fairness.run(server, args.fairness_backlog, FAIRNESS_TOOL_S, log)
     if args.serve_runs:
