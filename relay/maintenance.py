@@ -22,6 +22,7 @@ import psycopg
 
 from outbox import approvals, lifecycle
 from outbox.logs import log
+from outbox.relay import spans
 from outbox.relay.config import RelayConfig
 from outbox.relay.links import Link
 from outbox.relay.metrics import Metrics
@@ -136,6 +137,7 @@ class Maintenance:
             expired = lifecycle.expire_due_runs(conn)
             denied = approvals.expire_due(conn, self.cfg.worker_id)
         for run in expired:
+            spans.run_expired(run)
             log(
                 logger,
                 logging.WARNING,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -176,23 +177,56 @@ def chat_ended(span: trace.Span | None, outcome: Outcome) -> None:
 
 def run_ended(row: Claimed, status: str) -> None:
     """Record the ``invoke_agent`` span of ``row``'s run, which its outcome just ended."""
-    if not tracing.enabled() or row.run_started_at is None:
-        return
-    attributes = {
+    if tracing.enabled() and row.run_started_at is not None:
+        _record_run(
+            row.run_id,
+            row.thread_id,
+            row.tenant_id,
+            row.correlation_id,
+            row.model,
+            row.traceparent,
+            row.tracestate,
+            row.run_started_at,
+            status,
+        )
+
+
+def run_expired(run: dict[str, Any]) -> None:
+    """Record the ``invoke_agent`` span of a run the sweep expired (its row, ended)."""
+    if tracing.enabled():
+        _record_run(
+            run["id"],
+            run["thread_id"],
+            run["tenant_id"],
+            run["correlation_id"],
+            run["model"],
+            run["traceparent"],
+            run["tracestate"],
+            run["created_at"].timestamp(),
+            run["status"],
+        )
+
+
+def _record_run(
+    run_id: uuid.UUID,
+    thread_id: Any,
+    tenant_id: str,
+    correlation_id: str | None,
+    model: str | None,
+    traceparent: str | None,
+    tracestate: str | None,
+    started_at_s: float,
+    status: str,
+) -> None:
+    attributes: dict[str, Any] = {
         gen_ai.GEN_AI_OPERATION_NAME: "invoke_agent",
-        gen_ai.GEN_AI_CONVERSATION_ID: str(row.thread_id),
-        "outbox.tenant.id": row.tenant_id,
-        "outbox.run.id": str(row.run_id),
-        "outbox.correlation_id": row.correlation_id or "",
+        gen_ai.GEN_AI_CONVERSATION_ID: str(thread_id),
+        "outbox.tenant.id": tenant_id,
+        "outbox.run.id": str(run_id),
+        "outbox.correlation_id": correlation_id or "",
         "outbox.run.status": status,
     }
-    if row.model:
-        attributes[gen_ai.GEN_AI_REQUEST_MODEL] = row.model
-    tracing.record_run(
-        row.run_id,
-        row.traceparent,
-        row.tracestate,
-        row.run_started_at,
-        attributes,
-        error=None if status == "completed" else status,
-    )
+    if model:
+        attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
+    error = None if status == "completed" else status
+    tracing.record_run(run_id, traceparent, tracestate, started_at_s, attributes, error)

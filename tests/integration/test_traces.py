@@ -354,3 +354,42 @@ def test_a_run_started_through_outbox_serve_continues_the_callers_traceparent(
     assert REGISTRY.get_sample_value("outbox_serve_request_seconds_count", labels) == (
         served_before + 1
     )
+
+
+def test_a_run_expired_by_the_sweep_gets_its_invoke_agent_span(db_url, model, spans):
+    """A run waiting for its backend's client tool past the deadline is ended by the
+    relay's sweep, which records the run's span (error status: expired)."""
+    model.add_script("ask", [{"tool_calls": [{"name": "approve", "arguments": {}}]}])
+    with psycopg.connect(db_url) as conn:
+        registry.register(
+            conn,
+            registry.ToolSpec(name="approve", executor="client", json_schema={"type": "object"}),
+        )
+        thread = writer.create_thread(conn, TENANT)
+        run = writer.start_run(
+            conn,
+            StartRun(
+                tenant_id=TENANT,
+                thread_id=thread.id,
+                model="scripted-1",
+                message="script:ask may I?",
+                tools=["approve"],
+                base_url=model.url + "/v1",
+                action_timeout_s=0.5,
+                traceparent=BACKEND_TRACEPARENT,
+            ),
+        )
+        conn.commit()
+    with relay_thread(db_url, kinds=ALL_KINDS):
+        wait_until(
+            lambda: named(list(spans.get_finished_spans()), "invoke_agent"),
+            what="the expired run's span",
+        )
+    (agent,) = named(list(spans.get_finished_spans()), "invoke_agent")
+    assert (agent.context.trace_id, agent.context.span_id) == (
+        ids(BACKEND_TRACEPARENT)[0],
+        tracing.agent_span_id(run.id),
+    )
+    assert agent.parent is not None and agent.parent.span_id == ids(BACKEND_TRACEPARENT)[1]
+    assert dict(agent.attributes or {})["outbox.run.status"] == "expired"
+    assert agent.status.status_code.name == "ERROR"
