@@ -17,7 +17,6 @@ import json
 import time
 import uuid
 from typing import Any
-from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
@@ -33,14 +32,14 @@ ERRORS = {"retry", "unknown", "fail_run", "lost", "result_error"}
 
 
 def _common(row: Claimed) -> dict[str, Any]:
+    """The attributes every span of a claimed row has. Few on purpose: each costs the relay
+    about 4 us to set and encode, against a span's 35 us (docs/benchmarks.md, "Tracing")."""
     return {
         gen_ai.GEN_AI_CONVERSATION_ID: str(row.thread_id),
         "outbox.tenant.id": row.tenant_id,
         "outbox.run.id": str(row.run_id),
-        "outbox.correlation_id": row.correlation_id or "",
-        "outbox.attempt": row.attempt,
-        "outbox.fencing_token": row.attempt,
-        "outbox.failures": row.failures,
+        "outbox.attempt": row.failures + 1,  # the charged attempt this is: 1st, 2nd...
+        "outbox.fencing_token": row.attempt,  # the claim's number, every write fenced on
     }
 
 
@@ -57,13 +56,22 @@ def outcome_of(outcome: Outcome) -> str:
     return f"result_{outcome.status}" if outcome.action == "result" else outcome.action
 
 
-def _end(span: trace.Span, outcome: Outcome, end_time: int | None = None) -> None:
+def _end(
+    span: trace.Span,
+    outcome: Outcome,
+    attributes: dict[str, Any] | None = None,
+    end_time: int | None = None,
+) -> None:
+    """End ``span`` with its outcome and ``attributes``, set at once (one lock, not one
+    per attribute)."""
     what = outcome_of(outcome)
-    span.set_attribute("outbox.outcome", what)
+    attributes = attributes or {}
+    attributes["outbox.outcome"] = what
     if what in ERRORS:
-        span.set_attribute("error.type", what)
+        attributes["error.type"] = what
         description = outcome.error if tracing.capture_content() else None
         span.set_status(trace.Status(trace.StatusCode.ERROR, description))
+    span.set_attributes(attributes)
     span.end(end_time=end_time)
 
 
@@ -80,15 +88,10 @@ def tool_started(row: Claimed, start_time: int | None = None) -> trace.Span | No
             gen_ai.GEN_AI_OPERATION_NAME: "execute_tool",
             gen_ai.GEN_AI_TOOL_NAME: row.tool_name or "",
             gen_ai.GEN_AI_TOOL_CALL_ID: row.tool_call_id or "",
-            gen_ai.GEN_AI_TOOL_TYPE: "function",
-            "outbox.tool_call.ref": row.tool_call_ref or 0,
             "outbox.idempotency.mode": row.idempotency_mode or "",
             "outbox.idempotency.key": row.idempotency_key or "",
-            "outbox.executor": row.executor or "",
         }
     )
-    if row.stop is not None:
-        attributes["outbox.stopped"] = ",".join(sorted(row.stop))
     if tracing.capture_content():
         attributes[gen_ai.GEN_AI_TOOL_CALL_ARGUMENTS] = json.dumps(row.arguments)
     return tracing.tracer().start_span(
@@ -102,11 +105,8 @@ def tool_started(row: Claimed, start_time: int | None = None) -> trace.Span | No
 
 def tool_ended(span: trace.Span | None, outcome: Outcome) -> None:
     """End a call's span with its outcome (its result too, when content capture is on)."""
-    if span is None:
-        return
-    if tracing.capture_content() and outcome.action == "result" and outcome.status == "ok":
-        span.set_attribute(gen_ai.GEN_AI_TOOL_CALL_RESULT, json.dumps(outcome.output))
-    _end(span, outcome)
+    if span is not None:
+        _end(span, outcome, _result(outcome))
 
 
 def tool_ran(outcome: Outcome) -> None:
@@ -117,9 +117,14 @@ def tool_ran(outcome: Outcome) -> None:
     end = time.time_ns()
     span = tool_started(outcome.row, start_time=end - int(outcome.duration_s * 1e9))
     if span is not None:
-        if tracing.capture_content() and outcome.action == "result" and outcome.status == "ok":
-            span.set_attribute(gen_ai.GEN_AI_TOOL_CALL_RESULT, json.dumps(outcome.output))
-        _end(span, outcome, end_time=end)
+        _end(span, outcome, _result(outcome), end_time=end)
+
+
+def _result(outcome: Outcome) -> dict[str, Any]:
+    """A call's result as an attribute, when content capture is on."""
+    if tracing.capture_content() and outcome.action == "result" and outcome.status == "ok":
+        return {gen_ai.GEN_AI_TOOL_CALL_RESULT: json.dumps(outcome.output)}
+    return {}
 
 
 # -- model turns ------------------------------------------------------------------------
@@ -138,11 +143,8 @@ def chat_started(
             gen_ai.GEN_AI_PROVIDER_NAME: PROVIDER,
             gen_ai.GEN_AI_REQUEST_MODEL: run["model"],
             "outbox.step": step_no,
-            "outbox.api": run["api"],
         }
     )
-    if run.get("base_url"):
-        attributes["server.address"] = urlsplit(run["base_url"]).hostname or ""
     if tracing.capture_content():
         attributes[gen_ai.GEN_AI_INPUT_MESSAGES] = json.dumps(messages, default=str)
     return tracing.tracer().start_span(
@@ -157,19 +159,19 @@ def chat_ended(span: trace.Span | None, outcome: Outcome) -> None:
     if span is None:
         return
     turn = outcome.output
+    attributes: dict[str, Any] = {}
     if isinstance(turn, ModelTurnIn):
+        attributes[gen_ai.GEN_AI_USAGE_INPUT_TOKENS] = turn.input_tokens
+        attributes[gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS] = turn.output_tokens
         if turn.response_id:
-            span.set_attribute(gen_ai.GEN_AI_RESPONSE_ID, turn.response_id)
-        span.set_attribute(gen_ai.GEN_AI_USAGE_INPUT_TOKENS, turn.input_tokens)
-        span.set_attribute(gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS, turn.output_tokens)
-        span.set_attribute("outbox.tool_calls", len(turn.tool_calls))
+            attributes[gen_ai.GEN_AI_RESPONSE_ID] = turn.response_id
         if tracing.capture_content():
             said = {
                 "content": turn.content,
                 "tool_calls": [c.model_dump(mode="json") for c in turn.tool_calls],
             }
-            span.set_attribute(gen_ai.GEN_AI_OUTPUT_MESSAGES, json.dumps(said))
-    _end(span, outcome)
+            attributes[gen_ai.GEN_AI_OUTPUT_MESSAGES] = json.dumps(said)
+    _end(span, outcome, attributes)
 
 
 # -- runs -------------------------------------------------------------------------------
@@ -182,7 +184,6 @@ def run_ended(row: Claimed, status: str) -> None:
             row.run_id,
             row.thread_id,
             row.tenant_id,
-            row.correlation_id,
             row.model,
             row.traceparent,
             row.tracestate,
@@ -198,7 +199,6 @@ def run_expired(run: dict[str, Any]) -> None:
             run["id"],
             run["thread_id"],
             run["tenant_id"],
-            run["correlation_id"],
             run["model"],
             run["traceparent"],
             run["tracestate"],
@@ -211,7 +211,6 @@ def _record_run(
     run_id: uuid.UUID,
     thread_id: Any,
     tenant_id: str,
-    correlation_id: str | None,
     model: str | None,
     traceparent: str | None,
     tracestate: str | None,
@@ -223,7 +222,6 @@ def _record_run(
         gen_ai.GEN_AI_CONVERSATION_ID: str(thread_id),
         "outbox.tenant.id": tenant_id,
         "outbox.run.id": str(run_id),
-        "outbox.correlation_id": correlation_id or "",
         "outbox.run.status": status,
     }
     if model:

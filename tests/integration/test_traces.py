@@ -308,7 +308,7 @@ def test_a_python_tool_run_in_a_chunk_has_its_span(db_url, spans):
     for span in named(list(spans.get_finished_spans()), "execute_tool echo"):
         assert span.context.trace_id == run_id.int
         assert span.parent is not None and span.parent.span_id == tracing.agent_span_id(run_id)
-        assert dict(span.attributes or {})["outbox.executor"] == "python"
+        assert dict(span.attributes or {})["outbox.outcome"] == "result_ok"
 
 
 def test_a_run_started_through_outbox_serve_continues_the_callers_traceparent(
