@@ -73,6 +73,8 @@ PINNED = {
     "0029_settle_before_repeat.sql": "67f20d3011b75c3b",
     "0030_run_defaults_and_one_rule_each.py": "e4b1c1e9710055ee",
     "0030_run_defaults_and_one_rule_each.sql": "26ebec2834d21449",
+    "0033_run_trace_context.py": "f5a4258015e2652f",
+    "0033_run_trace_context.sql": "53ac0de5ef2061f0",
 }
 
 
