@@ -26,6 +26,7 @@ only; it writes no tracing of its own.
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 import os
 import re
@@ -88,16 +89,45 @@ def _parent(traceparent: str | None, tracestate: str | None) -> trace.SpanContex
 
 def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> Any:
     """The context whose current span is the run's ``invoke_agent`` span (remote: another
-    process records it): the parent of every span of the run."""
+    process records it): the parent of every span of the run.
+
+    A run that continues a caller's trace is sampled as the caller said (its flags). One
+    that starts its own is sampled as this process's sampler decides for its trace id,
+    which every process decides alike (``OTEL_TRACES_SAMPLER``: a ratio samples by trace
+    id), so with sampling on, all of a run's spans are kept or none; off, tools and models
+    are told it is sampled, for their own spans' sake."""
     parent = _parent(traceparent, tracestate)
     span = trace.SpanContext(
         trace_id=parent.trace_id if parent else run_id.int,
         span_id=agent_span_id(run_id),
         is_remote=True,
-        trace_flags=parent.trace_flags if parent else trace.TraceFlags(trace.TraceFlags.SAMPLED),
+        trace_flags=parent.trace_flags if parent else _root_flags(run_id.int),
         trace_state=parent.trace_state if parent else None,
     )
     return trace.set_span_in_context(trace.NonRecordingSpan(span))
+
+
+def _root_flags(trace_id: int) -> trace.TraceFlags:
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    sampled = (
+        _provider is None
+        or _provider.sampler.should_sample(
+            otel_context.Context(), trace_id, "invoke_agent"
+        ).decision
+        is Decision.RECORD_AND_SAMPLE
+    )
+    return trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else trace.TraceFlags.DEFAULT)
+
+
+@functools.lru_cache(maxsize=16_384)
+def run_headers(
+    run_id: uuid.UUID, traceparent: str | None, tracestate: str | None
+) -> dict[str, str]:
+    """``headers`` of the run's own context, the same for every request of the run: what
+    tools and models receive with tracing off (kept for the runs of the moment, so a
+    request costs a look-up; never change the dict returned)."""
+    return headers(run_context(run_id, traceparent, tracestate))
 
 
 def headers(context: Any) -> dict[str, str]:
@@ -253,6 +283,7 @@ def install(
             return fixed[0] if fixed else super().generate_trace_id()
 
     shutdown()
+    run_headers.cache_clear()  # the sampler decides them from now on
     resource = Resource.create(
         {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
     )
@@ -271,3 +302,4 @@ def shutdown() -> None:
     if _provider is not None:
         _provider.shutdown()
     _provider, _tracer = None, trace.NoOpTracer()
+    run_headers.cache_clear()

@@ -48,8 +48,11 @@ def parent(row: Claimed) -> Any:
 
 
 def headers(row: Claimed, span: trace.Span | None) -> dict[str, str]:
-    """The ``traceparent``/``tracestate`` a tool or model receives for ``row``."""
-    return tracing.headers(trace.set_span_in_context(span) if span else parent(row))
+    """The ``traceparent``/``tracestate`` a tool or model receives for ``row``: its span's,
+    or with tracing off its run's (the same dict for every request: never change it)."""
+    if span is None:
+        return tracing.run_headers(row.run_id, row.traceparent, row.tracestate)
+    return tracing.headers(trace.set_span_in_context(span))
 
 
 def outcome_of(outcome: Outcome) -> str:

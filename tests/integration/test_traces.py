@@ -393,3 +393,27 @@ def test_a_run_expired_by_the_sweep_gets_its_invoke_agent_span(db_url, model, sp
     assert agent.parent is not None and agent.parent.span_id == ids(BACKEND_TRACEPARENT)[1]
     assert dict(agent.attributes or {})["outbox.run.status"] == "expired"
     assert agent.status.status_code.name == "ERROR"
+
+
+def test_under_a_sampler_a_run_is_kept_or_dropped_whole(setup, model, service, monkeypatch):
+    """``OTEL_TRACES_SAMPLER``: a run of its own trace is sampled by its trace id, the same
+    decision in every span of it and in what its tools are told; a run that continues a
+    caller's trace follows the caller's sampled flag."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")  # keep no trace of our own
+    exporter = InMemorySpanExporter()
+    tracing.install(exporter, batch=False)
+    try:
+        dropped = start(setup, model)
+        finish(setup, dropped.id)
+        assert exporter.get_finished_spans() == ()
+        assert {d.headers["traceparent"][-2:] for d in service.tool("send_email").deliveries} == {
+            "00"
+        }
+        kept = start(setup, model, traceparent=BACKEND_TRACEPARENT)  # the caller sampled it
+        finish(setup, kept.id, exporter)
+        found = list(exporter.get_finished_spans())
+        assert {s.context.trace_id for s in found} == {ids(BACKEND_TRACEPARENT)[0]}
+        assert len(found) == 5  # invoke_agent, two turns, two calls
+    finally:
+        tracing.shutdown()
