@@ -168,6 +168,10 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
     Started while the database is down (or the embedded server stopped), the relay waits
     for it, logging db.unavailable with a hint every 10 s, then db.reconnected.
 
+    Traces: with OTEL_EXPORTER_OTLP_ENDPOINT set (OpenTelemetry's variables), each model
+    turn and tool call is a span of its run's trace, exported over OTLP/HTTP; off
+    otherwise. See docs/operations.md, "Traces".
+
     \b
     Exit status:
       0   stopped by SIGTERM or Ctrl-C (also while waiting for the database)

@@ -91,6 +91,10 @@ def serve_command(
     with a key from `outbox keys create --tenant T`. Every request acts for the key's
     tenant under row-level security. GET /v1/runs/RUN/events streams a run's journal as
     Server-Sent Events (resumable with Last-Event-ID). See docs/serve.md.
+
+    A run a request starts continues the request's traceparent header; with
+    OTEL_EXPORTER_OTLP_ENDPOINT set, each request is a span exported over OTLP/HTTP
+    (docs/operations.md, "Traces").
     """
     import signal
     import subprocess
