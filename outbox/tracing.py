@@ -6,8 +6,8 @@ Instead every span of a run hangs under its ``invoke_agent`` span, whose ids fol
 what is stored with the run: its trace id is that of the context current when a backend
 started the run (``runs.traceparent``: the backend's span through the Python API, the
 ``p_traceparent`` argument of ``start_run_v2``, the ``traceparent`` header of a request to
-``outbox serve``), or the run id's 128 bits when there was none; its span id is a hash of
-the run id. So any relay, at any time, parents a ``chat`` or ``execute_tool`` span on it
+``outbox serve``), or a hash of the run id when there was none; its span id is another
+hash of the run id. So any relay, at any time, parents a ``chat`` or ``execute_tool`` span on it
 knowing only the row it claimed, and the relay that ends the run records the
 ``invoke_agent`` span itself, with those ids, from the run's creation to its end
 (``record_run``): the SDK's id generator is told which ids to hand out for that one span.
@@ -77,6 +77,15 @@ def agent_span_id(run_id: uuid.UUID) -> int:
     return int.from_bytes(hashlib.blake2b(run_id.bytes, digest_size=8).digest(), "big") or 1
 
 
+def own_trace_id(run_id: uuid.UUID) -> int:
+    """The trace id of a run started without a trace context: a hash of the run id, the
+    same in every process. Not the run id's own bits: a uuid4's fixed variant bits fall
+    in the half of the id that ratio samplers read, and they would keep every such run
+    or none."""
+    digest = hashlib.blake2b(run_id.bytes, digest_size=16, person=b"outbox-trace").digest()
+    return int.from_bytes(digest, "big") or 1
+
+
 def _parent(traceparent: str | None, tracestate: str | None) -> trace.SpanContext | None:
     if not traceparent:
         return None
@@ -98,10 +107,10 @@ def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | No
     are told it is sampled, for their own spans' sake."""
     parent = _parent(traceparent, tracestate)
     span = trace.SpanContext(
-        trace_id=parent.trace_id if parent else run_id.int,
+        trace_id=parent.trace_id if parent else own_trace_id(run_id),
         span_id=agent_span_id(run_id),
         is_remote=True,
-        trace_flags=parent.trace_flags if parent else _root_flags(run_id.int),
+        trace_flags=parent.trace_flags if parent else _root_flags(own_trace_id(run_id)),
         trace_state=parent.trace_state if parent else None,
     )
     return trace.set_span_in_context(trace.NonRecordingSpan(span))
@@ -174,7 +183,8 @@ def record_run(
         if parent
         else otel_context.Context()
     )
-    token = _fixed_ids.set((parent.trace_id if parent else run_id.int, agent_span_id(run_id)))
+    trace_id = parent.trace_id if parent else own_trace_id(run_id)
+    token = _fixed_ids.set((trace_id, agent_span_id(run_id)))
     try:
         span = _tracer.start_span(
             "invoke_agent",

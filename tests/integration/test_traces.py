@@ -201,13 +201,11 @@ def test_with_tracing_off_tools_and_models_still_continue_the_runs_trace(setup, 
     assert all(h.get("tracestate") == "vendor=abc" for h in received[:2])
 
 
-def test_a_run_started_without_a_trace_is_a_trace_of_its_own_named_by_its_id(
-    setup, model, service, spans
-):
+def test_a_run_started_without_a_trace_is_a_trace_of_its_own(setup, model, service, spans):
     run = start(setup, model)
     finish(setup, run.id, spans)
     found = list(spans.get_finished_spans())
-    assert {s.context.trace_id for s in found} == {run.id.int}
+    assert {s.context.trace_id for s in found} == {tracing.own_trace_id(run.id)}
     (agent,) = named(found, "invoke_agent")
     assert agent.parent is None
     assert all(
@@ -306,7 +304,7 @@ def test_a_python_tool_run_in_a_chunk_has_its_span(db_url, spans):
     with relay_thread(db_url):
         wait_until(lambda: len(named(list(spans.get_finished_spans()), "execute_tool echo")) == 2)
     for span in named(list(spans.get_finished_spans()), "execute_tool echo"):
-        assert span.context.trace_id == run_id.int
+        assert span.context.trace_id == tracing.own_trace_id(run_id)
         assert span.parent is not None and span.parent.span_id == tracing.agent_span_id(run_id)
         assert dict(span.attributes or {})["outbox.outcome"] == "result_ok"
 
