@@ -146,7 +146,7 @@ RELAY_EXIT_CONFIG = 78  # EX_CONFIG
 @click.option("--metrics-port", type=int, help="Serve Prometheus metrics (port + process index).")
 @click.option(
     "--metrics-host",
-    default="127.0.0.1",
+    default=RELAY_DEFAULTS.metrics_host,
     show_default=True,
     help="Address the metrics are served on (0.0.0.0: every interface, for a scraper on "
     "another machine).",
