@@ -80,6 +80,22 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {f['kb_per_run_in_flight']:.0f} | {f['duplicates']} |"
             )
         lines += ["", "Targets: ideal / wall ≥ 0.5x, ≤ 10 database connections.", ""]
+    traced = results.get("tracing")
+    if traced:
+        case = traced["case"]
+        lines += [
+            "### Tracing off and on (exporting over OTLP/HTTP to a sink on loopback)",
+            "",
+            "| runs | M | T | K | relay CPU a run, off | on | on / off | exports |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {case['runs']:,} | {case['model_s']:g} s | {case['tool_s']:g} s "
+            f"| {case['calls']} | {' · '.join(f'{v:.2f}' for v in traced['off_ms_per_run'])} ms "
+            f"| {' · '.join(f'{v:.2f}' for v in traced['on_ms_per_run'])} ms "
+            f"| {traced['on_vs_off']}x | {traced['exports']} |",
+            "",
+            "Target: on ≤ 1.10x off.",
+            "",
+        ]
     fair = results.get("fairness")
     if fair:
         lines += [

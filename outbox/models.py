@@ -138,6 +138,14 @@ class Run(Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     max_cost: Mapped[Decimal | None] = mapped_column(Numeric)
     cost: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
+    traceparent: Mapped[str | None] = mapped_column(
+        Text,
+        comment="the W3C traceparent the run continues (the span of the backend that started "
+        "it); NULL: the run is a trace of its own, whose trace id is the run id",
+    )
+    tracestate: Mapped[str | None] = mapped_column(
+        Text, comment="the W3C tracestate that came with traceparent"
+    )
 
 
 class Message(Base):

@@ -25,7 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 import cli
-from outbox import credentials, keys, mcpservers, writer
+from outbox import credentials, keys, mcpservers, tracing, writer
 from outbox.commands.mcp import discover
 from outbox.schemas import StartRun
 from outbox.testing.model import HistoryItem, ScriptedModel
@@ -360,7 +360,9 @@ def test_a_call_gets_its_result_once_with_our_key_in_meta_and_header(db_url, htt
     assert ours["tool_call_id"] == "call_1" and ours["attempt"] == 1
     assert ours["run_id"] == str(row["run_id"])
     assert received["idempotency_key_header"] == row["idempotency_key"]
-    assert received["meta"]["traceparent"].startswith("00-")
+    # The call's span continues its run's trace (started without one: its own, by its id).
+    trace_id = received["meta"]["traceparent"].split("-")[1]
+    assert trace_id == f"{tracing.own_trace_id(row['run_id']):032x}"
     assert scalar(db_url, "SELECT count(*) FROM outbox.submissions") == 1
 
 
