@@ -18,7 +18,7 @@ from outbox import registry, writer
 from outbox.relay.config import RelayConfig
 from outbox.relay.worker import Worker
 from outbox.testing.tools import FakeToolService
-from tests.helpers import TENANT, new_run, turn
+from tests.helpers import TENANT, look, new_run, turn
 
 REPO = Path(__file__).resolve().parent.parent
 # Relay flags for tests: short leases and sweeps, so crashes are rescued in about 2 s.
@@ -47,9 +47,8 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str 
 
 
 def scalar(db_url: str, query: str, params: Any = None) -> Any:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        row = conn.execute(query, params).fetchone()
-    return None if row is None else row[0]
+    rows = look(db_url, query, params)
+    return rows[0][0] if rows else None
 
 
 def register_tool(
@@ -134,8 +133,7 @@ def start_relay_process(
 
 
 def tool_call_states(db_url: str) -> dict[str, int]:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        rows = conn.execute("SELECT status, count(*) FROM outbox.tool_calls GROUP BY 1").fetchall()
+    rows = look(db_url, "SELECT status, count(*) FROM outbox.tool_calls GROUP BY 1")
     return {status: n for status, n in rows}
 
 
