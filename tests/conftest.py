@@ -20,6 +20,8 @@ import pytest
 from outbox import db, migrate
 from tests import helpers, servers
 
+pytest_plugins = ["tests.serve_harness"]  # the fixtures of the tests of `outbox serve`
+
 
 def _docker_answers() -> bool:
     if not os.path.exists("/var/run/docker.sock") and not os.environ.get("DOCKER_HOST"):
