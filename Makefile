@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 # Test processes (pytest-xdist), each with a private PostgreSQL server in memory. The tests
 # mostly wait (for relays, HTTP servers, timeouts), so more processes than cores is fastest
-# (docs/development.md, "Running the tests"). TEST_WORKERS=0 runs them in this process.
+# (docs/testing.md, "How this project's suite runs"). TEST_WORKERS=0: in this process.
 TEST_WORKERS ?= 3
 
 .DEFAULT_GOAL := help
