@@ -381,13 +381,13 @@ def test_workers_stop_when_their_supervisor_is_killed(db_url, service, tmp_path)
 
 def test_sigterm_exits_even_when_the_database_is_gone(db_url, server_url, service, tmp_path):
     tool = service.add_tool("keyed", "key")
-    tool.stall_after_commit(2.0, n=None)
+    tool.stall_after_commit(1.0, n=None)
     with psycopg.connect(db_url) as conn:
         register_tool(conn, service, "keyed", "key", timeout_s=10)
         conn.commit()
     seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
     # The grace period outlasts the call: its outcome is queued while the database is gone.
-    relay = start_relay_process(db_url, tmp_path / "r.log", "--grace", "4", *FAST)
+    relay = start_relay_process(db_url, tmp_path / "r.log", "--grace", "2", *FAST)
     try:
         wait_until(lambda: len(tool.deliveries) == 1, what="the call in flight")
         name = urlsplit(db_url).path.lstrip("/")
