@@ -126,7 +126,7 @@ def serve_command(
                 }
             )
             uvicorn.run(
-                "server.app:from_environment",
+                "outbox.server.app:from_environment",
                 factory=True,
                 workers=workers,
                 host=host,

@@ -132,7 +132,7 @@ def create_thread(
 
 
 def start_run(request: StartRun) -> Call:
-    params = request.model_dump(exclude={"tenant_id", "thread_id", "tools"})
+    params = request.model_dump(exclude={"tenant_id", "thread_id", "tools", "model_options"})
     params.update(tenant_id=request.tenant_id, thread_id=request.thread_id, tools=request.tools)
     return Call(A.start_run, params, scope=request.tenant_id)
 

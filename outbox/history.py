@@ -10,6 +10,8 @@ and the counts are returned so the caller can journal them.
 
 Chat-format messages are the internal lingua franca; ``outbox.providers`` converts them to
 each provider API's input (Responses items: ``function_call`` / ``function_call_output``).
+A message may carry the reasoning items a client's history gave before it (``reasoning``,
+verbatim): the Responses API gets them back before the message, chat completions never.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from outbox.store import fetch_all, fetch_one, owned, pg
 
 Q = queries("history.sql")
 Message = dict[str, Any]
+REASONING = providers.REASONING
 UNANSWERED = "no result was recorded for this call ({reason})"
 
 
@@ -108,13 +111,17 @@ def from_rows(message_rows: list[dict[str, Any]], call_rows: list[dict[str, Any]
     messages: list[Message] = []
     for row in message_rows:
         if row["role"] == "tool":
-            messages.append(
-                {"role": "tool", "tool_call_id": row["answers_call"], "content": row["content"]}
-            )
-            continue
-        message: Message = {"role": row["role"], "content": row["content"]}
-        if row["id"] in calls:
-            message["tool_calls"] = calls[row["id"]]
+            message: Message = {
+                "role": "tool",
+                "tool_call_id": row["answers_call"],
+                "content": row["content"],
+            }
+        else:
+            message = {"role": row["role"], "content": row["content"]}
+            if row["id"] in calls:
+                message["tool_calls"] = calls[row["id"]]
+        if row.get("reasoning"):
+            message[REASONING] = row["reasoning"]
         messages.append(message)
     return messages
 

@@ -1,4 +1,5 @@
-"""The end of a run, and what comes from outside it: cancel, expiry, client outputs, imports.
+"""The end of a run, and what comes from outside it: cancel, expiry, client outputs, a
+waiting run's next turn retargeted, imports.
 
 Every function takes the caller's connection or Session and never commits, like the
 writer. Ending a run always goes through ``writer.end_run``: rows nobody holds are dropped
@@ -19,9 +20,11 @@ import uuid
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from outbox import calls, history, tenancy
-from outbox.errors import InvalidInput
+from outbox.errors import InvalidInput, InvalidTransition, NotFound
+from outbox.schemas import Retarget
 from outbox.sql import queries
 from outbox.store import Row, fetch_all, fetch_one, journal, pg
 from outbox.writer import (
@@ -104,10 +107,100 @@ def submit_tool_outputs(
     return str(row["status"])
 
 
+def retarget_run(db: Any, change: Retarget, *, actor: str | None = None) -> bool:
+    """Change what a run waiting for client outputs sends its model from its next turn on:
+    its model, the tools it may call, its instructions and its model options, together.
+
+    What a client that carries a run on asks (the OpenAI Agents SDK after a handoff: the
+    next agent's tools and instructions) applies to the turns its request starts. Only a
+    run in ``requires_action`` can change (``InvalidTransition`` otherwise): no model turn
+    of it is queued or in flight, so every turn is asked and recorded with one set of
+    tools. Tools the run named before keep the versions it pinned; a tool new to it is
+    pinned now, as ``start_run_v1`` pins (the tenant's own before a shared one, the
+    newest); an unknown tool raises ``NotFound`` and a model without a price for a run
+    with a budget in money ``InvalidInput``, and nothing changes (``Retarget`` itself
+    refuses a ``tool_choice`` forcing a function that is not one of its tools). Journaled as
+    ``run.retargeted`` naming what changed; the same settings again change nothing and
+    journal nothing. Returns whether anything changed. Takes the caller's connection or
+    Session and never commits.
+    """
+    conn = pg(db)
+    tenancy.scope(conn, change.tenant_id)
+    run = lock_run(conn, change.run_id, change.tenant_id)
+    if run["status"] != "requires_action":
+        raise InvalidTransition(
+            f"run {change.run_id} is {run['status']}: only a run waiting for client outputs "
+            "(requires_action) can change its model, tools or instructions",
+            hint="change them when the run waits for your outputs, or start a new run",
+        )
+    options = change.model_options.stored()
+    wanted: dict[str, Any] = {
+        "model": change.model,
+        "tool_names": sorted(change.tools),
+        "instructions": change.instructions,
+        "model_options": options,
+    }
+    now = {**run, "tool_names": sorted(run["tool_names"])}  # their order means nothing
+    changed = [field for field, value in wanted.items() if now[field] != value]
+    if not changed:
+        return False
+    pins = {
+        row["name"]: row["pin"]
+        for row in fetch_all(
+            conn, Q.retarget_pins, {"run_id": change.run_id, "tools": list(change.tools)}
+        )
+    }
+    missing = sorted(name for name, pin in pins.items() if pin is None)
+    if missing:
+        raise NotFound(
+            f"unknown tools {missing}: they are not in the tool registry",
+            hint="register them first (`outbox tools register`)",
+        )
+    if (
+        run["max_cost"] is not None
+        and change.model != run["model"]
+        and fetch_one(conn, Q.model_price, {"model": change.model}) is None
+    ):
+        raise InvalidInput(
+            f"run {change.run_id} has a budget in money and model {change.model!r} has no price",
+            hint="set it with `outbox prices set MODEL --input X --output Y`",
+        )
+    added = {name: pin for name, pin in pins.items() if name not in run["tool_pins"]}
+    conn.execute(
+        Q.retarget_run,
+        {
+            **wanted,
+            "run_id": change.run_id,
+            "model_options": Jsonb(options),
+            "pins": Jsonb({**run["tool_pins"], **added}),
+        },
+    )
+    journal(
+        conn,
+        "run.retargeted",
+        change.tenant_id,
+        thread_id=run["thread_id"],
+        run_id=change.run_id,
+        correlation_id=run["correlation_id"],
+        actor=actor,
+        detail={
+            "changed": changed,
+            "model": change.model,
+            "tools": list(change.tools),
+            "tool_versions": added,
+            "model_options": options,
+        },
+    )
+    return True
+
+
 def import_thread(
     db: Any, tenant_id: str, messages: list[dict[str, Any]], *, title: str | None = None
 ) -> tuple[ThreadRef, history.Repair]:
     """Import a conversation given as OpenAI chat-format messages.
+
+    A message may carry ``reasoning``: the Responses API reasoning items that came before
+    it, kept verbatim and replayed before it to a model of that API.
 
     A repair pass first drops tool results that answer no earlier call and closes calls
     left unanswered with an explicit error output; the counts are journaled. Tool calls get
@@ -143,10 +236,16 @@ def import_thread(
                 _text(message.get("content")),
                 run_id=run["id"],
                 tool_call_ref=calls[message["tool_call_id"]],
+                reasoning=message.get("reasoning"),
             )
             continue
         message_id = append_message(
-            conn, thread.id, tenant_id, message["role"], _text(message.get("content"))
+            conn,
+            thread.id,
+            tenant_id,
+            message["role"],
+            _text(message.get("content")),
+            reasoning=message.get("reasoning"),
         )
         if message["role"] == "assistant" and message.get("tool_calls"):
             step += 1

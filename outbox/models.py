@@ -115,6 +115,13 @@ class Run(Base):
         '{"name": {"tenant_id", "version"}}; a run without pins (started before 0017) uses '
         "the newest versions",
     )
+    model_options: Mapped[dict[str, Any]] = mapped_column(
+        JSONB,
+        server_default=text("'{}'::jsonb"),
+        comment="what the run passes to its model beside the history and the tools: "
+        "tool_choice, parallel_tool_calls, format, verbosity (Responses API terms; "
+        "outbox/providers.py writes them per API)",
+    )
     step_count: Mapped[int] = mapped_column(Integer)
     max_steps: Mapped[int] = mapped_column(Integer)
     max_tokens: Mapped[int | None] = mapped_column(BigInteger)
@@ -171,6 +178,11 @@ class Message(Base):
         DateTime(timezone=True),
         comment="when the message was deleted through the API: hidden from it and from "
         "later replays, kept here",
+    )
+    reasoning: Mapped[list[Any] | None] = mapped_column(
+        JSONB,
+        comment="reasoning items a client's history gave right before this message, "
+        "verbatim: replayed before it to a model of the Responses API, never read",
     )
 
 
@@ -871,6 +883,7 @@ class Response(Base):
         "metadata", JSONB, server_default=text("'{}'::jsonb")
     )
     background: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    model_options: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     created_at: Mapped[datetime] = _now()
     deleted_at: Mapped[datetime | None] = mapped_column(
         DateTime(timezone=True),

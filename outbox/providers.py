@@ -8,8 +8,11 @@ knows those shapes, in both directions:
 - history: the thread's chat-format messages (``outbox.history``, the internal lingua
   franca, repaired so every call has its result) as the API's input (``as_input``);
 - tools: the registry's tool rows as the API's ``tools`` list (``tool_list``);
-- the request body of a turn (``Adapter.request``) and the ``ModelTurnIn`` read back from
-  the answer (``Adapter.turn``), for ``writer.record_model_turn``;
+- the request body of a turn (``Adapter.request``), with the run's model options
+  (``tool_choice``, ``parallel_tool_calls``, the answer's format: kept in the Responses
+  API's terms, written in chat completions' where the run speaks it), and the
+  ``ModelTurnIn`` read back from the answer (``Adapter.turn``), for
+  ``writer.record_model_turn``;
 - the call itself (``call``): the body, plain JSON data, is POSTed as it is by the
   caller's ``post`` and the answer read as JSON for the few fields recorded.
 
@@ -30,15 +33,18 @@ from outbox.schemas import ModelTurnIn, ToolCallIn
 
 Message = dict[str, Any]
 Row = Mapping[str, Any]
+REASONING = "reasoning"  # a message's key for the reasoning items a client gave before it
 
 
 # -- history ----------------------------------------------------------------------------
 
 
 def to_responses_input(messages: list[Message]) -> list[Message]:
-    """Chat-format messages as Responses API input items."""
+    """Chat-format messages as Responses API input items; the reasoning items a message
+    carries (a client's, verbatim) go right before it, as the client gave them."""
     items: list[Message] = []
     for message in messages:
+        items += message.get(REASONING) or []
         role = message["role"]
         if role == "tool":
             items.append(
@@ -126,8 +132,13 @@ class Responses(Adapter):
         body: dict[str, Any] = {"model": run["model"], "input": messages}
         if run["instructions"]:
             body["instructions"] = run["instructions"]
+        options = run.get("model_options") or {}
         if tools:
             body["tools"] = tool_list(tools, self.api)
+            body.update(_tool_options(options))
+        text = {k: options[k] for k in ("format", "verbosity") if k in options}
+        if text:
+            body["text"] = text
         return body
 
     def turn(self, response: dict[str, Any], run: Row, step_no: int) -> ModelTurnIn:
@@ -161,7 +172,11 @@ class Chat(Adapter):
     message of the request (never stored in the thread)."""
 
     def history(self, messages: list[Message]) -> list[Message]:
-        return messages
+        # Chat completions takes no reasoning items: a client's are left out, never sent.
+        return [
+            {k: v for k, v in m.items() if k != REASONING} if REASONING in m else m
+            for m in messages
+        ]
 
     def tool(self, name: str, tool: Row) -> dict[str, Any]:
         return {
@@ -179,8 +194,18 @@ class Chat(Adapter):
         if run["instructions"]:
             messages = [{"role": "system", "content": run["instructions"]}, *messages]
         body: dict[str, Any] = {"model": run["model"], "messages": messages}
+        options = run.get("model_options") or {}
         if tools:
             body["tools"] = tool_list(tools, self.api)
+            chosen = _tool_options(options)
+            if isinstance(chosen.get("tool_choice"), dict):
+                name = chosen["tool_choice"]["name"]
+                chosen["tool_choice"] = {"type": "function", "function": {"name": name}}
+            body.update(chosen)
+        if "format" in options:
+            body["response_format"] = _response_format(options["format"])
+        if "verbosity" in options:
+            body["verbosity"] = options["verbosity"]
         return body
 
     def turn(self, response: dict[str, Any], run: Row, step_no: int) -> ModelTurnIn:
@@ -206,6 +231,20 @@ class Chat(Adapter):
             output_tokens=usage.get("completion_tokens") or 0,
             cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
         )
+
+
+def _tool_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's ``tool_choice`` and ``parallel_tool_calls``, for a request that has tools:
+    without tools chat completions refuses them, and they mean nothing to either API."""
+    return {k: options[k] for k in ("tool_choice", "parallel_tool_calls") if k in options}
+
+
+def _response_format(fmt: Mapping[str, Any]) -> dict[str, Any]:
+    """A Responses ``text.format`` as chat completions' ``response_format``: a JSON
+    Schema format's fields go under ``json_schema``."""
+    if fmt["type"] != "json_schema":
+        return {"type": fmt["type"]}
+    return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
 
 
 ADAPTERS: dict[str, Adapter] = {

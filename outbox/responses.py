@@ -38,6 +38,7 @@ def record_response(
     tools: list[dict[str, Any]] | None = None,
     metadata: dict[str, Any] | None = None,
     background: bool = False,
+    model_options: dict[str, Any] | None = None,
 ) -> Row:
     tenancy.scope(conn, tenant_id)
     row = fetch_one(
@@ -56,6 +57,7 @@ def record_response(
             "tools": Jsonb(tools or []),
             "metadata": Jsonb(metadata or {}),
             "background": background,
+            "model_options": Jsonb(model_options or {}),
         },
     )
     assert row is not None

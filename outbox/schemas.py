@@ -10,6 +10,7 @@ Once past this layer, the database constraints take over.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from decimal import Decimal
 from typing import Annotated, Any, Literal
@@ -31,6 +32,7 @@ from outbox.errors import PayloadTooLarge
 TenantId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")]
 ProviderCallId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
 ToolName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # a tool's name, and a format's
 
 
 def url_problem(value: str) -> str | None:
@@ -77,6 +79,122 @@ class NewMessage(_In):
         return value
 
 
+# -- what a run passes to its model beside the history ------------------------------------
+
+TOOL_CHOICE_MODES = ("none", "auto", "required")
+FORMAT_FIELDS = ("type", "name", "schema", "strict", "description")
+TOOL_CHOICE_HINT = (
+    "give 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": NAME} naming one "
+    "of the tools (hosted, MCP and allowed_tools choices are not supported)"
+)
+FORMAT_HINT = (
+    'give {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "name": '
+    'NAME, "schema": {...}, "strict": true}'
+)
+
+
+def tool_choice_of(value: Any) -> str | dict[str, str]:
+    """``tool_choice`` as the Responses API writes it: ``none``, ``auto``, ``required`` or
+    ``{"type": "function", "name": ...}`` (chat completions' ``{"type": "function",
+    "function": {"name": ...}}`` is read as the same); ValueError saying what to give."""
+    if isinstance(value, str) and value in TOOL_CHOICE_MODES:
+        return value
+    if isinstance(value, dict) and value.get("type") == "function":
+        nested = value.get("function")
+        name = nested.get("name") if isinstance(nested, dict) else value.get("name")
+        if isinstance(name, str) and TOOL_NAME.match(name):
+            return {"type": "function", "name": name}
+    raise ValueError(f"{value!r:.200} is not a tool choice outbox passes on: {TOOL_CHOICE_HINT}")
+
+
+def text_format_of(value: Any) -> dict[str, Any]:
+    """The format of the model's answer as the Responses API's ``text.format`` writes it:
+    ``text``, ``json_object``, or ``json_schema`` with its ``name``, ``schema`` and optional
+    ``strict`` and ``description`` (chat completions' ``response_format``, with the schema's
+    fields under ``json_schema``, is read as the same); ValueError saying what to give."""
+    if isinstance(value, dict) and value.get("type") == "json_schema" and "json_schema" in value:
+        nested = value["json_schema"]
+        extra = set(value) - {"type", "json_schema"}
+        if not isinstance(nested, dict) or extra:
+            raise ValueError(
+                f"a json_schema response_format holds only 'json_schema'; {FORMAT_HINT}"
+            )
+        value = {"type": "json_schema", **nested}
+    if not isinstance(value, dict) or value.get("type") not in (
+        "text",
+        "json_object",
+        "json_schema",
+    ):
+        raise ValueError(f"{value!r:.200} is not a format outbox passes on: {FORMAT_HINT}")
+    kind = value["type"]
+    allowed = FORMAT_FIELDS if kind == "json_schema" else ("type",)
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"a {kind} format has no field {', '.join(map(repr, unknown))}; {FORMAT_HINT}"
+        )
+    if kind != "json_schema":
+        return {"type": kind}
+    name, schema = value.get("name"), value.get("schema")
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        raise ValueError(
+            "a json_schema format needs a 'name' of 1-64 letters, digits, _ and -; " + FORMAT_HINT
+        )
+    if not isinstance(schema, dict):
+        raise ValueError(
+            f"a json_schema format needs a 'schema' (a JSON Schema object); {FORMAT_HINT}"
+        )
+    if not isinstance(value.get("strict", False), bool | None):
+        raise ValueError("'strict' of a json_schema format is true or false")
+    if not isinstance(value.get("description", ""), str | None):
+        raise ValueError("'description' of a json_schema format is text")
+    return {k: value[k] for k in FORMAT_FIELDS if value.get(k) is not None}
+
+
+class ModelOptions(_In):
+    """What a run passes to its model beside the history and the tools, in the Responses
+    API's terms (``outbox.providers`` writes them in each API's shape): ``tool_choice``,
+    ``parallel_tool_calls``, the answer's ``format`` (structured output: a JSON Schema)
+    and ``verbosity``. Passed on as given and never enforced here: the model follows them,
+    as it would called directly. None leaves a field to the model's default."""
+
+    tool_choice: str | dict[str, str] | None = None
+    parallel_tool_calls: bool | None = None
+    format: dict[str, Any] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _choice(cls, value: Any) -> str | dict[str, str] | None:
+        return None if value is None else tool_choice_of(value)
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _format(cls, value: Any) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        checked = text_format_of(value)
+        check_size("the format", storable.dumps(checked, "the format"))
+        return checked
+
+    def stored(self) -> dict[str, Any]:
+        """The options as ``runs.model_options`` keeps them (the fields given)."""
+        return self.model_dump(exclude_none=True)
+
+    def check_tools(self, tools: list[str]) -> None:
+        """ValueError when ``tool_choice`` forces a function that is not one of ``tools``,
+        or asks for a call (``required``) with no tools at all: no model could follow it."""
+        choice = self.tool_choice
+        if isinstance(choice, dict) and choice["name"] not in tools:
+            raise ValueError(
+                f"tool_choice forces the function {choice['name']!r}, which is not one of the "
+                f"tools ({', '.join(sorted(tools)) or 'none'}); declare it in 'tools' or "
+                "choose another"
+            )
+        if choice == "required" and not tools:
+            raise ValueError("tool_choice 'required' needs at least one tool in 'tools'")
+
+
 class StartRun(_In):
     """A user turn that starts a run on a thread."""
 
@@ -97,6 +215,12 @@ class StartRun(_In):
     action_timeout_s: float | None = Field(default=None, gt=0)
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
     correlation_id: Annotated[str, StringConstraints(max_length=255)] | None = None
+    model_options: ModelOptions = Field(default_factory=lambda: ModelOptions())
+
+    @model_validator(mode="after")
+    def _followable(self) -> StartRun:
+        self.model_options.check_tools(self.tools)
+        return self
 
     @field_validator("message", "instructions")
     @classmethod
@@ -112,6 +236,31 @@ class StartRun(_In):
         if problem:
             raise ValueError(problem)
         return value
+
+
+class Retarget(_In):
+    """What a run waiting for client outputs sends its model from its next turn on
+    (``lifecycle.retarget_run``): the model, the tools, the instructions and the model
+    options, all given (a field left out is the default, not the run's current value)."""
+
+    tenant_id: TenantId
+    run_id: uuid.UUID
+    model: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    tools: list[ToolName] = Field(default_factory=list, max_length=128)
+    instructions: str | None = None
+    model_options: ModelOptions = Field(default_factory=lambda: ModelOptions())
+
+    @field_validator("instructions")
+    @classmethod
+    def _cap(cls, value: str | None) -> str | None:
+        storable.check_text("instructions", value)
+        check_size("instructions", value)
+        return value
+
+    @model_validator(mode="after")
+    def _followable(self) -> Retarget:
+        self.model_options.check_tools(self.tools)
+        return self
 
 
 OMITTED_ARGUMENTS = "{}"  # what is kept of arguments over the size cap

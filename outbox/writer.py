@@ -112,10 +112,15 @@ def append_message(
     *,
     run_id: uuid.UUID | None = None,
     tool_call_ref: int | None = None,
+    reasoning: list[dict[str, Any]] | None = None,
 ) -> int:
-    """Append a message at the thread's next position; returns its id."""
+    """Append a message at the thread's next position; returns its id. ``reasoning``: the
+    Responses API reasoning items a client's history gave right before it, kept verbatim
+    and replayed before it to a model of that API (never read)."""
     storable.check_text(f"{role} message", content)
     check_size(f"{role} message", content)
+    if reasoning:
+        check_size(f"the reasoning before a {role} message", storable.dumps(reasoning, "reasoning"))
     seq = fetch_one(conn, Q.take_seqs, {"thread_id": thread_id, "n": 1})
     if seq is None:
         raise NotFound(f"thread {thread_id} does not exist")
@@ -130,6 +135,7 @@ def append_message(
             "content": content,
             "run_id": run_id,
             "tool_call_ref": tool_call_ref,
+            "reasoning": Jsonb(reasoning) if reasoning else None,
         },
     )
     assert row is not None
@@ -160,9 +166,17 @@ def start_run(db: Any, request: StartRun) -> RunRef:
     with another request (thread, message, model or tools) raises ``IdempotencyKeyReused``
     and changes nothing. A different turn while the thread has an active run raises
     ``ActiveRunExists`` naming that run; unknown tools raise ``NotFound``, a spent tenant
-    budget ``BudgetExceeded``; your transaction stays usable.
+    budget ``BudgetExceeded``; your transaction stays usable. ``model_options`` (tool
+    choice, parallel tool calls, the answer's format) are kept with a run this call
+    creates, beside ``start_run_v1`` (which has no argument for them: a backend on the SQL
+    API sets ``runs.model_options`` in the same transaction).
     """
     (started,) = run_call(db, calls.start_run(request))
+    options = request.model_options.stored()
+    if options and started["created"]:
+        pg(db).execute(
+            Q.set_model_options, {"run_id": started["run_id"], "model_options": Jsonb(options)}
+        )
     (row,) = run_call(db, calls.get_run(started["run_id"], None))
     return calls.run_ref(row, started["created"])
 

@@ -195,6 +195,7 @@ def _turn(row: dict[str, Any] | None, step_no: int) -> Turn | str:
         "model": row["model"],
         "instructions": row["instructions"],
         "base_url": row["base_url"],
+        "model_options": row["model_options"],
     }
     return Turn(run, messages, {tool["name"]: tool for tool in row["tools"]})
 

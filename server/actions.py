@@ -366,6 +366,13 @@ def _start(
             if instructions
             else (additional_instructions)
         )
+    options = body.model_options()
+    try:
+        options.check_tools(names)
+    except ValueError as err:
+        raise APIError(
+            400, f"Invalid value for 'tool_choice': {err}", param="tool_choice"
+        ) from None
     run = writer.start_run(
         conn,
         StartRun(
@@ -377,6 +384,7 @@ def _start(
             instructions=instructions,
             max_tokens=body.max_completion_tokens,
             idempotency_key=key,
+            model_options=options,
             **(
                 {}
                 if settings.action_timeout_s is None

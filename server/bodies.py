@@ -1,8 +1,11 @@
 """Request bodies of the Assistants protocol, validated at the boundary with pydantic.
 
 An unknown field is refused (OpenAI answered "Unrecognized request argument supplied");
-fields OpenAI knows that we do not implement (sampling, truncation, response format) are
-accepted and ignored, so code written for OpenAI keeps working; docs/serve.md lists them.
+fields OpenAI knows that we do not implement (sampling, truncation) are accepted and
+ignored, so code written for OpenAI keeps working; docs/serve.md lists them. What a run
+passes to its model beside the history (``tool_choice``, ``parallel_tool_calls``, the
+answer's format) is checked here with ``outbox.schemas.ModelOptions``' rules, so a field
+no model could follow is a 400 naming it.
 ``metadata`` keeps OpenAI's limits (16 pairs, keys up to 64 characters, values up to 512),
 so what runs here runs on OpenAI too.
 """
@@ -11,7 +14,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from outbox.schemas import ModelOptions, text_format_of, tool_choice_of
 
 Ignored = Any  # a field OpenAI knows and we accept without acting on it
 MAX_METADATA_PAIRS = 16  # OpenAI's limits on metadata
@@ -129,15 +142,34 @@ class _RunOptions(_Body):
     metadata: Metadata | None = None
     stream: bool | None = None
     max_completion_tokens: int | None = Field(default=None, gt=0)
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: Any = None
     temperature: Ignored = None
     top_p: Ignored = None
     max_prompt_tokens: Ignored = None
     truncation_strategy: Ignored = None
-    tool_choice: Ignored = None
-    parallel_tool_calls: Ignored = None
-    response_format: Ignored = None
     reasoning_effort: Ignored = None
     tool_resources: Ignored = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice(cls, value: Any) -> Any:
+        return None if value is None else tool_choice_of(value)
+
+    @field_validator("response_format")
+    @classmethod
+    def _format(cls, value: Any) -> Any:
+        return None if value in (None, "auto") else text_format_of(value)
+
+    def model_options(self) -> ModelOptions:
+        """What the run passes to its model beside the history (chat completions' shapes
+        read into the Responses API's terms, as runs keep them)."""
+        return ModelOptions(
+            tool_choice=self.tool_choice,
+            parallel_tool_calls=self.parallel_tool_calls,
+            format=self.response_format,
+        )
 
 
 class RunIn(_RunOptions):
@@ -179,12 +211,12 @@ class ResponseIn(_Body):
     metadata: Metadata | None = None
     max_output_tokens: int | None = Field(default=None, gt=0)
     store: bool | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
     temperature: Ignored = None
     top_p: Ignored = None
-    parallel_tool_calls: Ignored = None
-    tool_choice: Ignored = None
     reasoning: Ignored = None
-    text: Ignored = None
     truncation: Ignored = None
     user: Ignored = None
     service_tier: Ignored = None
@@ -193,6 +225,41 @@ class ResponseIn(_Body):
     max_tool_calls: Ignored = None
     prompt_cache_key: Ignored = None
     safety_identifier: Ignored = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        choice = ModelOptions(tool_choice=tool_choice_of(value))
+        tools = info.data.get("tools") or []
+        choice.check_tools([t.get("name") for t in tools if isinstance(t.get("name"), str)])
+        return choice.tool_choice
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        unknown = sorted(set(value) - {"format", "verbosity"})
+        if unknown:
+            raise ValueError(
+                f"'text' takes 'format' and 'verbosity', not {', '.join(map(repr, unknown))}"
+            )
+        try:
+            return ModelOptions(**value).model_dump(exclude_none=True)
+        except ValidationError as err:
+            first = err.errors()[0]
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise ValueError(f"text.{first['loc'][0]}: {message}") from None
+
+    def model_options(self) -> ModelOptions:
+        """What the request asks its model turns to pass on beside the history."""
+        return ModelOptions(
+            tool_choice=self.tool_choice,
+            parallel_tool_calls=self.parallel_tool_calls,
+            **(self.text or {}),
+        )
 
     @field_validator("store")
     @classmethod

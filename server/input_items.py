@@ -216,6 +216,22 @@ def key(item: Item) -> tuple[str, ...]:
     return (OUTPUT, item["call_id"], item["output"])
 
 
+def with_reasoning(items: list[Item]) -> list[Item]:
+    """The items but the reasoning ones, each of those given with the next item (its
+    ``reasoning``: the items verbatim), as the model that wrote them put them before
+    its message or call; a reasoning item with nothing after it stays in the response's
+    input only."""
+    out: list[Item] = []
+    pending: list[dict[str, Any]] = []
+    for item in items:
+        if item["type"] == REASONING:
+            pending.append(item["item"])
+            continue
+        out.append({**item, "reasoning": pending} if pending else item)
+        pending = []
+    return out
+
+
 def is_history(item: Item) -> bool:
     """Items that are the conversation itself (not instructions, not reasoning)."""
     return item["type"] in (CALL, OUTPUT) or (
@@ -267,15 +283,14 @@ def check_pairs(history: list[Item]) -> None:
 
 def as_chat(history: list[Item]) -> list[dict[str, Any]]:
     """A checked history as chat-format messages: an assistant message and the calls
-    after it form one assistant turn, as the relay stores a model turn."""
+    after it form one assistant turn, as the relay stores a model turn. Reasoning items
+    (``with_reasoning``) go with the message they came before."""
     chat: list[dict[str, Any]] = []
     for item in history:
         if item["type"] == MESSAGE:
-            chat.append({"role": item["role"], "content": item["text"]})
+            message: dict[str, Any] = {"role": item["role"], "content": item["text"]}
         elif item["type"] == OUTPUT:
-            chat.append(
-                {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
-            )
+            message = {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
         else:
             call = {
                 "id": item["call_id"],
@@ -287,6 +302,12 @@ def as_chat(history: list[Item]) -> list[dict[str, Any]]:
                 last = {"role": "assistant", "content": None}
                 chat.append(last)
             last.setdefault("tool_calls", []).append(call)
+            if item.get("reasoning"):
+                last["reasoning"] = [*last.get("reasoning", []), *item["reasoning"]]
+            continue
+        if item.get("reasoning"):
+            message["reasoning"] = item["reasoning"]
+        chat.append(message)
     return chat
 
 

@@ -26,6 +26,9 @@ Row = dict[str, Any]
 SETTLED = ("completed", "failed", "cancelled", "incomplete")
 POLL_S = (0.05, 1.0)  # first and longest wait between looks at a response still running
 WAIT_S = 600.0  # how long a request waits for its response to settle
+# A run's statuses after which its response has not settled: a notification of one of
+# them wakes no request waiting for the response (it would read it for nothing).
+UNSETTLING = frozenset({"queued", "in_progress"})
 
 
 async def settled(read: Callable[[], Row], watch: Watch, wait_s: float = WAIT_S) -> Row:

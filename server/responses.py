@@ -26,7 +26,7 @@ import psycopg
 
 from outbox import assistants, lifecycle, responses, writer
 from outbox.errors import ActiveRunExists, NotFound
-from outbox.schemas import NewMessage, StartRun
+from outbox.schemas import NewMessage, Retarget, StartRun
 from outbox.server import idempotency, input_items, shapes
 from outbox.server.actions import Page, Settings, busy_thread, paginate, remove_message
 from outbox.server.bodies import ConversationIn, ResponseIn
@@ -96,8 +96,9 @@ def function_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def create(
     store: Store, tenant: str, body: ResponseIn, settings: Settings, key: str | None = None
-) -> uuid.UUID:
-    """Record a response (start a run, or carry a waiting one on); returns its id.
+) -> tuple[uuid.UUID, uuid.UUID]:
+    """Record a response (start a run, or carry a waiting one on); returns its id and its
+    run's (what a waiting request watches).
 
     With ``previous_response_id`` or ``conversation`` the input is the new turn. Without
     either it is the whole history as the caller keeps it (``_stateless``): it continues
@@ -115,18 +116,22 @@ def create(
     with store.tenant(tenant) as conn:
         first = idempotency.earlier(conn, tenant, key, digest) if key else None
         if key and first is not None:
-            return _kept_response(key, first)
+            kept = _kept_response(key, first)
+            return kept, responses.get_response(conn, tenant, kept)["run_id"]
         given = input_items.resolve(conn, given)
+        items = input_items.with_reasoning(given)
         if body.previous_response_id or body.conversation:
-            messages, outputs = _new_turn(given)
+            messages, outputs = _new_turn(items)
             thread_id, previous, in_conversation = _thread_for(conn, tenant, body)
         else:
             thread_id, previous, in_conversation, messages, outputs = _stateless(
-                conn, tenant, given
+                conn, tenant, items
             )
+        instructions = _instructions(body, items)
         active = fetch_one(conn, Q.active_run, {"thread_id": thread_id})
         if active is not None and active["status"] == "requires_action":
             run_id = active["id"]
+            _retarget(conn, tenant, run_id, body, instructions)
             _answer_calls(conn, tenant, run_id, messages, outputs)
             output_from = responses.thread_position(conn, thread_id)
         elif active is not None:
@@ -139,7 +144,7 @@ def create(
         else:
             if outputs:
                 _no_such_call(outputs[0]["call_id"])
-            run_id = _start(conn, tenant, thread_id, body, messages, settings)
+            run_id = _start(conn, tenant, thread_id, body, messages, instructions, settings)
             output_from = responses.thread_position(conn, thread_id)
         row = responses.record_response(
             conn,
@@ -155,11 +160,12 @@ def create(
             tools=body.tools,
             metadata=body.metadata,
             background=body.background,
+            model_options=body.model_options().stored(),
         )
         ident = uuid.UUID(str(row["id"]))
         if key:
             idempotency.keep(conn, tenant, key, digest, thread_id, response_id(ident))
-        return ident
+        return ident, run_id
 
 
 def _kept_response(key: str, first: idempotency.Earlier) -> uuid.UUID:
@@ -201,7 +207,8 @@ def _stateless(
     with ``previous_response_id``. Any other history seeds a new thread, checked with the
     pairing rules; its function calls are stored as answered history (an ``import`` run,
     ``lifecycle.import_thread``), never executed. System and developer messages are the
-    run's instructions either way; reasoning items are kept in the response's input."""
+    instructions either way. ``given`` has its reasoning items on the items they came
+    before (``input_items.with_reasoning``): stored with what they came before."""
     history = [i for i in given if input_items.is_history(i)]
     instructions = [
         i
@@ -312,21 +319,63 @@ def _no_such_call(call_id: str) -> None:
     raise APIError(400, f"No tool call found for function call output with call_id {call_id}.")
 
 
+def _instructions(body: ResponseIn, items: list[Row]) -> str | None:
+    """The instructions of the turns a request starts: ``instructions``, then the system
+    and developer messages of its input."""
+    extra = [
+        i["text"]
+        for i in items
+        if i["type"] == input_items.MESSAGE and i["role"] in INSTRUCTION_ROLES
+    ]
+    return "\n\n".join(t for t in [body.instructions or "", *extra] if t) or None
+
+
+def _retarget(
+    conn: psycopg.Connection[Any],
+    tenant: str,
+    run_id: uuid.UUID,
+    body: ResponseIn,
+    instructions: str | None,
+) -> None:
+    """A request that carries a waiting run on gives the model, tools, instructions and
+    model options of the turns it starts, as any request does: nothing carries over from
+    the previous response (OpenAI's rule for ``instructions`` with
+    ``previous_response_id``). After an Agents SDK handoff, the next agent's."""
+    names = assistants.declare_tools(conn, tenant, function_tools(body.tools))
+    lifecycle.retarget_run(
+        conn,
+        Retarget(
+            tenant_id=tenant,
+            run_id=run_id,
+            model=body.model,
+            tools=names,
+            instructions=instructions,
+            model_options=body.model_options(),
+        ),
+    )
+
+
 def _start(
     conn: psycopg.Connection[Any],
     tenant: str,
     thread_id: uuid.UUID,
     body: ResponseIn,
     messages: list[Row],
+    instructions: str | None,
     settings: Settings,
 ) -> uuid.UUID:
     said = [m for m in messages if m["role"] not in INSTRUCTION_ROLES]
     if not said and responses.thread_position(conn, thread_id) == FIRST_SEQ:
         raise APIError(400, "Missing required parameter: 'input' (give at least one message).")
     for message in said:
-        writer.append_message(conn, thread_id, tenant, message["role"], message["text"])
-    extra = [m["text"] for m in messages if m["role"] in INSTRUCTION_ROLES]
-    instructions = "\n\n".join(t for t in [body.instructions or "", *extra] if t) or None
+        writer.append_message(
+            conn,
+            thread_id,
+            tenant,
+            message["role"],
+            message["text"],
+            reasoning=message.get("reasoning"),
+        )
     names = assistants.declare_tools(conn, tenant, function_tools(body.tools))
     run = writer.start_run(
         conn,
@@ -338,6 +387,7 @@ def _start(
             base_url=settings.model_base_url,
             instructions=instructions,
             max_tokens=body.max_output_tokens,
+            model_options=body.model_options(),
             **(
                 {}
                 if settings.action_timeout_s is None
@@ -412,6 +462,7 @@ def _shape(conn: psycopg.Connection[Any], row: Row) -> Row:
         for c in calls
     ]
     status, error, incomplete = _status(run, row, superseded=until is not None)
+    options = row["model_options"]
     if status in ("queued", "in_progress"):
         output = []
     return {
@@ -433,8 +484,12 @@ def _shape(conn: psycopg.Connection[Any], row: Row) -> Row:
         "conversation": {"id": conversation_id(row["thread_id"])}
         if row["in_conversation"]
         else None,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
+        "parallel_tool_calls": options.get("parallel_tool_calls", True),
+        "tool_choice": options.get("tool_choice", "auto"),
+        "text": {
+            "format": options.get("format", {"type": "text"}),
+            **({"verbosity": options["verbosity"]} if "verbosity" in options else {}),
+        },
         "temperature": None,
         "top_p": None,
         "max_output_tokens": run.get("max_tokens"),

@@ -368,8 +368,12 @@ async def create_response(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, ResponseIn)
     key = request.headers.get("idempotency-key")
-    ident = await run_in_threadpool(responses.create, cfg.store, who, data, cfg.settings, key)
-    return await _respond(request, who, cfg, ident, stream=data.stream, wait=not data.background)
+    ident, run_id = await run_in_threadpool(
+        responses.create, cfg.store, who, data, cfg.settings, key
+    )
+    return await _respond(
+        request, who, cfg, ident, stream=data.stream, wait=not data.background, run_id=run_id
+    )
 
 
 async def get_response(request: Request) -> Response:
@@ -392,17 +396,25 @@ async def _respond(
     stream: bool,
     wait: bool,
     after: int = -1,
+    run_id: Any = None,
 ) -> Response:
+    """The response as JSON (once settled, ``wait``) or as its stream. ``run_id``: its run,
+    known when the request just made it; a waiting or streamed answer then reads it first
+    once its watch is in place (a read before would be one more for nothing)."""
+
     def read() -> dict[str, Any]:
         return responses.get(cfg.store, who, ident)
 
-    shown, run_id = await run_in_threadpool(responses.get_with_run, cfg.store, who, ident)
-    if stream:  # a 404 came before any stream starts
+    shown = None
+    if run_id is None or not (stream or wait):  # a 404 comes before any stream starts
+        shown, run_id = await run_in_threadpool(responses.get_with_run, cfg.store, who, ident)
+    if stream:
         events = response_stream.stream(read, cfg.wakeups, run_id, after)
         return EventSourceResponse(events, ping=15)
     if wait:
-        with cfg.wakeups.watch(run_id) as watch:
+        with cfg.wakeups.watch(run_id, response_stream.UNSETTLING) as watch:
             shown = await response_stream.settled(read, watch)
+    assert shown is not None
     return answer(shown)
 
 

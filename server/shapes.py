@@ -139,9 +139,23 @@ def run(row: Row, pending: list[Row]) -> Row:
         "max_prompt_tokens": None,
         "max_completion_tokens": row["max_tokens"],
         "truncation_strategy": {"type": "auto", "last_messages": None},
-        "response_format": "auto",
-        "tool_choice": "auto",
-        "parallel_tool_calls": True,
+        **assistants_options(row.get("model_options") or {}),
+    }
+
+
+def assistants_options(options: Row) -> Row:
+    """A run's model options as the Assistants protocol shows them (chat completions'
+    shapes: the format as ``response_format``, a forced function under ``function``)."""
+    choice = options.get("tool_choice", "auto")
+    if isinstance(choice, dict):
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    fmt = options.get("format")
+    if fmt is not None and fmt["type"] == "json_schema":
+        fmt = {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+    return {
+        "response_format": fmt or "auto",
+        "tool_choice": choice,
+        "parallel_tool_calls": options.get("parallel_tool_calls", True),
     }
 
 

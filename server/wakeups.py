@@ -39,10 +39,12 @@ RECONNECT_S = (0.5, 10.0)  # first and longest wait before the listener connects
 
 class Watch:
     """One request's view of one run: ``changed`` returns when the run changed (or the
-    fallback poll is due)."""
+    fallback poll is due). ``quiet``: statuses whose notification does not wake it (a
+    request waiting for its response to settle has nothing to read at ``in_progress``)."""
 
-    def __init__(self, hub: Wakeups) -> None:
+    def __init__(self, hub: Wakeups, quiet: frozenset[str] = frozenset()) -> None:
         self.hub = hub
+        self.quiet = quiet
         self.flag = asyncio.Event()
 
     def clear(self) -> None:
@@ -78,9 +80,9 @@ class Wakeups:
                 await self.task
 
     @contextlib.contextmanager
-    def watch(self, run_id: uuid.UUID) -> Iterator[Watch]:
-        """Watch ``run_id`` for the block."""
-        watch = Watch(self)
+    def watch(self, run_id: uuid.UUID, quiet: frozenset[str] = frozenset()) -> Iterator[Watch]:
+        """Watch ``run_id`` for the block; a change to a status in ``quiet`` wakes nobody."""
+        watch = Watch(self, quiet)
         self.watchers.setdefault(run_id, set()).add(watch)
         try:
             yield watch
@@ -90,14 +92,16 @@ class Wakeups:
             if not watchers:
                 self.watchers.pop(run_id, None)
 
-    def wake(self, run_id: uuid.UUID | None) -> None:
-        """Wake the watchers of ``run_id`` (every watcher for None)."""
+    def wake(self, run_id: uuid.UUID | None, status: str | None = None) -> None:
+        """Wake the watchers of ``run_id`` (every watcher for None) that care for its new
+        ``status`` (None: any watcher, the status is not known)."""
         if run_id is None:
             targets = [w for ws in self.watchers.values() for w in ws]
         else:
             targets = list(self.watchers.get(run_id, ()))
         for watch in targets:
-            watch.flag.set()
+            if status is None or status not in watch.quiet:
+                watch.flag.set()
 
     async def _listen(self) -> None:
         pause = RECONNECT_S[0]
@@ -111,7 +115,7 @@ class Wakeups:
                     self.listening, pause = True, RECONNECT_S[0]
                     self.wake(None)  # what changed while nobody listened was not told
                     async for note in conn.notifies():
-                        self.wake(_run_of(note.payload))
+                        self.wake(*_run_of(note.payload))
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # any failure of the connection: poll, then reconnect
@@ -122,9 +126,12 @@ class Wakeups:
             pause = min(RECONNECT_S[1], pause * 2)
 
 
-def _run_of(payload: str) -> uuid.UUID | None:
-    """The run a notification names; None (wake everyone) when it cannot be read."""
+def _run_of(payload: str) -> tuple[uuid.UUID | None, str | None]:
+    """The run a notification names and its new status; (None, None), wake everyone, when
+    it cannot be read."""
     try:
-        return uuid.UUID(json.loads(payload)["run_id"])
-    except (ValueError, KeyError, TypeError):
-        return None
+        told = json.loads(payload)
+        status = told.get("status")
+        return uuid.UUID(told["run_id"]), status if isinstance(status, str) else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, None

@@ -7,7 +7,7 @@ SELECT * FROM {s}.threads WHERE id = %(thread_id)s
 -- name: thread_messages
 -- A thread's messages in order, each tool message with the call it answers; a deleted
 -- message (0026: a plain one, never a call or a result) is no longer replayed.
-SELECT m.seq, m.role, m.content, m.id, tc.tool_call_id AS answers_call
+SELECT m.seq, m.role, m.content, m.id, tc.tool_call_id AS answers_call, m.reasoning
 FROM {s}.messages m
 LEFT JOIN {s}.tool_calls tc ON tc.id = m.tool_call_ref
 WHERE m.thread_id = %(thread_id)s AND m.deleted_at IS NULL

@@ -48,3 +48,29 @@ VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(batch_id)s, %(message_id)s, 
         %(arguments_hash)s, %(executor)s, %(idempotency_mode)s, %(idempotency_key)s,
         %(status)s)
 RETURNING id
+
+-- name: retarget_pins
+-- The version each of a retargeted run's tools takes: the one the run pinned, else the
+-- one start_run_v1 would pin now (the tenant's own before a shared one, the newest);
+-- NULL for a tool the registry does not have.
+SELECT n.name,
+       coalesce(r.tool_pins -> n.name,
+                (SELECT jsonb_build_object('tenant_id', tl.tenant_id, 'version', tl.version)
+                 FROM {s}.tools tl
+                 WHERE tl.name = n.name AND tl.tenant_id IN (r.tenant_id, '*')
+                 ORDER BY (tl.tenant_id = '*'), tl.version DESC
+                 LIMIT 1)) AS pin
+FROM {s}.runs r, unnest(%(tools)s::text[]) AS n(name)
+WHERE r.id = %(run_id)s
+
+-- name: model_price
+-- Whether a model has a price (a run with a budget in money needs one).
+SELECT 1 FROM {s}.model_prices WHERE model = %(model)s
+
+-- name: retarget_run
+-- A waiting run's model, tools (with their pins), instructions and model options, for its
+-- next turn on.
+UPDATE {s}.runs
+SET model = %(model)s, tool_names = %(tool_names)s, tool_pins = %(pins)s,
+    instructions = %(instructions)s, model_options = %(model_options)s, updated_at = now()
+WHERE id = %(run_id)s

@@ -2,10 +2,10 @@
 -- A new response: a stretch of a run, with its request's input items.
 INSERT INTO {s}.responses (tenant_id, run_id, thread_id, previous_response_id,
                            in_conversation, output_from_seq, input, model, instructions,
-                           tools, metadata, background)
+                           tools, metadata, background, model_options)
 VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(previous_response_id)s,
         %(in_conversation)s, %(output_from_seq)s, %(input)s, %(model)s, %(instructions)s,
-        %(tools)s, %(metadata)s, %(background)s)
+        %(tools)s, %(metadata)s, %(background)s, %(model_options)s)
 RETURNING *
 
 -- name: get_response

@@ -5,10 +5,12 @@ WHERE id = %(thread_id)s
 RETURNING next_seq - %(n)s AS first_seq
 
 -- name: insert_message
--- Append one message to a thread at a reserved position.
-INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id, tool_call_ref)
+-- Append one message to a thread at a reserved position (with the reasoning items a
+-- client's history gave before it, if any).
+INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id, tool_call_ref,
+                          reasoning)
 VALUES (%(tenant_id)s, %(thread_id)s, %(seq)s, %(role)s, %(content)s, %(run_id)s,
-        %(tool_call_ref)s)
+        %(tool_call_ref)s, %(reasoning)s)
 RETURNING id
 
 -- name: lock_run
@@ -158,7 +160,8 @@ RETURNING r.id, r.status
 
 -- name: runs_tools
 -- What planning runs' tool calls needs of them: the tools each may call and their pinned
--- versions (set when it started, never changed).
+-- versions (set when it started; a version once pinned never changes, and a tool added
+-- by lifecycle.retarget_run is pinned then).
 SELECT id, tool_names, tool_pins FROM {s}.runs WHERE id = ANY(%(run_ids)s)
 
 -- name: record_model_turns
@@ -167,3 +170,8 @@ SELECT id, tool_names, tool_pins FROM {s}.runs WHERE id = ANY(%(run_ids)s)
 -- each, the nth call list the nth turn's: a jsonb[] parameter cost the relay 82 µs of CPU
 -- a turn to send (each element quoted into the array's text), a JSON array 8 µs.
 SELECT * FROM {s}.record_model_turns_v1(%(turns)s, %(calls)s)
+
+-- name: set_model_options
+-- What a run passes to its model beside the history (tool_choice, parallel_tool_calls,
+-- format, verbosity), kept with the run when it starts.
+UPDATE {s}.runs SET model_options = %(model_options)s WHERE id = %(run_id)s

@@ -133,6 +133,7 @@ class ModelRequest:
     response: Any
     at: float  # seconds since the epoch
     tools: list[Any] = field(default_factory=list)  # the request's tool list, as sent
+    body: dict[str, Any] = field(default_factory=dict)  # the whole request, as sent
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -591,6 +592,7 @@ class ScriptedModel(FakeServer):
             response=reply.body,
             at=time.time(),
             tools=list(body.get("tools") or []) if isinstance(body.get("tools"), list) else [],
+            body=body,
         )
         with self.lock:
             self._requests.append(record)

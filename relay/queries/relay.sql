@@ -567,16 +567,18 @@ RETURNING tc.id
 -- name: prepare_turns
 -- What each model turn needs before its call, for many turns in one statement: the run,
 -- whether the step is already recorded, the thread's messages but the deleted ones, and
--- its calls (as outbox.history builds them) and the run's tools (the versions it pinned when it started;
+-- its calls (as outbox.history builds them; a message's reasoning items, kept verbatim), the
+-- run's model options and its tools (the versions it pinned when it started;
 -- for a run without pins, the newest visible to the tenant, its own before a shared one).
 -- Each lookup goes through an index by run, thread or name.
 SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
-       r.instructions, r.base_url,
+       r.instructions, r.base_url, r.model_options,
        EXISTS (SELECT 1 FROM {s}.model_turns mt
                WHERE mt.run_id = w.run_id AND mt.step_no = w.step_no) AS recorded,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'id', m.id, 'role', m.role, 'content', m.content,
-                   'answers_call', tc.tool_call_id) ORDER BY m.seq), '[]')
+                   'answers_call', tc.tool_call_id, 'reasoning', m.reasoning)
+                   ORDER BY m.seq), '[]')
         FROM {s}.messages m
         LEFT JOIN {s}.tool_calls tc ON tc.id = m.tool_call_ref
         WHERE m.thread_id = r.thread_id AND m.deleted_at IS NULL) AS messages,

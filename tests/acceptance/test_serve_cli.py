@@ -44,7 +44,7 @@ def model() -> Iterator[ScriptedModel]:
         yield server
 
 
-def test_keys_and_serve_with_relay_complete_a_run(db_url, model):
+def test_keys_and_serve_with_relay_complete_a_run(db_url, model, tmp_path):
     key = outbox(db_url, "keys", "create", "--tenant", "acme", "--name", "ci").strip()
     assert key.startswith("ob-")
     (listed,) = json.loads(outbox(db_url, "keys", "list", "--json"))
@@ -63,7 +63,9 @@ def test_keys_and_serve_with_relay_complete_a_run(db_url, model):
         "--with-relay",
     ]
     command += ["--model-base-url", model.url + "/v1", "--log-level", "warning"]
-    server = subprocess.Popen(command, env=env)
+    # Started outside the checkout, as an installed package is: the workers import the app
+    # by its installed name, not a top-level `server` the checkout's folder would provide.
+    server = subprocess.Popen(command, env=env, cwd=tmp_path)
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
 
@@ -106,7 +108,7 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def test_serve_with_workers_answers_from_several_processes(db_url, model):
+def test_serve_with_workers_answers_from_several_processes(db_url, model, tmp_path):
     key = outbox(db_url, "keys", "create", "--tenant", "acme").strip()
     port = free_port()
     env = {**os.environ, "OUTBOX_DATABASE_URL": db_url}
@@ -121,7 +123,9 @@ def test_serve_with_workers_answers_from_several_processes(db_url, model):
         "2",
     ]
     command += ["--model-base-url", model.url + "/v1", "--log-level", "warning"]
-    server = subprocess.Popen(command, env=env)
+    # Started outside the checkout, as an installed package is: the workers import the app
+    # by its installed name, not a top-level `server` the checkout's folder would provide.
+    server = subprocess.Popen(command, env=env, cwd=tmp_path)
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
 

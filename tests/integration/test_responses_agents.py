@@ -1,6 +1,7 @@
-"""The OpenAI Agents SDK's own features against a live ``outbox serve`` (issue 29), in its
-default mode (the whole history every request): a streamed run (``Runner.run_streamed``),
-a handoff from one agent to another, and ``max_turns``."""
+"""The OpenAI Agents SDK's own features against a live ``outbox serve``, in its default mode
+(the whole history every request): a streamed run (``Runner.run_streamed``), a handoff from
+one agent to another (the second agent's tools and instructions reach the model from the
+turn its request starts), and ``max_turns``."""
 
 from __future__ import annotations
 
@@ -85,15 +86,9 @@ def test_a_streamed_run_gets_the_events_and_the_answer(db_url, base_url, api_key
     assert (stored["threads"], stored["runs"], stored["responses"]) == (1, 1, 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 29, left: a request that carries a waiting run on (here the answer to the "
-    "handoff call) keeps the run's tools and instructions, so the second agent's tools "
-    "never reach the model (the relay answers 'unknown tool'); changing a run's tools "
-    "for its next turn needs a library call (pins, policy), not done here",
-)
+@pytest.mark.parametrize("mode", ["stateless", "auto_previous_response_id", "conversation_id"])
 def test_a_handoff_carries_the_conversation_to_the_second_agent(
-    db_url, base_url, api_key, model, relay
+    db_url, base_url, api_key, model, relay, mode
 ):
     model.add_script(
         "handoff", [{"tool_calls": [HANDOFF]}, {"tool_calls": [LOOKUP]}, {"text": "shipped"}]
@@ -105,11 +100,17 @@ def test_a_handoff_carries_the_conversation_to_the_second_agent(
         triage = Agent(
             name="triage", instructions="Route the customer.", handoffs=[desk.agent], model=chat
         )
+        options: dict[str, Any] = {}
+        if mode == "auto_previous_response_id":
+            options["auto_previous_response_id"] = True
+        elif mode == "conversation_id":
+            options["conversation_id"] = (await client.conversations.create()).id
         try:
             result = await Runner.run(
                 triage,
                 "script:handoff where is order 42?",
                 run_config=RunConfig(tracing_disabled=True),
+                **options,
             )
             return result.final_output, result.last_agent.name, desk.calls
         finally:
@@ -118,15 +119,28 @@ def test_a_handoff_carries_the_conversation_to_the_second_agent(
     answer, last, calls = asyncio.run(go())
     sent = [r for r in model.requests if r.script == "handoff"]
     assert (answer, last, calls) == ("shipped", "desk", ["42"])
-    # each agent's own tools reached the model: the triage's handoff, then the desk's tool
+    # each agent's own tools and instructions reached the model: the triage's handoff,
+    # then the desk's tool, on the one run the handoff's answer carried on
     assert [sorted(_names(r.tools)) for r in sent] == [
         ["transfer_to_desk"],
         ["lookup_order"],
         ["lookup_order"],
     ]
+    assert [r.body.get("instructions") for r in sent] == [
+        "Route the customer.",
+        "You are the order desk.",
+        "You are the order desk.",
+    ]
     with psycopg.connect(db_url) as conn:
         threads = conn.execute("SELECT count(*) FROM outbox.threads").fetchone()
-    assert threads == (1,)
+        runs = conn.execute("SELECT count(*) FROM outbox.runs").fetchone()
+        retargets = conn.execute(
+            "SELECT detail->'changed', detail->'tools' FROM outbox.journal"
+            " WHERE event = 'run.retargeted'"
+        ).fetchall()
+    assert (threads, runs) == ((1,), (1,))
+    # once, at the handoff: the desk's second request asks for what the run has already
+    assert retargets == [(["tool_names", "instructions"], ["lookup_order"])]
 
 
 def _names(tools: list[Any]) -> list[str]:

@@ -73,6 +73,8 @@ PINNED = {
     "0029_settle_before_repeat.sql": "67f20d3011b75c3b",
     "0030_run_defaults_and_one_rule_each.py": "e4b1c1e9710055ee",
     "0030_run_defaults_and_one_rule_each.sql": "26ebec2834d21449",
+    "0031_model_options.py": "a03f862abf4d7b51",
+    "0031_model_options.sql": "df8e1c348023e05e",
 }
 
 

@@ -1,0 +1,381 @@
+"""``outbox serve`` under its clients' load: waiting requests, and the Agents SDK's runs.
+
+Two measurements, each beside the same work without the server:
+
+- **waiting** (``python -m bench.clients waiting [N] [--no-writer]``): N waiting
+  ``responses.create`` at once from one asyncio client, to ``outbox serve`` on its
+  default ``--db-connections`` and one relay (each a process, as ``--with-relay`` runs
+  them); each starts a run whose model (``bench.latency_server``) takes ``MODEL_S`` a
+  turn and asks for one call of a registry tool that takes ``TOOL_S``, then answers:
+  ideal ``2 MODEL_S + TOOL_S``. The wall runs from the first request sent to the last
+  answer; beside it, the time from each run's completing commit (its ``NOTIFY
+  outbox_runs``, as a listener of the bench sees it) to its answer (as the client sees
+  it), and the most database connections the server held (its pool and its LISTEN).
+  Then, unless ``--no-writer``, the same N runs started through the writer API and
+  drained by one relay (``bench.inflight``, clocked from the relay's first lease), the
+  figure the server is held to: within 1.25x.
+- **agents** (``python -m bench.clients agents [N]``): the same OpenAI Agents SDK agent (one
+  local function tool of ``TOOL_S``, an ``asyncio.sleep``) run N times at once in one
+  asyncio process, with ``Runner.run`` in the SDK's default mode, against ``outbox serve``
+  and its relay and against the same model directly (``OpenAIResponsesModel`` over one
+  ``AsyncOpenAI`` client each): the wall of each, their ratio (the cost of durability),
+  and the most database connections the server held. Ideal: ``2 MODEL_S + TOOL_S``.
+
+Both run on the embedded server (or ``OUTBOX_DATABASE_URL``), in a scratch database each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import psutil
+import psycopg
+
+from bench import db as bdb
+from bench import inflight, seed
+from bench.throughput import REPO, stderr
+from outbox import db, keys
+
+MODEL_S = 1.0  # seconds a model turn takes
+TOOL_S = 0.5  # seconds the tool takes
+TOOL = inflight.TOOL  # "slow": the latency server's model asks for it
+DEADLINE_S = 300.0  # seconds a measurement may take before the bench gives up
+SAMPLE_S = 0.1  # how often the server's connections are counted
+START_S = 60.0  # seconds the server gets to answer
+SERVER_NAME = "outbox-serve"  # the server's application_name on the database
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serving(url: str, model_base_url: str, log: Path) -> Iterator[tuple[str, psutil.Process]]:
+    """``outbox serve`` on ``url`` and one ``outbox relay``, each a process of its own (what
+    ``outbox serve --with-relay`` starts, but the server's connections named apart from
+    its relay's); yields the server's base URL once it answers, and its process."""
+    port = _free_port()
+    env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(REPO)}
+    named = url + ("&" if "?" in url else "?") + f"application_name={SERVER_NAME}"
+    serve = [sys.executable, "-m", "outbox.commands", "serve", "--port", str(port)]
+    serve += ["--model-base-url", model_base_url, "--log-level", "warning"]
+    relay = [sys.executable, "-m", "outbox.commands", "relay", "--log-level", "WARNING"]
+    with open(log, "ab") as out:
+        processes = [
+            subprocess.Popen(
+                serve, cwd=REPO, env={**env, "OUTBOX_DATABASE_URL": named}, stdout=out, stderr=out
+            ),
+            subprocess.Popen(relay, cwd=REPO, env=env, stdout=out, stderr=out),
+        ]
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + START_S
+        while True:
+            try:
+                httpx2.get(base + "/responses/none", timeout=5)
+                break
+            except httpx2.HTTPError:
+                if any(p.poll() is not None for p in processes) or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"outbox serve or its relay did not start; see {log}"
+                    ) from None
+                time.sleep(0.1)  # polling a condition with a deadline
+        yield base, psutil.Process(processes[0].pid)
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=60)
+
+
+class Connections(threading.Thread):
+    """The most connections ``outbox serve`` held on the database at once, by
+    ``application_name`` (its relay's are named ``outbox-relay-...``)."""
+
+    def __init__(self, url: str, responses: int = 0) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.most: dict[str, int] = {}
+        self.stop = threading.Event()
+        self.responses = responses  # when this many responses are stored: all_stored_at
+        self.all_stored_at: float | None = None  # perf_counter
+        # What the server's connections were doing, sample by sample: how many were idle
+        # in the pool, waiting on the server's Python in a transaction, running, or waiting
+        # on a lock (state, and the wait event's type).
+        self.doing: dict[str, int] = {}
+
+    def run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self.stop.wait(SAMPLE_S):
+                rows = conn.execute(
+                    "SELECT application_name, count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    " GROUP BY 1"
+                ).fetchall()
+                for name, count in rows:
+                    self.most[name] = max(self.most.get(name, 0), int(count))
+                for (what,) in conn.execute(
+                    "SELECT state || coalesce(' ' || wait_event_type, '') FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name = %s",
+                    [SERVER_NAME],
+                ).fetchall():
+                    self.doing[what] = self.doing.get(what, 0) + 1
+                if self.responses and self.all_stored_at is None:
+                    row = conn.execute("SELECT count(*) FROM outbox.responses").fetchone()
+                    if row is not None and int(row[0]) >= self.responses:
+                        self.all_stored_at = time.perf_counter()
+
+    def server(self) -> int:
+        """The most the server itself held (its pool and its LISTEN connection)."""
+        return self.most.get(SERVER_NAME, 0)
+
+
+class Commits(threading.Thread):
+    """When each run's completion committed, as ``LISTEN outbox_runs`` sees its NOTIFY
+    (delivered at the commit): epoch seconds by run id."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.at: dict[str, float] = {}
+        self.stop = threading.Event()
+        self.listening = threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("LISTEN outbox_runs")
+            self.listening.set()
+            while not self.stop.is_set():
+                for note in conn.notifies(timeout=0.2):
+                    payload = json.loads(note.payload)
+                    if payload["status"] == "completed":
+                        self.at[payload["run_id"]] = time.time()
+
+
+# -- waiting responses.create beside the writer API -----------------------------------------
+
+
+def waiting(server: str, n: int, log: Path, with_writer: bool = True) -> dict[str, Any]:
+    """N waiting responses.create through ``outbox serve`` and a relay, then (unless not
+    ``with_writer``) the same runs through the writer API and one relay (see the module's
+    docstring)."""
+    ideal = 2 * MODEL_S + TOOL_S
+    inflight.settle_sockets()
+    latency = inflight.LatencyServer(MODEL_S, TOOL_S, 1)
+    try:
+        with bdb.scratch(server, f"clients_waiting_{n}") as url:
+            seed.register_http_tool(url, TOOL, latency.url + "/tools/" + TOOL, timeout_s=60)
+            with psycopg.connect(url) as conn:
+                _, key = keys.create_key(conn, seed.TENANT, name="bench")
+                conn.commit()
+            with serving(url, latency.url + "/v1", log) as (base, process):
+                watch, commits = Connections(url, n), Commits(url)
+                watch.start()
+                commits.start()
+                commits.listening.wait(START_S)
+                cpu = inflight.cpu_s(process)
+                started = time.perf_counter()
+                wall, answered = asyncio.run(_waiting_requests(base, key, n))
+                cpu = inflight.cpu_s(process) - cpu
+                for thread in (watch, commits):
+                    thread.stop.set()
+                    thread.join()
+            lags = _commit_to_answer(url, answered, commits.at)
+        api = {
+            "wall_s": round(wall, 2),
+            "vs_ideal": round(ideal / wall, 3),
+            "commit_to_answer_p50_ms": round(1000 * statistics.median(lags), 1),
+            "commit_to_answer_p99_ms": round(1000 * sorted(lags)[int(0.99 * (len(lags) - 1))], 1),
+            "server_db_connections": watch.server(),
+            "db_connections_by_name": watch.most,
+            "all_responses_stored_after_s": None
+            if watch.all_stored_at is None
+            else round(watch.all_stored_at - started, 2),
+            "server_cpu_s": round(cpu, 2),
+            "server_cpu_ms_per_request": round(1000 * cpu / n, 2),
+            "server_connections_doing": watch.doing,
+        }
+    finally:
+        latency.close()
+    stderr(f"  {n} waiting responses.create: {api}")
+    if not with_writer:
+        return {"runs": n, "ideal_s": ideal, "api": api}
+    concurrency = inflight.concurrency_for(n, 1)
+    writer = inflight.measure(server, n, MODEL_S, TOOL_S, 1, concurrency, log)
+    stderr(f"  the same runs through the writer API: {writer['wall_s']} s")
+    return {
+        "runs": n,
+        "ideal_s": ideal,
+        "api": api,
+        "writer_wall_s": writer["wall_s"],
+        "api_vs_writer": round(api["wall_s"] / writer["wall_s"], 2),
+    }
+
+
+async def _waiting_requests(base: str, key: str, n: int) -> tuple[float, dict[str, float]]:
+    """N waiting responses.create at once; (wall, the epoch second each response answered)."""
+    tool = {"type": "function", "name": TOOL, "parameters": {"type": "object"}}
+    limits = httpx2.Limits(max_connections=n, max_keepalive_connections=n)
+    headers = {"Authorization": f"Bearer {key}"}
+    answered: dict[str, float] = {}
+    async with httpx2.AsyncClient(
+        base_url=base, headers=headers, timeout=DEADLINE_S, limits=limits
+    ) as client:
+
+        async def ask(i: int) -> None:
+            body = {"model": "bench", "input": f"run {i}", "tools": [tool]}
+            response = await client.post("/responses", json=body)
+            response.raise_for_status()
+            answer = response.json()
+            if answer["status"] != "completed" or answer["output"][-1]["type"] != "message":
+                raise RuntimeError(f"response {i} did not complete: {answer}")
+            answered[answer["id"]] = time.time()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(ask(i) for i in range(n)))
+        return time.perf_counter() - started, answered
+
+
+def _commit_to_answer(
+    url: str, answered: dict[str, float], committed: dict[str, float]
+) -> list[float]:
+    """Seconds from each run's completing commit (its NOTIFY, as ``Commits`` saw it) to
+    its response's answer (as the client saw it)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT 'resp_' || replace(id::text, '-', ''), run_id::text FROM outbox.responses"
+        ).fetchall()
+    return [
+        answered[rid] - committed[run] for rid, run in rows if rid in answered and run in committed
+    ]
+
+
+# -- the Agents SDK: through outbox serve, and directly -----------------------------------
+
+
+def agents(server: str, n: int, log: Path) -> dict[str, Any]:
+    """The same agent N times at once, against ``outbox serve --with-relay`` and against
+    its model directly (see the module's docstring)."""
+    ideal = 2 * MODEL_S + TOOL_S
+    inflight.settle_sockets()
+    latency = inflight.LatencyServer(MODEL_S, TOOL_S, 1)
+    try:
+        direct, direct_cpu = _agent_runs(latency.url + "/v1", "direct", n)
+        stderr(f"  {n} agent runs against the model directly: {direct:.2f} s")
+        with bdb.scratch(server, f"clients_agents_{n}") as url:
+            with psycopg.connect(url) as conn:
+                _, key = keys.create_key(conn, seed.TENANT, name="bench")
+                conn.commit()
+            with serving(url, latency.url + "/v1", log) as (base, process):
+                watch = Connections(url)
+                watch.start()
+                cpu = inflight.cpu_s(process)
+                served, served_cpu = _agent_runs(base, key, n)
+                cpu = inflight.cpu_s(process) - cpu
+                watch.stop.set()
+                watch.join()
+            with psycopg.connect(url, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FROM outbox.runs"
+                ).fetchone()
+        stderr(f"  {n} agent runs against outbox serve --with-relay: {served:.2f} s")
+    finally:
+        latency.close()
+    assert row is not None
+    return {
+        "runs": n,
+        "ideal_s": ideal,
+        "direct_wall_s": round(direct, 2),
+        "serve_wall_s": round(served, 2),
+        "serve_vs_ideal": round(ideal / served, 3),
+        "serve_vs_direct": round(served / direct, 2),
+        "server_db_connections": watch.server(),
+        "db_connections_by_name": watch.most,
+        "server_cpu_s": round(cpu, 2),
+        "client_cpu_s_direct": round(direct_cpu, 2),
+        "client_cpu_s_served": round(served_cpu, 2),
+        "server_runs_completed": int(row[0]),
+        "server_runs": int(row[1]),
+    }
+
+
+def _agent_runs(base_url: str, key: str, n: int) -> tuple[float, float]:
+    """The wall of N runs of the agent at once (one event loop, one client), and the CPU
+    seconds this process (the SDK and its client) spent on them."""
+    from agents import (  # the bench extra's: imported only when this measurement runs
+        Agent,
+        OpenAIResponsesModel,
+        RunConfig,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+
+    @function_tool
+    async def slow(i: int) -> str:
+        """Take a while, as a tool does."""
+        await asyncio.sleep(TOOL_S)
+        return "ok"
+
+    async def go() -> tuple[float, float]:
+        # The SDK's own retries (2): a kept-alive connection the server closes as it is
+        # reused fails with a read error, and a user's client sends the request again.
+        client = AsyncOpenAI(base_url=base_url, api_key=key, timeout=DEADLINE_S)
+        model = OpenAIResponsesModel(model="bench", openai_client=client)
+        agent = Agent(name="bench", instructions="Use the tool.", tools=[slow], model=model)
+        config = RunConfig(tracing_disabled=True)
+        try:
+            started, cpu = time.perf_counter(), time.process_time()
+            results = await asyncio.gather(
+                *(Runner.run(agent, f"run {i}", run_config=config) for i in range(n))
+            )
+            wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        finally:
+            await client.close()
+        if any(r.final_output != "done" for r in results):
+            raise RuntimeError("an agent run did not end with the model's answer")
+        return wall, cpu
+
+    return asyncio.run(go())
+
+
+def main(argv: list[str]) -> int:
+    what = argv[0] if argv else "waiting"
+    n = (
+        int(argv[1])
+        if len(argv) > 1 and argv[1].isdigit()
+        else (1000 if what == "waiting" else 200)
+    )
+    log = REPO / "bench" / "results" / f"clients-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    server = db.database_url(start=True)
+    stderr(f"load before: {os.getloadavg()}")
+    if what == "waiting":
+        out = waiting(server, n, log, with_writer="--no-writer" not in argv)
+    else:
+        out = agents(server, n, log)
+    out["load_after"] = os.getloadavg()
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

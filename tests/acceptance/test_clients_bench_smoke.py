@@ -1,0 +1,33 @@
+"""``bench.clients`` runs end to end with tiny numbers (a smoke test: no timing asserts).
+
+It runs ``python -m bench.clients`` as a user would, in a subprocess against the test
+server, and checks that each measurement produced its figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.relay_harness import REPO
+
+pytest.importorskip("psutil", reason="the bench extra is not installed")
+pytest.importorskip("agents", reason="the dev extra (openai-agents) is not installed")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("measure", [["waiting", "5", "--no-writer"], ["agents", "3"]])
+def test_the_clients_bench_runs_with_tiny_numbers(server_url, measure):
+    command = [sys.executable, "-m", "bench.clients", *measure]
+    env = {**os.environ, "OUTBOX_DATABASE_URL": server_url}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=230)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    if measure[0] == "waiting":
+        assert results["api"]["wall_s"] > 0 and results["api"]["server_db_connections"] > 0
+    else:
+        assert results["server_runs_completed"] == results["server_runs"] == 3
