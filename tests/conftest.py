@@ -95,6 +95,8 @@ def empty_db_url(server_url: str) -> Iterator[str]:
     name = f"outbox_e_{uuid.uuid4().hex[:12]}"
     with _admin(server_url) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    yield db.with_database(server_url, name)
+    url = db.with_database(server_url, name)
+    yield url
+    helpers.forget(url)
     with _admin(server_url) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
