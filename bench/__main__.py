@@ -14,7 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from bench import db as bdb
-from bench import fairness, http, inflight, notify, poster, report, seed, serve, throughput
+from bench import (
+    fairness,
+    http,
+    inflight,
+    mcp,
+    notify,
+    poster,
+    report,
+    seed,
+    serve,
+    throughput,
+    tracing,
+)
 from bench.throughput import stderr
 from outbox import db
 
@@ -63,6 +75,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="POSTs through the relay's HTTP client and httpx2's, for CPU per request "
         "(8,000; --quick: 1,000; 0 skips)",
     )
+    parser.add_argument(
+        "--mcp-calls",
+        type=int,
+        help="MCP calls one at a time beside HTTP tool calls, then that many x2 in flight "
+        "(500; --quick: 100; 0 skips)",
+    )
+    parser.add_argument(
+        "--tracing",
+        default=None,
+        help="the runs-in-flight case RUNS:M:T:K run with tracing off and on, alternately "
+        "(2000:2:0.5:2; --quick: 200:1:0.2:2); 'none' skips it",
+    )
+    parser.add_argument("--tracing-rounds", type=int, help="measurements each way (3; --quick: 1)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     args = parser.parse_args(argv)
@@ -76,6 +101,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.process_counts = [int(p) for p in args.processes.split(",")]
     if args.fairness_backlog is None:
         args.fairness_backlog = 1_000 if quick else 10_000
+    if args.mcp_calls is None:
+        args.mcp_calls = 100 if quick else 500
     if args.serve_runs is None:
         args.serve_runs = 100 if quick else 500
     cases = args.inflight or ("200:1:0.2:2" if quick else "2000:2:0.5:2,10000:10:1:2")
@@ -87,6 +114,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             for r, m, t, k in (case.split(":") for case in cases.split(","))
         ]
     )
+    traced = args.tracing or ("200:1:0.2:2" if quick else "2000:2:0.5:2")
+    args.tracing_case = None
+    if traced != "none":
+        r, m, t, k = traced.split(":")
+        args.tracing_case = (int(r), float(m), float(t), int(k))
+    args.tracing_rounds = args.tracing_rounds or (1 if quick else 3)
     return args
 
 
@@ -212,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     stderr("NOTIFY cost")
     notify_cost(server, args, out)
     out["inflight"] = inflight.run_cases(server, args.inflight_cases, log)
+    if args.tracing_case is not None:
+        out["tracing"] = tracing.run_case(server, args.tracing_case, args.tracing_rounds, log)
     if args.fairness_backlog:
         out["fairness"] = fairness.run(server, args.fairness_backlog, FAIRNESS_TOOL_S, log)
     if args.serve_runs:
@@ -219,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.poster_requests:
         stderr(f"HTTP client: {args.poster_requests:,} POSTs per client")
         out["poster"] = poster.run(args.poster_requests, POSTER_AT_ONCE)
+    if args.mcp_calls:
+        stderr(f"MCP tools: {args.mcp_calls:,} calls, then {2 * args.mcp_calls:,} in flight")
+        out["mcp"] = {
+            answers: mcp.run(args.mcp_calls, 2 * args.mcp_calls, 1.0, answers)
+            for answers in ("sse", "json")
+        }
     out["seconds"] = round(time.monotonic() - started, 1)
     table = report.markdown(out)
     print(table)

@@ -140,8 +140,10 @@ def measure(
     concurrency: int,
     log_path: Path,
     processes: int = 1,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One measurement; returns its figures (see the module docstring)."""
+    """One measurement; returns its figures (see the module docstring). ``env``: more of
+    the relay's environment (``bench.tracing`` switches tracing on with it)."""
     ideal = 2 * model_s + tool_s
     settle_sockets()
     latency = LatencyServer(model_s, tool_s, calls)
@@ -149,7 +151,8 @@ def measure(
         with bdb.scratch(server, f"inflight_{runs}") as url:
             seed.register_http_tool(url, TOOL, latency.url + "/tools/" + TOOL, timeout_s=60)
             start_runs(url, runs, latency.url + "/v1")
-            env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(REPO)}
+            relay_env = {**os.environ, **(env or {})}
+            relay_env.update(OUTBOX_DATABASE_URL=url, PYTHONPATH=str(REPO))
             command = [
                 sys.executable,
                 "-m",
@@ -160,7 +163,7 @@ def measure(
             ]
             command += ["--processes", str(processes), "--log-level", "WARNING"]
             with open(log_path, "ab") as log:
-                relay = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
+                relay = subprocess.Popen(command, cwd=REPO, env=relay_env, stdout=log, stderr=log)
             try:
                 figures = _watch(url, relay, runs, ideal, log_path)
             finally:

@@ -80,6 +80,22 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {f['kb_per_run_in_flight']:.0f} | {f['duplicates']} |"
             )
         lines += ["", "Targets: ideal / wall ≥ 0.5x, ≤ 10 database connections.", ""]
+    traced = results.get("tracing")
+    if traced:
+        case = traced["case"]
+        lines += [
+            "### Tracing off and on (exporting over OTLP/HTTP to a sink on loopback)",
+            "",
+            "| runs | M | T | K | relay CPU a run, off | on | on / off | exports |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {case['runs']:,} | {case['model_s']:g} s | {case['tool_s']:g} s "
+            f"| {case['calls']} | {' · '.join(f'{v:.2f}' for v in traced['off_ms_per_run'])} ms "
+            f"| {' · '.join(f'{v:.2f}' for v in traced['on_ms_per_run'])} ms "
+            f"| {traced['on_vs_off']}x | {traced['exports']} |",
+            "",
+            "Target: on ≤ 1.10x off.",
+            "",
+        ]
     fair = results.get("fairness")
     if fair:
         lines += [
@@ -118,6 +134,8 @@ def markdown(results: dict[str, Any]) -> str:
         ]
     if results.get("poster"):
         lines += poster_lines(results["poster"])
+    if results.get("mcp"):
+        lines += mcp_lines(results["mcp"])
     notify = results.get("notify")
     if notify:
         lines += [
@@ -145,6 +163,34 @@ def poster_lines(clients: dict[str, Any]) -> list[str]:
     for client, values in clients["cpu_ms"].items():
         lines.append(f"| `{client}` | {' · '.join(f'{v:.3f} ms' for v in values)} |")
     return [*lines, ""]
+
+
+def mcp_lines(runs: dict[str, Any]) -> list[str]:
+    """MCP calls through the relay's client beside HTTP tool calls (``bench.mcp``)."""
+    lines = [
+        "### MCP tool calls beside HTTP tool calls (loopback; the server: the SDK's MCPServer)",
+        "",
+        "| server answers | MCP p50 | HTTP p50 | extra p50 | relay CPU per call, MCP / HTTP "
+        "| in flight | wall / ideal | server CPU per call |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for answers, run in runs.items():
+        calls, flight = run["overhead"], run["in_flight"]
+        lines.append(
+            f"| {answers} | {calls['mcp_p50_ms']:.1f} ms | {calls['http_p50_ms']:.1f} ms "
+            f"| {calls['extra_p50_ms']:.1f} ms | {calls['mcp_client_cpu_ms_per_call']:.2f} / "
+            f"{calls['http_client_cpu_ms_per_call']:.2f} ms "
+            f"| {flight['in_flight']:,} x {flight['latency_s']:g} s "
+            f"| {flight['x_ideal']:.1f}x | {flight['server_cpu_ms_per_call']:.2f} ms |"
+        )
+        spec = run.get("spec_baseline")
+        if spec:
+            lines.append(
+                f"| {answers}, spec client on the poster (baseline) | {spec['p50_ms']:.1f} ms "
+                f"| | | {spec['client_cpu_ms_per_call']:.2f} ms | {spec['in_flight']:,} "
+                f"| {spec['x_ideal']:.1f}x | |"
+            )
+    return [*lines, "", "Targets: under 2 ms p50 extra; 1,000 in flight within 1.5x.", ""]
 
 
 def write(results: dict[str, Any], stamp: str) -> tuple[Path, Path | None]:

@@ -20,6 +20,7 @@ from outbox.commands import (
     journal,
     keys,
     limits,
+    mcp,
     platform,
     policy,
     prices,
@@ -56,6 +57,7 @@ def main() -> None:
 COMMANDS: tuple[click.Command, ...] = (
     db.db_group,
     tools.tools_group,
+    mcp.mcp_group,
     relay.relay_command,
     serve.serve_command,
     keys.keys_group,

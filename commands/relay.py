@@ -143,6 +143,13 @@ RELAY_DEFAULTS = RelayConfig(database_url="")  # the relay's options default to 
 )
 @click.option("--metrics-port", type=int, help="Serve Prometheus metrics (port + process index).")
 @click.option(
+    "--metrics-host",
+    default=RELAY_DEFAULTS.metrics_host,
+    show_default=True,
+    help="Address the metrics are served on (0.0.0.0: every interface, for a scraper on "
+    "another machine).",
+)
+@click.option(
     "--start-timeout",
     "start_timeout_s",
     type=click.FloatRange(min=0),
@@ -158,6 +165,10 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
 
     Started while the database is down (or the embedded server stopped), the relay waits
     for it, logging db.unavailable with a hint every 10 s, then db.reconnected.
+
+    Traces: with OTEL_EXPORTER_OTLP_ENDPOINT set (OpenTelemetry's variables), each model
+    turn and tool call is a span of its run's trace, exported over OTLP/HTTP; off
+    otherwise. See docs/operations.md, "Traces".
 
     \b
     Exit status:
@@ -240,6 +251,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         max_model_answer_bytes=opts["max_model_answer_bytes"],
         kinds=kinds or ALL_KINDS,
         metrics_port=opts["metrics_port"],
+        metrics_host=opts["metrics_host"],
     )
     if processes > 1:
         sys.exit(supervisor.supervise(cfg, processes, log_level))

@@ -58,6 +58,18 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     help="Requests waiting on a run poll it instead of being woken by LISTEN (behind a "
     "pooler in transaction mode, where LISTEN does not work).",
 )
+@click.option(
+    "--metrics-port",
+    type=int,
+    help="Serve Prometheus metrics of the requests (outbox_serve_request_seconds) on this "
+    "port; with --workers 1 only.",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics are served on (0.0.0.0: every interface).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve_command(
     host: str,
@@ -68,6 +80,8 @@ def serve_command(
     db_connections: int,
     workers: int,
     no_listen: bool,
+    metrics_port: int | None,
+    metrics_host: str,
     log_level: str,
 ) -> None:
     """Serve OpenAI's Assistants protocol and the run event stream over HTTP.
@@ -77,6 +91,10 @@ def serve_command(
     with a key from `outbox keys create --tenant T`. Every request acts for the key's
     tenant under row-level security. GET /v1/runs/RUN/events streams a run's journal as
     Server-Sent Events (resumable with Last-Event-ID). See docs/serve.md.
+
+    A run a request starts continues the request's traceparent header; with
+    OTEL_EXPORTER_OTLP_ENDPOINT set, each request is a span exported over OTLP/HTTP
+    (docs/operations.md, "Traces").
     """
     import signal
     import subprocess
@@ -91,6 +109,12 @@ def serve_command(
         raise click.BadParameter(problem, param_hint="--model-base-url")
     if db_connections < 1:
         raise click.BadParameter("must be at least 1", param_hint="--db-connections")
+    if metrics_port is not None and workers > 1:
+        raise click.BadParameter(
+            "metrics are served by one process: run one server process per --metrics-port "
+            "(several `outbox serve --workers 1` behind a load balancer)",
+            param_hint="--metrics-port",
+        )
     url = db.database_url()
     with db.connect(url) as conn:
         db.check_schema_current(conn)
@@ -112,6 +136,12 @@ def serve_command(
                 listen=not no_listen,
             )
             logs.setup(log_level, "server")
+            if metrics_port is not None:
+                from prometheus_client import start_http_server
+
+                from outbox.server.observed import REGISTRY
+
+                start_http_server(metrics_port, addr=metrics_host, registry=REGISTRY)
             uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False)
         else:
             # Each worker process builds the app itself, from the environment.

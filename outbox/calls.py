@@ -1,7 +1,7 @@
 """The backend's calls as SQL statements, shared by the sync writer and the async one.
 
 A backend starts, steers and ends runs through the versioned SQL functions of
-``sql/functions.sql`` (``create_thread_v1``, ``start_run_v1``, ``cancel_run_v1``,
+``sql/functions.sql`` (``create_thread_v1``, ``start_run_v2``, ``cancel_run_v1``,
 ``submit_tool_outputs_v1``): they are the one implementation, for Python and for backends
 without it. This module only builds each call (one statement and its parameters), runs
 nothing, and turns the database's refusals (SQLSTATE and message) into our errors. The
@@ -28,7 +28,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import storable
+from outbox import storable, tracing
 from outbox.errors import (
     ActiveRunExists,
     BudgetExceeded,
@@ -132,8 +132,12 @@ def create_thread(
 
 
 def start_run(request: StartRun) -> Call:
+    """``start_run_v2``; without a ``traceparent``, the run continues the span current here
+    (the backend's), if there is one."""
     params = request.model_dump(exclude={"tenant_id", "thread_id", "tools", "model_options"})
     params.update(tenant_id=request.tenant_id, thread_id=request.thread_id, tools=request.tools)
+    if request.traceparent is None:
+        params["traceparent"], params["tracestate"] = tracing.caller_context()
     return Call(A.start_run, params, scope=request.tenant_id)
 
 

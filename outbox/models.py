@@ -138,6 +138,14 @@ class Run(Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     max_cost: Mapped[Decimal | None] = mapped_column(Numeric)
     cost: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
+    traceparent: Mapped[str | None] = mapped_column(
+        Text,
+        comment="the W3C traceparent the run continues (the span of the backend that started "
+        "it); NULL: the run is a trace of its own, whose trace id is the run id",
+    )
+    tracestate: Mapped[str | None] = mapped_column(
+        Text, comment="the W3C tracestate that came with traceparent"
+    )
 
 
 class Message(Base):
@@ -469,6 +477,33 @@ class Tool(Base):
     enabled: Mapped[bool] = mapped_column(Boolean)
     created_at: Mapped[datetime] = _now()
     requires_approval: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    mcp_server: Mapped[str | None] = mapped_column(Text)
+    mcp_tool: Mapped[str | None] = mapped_column(Text)
+    annotations: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+
+
+class McpServer(Base):
+    """An MCP tool server (outbox.mcpservers): how the relay reaches it."""
+
+    __tablename__ = "mcp_servers"
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True, server_default=text("'*'"))
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    transport: Mapped[str] = mapped_column(Text)
+    url: Mapped[str | None] = mapped_column(Text)
+    headers: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    command: Mapped[list[str] | None] = mapped_column(JSONB)
+    env: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    credential_ref: Mapped[str | None] = mapped_column(Text)
+    trusted: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    prefix: Mapped[str] = mapped_column(Text)
+    timeout_s: Mapped[float] = mapped_column(Double, server_default=text("30"))
+    settle_s: Mapped[float] = mapped_column(Double, server_default=text("5"))
+    max_attempts: Mapped[int] = mapped_column(Integer, server_default=text("5"))
+    max_concurrency: Mapped[int] = mapped_column(Integer, server_default=text("16"))
+    overrides: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    synced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
 
 
 class JournalEvent(Base):

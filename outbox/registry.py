@@ -2,9 +2,10 @@
 
 A tool is registered as a numbered version (a new registration never changes what an
 in-flight call was planned against). Its ``executor`` says who runs it: ``http`` (the relay
-POSTs the arguments to ``endpoint``), ``client`` (the backend runs it and submits the output)
-or ``python`` (an in-process callable named by import path). Its ``idempotency_mode`` says
-what a retry after an ambiguous attempt may do: ``key`` (the tool honours
+POSTs the arguments to ``endpoint``), ``client`` (the backend runs it and submits the output),
+``python`` (an in-process callable named by import path) or ``mcp`` (the relay calls tool
+``mcp_tool`` of the registered MCP server ``mcp_server``: ``outbox.mcpservers``). Its
+``idempotency_mode`` says what a retry after an ambiguous attempt may do: ``key`` (the tool honours
 ``Idempotency-Key``: retry with the same key), ``lookup`` (ask ``lookup_endpoint`` first),
 ``none`` (never re-execute on a guess). ``IDEMPOTENCY_MODES`` is that table in code: the
 relay's executors read it, nothing else spells out what a mode does.
@@ -82,8 +83,11 @@ class ToolSpec(BaseModel):
     tenant_id: str = "*"
     description: str = ""
     json_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
-    executor: Literal["http", "client", "python"] = "http"
+    executor: Literal["http", "client", "python", "mcp"] = "http"
     endpoint: str | None = None
+    mcp_server: str | None = None
+    mcp_tool: str | None = None
+    annotations: dict[str, Any] | None = None  # an MCP tool's, as it listed them
     lookup_endpoint: str | None = None
     callable: str | None = None
     credential_ref: str | None = None
@@ -108,6 +112,10 @@ class ToolSpec(BaseModel):
                 raise ValueError(f"{field}: {problem}")
         if self.executor == "python" and not self.callable:
             raise ValueError("a python tool needs a callable ('package.module:function')")
+        if self.executor == "mcp" and not (self.mcp_server and self.mcp_tool):
+            raise ValueError("an mcp tool needs its server and its name there (`outbox mcp add`)")
+        if self.executor == "mcp" and self.idempotency_mode == "lookup":
+            raise ValueError("an mcp tool has no lookup: its mode is 'key' or 'none'")
         if (
             IDEMPOTENCY_MODES[self.idempotency_mode].after_ambiguous == "lookup"
             and not self.lookup_endpoint
@@ -134,7 +142,11 @@ def register(conn: psycopg.Connection[Any], spec: ToolSpec) -> Row:
             assert found is not None
             version = int(found["version"])
         params = spec.model_dump()
-        params.update(version=version, json_schema=Jsonb(spec.json_schema))
+        params.update(
+            version=version,
+            json_schema=Jsonb(spec.json_schema),
+            annotations=None if spec.annotations is None else Jsonb(spec.annotations),
+        )
         try:
             cur.execute(Q.insert_tool, params)
         except psycopg.errors.UniqueViolation as err:

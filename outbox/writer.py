@@ -160,7 +160,7 @@ def answer_calls(
 def start_run(db: Any, request: StartRun) -> RunRef:
     """Start a run: the user message, the run and its first model turn, all or nothing.
 
-    One call of ``start_run_v1`` (sql/functions.sql), the implementation backends
+    One call of ``start_run_v2`` (sql/functions.sql), the implementation backends
     without Python call too. The same ``idempotency_key`` with the same request again
     returns the existing run (``created=False``), also when two requests race; the key
     with another request (thread, message, model or tools) raises ``IdempotencyKeyReused``

@@ -43,14 +43,23 @@ from psycopg.types.json import Jsonb
 
 from outbox import constants, store, writer
 from outbox.logs import log
-from outbox.relay import failpoints
+from outbox.relay import failpoints, spans
 from outbox.relay.config import RelayConfig
 from outbox.relay.links import Link, refusal, refused
 from outbox.relay.metrics import Metrics
 from outbox.relay.outcomes import Claimed, Outcome, error_result
+from outbox.schemas import ModelTurnIn
 from outbox.sql import Queries
 
 logger = logging.getLogger("relay.completer")
+# What a written outcome (``apply``) says about its run's end: the run's status then.
+RUN_ENDED_BY = {
+    "recorded_completed": "completed",
+    "recorded_failed": "failed",
+    "recorded_cancelled": "cancelled",
+    "recorded_expired": "expired",
+    "run_failed": "failed",
+}
 
 
 class Completer:
@@ -271,8 +280,14 @@ class Completer:
     def _after_commit(self, outcomes: list[Outcome], applied: list[str]) -> None:
         self.written(outcomes)  # written rows free claim capacity
         info = logger.isEnabledFor(logging.INFO)  # asked once: thousands of outcomes a second
+        observed = self.cfg.metrics_port is not None  # relay.metrics: only when served
         for outcome, what in zip(outcomes, applied, strict=True):
             row = outcome.row
+            ended = RUN_ENDED_BY.get(what)
+            if ended is not None:
+                spans.run_ended(row, ended)
+            if observed:
+                self._observe(outcome, what, ended)
             level = (
                 logging.WARNING if what in ("fenced", "quarantined", "unknown") else logging.INFO
             )
@@ -286,6 +301,30 @@ class Completer:
                 error=outcome.error,
                 duration_s=round(outcome.duration_s, 4),
                 **row.context(),
+            )
+
+    def _observe(self, outcome: Outcome, what: str, ended: str | None) -> None:
+        """The latency, token and error metrics of a written outcome (``relay.metrics``)."""
+        row, metrics = outcome.row, self.metrics
+        said = spans.outcome_of(outcome)
+        if row.kind == "tool_call":
+            metrics.tool_call_seconds.labels(row.tool_name or "", row.tenant_id, said).observe(
+                outcome.duration_s
+            )
+        elif row.kind == "model_turn" and outcome.action != "skip":
+            model = row.model or ""
+            metrics.model_turn_seconds.labels(model, row.tenant_id, said).observe(
+                outcome.duration_s
+            )
+            if what.startswith("recorded_") and isinstance(outcome.output, ModelTurnIn):
+                turn = outcome.output
+                metrics.tokens.labels(model, row.tenant_id, "input").inc(turn.input_tokens)
+                metrics.tokens.labels(model, row.tenant_id, "output").inc(turn.output_tokens)
+        if said in spans.ERRORS:
+            metrics.errors.labels(row.kind, row.tenant_id, said).inc()
+        if ended is not None and row.run_started_at is not None:
+            metrics.run_seconds.labels(row.tenant_id, ended).observe(
+                max(0.0, time.time() - row.run_started_at)
             )
 
     def _fence(

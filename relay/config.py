@@ -104,6 +104,7 @@ class RelayConfig:
     max_model_answer_bytes: int = outbox_config.MAX_MODEL_ANSWER_BYTES  # read no further
     kinds: tuple[str, ...] = ALL_KINDS
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"  # the address the metrics are served on
     worker_id: str = field(default_factory=new_worker_id)
 
     @property

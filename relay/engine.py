@@ -9,7 +9,8 @@ before its effect is batched with other tasks' by ``relay.preparer``, and its ou
 a completer thread that writes many per transaction (``relay.completer``).
 
 HTTP goes through one ``relay.poster.Poster`` per process: kept-alive connections per
-origin, shared by tool calls, model calls and webhooks.
+origin, shared by tool calls, model calls and webhooks. MCP tools go through the sessions
+``relay.mcpclient`` keeps per server, on this loop too.
 
 In-process tools do not run here: they are calls into Python code, run on threads by
 ``relay.inprocess``.
@@ -62,10 +63,10 @@ class Engine:
         self.tasks: set[asyncio.Task[None]] = set()
         self.http = Poster()
         self.models: dict[tuple[str | None, str], ModelServer] = {}
-        tools = ToolExecutor(self.http, preparer.mark, threads)
+        self.tools = ToolExecutor(self.http, preparer.mark, threads)
         model = ModelExecutor(preparer.turn, self._model_server)
         self.executors: dict[str, Callable[[Claimed], Coroutine[Any, Any, Outcome]]] = {
-            "tool_call": tools.run,
+            "tool_call": self.tools.run,
             "model_turn": model.run,
             "webhook": WebhookExecutor(self.http).run,
         }
@@ -143,3 +144,4 @@ class Engine:
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=2)
         await self.http.aclose()
+        await self.tools.mcp.sessions.aclose()

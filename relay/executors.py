@@ -5,7 +5,8 @@ is a task waiting on a socket, not a thread and never a database connection.
 
 An executor never writes the outcome itself; the worker's completer does, in a fenced
 transaction. The one exception is the *dispatch mark*: before sending a request to an HTTP
-tool (in every mode) or calling a python tool that cannot deduplicate (``lookup``/``none``),
+tool or an MCP server (in every mode; ``relay.mcpclient`` for MCP and its own failure
+classes) or calling a python tool that cannot deduplicate (``lookup``/``none``),
 the executor records, conditional on still holding an unexpired lease, that this attempt
 may reach the tool, and when (the database's clock). A later attempt that finds the mark
 knows the outcome is ambiguous and follows the tool's mode: ``none`` goes to
@@ -37,8 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import random
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -47,7 +46,8 @@ import httpx2
 
 from outbox import config as outbox_config
 from outbox import credentials, registry, storable
-from outbox.relay import failpoints, inprocess
+from outbox.relay import failpoints, inprocess, spans
+from outbox.relay.mcpclient import McpCaller
 from outbox.relay.outcomes import (
     NOT_REPEATED,
     Claimed,
@@ -71,29 +71,18 @@ RESPONSE_PREVIEW_CHARS = 500
 # -- secrets and tracing ----------------------------------------------------------------
 
 
-def traceparent(correlation_id: str | None) -> str:
-    """A W3C traceparent whose trace id is derived from the correlation id.
-
-    Its ids need to be unique, not secret (W3C Trace Context asks for random ids, not
-    unpredictable ones): ``random`` draws them without the system call ``secrets`` makes
-    for each (``os.urandom``, which lets go of the GIL and waits to get it back: 2.5 % of
-    the event loop thread's samples with 10,000 runs in flight)."""
-    trace_id = (
-        hashlib.sha256(correlation_id.encode()).hexdigest()[:32]
-        if correlation_id
-        else f"{random.getrandbits(128):032x}"
-    )
-    return f"00-{trace_id}-{random.getrandbits(64) or 1:016x}-01"
-
-
-def request_headers(row: Claimed, secret: credentials.Secret | None) -> dict[str, str]:
+def request_headers(
+    row: Claimed, secret: credentials.Secret | None, trace: dict[str, str]
+) -> dict[str, str]:
+    """The headers of a request to a tool: our ids, the trace context of the call's span
+    (``trace``: ``relay.spans.headers``) and the call's credential."""
     headers = {
         "Idempotency-Key": row.idempotency_key or "",
         "X-Outbox-Run-Id": str(row.run_id),
         "X-Outbox-Tool-Call-Id": row.tool_call_id or "",
         "X-Outbox-Attempt": str(row.attempt),
         "X-Correlation-Id": row.correlation_id or "",
-        "traceparent": traceparent(row.correlation_id),
+        **trace,
     }
     if secret is not None:
         headers.update(secret.headers())
@@ -107,7 +96,9 @@ MarkDispatched = Callable[[Claimed], Awaitable[bool]]
 
 
 class ToolExecutor:
-    """Runs ``tool_call`` rows: HTTP tools through the engine's poster, python tools in-process.
+    """Runs ``tool_call`` rows: HTTP tools through the engine's poster, MCP tools through
+    ``relay.mcpclient`` (which opens the session and takes a slot before it marks), python
+    tools in-process.
 
     ``mark_dispatched`` is the fenced write of the module docstring, batched with other
     rows' by ``relay.preparer``; it returns False when this worker no longer holds the lease,
@@ -119,9 +110,11 @@ class ToolExecutor:
         self.http = http
         self.mark_dispatched = mark_dispatched
         self.threads = threads
+        self.mcp = McpCaller(mark_dispatched)
 
     async def run(self, row: Claimed) -> Outcome:
         started = time.monotonic()
+        span = spans.tool_started(row)
         try:
             secret = secret_of(row)
         except credentials.CredentialRevoked as err:
@@ -129,10 +122,15 @@ class ToolExecutor:
         except credentials.CredentialUnavailable as err:
             outcome = retry(row, str(err), unsent=True)
         else:
-            outcome = redacted(await self._run(row, secret), secret)
-        return dataclasses.replace(outcome, duration_s=time.monotonic() - started)
+            trace = spans.headers(row, span)
+            outcome = redacted(await self._run(row, secret, trace), secret)
+        outcome = dataclasses.replace(outcome, duration_s=time.monotonic() - started)
+        spans.tool_ended(span, outcome)
+        return outcome
 
-    async def _run(self, row: Claimed, secret: credentials.Secret | None) -> Outcome:
+    async def _run(
+        self, row: Claimed, secret: credentials.Secret | None, trace: dict[str, str]
+    ) -> Outcome:
         mode = registry.idempotency(row.idempotency_mode)
         if row.dispatched_attempt is not None:
             if mode.after_ambiguous == "unknown" or (
@@ -147,9 +145,14 @@ class ToolExecutor:
             if row.settle_wait_s is not None and row.settle_wait_s > 0:
                 return settling(row, row.settle_wait_s)
             if mode.after_ambiguous == "lookup":
-                found = await self._lookup(row, secret)
+                found = await self._lookup(row, secret, trace)
                 if found is not None:
                     return found
+        if row.executor == "mcp":
+            # A request sent over the network may outlive its sender: marked in every mode.
+            outcome = await self.mcp.call(row, secret, request_headers(row, secret, trace))
+            failpoints.hit("tool.after_call")
+            return outcome
         # A request sent over the network may outlive its sender, so its dispatch time is
         # recorded in every mode; an in-process call dies with its process.
         marked = mode.dispatch_mark or row.executor == "http"
@@ -159,11 +162,13 @@ class ToolExecutor:
             loop = asyncio.get_running_loop()
             outcome = await loop.run_in_executor(self.threads, _call_python, row)
         else:
-            outcome = await self._call_http(row, secret)
+            outcome = await self._call_http(row, secret, trace)
         failpoints.hit("tool.after_call")
         return outcome
 
-    async def _lookup(self, row: Claimed, secret: credentials.Secret | None) -> Outcome | None:
+    async def _lookup(
+        self, row: Claimed, secret: credentials.Secret | None, trace: dict[str, str]
+    ) -> Outcome | None:
         """Ask the tool whether an earlier attempt happened: its result, or None to execute."""
         if not row.lookup_endpoint:
             return None
@@ -171,7 +176,7 @@ class ToolExecutor:
             response = await self.http.post(
                 row.lookup_endpoint,
                 json={"idempotency_key": row.idempotency_key, "arguments": row.arguments},
-                headers=request_headers(row, secret),
+                headers=request_headers(row, secret, trace),
                 timeout=row.timeout_s or 30.0,
                 max_body=outbox_config.MAX_PAYLOAD_BYTES,
             )
@@ -200,9 +205,11 @@ class ToolExecutor:
             return result(row, body.get("result"), source="lookup")
         return None
 
-    async def _call_http(self, row: Claimed, secret: credentials.Secret | None) -> Outcome:
+    async def _call_http(
+        self, row: Claimed, secret: credentials.Secret | None, trace: dict[str, str]
+    ) -> Outcome:
         assert row.endpoint is not None
-        headers = request_headers(row, secret)
+        headers = request_headers(row, secret, trace)
         try:
             response = await self.http.post(
                 row.endpoint,

@@ -22,6 +22,7 @@ import psycopg
 
 from outbox import approvals, lifecycle
 from outbox.logs import log
+from outbox.relay import spans
 from outbox.relay.config import RelayConfig
 from outbox.relay.links import Link
 from outbox.relay.metrics import Metrics
@@ -88,6 +89,16 @@ class Maintenance:
         for status, kind, n, _lag in rows:
             self.metrics.depth.labels(status, kind).set(n)
         self.metrics.oldest_ready.set(max((float(r[3]) for r in rows), default=0.0))
+        with conn.transaction():
+            waiting = conn.execute(self.q.waiting_for_people).fetchall()
+        self.metrics.approvals_waiting.clear()
+        self.metrics.runs_parked.clear()
+        oldest = 0.0
+        for tenant, pending, oldest_s, parked in waiting:
+            self.metrics.approvals_waiting.labels(tenant).set(pending)
+            self.metrics.runs_parked.labels(tenant).set(parked)
+            oldest = max(oldest, float(oldest_s))
+        self.metrics.approvals_oldest.set(oldest)
 
     def _heartbeat(self, link: Link) -> None:
         ids = self.in_flight()
@@ -126,6 +137,7 @@ class Maintenance:
             expired = lifecycle.expire_due_runs(conn)
             denied = approvals.expire_due(conn, self.cfg.worker_id)
         for run in expired:
+            spans.run_expired(run)
             log(
                 logger,
                 logging.WARNING,

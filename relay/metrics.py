@@ -1,10 +1,21 @@
-"""Prometheus metrics of one relay process (served with ``--metrics-port``)."""
+"""Prometheus metrics of one relay process (served with ``--metrics-port``).
+
+The histograms and counters by tool, model and tenant are observed when outcomes are
+written (``relay.completer``), only in a process that serves its metrics: their label
+look-ups are the one cost of a metric per outcome. The gauges of work waiting for a person
+(approvals, parked runs) are read from the database with the queue depth, so every
+process serving metrics says the same of them: aggregate them with ``max``, not ``sum``.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+# A tool call or model request: milliseconds to minutes (a model's default timeout is 120 s).
+EFFECT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# A run, from its start to its end: seconds to an hour (client tools may wait 10 minutes).
+RUN_BUCKETS_S = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
 class Metrics:
@@ -72,9 +83,63 @@ class Metrics:
             registry=r,
         )
 
+        self.tool_call_seconds = Histogram(
+            "outbox_relay_tool_call_seconds",
+            "Tool call attempts, from their start to their outcome, by tool, tenant and "
+            "outcome (result_ok, result_error, retry, unknown, defer, lost)",
+            ["tool", "tenant", "outcome"],
+            buckets=EFFECT_BUCKETS_S,
+            registry=r,
+        )
+        self.model_turn_seconds = Histogram(
+            "outbox_relay_model_turn_seconds",
+            "Model requests, from their start to their outcome, by model, tenant and outcome "
+            "(turn, retry, fail_run, defer)",
+            ["model", "tenant", "outcome"],
+            buckets=EFFECT_BUCKETS_S,
+            registry=r,
+        )
+        self.run_seconds = Histogram(
+            "outbox_relay_run_seconds",
+            "Runs this process ended, from their start to their end, by tenant and status",
+            ["tenant", "status"],
+            buckets=RUN_BUCKETS_S,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "outbox_relay_tokens",
+            "Tokens of the model turns recorded, by model, tenant and type (input, output)",
+            ["model", "tenant", "type"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "outbox_relay_errors",
+            "Attempts that failed, by kind, tenant and outcome (result_error, retry, unknown, "
+            "fail_run, lost)",
+            ["kind", "tenant", "outcome"],
+            registry=r,
+        )
+        self.approvals_waiting = Gauge(
+            "outbox_approvals_waiting",
+            "Tool calls waiting for a reviewer's decision, by tenant",
+            ["tenant"],
+            registry=r,
+        )
+        self.approvals_oldest = Gauge(
+            "outbox_approvals_oldest_waiting_seconds",
+            "How long the oldest tool call waiting for a decision has waited",
+            registry=r,
+        )
+        self.runs_parked = Gauge(
+            "outbox_runs_parked",
+            "Runs with a row parked for an operator (quarantined, or outcome unknown), by tenant",
+            ["tenant"],
+            registry=r,
+        )
+
     def outage(self, link: str, waiting: bool) -> None:
         """A link lost the database (``waiting``) or reached it again."""
         self.db_unavailable.labels(link).set(1 if waiting else 0)
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, addr="127.0.0.1", registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)

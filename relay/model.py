@@ -33,6 +33,8 @@ fails the run at once, naming the problem, like any answer that cannot be record
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -44,7 +46,7 @@ from pydantic import ValidationError
 from outbox import config as outbox_config
 from outbox import providers, storable
 from outbox.errors import OutboxError
-from outbox.relay import failpoints
+from outbox.relay import failpoints, spans
 from outbox.relay.outcomes import Claimed, Outcome, retry, retry_after_s
 from outbox.relay.poster import Poster
 from outbox.relay.preparer import Turn, step_of
@@ -104,15 +106,18 @@ class ModelServer:
             if os.environ.get(variable):
                 self.headers[header] = os.environ[variable]
 
-    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body`` to ``path``; the answer's JSON object. ``ModelAnswered`` for an
+    async def post(
+        self, path: str, body: dict[str, Any], trace: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """POST ``body`` to ``path``, with the trace context ``trace`` (the turn's span:
+        ``relay.spans.headers``); the answer's JSON object. ``ModelAnswered`` for an
         HTTP error, ``httpx2.HTTPError`` when no answer came, ``ModelAnswerTooLarge`` past
         the cap, ``storable.NotStorable`` for JSON PostgreSQL cannot store (``ValueError``
         for no JSON at all)."""
         response = await self.poster.post(
             self.base_url + path,
             json=body,
-            headers=self.headers,
+            headers={**self.headers, **trace} if trace else self.headers,
             timeout=MODEL_TIMEOUT_S,
             max_body=self.max_body,
         )
@@ -170,8 +175,27 @@ class ModelExecutor:
             return Outcome(
                 row, "defer", error=f"{base_url} asked to wait (Retry-After)", delay_s=hold
             )
+        started = time.monotonic()
+        span = spans.chat_started(row, run, step_no, messages)
+        post = functools.partial(self.servers(base_url).post, trace=spans.headers(row, span))
+        outcome = await self._call(row, post, run, step_no, messages, tools)
+        outcome = dataclasses.replace(outcome, duration_s=time.monotonic() - started)
+        spans.chat_ended(span, outcome)
+        return outcome
+
+    async def _call(
+        self,
+        row: Claimed,
+        post: providers.Post,
+        run: dict[str, Any],
+        step_no: int,
+        messages: list[dict[str, Any]],
+        tools: dict[str, dict[str, Any]],
+    ) -> Outcome:
+        """One request of the turn to its model: the outcome of its answer (or of none)."""
+        base_url = run["base_url"]
         try:
-            turn = await providers.call(self.servers(base_url).post, run, step_no, messages, tools)
+            turn = await providers.call(post, run, step_no, messages, tools)
         except httpx2.HTTPError as err:  # no answer: refused, timed out, cut
             error = f"model call failed: {type(err).__name__}: {err}"
             return self._retry(row, base_url, error, err)

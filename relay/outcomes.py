@@ -69,6 +69,11 @@ class Claimed(NamedTuple):
     credential_ref: str | None = None
     stop: dict[str, Any] | None = None  # why a tool call must not run (outbox.policy)
     credential: dict[str, Any] | None = None  # where its secret is (outbox.credentials)
+    mcp: dict[str, Any] | None = None  # an MCP tool's server and name (relay.mcpclient)
+    traceparent: str | None = None  # the trace context its run continues (outbox.tracing)
+    tracestate: str | None = None
+    run_started_at: float | None = None  # seconds since the epoch, the database's clock
+    model: str | None = None  # its run's
     claimed_at_monotonic: float = 0.0  # the worker's clock, for the claim-to-start metric
 
     def context(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import psycopg
 from outbox import db, logs
 from outbox.logs import log
 from outbox.relay.config import RelayConfig, new_worker_id, raise_open_files_limit, worker_id_of
-from outbox.relay.worker import Worker, freeze_startup_heap, leave_process
+from outbox.relay.worker import Worker, freeze_startup_heap, leave_process, run_traced
 from outbox.sql import Queries
 
 logger = logging.getLogger("relay.supervisor")
@@ -49,7 +49,7 @@ def _child(cfg: RelayConfig, log_level: str, supervisor_pid: int, tag: str) -> N
         target=_stop_when_orphaned, args=(worker, supervisor_pid), name="parent", daemon=True
     )
     watcher.start()
-    raise SystemExit(leave_process(worker.run()))
+    raise SystemExit(leave_process(run_traced(worker)))
 
 
 def _stop_when_orphaned(worker: Worker, supervisor_pid: int) -> None:

@@ -47,8 +47,9 @@ from pathlib import Path
 import psycopg
 from psycopg.types.json import Jsonb
 
+from outbox import tracing
 from outbox.logs import log
-from outbox.relay import failpoints, inprocess
+from outbox.relay import failpoints, inprocess, spans
 from outbox.relay.capacity import Capacity
 from outbox.relay.completer import Completer
 from outbox.relay.config import RelayConfig, open_files_limit, raise_open_files_limit
@@ -145,7 +146,7 @@ class Worker:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
         if self.cfg.metrics_port is not None:
-            self.metrics.serve(self.cfg.metrics_port)
+            self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_host)
         sides = [
             threading.Thread(target=self.completer.loop, args=(q,), name=f"completer-{i}")
             for i, q in enumerate(self.outcomes)
@@ -488,6 +489,7 @@ class Worker:
                     retry(r, f"executor crashed: {type(err).__name__}: {err}") for r in rows
                 ]
             for outcome in outcomes:
+                spans.tool_ran(outcome)
                 self._queue(outcome)  # before finished: see _execute
         finally:
             self._finished(len(rows), 0)
@@ -599,7 +601,18 @@ def run_worker(cfg: RelayConfig) -> int:
     """Entry point of a worker process."""
     raise_open_files_limit()
     freeze_startup_heap()
-    return leave_process(Worker(cfg).run())
+    return leave_process(run_traced(Worker(cfg)))
+
+
+def run_traced(worker: Worker) -> int:
+    """``worker.run()`` in a process of its own, recording spans when OpenTelemetry's
+    variables ask for them (``outbox.tracing.setup``) and exporting the last of them
+    before it returns."""
+    tracing.setup("outbox-relay")
+    try:
+        return worker.run()
+    finally:
+        tracing.shutdown()
 
 
 def leave_process(code: int) -> int:

@@ -19,11 +19,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from outbox import config as outbox_config
-from outbox import logs
+from outbox import logs, tracing
 from outbox.errors import OutboxError
 from outbox.server import errors
 from outbox.server.access import AccessLog
 from outbox.server.actions import Settings
+from outbox.server.observed import Observed
 from outbox.server.routes import ROUTES, Config
 from outbox.server.store import Store
 from outbox.server.wakeups import Wakeups
@@ -61,6 +62,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        # Spans are recorded when OpenTelemetry's variables ask for them (outbox.tracing).
+        traced = tracing.setup("outbox-serve")
         store.open()
         await wakeups.start()
         try:
@@ -68,11 +71,13 @@ def create_app(
         finally:
             await wakeups.stop()
             store.close()
+            if traced:
+                tracing.shutdown()
 
     app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
-        middleware=[Middleware(AccessLog)],
+        middleware=[Middleware(AccessLog), Middleware(Observed)],
         exception_handlers={
             errors.APIError: errors.api_error,
             OutboxError: errors.library_error,

@@ -542,11 +542,12 @@ BEGIN
 END $$;
 
 
--- start_run_v1: "start a run on this thread with this user turn".
+-- start_run_v2: "start a run on this thread with this user turn".
 --
---   SELECT * FROM outbox.start_run_v1('tenant-a', '5b0c…'::uuid, 'gpt-5',
+--   SELECT * FROM outbox.start_run_v2('tenant-a', '5b0c…'::uuid, 'gpt-5',
 --       p_message => 'Refund order 42', p_tools => ARRAY['lookup_order', 'refund'],
---       p_idempotency_key => 'request-7f3a');
+--       p_idempotency_key => 'request-7f3a',
+--       p_traceparent => '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01');
 --
 -- Returns (run_id, status, created, correlation_id). In one go, all or nothing: the user
 -- message, the run, its first model turn queued for the relay (outbox row
@@ -560,13 +561,18 @@ END $$;
 --     tenant) raises OB004;
 --   * a tenant whose token budget is spent raises OB003;
 --   * bad arguments raise 22023 naming the argument.
+-- p_traceparent and p_tracestate: the W3C trace context the run continues (the backend's
+-- span that starts it), stored with the run: every span of the run (its model turns and
+-- tool calls, recorded by whichever relay works on them) joins that trace, and tools and
+-- models receive it (docs/operations.md, "Traces"). A resend with the same idempotency key
+-- keeps the first request's.
 -- Locks the thread, then the run: a run is inserted only under its thread's lock. Runs
 -- with the caller's rights under the tenant's row-level security (outbox_writer may call
 -- it). p_action_timeout_s, p_max_steps and p_loop_limit default to outbox.run_defaults, the
 -- one source of the defaults of new runs for SQL and the Python writer API alike (`outbox
 -- platform defaults`); the first model turn's attempts to the outbox column's default, as
 -- every later turn's.
-CREATE OR REPLACE FUNCTION {s}.start_run_v1(
+CREATE OR REPLACE FUNCTION {s}.start_run_v2(
     p_tenant_id text,
     p_thread_id uuid,
     p_model text,
@@ -581,7 +587,9 @@ CREATE OR REPLACE FUNCTION {s}.start_run_v1(
     p_loop_limit integer DEFAULT NULL,
     p_action_timeout_s double precision DEFAULT NULL,
     p_correlation_id text DEFAULT NULL,
-    p_max_cost numeric DEFAULT NULL
+    p_max_cost numeric DEFAULT NULL,
+    p_traceparent text DEFAULT NULL,
+    p_tracestate text DEFAULT NULL
 ) RETURNS TABLE (run_id uuid, status text, created boolean, correlation_id text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -621,6 +629,14 @@ BEGIN
                   HINT = 'set it with `outbox prices set MODEL --input X --output Y`';
     ELSIF octet_length(p_message) > v_cap OR octet_length(p_instructions) > v_cap THEN
         RAISE EXCEPTION 'the message or the instructions are over the cap of % bytes', v_cap
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF p_traceparent !~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+          OR p_traceparent ~ '^00-0{32}-' OR p_traceparent ~ '-0{16}-[0-9a-f]{2}$' THEN
+        RAISE EXCEPTION 'p_traceparent must be a W3C traceparent (00-<32 hex digits, trace id>-<16 hex digits, parent id>-<2 hex digits, flags>, lower case, ids not all zero), not %', quote_literal(p_traceparent)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'pass the traceparent header of the request that starts the run as it came, or NULL';
+    ELSIF p_tracestate IS NOT NULL AND (p_traceparent IS NULL OR length(p_tracestate) > 512) THEN
+        RAISE EXCEPTION 'p_tracestate must come with p_traceparent and be at most 512 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -696,13 +712,15 @@ BEGIN
 
     INSERT INTO {s}.runs AS r (tenant_id, thread_id, model, api, base_url, instructions,
                                tool_names, tool_pins, max_steps, max_tokens, max_cost,
-                               loop_limit, action_timeout, idempotency_key, correlation_id)
+                               loop_limit, action_timeout, idempotency_key, correlation_id,
+                               traceparent, tracestate)
     VALUES (p_tenant_id, p_thread_id, p_model, p_api, p_base_url, p_instructions,
             coalesce(p_tools, '{}'), v_pins, coalesce(p_max_steps, v_default.max_steps),
             p_max_tokens, p_max_cost, coalesce(p_loop_limit, v_default.loop_limit),
             make_interval(secs => coalesce(p_action_timeout_s, v_default.action_timeout_s)),
             p_idempotency_key,
-            coalesce(p_correlation_id, replace(gen_random_uuid()::text, '-', '')))
+            coalesce(p_correlation_id, replace(gen_random_uuid()::text, '-', '')),
+            p_traceparent, p_tracestate)
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING * INTO v_run;
     IF NOT FOUND THEN  -- the same key won a race on another thread of this tenant
@@ -730,9 +748,36 @@ BEGIN
 END $$;
 
 
+-- start_run_v1: start_run_v2 without a trace context (the run starts a trace of its own);
+-- kept for callers written against it.
+CREATE OR REPLACE FUNCTION {s}.start_run_v1(
+    p_tenant_id text,
+    p_thread_id uuid,
+    p_model text,
+    p_message text DEFAULT NULL,
+    p_tools text[] DEFAULT '{}',
+    p_idempotency_key text DEFAULT NULL,
+    p_api text DEFAULT 'responses',
+    p_base_url text DEFAULT NULL,
+    p_instructions text DEFAULT NULL,
+    p_max_steps integer DEFAULT NULL,
+    p_max_tokens bigint DEFAULT NULL,
+    p_loop_limit integer DEFAULT NULL,
+    p_action_timeout_s double precision DEFAULT NULL,
+    p_correlation_id text DEFAULT NULL,
+    p_max_cost numeric DEFAULT NULL
+) RETURNS TABLE (run_id uuid, status text, created boolean, correlation_id text)
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    SELECT * FROM {s}.start_run_v2(p_tenant_id, p_thread_id, p_model, p_message, p_tools,
+                                   p_idempotency_key, p_api, p_base_url, p_instructions,
+                                   p_max_steps, p_max_tokens, p_loop_limit, p_action_timeout_s,
+                                   p_correlation_id, p_max_cost)
+$$;
+
+
 -- same_run_request_v1: the run an idempotency key already started, if the request is the
 -- same (thread, user message, model and set of tools; the order of the tools is not part
--- of it); else OB002 naming what differs. A helper of start_run_v1.
+-- of it); else OB002 naming what differs. A helper of start_run_v2.
 CREATE OR REPLACE FUNCTION {s}.same_run_request_v1(
     p_run {s}.runs, p_thread_id uuid, p_idempotency_key text, p_message text, p_model text,
     p_tools text[]
@@ -916,6 +961,10 @@ REVOKE ALL ON FUNCTION {s}.start_run_v1(text, uuid, text, text, text[], text, te
                                          integer, bigint, integer, double precision, text,
                                          numeric)
     FROM PUBLIC;
+REVOKE ALL ON FUNCTION {s}.start_run_v2(text, uuid, text, text, text[], text, text, text, text,
+                                         integer, bigint, integer, double precision, text,
+                                         numeric, text, text)
+    FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.cancel_run_v1(text, uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.enter_tenant_v1(text),
@@ -923,6 +972,9 @@ GRANT EXECUTE ON FUNCTION {s}.enter_tenant_v1(text),
                           {s}.start_run_v1(text, uuid, text, text, text[], text, text, text,
                                            text, integer, bigint, integer, double precision,
                                            text, numeric),
+                          {s}.start_run_v2(text, uuid, text, text, text[], text, text, text,
+                                           text, integer, bigint, integer, double precision,
+                                           text, numeric, text, text),
                           {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]),
                           {s}.cancel_run_v1(text, uuid, text)
     TO outbox_writer, outbox_relay, outbox_api;  -- outbox_api: migration 0020

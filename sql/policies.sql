@@ -57,6 +57,8 @@ GRANT SELECT ON {s}.tools, {s}.tenant_budgets, {s}.risk_policies, {s}.tool_switc
     {s}.tenant_pauses, {s}.model_prices, {s}.platform_limits, {s}.run_defaults,
     {s}.credentials, {s}.webhook_endpoints
     TO outbox_relay;
+-- outbox_relay reads how to reach the MCP servers whose tools it calls.
+GRANT SELECT ON {s}.mcp_servers TO outbox_relay;
 -- outbox_relay updates a lane's row with every claim that takes its work, and records each
 -- webhook delivery's attempts.
 GRANT SELECT, UPDATE ON {s}.lanes, {s}.webhook_deliveries TO outbox_relay;
@@ -76,6 +78,11 @@ GRANT SELECT ON {s}.tenant_budgets, {s}.lanes, {s}.approvals, {s}.risk_policies,
     {s}.run_defaults, {s}.api_keys, {s}.assistants, {s}.assistant_runs, {s}.webhook_endpoints,
     {s}.webhook_deliveries, {s}.responses
     TO outbox_auditor;
+-- outbox_auditor reads the MCP servers registered but their header and environment values
+-- (they may hold secrets).
+GRANT SELECT (tenant_id, name, transport, url, command, credential_ref, trusted, prefix,
+              timeout_s, settle_s, max_attempts, max_concurrency, overrides, synced_at,
+              created_at) ON {s}.mcp_servers TO outbox_auditor;
 -- outbox_auditor reads every column of a credential but its ciphertext.
 GRANT SELECT (tenant_id, name, source, reference, header, scheme, version, updated_by,
               updated_at, revoked_at) ON {s}.credentials TO outbox_auditor;
@@ -255,6 +262,18 @@ CREATE POLICY all_tenants ON {s}.tools TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
 DROP POLICY IF EXISTS audit_read ON {s}.tools;
 CREATE POLICY audit_read ON {s}.tools FOR SELECT TO outbox_auditor USING (true);
+
+-- mcp_servers: a tenant's MCP tool servers, and the shared ('*') ones.
+ALTER TABLE {s}.mcp_servers ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON {s}.mcp_servers;
+CREATE POLICY tenant_isolation ON {s}.mcp_servers TO PUBLIC
+    USING (tenant_id IN ({s}.current_tenant_v1(), '*'))
+    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+DROP POLICY IF EXISTS all_tenants ON {s}.mcp_servers;
+CREATE POLICY all_tenants ON {s}.mcp_servers TO outbox_relay, CURRENT_USER
+    USING (true) WITH CHECK (true);
+DROP POLICY IF EXISTS audit_read ON {s}.mcp_servers;
+CREATE POLICY audit_read ON {s}.mcp_servers FOR SELECT TO outbox_auditor USING (true);
 
 -- journal: a tenant's journal events (its triggers in triggers.sql keep it append-only).
 ALTER TABLE {s}.journal ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;

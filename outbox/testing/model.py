@@ -134,6 +134,7 @@ class ModelRequest:
     at: float  # seconds since the epoch
     tools: list[Any] = field(default_factory=list)  # the request's tool list, as sent
     body: dict[str, Any] = field(default_factory=dict)  # the whole request, as sent
+    traceparent: str | None = None  # the W3C trace context the request carried
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -593,6 +594,7 @@ class ScriptedModel(FakeServer):
             at=time.time(),
             tools=list(body.get("tools") or []) if isinstance(body.get("tools"), list) else [],
             body=body,
+            traceparent=request.headers.get("traceparent"),
         )
         with self.lock:
             self._requests.append(record)

@@ -262,11 +262,26 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
            SELECT jsonb_build_object('url', e.url, 'ciphertext', e.ciphertext,
                                      'removed_at', e.removed_at)
            FROM {s}.webhook_endpoints e WHERE e.id = (c.payload->>'endpoint_id')::uuid
-       ) END AS credential
+       ) END AS credential,
+       -- mcp: an MCP tool's name at its server, and how to reach the server as it is
+       -- registered now (outbox.relay.mcpclient; server NULL: it was removed).
+       CASE WHEN t.executor = 'mcp' THEN jsonb_build_object(
+           'tool', t.mcp_tool, 'missing', t.mcp_server,
+           'server', (SELECT to_jsonb(m) FROM {s}.mcp_servers m
+                      WHERE m.name = t.mcp_server AND m.tenant_id = t.tenant_id))
+       END AS mcp,
+       -- The run's trace context, its start (seconds since the epoch) and model: every span
+       -- of the run hangs under its invoke_agent span (outbox.tracing).
+       r.traceparent, r.tracestate, extract(epoch FROM r.created_at)::float8 AS run_started_at,
+       r.model
 FROM claimed c
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tool_calls WHERE id = c.tool_call_ref OFFSET 0
 ) tc ON true
+LEFT JOIN LATERAL (
+    SELECT r.traceparent, r.tracestate, r.created_at, r.model
+    FROM {s}.runs r WHERE r.id = c.run_id OFFSET 0
+) r ON true
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tools t
     WHERE t.name = tc.tool_name AND t.version = tc.tool_version
@@ -537,6 +552,20 @@ SELECT status, kind, count(*) AS n,
        coalesce(extract(epoch FROM now() - min(available_at)
                 FILTER (WHERE status = 'ready' AND available_at <= now())), 0) AS lag_s
 FROM {s}.outbox GROUP BY status, kind
+
+-- name: waiting_for_people
+-- Per tenant: tool calls waiting for a reviewer's decision (and the oldest one's wait, in
+-- seconds), and runs with a row parked for an operator (quarantined or outcome unknown).
+SELECT tenant_id, sum(approvals)::bigint, max(oldest_s)::float8, sum(parked)::bigint
+FROM (
+    SELECT a.tenant_id, count(*) AS approvals,
+           extract(epoch FROM now() - min(a.created_at)) AS oldest_s, 0 AS parked
+    FROM {s}.approvals a WHERE a.status = 'pending' GROUP BY a.tenant_id
+    UNION ALL
+    SELECT o.tenant_id, 0, 0, count(DISTINCT o.run_id)
+    FROM {s}.outbox o WHERE o.status = 'quarantined' GROUP BY o.tenant_id
+) w
+GROUP BY tenant_id
 
 -- name: finish_many
 -- Fencing for many done rows at once: each row leaves the hot table only for its current

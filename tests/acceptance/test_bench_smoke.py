@@ -26,6 +26,7 @@ def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
     command = [sys.executable, "-m", "bench", "--quick", "--calls", "300", "--http-calls", "100"]
     command += ["--processes", "1,2", "--latency-intents", "20", "--notify-commits", "5"]
     command += ["--inflight", "20:0.2:0.1:2", "--serve-runs", "10", "--poster-requests", "200"]
+    command += ["--mcp-calls", "20", "--tracing", "20:0.2:0.1:2"]
     command += ["--json", str(out), "--no-chart"]
     env = {**os.environ, "OUTBOX_DATABASE_URL": server_url}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
@@ -41,9 +42,18 @@ def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
     [case] = results["inflight"]
     assert case["completed"] == 20 and case["duplicates"] == 0 and case["wall_s"] > 0
     assert "### Runs in flight" in done.stdout
+    traced = results["tracing"]
+    assert len(traced["off_ms_per_run"]) == len(traced["on_ms_per_run"]) == 1
+    assert traced["exports"] > 0  # the relay with tracing on exported its spans
+    assert all(f["completed"] == 20 for way in ("off", "on") for f in traced["measurements"][way])
+    assert "### Tracing off and on" in done.stdout
     assert results["serve"]["runs"] == 10 and results["serve"]["api_stream"]["per_s"] > 0
     assert "### Starting a run: `outbox serve`" in done.stdout
     clients = results["poster"]["cpu_ms"]
     assert set(clients) == {"relay.poster", "httpx2.AsyncClient"}
     assert all(v > 0 for values in clients.values() for v in values)
     assert "### CPU per request of the relay's HTTP client" in done.stdout
+    for answers in ("sse", "json"):
+        mcp = results["mcp"][answers]
+        assert mcp["overhead"]["mcp_p50_ms"] > 0 and mcp["in_flight"]["failed"] == 0
+    assert "### MCP tool calls beside HTTP tool calls" in done.stdout

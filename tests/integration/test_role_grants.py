@@ -118,6 +118,18 @@ def start_run(conn: psycopg.Connection[Any], s: Seed) -> None:
     assert status == "queued"
 
 
+def start_run_traced(conn: psycopg.Connection[Any], s: Seed) -> None:
+    thread = one(conn, "SELECT outbox.create_thread_v1(%s)", [A])
+    status = one(
+        conn,
+        "SELECT status FROM outbox.start_run_v2(%s, %s, 'scripted', p_message => 'hi', "
+        "p_traceparent => '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', "
+        "p_tracestate => 'vendor=1')",
+        [A, thread],
+    )
+    assert status == "queued"
+
+
 # A valid call of each function, and what it must answer.
 Call = Callable[[psycopg.Connection[Any], Seed], None]
 CALLS: dict[str, Call] = {
@@ -207,6 +219,7 @@ CALLS: dict[str, Call] = {
         False,
     ),
     "start_run_v1": start_run,
+    "start_run_v2": start_run_traced,
     "submit_tool_outputs_v1": lambda c, s: _is(
         one(
             c,

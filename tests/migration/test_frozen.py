@@ -75,6 +75,10 @@ PINNED = {
     "0030_run_defaults_and_one_rule_each.sql": "26ebec2834d21449",
     "0031_model_options.py": "a03f862abf4d7b51",
     "0031_model_options.sql": "df8e1c348023e05e",
+    "0032_mcp_servers.py": "dd0974bf0c81aaac",
+    "0032_mcp_servers.sql": "a8495a7e96a3b6fb",
+    "0033_run_trace_context.py": "2945a0b2ab29e156",
+    "0033_run_trace_context.sql": "53ac0de5ef2061f0",
 }
 
 

@@ -37,6 +37,7 @@ FIELDS = {
     "--retry-base": "retry_base_s",
     "--rescue-interval": "rescue_interval_s",
     "--max-model-answer": "max_model_answer_bytes",
+    "--metrics-host": "metrics_host",
 }
 
 

@@ -1,0 +1,321 @@
+"""MCP tool calls through the relay's client beside HTTP tool calls doing the same work.
+
+``python -m bench.mcp [--calls N] [--in-flight M] [--latency S]`` starts one server process
+(``MCPServer`` of the official SDK over streamable HTTP, with a plain JSON route beside it
+that does the same work) and measures, from this process:
+
+- overhead: N calls one after another of a tool that answers at once, through
+  ``relay.mcpclient.McpCaller`` (the relay's code path, its session opened once; the dispatch
+  mark, a database write, is left out of both) and through ``relay.poster.Poster`` as an
+  HTTP tool; p50 and p90 of each, and the difference of the p50s;
+- in flight: M calls at once of a tool that answers after S seconds, on one event loop with
+  the server's limit at M; the wall time beside the ideal S, the CPU per call of this
+  process and of the server's, and the threads this process ran meanwhile (none is
+  started per call).
+
+Both with the server answering each call as an event stream (the SDK's default) and as a
+JSON body; and, as a baseline, the same calls through ``SpecClient`` (``tools/call`` written
+on the spec over the relay's poster, no SDK). docs/mcp.md has the figures and what they
+mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from outbox.mcpservers import META_KEY
+from outbox.relay.executors import normalise
+from outbox.relay.mcpclient import McpCaller, Server
+from outbox.relay.outcomes import Claimed
+from outbox.relay.poster import Poster
+
+SERVER = """
+import asyncio, sys
+from mcp.server.mcpserver import MCPServer
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+app = MCPServer("bench", log_level="WARNING")
+
+@app.tool()
+async def work(sleep_s: float = 0.0) -> dict:
+    await asyncio.sleep(sleep_s)
+    return {"done": True}
+
+@app.custom_route("/tool", methods=["POST"])
+async def tool(request: Request) -> JSONResponse:
+    body = await request.json()
+    await asyncio.sleep(body.get("sleep_s", 0.0))
+    return JSONResponse({"done": True})
+
+app.run("streamable-http", port=int(sys.argv[1]), json_response=sys.argv[2] == "json")
+"""
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _row(i: int, sleep_s: float, server: Server, url: str) -> Claimed:
+    return Claimed(
+        id=i,
+        kind="tool_call",
+        tenant_id="bench",
+        thread_id=None,
+        run_id="00000000-0000-0000-0000-000000000000",
+        batch_id=1,
+        tool_call_ref=i,
+        correlation_id=None,
+        attempt=1,
+        failures=0,
+        max_attempts=1,
+        payload=None,
+        lag_s=0.0,
+        tool_call_id=f"call_{i}",
+        tool_name="work",
+        arguments={"sleep_s": sleep_s},
+        idempotency_key=f"bench-{i}",
+        idempotency_mode="key",
+        executor="mcp",
+        endpoint=url,
+        timeout_s=60.0,
+        mcp={"tool": "work", "server": {**server.__dict__}},
+    )
+
+
+ACCEPT = "application/json, text/event-stream"
+SPEC_VERSION = "2025-11-25"
+
+
+class SpecClient:
+    """The baseline: ``tools/call`` written on the spec over the relay's poster (one
+    JSON-RPC POST; the answer read as JSON or from its event stream), no SDK. It speaks
+    only what this bench needs (no errors, no notifications, one protocol version): a
+    measure of what a call need cost, not a client."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.poster, self.session, self.ids = url, Poster(), "", 0
+
+    def _headers(self, key: str = "") -> dict[str, str]:
+        headers = {"accept": ACCEPT, "mcp-protocol-version": SPEC_VERSION}
+        if self.session:
+            headers["mcp-session-id"] = self.session
+        if key:
+            headers["idempotency-key"] = key
+        return headers
+
+    async def open(self) -> None:
+        params = {
+            "protocolVersion": SPEC_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "bench", "version": "1"},
+        }
+        request = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}
+        answer = await self.poster.post(
+            self.url, json=request, headers={"accept": ACCEPT}, timeout=30
+        )
+        self.session = answer.headers.get("mcp-session-id", "")
+        _answer_of(answer, 0)
+        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await self.poster.post(self.url, json=note, headers=self._headers(), timeout=30)
+
+    async def call(self, name: str, arguments: dict[str, Any], key: str) -> dict[str, Any]:
+        self.ids += 1
+        request_id = self.ids
+        meta = {META_KEY: {"idempotency_key": key}}
+        params = {"name": name, "arguments": arguments, "_meta": meta}
+        request = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+        answer = await self.poster.post(
+            self.url, json=request, headers=self._headers(key), timeout=60
+        )
+        return _answer_of(answer, request_id)
+
+
+def _answer_of(answer: Any, request_id: int) -> dict[str, Any]:
+    if answer.headers.get("content-type", "").startswith("application/json"):
+        found: dict[str, Any] = json.loads(answer.content)
+        return found
+    for event in answer.content.replace(b"\r\n", b"\n").split(b"\n\n"):
+        data = b"".join(
+            line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")
+        )
+        if data and (message := json.loads(data)).get("id") == request_id:
+            return dict(message)
+    raise RuntimeError(f"no answer to request {request_id}: {answer.content[:200]!r}")
+
+
+async def _spec(port: int, calls: int, n: int, latency_s: float) -> dict[str, Any]:
+    client = SpecClient(f"http://127.0.0.1:{port}/mcp")
+    await client.open()
+    for i in range(20):
+        await client.call("work", {"sleep_s": 0.0}, f"warm-{i}")
+    took: list[float] = []
+    used = time.process_time()
+    for i in range(calls):
+        started = time.perf_counter()
+        assert "result" in await client.call("work", {"sleep_s": 0.0}, f"one-{i}")
+        took.append((time.perf_counter() - started) * 1000)
+    cpu_ms = (time.process_time() - used) * 1000 / calls
+    used, started = time.process_time(), time.perf_counter()
+    answers = await asyncio.gather(
+        *(client.call("work", {"sleep_s": latency_s}, f"many-{i}") for i in range(n))
+    )
+    wall = time.perf_counter() - started
+    await client.poster.aclose()
+    return {
+        "p50_ms": round(statistics.median(took), 3),
+        "client_cpu_ms_per_call": round(cpu_ms, 3),
+        "in_flight": n,
+        "wall_s": round(wall, 3),
+        "x_ideal": round(wall / latency_s, 3),
+        "in_flight_client_cpu_ms_per_call": round((time.process_time() - used) * 1000 / n, 3),
+        "failed": sum("result" not in a for a in answers),
+    }
+
+
+async def _marked(row: Claimed) -> bool:
+    return True
+
+
+def _headers(row: Claimed) -> dict[str, str]:
+    return {"Idempotency-Key": row.idempotency_key or "", "X-Outbox-Tool-Call-Id": "c"}
+
+
+async def _overhead(port: int, calls: int) -> dict[str, Any]:
+    server = Server("bench", "bench", "http", url=f"http://127.0.0.1:{port}/mcp")
+    tool_url = f"http://127.0.0.1:{port}/tool"
+    caller = McpCaller(_marked)
+    poster = Poster()
+    mcp_ms: list[float] = []
+    http_ms: list[float] = []
+    cpu = {"mcp": 0.0, "http": 0.0}
+    for i in range(calls + 20):  # the first 20 of each warm up (session, connections)
+        row = _row(i, 0.0, server, tool_url)
+        started, used = time.perf_counter(), time.process_time()
+        outcome = await caller.call(row, None, _headers(row))
+        took = (time.perf_counter() - started) * 1000
+        assert outcome.status == "ok", outcome.error
+        if i >= 20:
+            mcp_ms.append(took)
+            cpu["mcp"] += time.process_time() - used
+        started, used = time.perf_counter(), time.process_time()
+        response = await poster.post(
+            tool_url, json=row.arguments, headers=_headers(row), timeout=30
+        )
+        outcome = normalise(row, response)
+        took = (time.perf_counter() - started) * 1000
+        assert outcome.status == "ok", outcome.error
+        if i >= 20:
+            http_ms.append(took)
+            cpu["http"] += time.process_time() - used
+    await caller.sessions.aclose()
+    await poster.aclose()
+
+    def pct(values: list[float], q: int) -> float:
+        return round(statistics.quantiles(values, n=100)[q - 1], 3)
+
+    return {
+        "calls": calls,
+        "mcp_p50_ms": pct(mcp_ms, 50),
+        "mcp_p90_ms": pct(mcp_ms, 90),
+        "http_p50_ms": pct(http_ms, 50),
+        "http_p90_ms": pct(http_ms, 90),
+        "extra_p50_ms": round(pct(mcp_ms, 50) - pct(http_ms, 50), 3),
+        "mcp_client_cpu_ms_per_call": round(cpu["mcp"] * 1000 / calls, 3),
+        "http_client_cpu_ms_per_call": round(cpu["http"] * 1000 / calls, 3),
+    }
+
+
+async def _in_flight(port: int, n: int, latency_s: float) -> dict[str, Any]:
+    server = Server("bench", "bench", "http", url=f"http://127.0.0.1:{port}/mcp", max_concurrency=n)
+    caller = McpCaller(_marked)
+    warm = _row(0, 0.0, server, "")
+    assert (await caller.call(warm, None, _headers(warm))).status == "ok"
+    threads = threading.active_count()
+    cpu = time.process_time()
+    started = time.perf_counter()
+    rows = [_row(i, latency_s, server, "") for i in range(1, n + 1)]
+    outcomes = await asyncio.gather(*(caller.call(r, None, _headers(r)) for r in rows))
+    wall = time.perf_counter() - started
+    cpu_ms = (time.process_time() - cpu) * 1000 / n
+    peak_threads = threading.active_count()
+    await caller.sessions.aclose()
+    failed = [o.error for o in outcomes if o.status != "ok"]
+    return {
+        "in_flight": n,
+        "latency_s": latency_s,
+        "wall_s": round(wall, 3),
+        "x_ideal": round(wall / latency_s, 3),
+        "client_cpu_ms_per_call": round(cpu_ms, 3),
+        "failed": len(failed),
+        "first_failure": failed[0] if failed else None,
+        "threads_before": threads,
+        "threads_after": peak_threads,
+    }
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` has used (Linux's /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(calls: int, in_flight: int, latency_s: float, answers: str = "sse") -> dict[str, Any]:
+    """``answers``: how the server answers a call, "sse" (the SDK's default: an event
+    stream per request) or "json" (a JSON body)."""
+    port = _port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(port), answers],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the bench MCP server did not start") from None
+                time.sleep(0.1)  # the server process is starting
+        overhead = asyncio.run(_overhead(port, calls))
+        before = _cpu_s(server.pid)
+        flight = asyncio.run(_in_flight(port, in_flight, latency_s))
+        flight["server_cpu_ms_per_call"] = round(
+            (_cpu_s(server.pid) - before) * 1000 / in_flight, 3
+        )
+        spec = asyncio.run(_spec(port, calls, in_flight, latency_s))
+        return {"overhead": overhead, "in_flight": flight, "spec_baseline": spec}
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.mcp", description=__doc__)
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--in-flight", type=int, default=1000)
+    parser.add_argument("--latency", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    results = {a: run(args.calls, args.in_flight, args.latency, a) for a in ("sse", "json")}
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""Traces of agent runs: OpenTelemetry spans, one trace per run across processes and restarts.
+
+A run outlives any process that works on it (its turns and calls are claimed by whichever
+relay is free, a killed relay's rows by another), so no process can hold its span open.
+Instead every span of a run hangs under its ``invoke_agent`` span, whose ids follow from
+what is stored with the run: its trace id is that of the context current when a backend
+started the run (``runs.traceparent``: the backend's span through the Python API, the
+``p_traceparent`` argument of ``start_run_v2``, the ``traceparent`` header of a request to
+``outbox serve``), or a hash of the run id when there was none; its span id is another
+hash of the run id. So any relay, at any time, parents a ``chat`` or ``execute_tool`` span on it
+knowing only the row it claimed, and the relay that ends the run records the
+``invoke_agent`` span itself, with those ids, from the run's creation to its end
+(``record_run``): the SDK's id generator is told which ids to hand out for that one span.
+
+The spans follow OpenTelemetry's GenAI semantic conventions (``gen_ai.*``); ours are
+``outbox.*``. Nothing a model or tool said or was given (messages, arguments, results,
+error bodies) goes into a span unless ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``
+is true, the conventions' opt-in; credentials never do.
+
+Off unless OpenTelemetry's own variables ask for it (``setup``): the SDK is then never
+imported and spans cost nothing, and tools and models still receive a ``traceparent`` that
+continues the run's trace (``headers``). This module uses OpenTelemetry's API and SDK
+only; it writes no tracing of its own.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import hashlib
+import os
+import re
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+# A W3C traceparent of version 00, as start_run_v2 accepts it (lower case, ids not zero).
+TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+MAX_TRACESTATE = 512  # characters of a tracestate stored with a run
+SCOPE = "outbox"  # the instrumentation scope of our spans
+
+_propagator = TraceContextTextMapPropagator()
+_provider: TracerProvider | None = None
+_tracer: trace.Tracer = trace.NoOpTracer()
+_capture = False
+# The ids the SDK hands out for the next span started in this context (``record_run``).
+_fixed_ids: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+    "outbox_fixed_span_ids", default=None
+)
+
+
+# -- the run's trace --------------------------------------------------------------------
+
+
+def caller_context() -> tuple[str | None, str | None]:
+    """The ``traceparent`` and ``tracestate`` of the span current here (a backend's, when it
+    starts a run), or ``(None, None)`` when there is none."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None, None
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier)
+    return carrier.get("traceparent"), carrier.get("tracestate")
+
+
+def agent_span_id(run_id: uuid.UUID) -> int:
+    """The span id of a run's ``invoke_agent`` span: the same in every process."""
+    return int.from_bytes(hashlib.blake2b(run_id.bytes, digest_size=8).digest(), "big") or 1
+
+
+def own_trace_id(run_id: uuid.UUID) -> int:
+    """The trace id of a run started without a trace context: a hash of the run id, the
+    same in every process. Not the run id's own bits: a uuid4's fixed variant bits fall
+    in the half of the id that ratio samplers read, and they would keep every such run
+    or none."""
+    digest = hashlib.blake2b(run_id.bytes, digest_size=16, person=b"outbox-trace").digest()
+    return int.from_bytes(digest, "big") or 1
+
+
+def _parent(traceparent: str | None, tracestate: str | None) -> trace.SpanContext | None:
+    if not traceparent:
+        return None
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    context = trace.get_current_span(_propagator.extract(carrier)).get_span_context()
+    return context if context.is_valid else None
+
+
+def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> Any:
+    """The context whose current span is the run's ``invoke_agent`` span (remote: another
+    process records it): the parent of every span of the run.
+
+    A run that continues a caller's trace is sampled as the caller said (its flags). One
+    that starts its own is sampled as this process's sampler decides for its trace id,
+    which every process decides alike (``OTEL_TRACES_SAMPLER``: a ratio samples by trace
+    id), so with sampling on, all of a run's spans are kept or none; off, tools and models
+    are told it is sampled, for their own spans' sake."""
+    parent = _parent(traceparent, tracestate)
+    span = trace.SpanContext(
+        trace_id=parent.trace_id if parent else own_trace_id(run_id),
+        span_id=agent_span_id(run_id),
+        is_remote=True,
+        trace_flags=parent.trace_flags if parent else _root_flags(own_trace_id(run_id)),
+        trace_state=parent.trace_state if parent else None,
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(span))
+
+
+def _root_flags(trace_id: int) -> trace.TraceFlags:
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    sampled = (
+        _provider is None
+        or _provider.sampler.should_sample(
+            otel_context.Context(), trace_id, "invoke_agent"
+        ).decision
+        is Decision.RECORD_AND_SAMPLE
+    )
+    return trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else trace.TraceFlags.DEFAULT)
+
+
+@functools.lru_cache(maxsize=16_384)
+def run_headers(
+    run_id: uuid.UUID, traceparent: str | None, tracestate: str | None
+) -> dict[str, str]:
+    """``headers`` of the run's own context, the same for every request of the run: what
+    tools and models receive with tracing off (kept for the runs of the moment, so a
+    request costs a look-up; never change the dict returned)."""
+    return headers(run_context(run_id, traceparent, tracestate))
+
+
+def headers(context: Any) -> dict[str, str]:
+    """``traceparent`` (and ``tracestate``) naming the current span of ``context``: what a
+    tool or model receives, so its own spans join the run's trace."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=context)
+    return carrier
+
+
+# -- spans ------------------------------------------------------------------------------
+
+
+def enabled() -> bool:
+    """Whether spans are recorded in this process (``setup`` or ``install``)."""
+    return _provider is not None
+
+
+def capture_content() -> bool:
+    """Whether messages, arguments and results may go into spans (the GenAI opt-in)."""
+    return _capture
+
+
+def tracer() -> trace.Tracer:
+    return _tracer
+
+
+def record_run(
+    run_id: uuid.UUID,
+    traceparent: str | None,
+    tracestate: str | None,
+    started_at_s: float,
+    attributes: Mapping[str, Any],
+    error: str | None = None,
+) -> None:
+    """Record the ``invoke_agent`` span of a run that ended now, started at
+    ``started_at_s`` (seconds since the epoch, the database's clock), with the ids its
+    children were given (``run_context``)."""
+    if _provider is None:
+        return
+    parent = _parent(traceparent, tracestate)
+    parent_context = (
+        trace.set_span_in_context(trace.NonRecordingSpan(parent))
+        if parent
+        else otel_context.Context()
+    )
+    trace_id = parent.trace_id if parent else own_trace_id(run_id)
+    token = _fixed_ids.set((trace_id, agent_span_id(run_id)))
+    try:
+        span = _tracer.start_span(
+            "invoke_agent",
+            context=parent_context,
+            kind=trace.SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=int(started_at_s * 1e9),
+        )
+    finally:
+        _fixed_ids.reset(token)
+    if error is not None:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, error))
+    span.end()
+
+
+@contextmanager
+def server_span(
+    name: str, carrier: Mapping[str, str], attributes: Mapping[str, Any]
+) -> Iterator[trace.Span]:
+    """The span of a request to ``outbox serve``, continuing the caller's ``traceparent``;
+    current while the request is handled, so a run it starts stores it. Off, the caller's
+    context alone is made current (a run started then still continues it)."""
+    context = _propagator.extract(carrier)
+    if _provider is None:
+        token = otel_context.attach(context)
+        try:
+            yield trace.INVALID_SPAN
+        finally:
+            otel_context.detach(token)
+        return
+    with _tracer.start_as_current_span(
+        name, context=context, kind=trace.SpanKind.SERVER, attributes=attributes
+    ) as span:
+        yield span
+
+
+# -- setting it up ----------------------------------------------------------------------
+
+
+def wanted() -> bool:
+    """Whether OpenTelemetry's variables ask for traces: an OTLP endpoint, or a traces
+    exporter other than ``none``; never with ``OTEL_SDK_DISABLED=true``."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return exporter != "none"
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+def setup(service_name: str) -> bool:
+    """Record spans in this process and export them as OpenTelemetry's variables say
+    (``OTEL_TRACES_EXPORTER``: ``otlp``, OTLP over HTTP/protobuf to
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``, or ``console``), in batches (``OTEL_BSP_*``), under
+    ``OTEL_SERVICE_NAME`` (else ``service_name``); whether it did. A process that does
+    not call it records nothing."""
+    if not wanted():
+        return False
+    names = [
+        n.strip().lower()
+        for n in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
+        if n.strip()
+    ]
+    exporters: list[SpanExporter] = []
+    for name in names:
+        if name == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporters.append(OTLPSpanExporter())
+        elif name == "console":
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+            exporters.append(ConsoleSpanExporter())
+        else:
+            raise ValueError(
+                f"OTEL_TRACES_EXPORTER={name!r} is not supported here: use otlp, console or none"
+            )
+    install(*exporters, service_name=service_name)
+    return True
+
+
+def install(
+    *exporters: SpanExporter, service_name: str = "outbox", batch: bool = True
+) -> TracerProvider:
+    """Record spans in this process and hand them to ``exporters`` (in batches, or one by
+    one with ``batch=False``, as tests want: the SDK's ``InMemorySpanExporter`` sees a span
+    the moment it ends). Replaces what an earlier call installed."""
+    global _provider, _tracer, _capture
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class RunIds(RandomIdGenerator):
+        """Random ids, but those ``record_run`` sets for the one span it starts."""
+
+        def generate_span_id(self) -> int:
+            fixed = _fixed_ids.get()
+            return fixed[1] if fixed else super().generate_span_id()
+
+        def generate_trace_id(self) -> int:
+            fixed = _fixed_ids.get()
+            return fixed[0] if fixed else super().generate_trace_id()
+
+    shutdown()
+    run_headers.cache_clear()  # the sampler decides them from now on
+    resource = Resource.create(
+        {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
+    )
+    provider = TracerProvider(resource=resource, id_generator=RunIds())
+    for exporter in exporters:
+        processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
+        provider.add_span_processor(processor)
+    _provider, _tracer = provider, provider.get_tracer(SCOPE)
+    _capture = os.environ.get(CAPTURE_CONTENT, "").strip().lower() == "true"
+    return provider
+
+
+def shutdown() -> None:
+    """Export what is left and record no more spans (at a process's orderly exit)."""
+    global _provider, _tracer
+    if _provider is not None:
+        _provider.shutdown()
+    _provider, _tracer = None, trace.NoOpTracer()
+    run_headers.cache_clear()

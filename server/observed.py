@@ -1,0 +1,84 @@
+"""Traces and metrics of ``outbox serve``'s requests.
+
+Metrics: ``outbox_serve_request_seconds`` by method, route (the path's template, so ids do
+not make a series each) and status, in this process's registry (``REGISTRY``), served by
+``outbox serve --metrics-port``.
+
+Traces: a server span per HTTP request, continuing the caller's trace.
+
+The caller's ``traceparent`` (and ``tracestate``) headers name the trace a request belongs
+to. The request's span (``{method} {route}``, kind server, with the semantic conventions'
+``http.*`` attributes) is its child and is current while the request is handled, so a run
+the request starts stores it (``outbox.calls.start_run``) and every span of that run joins
+the caller's trace. With tracing off the caller's context alone is made current: the run
+still continues it. Handlers run on Starlette's thread pool, which carries the context.
+"""
+
+from __future__ import annotations
+
+import time
+
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from outbox import tracing
+
+CONTEXT_HEADERS = (b"traceparent", b"tracestate")
+METHODS = {"GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"}  # others: "other"
+REGISTRY = CollectorRegistry()
+REQUEST_SECONDS = Histogram(
+    "outbox_serve_request_seconds",
+    "Requests to outbox serve, from their arrival to their answer (a stream: to its end), "
+    "by method, route and status",
+    ["method", "route", "status"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
+
+
+class Observed:
+    """ASGI middleware: each HTTP request in a span of its own (``outbox.tracing``), and
+    counted with its duration."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        carrier = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in scope["headers"]
+            if name in CONTEXT_HEADERS
+        }
+        started = time.perf_counter()
+        method = scope["method"] if scope["method"] in METHODS else "other"
+        attributes = {"http.request.method": method, "url.path": scope["path"]}
+        with tracing.server_span(method, carrier, attributes) as span:
+            status = 500
+
+            async def answer(message: Message) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                await send(message)
+
+            try:
+                await self.app(scope, receive, answer)
+            finally:
+                route = getattr(scope.get("route"), "path", None)
+                REQUEST_SECONDS.labels(method, route or "unmatched", str(status)).observe(
+                    time.perf_counter() - started
+                )
+                if span.is_recording():
+                    if route:
+                        span.update_name(f"{method} {route}")
+                        span.set_attribute("http.route", route)
+                    span.set_attribute("http.response.status_code", status)
+                    if status >= 500:
+                        span.set_status(trace.Status(trace.StatusCode.ERROR))
+                    tenant = scope.get("state", {}).get("tenant_id")
+                    if tenant:
+                        span.set_attribute("outbox.tenant.id", tenant)

@@ -1,0 +1,680 @@
+"""MCP tool servers: registered, discovered, and called by the relay through the official SDK.
+
+The servers are real ones nobody here wrote the protocol side of: ``tests/mcp_fixture.py``
+is built with the SDK's ``MCPServer`` and keeps its own audit trail of every call it
+receives (the count that says whether a call was made twice), served over streamable HTTP
+on loopback or over stdio; ``mcp-server-time`` and ``mcp-server-git`` are the published
+servers from the package index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+import cli
+from outbox import credentials, keys, mcpservers, tracing, writer
+from outbox.commands.mcp import discover
+from outbox.schemas import StartRun
+from outbox.testing.model import HistoryItem, ScriptedModel
+from outbox.testing.server import FakeServer, Reply, Request
+from outbox.testing.tools import FakeToolService
+from tests.helpers import new_run, turn
+from tests.relay_harness import (
+    FAST,
+    all_settled,
+    register_tool,
+    relay_thread,
+    scalar,
+    start_relay_process,
+    tool_call_states,
+    wait_until,
+)
+from tests.serve_harness import serve
+
+FIXTURE = Path(__file__).resolve().parent.parent / "mcp_fixture.py"
+BIN = Path(sys.executable).parent
+META_KEY = "dev.agent-outbox/call"
+
+
+def audit(path: Path, tool: str | None = None) -> list[dict[str, Any]]:
+    """The calls the fixture server received, as it recorded them."""
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [line for line in lines if tool is None or line["tool"] == tool]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class HttpFixture:
+    """The fixture server over streamable HTTP, in a process of its own."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.audit_path = tmp_path / "audit-http.jsonl"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.log = tmp_path / "mcp-http.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(FIXTURE), "http", str(self.port), str(self.audit_path)],
+                stdout=log,
+                stderr=log,
+            )
+        wait_until(self._accepts, timeout_s=30, what="the MCP server to listen")
+
+    def _accepts(self) -> bool:
+        assert self.process is not None
+        assert self.process.poll() is None, self.log.read_text()
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+        except OSError:
+            return False
+        return True
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def calls(self, tool: str | None = None) -> list[dict[str, Any]]:
+        return audit(self.audit_path, tool)
+
+
+@pytest.fixture
+def http_server(tmp_path: Path) -> Iterator[HttpFixture]:
+    server = HttpFixture(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def add_server(db_url: str, **spec: Any) -> dict[str, Any]:
+    """Register a server as `outbox mcp add` does: list its tools, then write both."""
+    spec.setdefault("timeout_s", 5.0)
+    spec.setdefault("settle_s", 0.5)
+    server = mcpservers.ServerSpec(**spec)
+    listed = discover({**server.model_dump(), "transport": server.transport})
+    with psycopg.connect(db_url) as conn:
+        row = mcpservers.add(conn, server, listed, actor="test")
+        conn.commit()
+    return row
+
+
+def call_once(db_url: str, tool: str, arguments: dict[str, Any]) -> int:
+    """A run whose model asked for ``tool`` once; the tool call's ref."""
+    with psycopg.connect(db_url) as conn:
+        run = new_run(conn, tools=[tool])
+        refs = writer.record_model_turn(
+            conn, turn(run, 1, ("call_1", tool, json.dumps(arguments)))
+        ).tool_call_refs
+        conn.commit()
+    return refs[0]
+
+
+def call_row(db_url: str, ref: int) -> dict[str, Any]:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.row_factory = psycopg.rows.dict_row
+        row = conn.execute(
+            "SELECT tc.*, r.status AS result_status, r.output, r.error "
+            "FROM outbox.tool_calls tc LEFT JOIN outbox.tool_results r ON r.tool_call_ref = tc.id "
+            "WHERE tc.id = %s",
+            (ref,),
+        ).fetchone()
+    assert row is not None
+    return row
+
+
+LOW = {"create_ticket": {"risk_tier": "low"}, "reject": {"risk_tier": "low"}}
+
+
+# -- registration and discovery ---------------------------------------------------------
+
+
+def test_add_registers_every_listed_tool_with_its_schema_and_journals_the_actor(
+    db_url, http_server, monkeypatch
+):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    runner = CliRunner()
+    done = runner.invoke(
+        cli.main,
+        ["mcp", "add", "tk", "--url", http_server.url, "--actor", "ops@example", "--json"],
+        catch_exceptions=False,
+    )
+    assert done.exit_code == 0, done.output
+    added = json.loads(done.output)
+    names = {
+        "create_ticket",
+        "read_ticket",
+        "set_label",
+        "reject",
+        "big",
+        "echo_auth",
+        "die",
+        "whoami",
+    }
+    assert sorted(added["added"]) == sorted(f"tk__{n} v1" for n in names)
+    assert added["headers"] == [] and added["trusted"] is False
+
+    shown = json.loads(runner.invoke(cli.main, ["mcp", "show", "tk", "--json"]).output)
+    tools = {t["mcp_tool"]: t for t in shown["tools"]}
+    assert set(tools) == names
+    # An untrusted server's annotations are kept but give nothing: none and high, all.
+    assert {(t["idempotency_mode"], t["risk_tier"]) for t in tools.values()} == {("none", "high")}
+    assert tools["read_ticket"]["annotations"]["readOnlyHint"] is True
+    ticket = tools["create_ticket"]["json_schema"]
+    assert ticket["required"] == ["title"] and set(ticket["properties"]) == {"title", "hold_s"}
+    assert tools["create_ticket"]["executor"] == "mcp"
+
+    listed = json.loads(runner.invoke(cli.main, ["mcp", "list", "--json"]).output)
+    assert [(s["name"], s["tools"]) for s in listed] == [("tk", len(names))]
+    events = scalar(
+        db_url,
+        "SELECT array_agg(event || ':' || actor ORDER BY id) FROM outbox.journal "
+        "WHERE event LIKE 'mcp.%'",
+    )
+    assert events == ["mcp.server_added:ops@example", "mcp.synced:ops@example"]
+
+    # Adding it again is refused, naming what to do; nothing changes.
+    again = runner.invoke(cli.main, ["mcp", "add", "tk", "--url", http_server.url])
+    assert again.exit_code == 2 and "already registered" in again.output
+
+    # The operator trusts it afterwards and sets one tool's tier: new versions where that
+    # changes a tool, without asking the server; the override holds across a sync.
+    stop = http_server.process
+    http_server.kill()
+    configured = json.loads(
+        runner.invoke(
+            cli.main,
+            ["mcp", "set", "tk", "--trusted", "--risk", "create_ticket=low", "--json"],
+        ).output
+    )
+    assert sorted(configured["changed"]) == sorted(
+        f"tk__{n} v2"
+        for n in ("create_ticket", "read_ticket", "set_label", "big", "echo_auth", "whoami")
+    )
+    http_server.start()
+    assert stop is not http_server.process
+    shown = json.loads(runner.invoke(cli.main, ["mcp", "show", "tk", "--json"]).output)
+    tools = {t["mcp_tool"]: (t["idempotency_mode"], t["risk_tier"]) for t in shown["tools"]}
+    assert tools["read_ticket"] == ("key", "low") and tools["create_ticket"] == ("none", "low")
+    assert tools["reject"] == ("none", "high")
+
+    # Listing again registers nothing new; removing disables every tool.
+    synced = json.loads(runner.invoke(cli.main, ["mcp", "sync", "tk", "--json"]).output)
+    assert synced["added"] == [] and synced["changed"] == [] and len(synced["unchanged"]) == 8
+    removed = json.loads(runner.invoke(cli.main, ["mcp", "remove", "tk", "--json"]).output)
+    assert removed["disabled_tools"] == sorted(f"tk__{n}" for n in names)
+    assert scalar(db_url, "SELECT count(*) FROM outbox.tools WHERE enabled") == 0
+
+
+def test_a_server_that_cannot_be_reached_is_refused_and_nothing_is_written(db_url, monkeypatch):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+    done = CliRunner().invoke(cli.main, ["mcp", "add", "gone", "--url", url])
+    assert done.exit_code == 2
+    assert "could not list the tools of MCP server gone" in done.output
+    assert scalar(db_url, "SELECT count(*) FROM outbox.mcp_servers") == 0
+    assert scalar(db_url, "SELECT count(*) FROM outbox.tools") == 0
+
+
+class Garbage(FakeServer):
+    """An HTTP server that answers every request with bytes that are not MCP."""
+
+    def handle(self, request: Request) -> Reply:
+        return Reply(200, b"<html>hello</html>", {"content-type": "application/json"})
+
+
+def test_a_server_that_answers_garbage_is_refused_and_nothing_is_written(db_url, monkeypatch):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    with Garbage() as garbage:
+        done = CliRunner().invoke(cli.main, ["mcp", "add", "junk", "--url", garbage.url + "/mcp"])
+    assert done.exit_code == 2
+    assert "could not list the tools of MCP server junk" in done.output
+    assert scalar(db_url, "SELECT count(*) FROM outbox.mcp_servers") == 0
+
+
+NO_TOOLS = "from mcp.server.mcpserver import MCPServer; MCPServer('empty').run('stdio')"
+
+
+def test_a_server_that_lists_no_tools_is_refused_and_nothing_is_written(db_url, monkeypatch):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    command = f'{sys.executable} -c "{NO_TOOLS}"'
+    done = CliRunner().invoke(cli.main, ["mcp", "add", "empty", "--command", command])
+    assert done.exit_code == 2, done.output
+    assert "MCP server empty lists no tools" in done.output
+    assert scalar(db_url, "SELECT count(*) FROM outbox.mcp_servers") == 0
+
+
+def test_trusted_annotations_give_modes_and_tiers_untrusted_ones_do_not(db_url, tmp_path):
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    command = [str(BIN / "mcp-server-git"), "--repository", str(repo)]
+    add_server(db_url, name="git", command=command, trusted=True)
+    add_server(db_url, name="rawgit", command=command)
+    with psycopg.connect(db_url) as conn:
+        trusted = {t["mcp_tool"]: t for t in mcpservers.newest_tools(conn, "git", "*")}
+        untrusted = mcpservers.newest_tools(conn, "rawgit", "*")
+    mode_tier = {name: (t["idempotency_mode"], t["risk_tier"]) for name, t in trusted.items()}
+    assert mode_tier["git_status"] == ("key", "low")  # readOnlyHint
+    assert mode_tier["git_add"] == ("key", "medium")  # idempotentHint, not destructive
+    assert mode_tier["git_reset"] == ("key", "high")  # idempotentHint, destructive
+    assert mode_tier["git_commit"] == ("none", "high")  # neither
+    assert {(t["idempotency_mode"], t["risk_tier"]) for t in untrusted} == {("none", "high")}
+
+
+def test_a_published_servers_effect_happens_once_per_call(db_url, tmp_path):
+    """mcp-server-git on a temporary repository: its commits are effects to count."""
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for key, value in (("user.name", "t"), ("user.email", "t@example.com")):
+        subprocess.run(["git", "-C", str(repo), "config", key, value], check=True)
+    (repo / "a.txt").write_text("a\n")
+    command = [str(BIN / "mcp-server-git"), "--repository", str(repo)]
+    # git_commit is neither read-only nor idempotent: tier high, approved by its override.
+    low = {"git_add": {"risk_tier": "low"}, "git_commit": {"risk_tier": "low"}}
+    add_server(db_url, name="git", command=command, trusted=True, overrides=low)
+    with relay_thread(db_url):
+        added = call_once(db_url, "git__git_add", {"repo_path": str(repo), "files": ["a.txt"]})
+        wait_until(lambda: all_settled(db_url), what="git_add")
+        committed = call_once(db_url, "git__git_commit", {"repo_path": str(repo), "message": "m"})
+        wait_until(lambda: all_settled(db_url), what="git_commit")
+    assert call_row(db_url, added)["status"] == "succeeded"
+    assert call_row(db_url, committed)["status"] == "succeeded"
+    count = subprocess.run(
+        ["git", "-C", str(repo), "rev-list", "--count", "HEAD"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert count.strip() == "1"
+
+
+def test_a_changed_schema_is_a_new_version_and_a_pinned_run_keeps_the_old(db_url, http_server):
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+    with psycopg.connect(db_url) as conn:
+        pinned = new_run(conn, tools=["tk__create_ticket"])
+        conn.commit()
+        server = mcpservers.get(conn, "tk")
+        listed = discover(server)
+        for tool in listed:
+            if tool["name"] == "create_ticket":
+                tool["inputSchema"]["properties"]["priority"] = {"type": "integer"}
+        report = mcpservers.sync(conn, server, listed, actor="test")
+        conn.commit()
+        assert report["changed"] == ["tk__create_ticket v2"] and report["added"] == []
+        later = new_run(conn, tools=["tk__create_ticket"])
+        conn.commit()
+        refs = {}
+        for run in (pinned, later):
+            call = turn(run, 1, ("c", "tk__create_ticket", '{"title": "x"}'))
+            refs[run.id] = writer.record_model_turn(conn, call).tool_call_refs[0]
+        conn.commit()
+    planned = {run_id: call_row(db_url, ref)["tool_version"] for run_id, ref in refs.items()}
+    assert planned == {pinned.id: 1, later.id: 2}
+
+
+def test_an_untrusted_servers_tool_waits_for_approval_like_any_high_tier_tool(db_url, http_server):
+    add_server(db_url, name="tk", url=http_server.url)
+    ref = call_once(db_url, "tk__read_ticket", {"title": "t"})
+    assert scalar(db_url, "SELECT count(*) FROM outbox.approvals WHERE tool_call_ref = %s", (ref,))
+    assert call_row(db_url, ref)["idempotency_mode"] == "none"
+
+
+# -- calls through the relay ------------------------------------------------------------
+
+
+def test_a_call_gets_its_result_once_with_our_key_in_meta_and_header(db_url, http_server):
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+    ref = call_once(db_url, "tk__create_ticket", {"title": "printer on fire"})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call to finish")
+    row = call_row(db_url, ref)
+    assert (row["status"], row["result_status"]) == ("succeeded", "ok")
+    assert row["output"]["structuredContent"] == {"ticket": "printer on fire"}
+    assert row["output"]["content"][0]["type"] == "text"
+    [received] = http_server.calls("create_ticket")
+    ours = received["meta"][META_KEY]
+    assert ours["idempotency_key"] == row["idempotency_key"]
+    assert ours["tool_call_id"] == "call_1" and ours["attempt"] == 1
+    assert ours["run_id"] == str(row["run_id"])
+    assert received["idempotency_key_header"] == row["idempotency_key"]
+    # The call's span continues its run's trace (started without one: its own, by its id).
+    trace_id = received["meta"]["traceparent"].split("-")[1]
+    assert trace_id == f"{tracing.own_trace_id(row['run_id']):032x}"
+    assert scalar(db_url, "SELECT count(*) FROM outbox.submissions") == 1
+
+
+def test_the_credential_goes_to_the_server_and_is_cut_from_its_answer(
+    db_url, http_server, monkeypatch
+):
+    monkeypatch.setenv("TICKETS_TOKEN", "s3cr3t-t0ken-value")
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)  # listing finds the credential there
+    with psycopg.connect(db_url) as conn:
+        credentials.set_credential(conn, "tickets", env="TICKETS_TOKEN", actor="test")
+        conn.commit()
+    add_server(db_url, name="tk", url=http_server.url, trusted=True, credential_ref="tickets")
+    ref = call_once(db_url, "tk__echo_auth", {})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call to finish")
+    row = call_row(db_url, ref)
+    assert row["status"] == "succeeded"
+    text = row["output"]["content"][0]["text"]
+    assert "s3cr3t" not in json.dumps(row["output"]) and "[redacted credential]" in text
+    [received] = http_server.calls("echo_auth")
+    assert received["meta"][META_KEY]["idempotency_key"] == row["idempotency_key"]
+
+
+def test_is_error_is_a_terminal_error_result_the_model_sees(db_url, http_server):
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+    ref = call_once(db_url, "tk__reject", {"reason": "no budget"})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call to finish")
+    row = call_row(db_url, ref)
+    assert (row["status"], row["result_status"], row["attempts"]) == ("failed", "error", 1)
+    assert "refused: no budget" in row["error"]
+    assert len(http_server.calls("reject")) == 1
+
+
+def test_relay_killed_mid_call_of_a_none_tool_parks_it_and_never_calls_again(
+    db_url, http_server, tmp_path
+):
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+    ref = call_once(db_url, "tk__create_ticket", {"title": "once", "hold_s": 60})
+    assert call_row(db_url, ref)["idempotency_mode"] == "none"
+    relay = start_relay_process(db_url, tmp_path / "relay.log", *FAST)
+    try:
+        wait_until(lambda: http_server.calls("create_ticket"), what="the call to reach the server")
+        relay.send_signal(signal.SIGKILL)
+        relay.wait()
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+    with relay_thread(db_url, lease_s=2.0):
+        wait_until(
+            lambda: tool_call_states(db_url) == {"outcome_unknown": 1},
+            what="the call to be parked outcome_unknown",
+        )
+    assert len(http_server.calls("create_ticket")) == 1
+    assert "outcome unknown" in scalar(
+        db_url, "SELECT last_error FROM outbox.outbox WHERE tool_call_ref = %s", (ref,)
+    )
+
+
+def test_relay_killed_mid_call_of_a_key_tool_resends_the_same_key_and_the_server_dedups(
+    db_url, http_server, tmp_path
+):
+    add_server(db_url, name="tk", url=http_server.url, trusted=True)  # set_label: idempotent
+    ref = call_once(db_url, "tk__set_label", {"label": "urgent", "hold_s": 3})
+    assert call_row(db_url, ref)["idempotency_mode"] == "key"
+    relay = start_relay_process(db_url, tmp_path / "relay.log", *FAST)
+    try:
+        wait_until(lambda: http_server.calls("set_label"), what="the call to reach the server")
+        relay.send_signal(signal.SIGKILL)
+        relay.wait()
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+    with relay_thread(db_url, lease_s=2.0):
+        wait_until(lambda: all_settled(db_url), timeout_s=60, what="the call to finish")
+    row = call_row(db_url, ref)
+    assert (row["status"], row["output"]["structuredContent"]) == (
+        "succeeded",
+        {"result": "label urgent set"},
+    )
+    received = http_server.calls("set_label")
+    # Sent again after the crash (a later claim), with the same key: the server's dedup
+    # answered the second from the first.
+    assert len(received) == 2
+    assert {c["meta"][META_KEY]["idempotency_key"] for c in received} == {row["idempotency_key"]}
+    first, again = (c["meta"][META_KEY]["attempt"] for c in received)
+    assert first == 1 and again > 1
+
+
+@pytest.mark.parametrize(
+    ("tool", "ending"),
+    [("read_ticket", "succeeded"), ("create_ticket", "outcome_unknown")],
+)
+def test_the_server_killed_mid_call_retries_a_read_only_tool_and_parks_a_none_one(
+    db_url, http_server, tool, ending
+):
+    add_server(db_url, name="tk", url=http_server.url, trusted=True, overrides=LOW)
+    ref = call_once(db_url, f"tk__{tool}", {"title": "t", "hold_s": 30})
+    with relay_thread(db_url):
+        wait_until(lambda: http_server.calls(tool), what="the call to reach the server")
+        http_server.kill()
+        http_server.start()
+        wait_until(lambda: call_row(db_url, ref)["status"] == ending, what=ending)
+    assert len(http_server.calls(tool)) == (2 if ending == "succeeded" else 1)
+
+
+@pytest.mark.parametrize(
+    ("tool", "ending"),
+    [("read_ticket", "succeeded"), ("create_ticket", "outcome_unknown")],
+)
+def test_a_server_that_hangs_past_the_timeout_is_ambiguous(db_url, http_server, tool, ending):
+    """read_ticket hangs only the first time a call arrives: its retry answers."""
+    add_server(db_url, name="tk", url=http_server.url, trusted=True, overrides=LOW, timeout_s=1.0)
+    ref = call_once(db_url, f"tk__{tool}", {"title": "t", "hold_s": 30})
+    with relay_thread(db_url):
+        wait_until(lambda: call_row(db_url, ref)["status"] == ending, what=ending)
+    assert len(http_server.calls(tool)) == (2 if ending == "succeeded" else 1)
+    journal = scalar(db_url, "SELECT string_agg(detail::text, ' ') FROM outbox.journal")
+    assert "no answer from MCP server tk" in journal
+
+
+def test_calls_of_one_server_in_flight_stay_within_its_limit(db_url, http_server):
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_concurrency=2)
+    with psycopg.connect(db_url) as conn:
+        run = new_run(conn, tools=["tk__create_ticket"])
+        calls = [
+            (f"call_{i}", "tk__create_ticket", json.dumps({"title": f"t{i}", "hold_s": 0.5}))
+            for i in range(6)
+        ]
+        writer.record_model_turn(conn, turn(run, 1, *calls))
+        conn.commit()
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the calls to finish")
+    assert tool_call_states(db_url) == {"succeeded": 6}
+    received = http_server.calls("create_ticket")
+    assert len(received) == 6
+    # Each arrived while at most one other was open at the server.
+    assert max(c["in_flight"] for c in received) == 2
+
+
+def test_a_result_over_the_cap_is_an_error_result_and_not_asked_again(db_url, http_server):
+    add_server(db_url, name="tk", url=http_server.url, trusted=True)
+    ref = call_once(db_url, "tk__big", {"size": 20 * 1024 * 1024})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call to finish")
+    row = call_row(db_url, ref)
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    assert "not read further" in row["error"] and "cap of a tool result" in row["error"]
+    assert len(http_server.calls("big")) == 1
+
+
+def test_a_server_that_cannot_be_reached_is_retried_unsent_and_called_once(db_url, http_server):
+    """Whether the session is found dead before the call or the call's POST cannot
+    connect, the request never left: a none-mode call is retried, not parked."""
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_attempts=100)
+    with relay_thread(db_url):
+        warm = call_once(db_url, "tk__create_ticket", {"title": "first"})
+        wait_until(lambda: all_settled(db_url), what="the first call (its session opened)")
+        http_server.kill()
+        ref = call_once(db_url, "tk__create_ticket", {"title": "later"})
+        wait_until(
+            lambda: (call_row(db_url, ref)["attempts"] or 0) >= 2,
+            what="attempts against the stopped server",
+        )
+        assert call_row(db_url, ref)["dispatched_attempt"] is None  # never ambiguous
+        http_server.start()
+        wait_until(lambda: all_settled(db_url), what="the call to finish")
+    assert call_row(db_url, warm)["status"] == "succeeded"
+    assert call_row(db_url, ref)["status"] == "succeeded"  # none mode, and yet called
+    assert [c["arguments"]["title"] for c in http_server.calls()] == ["first", "later"]
+
+
+# -- stdio servers ----------------------------------------------------------------------
+
+
+def stdio_command(tmp_path: Path) -> tuple[list[str], Path]:
+    path = tmp_path / "audit-stdio.jsonl"
+    return [sys.executable, str(FIXTURE), "stdio", str(path)], path
+
+
+def test_a_stdio_server_that_died_is_started_again_for_the_next_call(db_url, tmp_path):
+    command, audit_path = stdio_command(tmp_path)
+    add_server(db_url, name="local", command=command, trusted=True)
+    with relay_thread(db_url):
+        first = call_once(db_url, "local__whoami", {})
+        wait_until(lambda: all_settled(db_url), what="the first call")
+        pid = call_row(db_url, first)["output"]["structuredContent"]["result"]
+        os.kill(pid, signal.SIGKILL)
+        second = call_once(db_url, "local__whoami", {})
+        wait_until(lambda: all_settled(db_url), what="the second call")
+    row = call_row(db_url, second)
+    assert row["status"] == "succeeded" and row["attempts"] == 1
+    assert row["output"]["structuredContent"]["result"] != pid
+    assert next(line["pid"] for line in audit(audit_path, "whoami")) == pid
+
+
+def test_a_stdio_server_dying_mid_call_leaves_a_none_call_unknown(db_url, tmp_path):
+    command, audit_path = stdio_command(tmp_path)
+    low = {"die": {"risk_tier": "low"}, "read_ticket": {"risk_tier": "low"}}
+    add_server(db_url, name="local", command=command, overrides=low)
+    ref = call_once(db_url, "local__die", {})
+    with relay_thread(db_url):
+        wait_until(lambda: tool_call_states(db_url) == {"outcome_unknown": 1}, what="parked")
+        after = call_once(db_url, "local__read_ticket", {"title": "t"})
+        wait_until(lambda: call_row(db_url, after)["status"] == "succeeded", what="next call")
+    assert len(audit(audit_path, "die")) == 1
+    assert call_row(db_url, ref)["status"] == "outcome_unknown"
+    # The server was started again for the next call.
+    assert len({line["pid"] for line in audit(audit_path)}) == 2
+
+
+def test_a_published_stdio_server_answers_through_the_relay(db_url, monkeypatch):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    command = f"{BIN / 'mcp-server-time'} --local-timezone UTC"
+    done = CliRunner().invoke(
+        cli.main, ["mcp", "add", "time", "--command", command, "--trusted", "--json"]
+    )
+    assert done.exit_code == 0, done.output
+    assert sorted(json.loads(done.output)["added"]) == [
+        "time__convert_time v1",
+        "time__get_current_time v1",
+    ]
+    ref = call_once(db_url, "time__get_current_time", {"timezone": "UTC"})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call")
+    row = call_row(db_url, ref)
+    assert row["status"] == "succeeded"
+    text = row["output"]["content"][0]["text"]
+    assert json.loads(text)["timezone"] == "UTC"
+
+
+# -- a run of a model --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_a_models_parallel_mcp_and_http_calls_are_answered_once(db_url, http_server, api):
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+    outputs: list[dict[str, str]] = []
+
+    def after_tools(items: list[HistoryItem]) -> dict[str, Any]:
+        outputs.append({i.call_id or "": i.text for i in items if i.kind == "tool_output"})
+        return {"text": "filed"}
+
+    ticket = {"name": "tk__create_ticket", "arguments": {"title": "printer"}}
+    email = {"name": "send_email", "arguments": {"to": "a@b.c"}}
+    with ScriptedModel() as model, FakeToolService() as service:
+        with psycopg.connect(db_url) as conn:
+            register_tool(conn, service, "send_email", "key")
+            conn.commit()
+        model.add_script("both", [{"tool_calls": [ticket, email]}, after_tools])
+        with psycopg.connect(db_url) as conn:
+            writer.start_run(
+                conn,
+                StartRun(
+                    tenant_id="acme",
+                    thread_id=writer.create_thread(conn, "acme").id,
+                    model="scripted-1",
+                    message="script:both please",
+                    tools=["tk__create_ticket", "send_email"],
+                    base_url=model.url + "/v1",
+                    api=api,
+                ),
+            )
+            conn.commit()
+        with relay_thread(db_url, kinds=("model_turn", "tool_call", "deliver_batch")):
+            wait_until(
+                lambda: scalar(db_url, "SELECT status FROM outbox.runs") == "completed",
+                what="the run to complete",
+            )
+        sent = {
+            tool.get("name") or tool["function"]["name"]: tool for tool in model.requests[0].tools
+        }
+    # The model was offered the MCP tool under its registry name, with the server's schema.
+    offered = sent["tk__create_ticket"]
+    parameters = offered.get("parameters") or offered["function"]["parameters"]
+    assert parameters["required"] == ["title"]
+    # Each call answered once, both results in the model's next request.
+    [seen] = outputs
+    assert len(seen) == 2
+    assert any("printer" in text for text in seen.values())
+    assert len(http_server.calls("create_ticket")) == 1
+    assert len(service.tool("send_email").deliveries) == 1
+
+
+@pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:The Assistants API is deprecated:DeprecationWarning")
+def test_an_mcp_tool_through_outbox_serve(db_url, http_server):
+    """A client of `outbox serve` (the openai SDK, Assistants protocol) names the MCP tool
+    as it names any registered tool; the relay calls it once."""
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+    ticket = {"name": "tk__create_ticket", "arguments": {"title": "via serve"}}
+    with ScriptedModel() as model:
+        model.add_script("ticket", [{"tool_calls": [ticket]}, {"text": "ticket filed"}])
+        with psycopg.connect(db_url) as conn:
+            key = keys.create_key(conn, "acme", name="test")[1]
+            conn.commit()
+        with (
+            serve(db_url, model_base_url=model.url + "/v1") as base_url,
+            relay_thread(db_url, kinds=("model_turn", "tool_call", "deliver_batch")),
+        ):
+            sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+            assistant = sdk.beta.assistants.create(
+                model="scripted-1",
+                tools=[{"type": "function", "function": {"name": "tk__create_ticket"}}],
+            )
+            thread = sdk.beta.threads.create(
+                messages=[{"role": "user", "content": "script:ticket please"}]
+            )
+            run = sdk.beta.threads.runs.create_and_poll(
+                thread_id=thread.id, assistant_id=assistant.id, poll_interval_ms=100
+            )
+            sdk.close()
+    assert run.status == "completed", run
+    [received] = http_server.calls("create_ticket")
+    assert received["arguments"]["title"] == "via serve"

@@ -1,0 +1,123 @@
+"""The relay's Prometheus metrics by tool, model and tenant, scraped over HTTP as Prometheus
+would: latency histograms, tokens, errors, and the work waiting for a person (a call waiting
+for approval, a run parked for an operator)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx2
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from outbox import writer
+from outbox.schemas import StartRun
+from outbox.testing.model import ScriptedModel
+from outbox.testing.tools import FakeToolService
+from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
+from tests.serve_harness import free_port
+
+TENANT = "acme"
+ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
+TICKET = {"name": "create_ticket", "arguments": {"title": "broken order"}}
+REFUND = {"name": "refund", "arguments": {"order": 42}}
+FLAKY = {"name": "flaky", "arguments": {}}
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel(default=[{"text": "hello"}]) as server:
+        server.add_script("ticket", [{"tool_calls": [TICKET, REFUND]}, {"text": "done"}])
+        server.add_script("flaky", [{"tool_calls": [FLAKY]}, {"text": "done"}])
+        yield server
+
+
+def start(conn: psycopg.Connection[Any], model: ScriptedModel, script: str) -> writer.RunRef:
+    thread = writer.create_thread(conn, TENANT)
+    return writer.start_run(
+        conn,
+        StartRun(
+            tenant_id=TENANT,
+            thread_id=thread.id,
+            model="scripted-1",
+            message=f"script:{script} go" if script else "hello",
+            tools=["create_ticket", "refund", "flaky"],
+            base_url=model.url + "/v1",
+        ),
+    )
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx2.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def test_latency_tokens_errors_and_work_waiting_for_people_by_tool_model_and_tenant(db_url, model):
+    with FakeToolService(standard_tools=False) as service:
+        service.add_tool("create_ticket", "key")
+        service.add_tool("refund", "key")
+        service.add_tool("flaky", "key").fail(status=503, n=None)
+        with psycopg.connect(db_url) as conn:
+            register_tool(conn, service, "create_ticket", "key")
+            register_tool(conn, service, "refund", "key", risk_tier="high")  # waits for a person
+            register_tool(conn, service, "flaky", "key", max_attempts=1)  # parked at once
+            start(conn, model, "ticket")
+            start(conn, model, "flaky")
+            plain = start(conn, model, "")
+            conn.commit()
+        port = free_port()
+        with relay_thread(db_url, kinds=ALL_KINDS, metrics_port=port):
+            wait_until(
+                lambda: (
+                    scalar(db_url, "SELECT status FROM outbox.runs WHERE id = %s", [plain.id])
+                    == "completed"
+                    and scalar(
+                        db_url, "SELECT count(*) FROM outbox.approvals WHERE status = 'pending'"
+                    )
+                    and scalar(
+                        db_url, "SELECT count(*) FROM outbox.outbox WHERE status = 'quarantined'"
+                    )
+                    and scalar(
+                        db_url,
+                        "SELECT status FROM outbox.tool_calls WHERE tool_name = 'create_ticket'",
+                    )
+                    == "succeeded"
+                ),
+                what="a completed run, a call waiting for approval, a parked call, a ticket",
+            )
+            samples = wait_until(
+                lambda: (
+                    (s := scrape(port))
+                    and value(s, "outbox_approvals_waiting", tenant=TENANT)
+                    and value(s, "outbox_runs_parked", tenant=TENANT)
+                    and s
+                ),
+                what="the gauges of work waiting for people",
+            )
+
+    assert value(samples, "outbox_approvals_waiting", tenant=TENANT) == 1
+    assert value(samples, "outbox_runs_parked", tenant=TENANT) == 1
+    assert (value(samples, "outbox_approvals_oldest_waiting_seconds") or 0) > 0
+    tool = {"tool": "create_ticket", "tenant": TENANT, "outcome": "result_ok"}
+    assert value(samples, "outbox_relay_tool_call_seconds_count", **tool) == 1
+    flaky = {"tool": "flaky", "tenant": TENANT, "outcome": "retry"}
+    assert value(samples, "outbox_relay_tool_call_seconds_count", **flaky) == 1
+    errors = {"kind": "tool_call", "tenant": TENANT, "outcome": "retry"}
+    assert value(samples, "outbox_relay_errors_total", **errors) == 1
+    turns = {"model": "scripted-1", "tenant": TENANT, "outcome": "turn"}
+    assert (value(samples, "outbox_relay_model_turn_seconds_count", **turns) or 0) >= 3
+    for kind in ("input", "output"):
+        tokens = {"model": "scripted-1", "tenant": TENANT, "type": kind}
+        assert (value(samples, "outbox_relay_tokens_total", **tokens) or 0) > 0
+    ran = {"tenant": TENANT, "status": "completed"}
+    assert value(samples, "outbox_relay_run_seconds_count", **ran) == 1

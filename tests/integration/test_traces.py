@@ -1,0 +1,417 @@
+"""Traces: one run is one trace, from the backend's span through model turns and tool calls.
+
+The relay runs in this process (a thread), with the SDK's ``InMemorySpanExporter``
+installed as the exporter; the model and tools are real HTTP servers. What the tests read
+is what an OpenTelemetry backend would receive, and what the tool and model servers saw.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import psycopg
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import ValidationError
+
+from outbox import keys, registry, tracing, writer
+from outbox.schemas import StartRun
+from outbox.server.observed import REGISTRY
+from outbox.testing.model import ScriptedModel
+from outbox.testing.tools import FakeToolService
+from tests.relay_harness import register_tool, relay_thread, scalar, seed, wait_until
+from tests.serve_harness import serve
+
+TENANT = "acme"
+ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
+MARKER = "marker-" + secrets.token_hex(8)  # content: in the message, the arguments, the results
+TICKET = {"name": "create_ticket", "arguments": {"title": f"broken order {MARKER}"}}
+EMAIL = {"name": "send_email", "arguments": {"to": "a@b.c", "subject": f"sorry {MARKER}"}}
+BACKEND_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    tracing.install(exporter, batch=False)
+    yield exporter
+    tracing.shutdown()
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel(default=[{"text": "hello"}]) as server:
+        yield server
+
+
+@pytest.fixture
+def service() -> Iterator[FakeToolService]:
+    with FakeToolService() as svc:
+        yield svc
+
+
+@pytest.fixture
+def setup(db_url: str, service: FakeToolService, model: ScriptedModel) -> str:
+    model.add_script("parallel", [{"tool_calls": [EMAIL, TICKET]}, {"text": f"done {MARKER}"}])
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "create_ticket", "lookup")
+        register_tool(conn, service, "send_email", "key")
+        conn.commit()
+    return db_url
+
+
+def start(db_url: str, model: ScriptedModel, **kw: Any) -> writer.RunRef:
+    with psycopg.connect(db_url) as conn:
+        thread = writer.create_thread(conn, TENANT)
+        run = writer.start_run(
+            conn,
+            StartRun(
+                tenant_id=TENANT,
+                thread_id=thread.id,
+                model="scripted-1",
+                message=f"script:parallel please, {MARKER}",
+                tools=["create_ticket", "send_email"],
+                base_url=model.url + "/v1",
+                **kw,
+            ),
+        )
+        conn.commit()
+    return run
+
+
+def finish(db_url: str, run_id: uuid.UUID, spans: InMemorySpanExporter | None = None) -> None:
+    with relay_thread(db_url, kinds=ALL_KINDS):
+        wait_until(
+            lambda: (
+                scalar(db_url, "SELECT status FROM outbox.runs WHERE id = %s", [run_id])
+                == "completed"
+            ),
+            what="the run to complete",
+        )
+        if spans is not None:
+            wait_until(
+                lambda: any(s.name == "invoke_agent" for s in spans.get_finished_spans()),
+                what="the run's invoke_agent span",
+            )
+
+
+def ids(traceparent: str) -> tuple[int, int]:
+    _, trace_id, span_id, _ = traceparent.split("-")
+    return int(trace_id, 16), int(span_id, 16)
+
+
+def named(found: list[ReadableSpan], name: str) -> list[ReadableSpan]:
+    return [s for s in found if s.name == name]
+
+
+def test_a_run_with_parallel_tools_is_one_trace_under_the_backends_span(
+    setup, model, service, spans
+):
+    with tracing.tracer().start_as_current_span("POST /refunds") as backend:
+        run = start(setup, model)
+    finish(setup, run.id, spans)
+
+    found = list(spans.get_finished_spans())
+    trace_id = backend.get_span_context().trace_id
+    assert {s.context.trace_id for s in found} == {trace_id}
+    by_id = {s.context.span_id: s for s in found}
+    assert [s.name for s in found if s.parent is None] == ["POST /refunds"]
+    assert all(s.parent.span_id in by_id for s in found if s.parent is not None)
+    (agent,) = named(found, "invoke_agent")
+    assert agent.parent is not None
+    assert agent.parent.span_id == backend.get_span_context().span_id
+    assert agent.context.span_id == tracing.agent_span_id(run.id)
+    children = sorted(
+        s.name for s in found if s.parent and s.parent.span_id == agent.context.span_id
+    )
+    assert children == [
+        "chat scripted-1",
+        "chat scripted-1",
+        "execute_tool create_ticket",
+        "execute_tool send_email",
+    ]
+    assert agent.start_time is not None and agent.end_time is not None
+    assert all(agent.start_time <= s.start_time for s in found if s is not agent and s.parent)
+
+    first, second = sorted(named(found, "chat scripted-1"), key=lambda s: s.start_time or 0)
+    for chat in (first, second):
+        attributes = dict(chat.attributes or {})
+        assert attributes["gen_ai.operation.name"] == "chat"
+        assert attributes["gen_ai.provider.name"] == "openai"
+        assert attributes["gen_ai.request.model"] == "scripted-1"
+        assert attributes["gen_ai.conversation.id"] == str(run.thread_id)
+        assert str(attributes["gen_ai.response.id"]).startswith("resp_")
+        assert attributes["gen_ai.usage.input_tokens"] > 0
+        assert attributes["gen_ai.usage.output_tokens"] > 0
+        assert attributes["outbox.tenant.id"] == TENANT
+        assert attributes["outbox.outcome"] == "turn"
+    assert [dict(c.attributes or {})["outbox.step"] for c in (first, second)] == [1, 2]
+
+    calls = {
+        r[0]: r[1:]
+        for r in psycopg.connect(setup)
+        .execute(
+            "SELECT tool_name, tool_call_id, idempotency_key FROM outbox.tool_calls "
+            "WHERE run_id = %s",
+            [run.id],
+        )
+        .fetchall()
+    }
+    for tool, mode in (("send_email", "key"), ("create_ticket", "lookup")):
+        (span,) = named(found, f"execute_tool {tool}")
+        attributes = dict(span.attributes or {})
+        assert attributes["gen_ai.operation.name"] == "execute_tool"
+        assert attributes["gen_ai.tool.name"] == tool
+        assert attributes["gen_ai.tool.call.id"] == calls[tool][0]
+        assert attributes["gen_ai.conversation.id"] == str(run.thread_id)
+        assert attributes["outbox.idempotency.mode"] == mode
+        assert attributes["outbox.idempotency.key"] == calls[tool][1]
+        assert attributes["outbox.attempt"] == 1 and attributes["outbox.fencing_token"] == 1
+        assert attributes["outbox.outcome"] == "result_ok"
+        # The tool received the traceparent of this very span: its spans join the trace.
+        (delivery,) = service.tool(tool).deliveries
+        assert ids(delivery.headers["traceparent"]) == (trace_id, span.context.span_id)
+
+    # The model received the traceparent of each turn's chat span.
+    sent = [ids(r.traceparent or "") for r in model.requests]
+    assert sent == [(trace_id, first.context.span_id), (trace_id, second.context.span_id)]
+
+
+def test_with_tracing_off_tools_and_models_still_continue_the_runs_trace(setup, model, service):
+    """No SDK recording anything: the run's stored context alone names the trace, and what
+    a tool or model receives hangs under the run's invoke_agent span."""
+    assert not tracing.enabled()
+    run = start(setup, model, traceparent=BACKEND_TRACEPARENT, tracestate="vendor=abc")
+    stored = scalar(setup, "SELECT traceparent || ' ' || tracestate FROM outbox.runs")
+    assert stored == f"{BACKEND_TRACEPARENT} vendor=abc"
+    finish(setup, run.id)
+    received = [
+        d.headers for t in ("send_email", "create_ticket") for d in service.tool(t).deliveries
+    ]
+    received += [{"traceparent": r.traceparent} for r in model.requests]
+    assert len(received) == 4
+    expected = (ids(BACKEND_TRACEPARENT)[0], tracing.agent_span_id(run.id))
+    assert {ids(h["traceparent"]) for h in received} == {expected}
+    assert all(h.get("tracestate") == "vendor=abc" for h in received[:2])
+
+
+def test_a_run_started_without_a_trace_is_a_trace_of_its_own(setup, model, service, spans):
+    run = start(setup, model)
+    finish(setup, run.id, spans)
+    found = list(spans.get_finished_spans())
+    assert {s.context.trace_id for s in found} == {tracing.own_trace_id(run.id)}
+    (agent,) = named(found, "invoke_agent")
+    assert agent.parent is None
+    assert all(
+        s.parent and s.parent.span_id == agent.context.span_id for s in found if s is not agent
+    )
+
+
+def test_start_run_v2_stores_the_trace_context_and_refuses_a_malformed_one(db_url):
+    with psycopg.connect(db_url) as conn:
+        conn.execute("SELECT set_config('outbox.tenant_id', %s, true)", [TENANT])
+        thread = writer.create_thread(conn, TENANT).id
+        run_id = conn.execute(
+            "SELECT run_id FROM outbox.start_run_v2(%s, %s, 'gpt-5', p_message => 'hi', "
+            "p_traceparent => %s, p_tracestate => 'k=v')",
+            [TENANT, thread, BACKEND_TRACEPARENT],
+        ).fetchone()[0]  # type: ignore[index]
+        assert conn.execute(
+            "SELECT traceparent, tracestate FROM outbox.runs WHERE id = %s", [run_id]
+        ).fetchone() == (BACKEND_TRACEPARENT, "k=v")
+        conn.commit()
+        for bad, what in (
+            ("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01", "p_traceparent"),
+            ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", "p_traceparent"),
+            ("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", "p_traceparent"),
+            ("not a traceparent", "p_traceparent"),
+        ):
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match=what):
+                conn.execute(
+                    "SELECT * FROM outbox.start_run_v2(%s, %s, 'gpt-5', p_traceparent => %s)",
+                    [TENANT, thread, bad],
+                )
+            conn.rollback()
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="p_tracestate"):
+            conn.execute(
+                "SELECT * FROM outbox.start_run_v2(%s, %s, 'gpt-5', p_tracestate => 'k=v')",
+                [TENANT, thread],
+            )
+        conn.rollback()
+    with pytest.raises(ValidationError, match="W3C traceparent"):
+        StartRun(tenant_id=TENANT, thread_id=thread, model="m", traceparent="00-zz")
+
+
+def test_no_content_and_no_secret_in_spans_unless_content_capture_is_on(
+    setup, model, service, spans, monkeypatch
+):
+    canary = "canary-" + secrets.token_hex(16)
+    monkeypatch.setenv("OUTBOX_SECRET_CRM", canary)
+    service.tool("send_email").fail(status=500, n=1)  # an error, written and retried
+    with psycopg.connect(setup) as conn:
+        register_tool(conn, service, "send_email", "key", credential_ref="crm")
+        conn.commit()
+    run = start(setup, model)
+    finish(setup, run.id, spans)
+    assert canary in service.tool("send_email").deliveries[0].headers["authorization"]
+    said = dump(spans.get_finished_spans())
+    assert MARKER not in said and canary not in said
+    assert "result_ok" in said and "retry" in said  # the outcomes are there, not the words
+
+    monkeypatch.setenv(tracing.CAPTURE_CONTENT, "true")
+    captured = InMemorySpanExporter()
+    tracing.install(captured, batch=False)
+    run = start(setup, model)
+    finish(setup, run.id, captured)
+    said = dump(captured.get_finished_spans())
+    assert MARKER in said  # arguments, results and messages: the opt-in
+    assert canary not in said
+
+
+def dump(found: Any) -> str:
+    return json.dumps(
+        [
+            {
+                "name": s.name,
+                "attributes": dict(s.attributes or {}),
+                "status": str(s.status.description),
+            }
+            for s in found
+        ]
+    )
+
+
+def test_a_python_tool_run_in_a_chunk_has_its_span(db_url, spans):
+    with psycopg.connect(db_url) as conn:
+        registry.register(
+            conn,
+            registry.ToolSpec(
+                name="echo",
+                executor="python",
+                callable="tests.tooling:echo",
+                idempotency_mode="key",
+            ),
+        )
+        conn.commit()
+    seed(db_url, ["echo"], runs=1, calls_per_batch=2, args=lambda n: {"n": n})
+    run_id = scalar(db_url, "SELECT id FROM outbox.runs")
+    with relay_thread(db_url):
+        wait_until(lambda: len(named(list(spans.get_finished_spans()), "execute_tool echo")) == 2)
+    for span in named(list(spans.get_finished_spans()), "execute_tool echo"):
+        assert span.context.trace_id == tracing.own_trace_id(run_id)
+        assert span.parent is not None and span.parent.span_id == tracing.agent_span_id(run_id)
+        assert dict(span.attributes or {})["outbox.outcome"] == "result_ok"
+
+
+def test_a_run_started_through_outbox_serve_continues_the_callers_traceparent(
+    setup, model, service, spans
+):
+    """The caller's ``traceparent`` header: the server's span is its child, the run's
+    ``invoke_agent`` span the server span's, and the tools see the same trace."""
+    with psycopg.connect(setup) as conn:
+        _, key = keys.create_key(conn, TENANT, name="test")
+        conn.commit()
+    caller_trace, caller_span = ids(BACKEND_TRACEPARENT)
+    labels = {"method": "POST", "route": "/v1/responses", "status": "200"}
+    served_before = REGISTRY.get_sample_value("outbox_serve_request_seconds_count", labels) or 0
+    with serve(setup, model_base_url=model.url + "/v1") as base_url:
+        sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+        with relay_thread(setup, kinds=ALL_KINDS):
+            response = sdk.responses.create(
+                model="scripted-1",
+                input=f"script:parallel please, {MARKER}",
+                tools=[
+                    {"type": "function", "name": "send_email", "parameters": {}},
+                    {"type": "function", "name": "create_ticket", "parameters": {}},
+                ],
+                extra_headers={"traceparent": BACKEND_TRACEPARENT, "tracestate": "caller=1"},
+            )
+            assert response.status == "completed"
+            wait_until(
+                lambda: named(list(spans.get_finished_spans()), "invoke_agent"),
+                what="the run's invoke_agent span",
+            )
+        sdk.close()
+    found = list(spans.get_finished_spans())
+    assert {s.context.trace_id for s in found} == {caller_trace}
+    (server,) = [s for s in found if s.name == "POST /v1/responses"]
+    assert server.parent is not None and server.parent.span_id == caller_span
+    assert dict(server.attributes or {})["http.response.status_code"] == 200
+    (agent,) = named(found, "invoke_agent")
+    assert agent.parent is not None and agent.parent.span_id == server.context.span_id
+    assert {ids(d.headers["traceparent"])[0] for d in service.tool("send_email").deliveries} == {
+        caller_trace
+    }
+    # The request was counted too, under its route's template (outbox serve's metrics).
+    assert REGISTRY.get_sample_value("outbox_serve_request_seconds_count", labels) == (
+        served_before + 1
+    )
+
+
+def test_a_run_expired_by_the_sweep_gets_its_invoke_agent_span(db_url, model, spans):
+    """A run waiting for its backend's client tool past the deadline is ended by the
+    relay's sweep, which records the run's span (error status: expired)."""
+    model.add_script("ask", [{"tool_calls": [{"name": "approve", "arguments": {}}]}])
+    with psycopg.connect(db_url) as conn:
+        registry.register(
+            conn,
+            registry.ToolSpec(name="approve", executor="client", json_schema={"type": "object"}),
+        )
+        thread = writer.create_thread(conn, TENANT)
+        run = writer.start_run(
+            conn,
+            StartRun(
+                tenant_id=TENANT,
+                thread_id=thread.id,
+                model="scripted-1",
+                message="script:ask may I?",
+                tools=["approve"],
+                base_url=model.url + "/v1",
+                action_timeout_s=0.5,
+                traceparent=BACKEND_TRACEPARENT,
+            ),
+        )
+        conn.commit()
+    with relay_thread(db_url, kinds=ALL_KINDS):
+        wait_until(
+            lambda: named(list(spans.get_finished_spans()), "invoke_agent"),
+            what="the expired run's span",
+        )
+    (agent,) = named(list(spans.get_finished_spans()), "invoke_agent")
+    assert (agent.context.trace_id, agent.context.span_id) == (
+        ids(BACKEND_TRACEPARENT)[0],
+        tracing.agent_span_id(run.id),
+    )
+    assert agent.parent is not None and agent.parent.span_id == ids(BACKEND_TRACEPARENT)[1]
+    assert dict(agent.attributes or {})["outbox.run.status"] == "expired"
+    assert agent.status.status_code.name == "ERROR"
+
+
+def test_under_a_sampler_a_run_is_kept_or_dropped_whole(setup, model, service, monkeypatch):
+    """``OTEL_TRACES_SAMPLER``: a run of its own trace is sampled by its trace id, the same
+    decision in every span of it and in what its tools are told; a run that continues a
+    caller's trace follows the caller's sampled flag."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")  # keep no trace of our own
+    exporter = InMemorySpanExporter()
+    tracing.install(exporter, batch=False)
+    try:
+        dropped = start(setup, model)
+        finish(setup, dropped.id)
+        assert exporter.get_finished_spans() == ()
+        assert {d.headers["traceparent"][-2:] for d in service.tool("send_email").deliveries} == {
+            "00"
+        }
+        kept = start(setup, model, traceparent=BACKEND_TRACEPARENT)  # the caller sampled it
+        finish(setup, kept.id, exporter)
+        found = list(exporter.get_finished_spans())
+        assert {s.context.trace_id for s in found} == {ids(BACKEND_TRACEPARENT)[0]}
+        assert len(found) == 5  # invoke_agent, two turns, two calls
+    finally:
+        tracing.shutdown()
