@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST := $(BIN)/pytest -p no:cacheprovider
+# Test processes (pytest-xdist), each with a private PostgreSQL server in memory. The tests
+# mostly wait (for relays, HTTP servers, timeouts), so more processes than cores is fastest
+# (docs/testing.md, "How this project's suite runs"). TEST_WORKERS=0: in this process.
+TEST_WORKERS ?= 4
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo test lint bench soak clean
@@ -24,7 +28,7 @@ demo: setup ## Run the demo on the embedded PostgreSQL (or OUTBOX_DATABASE_URL).
 	$(BIN)/outbox demo $(ARGS)
 
 test: setup ## Run the test suite (bounded chaos tests; no soak).
-	$(PYTEST) -m "not soak" $(ARGS)
+	$(PYTEST) -m "not soak" -n $(TEST_WORKERS) $(ARGS)
 
 # mypy and import-linter read the package as the wheel installs it: one `outbox` with relay/,
 # server/, commands/ and sql/ inside (docs/how-it-works.md, "What the wheel installs"). Neither

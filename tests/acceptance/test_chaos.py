@@ -20,6 +20,7 @@ import psutil
 import psycopg
 import pytest
 
+from outbox.testing.relay import relay_workers
 from outbox.testing.tools import FakeToolService
 from tests.relay_harness import (
     FAST,
@@ -37,19 +38,6 @@ from tests.relay_harness import (
 def service() -> Iterator[FakeToolService]:
     with FakeToolService(standard_tools=False) as svc:
         yield svc
-
-
-def worker_children(parent: psutil.Process) -> list[psutil.Process]:
-    """The supervisor's worker processes (spawn also starts a resource tracker), skipping
-    children that are gone or not yet reaped."""
-    found = []
-    for child in parent.children():
-        try:
-            if "spawn_main" in " ".join(child.cmdline()):
-                found.append(child)
-        except psutil.Error:
-            continue
-    return found
 
 
 def stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -281,7 +269,7 @@ def test_supervisor_restarts_a_killed_worker_and_stops_cleanly(db_url, service, 
         parent = psutil.Process(supervisor.pid)
 
         def workers() -> list[int]:
-            return [c.pid for c in worker_children(parent)]
+            return [c.pid for c in relay_workers(supervisor.pid)]
 
         victim = wait_until(lambda: len(workers()) == 2 and workers())[0]
         os.kill(victim, signal.SIGKILL)
@@ -380,9 +368,9 @@ def test_a_request_of_a_killed_worker_is_not_repeated_while_it_may_still_act(
 
 def test_workers_stop_when_their_supervisor_is_killed(db_url, service, tmp_path):
     supervisor = start_relay_process(db_url, tmp_path / "s.log", "--processes", "2", *FAST)
-    parent = psutil.Process(supervisor.pid)
     children = wait_until(
-        lambda: len(worker_children(parent)) == 2 and worker_children(parent), what="two workers"
+        lambda: len(relay_workers(supervisor.pid)) == 2 and relay_workers(supervisor.pid),
+        what="two workers",
     )
     supervisor.send_signal(signal.SIGKILL)
     supervisor.wait(timeout=10)
@@ -393,13 +381,13 @@ def test_workers_stop_when_their_supervisor_is_killed(db_url, service, tmp_path)
 
 def test_sigterm_exits_even_when_the_database_is_gone(db_url, server_url, service, tmp_path):
     tool = service.add_tool("keyed", "key")
-    tool.stall_after_commit(2.0, n=None)
+    tool.stall_after_commit(1.0, n=None)
     with psycopg.connect(db_url) as conn:
         register_tool(conn, service, "keyed", "key", timeout_s=10)
         conn.commit()
     seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
     # The grace period outlasts the call: its outcome is queued while the database is gone.
-    relay = start_relay_process(db_url, tmp_path / "r.log", "--grace", "4", *FAST)
+    relay = start_relay_process(db_url, tmp_path / "r.log", "--grace", "2", *FAST)
     try:
         wait_until(lambda: len(tool.deliveries) == 1, what="the call in flight")
         name = urlsplit(db_url).path.lstrip("/")

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -25,6 +23,8 @@ from outbox import db, migrate, writer
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
+from tests import servers
+from tests.helpers import forget
 from tests.relay_harness import FAST, register_tool, scalar, start_relay_process, wait_until
 
 TENANT = "acme"
@@ -33,15 +33,12 @@ SCRIPT = [{"tool_calls": [{"name": "send_email", "arguments": {"to": "a@b.c"}}]}
 
 @pytest.fixture
 def private_server() -> Iterator[tuple[db.EmbeddedServer, str]]:
-    pgdata = db.home() / f"restart-{uuid.uuid4().hex[:8]}" / "pgdata"
-    server = db.EmbeddedServer(pgdata)
-    url = server.start()
-    migrate.upgrade(url, schema="outbox")
-    try:
-        yield server, url
-    finally:
-        server.stop()
-        shutil.rmtree(Path(pgdata).parent, ignore_errors=True)
+    with servers.private_server("restart") as (server, url):
+        migrate.upgrade(url, schema="outbox")
+        try:
+            yield server, url
+        finally:
+            forget(url)
 
 
 def start_again(server: db.EmbeddedServer) -> None:

@@ -4,10 +4,11 @@
   subcommand named answers ``--help``, and every ``--option`` shown is in that help.
 - Shell blocks (```sh): run top to bottom in one bash, ``set -e``, against a fresh test
   database (``OUTBOX_DATABASE_URL``). ``make`` lines are skipped (CI runs them itself);
-  ``outbox relay`` gets SIGINT a few seconds after it logged ``relay.started`` (the README
-  says Ctrl-C drains and stops) and must exit 0: counted from its start, not from its
-  launch, since on a loaded machine the imports alone can take longer than the few
-  seconds, and an interrupt during them is not the Ctrl-C the README speaks of.
+  ``outbox relay`` gets SIGINT a second after each of its processes logged
+  ``relay.started`` (the README says Ctrl-C drains and stops) and must exit 0: counted
+  from their start, not from its launch, since on a loaded machine the imports alone can
+  take longer than that, and an interrupt during them is not the Ctrl-C the README speaks
+  of.
   ``RUN_PREFIX`` is the newest run's id prefix.
 - Python blocks: run after the shell blocks, with ``url`` the same database; those that
   talk to ``outbox serve`` (``base_url=``) need it running, so
@@ -28,7 +29,7 @@ from tests.relay_harness import REPO
 
 README = (REPO / "README.md").read_text()
 BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, re.S)
-RELAY_RUNS_S = 4  # seconds `outbox relay` runs after it started, before its Ctrl-C
+RELAY_RUNS_S = 1  # seconds `outbox relay` runs after its processes started, before its Ctrl-C
 RELAY_START_S = 60  # at most this long for it to start, else it is killed and the test fails
 PLACEHOLDERS = {
     "RUN_PREFIX": "$(outbox runs list --limit 1 --json | python -c "
@@ -87,8 +88,12 @@ def test_the_shell_and_python_blocks_run(db_url, tmp_path: Path):
 outbox() {{
     if [ "$1" = relay ]; then
         {sys.executable} -m outbox.commands "$@" 2>> relay.log &
-        local pid=$! deadline=$((SECONDS + {RELAY_START_S}))
-        until grep -q '"event": "relay.started"' relay.log 2>/dev/null; do
+        local pid=$! deadline=$((SECONDS + {RELAY_START_S})) processes=1 previous=
+        for arg in "$@"; do
+            [ "$previous" = --processes ] && processes=$arg
+            previous=$arg
+        done
+        until [ "$(grep -c '"event": "relay.started"' relay.log 2>/dev/null)" -ge $processes ]; do
             kill -0 $pid 2>/dev/null || break  # it stopped by itself: its status says why
             [ $SECONDS -lt $deadline ] || {{ echo "outbox relay did not start" >&2; kill -9 $pid; }}
             sleep 0.1

@@ -19,6 +19,10 @@ from outbox.testing.model import ScriptedModel
 from tests.relay_harness import wait_until
 from tests.serve_harness import free_port
 
+START_S = (
+    90  # seconds `outbox serve` gets to answer: its processes import it all, on a busy machine
+)
+
 pytestmark = [
     pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:The Assistants API is deprecated:DeprecationWarning"),
@@ -75,7 +79,7 @@ def test_keys_and_serve_with_relay_complete_a_run(db_url, model, tmp_path):
             except httpx2.TransportError:
                 return False
 
-        wait_until(answers, what="outbox serve to answer")
+        wait_until(answers, timeout_s=START_S, what="outbox serve to answer")
         sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
         assistant = sdk.beta.assistants.create(model="scripted-1")
         run = sdk.beta.threads.create_and_run_poll(
@@ -135,7 +139,7 @@ def test_serve_with_workers_answers_from_several_processes(db_url, model, tmp_pa
             except httpx2.TransportError:
                 return False
 
-        wait_until(answers, what="outbox serve --workers 2 to answer")
+        wait_until(answers, timeout_s=START_S, what="outbox serve --workers 2 to answer")
         sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
         made = [sdk.beta.assistants.create(model="scripted-1").id for _ in range(10)]
         listed = {a.id for a in sdk.beta.assistants.list(limit=100).data}
@@ -184,7 +188,7 @@ def test_the_readme_http_example_runs_as_written(db_url, tmp_path):
             except httpx2.TransportError:
                 return False
 
-        wait_until(answers, what="the README's outbox serve to answer")
+        wait_until(answers, timeout_s=START_S, what="the README's outbox serve to answer")
         key = (tmp_path / "key").read_text().strip()
         script = python.replace("http://127.0.0.1:8000/v1", base_url)
         done = subprocess.run(

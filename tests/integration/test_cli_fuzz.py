@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import cli
 from outbox import registry, writer
-from tests.helpers import TENANT, add_tool, new_run, turn
+from tests.helpers import TENANT, add_tool, look, new_run, turn
 
 EXAMPLES = 25  # per command
 TEXT = st.text(
@@ -141,21 +141,17 @@ def world(db_url: str) -> dict[str, Any]:
 
 
 def fingerprint(db_url: str) -> dict[str, str]:
-    """Every table of the schema, row by row, as one hash each."""
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        tables = [
-            r[0]
-            for r in conn.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'outbox' ORDER BY 1"
-            ).fetchall()
-        ]
-        return {
-            t: conn.execute(
-                f"SELECT md5(coalesce(string_agg(x::text, '|' ORDER BY x::text), '')) "
-                f'FROM outbox."{t}" x'
-            ).fetchone()[0]
-            for t in tables
-        }
+    """Every table of the schema, row by row, as one hash each (read on the test's kept
+    connection: it is taken after every example)."""
+    tables = look(db_url, "SELECT tablename FROM pg_tables WHERE schemaname = 'outbox' ORDER BY 1")
+    return {
+        t: look(
+            db_url,
+            f"SELECT md5(coalesce(string_agg(x::text, '|' ORDER BY x::text), '')) "
+            f'FROM outbox."{t}" x',
+        )[0][0]
+        for (t,) in tables
+    }
 
 
 Command = Callable[[dict[str, Any], Any, Path], list[str]]

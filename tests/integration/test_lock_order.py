@@ -20,7 +20,11 @@ OUTPUTS = [{"tool_call_id": "c1", "output": {"ok": True}}]
 
 
 def waiting_backends(db_url: str) -> int:
-    return scalar(db_url, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+    return scalar(
+        db_url,
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
 
 
 def test_delivery_and_a_resent_submission_queue_behind_the_run_lock(db_url):

@@ -29,12 +29,11 @@ from agents import (
 )
 from pydantic import BaseModel
 
-from outbox import keys, lifecycle, registry, writer
+from outbox import lifecycle, registry, writer
 from outbox.errors import InvalidTransition, NotFound
 from outbox.schemas import ModelOptions, Retarget, StartRun
 from outbox.testing.model import ScriptedModel
 from tests.relay_harness import relay_thread, scalar, wait_until
-from tests.serve_harness import serve
 
 TENANT = "acme"
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
@@ -155,28 +154,13 @@ def test_without_tools_the_tool_options_are_not_sent(tools, model):
 # -- outbox serve: the OpenAI Agents SDK's settings, and what no model could follow ------------
 
 
-@pytest.fixture
-def key(db_url: str) -> str:
-    with psycopg.connect(db_url) as conn:
-        made = keys.create_key(conn, TENANT, name="test")[1]
-        conn.commit()
-    return made
-
-
-@pytest.fixture
-def base_url(db_url: str, model: ScriptedModel, key: str) -> Iterator[str]:
-    with (
-        serve(db_url, model_base_url=model.url + "/v1") as url,
-        relay_thread(db_url, kinds=ALL_KINDS),
-    ):
-        yield url
-
-
 class OrderStatus(BaseModel):
     status: str
 
 
-def test_the_agents_sdk_settings_and_output_type_reach_the_model(db_url, base_url, key, model):
+def test_the_agents_sdk_settings_and_output_type_reach_the_model(
+    db_url, base_url, api_key, model, relay
+):
     calls: list[str] = []
 
     @function_tool
@@ -186,7 +170,7 @@ def test_the_agents_sdk_settings_and_output_type_reach_the_model(db_url, base_ur
         return json.dumps({"order_id": order_id, "status": "shipped"})
 
     async def go() -> Any:
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
         agent = Agent(
             name="desk",
             instructions="You are the order desk.",
@@ -224,7 +208,7 @@ def test_the_agents_sdk_settings_and_output_type_reach_the_model(db_url, base_ur
     assert len(runs) == 1 and "tool_choice" not in runs[0][0]
 
 
-def test_a_response_shows_the_options_its_request_gave(base_url, key):
+def test_a_response_shows_the_options_its_request_gave(base_url, api_key, relay):
     body = {
         "model": "scripted-1",
         "input": "hello",
@@ -233,7 +217,7 @@ def test_a_response_shows_the_options_its_request_gave(base_url, key):
         "parallel_tool_calls": False,
         "text": {"format": FORMAT, "verbosity": "low"},
     }
-    headers = {"Authorization": f"Bearer {key}"}
+    headers = {"Authorization": f"Bearer {api_key}"}
     made = httpx2.post(base_url + "/responses", json=body, headers=headers, timeout=30)
     assert made.status_code == 200, made.text
     shown = httpx2.get(base_url + "/responses/" + made.json()["id"], headers=headers).json()
@@ -254,7 +238,7 @@ def test_a_response_shows_the_options_its_request_gave(base_url, key):
     ],
 )
 def test_options_no_model_could_follow_are_refused_and_nothing_is_stored(
-    db_url, base_url, key, fields, param, words
+    db_url, base_url, api_key, relay, fields, param, words
 ):
     body = {
         "model": "scripted-1",
@@ -263,7 +247,10 @@ def test_options_no_model_could_follow_are_refused_and_nothing_is_stored(
         **fields,
     }
     answer = httpx2.post(
-        base_url + "/responses", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30
+        base_url + "/responses",
+        json=body,
+        headers={"Authorization": f"Bearer {api_key}"},
+        timeout=30,
     )
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
@@ -287,10 +274,10 @@ REASONED = [
 
 
 def test_reasoning_items_of_a_history_go_back_to_the_model_before_what_followed_them(
-    db_url, base_url, key, model
+    db_url, base_url, api_key, model, relay
 ):
     model.add_script("lookup", [{"text": "looking"}])
-    headers = {"Authorization": f"Bearer {key}"}
+    headers = {"Authorization": f"Bearer {api_key}"}
     body = {"model": "scripted-1", "input": REASONED, "tools": []}
     answer = httpx2.post(base_url + "/responses", json=body, headers=headers, timeout=30)
     assert answer.status_code == 200, answer.text
@@ -432,8 +419,10 @@ def test_a_forced_function_must_be_one_of_the_tools():
 # -- the Assistants protocol's runs --------------------------------------------------------------
 
 
-def test_an_assistants_run_passes_its_options_on_and_shows_them(db_url, base_url, key, model):
-    headers = {"Authorization": f"Bearer {key}", "OpenAI-Beta": "assistants=v2"}
+def test_an_assistants_run_passes_its_options_on_and_shows_them(
+    db_url, base_url, api_key, model, relay
+):
+    headers = {"Authorization": f"Bearer {api_key}", "OpenAI-Beta": "assistants=v2"}
     tool = {"type": "function", "function": {"name": "lookup_order", "parameters": {}}}
     with httpx2.Client(base_url=base_url, headers=headers, timeout=30) as client:
         assistant = client.post("/assistants", json={"model": "scripted-1", "tools": [tool]})

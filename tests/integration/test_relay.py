@@ -389,7 +389,7 @@ def test_relay_survives_its_connections_being_killed(db_url, tools):
         killed = scalar(
             db_url,
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE application_name LIKE 'outbox-relay-%'",
+            "WHERE datname = current_database() AND application_name LIKE 'outbox-relay-%'",
         )
         assert killed >= 2
         wait_until(lambda: all_settled(db_url), timeout_s=60, what="drain after the kill")
@@ -439,7 +439,8 @@ def test_notify_wakes_an_idle_relay_long_before_its_poll(db_url, tools):
         wait_until(
             lambda: scalar(
                 db_url,
-                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN outbox_ready%'",
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query LIKE 'LISTEN outbox_ready%'",
             )
         )
         seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=args)

@@ -7,71 +7,22 @@ sequence number, conversation items, and tenants kept apart."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx2
 import openai
-import psycopg
 import pytest
 
-from outbox import keys
 from outbox.testing.model import ScriptedModel
-from outbox.testing.tools import FakeToolService
-from tests.relay_harness import register_tool, relay_thread, wait_until
-from tests.serve_harness import serve
+from tests.relay_harness import relay_thread, wait_until
+from tests.serve_harness import ALL_KINDS, serve
 
-ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
-EMAIL = {"name": "send_email", "arguments": {"to": "a@b.c", "subject": "order 42"}}
-APPROVE = {"name": "approve_refund", "arguments": {"order_id": "42"}}
 APPROVE_TOOL = {
     "type": "function",
     "name": "approve_refund",
     "description": "Ask a person to approve a refund",
     "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
 }
-
-
-@pytest.fixture
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel(default=[{"text": "hello"}]) as server:
-        server.add_script("email", [{"tool_calls": [EMAIL]}, {"text": "mail sent"}])
-        server.add_script("approve", [{"tool_calls": [APPROVE]}, {"text": "refund approved"}])
-        yield server
-
-
-@pytest.fixture
-def service() -> Iterator[FakeToolService]:
-    with FakeToolService() as svc:
-        yield svc
-
-
-@pytest.fixture
-def api_keys(db_url: str, service: FakeToolService) -> dict[str, str]:
-    with psycopg.connect(db_url) as conn:
-        register_tool(conn, service, "send_email", "key")
-        made = {t: keys.create_key(conn, t, name="test")[1] for t in ("acme", "globex")}
-        conn.commit()
-    return made
-
-
-@pytest.fixture
-def base_url(db_url: str, model: ScriptedModel, api_keys: dict[str, str]) -> Iterator[str]:
-    with serve(db_url, model_base_url=model.url + "/v1") as url:
-        yield url
-
-
-@pytest.fixture
-def sdk(base_url: str, api_keys: dict[str, str]) -> Iterator[openai.OpenAI]:
-    client = openai.OpenAI(base_url=base_url, api_key=api_keys["acme"], max_retries=0)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def relay(db_url: str) -> Iterator[None]:
-    with relay_thread(db_url, kinds=ALL_KINDS):
-        yield
 
 
 def test_a_plain_answer_and_a_registered_tool_run_by_the_relay(sdk, relay, service):

@@ -23,11 +23,7 @@ from agents import (
     set_tracing_disabled,
 )
 
-from outbox import keys
-from outbox.testing.model import ScriptedModel
-from tests.integration.test_responses_stateless import ALL_KINDS, counts
-from tests.relay_harness import relay_thread
-from tests.serve_harness import serve
+from tests.integration.test_responses_stateless import counts
 
 LOOKUP = {"name": "lookup_order", "arguments": {"order_id": "42"}}
 HANDOFF = {"name": "transfer_to_desk", "arguments": {}}
@@ -40,31 +36,8 @@ def no_tracing() -> Iterator[None]:
     set_tracing_disabled(False)
 
 
-@pytest.fixture
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel(default=[{"text": "hello"}]) as server:
-        yield server
-
-
-@pytest.fixture
-def key(db_url: str) -> str:
-    with psycopg.connect(db_url) as conn:
-        made = keys.create_key(conn, "acme", name="test")[1]
-        conn.commit()
-    return made
-
-
-@pytest.fixture
-def base_url(db_url: str, model: ScriptedModel, key: str) -> Iterator[str]:
-    with (
-        serve(db_url, model_base_url=model.url + "/v1") as url,
-        relay_thread(db_url, kinds=ALL_KINDS),
-    ):
-        yield url
-
-
-def responses_model(base_url: str, key: str) -> tuple[OpenAIResponsesModel, openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
+def responses_model(base_url: str, api_key: str) -> tuple[OpenAIResponsesModel, openai.AsyncOpenAI]:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     return OpenAIResponsesModel(model="scripted-1", openai_client=client), client
 
 
@@ -88,11 +61,11 @@ class Desk:
         )
 
 
-def test_a_streamed_run_gets_the_events_and_the_answer(db_url, base_url, key, model):
+def test_a_streamed_run_gets_the_events_and_the_answer(db_url, base_url, api_key, model, relay):
     model.add_script("lookup", [{"tool_calls": [LOOKUP]}, {"text": "order 42 shipped"}])
 
     async def go() -> tuple[Any, list[str], list[str]]:
-        chat, client = responses_model(base_url, key)
+        chat, client = responses_model(base_url, api_key)
         desk = Desk(chat)
         try:
             result = Runner.run_streamed(
@@ -114,13 +87,15 @@ def test_a_streamed_run_gets_the_events_and_the_answer(db_url, base_url, key, mo
 
 
 @pytest.mark.parametrize("mode", ["stateless", "auto_previous_response_id", "conversation_id"])
-def test_a_handoff_carries_the_conversation_to_the_second_agent(db_url, base_url, key, model, mode):
+def test_a_handoff_carries_the_conversation_to_the_second_agent(
+    db_url, base_url, api_key, model, relay, mode
+):
     model.add_script(
         "handoff", [{"tool_calls": [HANDOFF]}, {"tool_calls": [LOOKUP]}, {"text": "shipped"}]
     )
 
     async def go() -> tuple[Any, str, list[str]]:
-        chat, client = responses_model(base_url, key)
+        chat, client = responses_model(base_url, api_key)
         desk = Desk(chat)
         triage = Agent(
             name="triage", instructions="Route the customer.", handoffs=[desk.agent], model=chat
@@ -172,11 +147,13 @@ def _names(tools: list[Any]) -> list[str]:
     return [t.get("name") or t.get("function", {}).get("name") for t in tools]
 
 
-def test_max_turns_stops_the_sdk_and_the_run_waits_for_its_outputs(db_url, base_url, key, model):
+def test_max_turns_stops_the_sdk_and_the_run_waits_for_its_outputs(
+    db_url, base_url, api_key, model, relay
+):
     model.add_script("lookup", [{"tool_calls": [LOOKUP]}, {"text": "order 42 shipped"}])
 
     async def go() -> tuple[list[str], Any]:
-        chat, client = responses_model(base_url, key)
+        chat, client = responses_model(base_url, api_key)
         desk = Desk(chat)
         config = RunConfig(tracing_disabled=True)
         try:

@@ -25,14 +25,10 @@ from agents import (
     set_tracing_disabled,
 )
 
-from outbox import keys
 from outbox.testing.model import ScriptedModel
-from outbox.testing.tools import FakeToolService
-from tests.relay_harness import register_tool, relay_thread
-from tests.serve_harness import serve
+from tests import serve_harness
+from tests.serve_harness import EMAIL
 
-ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
-EMAIL = {"name": "send_email", "arguments": {"to": "a@b.c", "subject": "order 42"}}
 LOOKUP = {"name": "lookup_order", "arguments": {"order_id": "42"}}
 LOOKUP_TOOL = {
     "type": "function",
@@ -56,42 +52,12 @@ def no_tracing() -> Iterator[None]:
 
 
 @pytest.fixture
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel(default=[{"text": "hello"}]) as server:
-        # the registry tool (run by the relay), then the caller's own tool, then an answer
-        server.add_script(
-            "agent",
-            [{"tool_calls": [EMAIL]}, {"tool_calls": [LOOKUP]}, {"text": "order 42 shipped"}],
-        )
-        server.add_script("email", [{"tool_calls": [EMAIL]}, {"text": "mail sent"}])
-        yield server
-
-
-@pytest.fixture
-def service() -> Iterator[FakeToolService]:
-    with FakeToolService() as svc:
-        yield svc
-
-
-@pytest.fixture
-def api_keys(db_url: str, service: FakeToolService) -> dict[str, str]:
-    with psycopg.connect(db_url) as conn:
-        register_tool(conn, service, "send_email", "key")
-        made = {t: keys.create_key(conn, t, name="test")[1] for t in ("acme", "globex")}
-        conn.commit()
-    return made
-
-
-@pytest.fixture
-def base_url(db_url: str, model: ScriptedModel, api_keys: dict[str, str]) -> Iterator[str]:
-    with serve(db_url, model_base_url=model.url + "/v1") as url:
-        yield url
-
-
-@pytest.fixture
-def relay(db_url: str) -> Iterator[None]:
-    with relay_thread(db_url, kinds=ALL_KINDS):
-        yield
+def model(model: ScriptedModel) -> ScriptedModel:
+    # the registry tool (run by the relay), then the caller's own tool, then an answer
+    model.add_script(
+        "agent", [{"tool_calls": [EMAIL]}, {"tool_calls": [LOOKUP]}, {"text": "order 42 shipped"}]
+    )
+    return model
 
 
 def counts(db_url: str, tenant: str) -> dict[str, int]:
@@ -168,10 +134,6 @@ def test_an_agents_sdk_agent_runs_in_each_mode(db_url, base_url, api_keys, relay
     assert (stored["threads"], stored["runs"], stored["responses"]) == (1, 1, 2)
 
 
-def sdk(base_url: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
-
-
 def test_a_history_from_elsewhere_seeds_a_thread_and_its_calls_are_not_run(
     db_url, base_url, api_keys, relay, service
 ):
@@ -180,7 +142,7 @@ def test_a_history_from_elsewhere_seeds_a_thread_and_its_calls_are_not_run(
         {"type": "function_call", "call_id": "call_ext_1", **{**EMAIL, "arguments": "{}"}},
         {"type": "function_call_output", "call_id": "call_ext_1", "output": "sent already"},
     ]
-    with sdk(base_url, api_keys["acme"]) as client:
+    with serve_harness.client(base_url, api_keys["acme"]) as client:
         done = client.responses.create(
             model="scripted-1", input=history, tools=[{"type": "function", "name": "send_email"}]
         )
@@ -201,7 +163,7 @@ def test_a_history_from_elsewhere_seeds_a_thread_and_its_calls_are_not_run(
 
 
 def test_item_references_name_the_tenants_stored_items(db_url, base_url, api_keys, relay):
-    with sdk(base_url, api_keys["acme"]) as client:
+    with serve_harness.client(base_url, api_keys["acme"]) as client:
         asked = client.responses.create(
             model="scripted-1", input="script:agent where is 42?", tools=[LOOKUP_TOOL]
         )
@@ -229,7 +191,7 @@ def post(base_url: str, key: str, body: dict[str, Any]) -> httpx2.Response:
 def test_forged_outputs_and_another_tenants_items_are_refused_storing_nothing(
     db_url, base_url, api_keys, relay
 ):
-    with sdk(base_url, api_keys["acme"]) as client:
+    with serve_harness.client(base_url, api_keys["acme"]) as client:
         asked = client.responses.create(
             model="scripted-1", input="script:agent where is 42?", tools=[LOOKUP_TOOL]
         )

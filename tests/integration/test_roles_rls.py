@@ -485,7 +485,9 @@ def _as_user(url: str, user: str, password: str) -> str:
 def test_a_non_superuser_owner_migrates_and_keeps_working(server_url):
     """FORCE ROW LEVEL SECURITY must not lock out the (non-superuser) owner of the tables."""
     suffix = uuid.uuid4().hex[:10]
-    owner, database = f"outbox_owner_{suffix}", f"outbox_own_{suffix}"
+    # Not named outbox_*: the tests that list the schema's roles by that prefix may run on
+    # the same server at the same time.
+    owner, database = f"schema_owner_{suffix}", f"outbox_own_{suffix}"
     with psycopg.connect(server_url, autocommit=True) as admin:
         admin.execute(f"CREATE ROLE {owner} LOGIN PASSWORD 'pw' NOSUPERUSER NOBYPASSRLS")
         admin.execute(f"CREATE DATABASE {database} OWNER {owner}")

@@ -16,10 +16,8 @@ import psycopg
 import pytest
 
 from outbox import keys
-from outbox.testing.model import ScriptedModel
-from outbox.testing.tools import FakeToolService
-from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
-from tests.serve_harness import serve
+from tests.relay_harness import scalar, wait_until
+from tests.serve_harness import client, serve
 
 # The openai SDK marks its Assistants API deprecated (OpenAI retired the hosted one); that
 # API is what these tests point at outbox serve.
@@ -28,9 +26,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:The Assistants API is deprecated:DeprecationWarning"),
 ]
 
-ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
-EMAIL = {"name": "send_email", "arguments": {"to": "a@b.c", "subject": "order 42"}}
-APPROVE = {"name": "approve_refund", "arguments": {"order_id": "42"}}
 SEND_EMAIL_TOOL = {"type": "function", "function": {"name": "send_email"}}
 APPROVE_TOOL = {
     "type": "function",
@@ -40,46 +35,6 @@ APPROVE_TOOL = {
         "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
     },
 }
-
-
-@pytest.fixture
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel(default=[{"text": "hello"}]) as server:
-        server.add_script("email", [{"tool_calls": [EMAIL]}, {"text": "mail sent"}])
-        server.add_script("approve", [{"tool_calls": [APPROVE]}, {"text": "refund approved"}])
-        yield server
-
-
-@pytest.fixture
-def service() -> Iterator[FakeToolService]:
-    with FakeToolService() as svc:
-        yield svc
-
-
-@pytest.fixture
-def api_keys(db_url: str, service: FakeToolService) -> dict[str, str]:
-    """A key for each of two tenants, and the registered tool send_email."""
-    with psycopg.connect(db_url) as conn:
-        register_tool(conn, service, "send_email", "key")
-        made = {t: keys.create_key(conn, t, name="test")[1] for t in ("acme", "globex")}
-        conn.commit()
-    return made
-
-
-@pytest.fixture
-def base_url(db_url: str, model: ScriptedModel, api_keys: dict[str, str]) -> Iterator[str]:
-    with serve(db_url, model_base_url=model.url + "/v1") as url:
-        yield url
-
-
-@pytest.fixture
-def relay(db_url: str) -> Iterator[None]:
-    with relay_thread(db_url, kinds=ALL_KINDS):
-        yield
-
-
-def client(base_url: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
 
 
 def count(db_url: str, table: str) -> int:

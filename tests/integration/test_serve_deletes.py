@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx2
@@ -19,18 +19,16 @@ import openai
 import psycopg
 import pytest
 
-from outbox import assistants, history, keys
+from outbox import assistants, history
 from outbox.testing.model import ScriptedModel
 from tests.relay_harness import relay_thread, scalar, wait_until
-from tests.serve_harness import serve
+from tests.serve_harness import ALL_KINDS, APPROVE
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:The Assistants API is deprecated:DeprecationWarning"),
 ]
 
-ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
-APPROVE = {"name": "approve_refund", "arguments": {"order_id": "42"}}
 APPROVE_TOOL = {
     "type": "function",
     "name": "approve_refund",
@@ -43,43 +41,12 @@ APPROVE_FUNCTION = {
 
 
 @pytest.fixture
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel(default=[{"text": "hello"}]) as server:
-        server.add_script("approve", [{"tool_calls": [APPROVE]}, {"text": "refund approved"}])
-        # A turn with text *and* a call: the message shows, and carries the call.
-        server.add_script(
-            "chatty",
-            [{"text": "let me ask", "tool_calls": [APPROVE]}, {"text": "refund approved"}],
-        )
-        yield server
-
-
-@pytest.fixture
-def api_keys(db_url: str) -> dict[str, str]:
-    with psycopg.connect(db_url) as conn:
-        made = {t: keys.create_key(conn, t, name="test")[1] for t in ("acme", "globex")}
-        conn.commit()
-    return made
-
-
-@pytest.fixture
-def base_url(db_url: str, model: ScriptedModel, api_keys: dict[str, str]) -> Iterator[str]:
-    with serve(db_url, model_base_url=model.url + "/v1") as url:
-        yield url
-
-
-@pytest.fixture
-def sdk(base_url: str, api_keys: dict[str, str]) -> Iterator[openai.OpenAI]:
-    client = openai.OpenAI(base_url=base_url, api_key=api_keys["acme"], max_retries=0)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def other(base_url: str, api_keys: dict[str, str]) -> Iterator[openai.OpenAI]:
-    client = openai.OpenAI(base_url=base_url, api_key=api_keys["globex"], max_retries=0)
-    yield client
-    client.close()
+def model(model: ScriptedModel) -> ScriptedModel:
+    # A turn with text *and* a call: the message shows, and carries the call.
+    model.add_script(
+        "chatty", [{"text": "let me ask", "tool_calls": [APPROVE]}, {"text": "refund approved"}]
+    )
+    return model
 
 
 def gone(*calls: Callable[[], Any]) -> None:

@@ -5,34 +5,16 @@ first request's run, for runs and create-and-run alike; the key with any other b
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import psycopg
 import pytest
 
-from outbox import keys
-from tests.serve_harness import serve
-
 pytestmark = [  # the SDK marks beta.assistants and beta.threads deprecated
     pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:The Assistants API is deprecated:DeprecationWarning"),
 ]
-
-
-@pytest.fixture
-def api_key(db_url: str) -> str:
-    with psycopg.connect(db_url) as conn:
-        made = keys.create_key(conn, "acme", name="test")[1]
-        conn.commit()
-    return made
-
-
-@pytest.fixture
-def sdk(db_url: str, api_key: str) -> Iterator[openai.OpenAI]:
-    with serve(db_url) as url, openai.OpenAI(base_url=url, api_key=api_key, max_retries=0) as c:
-        yield c
 
 
 def stored(db_url: str) -> tuple[int, int, int]:

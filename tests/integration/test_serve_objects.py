@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx2
@@ -16,40 +15,14 @@ import openai
 import psycopg
 import pytest
 
-from outbox import keys
 from outbox.logs import JsonFormatter
-from outbox.testing.model import ScriptedModel
 from tests.relay_harness import relay_thread, scalar, wait_until
-from tests.serve_harness import serve
+from tests.serve_harness import client, serve
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:The Assistants API is deprecated:DeprecationWarning"),
 ]
-
-
-@pytest.fixture
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel(default=[{"text": "hello"}]) as server:
-        yield server
-
-
-@pytest.fixture
-def api_keys(db_url: str) -> dict[str, str]:
-    with psycopg.connect(db_url) as conn:
-        made = {t: keys.create_key(conn, t, name="test")[1] for t in ("acme", "globex")}
-        conn.commit()
-    return made
-
-
-@pytest.fixture
-def base_url(db_url: str, model: ScriptedModel, api_keys: dict[str, str]) -> Iterator[str]:
-    with serve(db_url, model_base_url=model.url + "/v1") as url:
-        yield url
-
-
-def client(base_url: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
 
 
 def test_modify_an_assistant_changes_only_the_fields_given(base_url, api_keys, db_url):

@@ -3,38 +3,16 @@ app, the relay and the scripted model, with OpenAI's ``thread.*`` event names.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import openai
 import pytest
 
-from outbox.testing.model import ScriptedModel
-from tests.integration.test_serve import (  # the fixtures of the non-streaming tests
-    APPROVE,
-    APPROVE_TOOL,
-    EMAIL,
-    SEND_EMAIL_TOOL,
-    api_keys,
-    base_url,
-    client,
-    relay,
-    service,
-)
-
-__all__ = ["api_keys", "base_url", "relay", "service"]  # fixtures, used by name
+from tests.integration.test_serve import APPROVE_TOOL, SEND_EMAIL_TOOL
+from tests.serve_harness import client
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:The Assistants API is deprecated:DeprecationWarning"),
 ]
-
-
-@pytest.fixture
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel(default=[{"text": "hello"}]) as server:
-        server.add_script("email", [{"tool_calls": [EMAIL]}, {"text": "mail sent"}])
-        server.add_script("approve", [{"tool_calls": [APPROVE]}, {"text": "refund approved"}])
-        yield server
 
 
 def test_stream_helper_follows_a_run_with_a_registered_tool_to_the_end(base_url, api_keys, relay):

@@ -17,8 +17,9 @@ import openai
 import psycopg
 import pytest
 
-from outbox import keys, lifecycle
+from outbox import lifecycle
 from outbox.server import response_stream, streaming
+from tests import serve_harness
 from tests.serve_harness import serve
 
 pytestmark = [  # the SDK marks beta.assistants and beta.threads deprecated
@@ -29,16 +30,8 @@ NEVER_S = 600.0  # a poll so slow that only a notification can answer within the
 DEADLINE_S = 30.0  # seconds the client waits for its answer
 
 
-@pytest.fixture
-def api_key(db_url: str) -> str:
-    with psycopg.connect(db_url) as conn:
-        made = keys.create_key(conn, "acme", name="test")[1]
-        conn.commit()
-    return made
-
-
 def client(url: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=DEADLINE_S)
+    return serve_harness.client(url, key, timeout=DEADLINE_S)
 
 
 def end_run_when_waited_on(db_url: str, waiting: Callable[[], Any]) -> Any:
