@@ -1,11 +1,12 @@
 """A small MCP server built with the official SDK (``MCPServer``), for the tests to call.
 
-Run as ``python tests/mcp_fixture.py http PORT AUDIT`` (streamable HTTP on 127.0.0.1) or
-``python tests/mcp_fixture.py stdio AUDIT``. Every call a tool receives is appended to the
-file AUDIT as one JSON line, written before the tool acts and flushed to disk, so a test can
-count what the server saw even when a relay or the server is killed mid-call: the tool, its
-arguments, the ``_meta`` it came with, the ``Idempotency-Key`` header (HTTP) and this
-process's id.
+Run as ``python tests/mcp_fixture.py http PORT AUDIT`` (streamable HTTP on 127.0.0.1, each
+answer an event stream), ``python tests/mcp_fixture.py http-json PORT AUDIT`` (each answer a
+JSON body) or ``python tests/mcp_fixture.py stdio AUDIT``. Every call a tool receives is
+appended to the file AUDIT as one JSON line, written before the tool acts and flushed to
+disk, so a test can count what the server saw even when a relay or the server is killed
+mid-call: the tool, its arguments, the ``_meta`` it came with, the ``Idempotency-Key``
+header (HTTP) and this process's id.
 
 Its tools and their annotations:
 
@@ -144,7 +145,7 @@ async def whoami(ctx: Context) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "http":
-        app.run("streamable-http", port=int(sys.argv[2]))
+    if sys.argv[1].startswith("http"):
+        app.run("streamable-http", port=int(sys.argv[2]), json_response=sys.argv[1] == "http-json")
     else:
         app.run("stdio")

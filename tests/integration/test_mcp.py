@@ -1,4 +1,5 @@
-"""MCP tool servers: registered, discovered, and called by the relay through the official SDK.
+"""MCP tool servers: registered, discovered, and called by the relay (on the spec over HTTP,
+through the official SDK over stdio).
 
 The servers are real ones nobody here wrote the protocol side of: ``tests/mcp_fixture.py``
 is built with the SDK's ``MCPServer`` and keeps its own audit trail of every call it
@@ -66,7 +67,8 @@ def free_port() -> int:
 class HttpFixture:
     """The fixture server over streamable HTTP, in a process of its own."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, answers: str = "http") -> None:
+        self.answers = answers  # "http": event streams; "http-json": JSON bodies
         self.audit_path = tmp_path / "audit-http.jsonl"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
@@ -76,7 +78,7 @@ class HttpFixture:
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, str(FIXTURE), "http", str(self.port), str(self.audit_path)],
+                [sys.executable, str(FIXTURE), self.answers, str(self.port), str(self.audit_path)],
                 stdout=log,
                 stderr=log,
             )
@@ -103,6 +105,17 @@ class HttpFixture:
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[HttpFixture]:
     server = HttpFixture(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def json_server(tmp_path: Path) -> Iterator[HttpFixture]:
+    """The fixture server answering every request with a JSON body, not an event stream."""
+    server = HttpFixture(tmp_path, "http-json")
     server.start()
     try:
         yield server
@@ -531,6 +544,45 @@ def test_a_server_that_cannot_be_reached_is_retried_unsent_and_called_once(db_ur
     assert call_row(db_url, warm)["status"] == "succeeded"
     assert call_row(db_url, ref)["status"] == "succeeded"  # none mode, and yet called
     assert [c["arguments"]["title"] for c in http_server.calls()] == ["first", "later"]
+
+
+def test_a_server_answering_json_bodies_gives_results_and_errors_as_one_answering_streams(
+    db_url, json_server
+):
+    add_server(db_url, name="tk", url=json_server.url, overrides=LOW)
+    done = call_once(db_url, "tk__create_ticket", {"title": "json"})
+    refused = call_once(db_url, "tk__reject", {"reason": "no"})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the calls to finish")
+    row = call_row(db_url, done)
+    assert (row["status"], row["output"]["structuredContent"]) == ("succeeded", {"ticket": "json"})
+    assert call_row(db_url, refused)["status"] == "failed"
+    assert "refused: no" in call_row(db_url, refused)["error"]
+    (received,) = json_server.calls("create_ticket")
+    assert received["idempotency_key_header"] == row["idempotency_key"]
+    assert received["meta"][META_KEY]["idempotency_key"] == row["idempotency_key"]
+
+
+def test_a_session_the_server_forgot_is_opened_again_and_a_none_call_is_not_parked(
+    db_url, http_server
+):
+    """A server restarted between calls answers the old session's next request 404: that
+    request was not processed, so a none-mode call is retried over a new session."""
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_attempts=100)
+    with relay_thread(db_url):
+        warm = call_once(db_url, "tk__create_ticket", {"title": "first"})
+        wait_until(lambda: all_settled(db_url), what="the first call (its session opened)")
+        http_server.kill()
+        http_server.start()
+        ref = call_once(db_url, "tk__create_ticket", {"title": "later"})
+        wait_until(lambda: all_settled(db_url), what="the call to finish")
+    assert call_row(db_url, warm)["status"] == "succeeded"
+    row = call_row(db_url, ref)
+    # The 404's attempt took its mark back: the next was a plain call, not an ambiguous one.
+    assert (row["status"], row["attempts"], row["dispatched_attempt"]) == ("succeeded", 2, 2)
+    assert [c["arguments"]["title"] for c in http_server.calls()] == ["first", "later"]
+    journal = scalar(db_url, "SELECT string_agg(detail::text, ' ') FROM outbox.journal")
+    assert "no longer knows the session" in journal
 
 
 # -- stdio servers ----------------------------------------------------------------------
