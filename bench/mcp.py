@@ -14,9 +14,9 @@ that does the same work) and measures, from this process:
   started per call).
 
 Both with the server answering each call as an event stream (the SDK's default) and as a
-JSON body; and, as a baseline, the same calls through ``SpecClient`` (``tools/call`` written
-on the spec over the relay's poster, no SDK). docs/mcp.md has the figures and what they
-mean.
+JSON body; and, as a baseline, the same calls through the official SDK's ``ClientSession``
+over its streamable HTTP transport (which the relay uses for stdio servers only).
+docs/mcp.md has the figures and what they mean.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from mcp_types import RequestParamsMeta
 
 from outbox.mcpservers import META_KEY
 from outbox.relay.executors import normalise
-from outbox.relay.mcpclient import McpCaller, Server
+from outbox.relay.mcpclient import McpCaller, Server, Session
 from outbox.relay.outcomes import Claimed
 from outbox.relay.poster import Poster
 
@@ -96,85 +98,35 @@ def _row(i: int, sleep_s: float, server: Server, url: str) -> Claimed:
     )
 
 
-ACCEPT = "application/json, text/event-stream"
-SPEC_VERSION = "2025-11-25"
+async def _sdk(port: int, calls: int, n: int, latency_s: float) -> dict[str, Any]:
+    """The same calls through the official SDK's ``ClientSession`` over its streamable HTTP
+    transport (what the relay used before, and still uses for stdio servers)."""
+    server = Server("bench", "bench", "http", url=f"http://127.0.0.1:{port}/mcp", max_concurrency=n)
+    session = Session(server, {})
+    await session.open()
+    assert session.client is not None
+    client = session.client
 
+    async def call(sleep_s: float, key: str) -> bool:
+        meta = cast(RequestParamsMeta, {META_KEY: {"idempotency_key": key}})
+        answer = await client.call_tool("work", {"sleep_s": sleep_s}, meta=meta)
+        return not answer.is_error
 
-class SpecClient:
-    """The baseline: ``tools/call`` written on the spec over the relay's poster (one
-    JSON-RPC POST; the answer read as JSON or from its event stream), no SDK. It speaks
-    only what this bench needs (no errors, no notifications, one protocol version): a
-    measure of what a call need cost, not a client."""
-
-    def __init__(self, url: str) -> None:
-        self.url, self.poster, self.session, self.ids = url, Poster(), "", 0
-
-    def _headers(self, key: str = "") -> dict[str, str]:
-        headers = {"accept": ACCEPT, "mcp-protocol-version": SPEC_VERSION}
-        if self.session:
-            headers["mcp-session-id"] = self.session
-        if key:
-            headers["idempotency-key"] = key
-        return headers
-
-    async def open(self) -> None:
-        params = {
-            "protocolVersion": SPEC_VERSION,
-            "capabilities": {},
-            "clientInfo": {"name": "bench", "version": "1"},
-        }
-        request = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}
-        answer = await self.poster.post(
-            self.url, json=request, headers={"accept": ACCEPT}, timeout=30
-        )
-        self.session = answer.headers.get("mcp-session-id", "")
-        _answer_of(answer, 0)
-        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        await self.poster.post(self.url, json=note, headers=self._headers(), timeout=30)
-
-    async def call(self, name: str, arguments: dict[str, Any], key: str) -> dict[str, Any]:
-        self.ids += 1
-        request_id = self.ids
-        meta = {META_KEY: {"idempotency_key": key}}
-        params = {"name": name, "arguments": arguments, "_meta": meta}
-        request = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
-        answer = await self.poster.post(
-            self.url, json=request, headers=self._headers(key), timeout=60
-        )
-        return _answer_of(answer, request_id)
-
-
-def _answer_of(answer: Any, request_id: int) -> dict[str, Any]:
-    if answer.headers.get("content-type", "").startswith("application/json"):
-        found: dict[str, Any] = json.loads(answer.content)
-        return found
-    for event in answer.content.replace(b"\r\n", b"\n").split(b"\n\n"):
-        data = b"".join(
-            line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")
-        )
-        if data and (message := json.loads(data)).get("id") == request_id:
-            return dict(message)
-    raise RuntimeError(f"no answer to request {request_id}: {answer.content[:200]!r}")
-
-
-async def _spec(port: int, calls: int, n: int, latency_s: float) -> dict[str, Any]:
-    client = SpecClient(f"http://127.0.0.1:{port}/mcp")
-    await client.open()
     for i in range(20):
-        await client.call("work", {"sleep_s": 0.0}, f"warm-{i}")
+        await call(0.0, f"warm-{i}")
     took: list[float] = []
     used = time.process_time()
     for i in range(calls):
         started = time.perf_counter()
-        assert "result" in await client.call("work", {"sleep_s": 0.0}, f"one-{i}")
+        assert await call(0.0, f"one-{i}")
         took.append((time.perf_counter() - started) * 1000)
     cpu_ms = (time.process_time() - used) * 1000 / calls
     used, started = time.process_time(), time.perf_counter()
     answers = await asyncio.gather(
-        *(client.call("work", {"sleep_s": latency_s}, f"many-{i}") for i in range(n))
+        *(call(latency_s, f"many-{i}") for i in range(n)), return_exceptions=True
     )
     wall = time.perf_counter() - started
-    await client.poster.aclose()
+    await session.close()
     return {
         "p50_ms": round(statistics.median(took), 3),
         "client_cpu_ms_per_call": round(cpu_ms, 3),
@@ -182,7 +134,7 @@ async def _spec(port: int, calls: int, n: int, latency_s: float) -> dict[str, An
         "wall_s": round(wall, 3),
         "x_ideal": round(wall / latency_s, 3),
         "in_flight_client_cpu_ms_per_call": round((time.process_time() - used) * 1000 / n, 3),
-        "failed": sum("result" not in a for a in answers),
+        "failed": sum(a is not True for a in answers),
     }
 
 
@@ -299,8 +251,8 @@ def run(calls: int, in_flight: int, latency_s: float, answers: str = "sse") -> d
         flight["server_cpu_ms_per_call"] = round(
             (_cpu_s(server.pid) - before) * 1000 / in_flight, 3
         )
-        spec = asyncio.run(_spec(port, calls, in_flight, latency_s))
-        return {"overhead": overhead, "in_flight": flight, "spec_baseline": spec}
+        sdk = asyncio.run(_sdk(port, calls, in_flight, latency_s))
+        return {"overhead": overhead, "in_flight": flight, "sdk_baseline": sdk}
     finally:
         server.terminate()
         server.wait(timeout=10)
