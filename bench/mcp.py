@@ -13,10 +13,11 @@ that does the same work) and measures, from this process:
   process and of the server's, and the threads this process ran meanwhile (none is
   started per call).
 
-Both with the server answering each call as an event stream (the SDK's default) and as a
-JSON body; and, as a baseline, the same calls through the official SDK's ``ClientSession``
-over its streamable HTTP transport (which the relay uses for stdio servers only).
-docs/mcp.md has the figures and what they mean.
+With the server answering each call as an event stream (the SDK's default) and as a JSON
+body, and against a server that does nothing but answer (``RAW_SERVER``: the relay's side
+without the SDK server's CPU); and, as a baseline, the same calls through the official
+SDK's ``ClientSession`` over its streamable HTTP transport (which the relay uses for stdio
+servers only). docs/mcp.md has the figures and what they mean.
 """
 
 from __future__ import annotations
@@ -62,6 +63,52 @@ async def tool(request: Request) -> JSONResponse:
     return JSONResponse({"done": True})
 
 app.run("streamable-http", port=int(sys.argv[1]), json_response=sys.argv[2] == "json")
+"""
+
+
+# A server that does nothing but answer (streamable HTTP with JSON answers, one session),
+# to measure the relay's side without the SDK server's CPU in the wall time.
+RAW_SERVER = """
+import asyncio, json, sys
+
+async def handle(reader, writer):
+    try:
+        while True:
+            head = await reader.readuntil(b"\\r\\n\\r\\n")
+            lines = head.split(b"\\r\\n")
+            length = 0
+            for line in lines[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            body = json.loads(await reader.readexactly(length)) if length else {}
+            if lines[0].split()[1] == b"/tool":
+                await asyncio.sleep(body.get("sleep_s", 0.0))
+                out, kind = b'{"done": true}', b"application/json"
+            elif "id" not in body:
+                writer.write(b"HTTP/1.1 202 Accepted\\r\\ncontent-length: 0\\r\\n\\r\\n")
+                continue
+            else:
+                if body["method"] == "initialize":
+                    result = {"protocolVersion": body["params"]["protocolVersion"],
+                              "capabilities": {"tools": {}},
+                              "serverInfo": {"name": "raw", "version": "1"}}
+                else:
+                    await asyncio.sleep(body["params"]["arguments"].get("sleep_s", 0.0))
+                    result = {"content": [{"type": "text", "text": '{"done": true}'}],
+                              "structuredContent": {"done": True}, "isError": False}
+                out = json.dumps({"jsonrpc": "2.0", "id": body["id"], "result": result}).encode()
+                kind = b"application/json"
+            head = b"HTTP/1.1 200 OK\\r\\ncontent-type: %s\\r\\nmcp-session-id: raw\\r\\n" % kind
+            writer.write(head + b"content-length: %d\\r\\n\\r\\n" % len(out) + out)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]), backlog=4096)
+    await server.serve_forever()
+
+asyncio.run(main())
 """
 
 
@@ -227,10 +274,12 @@ def _cpu_s(pid: int) -> float:
 
 def run(calls: int, in_flight: int, latency_s: float, answers: str = "sse") -> dict[str, Any]:
     """``answers``: how the server answers a call, "sse" (the SDK's default: an event
-    stream per request) or "json" (a JSON body)."""
+    stream per request), "json" (a JSON body), or "raw" (JSON bodies from ``RAW_SERVER``,
+    not the SDK's)."""
     port = _port()
+    script = RAW_SERVER if answers == "raw" else SERVER
     server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(port), answers],
+        [sys.executable, "-c", script, str(port), answers],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ},
@@ -251,6 +300,8 @@ def run(calls: int, in_flight: int, latency_s: float, answers: str = "sse") -> d
         flight["server_cpu_ms_per_call"] = round(
             (_cpu_s(server.pid) - before) * 1000 / in_flight, 3
         )
+        if answers == "raw":  # it lists no tools, which the SDK asks for to check a result
+            return {"overhead": overhead, "in_flight": flight}
         sdk = asyncio.run(_sdk(port, calls, in_flight, latency_s))
         return {"overhead": overhead, "in_flight": flight, "sdk_baseline": sdk}
     finally:
@@ -263,8 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--in-flight", type=int, default=1000)
     parser.add_argument("--latency", type=float, default=1.0)
+    parser.add_argument("--servers", default="sse,json,raw", help="of sse, json, raw")
     args = parser.parse_args(argv)
-    results = {a: run(args.calls, args.in_flight, args.latency, a) for a in ("sse", "json")}
+    servers = args.servers.split(",")
+    results = {a: run(args.calls, args.in_flight, args.latency, a) for a in servers}
     print(json.dumps(results, indent=2))
     return 0
 

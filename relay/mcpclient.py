@@ -128,8 +128,9 @@ class Server:
 
 
 class Session:
-    """One open MCP session: its owner task holds the transport and the SDK session, and
-    ends them when ``close`` is called or the connection ends by itself."""
+    """One open MCP session through the SDK (a stdio server's; an HTTP server's only to
+    list its tools): its owner task holds the transport and the SDK session, and ends them
+    when ``close`` is called or the connection ends by itself."""
 
     def __init__(self, server: Server, secret_headers: dict[str, str]) -> None:
         self.server = server
