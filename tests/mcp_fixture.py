@@ -11,7 +11,8 @@ header (HTTP) and this process's id.
 Its tools and their annotations:
 
 - ``create_ticket(title, hold_s=0)``: an effect that is neither read-only nor idempotent;
-  ``hold_s`` keeps the call open that long after it is recorded.
+  ``hold_s`` keeps the call open that long after it is recorded. It logs a line to the
+  client first (a ``notifications/message`` ahead of the answer on its event stream).
 - ``read_ticket(title, hold_s=0)``: read-only; held only the first time a call arrives.
 - ``set_label(label)``: idempotent, and deduplicated here by the key of ``_meta`` the way
   docs/mcp.md tells server authors to: a key seen before returns the first answer
@@ -78,6 +79,7 @@ async def create_ticket(title: str, ctx: Context, hold_s: float = 0.0) -> dict[s
     in_flight[0] += 1
     try:
         audit("create_ticket", ctx, title=title, hold_s=hold_s)
+        await ctx.info(f"opening {title}")  # a notification on the answer's stream before it
         await asyncio.sleep(hold_s)
     finally:
         in_flight[0] -= 1
