@@ -269,7 +269,9 @@ def answer_of(response: httpx2.Response, request_id: int) -> dict[str, Any]:
     """The JSON-RPC answer to ``request_id`` in a POST's answer: its body (application/json)
     or an event of its stream (text/event-stream), where the server may send notifications
     and requests of its own before it. Raises ``NotAnAnswer``."""
-    kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+    # The first media type named (as the SDK reads it: a header sent twice is joined).
+    kind = response.headers.get("content-type", "").split(",")[0].partition(";")[0]
+    kind = kind.strip().lower()
     if kind == "application/json":
         try:
             messages = [json.loads(response.content)]

@@ -585,6 +585,90 @@ def test_a_session_the_server_forgot_is_opened_again_and_a_none_call_is_not_park
     assert "no longer knows the session" in journal
 
 
+class Scripted(FakeServer):
+    """A streamable HTTP MCP server in a few lines, for answers the SDK's server never
+    gives: a session for ``initialize``, 202 for a notification, and for each
+    ``tools/call`` the next scripted answer (a function of the request's id)."""
+
+    def __init__(self, *answers: Any) -> None:
+        super().__init__()
+        self.answers = list(answers)
+        self.calls: list[dict[str, Any]] = []
+
+    def handle(self, request: Request) -> Reply:
+        body = request.json_object()
+        if body.get("method") == "initialize":
+            result = {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "scripted", "version": "1"},
+            }
+            answer = {"jsonrpc": "2.0", "id": body["id"], "result": result}
+            return Reply(200, answer, {"mcp-session-id": "s1"})
+        if "id" not in body:
+            return Reply(202, b"")
+        with self.lock:
+            self.calls.append(body)
+            answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        reply: Reply = answer(body["id"])
+        return reply
+
+
+def rpc(result: Any = None, error: Any = None, status: int = 200) -> Any:
+    def answer(request_id: int) -> Reply:
+        said = {"result": result} if error is None else {"error": error}
+        return Reply(status, {"jsonrpc": "2.0", "id": request_id, **said})
+
+    return answer
+
+
+def raw(status: int, body: bytes, kind: str) -> Any:
+    return lambda request_id: Reply(status, body, {"content-type": kind})
+
+
+DONE = {"content": [{"type": "text", "text": "done"}], "isError": False}
+NOTE = b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/message","params":{}}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("answers", "ending", "calls", "said"),
+    [
+        ([raw(200, b"<html>", "application/json")], "outcome_unknown", 1, "not JSON"),
+        ([raw(200, b"hello", "text/plain")], "outcome_unknown", 1, "content type"),
+        ([raw(200, NOTE, "text/event-stream")], "outcome_unknown", 1, "ended before its answer"),
+        ([rpc({"content": "no list"})], "outcome_unknown", 1, "not a tool result"),
+        ([raw(500, b"boom", "text/plain")], "outcome_unknown", 1, "HTTP 500"),
+        ([rpc(error={"code": -32000, "message": "bad day"})], "outcome_unknown", 1, "bad day"),
+        ([rpc(error={"code": -32602, "message": "no title"}, status=400)], "failed", 1, "no title"),
+        ([raw(403, b"forbidden", "text/plain")], "failed", 1, "HTTP 403"),
+        ([raw(429, b"slow down", "text/plain"), rpc(DONE)], "succeeded", 2, None),
+        ([raw(404, b"gone", "text/plain"), rpc(DONE)], "succeeded", 2, None),
+    ],
+)
+def test_each_answer_of_an_http_server_means_what_docs_mcp_says(
+    db_url, http_server, answers, ending, calls, said
+):
+    """A none-mode tool: what may have acted is parked, what the server refused is an error
+    result, what it did not process (429, a session it forgot) is called again."""
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_attempts=5)
+    with Scripted(*answers) as scripted:
+        with psycopg.connect(db_url) as conn:
+            conn.execute("UPDATE outbox.mcp_servers SET url = %s", (scripted.url + "/mcp",))
+            conn.commit()
+        ref = call_once(db_url, "tk__create_ticket", {"title": "t"})
+        with relay_thread(db_url):
+            wait_until(lambda: all_settled(db_url), what="the call to settle")
+    row = call_row(db_url, ref)
+    assert row["status"] == ending
+    assert len(scripted.calls) == calls
+    assert (
+        scripted.calls[0]["params"]["_meta"][META_KEY]["idempotency_key"] == row["idempotency_key"]
+    )
+    if said is not None:
+        journal = scalar(db_url, "SELECT string_agg(detail::text, ' ') FROM outbox.journal")
+        assert said in (row["error"] or "") + journal
+
+
 # -- stdio servers ----------------------------------------------------------------------
 
 
