@@ -639,6 +639,7 @@ NOTE = b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/message"
         ([rpc({"content": "no list"})], "outcome_unknown", 1, "not a tool result"),
         ([raw(500, b"boom", "text/plain")], "outcome_unknown", 1, "HTTP 500"),
         ([rpc(error={"code": -32000, "message": "bad day"})], "outcome_unknown", 1, "bad day"),
+        ([rpc(error={"code": -32602, "message": "no title"})], "failed", 1, "refused the call"),
         ([rpc(error={"code": -32602, "message": "no title"}, status=400)], "failed", 1, "no title"),
         ([raw(403, b"forbidden", "text/plain")], "failed", 1, "HTTP 403"),
         ([raw(429, b"slow down", "text/plain"), rpc(DONE)], "succeeded", 2, None),
