@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         stderr(f"MCP tools: {args.mcp_calls:,} calls, then {2 * args.mcp_calls:,} in flight")
         out["mcp"] = {
             answers: mcp.run(args.mcp_calls, 2 * args.mcp_calls, 1.0, answers)
-            for answers in ("sse", "json")
+            for answers in ("sse", "json", "raw")
         }
     out["seconds"] = round(time.monotonic() - started, 1)
     table = report.markdown(out)

@@ -13,10 +13,11 @@ that does the same work) and measures, from this process:
   process and of the server's, and the threads this process ran meanwhile (none is
   started per call).
 
-Both with the server answering each call as an event stream (the SDK's default) and as a
-JSON body; and, as a baseline, the same calls through ``SpecClient`` (``tools/call`` written
-on the spec over the relay's poster, no SDK). docs/mcp.md has the figures and what they
-mean.
+With the server answering each call as an event stream (the SDK's default) and as a JSON
+body, and against a server that does nothing but answer (``RAW_SERVER``: the relay's side
+without the SDK server's CPU); and, as a baseline, the same calls through the official
+SDK's ``ClientSession`` over its streamable HTTP transport (which the relay uses for stdio
+servers only). docs/mcp.md has the figures and what they mean.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+from mcp_types import RequestParamsMeta
 
 from outbox.mcpservers import META_KEY
 from outbox.relay.executors import normalise
-from outbox.relay.mcpclient import McpCaller, Server
+from outbox.relay.mcpclient import McpCaller, Server, Session
 from outbox.relay.outcomes import Claimed
 from outbox.relay.poster import Poster
 
@@ -60,6 +63,52 @@ async def tool(request: Request) -> JSONResponse:
     return JSONResponse({"done": True})
 
 app.run("streamable-http", port=int(sys.argv[1]), json_response=sys.argv[2] == "json")
+"""
+
+
+# A server that does nothing but answer (streamable HTTP with JSON answers, one session),
+# to measure the relay's side without the SDK server's CPU in the wall time.
+RAW_SERVER = """
+import asyncio, json, sys
+
+async def handle(reader, writer):
+    try:
+        while True:
+            head = await reader.readuntil(b"\\r\\n\\r\\n")
+            lines = head.split(b"\\r\\n")
+            length = 0
+            for line in lines[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            body = json.loads(await reader.readexactly(length)) if length else {}
+            if lines[0].split()[1] == b"/tool":
+                await asyncio.sleep(body.get("sleep_s", 0.0))
+                out, kind = b'{"done": true}', b"application/json"
+            elif "id" not in body:
+                writer.write(b"HTTP/1.1 202 Accepted\\r\\ncontent-length: 0\\r\\n\\r\\n")
+                continue
+            else:
+                if body["method"] == "initialize":
+                    result = {"protocolVersion": body["params"]["protocolVersion"],
+                              "capabilities": {"tools": {}},
+                              "serverInfo": {"name": "raw", "version": "1"}}
+                else:
+                    await asyncio.sleep(body["params"]["arguments"].get("sleep_s", 0.0))
+                    result = {"content": [{"type": "text", "text": '{"done": true}'}],
+                              "structuredContent": {"done": True}, "isError": False}
+                out = json.dumps({"jsonrpc": "2.0", "id": body["id"], "result": result}).encode()
+                kind = b"application/json"
+            head = b"HTTP/1.1 200 OK\\r\\ncontent-type: %s\\r\\nmcp-session-id: raw\\r\\n" % kind
+            writer.write(head + b"content-length: %d\\r\\n\\r\\n" % len(out) + out)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]), backlog=4096)
+    await server.serve_forever()
+
+asyncio.run(main())
 """
 
 
@@ -96,85 +145,35 @@ def _row(i: int, sleep_s: float, server: Server, url: str) -> Claimed:
     )
 
 
-ACCEPT = "application/json, text/event-stream"
-SPEC_VERSION = "2025-11-25"
+async def _sdk(port: int, calls: int, n: int, latency_s: float) -> dict[str, Any]:
+    """The same calls through the official SDK's ``ClientSession`` over its streamable HTTP
+    transport (what the relay used before, and still uses for stdio servers)."""
+    server = Server("bench", "bench", "http", url=f"http://127.0.0.1:{port}/mcp", max_concurrency=n)
+    session = Session(server, {})
+    await session.open()
+    assert session.client is not None
+    client = session.client
 
+    async def call(sleep_s: float, key: str) -> bool:
+        meta = cast(RequestParamsMeta, {META_KEY: {"idempotency_key": key}})
+        answer = await client.call_tool("work", {"sleep_s": sleep_s}, meta=meta)
+        return not answer.is_error
 
-class SpecClient:
-    """The baseline: ``tools/call`` written on the spec over the relay's poster (one
-    JSON-RPC POST; the answer read as JSON or from its event stream), no SDK. It speaks
-    only what this bench needs (no errors, no notifications, one protocol version): a
-    measure of what a call need cost, not a client."""
-
-    def __init__(self, url: str) -> None:
-        self.url, self.poster, self.session, self.ids = url, Poster(), "", 0
-
-    def _headers(self, key: str = "") -> dict[str, str]:
-        headers = {"accept": ACCEPT, "mcp-protocol-version": SPEC_VERSION}
-        if self.session:
-            headers["mcp-session-id"] = self.session
-        if key:
-            headers["idempotency-key"] = key
-        return headers
-
-    async def open(self) -> None:
-        params = {
-            "protocolVersion": SPEC_VERSION,
-            "capabilities": {},
-            "clientInfo": {"name": "bench", "version": "1"},
-        }
-        request = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}
-        answer = await self.poster.post(
-            self.url, json=request, headers={"accept": ACCEPT}, timeout=30
-        )
-        self.session = answer.headers.get("mcp-session-id", "")
-        _answer_of(answer, 0)
-        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        await self.poster.post(self.url, json=note, headers=self._headers(), timeout=30)
-
-    async def call(self, name: str, arguments: dict[str, Any], key: str) -> dict[str, Any]:
-        self.ids += 1
-        request_id = self.ids
-        meta = {META_KEY: {"idempotency_key": key}}
-        params = {"name": name, "arguments": arguments, "_meta": meta}
-        request = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
-        answer = await self.poster.post(
-            self.url, json=request, headers=self._headers(key), timeout=60
-        )
-        return _answer_of(answer, request_id)
-
-
-def _answer_of(answer: Any, request_id: int) -> dict[str, Any]:
-    if answer.headers.get("content-type", "").startswith("application/json"):
-        found: dict[str, Any] = json.loads(answer.content)
-        return found
-    for event in answer.content.replace(b"\r\n", b"\n").split(b"\n\n"):
-        data = b"".join(
-            line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")
-        )
-        if data and (message := json.loads(data)).get("id") == request_id:
-            return dict(message)
-    raise RuntimeError(f"no answer to request {request_id}: {answer.content[:200]!r}")
-
-
-async def _spec(port: int, calls: int, n: int, latency_s: float) -> dict[str, Any]:
-    client = SpecClient(f"http://127.0.0.1:{port}/mcp")
-    await client.open()
     for i in range(20):
-        await client.call("work", {"sleep_s": 0.0}, f"warm-{i}")
+        await call(0.0, f"warm-{i}")
     took: list[float] = []
     used = time.process_time()
     for i in range(calls):
         started = time.perf_counter()
-        assert "result" in await client.call("work", {"sleep_s": 0.0}, f"one-{i}")
+        assert await call(0.0, f"one-{i}")
         took.append((time.perf_counter() - started) * 1000)
     cpu_ms = (time.process_time() - used) * 1000 / calls
     used, started = time.process_time(), time.perf_counter()
     answers = await asyncio.gather(
-        *(client.call("work", {"sleep_s": latency_s}, f"many-{i}") for i in range(n))
+        *(call(latency_s, f"many-{i}") for i in range(n)), return_exceptions=True
     )
     wall = time.perf_counter() - started
-    await client.poster.aclose()
+    await session.close()
     return {
         "p50_ms": round(statistics.median(took), 3),
         "client_cpu_ms_per_call": round(cpu_ms, 3),
@@ -182,7 +181,7 @@ async def _spec(port: int, calls: int, n: int, latency_s: float) -> dict[str, An
         "wall_s": round(wall, 3),
         "x_ideal": round(wall / latency_s, 3),
         "in_flight_client_cpu_ms_per_call": round((time.process_time() - used) * 1000 / n, 3),
-        "failed": sum("result" not in a for a in answers),
+        "failed": sum(a is not True for a in answers),
     }
 
 
@@ -275,10 +274,12 @@ def _cpu_s(pid: int) -> float:
 
 def run(calls: int, in_flight: int, latency_s: float, answers: str = "sse") -> dict[str, Any]:
     """``answers``: how the server answers a call, "sse" (the SDK's default: an event
-    stream per request) or "json" (a JSON body)."""
+    stream per request), "json" (a JSON body), or "raw" (JSON bodies from ``RAW_SERVER``,
+    not the SDK's)."""
     port = _port()
+    script = RAW_SERVER if answers == "raw" else SERVER
     server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(port), answers],
+        [sys.executable, "-c", script, str(port), answers],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ},
@@ -299,8 +300,10 @@ def run(calls: int, in_flight: int, latency_s: float, answers: str = "sse") -> d
         flight["server_cpu_ms_per_call"] = round(
             (_cpu_s(server.pid) - before) * 1000 / in_flight, 3
         )
-        spec = asyncio.run(_spec(port, calls, in_flight, latency_s))
-        return {"overhead": overhead, "in_flight": flight, "spec_baseline": spec}
+        if answers == "raw":  # it lists no tools, which the SDK asks for to check a result
+            return {"overhead": overhead, "in_flight": flight}
+        sdk = asyncio.run(_sdk(port, calls, in_flight, latency_s))
+        return {"overhead": overhead, "in_flight": flight, "sdk_baseline": sdk}
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -311,8 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--in-flight", type=int, default=1000)
     parser.add_argument("--latency", type=float, default=1.0)
+    parser.add_argument("--servers", default="sse,json,raw", help="of sse, json, raw")
     args = parser.parse_args(argv)
-    results = {a: run(args.calls, args.in_flight, args.latency, a) for a in ("sse", "json")}
+    servers = args.servers.split(",")
+    results = {a: run(args.calls, args.in_flight, args.latency, a) for a in servers}
     print(json.dumps(results, indent=2))
     return 0
 

@@ -110,7 +110,7 @@ class ToolExecutor:
         self.http = http
         self.mark_dispatched = mark_dispatched
         self.threads = threads
-        self.mcp = McpCaller(mark_dispatched)
+        self.mcp = McpCaller(mark_dispatched, http)
 
     async def run(self, row: Claimed) -> Outcome:
         started = time.monotonic()

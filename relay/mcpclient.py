@@ -1,13 +1,16 @@
 """MCP tool servers as the relay calls them: one session per server per process, on the
-event loop, through the official ``mcp`` SDK.
+event loop. A server over streamable HTTP is spoken to by ``HttpSession`` below, written on
+the spec over the relay's own HTTP client (``relay.poster``); a stdio server through the
+official ``mcp`` SDK, which also lists tools for ``outbox mcp add``/``sync``. The SDK cost
+the relay's loop six to eight times an HTTP tool call's CPU per call (docs/mcp.md has the
+figures), and a call here costs about what an HTTP tool call costs.
 
-A session is opened (``initialize``) once per server and kept: every call of that server's
-tools from this process goes over it, as tasks on the engine's loop, at most the server's
-``max_concurrency`` at once. A session is owned by a task of its own, because the SDK's
-transports are anyio task groups that must be entered and left by one task; the calls only
-send over it. A session that ended (a stdio server that died, an HTTP server whose
-connection failed) is opened again by the next call: for stdio that starts the child
-process again.
+A session is opened (``initialize``, then ``notifications/initialized``) once per server
+and kept: every call of that server's tools from this process goes over it, as tasks on the
+engine's loop, at most the server's ``max_concurrency`` at once. A session that ended (a
+stdio server that died; an HTTP server that no longer knows the session, answering 404, or
+that could not be reached) is opened again by the next call: for stdio that starts the
+child process again.
 
 What a call's outcome means follows ``relay.executors``' classes for HTTP tools:
 
@@ -16,8 +19,8 @@ What a call's outcome means follows ``relay.executors``' classes for HTTP tools:
 - the server answered HTTP 408, 429 or 503: it says it did not process the request; or
   404: it no longer knows the session (it restarted), so a new one is opened;
 - ``isError: true``, JSON-RPC "invalid params" or "method not found", an HTTP 4xx, a
-  request for input mid-call, an answer over the size cap: the tool answered, a terminal
-  error result the model sees;
+  request for input mid-call (stdio), an answer over the size cap: the tool answered, a
+  terminal error result the model sees;
 - no answer within the tool's timeout, or the connection lost after the request left, or
   any other JSON-RPC error, or an answer that is not a tool result: ambiguous, handled by
   the tool's idempotency mode.
@@ -28,24 +31,21 @@ leaves (the settle wait of ``relay.executors`` counts from it), and a relay that
 waiting for a slot or a session has marked nothing.
 
 Every ``tools/call`` carries, in ``_meta`` under ``META_KEY``, the call's idempotency key
-and ids, and over HTTP the same key as the ``Idempotency-Key`` header (with the call's
-``traceparent`` and its credential's header). The SDK sends a call's POST from a task it
-starts in the caller's context, so a context variable carries those headers from the call
-to the HTTP transport below the SDK, which also notes there whether the request connected.
+and ids, and over HTTP the headers an HTTP tool gets (``Idempotency-Key``, the call's ids,
+``traceparent``, its credential's header).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO, cast
 
@@ -69,7 +69,9 @@ from outbox.relay.outcomes import (
     error_result,
     result,
     retry,
+    retry_after_s,
 )
+from outbox.relay.poster import Poster
 
 logger = logging.getLogger("relay.mcp")
 NOT_PROCESSED = {408, 429, 503}  # HTTP statuses that say the request was not processed
@@ -83,41 +85,6 @@ CLOSE_TIMEOUT_S = 5.0  # longest wait for a session to close (a stdio child is t
 # structured content say the same), with room for the JSON-RPC envelope.
 MAX_EVENT_BYTES = 2 * outbox_config.MAX_PAYLOAD_BYTES + 64 * 1024
 CLIENT_INFO = mcp_types.Implementation(name="agent-outbox", version="1")
-
-
-# -- what the HTTP transport sees of a call ---------------------------------------------
-
-
-@dataclass
-class Exchange:
-    """One ``tools/call`` as the HTTP layer saw it: the headers it adds to the POST, whether
-    the POST certainly never reached the server, and the HTTP status of its answer."""
-
-    headers: dict[str, str]
-    unsent: bool = False
-    status: int | None = None
-
-
-EXCHANGE: contextvars.ContextVar[Exchange | None] = contextvars.ContextVar(
-    "mcp_exchange", default=None
-)
-
-
-class CallTransport(httpx2.AsyncHTTPTransport):
-    """The HTTP transport under the SDK: a call's headers on its POST, and what became of it."""
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        exchange = EXCHANGE.get()
-        if exchange is None or request.method != "POST":
-            return await super().handle_async_request(request)
-        request.headers.update(exchange.headers)
-        try:
-            response = await super().handle_async_request(request)
-        except (httpx2.ConnectError, httpx2.ConnectTimeout):
-            exchange.unsent = True
-            raise
-        exchange.status = response.status_code
-        return response
 
 
 # -- servers and their sessions ---------------------------------------------------------
@@ -161,8 +128,9 @@ class Server:
 
 
 class Session:
-    """One open MCP session: its owner task holds the transport and the SDK session, and
-    ends them when ``close`` is called or the connection ends by itself."""
+    """One open MCP session through the SDK (a stdio server's; an HTTP server's only to
+    list its tools): its owner task holds the transport and the SDK session, and ends them
+    when ``close`` is called or the connection ends by itself."""
 
     def __init__(self, server: Server, secret_headers: dict[str, str]) -> None:
         self.server = server
@@ -245,7 +213,7 @@ async def _http(server: Server, secret_headers: dict[str, str]) -> AsyncIterator
     assert server.url is not None
     limits = httpx2.Limits(max_connections=server.max_concurrency + 2)
     client = httpx2.AsyncClient(
-        transport=CallTransport(limits=limits),
+        limits=limits,
         headers={**server.headers, **secret_headers},
         # Each call bounds its own wait (the tool's timeout); a POST's read is left open.
         timeout=httpx2.Timeout(OPEN_TIMEOUT_S, read=None),
@@ -277,15 +245,270 @@ def _first(err: BaseException) -> BaseException:
     return err
 
 
-class Sessions:
-    """The MCP sessions of one relay process, by server, opened on first use and kept."""
+# -- streamable HTTP, on the spec ---------------------------------------------------------
 
-    def __init__(self) -> None:
-        self.open: dict[str, Session] = {}
-        self.opening: dict[str, asyncio.Future[Session]] = {}
+# The revision offered in ``initialize``, and those accepted in answer (the handshake
+# revisions; the stateless 2026 envelope is not spoken).
+PROTOCOL_VERSION = "2025-11-25"
+PROTOCOL_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
+ACCEPT = "application/json, text/event-stream"
+GATEWAY_ANSWERS = {502, 504}  # a 5xx from in front of the server, not from the tool
+INVALID_PARAMS, METHOD_NOT_FOUND = -32602, -32601  # JSON-RPC: the call itself was refused
+
+
+class NotAnAnswer(Exception):
+    """An HTTP answer that holds no JSON-RPC answer to the request: why, and whether the
+    server answered at all (``answered``: it sent something that is not an answer)."""
+
+    def __init__(self, reason: str, *, answered: bool) -> None:
+        super().__init__(reason)
+        self.answered = answered
+
+
+def answer_of(response: httpx2.Response, request_id: int) -> dict[str, Any]:
+    """The JSON-RPC answer to ``request_id`` in a POST's answer: its body (application/json)
+    or an event of its stream (text/event-stream), where the server may send notifications
+    and requests of its own before it. Raises ``NotAnAnswer``."""
+    # The first media type named (as the SDK reads it: a header sent twice is joined).
+    kind = response.headers.get("content-type", "").split(",")[0].partition(";")[0]
+    kind = kind.strip().lower()
+    if kind == "application/json":
+        try:
+            messages = [json.loads(response.content)]
+        except ValueError as err:
+            raise NotAnAnswer(f"a body that is not JSON ({err})", answered=True) from err
+    elif kind == "text/event-stream":
+        messages = list(_events(response.content))
+    else:
+        raise NotAnAnswer(f"content type {kind or '(none)'!r}", answered=True)
+    for message in messages:
+        if isinstance(message, list):  # a batch (2025-03-26)
+            found = [m for m in message if isinstance(m, dict) and m.get("id") == request_id]
+            message = found[0] if found else None
+        if (
+            isinstance(message, dict)
+            and message.get("id") == request_id
+            and ("result" in message or "error" in message)
+        ):
+            return message
+    if kind == "text/event-stream":
+        raise NotAnAnswer("its event stream ended before the answer", answered=False)
+    raise NotAnAnswer(f"JSON that is not an answer to request {request_id}", answered=True)
+
+
+def _events(stream: bytes) -> Iterator[Any]:
+    """The JSON messages of an event stream's ``message`` events (an event's ``data`` lines
+    joined; events of other types, comments and unreadable data skipped)."""
+    for event in stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n"):
+        data, kind = [], b"message"
+        for line in event.split(b"\n"):
+            field_, _, value = line.partition(b":")
+            value = value[1:] if value.startswith(b" ") else value
+            if field_ == b"data":
+                data.append(value)
+            elif field_ == b"event":
+                kind = value
+        if data and kind == b"message":
+            with contextlib.suppress(ValueError):
+                yield json.loads(b"\n".join(data))
+
+
+class HttpSession:
+    """One MCP session with a server over streamable HTTP, on the relay's poster: a
+    JSON-RPC request is one POST, answered with a JSON body or an event stream that ends
+    with its answer. ``session_id`` is the server's (none for a server that keeps no
+    sessions); ``gone`` once the server no longer knows it or could not be reached, so the
+    next call opens a new one."""
+
+    def __init__(self, server: Server, secret_headers: dict[str, str], poster: Poster) -> None:
+        assert server.url is not None
+        self.server = server
+        self.url = server.url
+        self.secret_headers = secret_headers
+        self.poster = poster
+        self.slots = asyncio.Semaphore(server.max_concurrency)
+        self.session_id: str | None = None
+        self.version = PROTOCOL_VERSION
+        self.ids = 0
+        self.gone = False
+
+    def headers(self, call: dict[str, str] | None = None) -> dict[str, str]:
+        """A request's headers: the server's, the credential's, the session's, the call's."""
+        headers = {**self.server.headers, **self.secret_headers, **(call or {})}
+        headers["Accept"] = ACCEPT
+        headers["MCP-Protocol-Version"] = self.version
+        if self.session_id is not None:
+            headers["Mcp-Session-Id"] = self.session_id
+        return headers
+
+    def request(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        self.ids += 1
+        return self.ids, {"jsonrpc": "2.0", "id": self.ids, "method": method, "params": params}
+
+    async def open(self, timeout_s: float = OPEN_TIMEOUT_S) -> None:
+        """``initialize``, then ``notifications/initialized``; raises ``OpenFailed`` (or
+        what the poster raised) when the server cannot be reached or refuses."""
+        request_id, body = self.request(
+            "initialize",
+            {
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": CLIENT_INFO.name, "version": CLIENT_INFO.version},
+            },
+        )
+        headers = {**self.server.headers, **self.secret_headers, "Accept": ACCEPT}
+        async with asyncio.timeout(timeout_s):
+            response = await self.poster.post(
+                self.url, json=body, headers=headers, timeout=timeout_s, max_body=MAX_EVENT_BYTES
+            )
+            if response.status_code != 200:
+                raise OpenFailed(f"initialize answered HTTP {response.status_code}")
+            try:
+                answer = answer_of(response, request_id)
+            except NotAnAnswer as err:
+                raise OpenFailed(f"initialize answered {err}") from err
+            found = answer.get("result")
+            if not isinstance(found, dict):
+                raise OpenFailed(f"initialize answered an error: {answer.get('error')}")
+            version = found.get("protocolVersion")
+            if version not in PROTOCOL_VERSIONS:
+                raise OpenFailed(
+                    f"the server speaks protocol version {version!r}; the relay speaks "
+                    f"{', '.join(PROTOCOL_VERSIONS)}"
+                )
+            self.version = version
+            self.session_id = response.headers.get("mcp-session-id")
+            note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            response = await self.poster.post(
+                self.url, json=note, headers=self.headers(), timeout=timeout_s
+            )
+            if not 200 <= response.status_code < 300:
+                raise OpenFailed(f"notifications/initialized answered HTTP {response.status_code}")
+
+    def alive(self) -> bool:
+        return not self.gone
+
+    async def close(self) -> None:
+        """Nothing to end here: the poster's connections are the relay's, and a session the
+        server keeps it ends by itself (a ``DELETE`` is a courtesy the spec leaves open)."""
+        self.gone = True
+
+    async def call(
+        self, row: Claimed, tool: str, call_headers: dict[str, str], where: str
+    ) -> Outcome:
+        """One ``tools/call`` of ``tool`` for ``row``, and what its answer means."""
+        timeout_s = row.timeout_s or 30.0
+        request_id, body = self.request(
+            "tools/call",
+            {
+                "name": tool,
+                "arguments": row.arguments if isinstance(row.arguments, dict) else {},
+                "_meta": meta(row, call_headers.get("traceparent", "")),
+            },
+        )
+        try:
+            # The poster's timeout bounds each wait for bytes; this one the whole answer.
+            async with asyncio.timeout(timeout_s + 1.0):
+                response = await self.poster.post(
+                    self.url,
+                    json=body,
+                    headers=self.headers(call_headers),
+                    timeout=timeout_s,
+                    max_body=MAX_EVENT_BYTES,
+                )
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as err:
+            self.gone = True  # it may have restarted, and forgotten the session with it
+            return retry(row, f"could not reach {where}: {describe(err)}", unsent=True)
+        except (TimeoutError, httpx2.TimeoutException):
+            return ambiguous(row, f"no answer from {where} within {timeout_s}s")
+        except httpx2.HTTPError as err:
+            return ambiguous(row, f"connection to {where} broke: {describe(err)}")
+        return self._outcome(row, response, request_id, where)
+
+    def _outcome(
+        self, row: Claimed, response: httpx2.Response, request_id: int, where: str
+    ) -> Outcome:
+        status = response.status_code
+        if "body_cut_at" in response.extensions:
+            return error_result(
+                row,
+                f"the answer of {where} is over {MAX_EVENT_BYTES} bytes (not read further), "
+                f"over the cap of a tool result ({outbox_config.MAX_PAYLOAD_BYTES} bytes)",
+            )
+        if status == SESSION_GONE and self.session_id is not None:
+            self.gone = True
+            return retry(
+                row,
+                f"{where} no longer knows the session (HTTP 404: it restarted or ended it); "
+                "a new one is opened for the next attempt",
+                unsent=True,
+            )
+        if status in NOT_PROCESSED:
+            return retry(
+                row,
+                f"HTTP {status} from {where}: {_text(response)}",
+                retry_after_s(response.headers.get("retry-after")),
+                unsent=True,
+            )
+        try:
+            answer = answer_of(response, request_id)
+        except NotAnAnswer as err:
+            if 400 <= status < 500:
+                return error_result(row, f"HTTP {status} from {where}: {_text(response)}")
+            if status >= 500:
+                return ambiguous(
+                    row,
+                    f"HTTP {status} from {where}: {_text(response)}",
+                    answered=status not in GATEWAY_ANSWERS,
+                )
+            if err.answered:
+                return ambiguous(row, f"{where} answered {err}", answered=True)
+            return ambiguous(row, f"the connection to {where} ended before its answer ({err})")
+        error = answer.get("error")
+        if error is not None:
+            code = error.get("code") if isinstance(error, dict) else None
+            said = error.get("message") if isinstance(error, dict) else error
+            text = f"{code}: {said}"
+            if code in (INVALID_PARAMS, METHOD_NOT_FOUND):
+                return error_result(row, f"{row.tool_name} refused the call ({text})")
+            if 400 <= status < 500:
+                return error_result(row, f"HTTP {status} from {where}: {text}")
+            return ambiguous(row, f"{where} answered an error: {text}", answered=True)
+        found = answer["result"]
+        content = found.get("content") if isinstance(found, dict) else None
+        if not isinstance(content, list) or not all(isinstance(c, dict) for c in content):
+            return ambiguous(
+                row, f"{where} answered something that is not a tool result", answered=True
+            )
+        return tool_result(
+            row, content, found.get("isError") is True, found.get("structuredContent")
+        )
+
+
+class OpenFailed(Exception):
+    """A session could not be opened: the server refused ``initialize`` or answered it
+    with what is not an answer."""
+
+
+def _text(response: httpx2.Response) -> str:
+    """The start of an answer's body, for an error message."""
+    return response.content[:300].decode(errors="replace") or "(empty body)"
+
+
+AnySession = Session | HttpSession
+
+
+class Sessions:
+    """The MCP sessions of one relay process, by server, opened on first use and kept;
+    HTTP ones on ``poster`` (the relay's)."""
+
+    def __init__(self, poster: Poster) -> None:
+        self.poster = poster
+        self.open: dict[str, AnySession] = {}
+        self.opening: dict[str, asyncio.Future[AnySession]] = {}
         self.closing: set[asyncio.Task[None]] = set()  # ended sessions being closed
 
-    async def get(self, server: Server, secret_headers: dict[str, str]) -> Session:
+    async def get(self, server: Server, secret_headers: dict[str, str]) -> AnySession:
         """The server's live session, opened now if it has none (callers that ask at the
         same time share one opening); raises what opening it raised."""
         key = server.key(secret_headers)
@@ -309,7 +532,7 @@ class Sessions:
             opening = asyncio.ensure_future(self._open(key, server, secret_headers))
             self.opening[key] = opening
 
-            def opened(done: asyncio.Future[Session]) -> None:
+            def opened(done: asyncio.Future[AnySession]) -> None:
                 self.opening.pop(key, None)
                 if not done.cancelled():
                     done.exception()  # retrieved here: its callers may all have gone
@@ -317,8 +540,12 @@ class Sessions:
             opening.add_done_callback(opened)
         return await asyncio.shield(opening)
 
-    async def _open(self, key: str, server: Server, secret_headers: dict[str, str]) -> Session:
-        session = Session(server, secret_headers)
+    async def _open(self, key: str, server: Server, secret_headers: dict[str, str]) -> AnySession:
+        session: AnySession
+        if server.transport == "http":
+            session = HttpSession(server, secret_headers, self.poster)
+        else:
+            session = Session(server, secret_headers)
         await session.open()
         self.open[key] = session
         return session
@@ -371,10 +598,11 @@ def meta(row: Claimed, traceparent: str) -> dict[str, Any]:
 
 
 class McpCaller:
-    """Runs the calls of ``mcp`` tools for ``relay.executors.ToolExecutor``."""
+    """Runs the calls of ``mcp`` tools for ``relay.executors.ToolExecutor``; HTTP servers
+    over ``poster`` (the relay's; one of its own when none is given)."""
 
-    def __init__(self, mark_dispatched: MarkDispatched) -> None:
-        self.sessions = Sessions()
+    def __init__(self, mark_dispatched: MarkDispatched, poster: Poster | None = None) -> None:
+        self.sessions = Sessions(poster or Poster())
         self.mark_dispatched = mark_dispatched
 
     async def call(
@@ -400,22 +628,20 @@ class McpCaller:
                 f"{describe(err)}",
                 unsent=True,
             )
+        where = f"MCP server {server.name} ({server.where()})"
         async with session.slots:
             if not await self.mark_dispatched(row):
                 return Outcome(row, "lost", error="lease lost before dispatch; not called")
-            exchange = Exchange(headers)
-            token = EXCHANGE.set(exchange)
-            try:
-                return await self._send(row, session, server, found["tool"], exchange)
-            finally:
-                EXCHANGE.reset(token)
+            if isinstance(session, HttpSession):
+                return await session.call(row, found["tool"], headers, where)
+            return await self._send(row, session, found["tool"], headers, where)
 
     async def _send(
-        self, row: Claimed, session: Session, server: Server, tool: str, exchange: Exchange
+        self, row: Claimed, session: Session, tool: str, headers: dict[str, str], where: str
     ) -> Outcome:
+        """A call through the SDK (a stdio server)."""
         assert session.client is not None
         timeout_s = row.timeout_s or 30.0
-        where = f"MCP server {server.name} ({server.where()})"
         try:
             # The SDK's own read timeout, and ours around it should the SDK not end the wait.
             async with asyncio.timeout(timeout_s + 1.0):
@@ -424,14 +650,11 @@ class McpCaller:
                     row.arguments if isinstance(row.arguments, dict) else {},
                     read_timeout_seconds=timeout_s,
                     meta=cast(
-                        mcp_types.RequestParamsMeta,
-                        meta(row, exchange.headers.get("traceparent", "")),
+                        mcp_types.RequestParamsMeta, meta(row, headers.get("traceparent", ""))
                     ),
                 )
         except MCPError as err:
-            if exchange.status == SESSION_GONE:
-                session.stop.set()  # the next call opens a new one
-            return _error(row, err, exchange, where, timeout_s)
+            return _error(row, err, where, timeout_s)
         except (RuntimeError, UnexpectedClaimedResult) as err:
             # The server asked for input mid-call (elicitation, sampling) or answered with an
             # extension's result: an answer, and not one the relay can act on.
@@ -445,59 +668,45 @@ class McpCaller:
         except TimeoutError:
             return ambiguous(row, f"no answer from {where} within {timeout_s}s")
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as err:
-            if exchange.unsent:
-                return retry(row, f"could not reach {where}: {describe(err)}", unsent=True)
             return ambiguous(row, f"connection to {where} broke: {describe(err)}")
         return normalise(row, answer)
 
 
-def _error(
-    row: Claimed, err: MCPError, exchange: Exchange, where: str, timeout_s: float
-) -> Outcome:
+def _error(row: Claimed, err: MCPError, where: str, timeout_s: float) -> Outcome:
     """What a JSON-RPC error (the server's, or the SDK's for a failed exchange) means."""
     text = f"{err.code}: {err.message}"
-    if exchange.unsent:
-        return retry(row, f"could not reach {where}: {text}", unsent=True)
-    if exchange.status in NOT_PROCESSED:
-        return retry(row, f"HTTP {exchange.status} from {where}: {text}", unsent=True)
-    if exchange.status == SESSION_GONE:
-        return retry(
-            row,
-            f"{where} no longer knows the session (HTTP 404: it restarted or ended it); "
-            "a new one is opened for the next attempt",
-            unsent=True,
-        )
     if err.code in (mcp_types.INVALID_PARAMS, mcp_types.METHOD_NOT_FOUND):
         return error_result(row, f"{row.tool_name} refused the call ({text})")
-    if exchange.status is not None and 400 <= exchange.status < 500:
-        return error_result(row, f"HTTP {exchange.status} from {where}: {text}")
     if err.code == mcp_types.REQUEST_TIMEOUT:
         return ambiguous(row, f"no answer from {where} within {timeout_s}s")
-    if err.code == mcp_types.CONNECTION_CLOSED and "byte limit" in err.message:
-        # The SDK stopped reading an answer larger than MAX_EVENT_BYTES (its message is
-        # the only sign of it): the tool did answer, too much, as an HTTP tool's body cut.
-        return error_result(
-            row,
-            f"the answer of {where} is over {MAX_EVENT_BYTES} bytes (not read further), over "
-            f"the cap of a tool result ({outbox_config.MAX_PAYLOAD_BYTES} bytes)",
-        )
     if err.code == mcp_types.CONNECTION_CLOSED:
         return ambiguous(row, f"the connection to {where} ended before its answer ({text})")
     return ambiguous(row, f"{where} answered an error: {text}", answered=True)
 
 
 def normalise(row: Claimed, answer: Any) -> Outcome:
-    """A ``CallToolResult`` as a tool result: its content and structured content kept as
-    the server sent them, ``isError`` as an error result the model sees."""
+    """The SDK's ``CallToolResult`` (stdio) as a tool result (``tool_result``)."""
     content = [
         item.model_dump(by_alias=True, mode="json", exclude_none=True)
         for item in getattr(answer, "content", None) or []
     ]
-    if getattr(answer, "is_error", False):
+    return tool_result(
+        row,
+        content,
+        bool(getattr(answer, "is_error", False)),
+        getattr(answer, "structured_content", None),
+    )
+
+
+def tool_result(
+    row: Claimed, content: list[dict[str, Any]], is_error: bool, structured: Any
+) -> Outcome:
+    """A ``tools/call`` result as a tool result: its content and structured content kept as
+    the server sent them, ``isError`` as an error result the model sees."""
+    if is_error:
         said = " ".join(str(c.get("text", "")) for c in content if c.get("type") == "text")
         return error_result(row, f"{row.tool_name} answered an error: {said or '(no text)'}")
     output: dict[str, Any] = {"content": content}
-    structured = getattr(answer, "structured_content", None)
     if structured is not None:
         output["structuredContent"] = structured
     try:

@@ -1,16 +1,18 @@
 """A small MCP server built with the official SDK (``MCPServer``), for the tests to call.
 
-Run as ``python tests/mcp_fixture.py http PORT AUDIT`` (streamable HTTP on 127.0.0.1) or
-``python tests/mcp_fixture.py stdio AUDIT``. Every call a tool receives is appended to the
-file AUDIT as one JSON line, written before the tool acts and flushed to disk, so a test can
-count what the server saw even when a relay or the server is killed mid-call: the tool, its
-arguments, the ``_meta`` it came with, the ``Idempotency-Key`` header (HTTP) and this
-process's id.
+Run as ``python tests/mcp_fixture.py http PORT AUDIT`` (streamable HTTP on 127.0.0.1, each
+answer an event stream), ``python tests/mcp_fixture.py http-json PORT AUDIT`` (each answer a
+JSON body) or ``python tests/mcp_fixture.py stdio AUDIT``. Every call a tool receives is
+appended to the file AUDIT as one JSON line, written before the tool acts and flushed to
+disk, so a test can count what the server saw even when a relay or the server is killed
+mid-call: the tool, its arguments, the ``_meta`` it came with, the ``Idempotency-Key``
+header (HTTP) and this process's id.
 
 Its tools and their annotations:
 
 - ``create_ticket(title, hold_s=0)``: an effect that is neither read-only nor idempotent;
-  ``hold_s`` keeps the call open that long after it is recorded.
+  ``hold_s`` keeps the call open that long after it is recorded. It logs a line to the
+  client first (a ``notifications/message`` ahead of the answer on its event stream).
 - ``read_ticket(title, hold_s=0)``: read-only; held only the first time a call arrives.
 - ``set_label(label)``: idempotent, and deduplicated here by the key of ``_meta`` the way
   docs/mcp.md tells server authors to: a key seen before returns the first answer
@@ -77,6 +79,7 @@ async def create_ticket(title: str, ctx: Context, hold_s: float = 0.0) -> dict[s
     in_flight[0] += 1
     try:
         audit("create_ticket", ctx, title=title, hold_s=hold_s)
+        await ctx.info(f"opening {title}")  # a notification on the answer's stream before it
         await asyncio.sleep(hold_s)
     finally:
         in_flight[0] -= 1
@@ -144,7 +147,7 @@ async def whoami(ctx: Context) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "http":
-        app.run("streamable-http", port=int(sys.argv[2]))
+    if sys.argv[1].startswith("http"):
+        app.run("streamable-http", port=int(sys.argv[2]), json_response=sys.argv[1] == "http-json")
     else:
         app.run("stdio")

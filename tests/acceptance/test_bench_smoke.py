@@ -53,7 +53,8 @@ def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
     assert set(clients) == {"relay.poster", "httpx2.AsyncClient"}
     assert all(v > 0 for values in clients.values() for v in values)
     assert "### CPU per request of the relay's HTTP client" in done.stdout
-    for answers in ("sse", "json"):
+    for answers in ("sse", "json", "raw"):
         mcp = results["mcp"][answers]
         assert mcp["overhead"]["mcp_p50_ms"] > 0 and mcp["in_flight"]["failed"] == 0
+        assert answers == "raw" or mcp["sdk_baseline"]["failed"] == 0
     assert "### MCP tool calls beside HTTP tool calls" in done.stdout

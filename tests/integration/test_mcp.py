@@ -1,4 +1,5 @@
-"""MCP tool servers: registered, discovered, and called by the relay through the official SDK.
+"""MCP tool servers: registered, discovered, and called by the relay (on the spec over HTTP,
+through the official SDK over stdio).
 
 The servers are real ones nobody here wrote the protocol side of: ``tests/mcp_fixture.py``
 is built with the SDK's ``MCPServer`` and keeps its own audit trail of every call it
@@ -66,7 +67,8 @@ def free_port() -> int:
 class HttpFixture:
     """The fixture server over streamable HTTP, in a process of its own."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, answers: str = "http") -> None:
+        self.answers = answers  # "http": event streams; "http-json": JSON bodies
         self.audit_path = tmp_path / "audit-http.jsonl"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
@@ -76,7 +78,7 @@ class HttpFixture:
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, str(FIXTURE), "http", str(self.port), str(self.audit_path)],
+                [sys.executable, str(FIXTURE), self.answers, str(self.port), str(self.audit_path)],
                 stdout=log,
                 stderr=log,
             )
@@ -103,6 +105,17 @@ class HttpFixture:
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[HttpFixture]:
     server = HttpFixture(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def json_server(tmp_path: Path) -> Iterator[HttpFixture]:
+    """The fixture server answering every request with a JSON body, not an event stream."""
+    server = HttpFixture(tmp_path, "http-json")
     server.start()
     try:
         yield server
@@ -533,6 +546,130 @@ def test_a_server_that_cannot_be_reached_is_retried_unsent_and_called_once(db_ur
     assert call_row(db_url, warm)["status"] == "succeeded"
     assert call_row(db_url, ref)["status"] == "succeeded"  # none mode, and yet called
     assert [c["arguments"]["title"] for c in http_server.calls()] == ["first", "later"]
+
+
+def test_a_server_answering_json_bodies_gives_results_and_errors_as_one_answering_streams(
+    db_url, json_server
+):
+    add_server(db_url, name="tk", url=json_server.url, overrides=LOW)
+    done = call_once(db_url, "tk__create_ticket", {"title": "json"})
+    refused = call_once(db_url, "tk__reject", {"reason": "no"})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the calls to finish")
+    row = call_row(db_url, done)
+    assert (row["status"], row["output"]["structuredContent"]) == ("succeeded", {"ticket": "json"})
+    assert call_row(db_url, refused)["status"] == "failed"
+    assert "refused: no" in call_row(db_url, refused)["error"]
+    (received,) = json_server.calls("create_ticket")
+    assert received["idempotency_key_header"] == row["idempotency_key"]
+    assert received["meta"][META_KEY]["idempotency_key"] == row["idempotency_key"]
+
+
+def test_a_session_the_server_forgot_is_opened_again_and_a_none_call_is_not_parked(
+    db_url, http_server
+):
+    """A server restarted between calls answers the old session's next request 404: that
+    request was not processed, so a none-mode call is retried over a new session."""
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_attempts=100)
+    with relay_thread(db_url):
+        warm = call_once(db_url, "tk__create_ticket", {"title": "first"})
+        wait_until(lambda: all_settled(db_url), what="the first call (its session opened)")
+        http_server.kill()
+        http_server.start()
+        ref = call_once(db_url, "tk__create_ticket", {"title": "later"})
+        wait_until(lambda: all_settled(db_url), what="the call to finish")
+    assert call_row(db_url, warm)["status"] == "succeeded"
+    row = call_row(db_url, ref)
+    # The 404's attempt took its mark back: the next was a plain call, not an ambiguous one.
+    assert (row["status"], row["attempts"], row["dispatched_attempt"]) == ("succeeded", 2, 2)
+    assert [c["arguments"]["title"] for c in http_server.calls()] == ["first", "later"]
+    journal = scalar(db_url, "SELECT string_agg(detail::text, ' ') FROM outbox.journal")
+    assert "no longer knows the session" in journal
+
+
+class Scripted(FakeServer):
+    """A streamable HTTP MCP server in a few lines, for answers the SDK's server never
+    gives: a session for ``initialize``, 202 for a notification, and for each
+    ``tools/call`` the next scripted answer (a function of the request's id)."""
+
+    def __init__(self, *answers: Any) -> None:
+        super().__init__()
+        self.answers = list(answers)
+        self.calls: list[dict[str, Any]] = []
+
+    def handle(self, request: Request) -> Reply:
+        body = request.json_object()
+        if body.get("method") == "initialize":
+            result = {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "scripted", "version": "1"},
+            }
+            answer = {"jsonrpc": "2.0", "id": body["id"], "result": result}
+            return Reply(200, answer, {"mcp-session-id": "s1"})
+        if "id" not in body:
+            return Reply(202, b"")
+        with self.lock:
+            self.calls.append(body)
+            answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        reply: Reply = answer(body["id"])
+        return reply
+
+
+def rpc(result: Any = None, error: Any = None, status: int = 200) -> Any:
+    def answer(request_id: int) -> Reply:
+        said = {"result": result} if error is None else {"error": error}
+        return Reply(status, {"jsonrpc": "2.0", "id": request_id, **said})
+
+    return answer
+
+
+def raw(status: int, body: bytes, kind: str) -> Any:
+    return lambda request_id: Reply(status, body, {"content-type": kind})
+
+
+DONE = {"content": [{"type": "text", "text": "done"}], "isError": False}
+NOTE = b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/message","params":{}}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("answers", "ending", "calls", "said"),
+    [
+        ([raw(200, b"<html>", "application/json")], "outcome_unknown", 1, "not JSON"),
+        ([raw(200, b"hello", "text/plain")], "outcome_unknown", 1, "content type"),
+        ([raw(200, NOTE, "text/event-stream")], "outcome_unknown", 1, "ended before its answer"),
+        ([rpc({"content": "no list"})], "outcome_unknown", 1, "not a tool result"),
+        ([raw(500, b"boom", "text/plain")], "outcome_unknown", 1, "HTTP 500"),
+        ([rpc(error={"code": -32000, "message": "bad day"})], "outcome_unknown", 1, "bad day"),
+        ([rpc(error={"code": -32602, "message": "no title"})], "failed", 1, "refused the call"),
+        ([rpc(error={"code": -32602, "message": "no title"}, status=400)], "failed", 1, "no title"),
+        ([raw(403, b"forbidden", "text/plain")], "failed", 1, "HTTP 403"),
+        ([raw(429, b"slow down", "text/plain"), rpc(DONE)], "succeeded", 2, None),
+        ([raw(404, b"gone", "text/plain"), rpc(DONE)], "succeeded", 2, None),
+    ],
+)
+def test_each_answer_of_an_http_server_means_what_docs_mcp_says(
+    db_url, http_server, answers, ending, calls, said
+):
+    """A none-mode tool: what may have acted is parked, what the server refused is an error
+    result, what it did not process (429, a session it forgot) is called again."""
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_attempts=5)
+    with Scripted(*answers) as scripted:
+        with psycopg.connect(db_url) as conn:
+            conn.execute("UPDATE outbox.mcp_servers SET url = %s", (scripted.url + "/mcp",))
+            conn.commit()
+        ref = call_once(db_url, "tk__create_ticket", {"title": "t"})
+        with relay_thread(db_url):
+            wait_until(lambda: all_settled(db_url), what="the call to settle")
+    row = call_row(db_url, ref)
+    assert row["status"] == ending
+    assert len(scripted.calls) == calls
+    assert (
+        scripted.calls[0]["params"]["_meta"][META_KEY]["idempotency_key"] == row["idempotency_key"]
+    )
+    if said is not None:
+        journal = scalar(db_url, "SELECT string_agg(detail::text, ' ') FROM outbox.journal")
+        assert said in (row["error"] or "") + journal
 
 
 # -- stdio servers ----------------------------------------------------------------------
