@@ -49,6 +49,7 @@ TENANT_TABLES = [
     "webhook_endpoints",  # migration 0024
     "webhook_deliveries",
     "responses",  # migration 0025
+    "retention_policies",
 ]
 
 
