@@ -395,8 +395,9 @@ GRANT EXECUTE ON FUNCTION {s}.retain_v1(integer, text) TO outbox_relay;
 -- and the same content in archived documents of the thread. Keeps every row, status,
 -- count, timestamp and digest audits need, and the journal as it is (it holds no content).
 -- Marks the thread erased (erased_at) and deleted (no run starts on it again). Journals
--- thread.erased with the actor and what was removed, which it returns. Erasing an erased
--- thread again removes what arrived since. Runs as the schema owner (SECURITY DEFINER) and
+-- thread.erased with the actor and what was removed, which it returns. A thread already
+-- retained into the archive is erased there. Erasing an erased thread again removes what
+-- arrived since. Runs as the schema owner (SECURITY DEFINER) and
 -- refuses a tenant other than the session's scope. Locks the thread's runs in id order,
 -- then the thread, as the relay does.
 CREATE OR REPLACE FUNCTION {s}.erase_thread_v1(p_tenant_id text, p_thread_id uuid,
@@ -419,7 +420,10 @@ BEGIN
     PERFORM {s}.enter_tenant_v1(p_tenant_id);
     PERFORM 1 FROM {s}.runs r WHERE r.thread_id = p_thread_id ORDER BY r.id FOR UPDATE;
     SELECT * INTO v_thread FROM {s}.threads t WHERE t.id = p_thread_id FOR UPDATE;
-    IF NOT FOUND OR v_thread.tenant_id <> p_tenant_id THEN
+    IF (FOUND AND v_thread.tenant_id <> p_tenant_id)
+       OR (NOT FOUND AND NOT EXISTS (SELECT 1 FROM {s}.archived_runs a
+                                     WHERE a.thread_id = p_thread_id
+                                       AND a.tenant_id = p_tenant_id)) THEN
         RAISE EXCEPTION 'thread % does not exist for tenant %', p_thread_id,
                         quote_literal(p_tenant_id)
             USING ERRCODE = 'no_data_found', HINT = 'check the thread id and the tenant';
@@ -427,7 +431,7 @@ BEGIN
     FOR v_run IN SELECT * FROM {s}.runs r
                  WHERE r.thread_id = p_thread_id AND {s}.run_active_v1(r.status)
                  ORDER BY r.id FOR UPDATE LOOP
-        PERFORM {s}.end_run_v1(v_run.id, 'cancelled', 'thread erased',
+        PERFORM {s}.end_run_v1(v_run.id, 'cancelled', 'cancelled',
                                'cancelled: its thread was erased',
                                coalesce(p_actor, session_user));
         v_cancelled := v_cancelled || to_jsonb(v_run.id);
@@ -435,6 +439,7 @@ BEGIN
     SELECT coalesce(array_agg(r.id), '{}') INTO v_runs
     FROM {s}.runs r WHERE r.thread_id = p_thread_id;
 
+    -- A thread retained into the archive has no hot rows left: only its documents change.
     UPDATE {s}.threads SET title = NULL, erased_at = now(),
                            deleted_at = coalesce(deleted_at, now())
     WHERE id = p_thread_id;
@@ -460,7 +465,7 @@ BEGIN
     WHERE thread_id = p_thread_id AND input <> '[]';
     GET DIAGNOSTICS n_responses = ROW_COUNT;
     UPDATE {s}.archived_runs a SET document = {s}.erased_document_v1(a.document)
-    WHERE a.thread_id = p_thread_id;
+    WHERE a.thread_id = p_thread_id AND a.tenant_id = p_tenant_id;
     GET DIAGNOSTICS n_archived = ROW_COUNT;
 
     v_detail := jsonb_build_object(

@@ -41,8 +41,11 @@ SELECT partition FROM {s}.prune_archive_v1(%(actor)s) AS partition;
 SELECT {s}.erase_thread_v1(%(tenant_id)s, %(thread_id)s, %(actor)s) AS detail;
 
 -- name: thread_tenant
--- The tenant of a thread (an operator erases without naming it).
-SELECT tenant_id FROM {s}.threads WHERE id = %(thread_id)s;
+-- The tenant of a thread, hot or archived (an operator erases without naming it).
+SELECT tenant_id FROM {s}.threads WHERE id = %(thread_id)s
+UNION ALL
+(SELECT tenant_id FROM {s}.archived_runs WHERE thread_id = %(thread_id)s LIMIT 1)
+LIMIT 1;
 
 -- name: backlog
 -- Threads due to leave the hot tables now, per tenant (what retention run would take).
