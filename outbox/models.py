@@ -482,7 +482,11 @@ class Tool(Base):
 
 class JournalEvent(Base):
     __tablename__ = "journal"
-    __table_args__ = (Index("journal_run", "run_id", "id"), Index("journal_at", "at"))
+    __table_args__ = (
+        Index("journal_run", "run_id", "id"),
+        Index("journal_at", "at"),
+        Index("journal_thread_events", "thread_id", postgresql_where=text("run_id IS NULL")),
+    )
 
     id: Mapped[int] = _pk()
     at: Mapped[datetime] = mapped_column(

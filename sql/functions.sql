@@ -1602,9 +1602,10 @@ GRANT EXECUTE ON FUNCTION {s}.prune_archive_v1(text) TO outbox_relay;
 -- id order, SKIP LOCKED (a thread with a run someone holds is left for a later chunk), and
 -- idleness is checked again under the locks; anything else it would wait on past
 -- lock_timeout makes the chunk give up (55P03) and leaves everything as it was.
--- The journal events of the retained runs are deleted through the journal guard's
--- retention door: rows of runs that no longer exist, in a transaction that journaled
--- thread.retained first.
+-- The journal events of the retained runs and threads are deleted through the journal
+-- guard's retention door: rows of runs or threads that no longer exist, in a transaction
+-- that journaled thread.retained first. Each conversation's thread.retained (and
+-- thread.erased) events stay, its account, until the journal's own pruning.
 CREATE OR REPLACE FUNCTION {s}.retain_v1(p_limit integer DEFAULT 200,
                                          p_actor text DEFAULT session_user)
 RETURNS TABLE (tenant_id text, mode text, threads integer, runs integer)
@@ -1719,6 +1720,9 @@ BEGIN
     DELETE FROM {s}.threads t WHERE t.id = ANY (v_threads);
     PERFORM set_config('outbox.journal_retain', v_event::text, true);
     DELETE FROM {s}.journal j WHERE j.run_id = ANY (v_runs);
+    DELETE FROM {s}.journal j
+    WHERE j.thread_id = ANY (v_threads) AND j.run_id IS NULL
+      AND j.event NOT IN ('thread.retained', 'thread.erased');
     PERFORM set_config('outbox.journal_retain', '', true);
 END $$;
 REVOKE ALL ON FUNCTION {s}.retain_v1(integer, text) FROM PUBLIC;

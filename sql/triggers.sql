@@ -19,8 +19,9 @@
 -- refuses UPDATE and TRUNCATE, and every DELETE but through two doors, each opened by an
 -- event written earlier in the same transaction: prune_journal's journal.pruned (its id
 -- in outbox.journal_prune) lets through rows older than the event's cut-off; retain_v1's
--- thread.retained (its id in outbox.journal_retain) lets through rows of runs that no
--- longer exist (the runs it has just retained). So no deletion goes unjournaled: a
+-- thread.retained (its id in outbox.journal_retain) lets through rows of runs, and
+-- run-less rows of threads, that no longer exist (what it has just retained), but never a
+-- thread.retained or thread.erased event. So no deletion goes unjournaled: a
 -- hand-set flag with no such event, or an event of another transaction, opens nothing.
 CREATE OR REPLACE FUNCTION {s}.journal_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -36,11 +37,16 @@ BEGIN
             RETURN OLD;
         END IF;
     END IF;
-    IF TG_OP = 'DELETE' AND v_retain ~ '^[0-9]{1,18}$' AND OLD.run_id IS NOT NULL
+    IF TG_OP = 'DELETE' AND v_retain ~ '^[0-9]{1,18}$'
        AND EXISTS (SELECT 1 FROM {s}.journal j
                    WHERE j.id = v_retain::bigint AND j.event = 'thread.retained'
                      AND j.xmin::text = v_xact)
-       AND NOT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.id = OLD.run_id) THEN
+       AND (CASE WHEN OLD.run_id IS NOT NULL
+                 THEN NOT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.id = OLD.run_id)
+                 ELSE OLD.thread_id IS NOT NULL
+                      AND OLD.event NOT IN ('thread.retained', 'thread.erased')
+                      AND NOT EXISTS (SELECT 1 FROM {s}.threads t WHERE t.id = OLD.thread_id)
+            END) THEN
         RETURN OLD;
     END IF;
     RAISE EXCEPTION 'the outbox journal is append-only: % is refused', TG_OP

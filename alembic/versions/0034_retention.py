@@ -83,10 +83,10 @@ DROP FUNCTION {s}.thread_idle_v1(uuid, timestamptz);
 DROP FUNCTION {s}.retention_cutoff_v1(text);
 DROP TABLE {s}.archived_runs;
 DROP TABLE {s}.retention_policies;
-DROP INDEX {s}.responses_previous, {s}.submissions_run, {s}.orphaned_results_call,
-    {s}.orphaned_results_run, {s}.tool_results_batch, {s}.model_turns_message,
-    {s}.tool_batches_message, {s}.tool_calls_message, {s}.messages_run, {s}.runs_thread,
-    {s}.threads_created;
+DROP INDEX {s}.journal_thread_events, {s}.responses_previous, {s}.submissions_run,
+    {s}.orphaned_results_call, {s}.orphaned_results_run, {s}.tool_results_batch,
+    {s}.model_turns_message, {s}.tool_batches_message, {s}.tool_calls_message,
+    {s}.messages_run, {s}.runs_thread, {s}.threads_created;
 ALTER TABLE {s}.threads DROP COLUMN erased_at;
 """
 

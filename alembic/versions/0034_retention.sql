@@ -37,6 +37,7 @@ CREATE INDEX orphaned_results_call ON {s}.orphaned_results (tool_call_ref)
 CREATE INDEX submissions_run ON {s}.submissions (run_id);
 CREATE INDEX responses_previous ON {s}.responses (previous_response_id)
     WHERE previous_response_id IS NOT NULL;
+CREATE INDEX journal_thread_events ON {s}.journal (thread_id) WHERE run_id IS NULL;
 
 CREATE TABLE {s}.retention_policies (
     tenant_id    text PRIMARY KEY,
@@ -260,9 +261,10 @@ GRANT EXECUTE ON FUNCTION {s}.prune_archive_v1(text) TO outbox_relay;
 -- id order, SKIP LOCKED (a thread with a run someone holds is left for a later chunk), and
 -- idleness is checked again under the locks; anything else it would wait on past
 -- lock_timeout makes the chunk give up (55P03) and leaves everything as it was.
--- The journal events of the retained runs are deleted through the journal guard's
--- retention door: rows of runs that no longer exist, in a transaction that journaled
--- thread.retained first.
+-- The journal events of the retained runs and threads are deleted through the journal
+-- guard's retention door: rows of runs or threads that no longer exist, in a transaction
+-- that journaled thread.retained first. Each conversation's thread.retained (and
+-- thread.erased) events stay, its account, until the journal's own pruning.
 CREATE OR REPLACE FUNCTION {s}.retain_v1(p_limit integer DEFAULT 200,
                                          p_actor text DEFAULT session_user)
 RETURNS TABLE (tenant_id text, mode text, threads integer, runs integer)
@@ -377,6 +379,9 @@ BEGIN
     DELETE FROM {s}.threads t WHERE t.id = ANY (v_threads);
     PERFORM set_config('outbox.journal_retain', v_event::text, true);
     DELETE FROM {s}.journal j WHERE j.run_id = ANY (v_runs);
+    DELETE FROM {s}.journal j
+    WHERE j.thread_id = ANY (v_threads) AND j.run_id IS NULL
+      AND j.event NOT IN ('thread.retained', 'thread.erased');
     PERFORM set_config('outbox.journal_retain', '', true);
 END $$;
 REVOKE ALL ON FUNCTION {s}.retain_v1(integer, text) FROM PUBLIC;
@@ -514,8 +519,9 @@ REVOKE ALL ON FUNCTION {s}.erased_document_v1(jsonb) FROM PUBLIC;
 -- refuses UPDATE and TRUNCATE, and every DELETE but through two doors, each opened by an
 -- event written earlier in the same transaction: prune_journal's journal.pruned (its id
 -- in outbox.journal_prune) lets through rows older than the event's cut-off; retain_v1's
--- thread.retained (its id in outbox.journal_retain) lets through rows of runs that no
--- longer exist (the runs it has just retained). So no deletion goes unjournaled: a
+-- thread.retained (its id in outbox.journal_retain) lets through rows of runs, and
+-- run-less rows of threads, that no longer exist (what it has just retained), but never a
+-- thread.retained or thread.erased event. So no deletion goes unjournaled: a
 -- hand-set flag with no such event, or an event of another transaction, opens nothing.
 CREATE OR REPLACE FUNCTION {s}.journal_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -531,11 +537,16 @@ BEGIN
             RETURN OLD;
         END IF;
     END IF;
-    IF TG_OP = 'DELETE' AND v_retain ~ '^[0-9]{1,18}$' AND OLD.run_id IS NOT NULL
+    IF TG_OP = 'DELETE' AND v_retain ~ '^[0-9]{1,18}$'
        AND EXISTS (SELECT 1 FROM {s}.journal j
                    WHERE j.id = v_retain::bigint AND j.event = 'thread.retained'
                      AND j.xmin::text = v_xact)
-       AND NOT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.id = OLD.run_id) THEN
+       AND (CASE WHEN OLD.run_id IS NOT NULL
+                 THEN NOT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.id = OLD.run_id)
+                 ELSE OLD.thread_id IS NOT NULL
+                      AND OLD.event NOT IN ('thread.retained', 'thread.erased')
+                      AND NOT EXISTS (SELECT 1 FROM {s}.threads t WHERE t.id = OLD.thread_id)
+            END) THEN
         RETURN OLD;
     END IF;
     RAISE EXCEPTION 'the outbox journal is append-only: % is refused', TG_OP

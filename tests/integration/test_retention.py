@@ -178,6 +178,11 @@ def test_an_idle_conversation_is_archived_whole_and_its_timeline_still_answers(s
     runs = run_ids(conn, first.thread_id)
     before = rows_under(conn, first.thread_id, runs)
     assert all(before[t] > 0 for t in ("tool_calls", "tool_results", "submissions", "journal"))
+    assert scalar(
+        setup,
+        "SELECT count(*) FROM outbox.journal WHERE thread_id = %s AND event = 'thread.created'",
+        [first.thread_id],
+    )
     timelines = {r: timeline(conn, r) for r in runs}
     set_policy(setup, "*", "archive")
     assert retain(setup).threads == 0  # not idle for an hour yet
@@ -188,6 +193,11 @@ def test_an_idle_conversation_is_archived_whole_and_its_timeline_still_answers(s
     assert (done.threads, done.runs) == (1, 2)
     assert done.per_tenant == {(TENANT, "archive"): {"threads": 1, "runs": 2}}
     assert rows_under(conn, first.thread_id, runs) == dict.fromkeys(UNDER_THREAD, 0)
+    thread_events = conn.execute(
+        "SELECT event FROM outbox.journal WHERE thread_id = %s AND run_id IS NULL",
+        [first.thread_id],
+    ).fetchall()
+    assert thread_events == [("thread.retained",)]  # thread.created went with the thread
     for run_id in runs:
         assert timeline(conn, run_id) == timelines[run_id]
     documents = conn.execute(
