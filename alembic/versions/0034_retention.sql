@@ -398,7 +398,8 @@ GRANT EXECUTE ON FUNCTION {s}.retain_v1(integer, text) TO outbox_relay;
 -- removes the content: message texts, tool call arguments (arguments_hash stays), results'
 -- outputs and error texts, orphaned results' likewise, response input items, the title;
 -- and the same content in archived documents of the thread. Keeps every row, status,
--- count, timestamp and digest audits need, and the journal as it is (it holds no content).
+-- count, timestamp and digest audits need, and the journal as it is (no messages,
+-- arguments or results there; an error text a tool or model returned stays until pruned).
 -- Marks the thread erased (erased_at) and deleted (no run starts on it again). Journals
 -- thread.erased with the actor and what was removed, which it returns. A thread already
 -- retained into the archive is erased there. Erasing an erased thread again removes what
