@@ -173,7 +173,7 @@ REVOKE ALL ON FUNCTION {s}.run_document_v1(uuid) FROM PUBLIC;
 -- archive_partitions_v1: make the archive's partitions for today and the next p_days_ahead
 -- days (UTC days) that do not exist yet; returns how many it made. Run ahead by the relay's
 -- maintenance (and by retain_v1 for today), so archiving never waits on DDL; two callers at
--- once make each partition once. A partition takes row-level security with no policy: it is
+-- once make each partition once. Without an archiving policy it makes none. A partition takes row-level security with no policy: it is
 -- read through archived_runs, whose policies apply.
 CREATE OR REPLACE FUNCTION {s}.archive_partitions_v1(p_days_ahead integer DEFAULT 2)
 RETURNS integer
@@ -184,6 +184,9 @@ DECLARE
     v_name  text;
     v_made  integer := 0;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM {s}.retention_policies p WHERE p.mode = 'archive') THEN
+        RETURN 0;  -- nothing is archived: no partition is needed
+    END IF;
     FOR v_day IN SELECT (v_today + k) FROM generate_series(0, greatest(p_days_ahead, 0)) k LOOP
         v_name := 'archived_runs_' || to_char(v_day, 'YYYYMMDD');
         CONTINUE WHEN to_regclass('{s}.' || quote_ident(v_name)) IS NOT NULL;

@@ -35,6 +35,7 @@ def check(report: SoakReport, growth: float) -> None:
     ]
 
 
+@pytest.mark.timeout(300)
 def test_a_bounded_soak_loses_nothing_and_the_hot_tables_stop_growing(db_url, tmp_path):
     config = SoakConfig(
         minutes=1.0,
@@ -53,11 +54,14 @@ def test_a_bounded_soak_loses_nothing_and_the_hot_tables_stop_growing(db_url, tm
     check(report, growth=1.5)
 
 
+MINUTES = float(os.environ.get("OUTBOX_SOAK_MINUTES", "30"))
+
+
 @pytest.mark.soak
+@pytest.mark.timeout(int(MINUTES * 60) + 600)
 def test_soak(db_url, tmp_path):
-    minutes = float(os.environ.get("OUTBOX_SOAK_MINUTES", "30"))
     out = Path(os.environ.get("OUTBOX_SOAK_DIR", str(tmp_path)))
-    report = run_soak(db_url, SoakConfig(minutes=minutes, journal_keep_s=300.0), log=print)
+    report = run_soak(db_url, SoakConfig(minutes=MINUTES, journal_keep_s=300.0), log=print)
     for path in write_report(report, out):
         print(path)
     check(report, growth=1.2)
