@@ -4,9 +4,9 @@ retention runs.
 
 The bounded version runs in `make test` for about a minute and compresses time: periods of
 10 s, a retention age of 3 s, the journal pruned past 15 s, and a VACUUM at the end of each
-period where autovacuum (whose naptime is a minute) would run. The long one (`make soak`, marked soak) runs
-OUTBOX_SOAK_MINUTES (30) with periods of a minute and real autovacuum, and writes its
-report and chart to OUTBOX_SOAK_DIR (default: the test's temporary folder).
+period where autovacuum (whose naptime is a minute) would run. The long one (`make soak`,
+marked soak) runs OUTBOX_SOAK_MINUTES (30) with periods of a minute and real autovacuum,
+and writes its report and chart to OUTBOX_SOAK_DIR (default: the test's temporary folder).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ Conversations are aged by moving their timestamps back (the owner may), never by
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import threading
 import uuid
@@ -17,7 +18,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 
+import cli
 from outbox import history, lifecycle, ops, registry, retention, writer
 from outbox.errors import OutboxError
 from outbox.schemas import StartRun
@@ -498,3 +501,38 @@ def test_retention_racing_a_relay_and_continued_threads_loses_nothing(setup, mod
         _, report = history.replay(conn, thread_id, tenant, api="chat")
         assert not report.changed, report.as_detail()
     conn.commit()
+
+
+def test_the_retention_commands(db_url, monkeypatch):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+
+    def outbox(*args: str) -> Any:
+        return CliRunner().invoke(cli.main, list(args))
+
+    assert json.loads(outbox("retention", "show", "--json").output) == {"policies": []}
+    default = outbox("retention", "set", "--age", "30d", "--archive-keep", "365d", "--json")
+    assert json.loads(default.output)["max_age_s"] == 30 * 86400
+    own = outbox("retention", "set", "--tenant", "globex", "--age", "7d", "--mode", "delete")
+    assert own.exit_code == 0 and "idle for 7d are deleted" in own.output
+    refused = outbox(
+        "retention", "set", "--tenant", "globex", "--age", "7d", "--archive-keep", "1d"
+    )
+    assert refused.exit_code == 2 and "only to the default policy" in refused.output
+    assert "is not an age" in outbox("retention", "set", "--age", "soon").output
+    shown = json.loads(outbox("retention", "show", "--due", "--json").output)
+    assert [p["tenant_id"] for p in shown["policies"]] == ["*", "globex"]
+    assert shown["due"] == []
+    done = json.loads(outbox("retention", "run", "--json").output)
+    assert (done["threads"], done["complete"], done["archive_partitions_made"]) == (0, True, 3)
+    missing = outbox("retention", "unset", "--tenant", "nobody")
+    assert missing.exit_code == 2 and "has no retention policy" in missing.output
+    assert outbox("retention", "unset", "--tenant", "globex").exit_code == 0
+    events = scalar(
+        db_url,
+        "SELECT array_agg(event ORDER BY id) FROM outbox.journal WHERE event LIKE 'retention.%'",
+    )
+    assert events == [
+        "retention.policy_set",
+        "retention.policy_set",
+        "retention.policy_removed",
+    ]
