@@ -536,3 +536,55 @@ def test_the_retention_commands(db_url, monkeypatch):
         "retention.policy_set",
         "retention.policy_removed",
     ]
+
+
+def test_a_run_started_while_retention_chooses_keeps_its_thread(setup, conn):
+    """The window between the chunk's choice of a thread and its lock: a run started and
+    committed there is seen by the check made again under the locks. The window is held
+    open by making the policy lookup wait on an advisory lock the test holds."""
+    set_policy(setup, "*", "delete")
+    old = ended_run(conn)
+    age(conn, old.thread_id, 2 * HOUR)
+    conn.execute(
+        """
+        ALTER FUNCTION outbox.retention_cutoff_v1(text) RENAME TO retention_cutoff_real;
+        CREATE FUNCTION outbox.retention_cutoff_v1(p_tenant_id text) RETURNS timestamptz
+        LANGUAGE plpgsql STABLE AS $$
+        BEGIN
+            IF current_setting('test.hold', true) = 'on' THEN
+                PERFORM set_config('test.hold', 'off', false);
+                PERFORM pg_advisory_lock(4242);
+                PERFORM pg_advisory_unlock(4242);
+            END IF;
+            RETURN outbox.retention_cutoff_real(p_tenant_id);
+        END $$;
+        """
+    )
+    conn.commit()
+    chosen: list[list[dict[str, Any]]] = []
+    with psycopg.connect(setup, autocommit=True) as gate:
+        gate.execute("SELECT pg_advisory_lock(4242)")
+
+        def retain_held() -> None:
+            with psycopg.connect(setup) as retainer:
+                retainer.execute("SELECT set_config('test.hold', 'on', false)")
+                chosen.append(retention.retain_chunk(retainer, actor="ops"))
+                retainer.commit()
+
+        retainer = threading.Thread(target=retain_held)
+        retainer.start()
+        wait_until(
+            lambda: scalar(
+                setup,
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' "
+                "AND datname = current_database()",
+            ),
+            what="the chunk to stop between its choice and its locks",
+        )
+        started = new_run(conn, thread_id=old.thread_id, tools=[])
+        conn.commit()
+        gate.execute("SELECT pg_advisory_unlock(4242)")
+        retainer.join(timeout=30)
+    assert chosen == [[]]
+    assert scalar(setup, "SELECT status FROM outbox.runs WHERE id = %s", [started.id]) == "queued"
+    assert len(run_ids(conn, old.thread_id)) == 2
