@@ -111,6 +111,7 @@ class Maintenance:
             )
             return
         for (tenant_id, mode), counts in sorted(done.per_tenant.items()):
+            self.metrics.retained.labels(mode).inc(counts["threads"])
             log(
                 logger,
                 logging.INFO,
