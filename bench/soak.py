@@ -3,11 +3,11 @@ transaction now and then; per period, what a DBA watches over months.
 
 ``python -m bench.soak --minutes 30 [--out DIR]`` (``make soak`` runs it through the soak
 test) drives a relay in this process against the scripted model and fake tools: runs with two
-parallel tool calls, plain answers and client tools, over both model APIs, a fifth of them
-continuing an earlier thread. The relay's maintenance retains idle conversations at
-``retention_age_s`` (archived, and for the tenant ``globex`` deleted). Every
-``reader_every_s`` a reader holds a REPEATABLE READ transaction open for ``reader_hold_s``
-(what a long report or a forgotten psql session does to vacuum).
+parallel tool calls, plain answers, client tools and calls that wait for an approval, over
+both model APIs, a fifth of them continuing an earlier thread. The relay's maintenance
+retains idle conversations at ``retention_age_s`` (archived, and for the tenant ``globex``
+deleted). Every ``reader_every_s`` a reader holds a REPEATABLE READ transaction open for
+``reader_hold_s`` (what a long report or a forgotten psql session does to vacuum).
 
 Each period it records runs completed, the claim's p99 (the relay's own claim statement,
 timed around the call: the time a worker waits for work to be handed out), autovacuum runs,
@@ -36,7 +36,7 @@ from typing import Any
 
 import psycopg
 
-from outbox import db, lifecycle, registry, retention, writer
+from outbox import approvals, db, lifecycle, registry, retention, writer
 from outbox.errors import OutboxError
 from outbox.relay.config import RelayConfig
 from outbox.relay.worker import Worker
@@ -58,6 +58,10 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
     ],
     "client": [{"tool_calls": [{"name": "confirm", "arguments": {"ok": True}}]}, {"text": "ok"}],
     "plain": [{"text": "hello"}],
+    "approval": [
+        {"tool_calls": [{"name": "refund", "arguments": {"amount": 1}}]},
+        {"text": "refunded"},
+    ],
 }
 CONTINUE_SHARE = 0.2  # runs that continue an earlier thread
 SIZES = """
@@ -148,7 +152,7 @@ class Traffic:
 
     def _start_one(self, conn: psycopg.Connection[Any], n: int) -> None:
         tenant = TENANTS[n % 2]
-        script = ("tools", "plain", "client", "tools")[n % 4]
+        script = ("tools", "plain", "client", "tools", "approval")[n % 5]
         thread_id = None
         with self.lock:
             mine = [t for (tn, t) in self.runs.values() if tn == tenant]
@@ -164,7 +168,7 @@ class Traffic:
                     thread_id=thread_id,
                     model="scripted-1",
                     message=f"script:{script} go",
-                    tools=["create_ticket", "send_email", "confirm"],
+                    tools=["create_ticket", "send_email", "confirm", "refund"],
                     base_url=self.model.url + "/v1",
                     api="chat" if n % 3 == 0 else "responses",
                 ),
@@ -179,9 +183,14 @@ class Traffic:
             self.runs[run.id] = (tenant, run.thread_id)
 
     def client_loop(self) -> None:
-        """Answers client tools, as a backend would."""
+        """Answers client tools, as a backend would, and approves refunds, as a reviewer."""
         with psycopg.connect(self.url) as conn:
             while not self.stop.wait(0.1):  # a backend's poll
+                for pending in approvals.list_approvals(conn, "pending"):
+                    with contextlib.suppress(OutboxError):
+                        approvals.decide(conn, pending["id"], "approve", actor="soak-reviewer")
+                    conn.commit()
+                conn.commit()
                 waiting = conn.execute(
                     "SELECT id, tenant_id FROM outbox.runs WHERE status = 'requires_action'"
                 ).fetchall()
@@ -238,8 +247,9 @@ class Reader:
 
 
 def _setup(url: str, service: FakeToolService, age_s: float) -> None:
+    service.add_tool("refund", "key")
     with psycopg.connect(url) as conn:
-        for name, mode in (("create_ticket", "lookup"), ("send_email", "key")):
+        for name, mode in (("create_ticket", "lookup"), ("send_email", "key"), ("refund", "key")):
             spec: dict[str, Any] = {
                 "name": name,
                 "executor": "http",
@@ -249,6 +259,8 @@ def _setup(url: str, service: FakeToolService, age_s: float) -> None:
             }
             if mode == "lookup":
                 spec["lookup_endpoint"] = service.lookup_endpoint(name)
+            if name == "refund":
+                spec["requires_approval"] = True
             registry.register(conn, registry.ToolSpec(**spec))
         registry.register(
             conn,
