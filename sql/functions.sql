@@ -1680,18 +1680,19 @@ BEGIN
 
     -- Journaled before anything goes: the accounting of every run retained, and the event
     -- whose id opens the journal guard's retention door for this transaction.
-    INSERT INTO {s}.journal (tenant_id, event, thread_id, actor, detail)
-    SELECT t.tenant_id, 'thread.retained', t.id, p_actor,
-           jsonb_build_object('mode', CASE WHEN t.id = ANY (v_archive) THEN 'archive'
-                                           ELSE 'delete' END,
-                              'last_active_before', {s}.retention_cutoff_v1(t.tenant_id),
-                              'runs', (SELECT coalesce(jsonb_agg(r.id ORDER BY r.id), '[]')
-                                       FROM {s}.runs r WHERE r.thread_id = t.id))
-    FROM {s}.threads t WHERE t.id = ANY (v_threads)
-    ORDER BY t.id;
-    SELECT min(j.id) INTO v_event FROM {s}.journal j
-    WHERE j.event = 'thread.retained' AND j.thread_id = ANY (v_threads)
-      AND j.xmin::text = (pg_current_xact_id()::text::bigint & 4294967295)::text;
+    WITH journaled AS (
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, actor, detail)
+        SELECT t.tenant_id, 'thread.retained', t.id, p_actor,
+               jsonb_build_object('mode', CASE WHEN t.id = ANY (v_archive) THEN 'archive'
+                                               ELSE 'delete' END,
+                                  'last_active_before', {s}.retention_cutoff_v1(t.tenant_id),
+                                  'runs', (SELECT coalesce(jsonb_agg(r.id ORDER BY r.id), '[]')
+                                           FROM {s}.runs r WHERE r.thread_id = t.id))
+        FROM {s}.threads t WHERE t.id = ANY (v_threads)
+        ORDER BY t.id
+        RETURNING id
+    )
+    SELECT min(id) INTO v_event FROM journaled;
 
     RETURN QUERY
     SELECT t.tenant_id,
@@ -1801,7 +1802,7 @@ BEGIN
     GET DIAGNOSTICS n_calls = ROW_COUNT;
     UPDATE {s}.tool_results
     SET output = NULL, error = CASE WHEN error IS NOT NULL THEN 'erased' END
-    WHERE run_id = ANY (v_runs)
+    WHERE tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs))
       AND (output IS NOT NULL OR error IS DISTINCT FROM CASE WHEN error IS NOT NULL
                                                              THEN 'erased' END);
     GET DIAGNOSTICS n_results = ROW_COUNT;

@@ -74,7 +74,7 @@ PINNED = {
     "0030_run_defaults_and_one_rule_each.py": "e4b1c1e9710055ee",
     "0030_run_defaults_and_one_rule_each.sql": "26ebec2834d21449",
     "0034_retention.py": "0ddc65c09c08443d",
-    "0034_retention.sql": "97699f6978f35b39",
+    "0034_retention.sql": "e8f19703dbe9cd58",
 }
 
 
