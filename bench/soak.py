@@ -24,13 +24,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import json
 import random
 import statistics
 import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -478,7 +479,8 @@ HOT = (
 
 
 def write_report(report: SoakReport, out: Path) -> list[Path]:
-    """``soak.md`` (a table per period) and, with matplotlib, ``soak.png`` beside it."""
+    """``soak.md`` (a table per period), ``soak.json`` (every figure) and, with matplotlib,
+    ``soak.png`` beside them."""
     out.mkdir(parents=True, exist_ok=True)
     lines = [
         "# Soak",
@@ -513,7 +515,9 @@ def write_report(report: SoakReport, out: Path) -> list[Path]:
         lines += [f"- {name}: {size}" for name, size in sorted(last.indexes.items())]
     md = out / "soak.md"
     md.write_text("\n".join(lines) + "\n")
-    written = [md]
+    raw = out / "soak.json"
+    raw.write_text(json.dumps(asdict(report), indent=1))
+    written = [md, raw]
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ImportError:

@@ -32,11 +32,14 @@ def check(report: SoakReport, growth: float) -> None:
     warm = first + math.ceil(report.config.journal_keep_s / report.config.period_s)
     settled = report.periods[warm:]
     assert len(settled) >= 2, "too short to settle"
-    base = settled[0]
-    assert max(p.hot_runs for p in settled) <= growth * base.hot_runs, [p.hot_runs for p in settled]
-    assert max(p.hot_bytes() for p in settled) <= growth * base.hot_bytes(), [
-        p.hot_bytes() for p in settled
-    ]
+    # Sizes swing with the reader transaction (vacuum waits for it): compare the means of
+    # the first and the last window of settled periods, a reader cycle each when it fits.
+    window = min(5, len(settled) // 2)
+    early, late = settled[:window], settled[-window:]
+    for measure in (lambda p: p.hot_runs, lambda p: p.hot_bytes()):
+        before = sum(map(measure, early)) / window
+        after = sum(map(measure, late)) / window
+        assert after <= growth * before, [measure(p) for p in settled]
 
 
 @pytest.mark.timeout(300)
