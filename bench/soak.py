@@ -76,8 +76,8 @@ WHERE n.nspname = 'outbox' AND c.relkind IN ('r', 'i') AND NOT c.relispartition
 
 
 ARCHIVE_SIZE = """
-SELECT coalesce(sum(s.n_live_tup), 0), coalesce(sum(s.n_dead_tup), 0),
-       coalesce(sum(pg_total_relation_size(p.relid)), 0)
+SELECT coalesce(sum(s.n_live_tup), 0)::bigint, coalesce(sum(s.n_dead_tup), 0)::bigint,
+       coalesce(sum(pg_total_relation_size(p.relid)), 0)::bigint
 FROM pg_partition_tree('outbox.archived_runs') p
 LEFT JOIN pg_stat_user_tables s ON s.relid = p.relid
 """
