@@ -48,8 +48,9 @@ bench: setup ## Throughput and latency beside a raw SKIP LOCKED baseline (prints
 	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	$(BIN)/python -m bench $(ARGS)
 
-soak: setup ## The long chaos/soak tests.
-	$(PYTEST) -m soak $(ARGS)
+soak: setup ## The long chaos/soak tests; the soak's soak.md and soak.png go to bench/results/soak.
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	OUTBOX_SOAK_DIR=$${OUTBOX_SOAK_DIR:-bench/results/soak} $(PYTEST) -m soak $(ARGS)
 
 clean: ## Stop the embedded PostgreSQL and remove .venv and .outbox.
 	-$(BIN)/outbox db stop

@@ -123,6 +123,15 @@ RELAY_DEFAULTS = RelayConfig(database_url="")  # the relay's options default to 
     help="Sweep period, s.",
 )
 @click.option(
+    "--retention-interval",
+    "retention_s",
+    type=click.FloatRange(min=0),
+    default=RELAY_DEFAULTS.retention_interval_s,
+    show_default=True,
+    help="How often idle conversations leave the hot tables by policy (outbox retention), s; "
+    "0: never.",
+)
+@click.option(
     "--max-model-answer",
     "max_model_answer_bytes",
     type=click.IntRange(min=1024),
@@ -248,6 +257,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         grace_s=opts["grace_s"],
         retry_base_s=opts["retry_base_s"],
         rescue_interval_s=opts["rescue_s"],
+        retention_interval_s=opts["retention_s"],
         max_model_answer_bytes=opts["max_model_answer_bytes"],
         kinds=kinds or ALL_KINDS,
         metrics_port=opts["metrics_port"],

@@ -1,5 +1,5 @@
 """``outbox threads``: create a thread, show its history as a provider would get it, import
-a conversation.
+a conversation, erase one's content.
 
 ``show`` prints what the replay sends a model, not the stored rows: every call paired with
 its result, and a repair (if any) said on stderr. ``import`` repairs a conversation's
@@ -13,14 +13,21 @@ from typing import Any
 
 import click
 
-from outbox import history, lifecycle, writer
-from outbox.commands.common import OutboxGroup, connection, echo_json, json_option, read_json_file
+from outbox import history, lifecycle, retention, writer
+from outbox.commands.common import (
+    OutboxGroup,
+    actor_option,
+    connection,
+    echo_json,
+    json_option,
+    read_json_file,
+)
 from outbox.schemas import NewMessage
 
 
 @click.group("threads", cls=OutboxGroup)
 def threads_group() -> None:
-    """Threads: create, show the history as a provider would get it, import."""
+    """Threads: create, show the history as a provider would get it, import, erase."""
 
 
 @threads_group.command("create")
@@ -74,3 +81,31 @@ def threads_import(file: Any, tenant: str, title: str | None, as_json: bool) -> 
             f"repaired: dropped {len(report.dropped_orphans)} orphan results, "
             f"closed {len(report.closed_calls)} unanswered calls"
         )
+
+
+@threads_group.command("erase")
+@click.argument("thread_id", type=click.UUID)
+@click.option("--tenant", help="The thread's tenant (default: the tenant it belongs to).")
+@actor_option
+@json_option
+def threads_erase(thread_id: uuid.UUID, tenant: str | None, actor: str, as_json: bool) -> None:
+    """Erase a thread's content (a privacy request), journaled with the actor.
+
+    Its run in flight is cancelled first; message texts, tool call arguments, results,
+    orphaned results, response input items and the title are removed, here and in the
+    archive; ids, statuses, counts, timestamps, digests and the journal stay. The thread is
+    deleted for the API and takes no new run. A call still running when it is erased
+    finishes, and its result is kept without content.
+    """
+    with connection() as conn:
+        detail = retention.erase_thread(conn, thread_id, tenant, actor=actor)
+    if as_json:
+        echo_json(detail)
+        return
+    cancelled = len(detail["cancelled_runs"])
+    click.echo(
+        f"thread {thread_id} erased: {detail['messages']} messages, {detail['tool_calls']} "
+        f"tool calls, {detail['tool_results']} results, {detail['orphaned_results']} orphaned "
+        f"results, {detail['responses']} responses, {detail['archived_documents']} archived "
+        f"documents; {cancelled} run(s) cancelled"
+    )

@@ -53,7 +53,10 @@ def _pk() -> Any:
 
 class Thread(Base):
     __tablename__ = "threads"
-    __table_args__ = (UniqueConstraint("id", "tenant_id", name="threads_id_tenant_key"),)
+    __table_args__ = (
+        UniqueConstraint("id", "tenant_id", name="threads_id_tenant_key"),
+        Index("threads_created", "created_at"),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(
         UUID, primary_key=True, server_default=text("gen_random_uuid()")
@@ -67,6 +70,11 @@ class Thread(Base):
         DateTime(timezone=True),
         comment="when the thread (a conversation) was deleted through the API: hidden from "
         "it, kept here",
+    )
+    erased_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        comment="when the thread's content was erased (erase_thread_v1): messages, arguments, "
+        "results and response items removed; metadata, counts and digests kept",
     )
 
 
@@ -90,6 +98,7 @@ class Run(Base):
             ),
         ),
         Index("runs_tenant_status", "tenant_id", "status", "created_at"),
+        Index("runs_thread", "thread_id"),
         Index(
             "runs_action_deadline",
             "action_deadline",
@@ -171,6 +180,7 @@ class Message(Base):
         UniqueConstraint("id", "thread_id", name="messages_id_thread_key"),
         UniqueConstraint("id", "tenant_id", name="messages_id_tenant_key"),
         UniqueConstraint("tool_call_ref", name="messages_one_per_tool_call"),
+        Index("messages_run", "run_id", postgresql_where=text("run_id IS NOT NULL")),
     )
 
     id: Mapped[int] = _pk()
@@ -206,6 +216,7 @@ class ModelTurn(Base):
             ["messages.id", "messages.tenant_id"],
             name="model_turns_message_fk",
         ),
+        Index("model_turns_message", "message_id"),
     )
 
     id: Mapped[int] = _pk()
@@ -245,6 +256,7 @@ class ToolBatch(Base):
             "completed_at",
             postgresql_where=text("status = 'complete'"),
         ),
+        Index("tool_batches_message", "message_id"),
     )
 
     id: Mapped[int] = _pk()
@@ -285,6 +297,7 @@ class ToolCall(Base):
             name="tool_calls_message_fk",
         ),
         Index("tool_calls_batch", "batch_id"),
+        Index("tool_calls_message", "message_id"),
     )
 
     id: Mapped[int] = _pk()
@@ -330,6 +343,7 @@ class ToolResult(Base):
             ["tool_batches.id", "tool_batches.run_id", "tool_batches.tenant_id"],
             name="tool_results_batch_fk",
         ),
+        Index("tool_results_batch", "batch_id"),
     )
 
     tool_call_ref: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -352,6 +366,12 @@ class OrphanedResult(Base):
             ["tool_call_ref", "tenant_id"],
             ["tool_calls.id", "tool_calls.tenant_id"],
             name="orphaned_results_call_fk",
+        ),
+        Index("orphaned_results_run", "run_id"),
+        Index(
+            "orphaned_results_call",
+            "tool_call_ref",
+            postgresql_where=text("tool_call_ref IS NOT NULL"),
         ),
     )
 
@@ -382,6 +402,7 @@ class Submission(Base):
             ["tool_batches.id", "tool_batches.run_id", "tool_batches.tenant_id"],
             name="submissions_batch_fk",
         ),
+        Index("submissions_run", "run_id"),
     )
 
     id: Mapped[int] = _pk()
@@ -508,7 +529,11 @@ class McpServer(Base):
 
 class JournalEvent(Base):
     __tablename__ = "journal"
-    __table_args__ = (Index("journal_run", "run_id", "id"), Index("journal_at", "at"))
+    __table_args__ = (
+        Index("journal_run", "run_id", "id"),
+        Index("journal_at", "at"),
+        Index("journal_thread_events", "thread_id", postgresql_where=text("run_id IS NULL")),
+    )
 
     id: Mapped[int] = _pk()
     at: Mapped[datetime] = mapped_column(
@@ -895,6 +920,11 @@ class Response(Base):
         ),
         Index("responses_run", "run_id", "output_from_seq"),
         Index("responses_thread", "thread_id", "created_at"),
+        Index(
+            "responses_previous",
+            "previous_response_id",
+            postgresql_where=text("previous_response_id IS NOT NULL"),
+        ),
         {
             "comment": "responses of the Responses protocol (outbox serve): each a stretch "
             "of a run, with the input items the request gave"
@@ -924,6 +954,56 @@ class Response(Base):
         DateTime(timezone=True),
         comment="when the response was deleted through the API: hidden from it, kept here",
     )
+
+
+class RetentionPolicy(Base):
+    """How long a tenant's conversations stay in the hot tables; see migration 0034."""
+
+    __tablename__ = "retention_policies"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "how long a tenant's conversations stay in the hot tables after their "
+        "last activity ('*': every tenant without its own row; no row: kept forever), and "
+        "whether they are then archived or deleted; archive_keep ('*' only): how long the "
+        "archive keeps them"
+    }
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    max_age: Mapped[timedelta] = mapped_column(Interval)
+    mode: Mapped[str] = mapped_column(Text, server_default=text("'archive'"))
+    archive_keep: Mapped[timedelta | None] = mapped_column(Interval)
+    updated_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
+    updated_at: Mapped[datetime] = _now()
+
+
+class ArchivedRun(Base):
+    """A retained run with its rows as one document, partitioned by day; migration 0034."""
+
+    __tablename__ = "archived_runs"
+    __table_args__ = (
+        Index("archived_runs_run", "run_id"),
+        Index("archived_runs_thread", "thread_id"),
+        {
+            "comment": "runs retained by an archive policy, each with its rows as one JSON "
+            "document (run_id NULL: the thread and its messages of no run); partitioned by day "
+            "of archiving, a day dropped whole past the archive's keep",
+            "postgresql_partition_by": "RANGE (archived_at)",
+        },
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(
+        UUID, primary_key=True, server_default=text("gen_random_uuid()")
+    )
+    archived_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), primary_key=True, server_default=text("now()")
+    )
+    tenant_id: Mapped[str] = mapped_column(Text)
+    thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    run_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
+    status: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    correlation_id: Mapped[str | None] = mapped_column(Text)
+    document: Mapped[dict[str, Any]] = mapped_column(JSONB)
 
 
 def metadata_for(schema: str) -> MetaData:

@@ -95,6 +95,8 @@ class RelayConfig:
     listen: bool = True  # LISTEN/NOTIFY wake-ups (off behind a transaction-mode pooler)
     rescue_interval_s: float = 2.0  # how often expired leases and stalled batches are swept
     stalled_batch_grace_s: float = 5.0  # a complete batch this old with no delivery is stalled
+    retention_interval_s: float = 60.0  # how often idle conversations are retained (0: never)
+    retention_chunk: int = 200  # threads retained per transaction
     grace_s: float = 20.0  # on SIGTERM, how long in-flight rows may finish
     retry_base_s: float = 0.5  # first retry delay; doubles per attempt, with jitter
     retry_cap_s: float = 60.0  # longest retry delay
@@ -128,6 +130,10 @@ class RelayConfig:
             raise ValueError("max_lost_leases must be at least 1")
         if self.max_model_answer_bytes < 1024:
             raise ValueError("max_model_answer_bytes must be at least 1024 bytes")
+        if self.retention_interval_s < 0:
+            raise ValueError("retention_interval_s must be 0 (off) or more")
+        if not 1 <= self.retention_chunk <= 10000:
+            raise ValueError("retention_chunk must be 1 to 10000 threads")
         if self.lease_s <= 1:
             raise ValueError("lease_s must be over 1 second")
         unknown = set(self.kinds) - set(ALL_KINDS)

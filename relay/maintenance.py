@@ -6,7 +6,10 @@ rescue interval it takes back expired leases of any worker (``rescue_expired``: 
 again with no attempt charged, or quarantined once leases of a row were lost
 ``max_lost_leases`` times), re-enqueues deliveries of complete batches that never happened,
 expires runs past their ``requires_action`` deadline and denies approvals nobody decided by
-their deadline (``outbox.approvals``). With metrics on, it refreshes
+their deadline (``outbox.approvals``). Every retention interval it moves idle conversations
+out of the hot tables by policy (``outbox.retention``), chunk by chunk for a bounded time so
+the next heartbeat is never late; every relay does it, and ``retain_v1``'s SKIP LOCKED
+shares the work among them. With metrics on, it refreshes
 the queue-depth gauges. A database error waits for the link; any other error is logged and
 the loop goes on: leases must be kept alive whatever happens.
 """
@@ -20,7 +23,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from outbox import approvals, lifecycle
+from outbox import approvals, lifecycle, retention
 from outbox.logs import log
 from outbox.relay import spans
 from outbox.relay.config import RelayConfig
@@ -30,6 +33,7 @@ from outbox.sql import Queries
 
 logger = logging.getLogger("relay.maintenance")
 DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with metrics on)
+RETENTION_ROUND_S = 2.0  # longest retention round, seconds (beyond it: the next round)
 
 
 class Maintenance:
@@ -60,7 +64,7 @@ class Maintenance:
     def loop(self) -> None:
         link = self.make_link("maintenance", prepare=False)
         interval = min(self.cfg.lease_s / 3, self.cfg.rescue_interval_s)
-        last_rescue = last_depth = 0.0
+        last_rescue = last_depth = last_retention = 0.0
         while not self.finished.wait(interval):
             self.tick()
             try:
@@ -68,6 +72,11 @@ class Maintenance:
                 if time.monotonic() - last_rescue >= self.cfg.rescue_interval_s:
                     self._rescue(link)
                     last_rescue = time.monotonic()
+                if self.cfg.retention_interval_s and (
+                    time.monotonic() - last_retention >= self.cfg.retention_interval_s
+                ):
+                    self._retain(link)
+                    last_retention = time.monotonic()
                 if self.cfg.metrics_port is not None and (
                     time.monotonic() - last_depth >= DEPTH_INTERVAL_S
                 ):
@@ -79,6 +88,48 @@ class Maintenance:
             except Exception as err:  # keep leases alive and rescues going whatever happens
                 log(logger, logging.ERROR, "maintenance.failed", error=repr(err))
         link.close()
+
+    def _retain(self, link: Link) -> None:
+        """One retention round. A chunk refused (a lock not granted within retain_v1's
+        lock_timeout, a deadlock) changed nothing and is logged; the next round retries."""
+        budget = min(RETENTION_ROUND_S, self.cfg.lease_s / 6)
+        try:
+            done = retention.run(
+                link.get(),
+                chunk=self.cfg.retention_chunk,
+                actor=self.cfg.worker_id,
+                budget_s=budget,
+            )
+        except psycopg.Error as err:
+            if link.outage(err):
+                raise
+            log(
+                logger,
+                logging.WARNING,
+                "retention.failed",
+                worker=self.cfg.worker_id,
+                error=str(err).strip(),
+            )
+            return
+        for (tenant_id, mode), counts in sorted(done.per_tenant.items()):
+            self.metrics.retained.labels(mode).inc(counts["threads"])
+            log(
+                logger,
+                logging.INFO,
+                "retention.retained",
+                worker=self.cfg.worker_id,
+                tenant_id=tenant_id,
+                mode=mode,
+                **counts,
+            )
+        for partition in done.partitions_dropped:
+            log(
+                logger,
+                logging.INFO,
+                "retention.archive_dropped",
+                worker=self.cfg.worker_id,
+                partition=partition,
+            )
 
     def _measure_depth(self, link: Link) -> None:
         """Queue depth per status and kind, and the age of the oldest due row (gauges)."""

@@ -37,6 +37,12 @@ class Metrics:
             "outbox_relay_fenced_writes", "Completion writes refused: lease lost", registry=r
         )
         self.rescued = Counter("outbox_relay_rescued", "Expired leases taken back", registry=r)
+        self.retained = Counter(
+            "outbox_relay_retained",
+            "Conversations (threads) moved out of the hot tables by retention",
+            ["mode"],
+            registry=r,
+        )
         self.claim_to_start = Histogram(
             "outbox_relay_claim_to_start_seconds",
             "From claim to the start of the effect",

@@ -83,6 +83,9 @@ GRANT SELECT ON {s}.tenant_budgets, {s}.lanes, {s}.approvals, {s}.risk_policies,
 GRANT SELECT (tenant_id, name, transport, url, command, credential_ref, trusted, prefix,
               timeout_s, settle_s, max_attempts, max_concurrency, overrides, synced_at,
               created_at) ON {s}.mcp_servers TO outbox_auditor;
+-- outbox_auditor reads the retention policies and the archive of retained runs (the
+-- functions of functions.sql write them; no role is granted more).
+GRANT SELECT ON {s}.retention_policies, {s}.archived_runs TO outbox_auditor;
 -- outbox_auditor reads every column of a credential but its ciphertext.
 GRANT SELECT (tenant_id, name, source, reference, header, scheme, version, updated_by,
               updated_at, revoked_at) ON {s}.credentials TO outbox_auditor;
@@ -430,6 +433,31 @@ CREATE POLICY all_tenants ON {s}.responses TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
 DROP POLICY IF EXISTS audit_read ON {s}.responses;
 CREATE POLICY audit_read ON {s}.responses FOR SELECT TO outbox_auditor USING (true);
+
+-- retention_policies: a tenant's retention policy ('*': the default, seen by the owner).
+ALTER TABLE {s}.retention_policies ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON {s}.retention_policies;
+CREATE POLICY tenant_isolation ON {s}.retention_policies TO PUBLIC
+    USING (tenant_id = {s}.current_tenant_v1())
+    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+DROP POLICY IF EXISTS all_tenants ON {s}.retention_policies;
+CREATE POLICY all_tenants ON {s}.retention_policies TO outbox_relay, CURRENT_USER
+    USING (true) WITH CHECK (true);
+DROP POLICY IF EXISTS audit_read ON {s}.retention_policies;
+CREATE POLICY audit_read ON {s}.retention_policies FOR SELECT TO outbox_auditor USING (true);
+
+-- archived_runs: a tenant's retained runs (its partitions have row-level security and no
+-- policy: they are read through archived_runs).
+ALTER TABLE {s}.archived_runs ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON {s}.archived_runs;
+CREATE POLICY tenant_isolation ON {s}.archived_runs TO PUBLIC
+    USING (tenant_id = {s}.current_tenant_v1())
+    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+DROP POLICY IF EXISTS all_tenants ON {s}.archived_runs;
+CREATE POLICY all_tenants ON {s}.archived_runs TO outbox_relay, CURRENT_USER
+    USING (true) WITH CHECK (true);
+DROP POLICY IF EXISTS audit_read ON {s}.archived_runs;
+CREATE POLICY audit_read ON {s}.archived_runs FOR SELECT TO outbox_auditor USING (true);
 
 -- tenant_roles: login roles bound to a tenant. Each session sees its own mapping only (what
 -- current_tenant_v1() reads); the owner (`outbox tenants grant`) sees and changes them all.

@@ -16,23 +16,38 @@
 
 
 -- The journal is append-only, whoever asks (DESIGN invariant 10). journal_refuse_change
--- refuses UPDATE and TRUNCATE, and every DELETE but one of rows older than the cut-off of
--- a journal.pruned event written earlier in the same transaction (the event's id in
--- outbox.journal_prune). prune_journal (functions.sql) writes that event before it
--- deletes, so no deletion goes unjournaled: a hand-set flag with no such event, or an
--- event of another transaction, opens nothing.
+-- refuses UPDATE and TRUNCATE, and every DELETE but through two doors, each opened by an
+-- event written earlier in the same transaction: prune_journal's journal.pruned (its id
+-- in outbox.journal_prune) lets through rows older than the event's cut-off; retain_v1's
+-- thread.retained (its id in outbox.journal_retain) lets through rows of runs, and
+-- run-less rows of threads, that no longer exist (what it has just retained), but never a
+-- thread.retained or thread.erased event. So no deletion goes unjournaled: a
+-- hand-set flag with no such event, or an event of another transaction, opens nothing.
 CREATE OR REPLACE FUNCTION {s}.journal_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     v_flag text := current_setting('outbox.journal_prune', true);
+    v_retain text := current_setting('outbox.journal_retain', true);
+    v_xact text := (pg_current_xact_id()::text::bigint & 4294967295)::text;
     v_before timestamptz;
 BEGIN
     IF TG_OP = 'DELETE' AND v_flag ~ '^[0-9]{1,18}$' THEN
         SELECT (j.detail->>'before')::timestamptz INTO v_before FROM {s}.journal j
-        WHERE j.id = v_flag::bigint AND j.event = 'journal.pruned'
-          AND j.xmin::text = (pg_current_xact_id()::text::bigint & 4294967295)::text;
+        WHERE j.id = v_flag::bigint AND j.event = 'journal.pruned' AND j.xmin::text = v_xact;
         IF v_before IS NOT NULL AND OLD.at < v_before THEN
             RETURN OLD;
         END IF;
+    END IF;
+    IF TG_OP = 'DELETE' AND v_retain ~ '^[0-9]{1,18}$'
+       AND EXISTS (SELECT 1 FROM {s}.journal j
+                   WHERE j.id = v_retain::bigint AND j.event = 'thread.retained'
+                     AND j.xmin::text = v_xact)
+       AND (CASE WHEN OLD.run_id IS NOT NULL
+                 THEN NOT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.id = OLD.run_id)
+                 ELSE OLD.thread_id IS NOT NULL
+                      AND OLD.event NOT IN ('thread.retained', 'thread.erased')
+                      AND NOT EXISTS (SELECT 1 FROM {s}.threads t WHERE t.id = OLD.thread_id)
+            END) THEN
+        RETURN OLD;
     END IF;
     RAISE EXCEPTION 'the outbox journal is append-only: % is refused', TG_OP
         USING ERRCODE = 'insufficient_privilege',
@@ -236,3 +251,21 @@ END $$;
 CREATE OR REPLACE TRIGGER message_delete_guard BEFORE UPDATE OF deleted_at ON {s}.messages
     FOR EACH ROW WHEN (NEW.deleted_at IS NOT NULL AND OLD.deleted_at IS NULL)
     EXECUTE FUNCTION {s}.message_delete_guard();
+
+
+-- orphaned_results_erased: a result that arrives for an erased thread (a call that was
+-- still running when erase_thread_v1 cancelled its run) is kept without its content:
+-- output removed, an error text replaced by 'erased'.
+CREATE OR REPLACE FUNCTION {s}.orphaned_results_erased() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {s}.runs r JOIN {s}.threads t ON t.id = r.thread_id
+               WHERE r.id = NEW.run_id AND t.erased_at IS NOT NULL)
+       OR EXISTS (SELECT 1 FROM {s}.tool_calls c JOIN {s}.threads t ON t.id = c.thread_id
+                  WHERE c.id = NEW.tool_call_ref AND t.erased_at IS NOT NULL) THEN
+        NEW.output := NULL;
+        NEW.error := CASE WHEN NEW.error IS NOT NULL THEN 'erased' END;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER orphaned_results_erased BEFORE INSERT ON {s}.orphaned_results
+    FOR EACH ROW EXECUTE FUNCTION {s}.orphaned_results_erased();

@@ -15,7 +15,8 @@
 -- actor, error), numbered within the run, with the seconds since the run's previous event.
 -- Only events of the run's own tenant: the journal has no foreign keys (it outlives what
 -- it describes), so an event a writer of another tenant filed under this run's id stays
--- in the journal, under that tenant, and out of this timeline.
+-- in the journal, under that tenant, and out of this timeline. A run retained into the
+-- archive (retain_v1) answers from its archived document.
 --   SELECT * FROM {s}.run_timeline WHERE run_id = '...' ORDER BY seq;
 CREATE OR REPLACE VIEW {s}.run_timeline AS
 SELECT j.run_id,
@@ -35,8 +36,12 @@ SELECT j.run_id,
        j.correlation_id,
        j.detail,
        j.id AS journal_id
-FROM {s}.journal j
-JOIN {s}.runs r ON r.id = j.run_id AND r.tenant_id = j.tenant_id
+FROM (SELECT e.* FROM {s}.journal e
+      JOIN {s}.runs r ON r.id = e.run_id AND r.tenant_id = e.tenant_id
+      UNION ALL
+      SELECT e.* FROM {s}.archived_runs a
+      CROSS JOIN LATERAL jsonb_populate_recordset(NULL::{s}.journal, a.document -> 'journal') e
+      WHERE e.run_id = a.run_id AND e.tenant_id = a.tenant_id) j
 WINDOW w AS (PARTITION BY j.run_id ORDER BY j.at, j.id);
 
 

@@ -170,6 +170,23 @@ CALLS: dict[str, Call] = {
         ),
         "fenced",
     ),
+    "erase_thread_v1": lambda c, s: _is(
+        one(
+            c,
+            "SELECT jsonb_array_length(outbox.erase_thread_v1(%s, "
+            "(SELECT thread_id FROM outbox.runs WHERE id = %s), 'dpo') -> 'cancelled_runs')",
+            [A, s.waiting.id],
+        ),
+        1,
+    ),
+    "retain_v1": lambda c, s: _is(one(c, "SELECT count(*) FROM outbox.retain_v1(10)"), 0),
+    "archive_partitions_v1": lambda c, s: _is(
+        one(c, "SELECT outbox.archive_partitions_v1(1)"),
+        0,  # no archiving policy
+    ),
+    "prune_archive_v1": lambda c, s: _is(
+        one(c, "SELECT count(*) FROM outbox.prune_archive_v1()"), 0
+    ),
     "lane_loads_v1": lambda c, s: _is(
         one(c, "SELECT in_flight FROM outbox.lane_loads_v1() WHERE name = 'lookup_order'"), 0
     ),

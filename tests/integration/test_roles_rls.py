@@ -50,6 +50,7 @@ TENANT_TABLES = [
     "webhook_deliveries",
     "responses",  # migration 0025
     "mcp_servers",
+    "retention_policies",
 ]
 
 

@@ -79,6 +79,8 @@ PINNED = {
     "0032_mcp_servers.sql": "a8495a7e96a3b6fb",
     "0033_run_trace_context.py": "2945a0b2ab29e156",
     "0033_run_trace_context.sql": "53ac0de5ef2061f0",
+    "0034_retention.py": "4c6c6235f9b4fa98",
+    "0034_retention.sql": "a41afceac2db008b",
 }
 
 
