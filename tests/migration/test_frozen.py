@@ -75,6 +75,8 @@ PINNED = {
     "0030_run_defaults_and_one_rule_each.sql": "26ebec2834d21449",
     "0031_model_options.py": "a03f862abf4d7b51",
     "0031_model_options.sql": "df8e1c348023e05e",
+    "0035_model_reasoning.py": "cebbe182a7eb0c0d",
+    "0035_model_reasoning.sql": "6f6756073a1a0d00",
 }
 
 
