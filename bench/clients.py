@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -95,7 +96,17 @@ def serving(url: str, model_base_url: str, log: Path) -> Iterator[tuple[str, psu
                         f"outbox serve or its relay did not start; see {log}"
                     ) from None
                 time.sleep(0.1)  # polling a condition with a deadline
+        spy = None
+        if os.environ.get("BENCH_PROFILE_SERVE"):  # py-spy samples of the server's threads
+            samples, pid = os.environ["BENCH_PROFILE_SERVE"], str(processes[0].pid)
+            spy_bin = str(Path(sys.executable).parent / "py-spy")
+            spy = subprocess.Popen(
+                [spy_bin, "record", "--threads", "-f", "raw", "-o", samples, "--pid", pid]
+            )
         yield base, psutil.Process(processes[0].pid)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
     finally:
         for process in processes:
             process.terminate()
