@@ -2,11 +2,12 @@
 
 Two measurements, each beside the same work without the server:
 
-- **waiting** (``python -m bench.clients waiting [N] [--no-writer]``): N waiting
-  ``responses.create`` at once from one asyncio client, to ``outbox serve`` on its
-  default ``--db-connections`` and one relay (each a process, as ``--with-relay`` runs
-  them); each starts a run whose model (``bench.latency_server``) takes ``MODEL_S`` a
-  turn and asks for one call of a registry tool that takes ``TOOL_S``, then answers:
+- **waiting** (``python -m bench.clients waiting [N] [--no-writer] [--workers W]``): N
+  waiting ``responses.create`` at once from one asyncio client, to ``outbox serve`` on
+  its default ``--db-connections`` (``--workers W``, 1 by default) and one relay (each a
+  process, as ``--with-relay`` runs them); each starts a run whose model
+  (``bench.latency_server``) takes ``MODEL_S`` a turn and asks for one call of a
+  registry tool that takes ``TOOL_S``, then answers:
   ideal ``2 MODEL_S + TOOL_S``. The wall runs from the first request sent to the last
   answer; beside it, the time from each run's completing commit (its ``NOTIFY
   outbox_runs``, as a listener of the bench sees it) to its answer (as the client sees
@@ -22,6 +23,8 @@ Two measurements, each beside the same work without the server:
   and the most database connections the server held. Ideal: ``2 MODEL_S + TOOL_S``.
 
 Both run on the embedded server (or ``OUTBOX_DATABASE_URL``), in a scratch database each.
+With ``BENCH_PROFILE_SERVE=FILE``, py-spy (``pip install py-spy``) samples every thread
+of the server while the requests run, into FILE (its raw format: one stack a line).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -65,7 +69,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serving(url: str, model_base_url: str, log: Path) -> Iterator[tuple[str, psutil.Process]]:
+def serving(
+    url: str, model_base_url: str, log: Path, workers: int = 1
+) -> Iterator[tuple[str, psutil.Process]]:
     """``outbox serve`` on ``url`` and one ``outbox relay``, each a process of its own (what
     ``outbox serve --with-relay`` starts, but the server's connections named apart from
     its relay's); yields the server's base URL once it answers, and its process."""
@@ -74,6 +80,7 @@ def serving(url: str, model_base_url: str, log: Path) -> Iterator[tuple[str, psu
     named = url + ("&" if "?" in url else "?") + f"application_name={SERVER_NAME}"
     serve = [sys.executable, "-m", "outbox.commands", "serve", "--port", str(port)]
     serve += ["--model-base-url", model_base_url, "--log-level", "warning"]
+    serve += ["--workers", str(workers)]
     relay = [sys.executable, "-m", "outbox.commands", "relay", "--log-level", "WARNING"]
     with open(log, "ab") as out:
         processes = [
@@ -95,7 +102,17 @@ def serving(url: str, model_base_url: str, log: Path) -> Iterator[tuple[str, psu
                         f"outbox serve or its relay did not start; see {log}"
                     ) from None
                 time.sleep(0.1)  # polling a condition with a deadline
+        spy = None
+        if os.environ.get("BENCH_PROFILE_SERVE"):  # py-spy samples of the server's threads
+            samples, pid = os.environ["BENCH_PROFILE_SERVE"], str(processes[0].pid)
+            spy_bin = str(Path(sys.executable).parent / "py-spy")
+            spy = subprocess.Popen(
+                [spy_bin, "record", "--threads", "-f", "raw", "-o", samples, "--pid", pid]
+            )
         yield base, psutil.Process(processes[0].pid)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
     finally:
         for process in processes:
             process.terminate()
@@ -170,7 +187,9 @@ class Commits(threading.Thread):
 # -- waiting responses.create beside the writer API -----------------------------------------
 
 
-def waiting(server: str, n: int, log: Path, with_writer: bool = True) -> dict[str, Any]:
+def waiting(
+    server: str, n: int, log: Path, with_writer: bool = True, workers: int = 1
+) -> dict[str, Any]:
     """N waiting responses.create through ``outbox serve`` and a relay, then (unless not
     ``with_writer``) the same runs through the writer API and one relay (see the module's
     docstring)."""
@@ -183,7 +202,7 @@ def waiting(server: str, n: int, log: Path, with_writer: bool = True) -> dict[st
             with psycopg.connect(url) as conn:
                 _, key = keys.create_key(conn, seed.TENANT, name="bench")
                 conn.commit()
-            with serving(url, latency.url + "/v1", log) as (base, process):
+            with serving(url, latency.url + "/v1", log, workers) as (base, process):
                 watch, commits = Connections(url, n), Commits(url)
                 watch.start()
                 commits.start()
@@ -368,8 +387,9 @@ def main(argv: list[str]) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     server = db.database_url(start=True)
     stderr(f"load before: {os.getloadavg()}")
+    workers = int(argv[argv.index("--workers") + 1]) if "--workers" in argv else 1
     if what == "waiting":
-        out = waiting(server, n, log, with_writer="--no-writer" not in argv)
+        out = waiting(server, n, log, with_writer="--no-writer" not in argv, workers=workers)
     else:
         out = agents(server, n, log)
     out["load_after"] = os.getloadavg()

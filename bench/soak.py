@@ -38,6 +38,7 @@ from typing import Any
 import psycopg
 
 from outbox import approvals, db, lifecycle, registry, retention, writer
+from outbox.constants import ENDED
 from outbox.errors import OutboxError
 from outbox.relay.config import RelayConfig
 from outbox.relay.worker import Worker
@@ -46,7 +47,6 @@ from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 
 TENANTS = ("acme", "globex")  # acme archives, globex deletes
-ENDED = ("completed", "failed", "cancelled", "expired")
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
     "tools": [
         {

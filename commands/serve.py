@@ -50,7 +50,8 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     default=1,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Server processes (uvicorn's workers): each holds its own --db-connections.",
+    help="Server processes (uvicorn's workers): each holds its own --db-connections and "
+    "one LISTEN connection. Up to the cores the server has to itself (docs/serve.md).",
 )
 @click.option(
     "--no-listen",

@@ -33,7 +33,9 @@ from outbox.schemas import ModelTurnIn, ToolCallIn
 
 Message = dict[str, Any]
 Row = Mapping[str, Any]
-REASONING = "reasoning"  # a message's key for the reasoning items a client gave before it
+# A message's key for the reasoning items that came before it: a client's history gave
+# them, or the model answered them with the message and its calls.
+REASONING = "reasoning"
 
 
 # -- history ----------------------------------------------------------------------------
@@ -41,7 +43,9 @@ REASONING = "reasoning"  # a message's key for the reasoning items a client gave
 
 def to_responses_input(messages: list[Message]) -> list[Message]:
     """Chat-format messages as Responses API input items; the reasoning items a message
-    carries (a client's, verbatim) go right before it, as the client gave them."""
+    carries (a client's, or the model's own answer's, verbatim) go right before its text
+    and calls, where the model put them: a model refuses a ``function_call`` given
+    without the reasoning item that came before it."""
     items: list[Message] = []
     for message in messages:
         items += message.get(REASONING) or []
@@ -144,8 +148,11 @@ class Responses(Adapter):
     def turn(self, response: dict[str, Any], run: Row, step_no: int) -> ModelTurnIn:
         texts: list[str] = []
         calls: list[ToolCallIn] = []
+        reasoning: list[Message] = []
         for item in response["output"]:
-            if item["type"] == "message":
+            if item["type"] == "reasoning":
+                reasoning.append(item)
+            elif item["type"] == "message":
                 texts += [c["text"] for c in item["content"] if c["type"] == "output_text"]
             elif item["type"] == "function_call":
                 calls.append(
@@ -160,6 +167,7 @@ class Responses(Adapter):
             step_no=step_no,
             content="".join(texts) or None,
             tool_calls=calls,
+            reasoning=reasoning or None,
             response_id=response["id"],
             input_tokens=usage.get("input_tokens") or 0,
             output_tokens=usage.get("output_tokens") or 0,

@@ -61,17 +61,6 @@ def record_response(
         },
     )
     assert row is not None
-    journal(
-        conn,
-        "response.created",
-        tenant_id,
-        thread_id=thread_id,
-        run_id=run_id,
-        detail={
-            "response_id": str(row["id"]),
-            "previous_response_id": previous_response_id and str(previous_response_id),
-        },
-    )
     return row
 
 

@@ -325,6 +325,9 @@ class ModelTurnIn(_In):
     tool_calls: list[ToolCallIn] = Field(
         default_factory=list, max_length=config.MAX_TOOL_CALLS_PER_TURN
     )
+    # The reasoning items a Responses API model answered before its message and calls,
+    # verbatim: given back to it before them on the next turn (None: there were none).
+    reasoning: list[dict[str, Any]] | None = None
     response_id: str | None = None
     input_tokens: int = Field(default=0, ge=0)
     output_tokens: int = Field(default=0, ge=0)
@@ -335,6 +338,14 @@ class ModelTurnIn(_In):
     def _cap(cls, value: str | None) -> str | None:
         storable.check_text("assistant message", value)
         check_size("assistant message", value)
+        return value
+
+    @field_validator("reasoning")
+    @classmethod
+    def _cap_reasoning(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if not value:
+            return None
+        check_size("the reasoning before an assistant message", storable.dumps(value, "reasoning"))
         return value
 
     @field_validator("tool_calls")

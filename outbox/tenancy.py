@@ -17,6 +17,8 @@ whatever the session sets.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -29,11 +31,29 @@ from outbox.store import fetch_all, fetch_one, journal
 
 Q = queries("tenancy.sql")
 SETTING = "outbox.tenant_id"
+BOUND = "outbox_bound_tenant"  # the connection's attribute while ``bound`` holds
 
 
 def scope(conn: psycopg.Connection[Any], tenant_id: str) -> None:
-    """Bind the current transaction to ``tenant_id`` (until it commits or rolls back)."""
+    """Bind the current transaction to ``tenant_id`` (until it commits or rolls back);
+    nothing to do inside ``bound`` for the same tenant."""
+    if getattr(conn, BOUND, None) == tenant_id:
+        return
     conn.execute(Q.scope, {"tenant_id": tenant_id})
+
+
+@contextmanager
+def bound(conn: psycopg.Connection[Any], tenant_id: str) -> Iterator[None]:
+    """For the block, the connection's transaction is known to be bound to ``tenant_id``:
+    the caller scoped it (``Q.scope``'s setting) outside any savepoint and ends the
+    transaction only after the block, so ``scope`` for that tenant skips its statement.
+    ``outbox serve`` opens every request's transaction so: the writer functions it calls
+    would otherwise set the same setting again, one round trip each."""
+    setattr(conn, BOUND, tenant_id)
+    try:
+        yield
+    finally:
+        setattr(conn, BOUND, None)
 
 
 def grant_role(

@@ -16,7 +16,9 @@ project headers, OpenAI's error body) through ``relay.poster``, without the SDK'
 which cost as much CPU per request as the HTTP itself (``relay.poster`` has the figures). The two
 provider adapters, chosen per run (``api``), live in ``outbox.providers``: the Responses
 API (``function_call`` and ``function_call_output`` items) and chat completions
-(``tool_calls``), with the history and tool-list conversions. 429, 5xx, timeouts
+(``tool_calls``), with the history and tool-list conversions; the reasoning items of a
+Responses answer are recorded with its turn and given back to the model, verbatim, before
+that turn's text and calls (a reasoning model refuses a call without them). 429, 5xx, timeouts
 and connection errors retry with backoff, or after what a ``Retry-After`` header asks;
 other 4xx answers fail the run with reason ``model_error`` (sending the same request
 again would not help).

@@ -409,24 +409,21 @@ def get(store: Store, tenant: str, ident: uuid.UUID) -> Row:
 def get_with_run(store: Store, tenant: str, ident: uuid.UUID) -> tuple[Row, uuid.UUID]:
     """The response as OpenAI shows it, and the id of its run (what a waiter watches)."""
     with store.tenant(tenant) as conn:
-        row = responses.get_response(conn, tenant, ident)
-        return _shape(conn, row), row["run_id"]
+        row = _shown(conn, ident)
+        return _shape(row), row["run_id"]
 
 
-def _shape(conn: psycopg.Connection[Any], row: Row) -> Row:
-    run = fetch_one(conn, Q.run, {"run_id": row["run_id"], "thread_id": None})
-    assert run is not None
-    until = responses.output_until(conn, row)
-    texts = fetch_all(
-        conn,
-        Q.response_messages,
-        {
-            "thread_id": row["thread_id"],
-            "run_id": row["run_id"],
-            "from_seq": row["output_from_seq"],
-            "until_seq": until,
-        },
-    )
+def _shown(conn: psycopg.Connection[Any], ident: uuid.UUID) -> Row:
+    """The response's row with what it shows (``response_shown``): one statement, in the
+    transaction ``Store.tenant`` scoped. ``NotFound`` as ``responses.get_response``."""
+    row = fetch_one(conn, Q.response_shown, {"id": ident})
+    if row is None:
+        raise NotFound(f"Response with id 'resp_{ident.hex}' not found.")
+    return row
+
+
+def _shape(row: Row) -> Row:
+    run, until = row["run"], row["until_seq"]
     output: list[Row] = [
         {
             "type": "message",
@@ -435,21 +432,8 @@ def _shape(conn: psycopg.Connection[Any], row: Row) -> Row:
             "role": "assistant",
             "content": [{"type": "output_text", "text": m["content"], "annotations": []}],
         }
-        for m in texts
+        for m in row["texts"]
     ]
-    ended_before = None
-    if until is not None:
-        nxt = fetch_one(
-            conn,
-            Q.next_response_created,
-            {"run_id": row["run_id"], "from_seq": row["output_from_seq"]},
-        )
-        ended_before = None if nxt is None else nxt["created_at"]
-    calls = fetch_all(
-        conn,
-        Q.client_calls_between,
-        {"run_id": row["run_id"], "since": row["created_at"], "before": ended_before},
-    )
     output += [
         {
             "type": "function_call",
@@ -459,7 +443,7 @@ def _shape(conn: psycopg.Connection[Any], row: Row) -> Row:
             "arguments": c["arguments_raw"],
             "status": "completed",
         }
-        for c in calls
+        for c in row["calls"]
     ]
     status, error, incomplete = _status(run, row, superseded=until is not None)
     options = row["model_options"]
@@ -560,7 +544,7 @@ def cancel(store: Store, tenant: str, ident: uuid.UUID, settings: Settings) -> R
         assert run is not None
         if run["status"] in ("queued", "in_progress"):
             lifecycle.cancel_run(conn, row["run_id"], tenant, actor=settings.actor)
-        return _shape(conn, row)
+        return _shape(_shown(conn, ident))
 
 
 # -- conversations --------------------------------------------------------------------------

@@ -53,8 +53,10 @@ class Store:
 
     @contextmanager
     def tenant(self, tenant_id: str) -> Iterator[psycopg.Connection[Any]]:
-        """A transaction as ``outbox_api`` scoped to ``tenant_id`` (committed on success)."""
+        """A transaction as ``outbox_api`` scoped to ``tenant_id`` (committed on success):
+        role and scope set by one statement, and not set again by the library functions
+        the block calls (``tenancy.bound``)."""
         with self.pool.connection() as conn:
-            conn.execute(Q.act_as_api)
-            tenancy.scope(conn, tenant_id)
-            yield conn
+            conn.execute(Q.act_for_tenant, {"tenant_id": tenant_id})
+            with tenancy.bound(conn, tenant_id):
+                yield conn

@@ -1084,6 +1084,8 @@ GRANT EXECUTE ON FUNCTION {s}.decide_approval_v1(text, bigint, text, text, text,
 --
 --   SELECT * FROM outbox.record_model_turns_v1(
 --       '[{"tenant_id": "tenant-a", "run_id": "9f1c…", "step_no": 1, "content": null,
+--          "reasoning": [{"type": "reasoning", "id": "rs_1", "encrypted_content": "…",
+--                         "summary": []}],
 --          "response_id": "resp_1", "input_tokens": 120, "output_tokens": 30,
 --          "cached_tokens": 0},
 --         {"tenant_id": "tenant-a", "run_id": "77aa…", "step_no": 3, "content": "Done.",
@@ -1097,13 +1099,16 @@ GRANT EXECUTE ON FUNCTION {s}.decide_approval_v1(text, bigint, text, text, text,
 --         []]');
 --
 -- p_calls[n] are the calls of turn p_turns[n] as outbox.registry.plan_call planned them, in
--- the model's order: a call with an "error" is stored with that error as its result (the
--- model sees it next turn), a "client" call makes the run wait in requires_action, any
--- other gets its outbox row (held until decided when it carries an "approval": {rule,
--- approvers, timeout_s}). In the caller's transaction, all or nothing: for each turn the
--- assistant message, the turn with its cost by the model's price, the tenant's tokens, the
--- batch, each call's intent, journal event and outbox row, the refused calls' results
--- (record_tool_results_v1), and the run's new status (completed without calls).
+-- the model's order. A turn's "reasoning" (optional) is the reasoning items of a Responses
+-- API answer, verbatim, kept on its assistant message (messages.reasoning) and given back
+-- to the model before that message's text and calls. A call with an "error" is stored
+-- with that error as its result (the model sees it next turn), a "client" call makes the
+-- run wait in requires_action, any other gets its outbox row (held until decided when it
+-- carries an "approval": {rule, approvers, timeout_s}). In the caller's transaction, all
+-- or nothing: for each turn the assistant message, the turn with its cost by the model's
+-- price, the tenant's tokens, the batch, each call's intent, journal event and outbox
+-- row, the refused calls' results (record_tool_results_v1), and the run's new status
+-- (completed without calls).
 --
 -- Returns one row per turn, in p_turns' order: the turn, its message and batch, the calls'
 -- ids in order, the run's status, created (false for a turn already recorded at this
@@ -1210,9 +1215,9 @@ BEGIN
         FROM new WHERE th.id = new.thread_id
         RETURNING th.id AS thread_id, th.next_seq - 1 AS seq
     ), message AS (
-        INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id)
+        INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id, reasoning)
         SELECT new.tenant_id, new.thread_id, numbered.seq, 'assistant', new.turn->>'content',
-               new.run_id
+               new.run_id, nullif(new.turn->'reasoning', 'null'::jsonb)
         FROM new JOIN numbered USING (thread_id)
         ORDER BY new.n
         RETURNING id, run_id

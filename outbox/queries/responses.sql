@@ -1,12 +1,22 @@
 -- name: insert_response
--- A new response: a stretch of a run, with its request's input items.
-INSERT INTO {s}.responses (tenant_id, run_id, thread_id, previous_response_id,
-                           in_conversation, output_from_seq, input, model, instructions,
-                           tools, metadata, background, model_options)
-VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(previous_response_id)s,
-        %(in_conversation)s, %(output_from_seq)s, %(input)s, %(model)s, %(instructions)s,
-        %(tools)s, %(metadata)s, %(background)s, %(model_options)s)
-RETURNING *
+-- A new response: a stretch of a run, with its request's input items; journaled as
+-- response.created by the same statement.
+WITH response AS (
+    INSERT INTO {s}.responses (tenant_id, run_id, thread_id, previous_response_id,
+                               in_conversation, output_from_seq, input, model, instructions,
+                               tools, metadata, background, model_options)
+    VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(previous_response_id)s,
+            %(in_conversation)s, %(output_from_seq)s, %(input)s, %(model)s, %(instructions)s,
+            %(tools)s, %(metadata)s, %(background)s, %(model_options)s)
+    RETURNING *
+), told AS (
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, detail)
+    SELECT tenant_id, 'response.created', thread_id, run_id,
+           jsonb_build_object('response_id', id::text,
+                              'previous_response_id', previous_response_id::text)
+    FROM response
+)
+SELECT * FROM response
 
 -- name: get_response
 -- One response that is not deleted (row-level security hides other tenants').

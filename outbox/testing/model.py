@@ -15,6 +15,11 @@ Design choices:
 - **Strict like OpenAI.** Histories are validated the way OpenAI does (orphan tool outputs,
   unanswered tool calls, duplicate outputs) and rejected with 400 and OpenAI's error JSON, so
   a malformed replay fails in tests exactly as it would in production.
+- **Reasoning like a reasoning model.** A turn with ``"reasoning": true`` answers, over the
+  Responses API, a ``reasoning`` item (``encrypted_content`` and a summary) before its
+  message and calls; from then on a request that gives one of those calls back without
+  that reasoning item, verbatim, before it in the same turn is refused with 400 and
+  OpenAI's message, as a strict model would. Chat completions has no reasoning items.
 - **Faults and audit behind one lock**, programmable in-process or over HTTP (``/_script``,
   ``/_faults``, ``/_audit``) for out-of-process tests.
 """
@@ -60,6 +65,10 @@ CALLS_WITHOUT_TOOL = (
 OUTPUT_WITHOUT_CALL = "No tool call found for function call output with call_id {call_id}."
 CALL_WITHOUT_OUTPUT = "No tool output found for function call {call_id}."
 DUPLICATE_OUTPUT = "Duplicate function call output for call_id {call_id}."
+CALL_WITHOUT_REASONING = (
+    "Item '{call_id}' of type 'function_call' was provided without its required "
+    "'reasoning' item: '{reasoning_id}'."
+)
 
 Endpoint = Literal["responses", "chat.completions"]
 HistoryKind = Literal["system", "user", "assistant", "tool_call", "tool_output"]
@@ -81,6 +90,7 @@ class TurnSpec(BaseModel):
 
     text: str | None = None
     tool_calls: list[ToolCallSpec] = Field(default_factory=list)
+    reasoning: bool = False  # a reasoning item before the output (Responses API only)
 
     @model_validator(mode="after")
     def _not_empty(self) -> TurnSpec:
@@ -320,8 +330,44 @@ def _arguments_json(call: ToolCallSpec) -> str:
     return call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
 
 
+def _check_reasoning(body: Mapping[str, Any], issued: Mapping[str, dict[str, Any]]) -> None:
+    """Refuse a function call of ours given back without the reasoning item we answered
+    before it (``issued``: by call id), verbatim, earlier in the same turn (since the last
+    user message or function output)."""
+    seen: dict[str, Any] = {}
+    for entry in body.get("input") or []:
+        if not isinstance(entry, dict):
+            continue
+        kind = entry.get("type", "message")
+        if kind == "reasoning":
+            seen[str(entry.get("id"))] = entry
+        elif kind == "function_call_output" or (
+            kind == "message" and entry.get("role") != "assistant"
+        ):
+            seen = {}
+        elif kind == "function_call" and entry.get("call_id") in issued:
+            needed = issued[entry["call_id"]]
+            if seen.get(needed["id"]) != needed:
+                message = CALL_WITHOUT_REASONING.format(
+                    call_id=entry["call_id"], reasoning_id=needed["id"]
+                )
+                raise openai_error(400, message, param="input")
+
+
+def _reasoning_item(turn: TurnSpec) -> dict[str, Any]:
+    """A reasoning item as a reasoning model answers it: opaque content, a summary."""
+    return {
+        "type": "reasoning",
+        "id": _new_id("rs_"),
+        "encrypted_content": "gAAAA" + secrets.token_urlsafe(48),
+        "summary": [{"type": "summary_text", "text": f"Thinking about {turn.tool_calls!r}."}],
+    }
+
+
 def _responses_answer(body: Mapping[str, Any], turn: TurnSpec) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
+    if turn.reasoning:
+        output.append(_reasoning_item(turn))
     if turn.text is not None:
         output.append(
             {
@@ -462,6 +508,8 @@ class ScriptedModel(FakeServer):
         self._scripts: dict[str, list[TurnSpec | TurnFn]] = {}
         self._faults = ModelFaults.model_validate(faults or {})
         self._requests: list[ModelRequest] = []
+        # The reasoning item answered before each call, by call id: required back with it.
+        self._reasoning: dict[str, dict[str, Any]] = {}
         self.add_script(DEFAULT_SCRIPT, default or [{"text": FALLBACK_TEXT}])
         for name, turns in (scripts or {}).items():
             self.add_script(name, turns)
@@ -571,6 +619,9 @@ class ScriptedModel(FakeServer):
                     )
                 if endpoint == "responses":
                     _validate_responses(history)
+                    with self.lock:
+                        issued = dict(self._reasoning)
+                    _check_reasoning(body, issued)
                     turn_index = _responses_turns_done(history)
                 else:
                     _validate_chat(messages)
@@ -580,6 +631,8 @@ class ScriptedModel(FakeServer):
                 answer = (_responses_answer if endpoint == "responses" else _chat_answer)(
                     body, turn
                 )
+                if endpoint == "responses":
+                    self._keep_reasoning(answer["output"])
                 reply = json_reply(200, answer)
         except HttpError as exc:
             reply = Reply(exc.status, exc.body, exc.headers)
@@ -599,6 +652,15 @@ class ScriptedModel(FakeServer):
         with self.lock:
             self._requests.append(record)
         return reply
+
+    def _keep_reasoning(self, output: list[dict[str, Any]]) -> None:
+        reasoning = None
+        with self.lock:
+            for item in output:
+                if item["type"] == "reasoning":
+                    reasoning = item
+                elif item["type"] == "function_call" and reasoning is not None:
+                    self._reasoning[item["call_id"]] = reasoning
 
     def _script_name(self, history: Sequence[HistoryItem]) -> str:
         first_user = next((item.text for item in history if item.kind == "user"), "")

@@ -6,6 +6,11 @@
 -- For the rest of this transaction, act as the role outbox_api (row-level security applies).
 SET LOCAL ROLE outbox_api
 
+-- name: act_for_tenant
+-- act_as_api and tenancy's scope in one statement: for the rest of this transaction, act
+-- as the role outbox_api for one tenant (set_config('role', ..., true) is SET LOCAL ROLE).
+SELECT set_config('role', 'outbox_api', true), set_config('outbox.tenant_id', %(tenant_id)s, true)
+
 -- name: thread
 -- One thread, unless deleted.
 SELECT id, title, metadata, created_at FROM {s}.threads
@@ -105,28 +110,52 @@ LEFT JOIN {s}.assistant_runs ar ON ar.run_id = m.run_id
 WHERE m.id = %(message_id)s AND m.thread_id = %(thread_id)s AND m.deleted_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM {s}.threads t WHERE t.id = m.thread_id AND t.deleted_at IS NOT NULL)
 
--- name: response_messages
--- A run's assistant messages with text from a position on, up to another (NULL: the end):
--- a response's output messages.
-SELECT m.id, m.seq, m.content, m.created_at
-FROM {s}.messages m
-WHERE m.thread_id = %(thread_id)s AND m.run_id = %(run_id)s AND m.role = 'assistant'
-  AND m.content IS NOT NULL AND m.content <> ''
-  AND m.seq >= %(from_seq)s AND (%(until_seq)s::int IS NULL OR m.seq < %(until_seq)s)
-ORDER BY m.seq
-
--- name: client_calls_between
--- A run's client function calls made from one time on, before another (NULL: no end).
-SELECT tc.id, tc.tool_call_id, tc.tool_name, tc.arguments_raw, tc.created_at
-FROM {s}.tool_calls tc
-WHERE tc.run_id = %(run_id)s AND tc.executor = 'client'
-  AND tc.created_at >= %(since)s AND (%(before)s::timestamptz IS NULL OR tc.created_at < %(before)s)
-ORDER BY tc.id
-
--- name: next_response_created
--- When the next response of a run began (NULL: none yet).
-SELECT min(created_at) AS created_at FROM {s}.responses
-WHERE run_id = %(run_id)s AND output_from_seq > %(from_seq)s
+-- name: response_shown
+-- One response that is not deleted (as outbox.responses.get_response reads it) with what
+-- it shows, in one statement (a waiting request reads it on every change of its run): its
+-- run as `run` reads it (JSON), where its output ends (the next response of the same run:
+-- its position and when it began; NULL for the run's last), the run's assistant messages
+-- with text in that stretch, and its client function calls made from the response's
+-- beginning to that end, in order.
+WITH resp AS (
+    SELECT * FROM {s}.responses r
+    WHERE r.id = %(id)s AND r.deleted_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM {s}.threads t
+                      WHERE t.id = r.thread_id AND t.deleted_at IS NOT NULL)
+), next AS (
+    SELECT min(n.output_from_seq) AS until_seq, min(n.created_at) AS ended_before
+    FROM resp JOIN {s}.responses n
+      ON n.run_id = resp.run_id AND n.output_from_seq > resp.output_from_seq
+)
+SELECT resp.*, next.until_seq,
+       (SELECT to_jsonb(run) FROM (
+            SELECT r.*, (r.action_deadline < now()) AS deadline_passed,
+                   coalesce(u.input_tokens, 0) AS input_tokens,
+                   coalesce(u.output_tokens, 0) AS output_tokens
+            FROM {s}.runs r
+            LEFT JOIN LATERAL (
+                SELECT sum(mt.input_tokens) AS input_tokens,
+                       sum(mt.output_tokens) AS output_tokens
+                FROM {s}.model_turns mt WHERE mt.run_id = r.id
+            ) u ON true
+            WHERE r.id = resp.run_id) run) AS run,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object('id', m.id, 'content', m.content)
+                                  ORDER BY m.seq), '[]'::jsonb)
+        FROM {s}.messages m
+        WHERE m.thread_id = resp.thread_id AND m.run_id = resp.run_id AND m.role = 'assistant'
+          AND m.content IS NOT NULL AND m.content <> '' AND m.seq >= resp.output_from_seq
+          AND (next.until_seq IS NULL OR m.seq < next.until_seq)
+       ) AS texts,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object('id', tc.id, 'tool_call_id', tc.tool_call_id,
+                                                     'tool_name', tc.tool_name,
+                                                     'arguments_raw', tc.arguments_raw)
+                                  ORDER BY tc.id), '[]'::jsonb)
+        FROM {s}.tool_calls tc
+        WHERE tc.run_id = resp.run_id AND tc.executor = 'client'
+          AND tc.created_at >= resp.created_at
+          AND (next.ended_before IS NULL OR tc.created_at < next.ended_before)
+       ) AS calls
+FROM resp, next
 
 -- name: stored_messages
 -- The tenant's user and assistant messages of these ids (row-level security: no other

@@ -128,6 +128,51 @@ def test_parallel_calls_finishing_out_of_order_are_delivered_once_in_call_order(
     replays_cleanly(setup, model, run.thread_id)
 
 
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_the_models_reasoning_goes_back_to_it_in_place_before_its_calls(setup, model, api):
+    # A reasoning model answers a reasoning item before its calls and, strict, refuses
+    # the next turn if one of those calls comes back without it; chat completions has none.
+    model.add_script(
+        "think", [{"tool_calls": [TICKET], "reasoning": True}, {"text": "ticket made"}]
+    )
+    run = start(setup, model, "think", api=api)
+    with relay_thread(setup, kinds=ALL_KINDS):
+        wait_until(lambda: ended(setup, run.id), what="the run to end")
+    first, second = model.requests
+    assert second.status == 200, second.response
+    assert run_status(setup, run.id) == "completed"
+    if api == "chat":
+        assert all("reasoning" not in m for m in second.body["messages"])
+        assert scalar(setup, "SELECT count(reasoning) FROM outbox.messages") == 0
+        return
+    (reasoning,) = [i for i in first.response["output"] if i["type"] == "reasoning"]
+    (call,) = [i for i in first.response["output"] if i["type"] == "function_call"]
+    sent = second.body["input"]
+    at = next(i for i, item in enumerate(sent) if item.get("type") == "function_call")
+    assert sent[at]["call_id"] == call["call_id"]
+    assert sent[at - 1] == reasoning  # verbatim, right before the call it came with
+    assert [i.get("type") for i in sent].count("reasoning") == 1
+    replays_cleanly(setup, model, run.thread_id)
+
+
+def test_a_strict_model_refuses_its_call_given_back_without_its_reasoning(model):
+    model.add_script("think", [{"tool_calls": [TICKET], "reasoning": True}, {"text": "ok"}])
+    client = openai.OpenAI(base_url=model.url + "/v1", api_key="x", max_retries=0)
+    asked = [{"role": "user", "content": "script:think please"}]
+    first = client.responses.create(model="m", input=asked)  # type: ignore[arg-type]
+    output = [item.model_dump(exclude_none=True) for item in first.output]
+    reasoning, call = output
+    answer = {"type": "function_call_output", "call_id": call["call_id"], "output": "made"}
+    with pytest.raises(openai.BadRequestError, match="without its required 'reasoning' item"):
+        client.responses.create(model="m", input=[*asked, call, answer])  # type: ignore[arg-type]
+    changed = {**reasoning, "encrypted_content": "gAAAA-not-what-it-said"}
+    with pytest.raises(openai.BadRequestError, match=reasoning["id"]):
+        client.responses.create(model="m", input=[*asked, changed, call, answer])  # type: ignore[arg-type]
+    again = client.responses.create(model="m", input=[*asked, reasoning, call, answer])  # type: ignore[arg-type]
+    assert again.output_text == "ok"
+    client.close()
+
+
 def test_model_429_and_dropped_connection_are_retried(setup, model):
     model.add_script("plain", [{"text": "fine"}])
     model.fail_next(1, status=429, retry_after_s=0)

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx2
 import openai
+import psycopg
 import pytest
 
 from outbox.testing.model import ScriptedModel
@@ -43,7 +44,7 @@ def test_a_plain_answer_and_a_registered_tool_run_by_the_relay(sdk, relay, servi
     assert [i.content[0].text for i in items.data] == ["script:email tell the customer"]
 
 
-def test_client_function_calls_answered_once_by_previous_response_id(sdk, relay):
+def test_client_function_calls_answered_once_by_previous_response_id(sdk, relay, db_url):
     asked = sdk.responses.create(
         model="scripted-1", input="script:approve refund 42", tools=[APPROVE_TOOL]
     )
@@ -72,6 +73,17 @@ def test_client_function_calls_answered_once_by_previous_response_id(sdk, relay)
     assert [i.type for i in first.output] == ["function_call"]
     later = sdk.responses.create(model="scripted-1", previous_response_id=done.id, input="thanks")
     assert later.output_text == "refund approved"  # the script's last text, on the same thread
+    # Each stored response journaled once with the one it continued; refusals: nothing.
+    with psycopg.connect(db_url) as conn:
+        told = conn.execute(
+            "SELECT detail FROM outbox.journal WHERE event = 'response.created' ORDER BY id"
+        ).fetchall()
+    shown = [
+        (f"resp_{d['response_id'].replace('-', '')}", d["previous_response_id"]) for (d,) in told
+    ]
+    ids = [asked.id, done.id, later.id]
+    assert [s[0] for s in shown] == ids
+    assert [s[1] and f"resp_{s[1].replace('-', '')}" for s in shown] == [None, *ids[:2]]
 
 
 def test_a_conversation_carries_messages_and_function_call_outputs(sdk, relay):

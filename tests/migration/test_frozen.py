@@ -81,6 +81,8 @@ PINNED = {
     "0033_run_trace_context.sql": "53ac0de5ef2061f0",
     "0034_retention.py": "4c6c6235f9b4fa98",
     "0034_retention.sql": "a41afceac2db008b",
+    "0035_model_reasoning.py": "6d00e48370e5e108",
+    "0035_model_reasoning.sql": "6f6756073a1a0d00",
 }
 
 

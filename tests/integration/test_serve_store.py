@@ -1,0 +1,51 @@
+"""A request's transaction in ``outbox serve`` (``Store.tenant``) acts as ``outbox_api`` for
+the key's tenant, set by one statement, and the writer functions it calls do not set the
+tenant again (``tenancy.bound``). What that must never do: skip a scope to another
+tenant, or outlive the request's transaction on the pooled connection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox import tenancy, writer
+from outbox.server.store import Store
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    made = Store(db_url, max_connections=1)  # one connection: the next request reuses it
+    made.open()
+    yield made
+    made.close()
+
+
+def acting(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
+    row = conn.execute("SELECT current_user, current_setting('outbox.tenant_id', true)").fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_a_request_acts_as_outbox_api_for_its_tenant_and_another_scope_still_applies(store):
+    with store.tenant("acme") as conn:
+        assert acting(conn) == ("outbox_api", "acme")
+        tenancy.scope(conn, "acme")  # the same tenant: nothing to send
+        tenancy.scope(conn, "globex")  # another: applied, never skipped
+        assert acting(conn) == ("outbox_api", "globex")
+
+
+def test_the_bound_tenant_ends_with_the_request(store):
+    with store.tenant("acme") as conn:
+        thread = writer.create_thread(conn, "acme").id
+    with store.pool.connection() as conn:  # the same connection, a new transaction
+        assert getattr(conn, tenancy.BOUND, None) is None
+        assert acting(conn)[1] in (None, "")
+        tenancy.scope(conn, "acme")  # sent again: the setting ended with the request
+        assert acting(conn)[1] == "acme"
+    for tenant, seen in (("globex", 0), ("acme", 1)):
+        with store.tenant(tenant) as conn:
+            row = conn.execute("SELECT count(*) FROM outbox.threads WHERE id = %s", [thread])
+            assert row.fetchone() == (seen,)
