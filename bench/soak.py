@@ -138,7 +138,10 @@ class Traffic:
         self.runs: dict[uuid.UUID, tuple[str, uuid.UUID]] = {}  # run: (tenant, thread)
         self.refused = 0
         self.lock = threading.Lock()
-        self.stop = threading.Event()
+        self.stop = threading.Event()  # no more runs started
+        # No more answers: set only once every run has ended, since the runs started last
+        # may still wait for a client tool's output or a reviewer.
+        self.done = threading.Event()
         self.rng = random.Random(11)
 
     def start_loop(self) -> None:
@@ -186,7 +189,7 @@ class Traffic:
     def client_loop(self) -> None:
         """Answers client tools, as a backend would, and approves refunds, as a reviewer."""
         with psycopg.connect(self.url) as conn:
-            while not self.stop.wait(0.1):  # a backend's poll
+            while not self.done.wait(0.1):  # a backend's poll
                 for pending in approvals.list_approvals(conn, "pending"):
                     with contextlib.suppress(OutboxError):
                         approvals.decide(conn, pending["id"], "approve", actor="soak-reviewer")
@@ -393,9 +396,11 @@ def run_soak(url: str, cfg: SoakConfig, log: Any = None) -> SoakReport:
             reader.stop.set()
             threads[1].join()
             threads[3].join()
-        _drain(url, traffic, report, deleted)
-        traffic.stop.set()
-        threads[2].join()
+        try:
+            _drain(url, traffic, report, deleted)
+        finally:
+            traffic.done.set()
+            threads[2].join()
         worker.stop()
         threads[0].join(timeout=60)
     return report
