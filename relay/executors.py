@@ -49,6 +49,8 @@ from outbox import credentials, registry, storable
 from outbox.relay import failpoints, inprocess, spans
 from outbox.relay.mcpclient import McpCaller
 from outbox.relay.outcomes import (
+    GATEWAY_ANSWERS,
+    NOT_PROCESSED,
     NOT_REPEATED,
     Claimed,
     Outcome,
@@ -62,10 +64,6 @@ from outbox.relay.outcomes import (
 )
 from outbox.relay.poster import Poster
 
-NOT_PROCESSED = {408, 429, 503}  # HTTP statuses that say the request was not processed
-# Answers of a gateway in front of the tool, not of the tool: the request may still be
-# running behind it, so the next attempt waits for it to settle like after a timeout.
-GATEWAY_ANSWERS = {502, 504}
 RESPONSE_PREVIEW_CHARS = 500
 
 # -- secrets and tracing ----------------------------------------------------------------

@@ -63,6 +63,8 @@ from outbox import config as outbox_config
 from outbox import credentials, mcpservers, storable
 from outbox.logs import log
 from outbox.relay.outcomes import (
+    GATEWAY_ANSWERS,
+    NOT_PROCESSED,
     Claimed,
     Outcome,
     ambiguous,
@@ -74,7 +76,6 @@ from outbox.relay.outcomes import (
 from outbox.relay.poster import Poster
 
 logger = logging.getLogger("relay.mcp")
-NOT_PROCESSED = {408, 429, 503}  # HTTP statuses that say the request was not processed
 # The answer to a request of a session the server no longer knows (it restarted, or ended
 # the session): the request was not processed, and the client starts a new session (MCP's
 # streamable HTTP transport says so).
@@ -252,7 +253,6 @@ def _first(err: BaseException) -> BaseException:
 PROTOCOL_VERSION = "2025-11-25"
 PROTOCOL_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
 ACCEPT = "application/json, text/event-stream"
-GATEWAY_ANSWERS = {502, 504}  # a 5xx from in front of the server, not from the tool
 INVALID_PARAMS, METHOD_NOT_FOUND = -32602, -32601  # JSON-RPC: the call itself was refused
 
 

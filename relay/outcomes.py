@@ -28,6 +28,11 @@ Action = Literal[
     "webhook",
 ]
 RETRY_AFTER_MAX_S = 600.0  # the longest wait a Retry-After header may ask for
+# HTTP statuses that say the request was not processed (a tool's or an MCP server's)
+NOT_PROCESSED = frozenset({408, 429, 503})
+# Answers of a gateway in front of the tool, not of the tool: the request may still be
+# running behind it, so the next attempt waits for it to settle like after a timeout.
+GATEWAY_ANSWERS = frozenset({502, 504})
 NOT_REPEATED = (
     "the tool honours no idempotency key and offers no lookup, so it is not called again: "
     "check the tool and run `outbox reconcile TOOL_CALL --happened --result JSON` or "
