@@ -160,7 +160,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(reply.status)
             for name, value in reply.headers.items():
                 self.send_header(name, value)
-            if reply.body is not None:
+            named = {name.lower() for name in reply.headers}
+            if reply.body is not None and "content-type" not in named:
                 self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from outbox.testing.server import FakeServer, Reply, Request
 from outbox.testing.tools import FakeToolService, fingerprint
 
 CLIENT_TIMEOUT_S = 5.0  # seconds, generous for loaded CI machines
@@ -251,3 +253,20 @@ def test_runs_as_a_process() -> None:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_a_fake_reply_naming_its_content_type_sends_one() -> None:
+    """A reply that names its own Content-Type (any case) must not get a second one."""
+
+    class Plain(FakeServer):
+        def handle(self, request: Request) -> Reply:
+            return Reply(200, b"hello", {"content-type": "text/plain"})
+
+    with Plain() as srv, socket.create_connection((srv.host, srv.port), timeout=5) as conn:
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw = b""
+        while chunk := conn.recv(4096):
+            raw += chunk
+    head = raw.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.count(b"content-type:") == 1
+    assert b"content-type: text/plain" in head
