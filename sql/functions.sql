@@ -967,8 +967,10 @@ REVOKE ALL ON FUNCTION {s}.start_run_v2(text, uuid, text, text, text[], text, te
     FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.cancel_run_v1(text, uuid, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {s}.enter_tenant_v1(text),
-                          {s}.create_thread_v1(text, text, jsonb, jsonb),
+-- The relay enters a tenant (record_model_turns_v1 calls enter_tenant_v1 as its invoker) but
+-- starts, creates and cancels nothing (migration 0041).
+GRANT EXECUTE ON FUNCTION {s}.enter_tenant_v1(text) TO outbox_writer, outbox_relay, outbox_api;
+GRANT EXECUTE ON FUNCTION {s}.create_thread_v1(text, text, jsonb, jsonb),
                           {s}.start_run_v1(text, uuid, text, text, text[], text, text, text,
                                            text, integer, bigint, integer, double precision,
                                            text, numeric),
@@ -977,7 +979,7 @@ GRANT EXECUTE ON FUNCTION {s}.enter_tenant_v1(text),
                                            text, numeric, text, text),
                           {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]),
                           {s}.cancel_run_v1(text, uuid, text)
-    TO outbox_writer, outbox_relay, outbox_api;  -- outbox_api: migration 0020
+    TO outbox_writer, outbox_api;  -- outbox_api: migration 0020
 
 
 -- decide_approval_v1: approve or deny a tool call that waits for approval.

@@ -318,3 +318,18 @@ def test_outbox_api_may_not_record_model_turns(db_url, login_url):
     assert not {"record_model_turn_v1", "record_model_turns_v1"} & set(
         granted(db_url, "outbox_api", login_url)
     )
+
+
+def test_outbox_relay_may_not_start_create_or_cancel(db_url, login_url):
+    """The relay claims, executes and records: leaked relay credentials start nothing (0041)."""
+    writers_entry_points = {
+        "create_thread_v1",
+        "start_run_v1",
+        "start_run_v2",
+        "same_run_request_v1",
+        "cancel_run_v1",
+    }
+    assert not writers_entry_points & set(granted(db_url, "outbox_relay", login_url))
+    with as_role(db_url, "outbox_relay", login_url) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT outbox.create_thread_v1(%s)", [A])

@@ -83,6 +83,8 @@ PINNED = {
     "0034_retention.sql": "a41afceac2db008b",
     "0035_model_reasoning.py": "6d00e48370e5e108",
     "0035_model_reasoning.sql": "6f6756073a1a0d00",
+    "0041_relay_least_privilege.py": "9d15048995760de1",
+    "0041_relay_least_privilege.sql": "24e78257d692edb8",
 }
 
 
