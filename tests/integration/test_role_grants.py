@@ -330,6 +330,8 @@ def test_outbox_relay_may_not_start_create_or_cancel(db_url, login_url):
         "cancel_run_v1",
     }
     assert not writers_entry_points & set(granted(db_url, "outbox_relay", login_url))
-    with as_role(db_url, "outbox_relay", login_url) as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("SELECT outbox.create_thread_v1(%s)", [A])
+    with (
+        as_role(db_url, "outbox_relay", login_url) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute("SELECT outbox.create_thread_v1(%s)", [A])
