@@ -186,7 +186,9 @@ class Message(Base):
             ["payloads.digest", "payloads.tenant_id"],
             name="messages_content_ref_fk",
         ),
-        Index("messages_content_ref", "content_ref", postgresql_where=text("content_ref IS NOT NULL")),
+        Index(
+            "messages_content_ref", "content_ref", postgresql_where=text("content_ref IS NOT NULL")
+        ),
     )
 
     id: Mapped[int] = _pk()
@@ -312,8 +314,11 @@ class ToolCall(Base):
             ["payloads.digest", "payloads.tenant_id"],
             name="tool_calls_arguments_ref_fk",
         ),
-        Index("tool_calls_arguments_ref", "arguments_ref",
-              postgresql_where=text("arguments_ref IS NOT NULL")),
+        Index(
+            "tool_calls_arguments_ref",
+            "arguments_ref",
+            postgresql_where=text("arguments_ref IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = _pk()
@@ -369,7 +374,9 @@ class ToolResult(Base):
             ["payloads.digest", "payloads.tenant_id"],
             name="tool_results_output_ref_fk",
         ),
-        Index("tool_results_output_ref", "output_ref", postgresql_where=text("output_ref IS NOT NULL")),
+        Index(
+            "tool_results_output_ref", "output_ref", postgresql_where=text("output_ref IS NOT NULL")
+        ),
     )
 
     tool_call_ref: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -407,7 +414,11 @@ class OrphanedResult(Base):
             ["payloads.digest", "payloads.tenant_id"],
             name="orphaned_results_output_ref_fk",
         ),
-        Index("orphaned_results_output_ref", "output_ref", postgresql_where=text("output_ref IS NOT NULL")),
+        Index(
+            "orphaned_results_output_ref",
+            "output_ref",
+            postgresql_where=text("output_ref IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = _pk()

@@ -140,8 +140,14 @@ def test_a_large_argument_and_result_round_trip_through_a_run(db_url, model):
         "digest": output_ref,
         "bytes": len(json.dumps({"echo": {"note": note}})),
     }
-    assert scalar(db_url, "SELECT count(*) FROM outbox.journal WHERE detail::text LIKE %s",
-                  [f"%{note[:60]}%"]) == 0
+    assert (
+        scalar(
+            db_url,
+            "SELECT count(*) FROM outbox.journal WHERE detail::text LIKE %s",
+            [f"%{note[:60]}%"],
+        )
+        == 0
+    )
     # ... and a DBA resolves them.
     resolved = dict(rows(db_url, "SELECT event, body FROM outbox.journal_payloads"))
     assert json.loads(resolved["tool_call.intended"]) == {"note": note}
@@ -169,8 +175,12 @@ def test_the_same_body_in_two_calls_is_stored_once(conn, db_url):
     order = big("order")
     writer.record_model_turn(
         conn,
-        turn(run, 1, ("c1", "lookup_order", {"order_id": order}),
-             ("c2", "lookup_order", {"order_id": order})),
+        turn(
+            run,
+            1,
+            ("c1", "lookup_order", {"order_id": order}),
+            ("c2", "lookup_order", {"order_id": order}),
+        ),
     )
     refs = [r[0] for r in conn.execute("SELECT id FROM outbox.tool_calls ORDER BY id")]
     result = {"order": order, "status": "shipped"}
@@ -187,9 +197,12 @@ def test_the_same_body_in_two_calls_is_stored_once(conn, db_url):
     # One body for both calls' arguments, one for both results and both tool messages.
     assert len(bodies) == 2
     assert (digest(raw), len(raw.encode())) in bodies
-    assert scalar(
-        db_url, "SELECT count(DISTINCT content_ref) FROM outbox.messages WHERE role = 'tool'"
-    ) == 1
+    assert (
+        scalar(
+            db_url, "SELECT count(DISTINCT content_ref) FROM outbox.messages WHERE role = 'tool'"
+        )
+        == 1
+    )
     messages, _ = history.replay(conn, run.thread_id, TENANT)
     tool_texts = [m["content"] for m in messages if m["role"] == "tool"]
     assert [json.loads(t) for t in tool_texts] == [result, result]
@@ -210,9 +223,9 @@ def test_small_payloads_stay_inline_and_cost_no_row(conn, db_url):
     assert rows(db_url, "SELECT arguments_ref, arguments_raw FROM outbox.tool_calls") == [
         (None, '{"order_id": "7"}')
     ]
-    assert rows(db_url, "SELECT output_ref, octet_length(output::text) FROM outbox.tool_results") == [
-        (None, INLINE_MAX)
-    ]
+    assert rows(
+        db_url, "SELECT output_ref, octet_length(output::text) FROM outbox.tool_results"
+    ) == [(None, INLINE_MAX)]
     assert scalar(db_url, "SELECT count(*) FROM outbox.journal WHERE detail ? 'payload'") == 0
 
 
@@ -232,7 +245,9 @@ def test_a_result_over_the_cap_is_still_refused_with_a_clear_error(conn):
     ref = one(conn, "SELECT id FROM outbox.tool_calls")
     with pytest.raises(PayloadTooLarge, match=f"over the cap of {config.MAX_PAYLOAD_BYTES} bytes"):
         ToolResultIn(
-            tenant_id=TENANT, tool_call_ref=ref, status="ok",
+            tenant_id=TENANT,
+            tool_call_ref=ref,
+            status="ok",
             output={"t": "z" * (config.MAX_PAYLOAD_BYTES + 1)},
         )
 
@@ -248,7 +263,8 @@ def test_a_tenant_reads_no_other_tenants_body(db_url):
             writer.record_model_turn(conn, turn(run, 1, ("c1", "lookup_order", {"order_id": same})))
         conn.commit()
     assert rows(db_url, "SELECT tenant_id FROM outbox.payloads ORDER BY 1") == [
-        ("acme",), ("globex",)
+        ("acme",),
+        ("globex",),
     ]
     with psycopg.connect(db_url) as conn:
         conn.execute("SET ROLE outbox_writer")
@@ -270,8 +286,9 @@ def conversation(conn: psycopg.Connection[Any], result: dict[str, Any]) -> write
     writer.record_tool_result(
         conn, ToolResultIn(tenant_id=TENANT, tool_call_ref=ref, status="ok", output=result)
     )
-    writer.deliver_batch(conn, one(conn, "SELECT id FROM outbox.tool_batches WHERE run_id = %s",
-                                   [run.id]))
+    writer.deliver_batch(
+        conn, one(conn, "SELECT id FROM outbox.tool_batches WHERE run_id = %s", [run.id])
+    )
     writer.record_model_turn(conn, turn(run, 2, text="done"))  # the run completes
     # No relay runs here: its queue rows (the call, the delivery) are done by hand.
     conn.execute("DELETE FROM outbox.outbox WHERE run_id = %s", [run.id])
@@ -284,10 +301,12 @@ def test_erasure_removes_a_threads_bodies_but_those_another_thread_references(co
     shared = {"report": big("shared-result")}
     first = conversation(conn, shared)
     second = conversation(conn, shared)
-    own_first = scalar(db_url, "SELECT arguments_ref FROM outbox.tool_calls WHERE run_id = %s",
-                       [first.id])
-    shared_ref = scalar(db_url, "SELECT output_ref FROM outbox.tool_results WHERE run_id = %s",
-                        [first.id])
+    own_first = scalar(
+        db_url, "SELECT arguments_ref FROM outbox.tool_calls WHERE run_id = %s", [first.id]
+    )
+    shared_ref = scalar(
+        db_url, "SELECT output_ref FROM outbox.tool_results WHERE run_id = %s", [first.id]
+    )
     assert len(payload_digests(db_url)) == 3  # two calls' arguments, one shared result
 
     detail = retention.erase_thread(conn, first.thread_id, actor="dpo@acme")
@@ -301,10 +320,15 @@ def test_erasure_removes_a_threads_bodies_but_those_another_thread_references(co
         "SELECT arguments_ref, arguments_raw FROM outbox.tool_calls WHERE run_id = %s",
         [first.id],
     ) == [(None, "")]
-    assert scalar(
-        db_url, "SELECT count(*) FROM outbox.messages WHERE thread_id = %s "
-        "AND (content_ref IS NOT NULL OR content IS NOT NULL)", [first.thread_id]
-    ) == 0
+    assert (
+        scalar(
+            db_url,
+            "SELECT count(*) FROM outbox.messages WHERE thread_id = %s "
+            "AND (content_ref IS NOT NULL OR content IS NOT NULL)",
+            [first.thread_id],
+        )
+        == 0
+    )
     # The other thread still reads its result whole.
     messages, _ = history.replay(conn, second.thread_id, TENANT)
     assert [json.loads(m["content"]) for m in messages if m["role"] == "tool"] == [shared]
@@ -321,8 +345,9 @@ def test_retention_leaves_no_orphan_body_and_keeps_the_ones_still_referenced(con
     shared = {"report": big("shared-result")}
     old = conversation(conn, shared)
     young = conversation(conn, shared)
-    old_args = scalar(db_url, "SELECT arguments_ref FROM outbox.tool_calls WHERE run_id = %s",
-                      [old.id])
+    old_args = scalar(
+        db_url, "SELECT arguments_ref FROM outbox.tool_calls WHERE run_id = %s", [old.id]
+    )
     body = scalar(db_url, "SELECT body FROM outbox.payloads WHERE digest = %s", [old_args])
     retention.set_policy(conn, "*", timedelta(hours=1), mode=mode, actor="ops@test")
     conn.commit()
@@ -347,8 +372,10 @@ def test_retention_leaves_no_orphan_body_and_keeps_the_ones_still_referenced(con
     assert done.threads == 1
     digests = payload_digests(db_url)
     assert old_args not in digests
-    assert scalar(db_url, "SELECT output_ref FROM outbox.tool_results WHERE run_id = %s",
-                  [young.id]) in digests
+    assert (
+        scalar(db_url, "SELECT output_ref FROM outbox.tool_results WHERE run_id = %s", [young.id])
+        in digests
+    )
     assert unreferenced(db_url) == []
     if mode == "archive":
         # The archived document keeps the bodies inline, no reference.
@@ -410,8 +437,9 @@ def sweep(conn: psycopg.Connection[Any], body: str) -> int:
 
 def waiting_on_a_lock(db_url: str, pid: int) -> bool:
     return bool(
-        scalar(db_url, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
-               [pid])
+        scalar(
+            db_url, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", [pid]
+        )
     )
 
 
@@ -422,8 +450,9 @@ def test_a_sweep_passes_over_a_body_another_transaction_is_referencing(db_url):
         assert sweep(sweeper, body) == 0  # passed over at once, not waited on
         inserter.commit()
         assert sweep(sweeper, body) == 0  # referenced now
-    assert rows(db_url, "SELECT output_ref FROM outbox.orphaned_results WHERE id = %s",
-                [kept]) == [(body,)]
+    assert rows(db_url, "SELECT output_ref FROM outbox.orphaned_results WHERE id = %s", [kept]) == [
+        (body,)
+    ]
     assert body in payload_digests(db_url)
 
 
@@ -439,7 +468,7 @@ def test_a_reference_taken_while_a_sweep_deletes_the_body_stores_it_again(db_url
             try:
                 made.append(orphan_row(inserter))
                 inserter.commit()
-            except BaseException as err:  # noqa: BLE001 - reported below
+            except BaseException as err:  # reported below
                 failed.append(err)
 
         worker = threading.Thread(target=insert)
@@ -449,8 +478,9 @@ def test_a_reference_taken_while_a_sweep_deletes_the_body_stores_it_again(db_url
         worker.join(timeout=30)
         assert not worker.is_alive() and failed == []
     [ref] = made
-    assert rows(db_url, "SELECT output_ref FROM outbox.orphaned_results WHERE id = %s",
-                [ref]) == [(body,)]
+    assert rows(db_url, "SELECT output_ref FROM outbox.orphaned_results WHERE id = %s", [ref]) == [
+        (body,)
+    ]
     assert body in payload_digests(db_url)
 
 
@@ -468,7 +498,7 @@ def test_sweeps_hammering_inserts_of_the_same_body_never_break_a_reference(db_ur
             with psycopg.connect(db_url, autocommit=True) as conn:
                 while not stop.is_set():
                     swept.append(sweep(conn, body))
-        except BaseException as err:  # noqa: BLE001 - reported below
+        except BaseException as err:  # reported below
             failed.append(err)
 
     worker = threading.Thread(target=sweeping)
