@@ -523,3 +523,44 @@ def test_sweeps_hammering_inserts_of_the_same_body_never_break_a_reference(db_ur
     with psycopg.connect(db_url, autocommit=True) as conn:
         sweep(conn, body)
     assert unreferenced(db_url) == [] and payload_digests(db_url) == set()
+
+
+# -- outbox serve --------------------------------------------------------------------------
+
+REVIEW_TOOL = {
+    "type": "function",
+    "name": "review",
+    "description": "A person reviews a long text",
+    "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+}
+
+
+def test_outbox_serve_shows_large_bodies_whole(sdk, relay, model, db_url):
+    """A client function call with large arguments and its large output, through the
+    Responses protocol: the caller sees the arguments whole (created and retrieved), the
+    model sees the output whole, and both were stored by reference."""
+    text = big("serve-arguments")
+    verdict = big("serve-output")
+    seen: list[str] = []
+
+    def after(items: list[HistoryItem]) -> dict[str, str]:
+        seen.extend(i.text for i in items if i.kind == "tool_output")
+        return {"text": "reviewed"}
+
+    model.add_script(
+        "review", [{"tool_calls": [{"name": "review", "arguments": {"text": text}}]}, after]
+    )
+    asked = sdk.responses.create(model="scripted-1", input="script:review", tools=[REVIEW_TOOL])
+    (call,) = [item for item in asked.output if item.type == "function_call"]
+    assert json.loads(call.arguments) == {"text": text}
+    assert scalar(db_url, "SELECT arguments_ref IS NOT NULL FROM outbox.tool_calls")
+    again = sdk.responses.retrieve(asked.id)
+    assert again.model_dump() == asked.model_dump()
+    done = sdk.responses.create(
+        model="scripted-1",
+        previous_response_id=asked.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": verdict}],
+    )
+    assert (done.status, done.output_text) == ("completed", "reviewed")
+    assert seen == [verdict]
+    assert scalar(db_url, "SELECT content_ref IS NOT NULL FROM outbox.messages WHERE role = 'tool'")
