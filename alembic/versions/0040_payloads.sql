@@ -911,8 +911,8 @@ BEGIN
                                         'error', call.call->'error',
                                         'policy', call.call->'decision')
                      || jsonb_strip_nulls(jsonb_build_object(
-                            'payload', CASE WHEN jsonb_typeof(call.call->'arguments')
-                                                 IS DISTINCT FROM 'null'
+                            'payload', CASE WHEN nullif(call.call->'arguments',
+                                                        'null'::jsonb) IS NOT NULL
                                             THEN {s}.payload_ref_v1(
                                                      call.call->>'arguments_raw') END))
                          AS detail

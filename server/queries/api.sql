@@ -106,7 +106,8 @@ FROM {s}.runs r WHERE r.id = %(run_id)s
 
 -- name: message
 -- One message of a thread, by id, unless it or its thread is deleted.
-SELECT m.id, m.seq, m.role, m.content, m.run_id, m.created_at, ar.assistant_id
+SELECT m.id, m.seq, m.role, {s}.resolved_text_v1(m.content, m.tenant_id, m.content_ref) AS content,
+       m.run_id, m.created_at, ar.assistant_id
 FROM {s}.messages m
 LEFT JOIN {s}.assistant_runs ar ON ar.run_id = m.run_id
 WHERE m.id = %(message_id)s AND m.thread_id = %(thread_id)s AND m.deleted_at IS NULL
