@@ -10,8 +10,9 @@ backend or the relay does. "inline" sets ``outbox.payload_inline_max`` past any 
 every body stays in its row as before 0040 (the new reference columns are NULL: they cost
 no byte); "by reference" leaves the default (8192). Reported per call: the growth of every
 table of the schema with its TOAST and indexes (``pg_total_relation_size``), the WAL written
-(``pg_current_wal_lsn`` before and after), and the wall time (a figure of this machine, not
-a target). Prints a markdown table and one JSON line.
+(``pg_current_wal_lsn`` before and after, autovacuum off in the measured database: the
+WAL position is the cluster's, so other work on the server adds to it), and the wall
+time (a figure of this machine, not a target). Prints a markdown table and one JSON line.
 """
 
 from __future__ import annotations
@@ -99,6 +100,12 @@ def case(server: str, name: str, calls: int, size: int, same: bool, inline: bool
                 name="fetch", executor="http", endpoint="http://127.0.0.1:9/tools/fetch"
             ),
         )
+        # No autovacuum in the measured database: its WAL would land in the figures.
+        for (table,) in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'outbox' AND c.relkind = 'r'"
+        ).fetchall():
+            conn.execute(f"ALTER TABLE outbox.{table} SET (autovacuum_enabled = false)")
         conn.commit()
         if inline:
             conn.execute(f"SET outbox.payload_inline_max = '{INLINE_EVERYTHING}'")
