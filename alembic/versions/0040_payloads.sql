@@ -185,28 +185,64 @@ REVOKE ALL ON FUNCTION {s}.payload_referenced_v1(text, text) FROM PUBLIC;
 
 -- sweep_payloads_v1: delete bodies nothing references any more; returns how many.
 --
---   SELECT outbox.sweep_payloads_v1();                 -- every body, up to 1000
+--   SELECT outbox.sweep_payloads_v1();                 -- up to 1000 bodies, see below
 --   SELECT outbox.sweep_payloads_v1(ARRAY['9f86…']);   -- these digests only
 --
 -- retain_v1 and erase_thread_v1 sweep the digests they dropped references to; the relay's
--- retention task (and `outbox retention run`) sweeps the rest (a body left by a
--- transaction whose row was refused after its trigger stored it). Each candidate is locked
--- FOR UPDATE SKIP LOCKED (a body being referenced right now is locked KEY SHARE by
--- payload_put_v1 and is passed over) and checked again under the lock, in a fresh
--- snapshot, before it goes. Runs as the schema owner (SECURITY DEFINER), every tenant.
+-- retention task (and `outbox retention run`) sweeps the rest: a body left by a row
+-- refused after its trigger stored it, or passed over below. Without digests it looks at
+-- up to p_limit bodies from a random digest on (wrapping around), so each call costs the
+-- same however many bodies there are and every body is looked at over the calls. Each
+-- candidate is locked FOR UPDATE SKIP LOCKED (a body being referenced right now is locked
+-- KEY SHARE by payload_put_v1 and is passed over) and checked again under the lock, in a
+-- fresh snapshot, before it goes. Runs as the schema owner (SECURITY DEFINER), every
+-- tenant.
 CREATE OR REPLACE FUNCTION {s}.sweep_payloads_v1(p_digests text[] DEFAULT NULL,
                                                  p_limit integer DEFAULT 1000)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_row  record;
-    v_gone integer := 0;
+    v_row   record;
+    v_gone  integer := 0;
+    v_seen  integer := 0;
+    v_start text;
 BEGIN
+    IF p_digests IS NOT NULL THEN
+        FOR v_row IN
+            SELECT p.digest, p.tenant_id FROM {s}.payloads p
+            WHERE p.digest = ANY (p_digests)
+            ORDER BY p.digest, p.tenant_id
+            LIMIT greatest(p_limit, 0)
+            FOR UPDATE SKIP LOCKED
+        LOOP
+            IF NOT {s}.payload_referenced_v1(v_row.digest, v_row.tenant_id) THEN
+                DELETE FROM {s}.payloads p
+                WHERE p.digest = v_row.digest AND p.tenant_id = v_row.tenant_id;
+                v_gone := v_gone + 1;
+            END IF;
+        END LOOP;
+        RETURN v_gone;
+    END IF;
+    v_start := {s}.payload_digest_v1(random()::text);
     FOR v_row IN
         SELECT p.digest, p.tenant_id FROM {s}.payloads p
-        WHERE p_digests IS NULL OR p.digest = ANY (p_digests)
+        WHERE p.digest >= v_start
         ORDER BY p.digest, p.tenant_id
         LIMIT greatest(p_limit, 0)
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        v_seen := v_seen + 1;
+        IF NOT {s}.payload_referenced_v1(v_row.digest, v_row.tenant_id) THEN
+            DELETE FROM {s}.payloads p
+            WHERE p.digest = v_row.digest AND p.tenant_id = v_row.tenant_id;
+            v_gone := v_gone + 1;
+        END IF;
+    END LOOP;
+    FOR v_row IN
+        SELECT p.digest, p.tenant_id FROM {s}.payloads p
+        WHERE p.digest < v_start
+        ORDER BY p.digest, p.tenant_id
+        LIMIT greatest(p_limit - v_seen, 0)
         FOR UPDATE SKIP LOCKED
     LOOP
         IF NOT {s}.payload_referenced_v1(v_row.digest, v_row.tenant_id) THEN

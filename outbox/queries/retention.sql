@@ -33,7 +33,8 @@ SELECT tenant_id, mode, threads, runs FROM {s}.retain_v1(%(limit)s, %(actor)s);
 SELECT {s}.archive_partitions_v1(%(days_ahead)s) AS made;
 
 -- name: sweep_payloads
--- Delete up to 1000 bodies stored by reference that nothing references any more (0040).
+-- Bodies stored by reference that nothing references any more (0040): up to 1000 looked
+-- at, from a random digest on.
 SELECT {s}.sweep_payloads_v1(NULL, 1000) AS swept;
 
 -- name: prune_archive

@@ -84,7 +84,7 @@ PINNED = {
     "0035_model_reasoning.py": "6d00e48370e5e108",
     "0035_model_reasoning.sql": "6f6756073a1a0d00",
     "0040_payloads.py": "18f97ec7979dfcf0",
-    "0040_payloads.sql": "aa19dd9ec8cc9b89",
+    "0040_payloads.sql": "586630e099bcff17",
     "0040_payloads_down.sql": "93923062a2634673",
 }
 
