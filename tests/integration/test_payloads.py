@@ -564,3 +564,23 @@ def test_outbox_serve_shows_large_bodies_whole(sdk, relay, model, db_url):
     assert (done.status, done.output_text) == ("completed", "reviewed")
     assert seen == [verdict]
     assert scalar(db_url, "SELECT content_ref IS NOT NULL FROM outbox.messages WHERE role = 'tool'")
+
+
+def test_erasure_racing_a_new_reference_to_the_same_body_keeps_it(conn, db_url):
+    """A thread is erased while another transaction, not committed yet, references the same
+    body: the erasure removes its own references and passes over the body, which the other
+    transaction then commits a reference to."""
+    add_tool(conn)
+    erased = conversation(conn, BODY)
+    body = digest(json.dumps(BODY))
+    with psycopg.connect(db_url) as other:
+        kept = orphan_row(other)  # references the body, not committed
+        detail = retention.erase_thread(conn, erased.thread_id, actor="dpo@acme")
+        conn.commit()
+        assert detail["payloads"] == 1  # the thread's own arguments; the shared body stays
+        assert body in payload_digests(db_url)
+        other.commit()
+    assert rows(db_url, "SELECT output_ref FROM outbox.orphaned_results WHERE id = %s", [kept]) == [
+        (body,)
+    ]
+    assert unreferenced(db_url) == []
