@@ -150,6 +150,8 @@ def retention_run(chunk: int, max_chunks: int | None, actor: str, as_json: bool)
     click.echo(f"retained {done.threads} threads ({done.runs} runs) in {done.chunks} chunks")
     for (tenant, mode), counts in sorted(done.per_tenant.items()):
         click.echo(f"  {tenant}: {counts['threads']} threads, {counts['runs']} runs {mode}d")
+    if done.payloads_swept:
+        click.echo(f"bodies no longer referenced, deleted: {done.payloads_swept}")
     if done.partitions_dropped:
         click.echo(f"archive days dropped: {', '.join(done.partitions_dropped)}")
     if not done.complete:

@@ -181,6 +181,14 @@ class Message(Base):
         UniqueConstraint("id", "tenant_id", name="messages_id_tenant_key"),
         UniqueConstraint("tool_call_ref", name="messages_one_per_tool_call"),
         Index("messages_run", "run_id", postgresql_where=text("run_id IS NOT NULL")),
+        ForeignKeyConstraint(
+            ["content_ref", "tenant_id"],
+            ["payloads.digest", "payloads.tenant_id"],
+            name="messages_content_ref_fk",
+        ),
+        Index(
+            "messages_content_ref", "content_ref", postgresql_where=text("content_ref IS NOT NULL")
+        ),
     )
 
     id: Mapped[int] = _pk()
@@ -202,6 +210,9 @@ class Message(Base):
         comment="reasoning items a client's history gave right before this message, "
         "verbatim: replayed before it to a model of the Responses API, never read",
     )
+    # a tool message's text over outbox.payload_inline_max bytes: its digest in payloads
+    # (content is NULL then); read it with outbox.resolved_text_v1
+    content_ref: Mapped[str | None] = mapped_column(Text)
 
 
 class ModelTurn(Base):
@@ -298,6 +309,16 @@ class ToolCall(Base):
         ),
         Index("tool_calls_batch", "batch_id"),
         Index("tool_calls_message", "message_id"),
+        ForeignKeyConstraint(
+            ["arguments_ref", "tenant_id"],
+            ["payloads.digest", "payloads.tenant_id"],
+            name="tool_calls_arguments_ref_fk",
+        ),
+        Index(
+            "tool_calls_arguments_ref",
+            "arguments_ref",
+            postgresql_where=text("arguments_ref IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = _pk()
@@ -328,6 +349,10 @@ class ToolCall(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
+    # arguments over outbox.payload_inline_max bytes: their digest in payloads (arguments is
+    # NULL and arguments_raw '' then); read them with outbox.resolved_text_v1 and
+    # outbox.resolved_json_v1
+    arguments_ref: Mapped[str | None] = mapped_column(Text)
 
 
 class ToolResult(Base):
@@ -344,6 +369,14 @@ class ToolResult(Base):
             name="tool_results_batch_fk",
         ),
         Index("tool_results_batch", "batch_id"),
+        ForeignKeyConstraint(
+            ["output_ref", "tenant_id"],
+            ["payloads.digest", "payloads.tenant_id"],
+            name="tool_results_output_ref_fk",
+        ),
+        Index(
+            "tool_results_output_ref", "output_ref", postgresql_where=text("output_ref IS NOT NULL")
+        ),
     )
 
     tool_call_ref: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -357,6 +390,9 @@ class ToolResult(Base):
     source: Mapped[str] = mapped_column(Text)
     worker: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
+    # an output over outbox.payload_inline_max bytes: its digest in payloads (output is NULL
+    # then); read it with outbox.resolved_json_v1
+    output_ref: Mapped[str | None] = mapped_column(Text)
 
 
 class OrphanedResult(Base):
@@ -373,6 +409,16 @@ class OrphanedResult(Base):
             "tool_call_ref",
             postgresql_where=text("tool_call_ref IS NOT NULL"),
         ),
+        ForeignKeyConstraint(
+            ["output_ref", "tenant_id"],
+            ["payloads.digest", "payloads.tenant_id"],
+            name="orphaned_results_output_ref_fk",
+        ),
+        Index(
+            "orphaned_results_output_ref",
+            "output_ref",
+            postgresql_where=text("output_ref IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = _pk()
@@ -387,6 +433,23 @@ class OrphanedResult(Base):
     reason: Mapped[str] = mapped_column(Text)
     source: Mapped[str] = mapped_column(Text)
     attempt: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = _now()
+    # an output over outbox.payload_inline_max bytes: its digest in payloads (output is NULL
+    # then); read it with outbox.resolved_json_v1
+    output_ref: Mapped[str | None] = mapped_column(Text)
+
+
+class Payload(Base):
+    """A body stored once per tenant by its digest (0040): arguments, results and tool
+    messages over ``outbox.payload_inline_max`` bytes; the rows that reference it hold the
+    digest. Deleted by ``sweep_payloads_v1`` once nothing references it."""
+
+    __tablename__ = "payloads"
+
+    digest: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    bytes: Mapped[int] = mapped_column(Integer)
+    body: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
 
 

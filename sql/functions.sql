@@ -56,6 +56,194 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT 'model_turn:' || p_run_id::text || ':' || p_step_no::text
 $$;
 
+-- Large payloads by reference (0040) ------------------------------------------------------
+--
+-- An argument, a result or a tool message above payload_inline_max_v1() bytes is stored
+-- once per tenant in payloads, keyed by its digest (the hex SHA-256 of its UTF-8 text: for
+-- arguments the model's raw text, for a result its output's canonical JSON text, for a
+-- tool message its text; a result's body and its tool message's are the same text, so
+-- they are stored once), and referenced from its row by the triggers payload_by_reference
+-- (triggers.sql). A reference column (tool_calls.arguments_ref, tool_results.output_ref,
+-- orphaned_results.output_ref, messages.content_ref) is NULL for a body kept inline; when
+-- it is set, the inline column is empty (NULL, or '' for arguments_raw). Every reader
+-- resolves with resolved_text_v1 or resolved_json_v1. Nothing below is ever a body that
+-- differs from what was written.
+
+-- payload_inline_max_v1: the largest body kept inline, in bytes: the setting
+-- outbox.payload_inline_max (ALTER DATABASE ... SET outbox.payload_inline_max = '16384'),
+-- 8192 when unset. A change applies to rows written from then on; rows already written
+-- keep their form (both are read alike).
+CREATE OR REPLACE FUNCTION {s}.payload_inline_max_v1() RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT coalesce(nullif(current_setting('outbox.payload_inline_max', true), '')::integer,
+                    8192)
+$$;
+
+-- resolved_text_v1: a text column as written: p_inline, or the body p_ref names. Plain SQL
+-- and STABLE: inlined where it is called; runs with the caller's rights (row-level
+-- security applies to payloads as to the row that references it).
+CREATE OR REPLACE FUNCTION {s}.resolved_text_v1(p_inline text, p_tenant_id text, p_ref text)
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_ref IS NULL THEN p_inline
+                ELSE (SELECT p.body FROM {s}.payloads p
+                      WHERE p.digest = p_ref AND p.tenant_id = p_tenant_id) END
+$$;
+GRANT EXECUTE ON FUNCTION {s}.resolved_text_v1(text, text, text)
+    TO outbox_writer, outbox_relay, outbox_api;
+
+-- resolved_json_v1: a JSON column as written: p_inline, or the body p_ref names as JSON.
+CREATE OR REPLACE FUNCTION {s}.resolved_json_v1(p_inline jsonb, p_tenant_id text, p_ref text)
+RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_ref IS NULL THEN p_inline
+                ELSE (SELECT p.body::jsonb FROM {s}.payloads p
+                      WHERE p.digest = p_ref AND p.tenant_id = p_tenant_id) END
+$$;
+GRANT EXECUTE ON FUNCTION {s}.resolved_json_v1(jsonb, text, text)
+    TO outbox_writer, outbox_relay, outbox_api;
+
+-- payload_digest_v1: the digest a body is stored under.
+CREATE OR REPLACE FUNCTION {s}.payload_digest_v1(p_body text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT encode(sha256(convert_to(p_body, 'UTF8')), 'hex')
+$$;
+
+-- payload_ref_v1: what the journal says of a body: {"digest", "bytes"} when it is stored
+-- by reference (over payload_inline_max_v1()), else NULL (a small body is not named in
+-- the journal: it never was). The jsonb form is a result's output; the text form a
+-- call's raw arguments.
+CREATE OR REPLACE FUNCTION {s}.payload_ref_v1(p_output jsonb) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_output IS NOT NULL
+                     AND pg_column_size(p_output) * 6 > {s}.payload_inline_max_v1()
+                     AND octet_length(p_output::text) > {s}.payload_inline_max_v1()
+                THEN jsonb_build_object('digest', {s}.payload_digest_v1(p_output::text),
+                                        'bytes', octet_length(p_output::text)) END
+$$;
+CREATE OR REPLACE FUNCTION {s}.payload_ref_v1(p_text text) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN octet_length(p_text) > {s}.payload_inline_max_v1()
+                THEN jsonb_build_object('digest', {s}.payload_digest_v1(p_text),
+                                        'bytes', octet_length(p_text)) END
+$$;
+
+-- payload_put_v1: store p_body for p_tenant_id once and return its digest, holding a KEY
+-- SHARE lock on its row until the caller commits. A sweep deletes a body only under a FOR
+-- UPDATE lock of its row (SKIP LOCKED: a body being referenced is passed over) and after
+-- checking again, in a fresh snapshot, that nothing references it; so a body this
+-- function found already stored is either locked here before the sweep looks (kept), or
+-- deleted first, in which case the lock finds no row and the body is stored again. The
+-- reference's foreign key is the last word: no statement can leave a reference to a body
+-- that is gone. Only the trigger functions call it (as the schema owner).
+CREATE OR REPLACE FUNCTION {s}.payload_put_v1(p_tenant_id text, p_body text)
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_digest text := {s}.payload_digest_v1(p_body);
+BEGIN
+    LOOP
+        INSERT INTO {s}.payloads (digest, tenant_id, bytes, body)
+        VALUES (v_digest, p_tenant_id, octet_length(p_body), p_body)
+        ON CONFLICT (digest, tenant_id) DO NOTHING;
+        PERFORM 1 FROM {s}.payloads p
+        WHERE p.digest = v_digest AND p.tenant_id = p_tenant_id FOR KEY SHARE;
+        IF FOUND THEN
+            RETURN v_digest;
+        END IF;
+    END LOOP;
+END $$;
+REVOKE ALL ON FUNCTION {s}.payload_put_v1(text, text) FROM PUBLIC;
+
+-- payload_referenced_v1: whether any row references the body (p_digest, p_tenant_id), in
+-- the caller's snapshot. Each lookup goes through a partial index of references.
+CREATE OR REPLACE FUNCTION {s}.payload_referenced_v1(p_digest text, p_tenant_id text)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM {s}.tool_calls c
+                   WHERE c.arguments_ref = p_digest AND c.tenant_id = p_tenant_id)
+        OR EXISTS (SELECT 1 FROM {s}.tool_results r
+                   WHERE r.output_ref = p_digest AND r.tenant_id = p_tenant_id)
+        OR EXISTS (SELECT 1 FROM {s}.orphaned_results o
+                   WHERE o.output_ref = p_digest AND o.tenant_id = p_tenant_id)
+        OR EXISTS (SELECT 1 FROM {s}.messages m
+                   WHERE m.content_ref = p_digest AND m.tenant_id = p_tenant_id)
+$$;
+REVOKE ALL ON FUNCTION {s}.payload_referenced_v1(text, text) FROM PUBLIC;
+
+-- sweep_payloads_v1: delete bodies nothing references any more; returns how many.
+--
+--   SELECT outbox.sweep_payloads_v1();                 -- up to 1000 bodies, see below
+--   SELECT outbox.sweep_payloads_v1(ARRAY['9f86…']);   -- these digests only
+--
+-- retain_v1 and erase_thread_v1 sweep the digests they dropped references to; the relay's
+-- retention task (and `outbox retention run`) sweeps the rest: a body left by a row
+-- refused after its trigger stored it, or passed over below. Without digests it looks at
+-- up to p_limit bodies from a random digest on (wrapping around), so each call costs the
+-- same however many bodies there are and every body is looked at over the calls. Each
+-- candidate is locked FOR UPDATE SKIP LOCKED (a body being referenced right now is locked
+-- KEY SHARE by payload_put_v1 and is passed over) and checked again under the lock, in a
+-- fresh snapshot, before it goes. Runs as the schema owner (SECURITY DEFINER), every
+-- tenant.
+CREATE OR REPLACE FUNCTION {s}.sweep_payloads_v1(p_digests text[] DEFAULT NULL,
+                                                 p_limit integer DEFAULT 1000)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_row   record;
+    v_gone  integer := 0;
+    v_seen  integer := 0;
+    v_start text;
+BEGIN
+    IF p_digests IS NOT NULL THEN
+        FOR v_row IN
+            SELECT p.digest, p.tenant_id FROM {s}.payloads p
+            WHERE p.digest = ANY (p_digests)
+            ORDER BY p.digest, p.tenant_id
+            LIMIT greatest(p_limit, 0)
+            FOR UPDATE SKIP LOCKED
+        LOOP
+            IF NOT {s}.payload_referenced_v1(v_row.digest, v_row.tenant_id) THEN
+                DELETE FROM {s}.payloads p
+                WHERE p.digest = v_row.digest AND p.tenant_id = v_row.tenant_id;
+                v_gone := v_gone + 1;
+            END IF;
+        END LOOP;
+        RETURN v_gone;
+    END IF;
+    v_start := {s}.payload_digest_v1(random()::text);
+    FOR v_row IN
+        SELECT p.digest, p.tenant_id FROM {s}.payloads p
+        WHERE p.digest >= v_start
+        ORDER BY p.digest, p.tenant_id
+        LIMIT greatest(p_limit, 0)
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        v_seen := v_seen + 1;
+        IF NOT {s}.payload_referenced_v1(v_row.digest, v_row.tenant_id) THEN
+            DELETE FROM {s}.payloads p
+            WHERE p.digest = v_row.digest AND p.tenant_id = v_row.tenant_id;
+            v_gone := v_gone + 1;
+        END IF;
+    END LOOP;
+    FOR v_row IN
+        SELECT p.digest, p.tenant_id FROM {s}.payloads p
+        WHERE p.digest < v_start
+        ORDER BY p.digest, p.tenant_id
+        LIMIT greatest(p_limit - v_seen, 0)
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        IF NOT {s}.payload_referenced_v1(v_row.digest, v_row.tenant_id) THEN
+            DELETE FROM {s}.payloads p
+            WHERE p.digest = v_row.digest AND p.tenant_id = v_row.tenant_id;
+            v_gone := v_gone + 1;
+        END IF;
+    END LOOP;
+    RETURN v_gone;
+END $$;
+REVOKE ALL ON FUNCTION {s}.sweep_payloads_v1(text[], integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.sweep_payloads_v1(text[], integer) TO outbox_relay;
+
 
 -- keep_orphaned_results_v1: keep results that may enter no context in orphaned_results.
 --
@@ -218,7 +406,8 @@ BEGIN
                c.attempt, p_worker,
                CASE WHEN c.stored
                     THEN jsonb_strip_nulls(jsonb_build_object(
-                        'status', c.status, 'source', c.source, 'lag_s', c.lag_s))
+                        'status', c.status, 'source', c.source, 'lag_s', c.lag_s,
+                        'payload', {s}.payload_ref_v1(c.output)))
                     ELSE jsonb_build_object('batch_status', c.batch_status,
                                             'source', c.source) END
         FROM (
@@ -378,7 +567,9 @@ BEGIN
               AND NOT EXISTS (SELECT 1 FROM {s}.orphaned_results x
                               WHERE x.tool_call_ref = tc.id AND x.source = 'client'
                                 AND x.status = a.status
-                                AND coalesce(x.output, 'null') = coalesce(o->'output', 'null')
+                                AND coalesce({s}.resolved_json_v1(x.output, x.tenant_id,
+                                                                  x.output_ref), 'null')
+                                    = coalesce(o->'output', 'null')
                                 AND x.error IS NOT DISTINCT FROM a.error))) k;
         IF v_kept IS NOT NULL THEN
             INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
@@ -877,7 +1068,9 @@ BEGIN
                         ELSE jsonb_build_object('error', 'not executed: ' || v_why)::text
                    END AS content
             FROM {s}.tool_calls tc
-            LEFT JOIN {s}.tool_results r ON r.tool_call_ref = tc.id
+            LEFT JOIN (SELECT x.tool_call_ref, x.status, x.error,
+                              {s}.resolved_json_v1(x.output, x.tenant_id, x.output_ref) AS output
+                       FROM {s}.tool_results x) r ON r.tool_call_ref = tc.id
             WHERE tc.batch_id = v_batch.id
               AND NOT EXISTS (SELECT 1 FROM {s}.messages m WHERE m.tool_call_ref = tc.id)
         ), numbered AS (
@@ -1315,7 +1508,13 @@ BEGIN
                      jsonb_build_object('tool', call.call->>'name',
                                         'executor', call.call->>'executor',
                                         'error', call.call->'error',
-                                        'policy', call.call->'decision') AS detail
+                                        'policy', call.call->'decision')
+                     || jsonb_strip_nulls(jsonb_build_object(
+                            'payload', CASE WHEN nullif(call.call->'arguments',
+                                                        'null'::jsonb) IS NOT NULL
+                                            THEN {s}.payload_ref_v1(
+                                                     call.call->>'arguments_raw') END))
+                         AS detail
               FROM call
               UNION ALL
               SELECT call.*, 2, 'approval.requested',
@@ -1529,6 +1728,30 @@ $$;
 REVOKE ALL ON FUNCTION {s}.thread_idle_v1(uuid, timestamptz) FROM PUBLIC;
 
 
+-- archived_row_v1 (0040): a row of a conversation as the archive keeps it (run_document_v1,
+-- retain_v1): its bodies inline, whether it held them inline or by reference, and no
+-- reference columns (an archived document stands alone: the bodies it references leave
+-- payloads with the row).
+CREATE OR REPLACE FUNCTION {s}.archived_row_v1(p_row jsonb)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT (p_row - 'content_ref' - 'arguments_ref' - 'output_ref')
+        || CASE WHEN p_row ->> 'content_ref' IS NULL THEN '{}'::jsonb
+                ELSE jsonb_build_object('content', {s}.resolved_text_v1(
+                         NULL, p_row ->> 'tenant_id', p_row ->> 'content_ref')) END
+        || CASE WHEN p_row ->> 'arguments_ref' IS NULL THEN '{}'::jsonb
+                ELSE (SELECT jsonb_build_object('arguments_raw', b.body,
+                                                'arguments', b.body::jsonb)
+                      FROM (SELECT {s}.resolved_text_v1(NULL, p_row ->> 'tenant_id',
+                                                        p_row ->> 'arguments_ref') AS body) b)
+           END
+        || CASE WHEN p_row ->> 'output_ref' IS NULL THEN '{}'::jsonb
+                ELSE jsonb_build_object('output', {s}.resolved_json_v1(
+                         NULL, p_row ->> 'tenant_id', p_row ->> 'output_ref')) END
+$$;
+REVOKE ALL ON FUNCTION {s}.archived_row_v1(jsonb) FROM PUBLIC;
+
+
 -- run_document_v1: a run and every row under it as one JSON document (what the archive
 -- keeps): the run, its assistant, messages, model turns, batches, tool calls, results,
 -- orphaned results, submissions, approvals, responses, webhook deliveries and journal
@@ -1539,19 +1762,23 @@ LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'run', (SELECT to_jsonb(r) FROM {s}.runs r WHERE r.id = p_run_id),
         'assistant_run', (SELECT to_jsonb(a) FROM {s}.assistant_runs a WHERE a.run_id = p_run_id),
-        'messages', (SELECT coalesce(jsonb_agg(to_jsonb(m) ORDER BY m.seq), '[]')
+        'messages', (SELECT coalesce(jsonb_agg({s}.archived_row_v1(to_jsonb(m))
+                                           ORDER BY m.seq), '[]')
                      FROM {s}.messages m WHERE m.run_id = p_run_id),
         'model_turns', (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.step_no), '[]')
                         FROM {s}.model_turns t WHERE t.run_id = p_run_id),
         'tool_batches', (SELECT coalesce(jsonb_agg(to_jsonb(b) ORDER BY b.step_no), '[]')
                          FROM {s}.tool_batches b WHERE b.run_id = p_run_id),
-        'tool_calls', (SELECT coalesce(jsonb_agg(to_jsonb(c) ORDER BY c.id), '[]')
+        'tool_calls', (SELECT coalesce(jsonb_agg({s}.archived_row_v1(to_jsonb(c))
+                                             ORDER BY c.id), '[]')
                        FROM {s}.tool_calls c WHERE c.run_id = p_run_id),
-        'tool_results', (SELECT coalesce(jsonb_agg(to_jsonb(x) ORDER BY x.tool_call_ref), '[]')
+        'tool_results', (SELECT coalesce(jsonb_agg({s}.archived_row_v1(to_jsonb(x))
+                                               ORDER BY x.tool_call_ref), '[]')
                          FROM {s}.tool_results x
                          WHERE x.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c
                                                    WHERE c.run_id = p_run_id)),
-        'orphaned_results', (SELECT coalesce(jsonb_agg(to_jsonb(o) ORDER BY o.id), '[]')
+        'orphaned_results', (SELECT coalesce(jsonb_agg({s}.archived_row_v1(to_jsonb(o))
+                                                   ORDER BY o.id), '[]')
                              FROM {s}.orphaned_results o
                              WHERE o.run_id = p_run_id
                                 OR o.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c
@@ -1680,6 +1907,7 @@ DECLARE
     v_runs    uuid[];
     v_archive uuid[];
     v_event   bigint;
+    v_bodies  text[];
 BEGIN
     IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
         RAISE EXCEPTION 'retain_v1 takes 1 to 10000 threads per chunk, got %', p_limit
@@ -1731,7 +1959,8 @@ BEGIN
         INSERT INTO {s}.archived_runs (tenant_id, thread_id, created_at, document)
         SELECT t.tenant_id, t.id, t.created_at, jsonb_build_object(
                    'thread', to_jsonb(t),
-                   'messages', (SELECT coalesce(jsonb_agg(to_jsonb(m) ORDER BY m.seq), '[]')
+                   'messages', (SELECT coalesce(jsonb_agg({s}.archived_row_v1(to_jsonb(m))
+                                                      ORDER BY m.seq), '[]')
                                 FROM {s}.messages m
                                 WHERE m.thread_id = t.id AND m.run_id IS NULL))
         FROM {s}.threads t WHERE t.id = ANY (v_archive);
@@ -1761,6 +1990,25 @@ BEGIN
     WHERE t.id = ANY (v_threads)
     GROUP BY 1, 2 ORDER BY 1, 2;
 
+    -- The bodies these rows reference (0040): swept once the rows are gone, but those
+    -- another conversation still references.
+    SELECT array_agg(DISTINCT d) INTO v_bodies FROM (
+        SELECT c.arguments_ref FROM {s}.tool_calls c
+        WHERE c.run_id = ANY (v_runs) AND c.arguments_ref IS NOT NULL
+        UNION ALL
+        SELECT x.output_ref FROM {s}.tool_results x
+        WHERE x.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs))
+          AND x.output_ref IS NOT NULL
+        UNION ALL
+        SELECT o.output_ref FROM {s}.orphaned_results o
+        WHERE (o.run_id = ANY (v_runs)
+               OR o.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c
+                                      WHERE c.run_id = ANY (v_runs)))
+          AND o.output_ref IS NOT NULL
+        UNION ALL
+        SELECT m.content_ref FROM {s}.messages m
+        WHERE m.thread_id = ANY (v_threads) AND m.content_ref IS NOT NULL) r(d);
+
     -- Children before parents, each by an indexed column; tool messages before the calls
     -- they answer, calls before the messages that asked for them.
     DELETE FROM {s}.webhook_deliveries w WHERE w.run_id = ANY (v_runs);
@@ -1787,6 +2035,9 @@ BEGIN
     WHERE j.thread_id = ANY (v_threads) AND j.run_id IS NULL
       AND j.event NOT IN ('thread.retained', 'thread.erased');
     PERFORM set_config('outbox.journal_retain', '', true);
+    IF v_bodies IS NOT NULL THEN
+        PERFORM {s}.sweep_payloads_v1(v_bodies, cardinality(v_bodies) * 64);
+    END IF;
 END $$;
 REVOKE ALL ON FUNCTION {s}.retain_v1(integer, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.retain_v1(integer, text) TO outbox_relay;
@@ -1826,6 +2077,8 @@ DECLARE
     n_orphans   bigint;
     n_responses bigint;
     n_archived  bigint;
+    v_bodies    text[];
+    n_bodies    integer := 0;
 BEGIN
     PERFORM {s}.enter_tenant_v1(p_tenant_id);
     PERFORM 1 FROM {s}.runs r WHERE r.thread_id = p_thread_id ORDER BY r.id FOR UPDATE;
@@ -1853,24 +2106,50 @@ BEGIN
     UPDATE {s}.threads SET title = NULL, erased_at = now(),
                            deleted_at = coalesce(deleted_at, now())
     WHERE id = p_thread_id;
-    UPDATE {s}.messages SET content = NULL, reasoning = NULL
-    WHERE thread_id = p_thread_id AND (content IS NOT NULL OR reasoning IS NOT NULL);
+    -- The bodies stored by reference (0040) that this thread references: its references
+    -- go with its content, and each body goes too unless another thread references it.
+    SELECT array_agg(DISTINCT d) INTO v_bodies FROM (
+        SELECT c.arguments_ref FROM {s}.tool_calls c
+        WHERE c.run_id = ANY (v_runs) AND c.arguments_ref IS NOT NULL
+        UNION ALL
+        SELECT x.output_ref FROM {s}.tool_results x
+        WHERE x.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs))
+          AND x.output_ref IS NOT NULL
+        UNION ALL
+        SELECT o.output_ref FROM {s}.orphaned_results o
+        WHERE (o.run_id = ANY (v_runs)
+               OR o.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c
+                                      WHERE c.run_id = ANY (v_runs)))
+          AND o.output_ref IS NOT NULL
+        UNION ALL
+        SELECT m.content_ref FROM {s}.messages m
+        WHERE m.thread_id = p_thread_id AND m.content_ref IS NOT NULL) r(d);
+    UPDATE {s}.messages SET content = NULL, reasoning = NULL, content_ref = NULL
+    WHERE thread_id = p_thread_id
+      AND (content IS NOT NULL OR reasoning IS NOT NULL OR content_ref IS NOT NULL);
     GET DIAGNOSTICS n_messages = ROW_COUNT;
-    UPDATE {s}.tool_calls SET arguments = NULL, arguments_raw = ''
-    WHERE run_id = ANY (v_runs) AND (arguments IS NOT NULL OR arguments_raw <> '');
+    UPDATE {s}.tool_calls SET arguments = NULL, arguments_raw = '', arguments_ref = NULL
+    WHERE run_id = ANY (v_runs)
+      AND (arguments IS NOT NULL OR arguments_raw <> '' OR arguments_ref IS NOT NULL);
     GET DIAGNOSTICS n_calls = ROW_COUNT;
     UPDATE {s}.tool_results
-    SET output = NULL, error = CASE WHEN error IS NOT NULL THEN 'erased' END
+    SET output = NULL, output_ref = NULL,
+        error = CASE WHEN error IS NOT NULL THEN 'erased' END
     WHERE tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs))
-      AND (output IS NOT NULL OR error IS DISTINCT FROM CASE WHEN error IS NOT NULL
-                                                             THEN 'erased' END);
+      AND (output IS NOT NULL OR output_ref IS NOT NULL
+           OR error IS DISTINCT FROM CASE WHEN error IS NOT NULL THEN 'erased' END);
     GET DIAGNOSTICS n_results = ROW_COUNT;
     UPDATE {s}.orphaned_results
-    SET output = NULL, error = CASE WHEN error IS NOT NULL THEN 'erased' END
+    SET output = NULL, output_ref = NULL,
+        error = CASE WHEN error IS NOT NULL THEN 'erased' END
     WHERE (run_id = ANY (v_runs)
            OR tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs)))
-      AND (output IS NOT NULL OR coalesce(error, 'erased') <> 'erased');
+      AND (output IS NOT NULL OR output_ref IS NOT NULL
+           OR coalesce(error, 'erased') <> 'erased');
     GET DIAGNOSTICS n_orphans = ROW_COUNT;
+    IF v_bodies IS NOT NULL THEN
+        n_bodies := {s}.sweep_payloads_v1(v_bodies, cardinality(v_bodies) * 64);
+    END IF;
     UPDATE {s}.responses SET input = '[]'
     WHERE thread_id = p_thread_id AND input <> '[]';
     GET DIAGNOSTICS n_responses = ROW_COUNT;
@@ -1881,7 +2160,8 @@ BEGIN
     v_detail := jsonb_build_object(
         'thread_id', p_thread_id, 'cancelled_runs', v_cancelled, 'messages', n_messages,
         'tool_calls', n_calls, 'tool_results', n_results, 'orphaned_results', n_orphans,
-        'responses', n_responses, 'archived_documents', n_archived);
+        'responses', n_responses, 'archived_documents', n_archived,
+        'payloads', n_bodies);
     INSERT INTO {s}.journal (tenant_id, event, thread_id, actor, detail)
     VALUES (p_tenant_id, 'thread.erased', p_thread_id, coalesce(p_actor, session_user),
             v_detail);

@@ -86,6 +86,12 @@ GRANT SELECT (tenant_id, name, transport, url, command, credential_ref, trusted,
 -- outbox_auditor reads the retention policies and the archive of retained runs (the
 -- functions of functions.sql write them; no role is granted more).
 GRANT SELECT ON {s}.retention_policies, {s}.archived_runs TO outbox_auditor;
+-- The bodies stored by reference (0040): the writer, relay and server roles read them
+-- through resolved_text_v1 and resolved_json_v1, each its tenant's; only the trigger
+-- functions and the sweep (as the owner) write or delete them. outbox_auditor reads no
+-- body, as it reads no result: the owner resolves the journal's references
+-- (journal_payloads).
+GRANT SELECT ON {s}.payloads TO outbox_writer, outbox_relay, outbox_api;
 -- outbox_auditor reads every column of a credential but its ciphertext.
 GRANT SELECT (tenant_id, name, source, reference, header, scheme, version, updated_by,
               updated_at, revoked_at) ON {s}.credentials TO outbox_auditor;
@@ -458,6 +464,16 @@ CREATE POLICY all_tenants ON {s}.archived_runs TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
 DROP POLICY IF EXISTS audit_read ON {s}.archived_runs;
 CREATE POLICY audit_read ON {s}.archived_runs FOR SELECT TO outbox_auditor USING (true);
+
+-- payloads: a tenant's bodies stored by reference (0040).
+ALTER TABLE {s}.payloads ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON {s}.payloads;
+CREATE POLICY tenant_isolation ON {s}.payloads TO PUBLIC
+    USING (tenant_id = {s}.current_tenant_v1())
+    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+DROP POLICY IF EXISTS all_tenants ON {s}.payloads;
+CREATE POLICY all_tenants ON {s}.payloads TO outbox_relay, CURRENT_USER
+    USING (true) WITH CHECK (true);
 
 -- tenant_roles: login roles bound to a tenant. Each session sees its own mapping only (what
 -- current_tenant_v1() reads); the owner (`outbox tenants grant`) sees and changes them all.

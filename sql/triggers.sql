@@ -269,3 +269,58 @@ BEGIN
 END $$;
 CREATE OR REPLACE TRIGGER orphaned_results_erased BEFORE INSERT ON {s}.orphaned_results
     FOR EACH ROW EXECUTE FUNCTION {s}.orphaned_results_erased();
+
+
+-- payload_by_reference (0040): a body above payload_inline_max_v1() bytes is stored once in
+-- payloads (payload_put_v1, functions.sql) and its row keeps the reference: a call's raw
+-- arguments (when they parse: arguments unparsable stay inline, as the model sent them),
+-- a result's output (tool_results, orphaned_results), a tool message's text. Whoever
+-- writes, the same: the writer API, the relay, the SQL API, an ORM. The WHEN conditions
+-- keep small bodies from calling it at all; a result's is a bound (a JSON text is at most
+-- six times its binary size), the function checks the text's size itself. Runs as the
+-- schema owner (SECURITY DEFINER): writers hold no right on payloads.
+CREATE OR REPLACE FUNCTION {s}.payload_by_reference() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_max  integer := {s}.payload_inline_max_v1();
+    v_body text;
+BEGIN
+    IF TG_TABLE_NAME = 'tool_calls' THEN
+        IF NEW.arguments IS NOT NULL AND octet_length(NEW.arguments_raw) > v_max THEN
+            NEW.arguments_ref := {s}.payload_put_v1(NEW.tenant_id, NEW.arguments_raw);
+            NEW.arguments_raw := '';
+            NEW.arguments := NULL;
+        END IF;
+    ELSIF TG_TABLE_NAME = 'messages' THEN
+        IF octet_length(NEW.content) > v_max THEN
+            NEW.content_ref := {s}.payload_put_v1(NEW.tenant_id, NEW.content);
+            NEW.content := NULL;
+        END IF;
+    ELSE
+        v_body := NEW.output::text;
+        IF octet_length(v_body) > v_max THEN
+            NEW.output_ref := {s}.payload_put_v1(NEW.tenant_id, v_body);
+            NEW.output := NULL;
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER tool_calls_payload BEFORE INSERT OR UPDATE OF arguments_raw
+    ON {s}.tool_calls
+    FOR EACH ROW WHEN (octet_length(NEW.arguments_raw) > {s}.payload_inline_max_v1())
+    EXECUTE FUNCTION {s}.payload_by_reference();
+CREATE OR REPLACE TRIGGER tool_results_payload BEFORE INSERT OR UPDATE OF output
+    ON {s}.tool_results
+    FOR EACH ROW WHEN (pg_column_size(NEW.output) * 6 > {s}.payload_inline_max_v1())
+    EXECUTE FUNCTION {s}.payload_by_reference();
+-- Named after orphaned_results_erased, so it runs after it (an erased thread's late result
+-- keeps no body to store).
+CREATE OR REPLACE TRIGGER orphaned_results_payload BEFORE INSERT OR UPDATE OF output
+    ON {s}.orphaned_results
+    FOR EACH ROW WHEN (pg_column_size(NEW.output) * 6 > {s}.payload_inline_max_v1())
+    EXECUTE FUNCTION {s}.payload_by_reference();
+CREATE OR REPLACE TRIGGER messages_payload BEFORE INSERT OR UPDATE OF content
+    ON {s}.messages
+    FOR EACH ROW WHEN (NEW.role = 'tool'
+                       AND octet_length(NEW.content) > {s}.payload_inline_max_v1())
+    EXECUTE FUNCTION {s}.payload_by_reference();

@@ -217,3 +217,28 @@ SELECT tenant_id,
                 FILTER (WHERE status = 'ready' AND available_at <= now())), 3), 0) AS lag_s
 FROM {s}.outbox
 GROUP BY tenant_id, kind;
+
+
+-- journal_payloads (0040): "What body does this journal event name?" The journal names a
+-- large argument (tool_call.intended) or result (tool_result.stored) by its reference,
+-- detail.payload = {"digest", "bytes"}, never by its body; this view joins the body while
+-- it is stored (present = false: the conversation was erased or retained since). Bodies
+-- are content: no outbox role is granted this view, the schema owner reads it.
+--   SELECT event, bytes, left(body, 200) FROM {s}.journal_payloads WHERE run_id = '...';
+CREATE OR REPLACE VIEW {s}.journal_payloads AS
+SELECT j.id AS journal_id,
+       j.tenant_id,
+       j.at,
+       j.event,
+       j.thread_id,
+       j.run_id,
+       j.tool_call_ref,
+       j.tool_call_id,
+       j.detail -> 'payload' ->> 'digest' AS digest,
+       (j.detail -> 'payload' ->> 'bytes')::integer AS bytes,
+       p.body IS NOT NULL AS present,
+       p.body
+FROM {s}.journal j
+LEFT JOIN {s}.payloads p
+       ON p.digest = j.detail -> 'payload' ->> 'digest' AND p.tenant_id = j.tenant_id
+WHERE j.detail ? 'payload';

@@ -1,7 +1,7 @@
 """The relay's role no longer starts, cancels or creates anything.
 
 Revision ID: 0041
-Revises: 0035
+Revises: 0040
 Create Date: 2026-11-27
 
 ``outbox_relay`` loses EXECUTE on the writer's entry points (``create_thread_v1``,
@@ -15,7 +15,7 @@ from __future__ import annotations
 from outbox.migrate import frozen_sql, run_sql
 
 revision = "0041"
-down_revision = "0035"
+down_revision = "0040"
 branch_labels = None
 depends_on = None
 

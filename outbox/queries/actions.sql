@@ -76,7 +76,8 @@ SELECT tenant_id, paused_by, reason, paused_at FROM {s}.tenant_pauses ORDER BY t
 -- name: approvals
 -- Approvals of one status (or every status), oldest first, with the call's arguments.
 SELECT a.id, a.tenant_id, a.run_id, a.thread_id, a.batch_id, a.tool_call_ref, a.tool_call_id,
-       a.tool_name, tc.arguments, a.arguments_digest, a.rule, a.approvers, a.deadline,
+       a.tool_name, {s}.resolved_json_v1(tc.arguments, tc.tenant_id, tc.arguments_ref) AS arguments,
+       a.arguments_digest, a.rule, a.approvers, a.deadline,
        a.status, a.decided_by, a.decided_at, a.reason, a.created_at
 FROM {s}.approvals a
 JOIN {s}.tool_calls tc ON tc.id = a.tool_call_ref
@@ -87,7 +88,8 @@ LIMIT %(limit)s
 
 -- name: approval
 SELECT a.id, a.tenant_id, a.run_id, a.thread_id, a.batch_id, a.tool_call_ref, a.tool_call_id,
-       a.tool_name, tc.arguments, a.arguments_digest, a.rule, a.approvers, a.deadline,
+       a.tool_name, {s}.resolved_json_v1(tc.arguments, tc.tenant_id, tc.arguments_ref) AS arguments,
+       a.arguments_digest, a.rule, a.approvers, a.deadline,
        a.status, a.decided_by, a.decided_at, a.reason, a.created_at
 FROM {s}.approvals a
 JOIN {s}.tool_calls tc ON tc.id = a.tool_call_ref
@@ -139,7 +141,8 @@ FROM expired e JOIN {s}.runs r ON r.id = e.run_id
 
 -- name: approvals_of_run
 -- A run's calls waiting for a reviewer.
-SELECT a.id, a.tool_call_id, a.tool_name, tc.arguments, a.arguments_digest, a.rule,
+SELECT a.id, a.tool_call_id, a.tool_name, {s}.resolved_json_v1(tc.arguments, tc.tenant_id, tc.arguments_ref) AS arguments,
+       a.arguments_digest, a.rule,
        a.approvers, a.deadline
 FROM {s}.approvals a
 JOIN {s}.tool_calls tc ON tc.id = a.tool_call_ref

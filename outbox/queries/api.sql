@@ -33,7 +33,8 @@ SELECT * FROM {s}.runs WHERE id = %(run_id)s
 
 -- name: pending_client_calls
 -- The client calls a run is waiting for, in call order.
-SELECT tc.tool_call_id, tc.tool_name, tc.arguments_raw
+SELECT tc.tool_call_id, tc.tool_name,
+       {s}.resolved_text_v1(tc.arguments_raw, tc.tenant_id, tc.arguments_ref) AS arguments_raw
 FROM {s}.tool_calls tc
 JOIN {s}.tool_batches b ON b.id = tc.batch_id AND b.status = 'open'
 WHERE tc.run_id = %(run_id)s AND tc.executor = 'client' AND tc.status = 'pending'

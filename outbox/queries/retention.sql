@@ -32,6 +32,11 @@ SELECT tenant_id, mode, threads, runs FROM {s}.retain_v1(%(limit)s, %(actor)s);
 -- Make the archive's partitions for today and the days ahead; how many were made.
 SELECT {s}.archive_partitions_v1(%(days_ahead)s) AS made;
 
+-- name: sweep_payloads
+-- Bodies stored by reference that nothing references any more (0040): up to 1000 looked
+-- at, from a random digest on.
+SELECT {s}.sweep_payloads_v1(NULL, 1000) AS swept;
+
 -- name: prune_archive
 -- Drop the archive's days past its keep; the partitions dropped.
 SELECT partition FROM {s}.prune_archive_v1(%(actor)s) AS partition;

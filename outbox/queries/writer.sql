@@ -49,7 +49,10 @@ FROM {s}.record_tool_results_v1(%(results)s::jsonb, %(worker)s::text)
 
 -- name: get_result
 -- The stored result of a tool call.
-SELECT * FROM {s}.tool_results WHERE tool_call_ref = %(tool_call_ref)s
+SELECT r.tool_call_ref, r.tenant_id, r.run_id, r.batch_id, r.status,
+       {s}.resolved_json_v1(r.output, r.tenant_id, r.output_ref) AS output, r.error,
+       r.attempt, r.source, r.worker, r.created_at
+FROM {s}.tool_results r WHERE r.tool_call_ref = %(tool_call_ref)s
 
 -- name: batch_owners
 -- The runs batches belong to (read without a lock: the runs are locked first).
@@ -105,7 +108,9 @@ WITH answers AS (
     -- OFFSET 0 keeps each lookup below a probe of a unique index per call, whatever the
     -- statistics say: a scan of results or messages would grow with the whole history.
     LEFT JOIN LATERAL (
-        SELECT * FROM {s}.tool_results WHERE tool_call_ref = tc.id OFFSET 0
+        SELECT x.status, x.error,
+               {s}.resolved_json_v1(x.output, x.tenant_id, x.output_ref) AS output
+        FROM {s}.tool_results x WHERE x.tool_call_ref = tc.id OFFSET 0
     ) r ON true
     WHERE tc.batch_id = ANY(%(batch_ids)s::bigint[])
       AND NOT EXISTS (SELECT 1 FROM {s}.messages m WHERE m.tool_call_ref = tc.id OFFSET 0)

@@ -222,7 +222,8 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
        c.correlation_id, c.attempts, c.failures, c.max_attempts,
        CASE WHEN c.kind <> 'tool_call' THEN c.payload END AS payload,
        extract(epoch FROM clock_timestamp() - c.available_at)::float8 AS lag_s,
-       tc.tool_call_id, tc.tool_name, tc.arguments, tc.idempotency_key, tc.idempotency_mode,
+       tc.tool_call_id, tc.tool_name,
+       {s}.resolved_json_v1(tc.arguments, tc.tenant_id, tc.arguments_ref) AS arguments, tc.idempotency_key, tc.idempotency_mode,
        tc.executor, tc.dispatched_attempt,
        -- settle_wait_s: how long an earlier attempt that may have reached the tool may still
        -- take effect there (its dispatch + the tool's timeout + settle_s, by this clock);
@@ -605,7 +606,8 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
        EXISTS (SELECT 1 FROM {s}.model_turns mt
                WHERE mt.run_id = w.run_id AND mt.step_no = w.step_no) AS recorded,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                   'id', m.id, 'role', m.role, 'content', m.content,
+                   'id', m.id, 'role', m.role,
+                   'content', {s}.resolved_text_v1(m.content, m.tenant_id, m.content_ref),
                    'answers_call', tc.tool_call_id, 'reasoning', m.reasoning)
                    ORDER BY m.seq), '[]')
         FROM {s}.messages m
@@ -613,7 +615,9 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
         WHERE m.thread_id = r.thread_id AND m.deleted_at IS NULL) AS messages,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'message_id', c.message_id, 'tool_call_id', c.tool_call_id,
-                   'tool_name', c.tool_name, 'arguments_raw', c.arguments_raw)
+                   'tool_name', c.tool_name,
+                   'arguments_raw', {s}.resolved_text_v1(c.arguments_raw, c.tenant_id,
+                                                         c.arguments_ref))
                    ORDER BY c.message_id, c.position), '[]')
         FROM {s}.tool_calls c WHERE c.thread_id = r.thread_id) AS calls,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(

@@ -70,8 +70,10 @@ JOIN {s}.messages m ON m.id = mt.message_id
 LEFT JOIN {s}.tool_batches b ON b.run_id = mt.run_id AND b.step_no = mt.step_no
 LEFT JOIN LATERAL (
     SELECT jsonb_agg(jsonb_build_object(
-               'id', tc.tool_call_id, 'name', tc.tool_name, 'arguments', tc.arguments_raw,
-               'status', tc.status, 'output', answer.content)
+               'id', tc.tool_call_id, 'name', tc.tool_name, 'arguments', {s}.resolved_text_v1(tc.arguments_raw, tc.tenant_id, tc.arguments_ref),
+               'status', tc.status,
+               'output', {s}.resolved_text_v1(answer.content, answer.tenant_id,
+                                              answer.content_ref))
            ORDER BY tc.position) AS items
     FROM {s}.tool_calls tc
     LEFT JOIN {s}.messages answer ON answer.tool_call_ref = tc.id
@@ -104,7 +106,8 @@ FROM {s}.runs r WHERE r.id = %(run_id)s
 
 -- name: message
 -- One message of a thread, by id, unless it or its thread is deleted.
-SELECT m.id, m.seq, m.role, m.content, m.run_id, m.created_at, ar.assistant_id
+SELECT m.id, m.seq, m.role, {s}.resolved_text_v1(m.content, m.tenant_id, m.content_ref) AS content,
+       m.run_id, m.created_at, ar.assistant_id
 FROM {s}.messages m
 LEFT JOIN {s}.assistant_runs ar ON ar.run_id = m.run_id
 WHERE m.id = %(message_id)s AND m.thread_id = %(thread_id)s AND m.deleted_at IS NULL
@@ -148,7 +151,7 @@ SELECT resp.*, next.until_seq,
        ) AS texts,
        (SELECT coalesce(jsonb_agg(jsonb_build_object('id', tc.id, 'tool_call_id', tc.tool_call_id,
                                                      'tool_name', tc.tool_name,
-                                                     'arguments_raw', tc.arguments_raw)
+                                                     'arguments_raw', {s}.resolved_text_v1(tc.arguments_raw, tc.tenant_id, tc.arguments_ref))
                                   ORDER BY tc.id), '[]'::jsonb)
         FROM {s}.tool_calls tc
         WHERE tc.run_id = resp.run_id AND tc.executor = 'client'
@@ -169,7 +172,7 @@ WHERE m.id = ANY(%(ids)s::bigint[]) AND m.role IN ('user', 'assistant')
 -- name: stored_calls
 -- The tenant's function calls of these ids that its callers saw (client calls, and calls
 -- of an imported history): the ``fc_<id>`` items of responses.
-SELECT tc.id, tc.thread_id, tc.tool_call_id, tc.tool_name, tc.arguments_raw
+SELECT tc.id, tc.thread_id, tc.tool_call_id, tc.tool_name, {s}.resolved_text_v1(tc.arguments_raw, tc.tenant_id, tc.arguments_ref) AS arguments_raw
 FROM {s}.tool_calls tc
 JOIN {s}.runs r ON r.id = tc.run_id
 JOIN {s}.threads t ON t.id = tc.thread_id AND t.deleted_at IS NULL
@@ -180,7 +183,8 @@ WHERE tc.id = ANY(%(ids)s::bigint[])
 -- A thread's messages in order, each tool message with the call it answers and whether
 -- the caller saw that call (a client call or an imported one; the relay's registry calls
 -- never show in a response).
-SELECT m.id, m.role, m.content, tc.tool_call_id AS answers_call,
+SELECT m.id, m.role, {s}.resolved_text_v1(m.content, m.tenant_id, m.content_ref) AS content,
+       tc.tool_call_id AS answers_call,
        (tc.executor = 'client' OR (tc.executor = 'none' AND r.model = 'import')) AS shown
 FROM {s}.messages m
 LEFT JOIN {s}.tool_calls tc ON tc.id = m.tool_call_ref
@@ -191,7 +195,7 @@ ORDER BY m.seq
 
 -- name: history_calls
 -- A thread's function calls its callers saw, by assistant message and position.
-SELECT tc.message_id, tc.tool_call_id, tc.tool_name, tc.arguments_raw
+SELECT tc.message_id, tc.tool_call_id, tc.tool_name, {s}.resolved_text_v1(tc.arguments_raw, tc.tenant_id, tc.arguments_ref) AS arguments_raw
 FROM {s}.tool_calls tc
 JOIN {s}.runs r ON r.id = tc.run_id
 WHERE tc.thread_id = %(thread_id)s

@@ -153,6 +153,26 @@ CALLS: dict[str, Call] = {
         "approved",
     ),
     "deliver_key_v1": lambda c, s: _is(one(c, "SELECT outbox.deliver_key_v1(7)"), "deliver:7"),
+    # Large payloads by reference (0040).
+    "payload_inline_max_v1": lambda c, s: _is(
+        one(c, "SELECT outbox.payload_inline_max_v1()"), 8192
+    ),
+    "payload_digest_v1": lambda c, s: _is(
+        one(c, "SELECT outbox.payload_digest_v1('abc')"),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+    ),
+    "payload_ref_v1": lambda c, s: _is(
+        one(c, "SELECT outbox.payload_ref_v1(repeat('a', 9000)) ->> 'bytes'"), "9000"
+    ),
+    "resolved_text_v1": lambda c, s: _is(
+        one(c, "SELECT outbox.resolved_text_v1('inline', %s, NULL)", [A]), "inline"
+    ),
+    "resolved_json_v1": lambda c, s: _is(
+        one(c, "SELECT outbox.resolved_json_v1('[1]', %s, NULL)", [A]), [1]
+    ),
+    "sweep_payloads_v1": lambda c, s: _is(
+        one(c, "SELECT outbox.sweep_payloads_v1(ARRAY[]::text[])"), 0
+    ),
     "end_run_v1": lambda c, s: _is(
         one(
             c,

@@ -51,6 +51,7 @@ TENANT_TABLES = [
     "responses",  # migration 0025
     "mcp_servers",
     "retention_policies",
+    "payloads",  # migration 0040
 ]
 
 

@@ -1,0 +1,1496 @@
+-- 0040: large payloads by reference, stored once per tenant in a content table keyed by
+-- their digest.
+-- Frozen: what revision 0040 applies, forever.
+--
+-- An argument, a result or a tool message above outbox.payload_inline_max bytes (default
+-- 8192) is stored once in payloads (tenant_id, digest: the hex SHA-256 of its UTF-8 text)
+-- and referenced from its row (tool_calls.arguments_ref, tool_results.output_ref,
+-- orphaned_results.output_ref, messages.content_ref), by a trigger, whoever writes; the
+-- readers resolve it (resolved_text_v1, resolved_json_v1). A foreign key from every
+-- reference keeps a referenced body from ever being deleted; sweep_payloads_v1 deletes
+-- bodies nothing references any more, under a row lock that an inserter of the same
+-- digest takes too. The journal's events of large arguments and results name the
+-- reference (digest and bytes), never the body: the view journal_payloads resolves them.
+
+CREATE TABLE {s}.payloads (
+    digest     text NOT NULL CHECK (digest ~ '^[0-9a-f]{64}$'),
+    tenant_id  text NOT NULL,
+    bytes      integer NOT NULL CHECK (bytes >= 0),
+    body       text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    -- The digest first: the sweep looks bodies up by digest alone, the references by both.
+    CONSTRAINT payloads_pkey PRIMARY KEY (digest, tenant_id)
+);
+
+-- The references. New columns are NULL in every existing row: each constraint is added
+-- NOT VALID (no scan under the ALTER's lock) and validated below.
+ALTER TABLE {s}.tool_calls ADD COLUMN arguments_ref text;
+ALTER TABLE {s}.tool_results ADD COLUMN output_ref text;
+ALTER TABLE {s}.orphaned_results ADD COLUMN output_ref text;
+ALTER TABLE {s}.messages ADD COLUMN content_ref text;
+ALTER TABLE {s}.tool_calls
+    ADD CONSTRAINT tool_calls_arguments_ref_fk FOREIGN KEY (arguments_ref, tenant_id)
+        REFERENCES {s}.payloads (digest, tenant_id) NOT VALID,
+    ADD CONSTRAINT tool_calls_arguments_by_ref CHECK
+        (arguments_ref IS NULL OR (arguments_raw = '' AND arguments IS NULL)) NOT VALID;
+ALTER TABLE {s}.tool_results
+    ADD CONSTRAINT tool_results_output_ref_fk FOREIGN KEY (output_ref, tenant_id)
+        REFERENCES {s}.payloads (digest, tenant_id) NOT VALID,
+    ADD CONSTRAINT tool_results_output_by_ref CHECK
+        (output_ref IS NULL OR output IS NULL) NOT VALID;
+ALTER TABLE {s}.orphaned_results
+    ADD CONSTRAINT orphaned_results_output_ref_fk FOREIGN KEY (output_ref, tenant_id)
+        REFERENCES {s}.payloads (digest, tenant_id) NOT VALID,
+    ADD CONSTRAINT orphaned_results_output_by_ref CHECK
+        (output_ref IS NULL OR output IS NULL) NOT VALID;
+ALTER TABLE {s}.messages
+    ADD CONSTRAINT messages_content_ref_fk FOREIGN KEY (content_ref, tenant_id)
+        REFERENCES {s}.payloads (digest, tenant_id) NOT VALID,
+    ADD CONSTRAINT messages_content_by_ref CHECK
+        (content_ref IS NULL OR content IS NULL) NOT VALID;
+-- Validated at once: the columns are new, so the scans find nothing to check (and a
+-- constraint left NOT VALID reads as one that is not enforced).
+ALTER TABLE {s}.tool_calls VALIDATE CONSTRAINT tool_calls_arguments_ref_fk,
+    VALIDATE CONSTRAINT tool_calls_arguments_by_ref;
+ALTER TABLE {s}.tool_results VALIDATE CONSTRAINT tool_results_output_ref_fk,
+    VALIDATE CONSTRAINT tool_results_output_by_ref;
+ALTER TABLE {s}.orphaned_results VALIDATE CONSTRAINT orphaned_results_output_ref_fk,
+    VALIDATE CONSTRAINT orphaned_results_output_by_ref;
+ALTER TABLE {s}.messages VALIDATE CONSTRAINT messages_content_ref_fk,
+    VALIDATE CONSTRAINT messages_content_by_ref;
+-- What the sweep and the foreign keys' checks on a deletion of a body look up.
+CREATE INDEX tool_calls_arguments_ref ON {s}.tool_calls (arguments_ref)
+    WHERE arguments_ref IS NOT NULL;
+CREATE INDEX tool_results_output_ref ON {s}.tool_results (output_ref)
+    WHERE output_ref IS NOT NULL;
+CREATE INDEX orphaned_results_output_ref ON {s}.orphaned_results (output_ref)
+    WHERE output_ref IS NOT NULL;
+CREATE INDEX messages_content_ref ON {s}.messages (content_ref)
+    WHERE content_ref IS NOT NULL;
+
+-- Large payloads by reference (0040) ------------------------------------------------------
+--
+-- An argument, a result or a tool message above payload_inline_max_v1() bytes is stored
+-- once per tenant in payloads, keyed by its digest (the hex SHA-256 of its UTF-8 text: for
+-- arguments the model's raw text, for a result its output's canonical JSON text, for a
+-- tool message its text; a result's body and its tool message's are the same text, so
+-- they are stored once), and referenced from its row by the triggers payload_by_reference
+-- (triggers.sql). A reference column (tool_calls.arguments_ref, tool_results.output_ref,
+-- orphaned_results.output_ref, messages.content_ref) is NULL for a body kept inline; when
+-- it is set, the inline column is empty (NULL, or '' for arguments_raw). Every reader
+-- resolves with resolved_text_v1 or resolved_json_v1. Nothing below is ever a body that
+-- differs from what was written.
+
+-- payload_inline_max_v1: the largest body kept inline, in bytes: the setting
+-- outbox.payload_inline_max (ALTER DATABASE ... SET outbox.payload_inline_max = '16384'),
+-- 8192 when unset. A change applies to rows written from then on; rows already written
+-- keep their form (both are read alike).
+CREATE OR REPLACE FUNCTION {s}.payload_inline_max_v1() RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT coalesce(nullif(current_setting('outbox.payload_inline_max', true), '')::integer,
+                    8192)
+$$;
+
+-- resolved_text_v1: a text column as written: p_inline, or the body p_ref names. Plain SQL
+-- and STABLE: inlined where it is called; runs with the caller's rights (row-level
+-- security applies to payloads as to the row that references it).
+CREATE OR REPLACE FUNCTION {s}.resolved_text_v1(p_inline text, p_tenant_id text, p_ref text)
+RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_ref IS NULL THEN p_inline
+                ELSE (SELECT p.body FROM {s}.payloads p
+                      WHERE p.digest = p_ref AND p.tenant_id = p_tenant_id) END
+$$;
+GRANT EXECUTE ON FUNCTION {s}.resolved_text_v1(text, text, text)
+    TO outbox_writer, outbox_relay, outbox_api;
+
+-- resolved_json_v1: a JSON column as written: p_inline, or the body p_ref names as JSON.
+CREATE OR REPLACE FUNCTION {s}.resolved_json_v1(p_inline jsonb, p_tenant_id text, p_ref text)
+RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_ref IS NULL THEN p_inline
+                ELSE (SELECT p.body::jsonb FROM {s}.payloads p
+                      WHERE p.digest = p_ref AND p.tenant_id = p_tenant_id) END
+$$;
+GRANT EXECUTE ON FUNCTION {s}.resolved_json_v1(jsonb, text, text)
+    TO outbox_writer, outbox_relay, outbox_api;
+
+-- payload_digest_v1: the digest a body is stored under.
+CREATE OR REPLACE FUNCTION {s}.payload_digest_v1(p_body text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT encode(sha256(convert_to(p_body, 'UTF8')), 'hex')
+$$;
+
+-- payload_ref_v1: what the journal says of a body: {"digest", "bytes"} when it is stored
+-- by reference (over payload_inline_max_v1()), else NULL (a small body is not named in
+-- the journal: it never was). The jsonb form is a result's output; the text form a
+-- call's raw arguments.
+CREATE OR REPLACE FUNCTION {s}.payload_ref_v1(p_output jsonb) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_output IS NOT NULL
+                     AND pg_column_size(p_output) * 6 > {s}.payload_inline_max_v1()
+                     AND octet_length(p_output::text) > {s}.payload_inline_max_v1()
+                THEN jsonb_build_object('digest', {s}.payload_digest_v1(p_output::text),
+                                        'bytes', octet_length(p_output::text)) END
+$$;
+CREATE OR REPLACE FUNCTION {s}.payload_ref_v1(p_text text) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN octet_length(p_text) > {s}.payload_inline_max_v1()
+                THEN jsonb_build_object('digest', {s}.payload_digest_v1(p_text),
+                                        'bytes', octet_length(p_text)) END
+$$;
+
+-- payload_put_v1: store p_body for p_tenant_id once and return its digest, holding a KEY
+-- SHARE lock on its row until the caller commits. A sweep deletes a body only under a FOR
+-- UPDATE lock of its row (SKIP LOCKED: a body being referenced is passed over) and after
+-- checking again, in a fresh snapshot, that nothing references it; so a body this
+-- function found already stored is either locked here before the sweep looks (kept), or
+-- deleted first, in which case the lock finds no row and the body is stored again. The
+-- reference's foreign key is the last word: no statement can leave a reference to a body
+-- that is gone. Only the trigger functions call it (as the schema owner).
+CREATE OR REPLACE FUNCTION {s}.payload_put_v1(p_tenant_id text, p_body text)
+RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_digest text := {s}.payload_digest_v1(p_body);
+BEGIN
+    LOOP
+        INSERT INTO {s}.payloads (digest, tenant_id, bytes, body)
+        VALUES (v_digest, p_tenant_id, octet_length(p_body), p_body)
+        ON CONFLICT (digest, tenant_id) DO NOTHING;
+        PERFORM 1 FROM {s}.payloads p
+        WHERE p.digest = v_digest AND p.tenant_id = p_tenant_id FOR KEY SHARE;
+        IF FOUND THEN
+            RETURN v_digest;
+        END IF;
+    END LOOP;
+END $$;
+REVOKE ALL ON FUNCTION {s}.payload_put_v1(text, text) FROM PUBLIC;
+
+-- payload_referenced_v1: whether any row references the body (p_digest, p_tenant_id), in
+-- the caller's snapshot. Each lookup goes through a partial index of references.
+CREATE OR REPLACE FUNCTION {s}.payload_referenced_v1(p_digest text, p_tenant_id text)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM {s}.tool_calls c
+                   WHERE c.arguments_ref = p_digest AND c.tenant_id = p_tenant_id)
+        OR EXISTS (SELECT 1 FROM {s}.tool_results r
+                   WHERE r.output_ref = p_digest AND r.tenant_id = p_tenant_id)
+        OR EXISTS (SELECT 1 FROM {s}.orphaned_results o
+                   WHERE o.output_ref = p_digest AND o.tenant_id = p_tenant_id)
+        OR EXISTS (SELECT 1 FROM {s}.messages m
+                   WHERE m.content_ref = p_digest AND m.tenant_id = p_tenant_id)
+$$;
+REVOKE ALL ON FUNCTION {s}.payload_referenced_v1(text, text) FROM PUBLIC;
+
+-- sweep_payloads_v1: delete bodies nothing references any more; returns how many.
+--
+--   SELECT outbox.sweep_payloads_v1();                 -- up to 1000 bodies, see below
+--   SELECT outbox.sweep_payloads_v1(ARRAY['9f86…']);   -- these digests only
+--
+-- retain_v1 and erase_thread_v1 sweep the digests they dropped references to; the relay's
+-- retention task (and `outbox retention run`) sweeps the rest: a body left by a row
+-- refused after its trigger stored it, or passed over below. Without digests it looks at
+-- up to p_limit bodies from a random digest on (wrapping around), so each call costs the
+-- same however many bodies there are and every body is looked at over the calls. Each
+-- candidate is locked FOR UPDATE SKIP LOCKED (a body being referenced right now is locked
+-- KEY SHARE by payload_put_v1 and is passed over) and checked again under the lock, in a
+-- fresh snapshot, before it goes. Runs as the schema owner (SECURITY DEFINER), every
+-- tenant.
+CREATE OR REPLACE FUNCTION {s}.sweep_payloads_v1(p_digests text[] DEFAULT NULL,
+                                                 p_limit integer DEFAULT 1000)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_row   record;
+    v_gone  integer := 0;
+    v_seen  integer := 0;
+    v_start text;
+BEGIN
+    IF p_digests IS NOT NULL THEN
+        FOR v_row IN
+            SELECT p.digest, p.tenant_id FROM {s}.payloads p
+            WHERE p.digest = ANY (p_digests)
+            ORDER BY p.digest, p.tenant_id
+            LIMIT greatest(p_limit, 0)
+            FOR UPDATE SKIP LOCKED
+        LOOP
+            IF NOT {s}.payload_referenced_v1(v_row.digest, v_row.tenant_id) THEN
+                DELETE FROM {s}.payloads p
+                WHERE p.digest = v_row.digest AND p.tenant_id = v_row.tenant_id;
+                v_gone := v_gone + 1;
+            END IF;
+        END LOOP;
+        RETURN v_gone;
+    END IF;
+    v_start := {s}.payload_digest_v1(random()::text);
+    FOR v_row IN
+        SELECT p.digest, p.tenant_id FROM {s}.payloads p
+        WHERE p.digest >= v_start
+        ORDER BY p.digest, p.tenant_id
+        LIMIT greatest(p_limit, 0)
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        v_seen := v_seen + 1;
+        IF NOT {s}.payload_referenced_v1(v_row.digest, v_row.tenant_id) THEN
+            DELETE FROM {s}.payloads p
+            WHERE p.digest = v_row.digest AND p.tenant_id = v_row.tenant_id;
+            v_gone := v_gone + 1;
+        END IF;
+    END LOOP;
+    FOR v_row IN
+        SELECT p.digest, p.tenant_id FROM {s}.payloads p
+        WHERE p.digest < v_start
+        ORDER BY p.digest, p.tenant_id
+        LIMIT greatest(p_limit - v_seen, 0)
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        IF NOT {s}.payload_referenced_v1(v_row.digest, v_row.tenant_id) THEN
+            DELETE FROM {s}.payloads p
+            WHERE p.digest = v_row.digest AND p.tenant_id = v_row.tenant_id;
+            v_gone := v_gone + 1;
+        END IF;
+    END LOOP;
+    RETURN v_gone;
+END $$;
+REVOKE ALL ON FUNCTION {s}.sweep_payloads_v1(text[], integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.sweep_payloads_v1(text[], integer) TO outbox_relay;
+
+
+-- archived_row_v1 (0040): a row of a conversation as the archive keeps it (run_document_v1,
+-- retain_v1): its bodies inline, whether it held them inline or by reference, and no
+-- reference columns (an archived document stands alone: the bodies it references leave
+-- payloads with the row).
+CREATE OR REPLACE FUNCTION {s}.archived_row_v1(p_row jsonb)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT (p_row - 'content_ref' - 'arguments_ref' - 'output_ref')
+        || CASE WHEN p_row ->> 'content_ref' IS NULL THEN '{}'::jsonb
+                ELSE jsonb_build_object('content', {s}.resolved_text_v1(
+                         NULL, p_row ->> 'tenant_id', p_row ->> 'content_ref')) END
+        || CASE WHEN p_row ->> 'arguments_ref' IS NULL THEN '{}'::jsonb
+                ELSE (SELECT jsonb_build_object('arguments_raw', b.body,
+                                                'arguments', b.body::jsonb)
+                      FROM (SELECT {s}.resolved_text_v1(NULL, p_row ->> 'tenant_id',
+                                                        p_row ->> 'arguments_ref') AS body) b)
+           END
+        || CASE WHEN p_row ->> 'output_ref' IS NULL THEN '{}'::jsonb
+                ELSE jsonb_build_object('output', {s}.resolved_json_v1(
+                         NULL, p_row ->> 'tenant_id', p_row ->> 'output_ref')) END
+$$;
+REVOKE ALL ON FUNCTION {s}.archived_row_v1(jsonb) FROM PUBLIC;
+
+
+-- The functions that write, read, archive, retain and erase these bodies.
+
+-- submit_tool_outputs_v1: submit the outputs of client-executed tool calls of a run.
+--
+-- Answers: "my backend ran the tools the run is waiting for; record their outputs".
+--
+--   SELECT outbox.submit_tool_outputs_v1('tenant-a', '9f1c…'::uuid,
+--       '[{"tool_call_id": "call_1", "output": {"ok": true}},
+--         {"tool_call_id": "call_2", "error": "card declined"}]');
+--
+-- Returns the run's status afterwards. The Python writer API calls this same function.
+-- Guarantees:
+--   * all or nothing: unknown call ids, ids of calls the relay runs itself, outputs that
+--     leave a pending client call of the batch unanswered, or an oversized output raise an
+--     error (SQLSTATE 22023, or P0002 for a missing run) that names the problem; nothing
+--     is written then;
+--   * submitting the same outputs again is a no-op that returns the status, also after
+--     the run ended (an output of a call that has its result, or one already kept in
+--     orphaned_results, is not kept twice);
+--   * the deadline is decided by the database clock at submission: outputs submitted
+--     after the run's action_deadline are refused, kept in orphaned_results (reason
+--     deadline_passed) and the function returns 'expired', whether or not a relay's sweep
+--     has recorded the expiry yet;
+--   * outputs for a run that already ended (cancelled, expired, failed, completed) are
+--     kept in orphaned_results (reason run_ended) and never reach a context;
+--   * when the last output of a batch lands, the batch's delivery is enqueued in the same
+--     transaction, exactly once.
+-- Locks the run, then batches: the one lock order of every writer path.
+-- Runs as the schema owner (SECURITY DEFINER) so that a least-privilege writer role only
+-- needs EXECUTE. Row-level security does not apply inside, so it acts only for the tenant
+-- the transaction is scoped to (outbox.enter_tenant_v1, or the Python writer API, which
+-- scopes first): an unscoped session is refused (42501), as is another tenant.
+CREATE OR REPLACE FUNCTION {s}.submit_tool_outputs_v1(
+    p_tenant_id text, p_run_id uuid, p_outputs jsonb
+) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_run        {s}.runs;
+    v_given      text[];
+    v_bad        text[];
+    v_late       boolean;
+    v_kept       text[];
+    v_cap        integer := coalesce(
+                     nullif(current_setting('outbox.max_payload_bytes', true), '')::integer,
+                     262144);
+BEGIN
+    PERFORM {s}.require_tenant_scope_v1(p_tenant_id, 'submit_tool_outputs_v1');
+    SELECT * INTO v_run FROM {s}.runs WHERE id = p_run_id FOR UPDATE;
+    IF NOT FOUND OR v_run.tenant_id <> p_tenant_id THEN
+        RAISE EXCEPTION 'run % does not exist for tenant %', p_run_id, p_tenant_id
+            USING ERRCODE = 'no_data_found', HINT = 'check the run id and the tenant';
+    END IF;
+    IF jsonb_typeof(p_outputs) IS DISTINCT FROM 'array' OR jsonb_array_length(p_outputs) = 0 THEN
+        RAISE EXCEPTION 'outputs must be a non-empty JSON array'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'send [{"tool_call_id": "...", "output": ...} | {"tool_call_id": "...", "error": "..."}]';
+    END IF;
+    SELECT array_agg(o->>'tool_call_id') INTO v_given FROM jsonb_array_elements(p_outputs) o;
+    IF array_position(v_given, NULL) IS NOT NULL
+       OR (SELECT count(DISTINCT g) FROM unnest(v_given) g) <> cardinality(v_given) THEN
+        RAISE EXCEPTION 'every output needs a tool_call_id, each at most once: %', v_given
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(g) INTO v_bad FROM unnest(v_given) g
+    WHERE NOT EXISTS (SELECT 1 FROM {s}.tool_calls tc
+                      WHERE tc.run_id = p_run_id AND tc.tool_call_id = g);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'tool call ids % are not calls of run %', v_bad, p_run_id
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'submit the ids the run lists as waiting (outbox runs show RUN)';
+    END IF;
+    SELECT array_agg(tc.tool_call_id) INTO v_bad FROM {s}.tool_calls tc
+    WHERE tc.run_id = p_run_id AND tc.tool_call_id = ANY(v_given) AND tc.executor <> 'client';
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'tool calls % are run by the relay, not by the client', v_bad
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(o->>'tool_call_id') INTO v_bad FROM jsonb_array_elements(p_outputs) o
+    WHERE octet_length(o::text) > v_cap;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'outputs for % are over the cap of % bytes', v_bad, v_cap
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'store large data elsewhere and submit a reference';
+    END IF;
+
+    -- Past the deadline by the database clock (a sweep may not have expired it yet), the
+    -- run takes no more outputs: it is expired from that moment.
+    IF {s}.run_over_v1(v_run.status, v_run.action_deadline) THEN
+        v_late := NOT {s}.run_ended_v1(v_run.status);
+        SELECT array_agg(k.tool_call_id ORDER BY k.id) INTO v_kept
+        FROM {s}.keep_orphaned_results_v1((
+            SELECT jsonb_agg(jsonb_build_object(
+                       'ref', tc.id, 'status', a.status, 'output', o->'output',
+                       'error', a.error, 'source', 'client',
+                       'reason', CASE WHEN v_late THEN 'deadline_passed' ELSE 'run_ended' END)
+                   ORDER BY e.n)
+            FROM jsonb_array_elements(p_outputs) WITH ORDINALITY AS e(o, n)
+            CROSS JOIN LATERAL (
+                SELECT CASE WHEN o ? 'error' THEN 'error' ELSE 'ok' END AS status,
+                       CASE WHEN o ? 'error' THEN coalesce(o->>'error', 'error') END AS error
+            ) a
+            JOIN {s}.tool_calls tc
+              ON tc.run_id = p_run_id AND tc.tool_call_id = o->>'tool_call_id'
+            -- A resend is a no-op: a call that has its result, or this very output kept (a
+            -- JSON null output is kept as NULL, and was kept as JSON null before 0030).
+            WHERE NOT EXISTS (SELECT 1 FROM {s}.tool_results r WHERE r.tool_call_ref = tc.id)
+              AND NOT EXISTS (SELECT 1 FROM {s}.orphaned_results x
+                              WHERE x.tool_call_ref = tc.id AND x.source = 'client'
+                                AND x.status = a.status
+                                AND coalesce({s}.resolved_json_v1(x.output, x.tenant_id,
+                                                                  x.output_ref), 'null')
+                                    = coalesce(o->'output', 'null')
+                                AND x.error IS NOT DISTINCT FROM a.error))) k;
+        IF v_kept IS NOT NULL THEN
+            INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
+            VALUES (p_tenant_id, 'tool_outputs.orphaned', v_run.thread_id, p_run_id,
+                    v_run.correlation_id,
+                    jsonb_build_object('run_status', v_run.status,
+                                       'reason', CASE WHEN v_late THEN 'deadline_passed'
+                                                      ELSE 'run_ended' END,
+                                       'action_deadline', v_run.action_deadline,
+                                       'tool_call_ids', v_kept));
+        END IF;
+        RETURN CASE WHEN v_late THEN 'expired' ELSE v_run.status END;
+    END IF;
+
+    -- Every client call still waiting in the run's open batch must be answered together.
+    SELECT array_agg(tc.tool_call_id ORDER BY tc.position) INTO v_bad
+    FROM {s}.tool_calls tc
+    JOIN {s}.tool_batches b ON b.id = tc.batch_id AND b.status = 'open'
+    WHERE tc.run_id = p_run_id AND tc.executor = 'client' AND tc.status = 'pending'
+      AND NOT (tc.tool_call_id = ANY(v_given));
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'incomplete outputs for run %: still missing %', p_run_id, v_bad
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'submit the outputs of every waiting call in one request';
+    END IF;
+
+    -- The outputs as results of their calls: stored, counted against their batches, the
+    -- delivery of a batch they complete enqueued once, all journaled (a resend is a no-op).
+    PERFORM 1 FROM {s}.record_tool_results_v1(
+        (SELECT jsonb_agg(jsonb_build_object(
+                    'ref', tc.id,
+                    'status', CASE WHEN o ? 'error' THEN 'error' ELSE 'ok' END,
+                    'output', o->'output',
+                    'error', CASE WHEN o ? 'error' THEN coalesce(o->>'error', 'error') END,
+                    'source', 'client', 'attempt', 0) ORDER BY tc.id)
+         FROM jsonb_array_elements(p_outputs) o
+         JOIN {s}.tool_calls tc
+           ON tc.run_id = p_run_id AND tc.tool_call_id = o->>'tool_call_id'),
+        NULL);
+
+    UPDATE {s}.runs SET status = 'in_progress', action_deadline = NULL, updated_at = now()
+    WHERE id = p_run_id AND status = 'requires_action'
+      AND NOT EXISTS (SELECT 1 FROM {s}.tool_calls tc
+                      WHERE tc.run_id = p_run_id AND tc.executor = 'client'
+                        AND tc.status = 'pending');
+    RETURN (SELECT status FROM {s}.runs WHERE id = p_run_id);
+END $$;
+REVOKE ALL ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb)
+    TO outbox_writer, outbox_api;  -- outbox_api: migration 0020
+
+
+-- record_tool_results_v1: record terminal results of tool calls, many in one call.
+--
+-- The one implementation of "store the result, count the batch down, enqueue its delivery
+-- once, journal it": the relay (every fenced result of a completion transaction in one
+-- call), the Python writer (writer.record_tool_result: outbox reconcile, single results)
+-- and submit_tool_outputs_v1 call it.
+--
+--   SELECT * FROM outbox.record_tool_results_v1(
+--       '[{"ref": 42, "status": "ok", "output": {"id": 7}, "source": "relay",
+--          "attempt": 2, "lag_s": 0.004}]', 'relay-host-1');
+--
+-- p_results is a JSON array of {ref (tool_calls.id), status ('ok' or 'error'), output,
+-- error, source, attempt, lag_s (optional: how long the row waited, due, before a claim)},
+-- each ref at most once. Returns one row per input, in input order: outcome 'stored',
+-- 'duplicate' (the call has its result already; it stays) or 'orphaned' (its batch is
+-- closed: the result is kept in orphaned_results, never in a context), and
+-- completed_batch, the batch this result completed (else null). For each result stored:
+-- the call marked succeeded or failed, its batch's pending count lowered, journal
+-- tool_result.stored (or tool_result.orphaned); for each batch completed: its delivery
+-- enqueued once (dedup key deliver_key_v1) and journal batch.complete, after the results'
+-- events. Locks the batches in id order; a caller that moves runs forward holds their
+-- run locks first (the one lock order of every writer path: runs, then batches). Runs
+-- with the caller's rights (row-level security applies); backends submit client outputs
+-- through submit_tool_outputs_v1, which checks them first.
+CREATE OR REPLACE FUNCTION {s}.record_tool_results_v1(p_results jsonb, p_worker text)
+RETURNS TABLE (ref bigint, outcome text, completed_batch bigint)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_refs      bigint[];
+    v_outcomes  text[];
+    v_completed bigint[];
+    v_attempts  integer[];
+BEGIN
+    v_refs := ARRAY(SELECT (e->>'ref')::bigint FROM jsonb_array_elements(p_results) e);
+    PERFORM 1 FROM {s}.tool_batches b
+    WHERE b.id IN (SELECT tc.batch_id FROM {s}.tool_calls tc WHERE tc.id = ANY(v_refs))
+    ORDER BY b.id FOR UPDATE;
+
+    -- Every lookup is by primary key or a unique index, whatever the size of the tables.
+    WITH input AS (
+        SELECT i.*, row_number() OVER () AS n
+        FROM jsonb_to_recordset(p_results)
+            AS i(ref bigint, status text, output jsonb, error text, source text,
+                 attempt int, lag_s float8)
+    ), calls AS (
+        SELECT i.*, tc.tenant_id, tc.run_id, tc.thread_id, tc.batch_id, tc.tool_call_id,
+               (SELECT b.status FROM {s}.tool_batches b WHERE b.id = tc.batch_id)
+                   AS batch_status,
+               (SELECT r.correlation_id FROM {s}.runs r WHERE r.id = tc.run_id)
+                   AS correlation_id,
+               EXISTS (SELECT 1 FROM {s}.tool_results x WHERE x.tool_call_ref = i.ref)
+                   AS repeat
+        FROM input i
+        JOIN {s}.tool_calls tc ON tc.id = i.ref AND tc.id = ANY(v_refs)
+    ), stored AS (
+        INSERT INTO {s}.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status,
+                                      output, error, attempt, source, worker)
+        SELECT c.ref, c.tenant_id, c.run_id, c.batch_id, c.status, c.output, c.error,
+               c.attempt, c.source, p_worker
+        FROM calls c WHERE NOT c.repeat AND c.batch_status = 'open'
+        ON CONFLICT (tool_call_ref) DO NOTHING
+        RETURNING tool_call_ref, batch_id, status, error
+    ), orphaned AS (
+        -- The journal's insert reads it for every input row not stored, so it runs whenever
+        -- there is something to keep (a CTE with a volatile function runs once, at most).
+        SELECT k.tool_call_ref
+        FROM {s}.keep_orphaned_results_v1(
+            (SELECT jsonb_agg(jsonb_build_object(
+                        'ref', c.ref, 'status', c.status, 'output', c.output,
+                        'error', c.error, 'reason', 'batch_closed', 'source', c.source,
+                        'attempt', c.attempt) ORDER BY c.n)
+             FROM calls c WHERE NOT c.repeat AND c.batch_status <> 'open')) k
+    ), done AS (
+        UPDATE {s}.tool_calls tc
+        SET status = CASE WHEN s.status = 'ok' THEN 'succeeded' ELSE 'failed' END,
+            last_error = s.error, updated_at = now()
+        FROM stored s
+        WHERE tc.id = s.tool_call_ref
+    ), counted AS (
+        UPDATE {s}.tool_batches b
+        SET pending = b.pending - n.n,
+            status = CASE WHEN b.pending - n.n = 0 THEN 'complete' ELSE b.status END,
+            completed_at = CASE WHEN b.pending - n.n = 0 THEN now() END
+        FROM (SELECT s.batch_id, count(*) AS n, max(s.tool_call_ref) AS last_ref
+              FROM stored s GROUP BY s.batch_id) n
+        WHERE b.id = n.batch_id
+        RETURNING b.id, b.pending, n.last_ref
+    ), journaled AS (
+        -- Each input row is matched against the stored and orphaned refs as one array
+        -- each: a join of these CTEs, each estimated at one row, was a nested loop over
+        -- both (n^2).
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id,
+                                 tool_call_ref, tool_call_id, correlation_id, attempt,
+                                 worker, detail)
+        SELECT c.tenant_id,
+               CASE WHEN c.stored THEN 'tool_result.stored' ELSE 'tool_result.orphaned' END,
+               c.thread_id, c.run_id, c.batch_id, c.ref, c.tool_call_id, c.correlation_id,
+               c.attempt, p_worker,
+               CASE WHEN c.stored
+                    THEN jsonb_strip_nulls(jsonb_build_object(
+                        'status', c.status, 'source', c.source, 'lag_s', c.lag_s,
+                        'payload', {s}.payload_ref_v1(c.output)))
+                    ELSE jsonb_build_object('batch_status', c.batch_status,
+                                            'source', c.source) END
+        FROM (
+            SELECT calls.*,
+                   calls.ref = ANY (ARRAY(SELECT tool_call_ref FROM stored)) AS stored,
+                   calls.ref = ANY (ARRAY(SELECT tool_call_ref FROM orphaned)) AS orphaned
+            FROM calls
+        ) c
+        WHERE c.stored OR c.orphaned
+        ORDER BY c.batch_id, c.ref
+    )
+    SELECT array_agg(i.ref ORDER BY i.n),
+           array_agg(CASE WHEN i.ref = ANY (ARRAY(SELECT tool_call_ref FROM stored))
+                              THEN 'stored'
+                          WHEN i.ref = ANY (ARRAY(SELECT tool_call_ref FROM orphaned))
+                              THEN 'orphaned'
+                          ELSE 'duplicate' END ORDER BY i.n),
+           array_agg((SELECT k.id FROM counted k WHERE k.last_ref = i.ref AND k.pending = 0)
+                     ORDER BY i.n),
+           array_agg(i.attempt ORDER BY i.n)
+    INTO v_refs, v_outcomes, v_completed, v_attempts
+    FROM input i;
+
+    IF EXISTS (SELECT 1 FROM unnest(v_completed) c WHERE c IS NOT NULL) THEN
+        WITH info AS (
+            SELECT d.batch_id, d.attempt, tc.tenant_id, tc.thread_id, tc.run_id,
+                   tc.tool_call_id, r.correlation_id
+            FROM unnest(v_completed, v_refs, v_attempts) AS d(batch_id, ref, attempt)
+            JOIN {s}.tool_calls tc ON tc.id = d.ref
+            JOIN {s}.runs r ON r.id = tc.run_id
+            WHERE d.batch_id IS NOT NULL
+        ), queued AS (
+            INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
+                                    correlation_id)
+            SELECT i.tenant_id, 'deliver_batch', {s}.deliver_key_v1(i.batch_id), i.thread_id,
+                   i.run_id, i.batch_id, i.correlation_id
+            FROM info i ORDER BY i.batch_id
+            ON CONFLICT (dedup_key) DO NOTHING
+        )
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_id,
+                                 correlation_id, attempt, worker)
+        SELECT i.tenant_id, 'batch.complete', i.thread_id, i.run_id, i.batch_id,
+               i.tool_call_id, i.correlation_id, i.attempt, p_worker
+        FROM info i ORDER BY i.batch_id;
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(v_refs, v_outcomes, v_completed);
+END $$;
+REVOKE ALL ON FUNCTION {s}.record_tool_results_v1(jsonb, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.record_tool_results_v1(jsonb, text)
+    TO outbox_writer, outbox_relay, outbox_api;
+
+
+-- end_run_v1: end a run (failed, cancelled or expired) and keep its thread replayable.
+--
+-- The one implementation of ending a run: the Python writer (writer.end_run: the relay's
+-- step cap, budget, loop and expiry) and cancel_run_v1 call it. Every batch whose outputs
+-- did not reach the history is closed and each of its calls gets a tool message at once
+-- (its result, or an error that claims no more than is known, as answer_calls); rows nobody
+-- holds a lease on leave the outbox (no new claims); work in flight finishes and its
+-- results land in orphaned_results. Journals batch.closed per batch and run.<status>.
+-- Locks the run, then its batches. Not for backends (EXECUTE: the relay role).
+CREATE OR REPLACE FUNCTION {s}.end_run_v1(
+    p_run_id uuid, p_status text, p_reason text, p_error text DEFAULT NULL,
+    p_actor text DEFAULT NULL
+) RETURNS {s}.runs
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_run     {s}.runs;
+    v_batch   {s}.tool_batches;
+    v_why     text := format('the run was %s (%s)', p_status, p_reason);
+    v_closed  integer := 0;
+    v_answers integer;
+    v_dropped jsonb;
+BEGIN
+    IF p_status NOT IN ('failed', 'cancelled', 'expired') THEN
+        RAISE EXCEPTION 'a run ends failed, cancelled or expired, not %', quote_nullable(p_status)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO v_run FROM {s}.runs WHERE id = p_run_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'run % does not exist', p_run_id USING ERRCODE = 'no_data_found';
+    END IF;
+    FOR v_batch IN SELECT * FROM {s}.tool_batches
+                   WHERE run_id = p_run_id AND status IN ('open', 'complete')
+                   ORDER BY id FOR UPDATE LOOP
+        UPDATE {s}.tool_batches
+        SET status = CASE WHEN p_status = 'expired' THEN 'expired' ELSE 'cancelled' END
+        WHERE id = v_batch.id;
+        UPDATE {s}.tool_calls SET status = 'cancelled', updated_at = now()
+        WHERE batch_id = v_batch.id
+          AND status IN ('pending', 'quarantined', 'awaiting_approval');
+        -- A tool message for every call of the batch that has none, in call order (the
+        -- statement of answer_calls in outbox/queries/writer.sql, for one batch).
+        WITH answers AS (
+            SELECT tc.tenant_id, tc.thread_id, tc.run_id, tc.position, tc.id AS ref,
+                   CASE WHEN r.status = 'ok' AND jsonb_typeof(r.output) = 'string'
+                            THEN r.output #>> '{}'
+                        WHEN r.status = 'ok' THEN coalesce(r.output::text, 'null')
+                        WHEN r.status = 'error' THEN jsonb_build_object('error', r.error)::text
+                        WHEN tc.executor = 'client' THEN jsonb_build_object(
+                            'error', 'no output: ' || v_why
+                                     || ' before an output of this call was submitted')::text
+                        WHEN tc.attempts > 0 OR tc.dispatched_attempt IS NOT NULL
+                             OR EXISTS (SELECT 1 FROM {s}.outbox o
+                                        WHERE o.dedup_key = {s}.tool_call_key_v1(tc.id)
+                                          AND o.attempts > 0
+                                        OFFSET 0)
+                            THEN jsonb_build_object(
+                            'error', 'outcome unknown: ' || v_why
+                                     || ' while an attempt of this call may have been under'
+                                     || ' way; it may have taken effect, and a result that'
+                                     || ' arrives later is kept out of this conversation')::text
+                        ELSE jsonb_build_object('error', 'not executed: ' || v_why)::text
+                   END AS content
+            FROM {s}.tool_calls tc
+            LEFT JOIN (SELECT x.tool_call_ref, x.status, x.error,
+                              {s}.resolved_json_v1(x.output, x.tenant_id, x.output_ref) AS output
+                       FROM {s}.tool_results x) r ON r.tool_call_ref = tc.id
+            WHERE tc.batch_id = v_batch.id
+              AND NOT EXISTS (SELECT 1 FROM {s}.messages m WHERE m.tool_call_ref = tc.id)
+        ), numbered AS (
+            SELECT a.*, count(*) OVER () AS n, row_number() OVER (ORDER BY a.position) AS k
+            FROM answers a
+        ), seqs AS (
+            UPDATE {s}.threads t SET next_seq = t.next_seq + w.n
+            FROM (SELECT DISTINCT n FROM numbered) w
+            WHERE t.id = v_batch.thread_id
+            RETURNING t.next_seq - w.n AS first_seq
+        )
+        INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id, tool_call_ref)
+        SELECT m.tenant_id, m.thread_id, s.first_seq + m.k - 1, 'tool', m.content, m.run_id, m.ref
+        FROM numbered m CROSS JOIN seqs s
+        ORDER BY m.k;
+        GET DIAGNOSTICS v_answers = ROW_COUNT;
+        v_closed := v_closed + v_answers;
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, correlation_id,
+                                 detail)
+        VALUES (v_batch.tenant_id, 'batch.closed', v_batch.thread_id, p_run_id, v_batch.id,
+                v_run.correlation_id,
+                jsonb_build_object('status', CASE WHEN p_status = 'expired' THEN 'expired'
+                                                  ELSE 'cancelled' END,
+                                   'answered_calls', v_answers, 'why', v_why));
+    END LOOP;
+    WITH dropped AS (
+        DELETE FROM {s}.outbox WHERE run_id = p_run_id AND status IN ('ready', 'quarantined')
+        RETURNING kind
+    )
+    SELECT coalesce(jsonb_agg(kind), '[]') INTO v_dropped FROM dropped;
+    UPDATE {s}.runs
+    SET status = p_status, failure_reason = p_reason,
+        last_error = coalesce(p_error, last_error), action_deadline = NULL, ended_at = now(),
+        updated_at = now()
+    WHERE id = p_run_id
+    RETURNING * INTO v_run;
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, actor, detail)
+    VALUES (v_run.tenant_id, 'run.' || p_status, v_run.thread_id, p_run_id, v_run.correlation_id,
+            p_actor, jsonb_build_object('reason', p_reason, 'error', p_error,
+                                        'closed_calls', v_closed, 'dropped_rows', v_dropped));
+    RETURN v_run;
+END $$;
+REVOKE ALL ON FUNCTION {s}.end_run_v1(uuid, text, text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.end_run_v1(uuid, text, text, text, text) TO outbox_relay;
+
+
+-- record_model_turns_v1: record model responses and the tool calls they asked for, many
+-- turns at once.
+--
+--   SELECT * FROM outbox.record_model_turns_v1(
+--       '[{"tenant_id": "tenant-a", "run_id": "9f1c…", "step_no": 1, "content": null,
+--          "reasoning": [{"type": "reasoning", "id": "rs_1", "encrypted_content": "…",
+--                         "summary": []}],
+--          "response_id": "resp_1", "input_tokens": 120, "output_tokens": 30,
+--          "cached_tokens": 0},
+--         {"tenant_id": "tenant-a", "run_id": "77aa…", "step_no": 3, "content": "Done.",
+--          "response_id": "resp_2", "input_tokens": 400, "output_tokens": 12}]',
+--       '[[{"tool_call_id": "call_1", "name": "lookup_order", "version": 1,
+--           "arguments": {"order_id": "42"}, "arguments_raw": "{\"order_id\": \"42\"}",
+--           "arguments_hash": "…", "executor": "http", "idempotency_mode": "key",
+--           "idempotency_key": "ob-…", "status": "pending", "error": null,
+--           "decision": {"action": "allow", "rule": "…"}, "max_attempts": 5,
+--           "approval": null}],
+--         []]');
+--
+-- p_calls[n] are the calls of turn p_turns[n] as outbox.registry.plan_call planned them, in
+-- the model's order. A turn's "reasoning" (optional) is the reasoning items of a Responses
+-- API answer, verbatim, kept on its assistant message (messages.reasoning) and given back
+-- to the model before that message's text and calls. A call with an "error" is stored
+-- with that error as its result (the model sees it next turn), a "client" call makes the
+-- run wait in requires_action, any other gets its outbox row (held until decided when it
+-- carries an "approval": {rule, approvers, timeout_s}). In the caller's transaction, all
+-- or nothing: for each turn the assistant message, the turn with its cost by the model's
+-- price, the tenant's tokens, the batch, each call's intent, journal event and outbox
+-- row, the refused calls' results (record_tool_results_v1), and the run's new status
+-- (completed without calls).
+--
+-- Returns one row per turn, in p_turns' order: the turn, its message and batch, the calls'
+-- ids in order, the run's status, created (false for a turn already recorded at this
+-- step, which is returned as stored, or for a run that is over, whose turn is journaled
+-- model_turn.discarded), the run's loop_limit and the tool calls of its latest loop_limit
+-- x loop_periods batches (newest first, as {step_no, signature}) for the writer's loop
+-- detection. A missing run raises P0002; another tenant's OB004; p_calls not matching
+-- p_turns 22023. Locks the runs first, in id order (the one lock order: runs, then
+-- batches). Runs with the caller's rights under row-level security.
+--
+-- Each table is written by one statement for all the turns, not one per turn: a
+-- statement's fixed costs (its executor, its CHECK constraints parsed again, its
+-- triggers) were most of what PostgreSQL spent on a turn recorded one at a time. Two turns
+-- of one run are recorded one after the other, each seeing the one before it.
+CREATE OR REPLACE FUNCTION {s}.record_model_turns_v1(p_turns jsonb, p_calls jsonb)
+RETURNS TABLE (model_turn_id bigint, message_id bigint, batch_id bigint, tool_call_refs bigint[],
+               run_status text, created boolean, loop_limit integer, recent_batches jsonb)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_run_ids uuid[];
+    v_tenant  text;
+    v_refusal record;
+    v_new     bigint[];  -- positions (from 1) in p_turns of the turns to record
+    v_ended   bigint[];  -- positions of the turns of runs that are over
+    v_refused jsonb;     -- results of the calls refused when planned
+    v_queued  jsonb;     -- the calls that get an outbox row
+BEGIN
+    IF jsonb_typeof(p_turns) IS DISTINCT FROM 'array'
+       OR jsonb_typeof(p_calls) IS DISTINCT FROM 'array'
+       OR jsonb_array_length(p_turns) <> jsonb_array_length(p_calls) THEN
+        RAISE EXCEPTION 'p_turns and p_calls must be JSON arrays of the same length'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'pass each turn''s list of calls at its turn''s position';
+    END IF;
+    v_run_ids := ARRAY(SELECT (t->>'run_id')::uuid FROM jsonb_array_elements(p_turns) t);
+    FOR v_tenant IN
+        SELECT t.turn->>'tenant_id' FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
+        GROUP BY 1 ORDER BY min(t.n)
+    LOOP
+        PERFORM {s}.enter_tenant_v1(v_tenant);
+    END LOOP;
+    PERFORM 1 FROM {s}.runs r WHERE r.id = ANY(v_run_ids) ORDER BY r.id FOR UPDATE;
+
+    IF cardinality(v_run_ids) > 1
+       AND cardinality(v_run_ids) > (SELECT count(DISTINCT id) FROM unnest(v_run_ids) id) THEN
+        -- A run named twice (or a turn without one): one turn at a time, in order.
+        RETURN QUERY
+        SELECT r.*
+        FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
+        CROSS JOIN LATERAL {s}.record_model_turns_v1(jsonb_build_array(t.turn),
+                                                     jsonb_build_array(p_calls->(t.n::integer - 1))) r
+        ORDER BY t.n;
+        RETURN;
+    END IF;
+    SELECT (t.turn->>'run_id')::uuid AS run_id, t.turn->>'tenant_id' AS tenant_id,
+           r.id IS NULL AS missing
+    INTO v_refusal
+    FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
+    LEFT JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid
+    WHERE r.id IS NULL OR r.tenant_id <> t.turn->>'tenant_id'
+    ORDER BY t.n LIMIT 1;
+    IF FOUND AND v_refusal.missing THEN
+        RAISE EXCEPTION 'run % does not exist', v_refusal.run_id
+            USING ERRCODE = 'no_data_found', HINT = 'check the run id';
+    ELSIF FOUND THEN
+        RAISE EXCEPTION 'run % does not belong to tenant %', v_refusal.run_id,
+                        quote_literal(v_refusal.tenant_id)
+            USING ERRCODE = 'OB004', HINT = 'pass the tenant that owns the object';
+    END IF;
+
+    -- A turn already recorded at its step is a repeat: nothing is written for it.
+    SELECT coalesce(array_agg(t.n ORDER BY t.n) FILTER (WHERE NOT {s}.run_ended_v1(r.status)), '{}'),
+           coalesce(array_agg(t.n ORDER BY t.n) FILTER (WHERE {s}.run_ended_v1(r.status)), '{}')
+    INTO v_new, v_ended
+    FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
+    JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid
+    WHERE NOT EXISTS (SELECT 1 FROM {s}.model_turns mt
+                      WHERE mt.run_id = r.id AND mt.step_no = (t.turn->>'step_no')::integer);
+
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
+    SELECT r.tenant_id, 'model_turn.discarded', r.thread_id, r.id, r.correlation_id,
+           jsonb_build_object('step_no', (t.turn->>'step_no')::integer,
+                              'reason', 'run is ' || r.status)
+    FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
+    JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid
+    WHERE t.n = ANY(v_ended)
+    ORDER BY t.n;
+
+    -- The turns: messages (numbered in their threads), turns with their cost, the
+    -- tenants' tokens, journal model_turn.recorded.
+    WITH new AS (
+        SELECT t.n, t.turn, r.id AS run_id, r.tenant_id, r.thread_id, r.correlation_id, r.model,
+               (t.turn->>'step_no')::integer AS step_no,
+               coalesce((t.turn->>'input_tokens')::bigint, 0) AS input,
+               coalesce((t.turn->>'output_tokens')::bigint, 0) AS output,
+               coalesce((t.turn->>'cached_tokens')::bigint, 0) AS cached,
+               jsonb_array_length(p_calls->(t.n::integer - 1)) AS calls
+        FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
+        JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid
+        WHERE t.n = ANY(v_new)
+    ), numbered AS (
+        UPDATE {s}.threads th SET next_seq = th.next_seq + 1
+        FROM new WHERE th.id = new.thread_id
+        RETURNING th.id AS thread_id, th.next_seq - 1 AS seq
+    ), message AS (
+        INSERT INTO {s}.messages (tenant_id, thread_id, seq, role, content, run_id, reasoning)
+        SELECT new.tenant_id, new.thread_id, numbered.seq, 'assistant', new.turn->>'content',
+               new.run_id, nullif(new.turn->'reasoning', 'null'::jsonb)
+        FROM new JOIN numbered USING (thread_id)
+        ORDER BY new.n
+        RETURNING id, run_id
+    ), turn AS (
+        INSERT INTO {s}.model_turns (tenant_id, run_id, step_no, message_id, response_id,
+                                     input_tokens, output_tokens, cached_tokens, cost)
+        SELECT new.tenant_id, new.run_id, new.step_no, message.id, new.turn->>'response_id',
+               new.input, new.output, new.cached,
+               ((new.input - least(new.cached, new.input)) * p.input_per_mtok
+                + least(new.cached, new.input) * coalesce(p.cached_input_per_mtok, p.input_per_mtok)
+                + new.output * p.output_per_mtok) / 1000000
+        FROM new
+        JOIN message USING (run_id)
+        LEFT JOIN {s}.model_prices p ON p.model = new.model
+        ORDER BY new.n
+        RETURNING run_id, cost
+    ), spent AS (
+        UPDATE {s}.tenant_budgets tb
+        SET tokens_used = tb.tokens_used + s.tokens, cost_used = tb.cost_used + s.cost,
+            updated_at = now()
+        FROM (SELECT new.tenant_id, sum(new.input + new.output) AS tokens,
+                     sum(coalesce(turn.cost, 0)) AS cost
+              FROM new JOIN turn USING (run_id) GROUP BY new.tenant_id) s
+        WHERE tb.tenant_id = s.tenant_id
+    )
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
+    SELECT new.tenant_id, 'model_turn.recorded', new.thread_id, new.run_id, new.correlation_id,
+           jsonb_build_object('step_no', new.step_no, 'tool_calls', new.calls,
+                              'input_tokens', new.input, 'output_tokens', new.output,
+                              'cached_tokens', new.cached, 'cost', turn.cost::text)
+    FROM new JOIN turn USING (run_id)
+    ORDER BY new.n;
+
+    -- The batches and each call's intent.
+    WITH batch AS (
+        INSERT INTO {s}.tool_batches (tenant_id, run_id, thread_id, step_no, message_id, status,
+                                      size, pending)
+        SELECT r.tenant_id, r.id, r.thread_id, mt.step_no, mt.message_id, 'open',
+               jsonb_array_length(p_calls->(t.n::integer - 1)),
+               jsonb_array_length(p_calls->(t.n::integer - 1))
+        FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
+        JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid
+        JOIN {s}.model_turns mt ON mt.run_id = r.id AND mt.step_no = (t.turn->>'step_no')::integer
+        WHERE t.n = ANY(v_new) AND jsonb_array_length(p_calls->(t.n::integer - 1)) > 0
+        ORDER BY t.n
+        RETURNING id, tenant_id, run_id, thread_id, message_id, step_no
+    )
+    INSERT INTO {s}.tool_calls (tenant_id, run_id, thread_id, batch_id, message_id, position,
+                                tool_call_id, tool_name, tool_version, arguments,
+                                arguments_raw, arguments_hash, executor, idempotency_mode,
+                                idempotency_key, status)
+    SELECT b.tenant_id, b.run_id, b.thread_id, b.id, b.message_id, c.o - 1,
+           c.call->>'tool_call_id', c.call->>'name', (c.call->>'version')::integer,
+           nullif(c.call->'arguments', 'null'::jsonb), c.call->>'arguments_raw',
+           c.call->>'arguments_hash', c.call->>'executor', c.call->>'idempotency_mode',
+           c.call->>'idempotency_key', c.call->>'status'
+    FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
+    JOIN batch b ON b.run_id = (t.turn->>'run_id')::uuid
+    CROSS JOIN LATERAL jsonb_array_elements(p_calls->(t.n::integer - 1)) WITH ORDINALITY AS c(call, o)
+    ORDER BY t.n, c.o;
+
+    -- Each call's approval, journal tool_call.intended (and approval.requested); then the
+    -- outbox rows and the refused calls' results.
+    WITH call AS (
+        SELECT t.n, c.call, tc.id AS ref, tc.position, tc.tenant_id, tc.run_id, tc.thread_id,
+               tc.batch_id, tc.tool_call_id, r.correlation_id,
+               c.call->>'error' IS NULL AND c.call->>'executor' IS DISTINCT FROM 'client' AS queued,
+               jsonb_typeof(c.call->'approval') = 'object' AS held
+        FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
+        JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid
+        JOIN {s}.tool_batches b ON b.run_id = r.id AND b.step_no = (t.turn->>'step_no')::integer
+        CROSS JOIN LATERAL jsonb_array_elements(p_calls->(t.n::integer - 1)) WITH ORDINALITY AS c(call, o)
+        JOIN {s}.tool_calls tc ON tc.batch_id = b.id AND tc.position = c.o - 1
+        WHERE t.n = ANY(v_new)
+    ), approval AS (
+        INSERT INTO {s}.approvals (tenant_id, run_id, thread_id, batch_id, tool_call_ref,
+                                   tool_call_id, tool_name, arguments_digest, rule, approvers,
+                                   deadline)
+        SELECT call.tenant_id, call.run_id, call.thread_id, call.batch_id, call.ref,
+               call.tool_call_id, call.call->>'name', call.call->>'arguments_hash',
+               call.call->'approval'->>'rule',
+               ARRAY(SELECT jsonb_array_elements_text(call.call->'approval'->'approvers')),
+               now() + make_interval(secs => (call.call->'approval'->>'timeout_s')::float8)
+        FROM call WHERE call.queued AND call.held
+        ORDER BY call.n, call.position
+        RETURNING *
+    ), journaled AS (
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
+                                 tool_call_id, correlation_id, detail)
+        SELECT e.tenant_id, e.event, e.thread_id, e.run_id, e.batch_id, e.ref, e.tool_call_id,
+               e.correlation_id, e.detail
+        FROM (SELECT call.*, 1 AS k, 'tool_call.intended' AS event,
+                     jsonb_build_object('tool', call.call->>'name',
+                                        'executor', call.call->>'executor',
+                                        'error', call.call->'error',
+                                        'policy', call.call->'decision')
+                     || jsonb_strip_nulls(jsonb_build_object(
+                            'payload', CASE WHEN nullif(call.call->'arguments',
+                                                        'null'::jsonb) IS NOT NULL
+                                            THEN {s}.payload_ref_v1(
+                                                     call.call->>'arguments_raw') END))
+                         AS detail
+              FROM call
+              UNION ALL
+              SELECT call.*, 2, 'approval.requested',
+                     jsonb_build_object('approval_id', a.id, 'tool', a.tool_name,
+                                        'arguments_digest', a.arguments_digest, 'rule', a.rule,
+                                        'approvers', to_jsonb(a.approvers),
+                                        'deadline', to_jsonb(a.deadline))
+              FROM approval a JOIN call ON call.ref = a.tool_call_ref) e
+        ORDER BY e.n, e.position, e.k
+    )
+    SELECT jsonb_agg(jsonb_build_object('ref', call.ref, 'status', 'error',
+                                        'error', call.call->>'error', 'source', 'validation',
+                                        'output', NULL, 'attempt', 0)
+                     ORDER BY call.n, call.position) FILTER (WHERE call.call->>'error' IS NOT NULL),
+           jsonb_agg(jsonb_build_object('ref', call.ref, 'held', call.held,
+                                        'max_attempts', call.call->'max_attempts')
+                     ORDER BY call.n, call.position) FILTER (WHERE call.queued)
+    INTO v_refused, v_queued
+    FROM call;
+    -- Only a statement that inserts rows wakes the relays (the NOTIFY trigger is per statement).
+    IF v_queued IS NOT NULL THEN
+        INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
+                                tool_call_ref, tool_name, correlation_id, max_attempts,
+                                payload, available_at)
+        SELECT tc.tenant_id, 'tool_call', {s}.tool_call_key_v1(tc.id), tc.thread_id, tc.run_id,
+               tc.batch_id, tc.id, tc.tool_name, r.correlation_id, q.max_attempts, '{}',
+               CASE WHEN q.held THEN 'infinity'::timestamptz ELSE now() END
+        FROM jsonb_to_recordset(v_queued) AS q(ref bigint, held boolean, max_attempts integer)
+        JOIN {s}.tool_calls tc ON tc.id = q.ref
+        JOIN {s}.runs r ON r.id = tc.run_id
+        ORDER BY tc.id
+        ON CONFLICT (dedup_key) DO NOTHING;
+    END IF;
+    IF v_refused IS NOT NULL THEN
+        -- The one rule for results: stored, counted down, and the batch's delivery
+        -- enqueued once if no call of it is left to run.
+        PERFORM {s}.record_tool_results_v1(v_refused, NULL);
+    END IF;
+
+    -- The runs' new status (journal run.completed for a turn without calls).
+    WITH outcome AS (
+        SELECT t.n, mt.run_id, mt.step_no, mt.input_tokens::bigint + mt.output_tokens AS tokens,
+               coalesce(mt.cost, 0) AS cost,
+               CASE WHEN jsonb_array_length(p_calls->(t.n::integer - 1)) = 0 THEN 'completed'
+                    WHEN EXISTS (SELECT 1 FROM jsonb_array_elements(p_calls->(t.n::integer - 1)) c
+                                 WHERE c->>'error' IS NULL AND c->>'executor' = 'client')
+                         THEN 'requires_action'
+                    ELSE 'in_progress' END AS status
+        FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
+        JOIN {s}.model_turns mt ON mt.run_id = (t.turn->>'run_id')::uuid
+                               AND mt.step_no = (t.turn->>'step_no')::integer
+        WHERE t.n = ANY(v_new)
+    ), moved AS (
+        UPDATE {s}.runs r
+        SET step_count = greatest(r.step_count, o.step_no),
+            tokens_used = r.tokens_used + o.tokens,
+            cost = r.cost + o.cost,
+            status = o.status,
+            action_deadline = CASE WHEN o.status = 'requires_action' THEN now() + r.action_timeout END,
+            ended_at = CASE WHEN o.status = 'completed' THEN now() END,
+            failure_reason = NULL,
+            last_error = NULL,
+            updated_at = now()
+        FROM outcome o WHERE r.id = o.run_id
+        RETURNING r.id, r.tenant_id, r.thread_id, r.correlation_id
+    )
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
+    SELECT moved.tenant_id, 'run.completed', moved.thread_id, moved.id, moved.correlation_id, '{}'
+    FROM moved JOIN outcome o ON o.run_id = moved.id
+    WHERE o.status = 'completed'
+    ORDER BY o.n;
+
+    RETURN QUERY
+    SELECT mt.id, mt.message_id, b.id,
+           ARRAY(SELECT tc.id FROM {s}.tool_calls tc WHERE tc.batch_id = b.id ORDER BY tc.position),
+           r.status, t.n = ANY(v_new), r.loop_limit,
+           CASE WHEN t.n = ANY(v_new) AND b.id IS NOT NULL THEN
+               (SELECT coalesce(jsonb_agg(jsonb_build_object('step_no', s.step_no,
+                                                             'signature', s.signature)
+                                          ORDER BY s.step_no DESC), '[]')
+                FROM (SELECT rb.step_no,
+                             array_agg(tc.arguments_hash ORDER BY tc.arguments_hash) AS signature
+                      FROM {s}.tool_batches rb
+                      JOIN {s}.tool_calls tc ON tc.batch_id = rb.id
+                      WHERE rb.run_id = r.id AND rb.step_no <= mt.step_no
+                      GROUP BY rb.step_no
+                      ORDER BY rb.step_no DESC
+                      LIMIT r.loop_limit * coalesce((t.turn->>'loop_periods')::integer, 1)) s)
+           END
+    FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
+    JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid
+    LEFT JOIN {s}.model_turns mt ON mt.run_id = r.id
+                                AND mt.step_no = (t.turn->>'step_no')::integer
+    LEFT JOIN {s}.tool_batches b ON b.run_id = r.id AND b.step_no = mt.step_no
+    ORDER BY t.n;
+END $$;
+
+REVOKE ALL ON FUNCTION {s}.record_model_turns_v1(jsonb, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.record_model_turns_v1(jsonb, jsonb)
+    TO outbox_writer, outbox_relay;  -- not outbox_api: `outbox serve` records no turns (0030)
+
+
+-- run_document_v1: a run and every row under it as one JSON document (what the archive
+-- keeps): the run, its assistant, messages, model turns, batches, tool calls, results,
+-- orphaned results, submissions, approvals, responses, webhook deliveries and journal
+-- events, each a list of rows in order.
+CREATE OR REPLACE FUNCTION {s}.run_document_v1(p_run_id uuid)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'run', (SELECT to_jsonb(r) FROM {s}.runs r WHERE r.id = p_run_id),
+        'assistant_run', (SELECT to_jsonb(a) FROM {s}.assistant_runs a WHERE a.run_id = p_run_id),
+        'messages', (SELECT coalesce(jsonb_agg({s}.archived_row_v1(to_jsonb(m))
+                                           ORDER BY m.seq), '[]')
+                     FROM {s}.messages m WHERE m.run_id = p_run_id),
+        'model_turns', (SELECT coalesce(jsonb_agg(to_jsonb(t) ORDER BY t.step_no), '[]')
+                        FROM {s}.model_turns t WHERE t.run_id = p_run_id),
+        'tool_batches', (SELECT coalesce(jsonb_agg(to_jsonb(b) ORDER BY b.step_no), '[]')
+                         FROM {s}.tool_batches b WHERE b.run_id = p_run_id),
+        'tool_calls', (SELECT coalesce(jsonb_agg({s}.archived_row_v1(to_jsonb(c))
+                                             ORDER BY c.id), '[]')
+                       FROM {s}.tool_calls c WHERE c.run_id = p_run_id),
+        'tool_results', (SELECT coalesce(jsonb_agg({s}.archived_row_v1(to_jsonb(x))
+                                               ORDER BY x.tool_call_ref), '[]')
+                         FROM {s}.tool_results x
+                         WHERE x.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c
+                                                   WHERE c.run_id = p_run_id)),
+        'orphaned_results', (SELECT coalesce(jsonb_agg({s}.archived_row_v1(to_jsonb(o))
+                                                   ORDER BY o.id), '[]')
+                             FROM {s}.orphaned_results o
+                             WHERE o.run_id = p_run_id
+                                OR o.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c
+                                                       WHERE c.run_id = p_run_id)),
+        'submissions', (SELECT coalesce(jsonb_agg(to_jsonb(x) ORDER BY x.id), '[]')
+                        FROM {s}.submissions x WHERE x.run_id = p_run_id),
+        'approvals', (SELECT coalesce(jsonb_agg(to_jsonb(a) ORDER BY a.id), '[]')
+                      FROM {s}.approvals a WHERE a.run_id = p_run_id),
+        'responses', (SELECT coalesce(jsonb_agg(to_jsonb(x) ORDER BY x.created_at), '[]')
+                      FROM {s}.responses x WHERE x.run_id = p_run_id),
+        'webhook_deliveries', (SELECT coalesce(jsonb_agg(to_jsonb(w) ORDER BY w.id), '[]')
+                               FROM {s}.webhook_deliveries w WHERE w.run_id = p_run_id),
+        'journal', (SELECT coalesce(jsonb_agg(to_jsonb(j) ORDER BY j.id), '[]')
+                    FROM {s}.journal j WHERE j.run_id = p_run_id))
+$$;
+REVOKE ALL ON FUNCTION {s}.run_document_v1(uuid) FROM PUBLIC;
+
+
+-- retain_v1: one chunk of retention: "move up to p_limit idle conversations out of the
+-- hot tables".
+--
+--   SELECT * FROM outbox.retain_v1(200);   -- or: outbox retention run
+--
+-- A conversation (a thread and everything under it: runs, messages, model turns, batches,
+-- tool calls, results, orphaned results, submissions, approvals, responses, webhook
+-- deliveries, the journal events of its runs) leaves when its tenant's policy says so and
+-- thread_idle_v1 holds: archived (archived_runs, one document per run and one for the
+-- thread) or deleted, as the policy's mode says. Journals thread.retained per thread.
+-- Returns what it retained per tenant and mode; no row: nothing was due. Call it again
+-- until it returns fewer than p_limit threads.
+--
+-- Locking: it waits on nobody. Threads are locked FOR UPDATE SKIP LOCKED (a start of a run
+-- on a thread being retained waits for this chunk and then finds no thread), their runs in
+-- id order, SKIP LOCKED (a thread with a run someone holds is left for a later chunk), and
+-- idleness is checked again under the locks; anything else it would wait on past
+-- lock_timeout makes the chunk give up (55P03) and leaves everything as it was.
+-- The journal events of the retained runs and threads are deleted through the journal
+-- guard's retention door: rows of runs or threads that no longer exist, in a transaction
+-- that journaled thread.retained first. Each conversation's thread.retained (and
+-- thread.erased) events stay, its account, until the journal's own pruning.
+CREATE OR REPLACE FUNCTION {s}.retain_v1(p_limit integer DEFAULT 200,
+                                         p_actor text DEFAULT session_user)
+RETURNS TABLE (tenant_id text, mode text, threads integer, runs integer)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s' AS $$
+DECLARE
+    v_oldest  timestamptz;
+    v_threads uuid[];
+    v_locked  uuid[];
+    v_runs    uuid[];
+    v_archive uuid[];
+    v_event   bigint;
+    v_bodies  text[];
+BEGIN
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'retain_v1 takes 1 to 10000 threads per chunk, got %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT now() - min(p.max_age) INTO v_oldest FROM {s}.retention_policies p;
+    IF v_oldest IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(c.id) INTO v_threads FROM (
+        SELECT t.id FROM {s}.threads t
+        WHERE t.created_at < v_oldest
+          AND t.created_at < {s}.retention_cutoff_v1(t.tenant_id)
+          AND {s}.thread_idle_v1(t.id, {s}.retention_cutoff_v1(t.tenant_id))
+        ORDER BY t.created_at
+        LIMIT p_limit
+        FOR UPDATE OF t SKIP LOCKED) c;
+    IF v_threads IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(l.id) INTO v_locked FROM (
+        SELECT r.id FROM {s}.runs r WHERE r.thread_id = ANY (v_threads)
+        ORDER BY r.id FOR UPDATE SKIP LOCKED) l;
+    -- Under the locks, in a fresh snapshot: a run started or a message written between
+    -- the choice and the lock keeps its thread.
+    SELECT array_agg(t.id) INTO v_threads FROM {s}.threads t
+    WHERE t.id = ANY (v_threads)
+      AND {s}.thread_idle_v1(t.id, {s}.retention_cutoff_v1(t.tenant_id))
+      AND NOT EXISTS (SELECT 1 FROM {s}.runs r
+                      WHERE r.thread_id = t.id AND r.id <> ALL (coalesce(v_locked, '{}')));
+    IF v_threads IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(array_agg(r.id), '{}') INTO v_runs
+    FROM {s}.runs r WHERE r.thread_id = ANY (v_threads);
+    SELECT coalesce(array_agg(t.id), '{}') INTO v_archive
+    FROM {s}.threads t JOIN LATERAL (
+        SELECT p.mode FROM {s}.retention_policies p
+        WHERE p.tenant_id IN (t.tenant_id, '*') ORDER BY p.tenant_id = '*' LIMIT 1) p ON true
+    WHERE t.id = ANY (v_threads) AND p.mode = 'archive';
+
+    IF cardinality(v_archive) > 0 THEN
+        PERFORM {s}.archive_partitions_v1(0);
+        INSERT INTO {s}.archived_runs (tenant_id, thread_id, run_id, status, created_at,
+                                       ended_at, correlation_id, document)
+        SELECT r.tenant_id, r.thread_id, r.id, r.status, r.created_at,
+               coalesce(r.ended_at, r.updated_at), r.correlation_id, {s}.run_document_v1(r.id)
+        FROM {s}.runs r WHERE r.thread_id = ANY (v_archive);
+        INSERT INTO {s}.archived_runs (tenant_id, thread_id, created_at, document)
+        SELECT t.tenant_id, t.id, t.created_at, jsonb_build_object(
+                   'thread', to_jsonb(t),
+                   'messages', (SELECT coalesce(jsonb_agg({s}.archived_row_v1(to_jsonb(m))
+                                                      ORDER BY m.seq), '[]')
+                                FROM {s}.messages m
+                                WHERE m.thread_id = t.id AND m.run_id IS NULL))
+        FROM {s}.threads t WHERE t.id = ANY (v_archive);
+    END IF;
+
+    -- Journaled before anything goes: the accounting of every run retained, and the event
+    -- whose id opens the journal guard's retention door for this transaction.
+    WITH journaled AS (
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, actor, detail)
+        SELECT t.tenant_id, 'thread.retained', t.id, p_actor,
+               jsonb_build_object('mode', CASE WHEN t.id = ANY (v_archive) THEN 'archive'
+                                               ELSE 'delete' END,
+                                  'last_active_before', {s}.retention_cutoff_v1(t.tenant_id),
+                                  'runs', (SELECT coalesce(jsonb_agg(r.id ORDER BY r.id), '[]')
+                                           FROM {s}.runs r WHERE r.thread_id = t.id))
+        FROM {s}.threads t WHERE t.id = ANY (v_threads)
+        ORDER BY t.id
+        RETURNING id
+    )
+    SELECT min(id) INTO v_event FROM journaled;
+
+    RETURN QUERY
+    SELECT t.tenant_id,
+           CASE WHEN t.id = ANY (v_archive) THEN 'archive' ELSE 'delete' END,
+           count(DISTINCT t.id)::integer, count(r.id)::integer
+    FROM {s}.threads t LEFT JOIN {s}.runs r ON r.thread_id = t.id
+    WHERE t.id = ANY (v_threads)
+    GROUP BY 1, 2 ORDER BY 1, 2;
+
+    -- The bodies these rows reference (0040): swept once the rows are gone, but those
+    -- another conversation still references.
+    SELECT array_agg(DISTINCT d) INTO v_bodies FROM (
+        SELECT c.arguments_ref FROM {s}.tool_calls c
+        WHERE c.run_id = ANY (v_runs) AND c.arguments_ref IS NOT NULL
+        UNION ALL
+        SELECT x.output_ref FROM {s}.tool_results x
+        WHERE x.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs))
+          AND x.output_ref IS NOT NULL
+        UNION ALL
+        SELECT o.output_ref FROM {s}.orphaned_results o
+        WHERE (o.run_id = ANY (v_runs)
+               OR o.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c
+                                      WHERE c.run_id = ANY (v_runs)))
+          AND o.output_ref IS NOT NULL
+        UNION ALL
+        SELECT m.content_ref FROM {s}.messages m
+        WHERE m.thread_id = ANY (v_threads) AND m.content_ref IS NOT NULL) r(d);
+
+    -- Children before parents, each by an indexed column; tool messages before the calls
+    -- they answer, calls before the messages that asked for them.
+    DELETE FROM {s}.webhook_deliveries w WHERE w.run_id = ANY (v_runs);
+    DELETE FROM {s}.approvals a WHERE a.run_id = ANY (v_runs);
+    DELETE FROM {s}.submissions x WHERE x.run_id = ANY (v_runs);
+    DELETE FROM {s}.orphaned_results o
+    WHERE o.run_id = ANY (v_runs)
+       OR o.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs));
+    DELETE FROM {s}.tool_results x
+    WHERE x.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs));
+    DELETE FROM {s}.messages m WHERE m.thread_id = ANY (v_threads) AND m.tool_call_ref IS NOT NULL;
+    DELETE FROM {s}.model_turns t WHERE t.run_id = ANY (v_runs);
+    DELETE FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs);
+    DELETE FROM {s}.tool_batches b WHERE b.run_id = ANY (v_runs);
+    DELETE FROM {s}.assistant_runs a WHERE a.run_id = ANY (v_runs);
+    DELETE FROM {s}.responses x WHERE x.thread_id = ANY (v_threads);
+    DELETE FROM {s}.messages m WHERE m.thread_id = ANY (v_threads);
+    DELETE FROM {s}.outbox o WHERE o.run_id = ANY (v_runs);
+    DELETE FROM {s}.runs r WHERE r.id = ANY (v_runs);
+    DELETE FROM {s}.threads t WHERE t.id = ANY (v_threads);
+    PERFORM set_config('outbox.journal_retain', v_event::text, true);
+    DELETE FROM {s}.journal j WHERE j.run_id = ANY (v_runs);
+    DELETE FROM {s}.journal j
+    WHERE j.thread_id = ANY (v_threads) AND j.run_id IS NULL
+      AND j.event NOT IN ('thread.retained', 'thread.erased');
+    PERFORM set_config('outbox.journal_retain', '', true);
+    IF v_bodies IS NOT NULL THEN
+        PERFORM {s}.sweep_payloads_v1(v_bodies, cardinality(v_bodies) * 64);
+    END IF;
+END $$;
+REVOKE ALL ON FUNCTION {s}.retain_v1(integer, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.retain_v1(integer, text) TO outbox_relay;
+
+
+-- erase_thread_v1: "remove this conversation's content" (a privacy request).
+--
+--   SELECT outbox.erase_thread_v1('tenant-a', '0b5e…'::uuid, 'dpo@acme');
+--                                                   -- or: outbox threads erase ID
+--
+-- Cancels the thread's run in flight first (end_run_v1: no new claims, calls still running
+-- finish and their results arrive without content, see orphaned_results_erased), then
+-- removes the content: message texts, tool call arguments (arguments_hash stays), results'
+-- outputs and error texts, orphaned results' likewise, response input items, the title;
+-- and the same content in archived documents of the thread. Keeps every row, status,
+-- count, timestamp and digest audits need, and the journal as it is (no messages,
+-- arguments or results there; an error text a tool or model returned stays until pruned).
+-- Marks the thread erased (erased_at) and deleted (no run starts on it again). Journals
+-- thread.erased with the actor and what was removed, which it returns. A thread already
+-- retained into the archive is erased there. Erasing an erased thread again removes what
+-- arrived since. Runs as the schema owner (SECURITY DEFINER) and
+-- refuses a tenant other than the session's scope. Locks the thread's runs in id order,
+-- then the thread, as the relay does.
+CREATE OR REPLACE FUNCTION {s}.erase_thread_v1(p_tenant_id text, p_thread_id uuid,
+                                               p_actor text DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_thread    {s}.threads;
+    v_run       {s}.runs;
+    v_runs      uuid[];
+    v_cancelled jsonb := '[]';
+    v_detail    jsonb;
+    n_messages  bigint;
+    n_calls     bigint;
+    n_results   bigint;
+    n_orphans   bigint;
+    n_responses bigint;
+    n_archived  bigint;
+    v_bodies    text[];
+    n_bodies    integer := 0;
+BEGIN
+    PERFORM {s}.enter_tenant_v1(p_tenant_id);
+    PERFORM 1 FROM {s}.runs r WHERE r.thread_id = p_thread_id ORDER BY r.id FOR UPDATE;
+    SELECT * INTO v_thread FROM {s}.threads t WHERE t.id = p_thread_id FOR UPDATE;
+    IF (FOUND AND v_thread.tenant_id <> p_tenant_id)
+       OR (NOT FOUND AND NOT EXISTS (SELECT 1 FROM {s}.archived_runs a
+                                     WHERE a.thread_id = p_thread_id
+                                       AND a.tenant_id = p_tenant_id)) THEN
+        RAISE EXCEPTION 'thread % does not exist for tenant %', p_thread_id,
+                        quote_literal(p_tenant_id)
+            USING ERRCODE = 'no_data_found', HINT = 'check the thread id and the tenant';
+    END IF;
+    FOR v_run IN SELECT * FROM {s}.runs r
+                 WHERE r.thread_id = p_thread_id AND {s}.run_active_v1(r.status)
+                 ORDER BY r.id FOR UPDATE LOOP
+        PERFORM {s}.end_run_v1(v_run.id, 'cancelled', 'cancelled',
+                               'cancelled: its thread was erased',
+                               coalesce(p_actor, session_user));
+        v_cancelled := v_cancelled || to_jsonb(v_run.id);
+    END LOOP;
+    SELECT coalesce(array_agg(r.id), '{}') INTO v_runs
+    FROM {s}.runs r WHERE r.thread_id = p_thread_id;
+
+    -- A thread retained into the archive has no hot rows left: only its documents change.
+    UPDATE {s}.threads SET title = NULL, erased_at = now(),
+                           deleted_at = coalesce(deleted_at, now())
+    WHERE id = p_thread_id;
+    -- The bodies stored by reference (0040) that this thread references: its references
+    -- go with its content, and each body goes too unless another thread references it.
+    SELECT array_agg(DISTINCT d) INTO v_bodies FROM (
+        SELECT c.arguments_ref FROM {s}.tool_calls c
+        WHERE c.run_id = ANY (v_runs) AND c.arguments_ref IS NOT NULL
+        UNION ALL
+        SELECT x.output_ref FROM {s}.tool_results x
+        WHERE x.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs))
+          AND x.output_ref IS NOT NULL
+        UNION ALL
+        SELECT o.output_ref FROM {s}.orphaned_results o
+        WHERE (o.run_id = ANY (v_runs)
+               OR o.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c
+                                      WHERE c.run_id = ANY (v_runs)))
+          AND o.output_ref IS NOT NULL
+        UNION ALL
+        SELECT m.content_ref FROM {s}.messages m
+        WHERE m.thread_id = p_thread_id AND m.content_ref IS NOT NULL) r(d);
+    UPDATE {s}.messages SET content = NULL, reasoning = NULL, content_ref = NULL
+    WHERE thread_id = p_thread_id
+      AND (content IS NOT NULL OR reasoning IS NOT NULL OR content_ref IS NOT NULL);
+    GET DIAGNOSTICS n_messages = ROW_COUNT;
+    UPDATE {s}.tool_calls SET arguments = NULL, arguments_raw = '', arguments_ref = NULL
+    WHERE run_id = ANY (v_runs)
+      AND (arguments IS NOT NULL OR arguments_raw <> '' OR arguments_ref IS NOT NULL);
+    GET DIAGNOSTICS n_calls = ROW_COUNT;
+    UPDATE {s}.tool_results
+    SET output = NULL, output_ref = NULL,
+        error = CASE WHEN error IS NOT NULL THEN 'erased' END
+    WHERE tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs))
+      AND (output IS NOT NULL OR output_ref IS NOT NULL
+           OR error IS DISTINCT FROM CASE WHEN error IS NOT NULL THEN 'erased' END);
+    GET DIAGNOSTICS n_results = ROW_COUNT;
+    UPDATE {s}.orphaned_results
+    SET output = NULL, output_ref = NULL,
+        error = CASE WHEN error IS NOT NULL THEN 'erased' END
+    WHERE (run_id = ANY (v_runs)
+           OR tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs)))
+      AND (output IS NOT NULL OR output_ref IS NOT NULL
+           OR coalesce(error, 'erased') <> 'erased');
+    GET DIAGNOSTICS n_orphans = ROW_COUNT;
+    IF v_bodies IS NOT NULL THEN
+        n_bodies := {s}.sweep_payloads_v1(v_bodies, cardinality(v_bodies) * 64);
+    END IF;
+    UPDATE {s}.responses SET input = '[]'
+    WHERE thread_id = p_thread_id AND input <> '[]';
+    GET DIAGNOSTICS n_responses = ROW_COUNT;
+    UPDATE {s}.archived_runs a SET document = {s}.erased_document_v1(a.document)
+    WHERE a.thread_id = p_thread_id AND a.tenant_id = p_tenant_id;
+    GET DIAGNOSTICS n_archived = ROW_COUNT;
+
+    v_detail := jsonb_build_object(
+        'thread_id', p_thread_id, 'cancelled_runs', v_cancelled, 'messages', n_messages,
+        'tool_calls', n_calls, 'tool_results', n_results, 'orphaned_results', n_orphans,
+        'responses', n_responses, 'archived_documents', n_archived,
+        'payloads', n_bodies);
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, actor, detail)
+    VALUES (p_tenant_id, 'thread.erased', p_thread_id, coalesce(p_actor, session_user),
+            v_detail);
+    RETURN v_detail;
+END $$;
+REVOKE ALL ON FUNCTION {s}.erase_thread_v1(text, uuid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.erase_thread_v1(text, uuid, text)
+    TO outbox_writer, outbox_api;
+
+
+-- payload_by_reference (0040): a body above payload_inline_max_v1() bytes is stored once in
+-- payloads (payload_put_v1, functions.sql) and its row keeps the reference: a call's raw
+-- arguments (when they parse: arguments unparsable stay inline, as the model sent them),
+-- a result's output (tool_results, orphaned_results), a tool message's text. Whoever
+-- writes, the same: the writer API, the relay, the SQL API, an ORM. The WHEN conditions
+-- keep small bodies from calling it at all; a result's is a bound (a JSON text is at most
+-- six times its binary size), the function checks the text's size itself. Runs as the
+-- schema owner (SECURITY DEFINER): writers hold no right on payloads.
+CREATE OR REPLACE FUNCTION {s}.payload_by_reference() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_max  integer := {s}.payload_inline_max_v1();
+    v_body text;
+BEGIN
+    IF TG_TABLE_NAME = 'tool_calls' THEN
+        IF NEW.arguments IS NOT NULL AND octet_length(NEW.arguments_raw) > v_max THEN
+            NEW.arguments_ref := {s}.payload_put_v1(NEW.tenant_id, NEW.arguments_raw);
+            NEW.arguments_raw := '';
+            NEW.arguments := NULL;
+        END IF;
+    ELSIF TG_TABLE_NAME = 'messages' THEN
+        IF octet_length(NEW.content) > v_max THEN
+            NEW.content_ref := {s}.payload_put_v1(NEW.tenant_id, NEW.content);
+            NEW.content := NULL;
+        END IF;
+    ELSE
+        v_body := NEW.output::text;
+        IF octet_length(v_body) > v_max THEN
+            NEW.output_ref := {s}.payload_put_v1(NEW.tenant_id, v_body);
+            NEW.output := NULL;
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER tool_calls_payload BEFORE INSERT OR UPDATE OF arguments_raw
+    ON {s}.tool_calls
+    FOR EACH ROW WHEN (octet_length(NEW.arguments_raw) > {s}.payload_inline_max_v1())
+    EXECUTE FUNCTION {s}.payload_by_reference();
+CREATE OR REPLACE TRIGGER tool_results_payload BEFORE INSERT OR UPDATE OF output
+    ON {s}.tool_results
+    FOR EACH ROW WHEN (pg_column_size(NEW.output) * 6 > {s}.payload_inline_max_v1())
+    EXECUTE FUNCTION {s}.payload_by_reference();
+-- Named after orphaned_results_erased, so it runs after it (an erased thread's late result
+-- keeps no body to store).
+CREATE OR REPLACE TRIGGER orphaned_results_payload BEFORE INSERT OR UPDATE OF output
+    ON {s}.orphaned_results
+    FOR EACH ROW WHEN (pg_column_size(NEW.output) * 6 > {s}.payload_inline_max_v1())
+    EXECUTE FUNCTION {s}.payload_by_reference();
+CREATE OR REPLACE TRIGGER messages_payload BEFORE INSERT OR UPDATE OF content
+    ON {s}.messages
+    FOR EACH ROW WHEN (NEW.role = 'tool'
+                       AND octet_length(NEW.content) > {s}.payload_inline_max_v1())
+    EXECUTE FUNCTION {s}.payload_by_reference();
+
+
+-- journal_payloads (0040): "What body does this journal event name?" The journal names a
+-- large argument (tool_call.intended) or result (tool_result.stored) by its reference,
+-- detail.payload = {"digest", "bytes"}, never by its body; this view joins the body while
+-- it is stored (present = false: the conversation was erased or retained since). Bodies
+-- are content: no outbox role is granted this view, the schema owner reads it.
+--   SELECT event, bytes, left(body, 200) FROM {s}.journal_payloads WHERE run_id = '...';
+CREATE OR REPLACE VIEW {s}.journal_payloads AS
+SELECT j.id AS journal_id,
+       j.tenant_id,
+       j.at,
+       j.event,
+       j.thread_id,
+       j.run_id,
+       j.tool_call_ref,
+       j.tool_call_id,
+       j.detail -> 'payload' ->> 'digest' AS digest,
+       (j.detail -> 'payload' ->> 'bytes')::integer AS bytes,
+       p.body IS NOT NULL AS present,
+       p.body
+FROM {s}.journal j
+LEFT JOIN {s}.payloads p
+       ON p.digest = j.detail -> 'payload' ->> 'digest' AND p.tenant_id = j.tenant_id
+WHERE j.detail ? 'payload';
+
+
+-- The bodies stored by reference (0040): the writer, relay and server roles read them
+-- through resolved_text_v1 and resolved_json_v1, each its tenant's; only the trigger
+-- functions and the sweep (as the owner) write or delete them. outbox_auditor reads no
+-- body, as it reads no result: the owner resolves the journal's references
+-- (journal_payloads).
+GRANT SELECT ON {s}.payloads TO outbox_writer, outbox_relay, outbox_api;
+
+-- payloads: a tenant's bodies stored by reference (0040).
+ALTER TABLE {s}.payloads ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON {s}.payloads;
+CREATE POLICY tenant_isolation ON {s}.payloads TO PUBLIC
+    USING (tenant_id = {s}.current_tenant_v1())
+    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+DROP POLICY IF EXISTS all_tenants ON {s}.payloads;
+CREATE POLICY all_tenants ON {s}.payloads TO outbox_relay, CURRENT_USER
+    USING (true) WITH CHECK (true);
