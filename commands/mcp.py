@@ -88,7 +88,10 @@ def _report(row: dict[str, Any], verb: str, as_json: bool) -> None:
     if row.get("unchanged"):
         click.echo(f"  unchanged: {len(row['unchanged'])} tools")
     for skipped in row.get("skipped") or []:
-        click.echo(f"  skipped: {skipped['tool']}: {skipped['problem']}")
+        click.echo(
+            f"  skipped: tool {skipped['tool']} of MCP server {row['name']}: {skipped['problem']} "
+            "(not registered; the server's other tools are)"
+        )
 
 
 @mcp_group.command("add")

@@ -22,6 +22,7 @@ import re
 import shlex
 from typing import Any, Literal
 
+import jsonschema
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -133,7 +134,7 @@ def tool_specs(
     server: Row, listed: list[dict[str, Any]]
 ) -> tuple[list[registry.ToolSpec], list[Row]]:
     """The registry versions the listed tools make (``listed``: the ``tools/list`` entries
-    as JSON), and the tools skipped, each with why."""
+    as JSON), and the tools skipped, each with why: ``{"server", "tool", "problem"}``."""
     specs: list[registry.ToolSpec] = []
     skipped: list[Row] = []
     overrides = server.get("overrides") or {}
@@ -144,7 +145,11 @@ def tool_specs(
         mode, tier = from_annotations(tool.get("annotations"), server["trusted"])
         chosen = Override.model_validate(overrides.get(remote) or {})
         if name in seen:
-            skipped.append({"tool": remote, "problem": f"its name {name} is {seen[name]}'s too"})
+            skipped.append(_skip(server, remote, f"its name {name} is {seen[name]}'s too"))
+            continue
+        problem = schema_problem(tool.get("inputSchema"))
+        if problem is not None:
+            skipped.append(_skip(server, remote, problem))
             continue
         try:
             spec = registry.ToolSpec(
@@ -164,11 +169,33 @@ def tool_specs(
                 risk_tier=chosen.risk_tier or tier,
             )
         except ValueError as err:
-            skipped.append({"tool": remote, "problem": _first_line(err)})
+            skipped.append(_skip(server, remote, _first_line(err)))
             continue
         seen[name] = remote
         specs.append(spec)
     return specs, skipped
+
+
+def schema_problem(schema: Any) -> str | None:
+    """What is wrong with a listed tool's ``inputSchema`` (where in it, and what), or None
+    (a tool that gives none takes any object)."""
+    if schema is None:
+        return None
+    if not isinstance(schema, dict):
+        return f"its inputSchema is not a JSON object but {type(schema).__name__}"
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as err:
+        at = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in err.path)
+        where = f" at inputSchema{at}" if at else ""
+        return f"its inputSchema is not a valid JSON Schema{where}: {err.message}"
+    if schema.get("type", "object") != "object":
+        return f"its inputSchema has type {schema['type']!r}; MCP tools take an object"
+    return None
+
+
+def _skip(server: Row, tool: str, problem: str) -> Row:
+    return {"server": server["name"], "tool": tool, "problem": problem}
 
 
 def _first_line(err: Exception) -> str:
@@ -227,7 +254,7 @@ def sync(
         )
     specs, skipped = tool_specs(server, listed)
     if not specs:
-        problems = "; ".join(f"{s['tool']}: {s['problem']}" for s in skipped)
+        problems = "; ".join(f"tool {s['tool']}: {s['problem']}" for s in skipped)
         raise InvalidInput(
             f"none of the {len(listed)} tools of MCP server {server['name']} can be "
             f"registered: {problems}",

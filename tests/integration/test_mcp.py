@@ -280,6 +280,47 @@ def test_a_server_that_lists_no_tools_is_refused_and_nothing_is_written(db_url, 
     assert scalar(db_url, "SELECT count(*) FROM outbox.mcp_servers") == 0
 
 
+BAD_SCHEMA = Path(__file__).resolve().parent.parent / "mcp_bad_schema.py"
+
+
+def test_a_live_servers_tool_with_an_invalid_schema_is_refused_by_name_and_the_others_kept(
+    db_url, monkeypatch
+):
+    """A server built on the SDK's low-level ``Server`` lists ``broken`` with a schema that is
+    not JSON Schema: add and sync refuse that tool, naming the server, the tool and where
+    its schema is wrong; its other tool is registered and answers through the relay."""
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    runner = CliRunner()
+    command = f"{sys.executable} {BAD_SCHEMA}"
+    done = runner.invoke(
+        cli.main,
+        ["mcp", "add", "calc", "--command", command, "--risk", "add=low"],
+        catch_exceptions=False,
+    )
+    assert done.exit_code == 0, done.output
+    assert "added: calc__add v1" in done.output
+    assert (
+        "skipped: tool broken of MCP server calc: its inputSchema is not a valid JSON Schema "
+        "at inputSchema.properties.n.minimum: 'zero' is not of type 'number'"
+    ) in done.output
+    assert scalar(db_url, "SELECT array_agg(name) FROM outbox.tools") == ["calc__add"]
+    synced = json.loads(runner.invoke(cli.main, ["mcp", "sync", "calc", "--json"]).output)
+    assert synced["unchanged"] == ["calc__add"]
+    [skipped] = synced["skipped"]
+    assert (skipped["server"], skipped["tool"]) == ("calc", "broken")
+    assert "minimum" in skipped["problem"] and "'zero'" in skipped["problem"]
+    journaled = scalar(
+        db_url, "SELECT detail FROM outbox.journal WHERE event = 'mcp.synced' ORDER BY id DESC"
+    )
+    assert journaled["skipped"] == [skipped]
+
+    ref = call_once(db_url, "calc__add", {"a": 2, "b": 3})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call of the kept tool")
+    row = call_row(db_url, ref)
+    assert (row["status"], row["output"]["content"][0]["text"]) == ("succeeded", "5")
+
+
 def test_trusted_annotations_give_modes_and_tiers_untrusted_ones_do_not(db_url, tmp_path):
     repo = tmp_path / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
