@@ -856,3 +856,42 @@ def test_an_mcp_tool_through_outbox_serve(db_url, http_server):
     assert run.status == "completed", run
     [received] = http_server.calls("create_ticket")
     assert received["arguments"]["title"] == "via serve"
+
+
+def test_an_mcp_tool_through_outbox_serves_responses(db_url, http_server):
+    """A client of `outbox serve`'s Responses API declares the MCP registry tool as a
+    function: the relay calls the server once, and the answer the model made of its result
+    comes back in the response (the relay's call never shows as a function_call item)."""
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+    seen: list[str] = []
+
+    def after_tool(items: list[HistoryItem]) -> dict[str, Any]:
+        seen.extend(i.text for i in items if i.kind == "tool_output")
+        return {"text": "ticket filed: " + seen[-1]}
+
+    ticket = {"name": "tk__create_ticket", "arguments": {"title": "via responses"}}
+    with ScriptedModel() as model:
+        model.add_script("ticket", [{"tool_calls": [ticket]}, after_tool])
+        with psycopg.connect(db_url) as conn:
+            key = keys.create_key(conn, "acme", name="test")[1]
+            conn.commit()
+        with (
+            serve(db_url, model_base_url=model.url + "/v1") as base_url,
+            relay_thread(db_url, kinds=("model_turn", "tool_call", "deliver_batch")),
+        ):
+            sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+            response = sdk.responses.create(
+                model="scripted-1",
+                input="script:ticket please",
+                tools=[{"type": "function", "name": "tk__create_ticket", "parameters": {}}],
+            )
+            sdk.close()
+    assert response.status == "completed", response
+    assert [item.type for item in response.output] == ["message"]
+    [received] = http_server.calls("create_ticket")
+    assert received["arguments"]["title"] == "via responses"
+    key_sent = received["meta"][META_KEY]["idempotency_key"]
+    assert key_sent == scalar(db_url, "SELECT idempotency_key FROM outbox.tool_calls")
+    [output] = seen
+    assert "via responses" in output
+    assert response.output_text == "ticket filed: " + output
