@@ -136,6 +136,16 @@ def _report(row: dict[str, Any], verb: str, as_json: bool) -> None:
     "server: no resend before dispatch + timeout + settle (docs/relay.md).",
 )
 @click.option(
+    "--deadline",
+    "deadline_s",
+    type=float,
+    default=None,
+    help="Seconds after the model asks for a call by which an attempt of it must have been "
+    "sent. With it, attempts that never reached the server (refused connection, no session, "
+    "408/429/503) are not charged against --max-attempts; at the deadline a call never "
+    "sent ends with an error result the model sees (docs/relay.md, Deadlines). Default: none.",
+)
+@click.option(
     "--max-attempts",
     type=int,
     default=5,
@@ -184,6 +194,7 @@ def mcp_add(
         tenant_id=opts["tenant"],
         timeout_s=opts["timeout_s"],
         settle_s=opts["settle_s"],
+        deadline_s=opts["deadline_s"],
         max_attempts=opts["max_attempts"],
         max_concurrency=opts["max_concurrency"],
         overrides=_overrides(_pairs(modes, "--mode"), _pairs(risks, "--risk")),

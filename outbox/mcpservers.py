@@ -70,6 +70,7 @@ class ServerSpec(BaseModel):
     prefix: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,40}$")
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
     settle_s: float = Field(default=5.0, ge=0, le=3600)
+    deadline_s: float | None = Field(default=None, gt=0, le=604800)
     max_attempts: int = Field(default=5, gt=0, le=100)
     max_concurrency: int = Field(default=DEFAULT_MAX_CONCURRENCY, gt=0, le=10_000)
     overrides: dict[str, Override] = Field(default_factory=dict)
@@ -164,6 +165,7 @@ def tool_specs(
                 credential_ref=server.get("credential_ref"),
                 timeout_s=server["timeout_s"],
                 settle_s=server["settle_s"],
+                deadline_s=server.get("deadline_s"),
                 max_attempts=server["max_attempts"],
                 idempotency_mode=chosen.idempotency_mode or mode,
                 risk_tier=chosen.risk_tier or tier,
@@ -310,6 +312,7 @@ SAME_FIELDS = (
     "annotations",
     "timeout_s",
     "settle_s",
+    "deadline_s",
     "idempotency_mode",
     "risk_tier",
 )

@@ -68,7 +68,9 @@ from outbox.relay.outcomes import (
     Claimed,
     Outcome,
     ambiguous,
+    deadline_left_s,
     error_result,
+    past_deadline,
     result,
     retry,
     retry_after_s,
@@ -619,17 +621,25 @@ class McpCaller:
             )
         server = Server.of(found["server"])
         secret_headers = secret.headers() if secret is not None else {}
+        where = f"MCP server {server.name} ({server.where()})"
+        left = deadline_left_s(row)
         try:
-            session = await self.sessions.get(server, secret_headers)
+            # A call with a deadline waits for a session no longer than until it.
+            async with asyncio.timeout(None if left is None else max(0.0, left)):
+                session = await self.sessions.get(server, secret_headers)
         except Exception as err:
             return retry(
                 row,
                 f"could not open a session with MCP server {server.name} at {server.where()}: "
-                f"{describe(err)}",
+                f"{describe(err) if not isinstance(err, TimeoutError) else 'not by the deadline'}",
                 unsent=True,
             )
-        where = f"MCP server {server.name} ({server.where()})"
         async with session.slots:
+            # Nothing leaves after the call's deadline, however long the session or a slot
+            # took.
+            ended = past_deadline(row, where)
+            if ended is not None:
+                return ended
             if not await self.mark_dispatched(row):
                 return Outcome(row, "lost", error="lease lost before dispatch; not called")
             if isinstance(session, HttpSession):

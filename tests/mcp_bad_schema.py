@@ -28,7 +28,10 @@ TOOLS = [
     types.Tool(
         name="broken",
         description="A tool whose input schema is not JSON Schema.",
-        input_schema={"type": "object", "properties": {"n": {"type": "integer", "minimum": "zero"}}},
+        input_schema={
+            "type": "object",
+            "properties": {"n": {"type": "integer", "minimum": "zero"}},
+        },
     ),
 ]
 
@@ -39,11 +42,8 @@ async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
 
 async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
     arguments = params.arguments or {}
-    if params.name == "add":
-        text = str(arguments["a"] + arguments["b"])
-    else:
-        text = str(arguments.get("n"))
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+    found = arguments["a"] + arguments["b"] if params.name == "add" else arguments.get("n")
+    return types.CallToolResult(content=[types.TextContent(type="text", text=str(found))])
 
 
 server = Server("bad-schema", on_list_tools=list_tools, on_call_tool=call_tool)

@@ -2,10 +2,10 @@
 -- Register an MCP server (outbox.mcpservers.add).
 INSERT INTO {s}.mcp_servers (tenant_id, name, transport, url, headers, command, env,
                              credential_ref, trusted, prefix, timeout_s, settle_s,
-                             max_attempts, max_concurrency, overrides)
+                             deadline_s, max_attempts, max_concurrency, overrides)
 VALUES (%(tenant_id)s, %(name)s, %(transport)s, %(url)s, %(headers)s, %(command)s, %(env)s,
         %(credential_ref)s, %(trusted)s, %(prefix)s, %(timeout_s)s, %(settle_s)s,
-        %(max_attempts)s, %(max_concurrency)s, %(overrides)s)
+        %(deadline_s)s, %(max_attempts)s, %(max_concurrency)s, %(overrides)s)
 RETURNING *
 
 -- name: synced

@@ -568,17 +568,22 @@ def test_a_result_over_the_cap_is_an_error_result_and_not_asked_again(db_url, ht
     assert len(http_server.calls("big")) == 1
 
 
-def test_a_server_that_cannot_be_reached_is_retried_unsent_and_called_once(db_url, http_server):
+def test_a_server_back_before_the_calls_deadline_gets_it_once_unsent_attempts_uncharged(
+    db_url, http_server
+):
     """Whether the session is found dead before the call or the call's POST cannot
-    connect, the request never left: a none-mode call is retried, not parked."""
-    add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_attempts=100)
+    connect, the request never left: a none-mode call is retried, not parked, and with a
+    deadline not charged (max_attempts 1, and yet attempt after attempt)."""
+    add_server(
+        db_url, name="tk", url=http_server.url, overrides=LOW, max_attempts=1, deadline_s=120
+    )
     with relay_thread(db_url):
         warm = call_once(db_url, "tk__create_ticket", {"title": "first"})
         wait_until(lambda: all_settled(db_url), what="the first call (its session opened)")
         http_server.kill()
         ref = call_once(db_url, "tk__create_ticket", {"title": "later"})
         wait_until(
-            lambda: (call_row(db_url, ref)["attempts"] or 0) >= 2,
+            lambda: (call_row(db_url, ref)["attempts"] or 0) >= 3,
             what="attempts against the stopped server",
         )
         assert call_row(db_url, ref)["dispatched_attempt"] is None  # never ambiguous
@@ -587,6 +592,38 @@ def test_a_server_that_cannot_be_reached_is_retried_unsent_and_called_once(db_ur
     assert call_row(db_url, warm)["status"] == "succeeded"
     assert call_row(db_url, ref)["status"] == "succeeded"  # none mode, and yet called
     assert [c["arguments"]["title"] for c in http_server.calls()] == ["first", "later"]
+
+
+def test_a_server_down_past_the_calls_deadline_ends_it_not_executed_at_the_deadline(db_url):
+    """No session can be opened: uncharged attempts until the deadline, then an error
+    result the model sees, naming the server; never parked, never ambiguous."""
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+    with psycopg.connect(db_url) as conn:
+        spec = mcpservers.ServerSpec(
+            name="tk", url=url, overrides=LOW, max_attempts=1, deadline_s=2, timeout_s=5
+        )
+        listed = [{"name": "create_ticket", "inputSchema": {"type": "object"}}]
+        mcpservers.add(conn, spec, listed, actor="test")
+        conn.commit()
+    ref = call_once(db_url, "tk__create_ticket", {"title": "t"})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call to end at its deadline")
+    row = call_row(db_url, ref)
+    assert (row["status"], row["dispatched_attempt"]) == ("failed", None)
+    assert (row["attempts"] or 0) >= 2
+    assert row["error"].startswith("not executed: the call's deadline passed"), row["error"]
+    assert f"MCP server tk ({url})" in row["error"]
+    assert scalar(
+        db_url,
+        "SELECT r.created_at >= c.created_at + interval '2 seconds' "
+        "FROM outbox.tool_results r JOIN outbox.tool_calls c ON c.id = r.tool_call_ref",
+    )
+    journal = scalar(
+        db_url,
+        "SELECT string_agg(detail->>'error', ' ') FROM outbox.journal "
+        "WHERE event = 'tool_call.retry_scheduled'",
+    )
+    assert "could not open a session with MCP server tk" in journal
 
 
 def test_a_server_answering_json_bodies_gives_results_and_errors_as_one_answering_streams(

@@ -83,6 +83,8 @@ PINNED = {
     "0034_retention.sql": "a41afceac2db008b",
     "0035_model_reasoning.py": "6d00e48370e5e108",
     "0035_model_reasoning.sql": "6f6756073a1a0d00",
+    "0038_call_deadlines.py": "67e0ff4241d1b910",
+    "0038_call_deadlines.sql": "8d0924e10536dd8a",
 }
 
 
