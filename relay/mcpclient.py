@@ -44,6 +44,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ from outbox.relay.outcomes import (
     retry,
     retry_after_s,
 )
-from outbox.relay.poster import Poster
+from outbox.relay.poster import Answer, Poster
 
 logger = logging.getLogger("relay.mcp")
 # The answer to a request of a session the server no longer knows (it restarted, or ended
@@ -298,6 +299,45 @@ def answer_of(response: httpx2.Response, request_id: int) -> dict[str, Any]:
     raise NotAnAnswer(f"JSON that is not an answer to request {request_id}", answered=True)
 
 
+EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")  # a blank line: the end of an event
+
+
+class AnswerSeen:
+    """Whether an event stream has brought the answer to ``request_id`` yet (``enough`` of
+    ``relay.poster``): the relay takes the answer when it arrives and closes the stream,
+    not when the server ends it (a server may keep it open after the answer, and the spec's
+    "should close" is no promise). Each event is read once, as it completes."""
+
+    def __init__(self, request_id: int) -> None:
+        self.request_id = request_id
+        self.read = 0  # body bytes up to the end of the last complete event looked at
+        self.stream: bool | None = None  # whether the answer is an event stream at all
+
+    def __call__(self, answer: Answer) -> bool:
+        if self.stream is None:
+            kind = next((v for n, v in answer.headers if n.lower() == b"content-type"), b"")
+            self.stream = kind.split(b";")[0].strip().lower() == b"text/event-stream"
+        if not self.stream:
+            return False
+        body = answer.body
+        ends = list(EVENT_END.finditer(body, self.read))
+        if not ends:
+            return False
+        end = ends[-1].end()
+        events, self.read = bytes(body[self.read : end]), end
+        return any(_is_answer(message, self.request_id) for message in _events(events))
+
+
+def _is_answer(message: Any, request_id: int) -> bool:
+    if isinstance(message, list):
+        return any(_is_answer(m, request_id) for m in message)
+    return (
+        isinstance(message, dict)
+        and message.get("id") == request_id
+        and ("result" in message or "error" in message)
+    )
+
+
 def _events(stream: bytes) -> Iterator[Any]:
     """The JSON messages of an event stream's ``message`` events (an event's ``data`` lines
     joined; events of other types, comments and unreadable data skipped)."""
@@ -361,7 +401,12 @@ class HttpSession:
         headers = {**self.server.headers, **self.secret_headers, "Accept": ACCEPT}
         async with asyncio.timeout(timeout_s):
             response = await self.poster.post(
-                self.url, json=body, headers=headers, timeout=timeout_s, max_body=MAX_EVENT_BYTES
+                self.url,
+                json=body,
+                headers=headers,
+                timeout=timeout_s,
+                max_body=MAX_EVENT_BYTES,
+                enough=AnswerSeen(request_id),
             )
             if response.status_code != 200:
                 raise OpenFailed(f"initialize answered HTTP {response.status_code}")
@@ -417,6 +462,7 @@ class HttpSession:
                     headers=self.headers(call_headers),
                     timeout=timeout_s,
                     max_body=MAX_EVENT_BYTES,
+                    enough=AnswerSeen(request_id),
                 )
         except (httpx2.ConnectError, httpx2.ConnectTimeout) as err:
             self.gone = True  # it may have restarted, and forgotten the session with it

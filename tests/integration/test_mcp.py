@@ -10,12 +10,15 @@ servers from the package index.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -513,7 +516,9 @@ def test_relay_killed_mid_call_of_a_key_tool_resends_the_same_key_and_the_server
 def test_the_server_killed_mid_call_retries_a_read_only_tool_and_parks_a_none_one(
     db_url, http_server, tool, ending
 ):
-    add_server(db_url, name="tk", url=http_server.url, trusted=True, overrides=LOW)
+    # A deadline: the attempts refused while the server starts again are not charged (a
+    # slow start used to use up max_attempts and park the call).
+    add_server(db_url, name="tk", url=http_server.url, trusted=True, overrides=LOW, deadline_s=300)
     ref = call_once(db_url, f"tk__{tool}", {"title": "t", "hold_s": 30})
     with relay_thread(db_url):
         wait_until(lambda: http_server.calls(tool), what="the call to reach the server")
@@ -932,3 +937,114 @@ def test_an_mcp_tool_through_outbox_serves_responses(db_url, http_server):
     [output] = seen
     assert "via responses" in output
     assert response.output_text == "ticket filed: " + output
+
+
+class OpenStream:
+    """A streamable HTTP MCP server on loopback that answers a ``tools/call`` with an event
+    stream (chunked) holding a log notification and the answer, and then keeps the stream
+    open, sending nothing, until the client closes the connection (which it records) or a
+    minute has passed. The SDK's server ends its streams after the answer; this one plays
+    one that does not."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.closed_by_client = 0
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.port = 0
+
+    def __enter__(self) -> OpenStream:
+        self.thread.start()
+        assert self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self.ready.set()
+        self.loop.run_forever()
+        server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                body = json.loads(await reader.readexactly(length))
+                if body.get("method") == "initialize":
+                    result = {
+                        "protocolVersion": "2025-11-25",
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "open-stream", "version": "1"},
+                    }
+                    answer = json.dumps({"jsonrpc": "2.0", "id": body["id"], "result": result})
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                        b"mcp-session-id: s1\r\ncontent-length: %d\r\n\r\n%s"
+                        % (len(answer), answer.encode())
+                    )
+                    continue
+                if "id" not in body:
+                    writer.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+                    continue
+                self.calls.append(body)
+                note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {}}
+                title = body["params"]["arguments"].get("title")
+                result = {"content": [{"type": "text", "text": f"opened {title}"}]}
+                events = (
+                    f"event: message\ndata: {json.dumps(note)}\n\n"
+                    f"event: message\ndata: "
+                    f"{json.dumps({'jsonrpc': '2.0', 'id': body['id'], 'result': result})}\n\n"
+                ).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(events), events)
+                )
+                await writer.drain()
+                # The stream stays open: nothing more, and no end, until the client goes.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(60):
+                        if await reader.read(1) == b"":
+                            self.closed_by_client += 1
+                return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+
+def test_an_answer_on_a_stream_the_server_leaves_open_is_taken_at_once(db_url):
+    """The server keeps the event stream open after its answer: the relay takes the answer
+    as it arrives and closes the stream, far before the call's timeout (60 s, where the
+    wait for the call is 30 s); the next call goes over a new connection of the session."""
+    with OpenStream() as server:
+        with psycopg.connect(db_url) as conn:
+            spec = mcpservers.ServerSpec(name="op", url=server.url, timeout_s=60, overrides=LOW)
+            listed = [{"name": "create_ticket", "inputSchema": {"type": "object"}}]
+            mcpservers.add(conn, spec, listed, actor="test")
+            conn.commit()
+        first = call_once(db_url, "op__create_ticket", {"title": "one"})
+        with relay_thread(db_url):
+            wait_until(lambda: all_settled(db_url), what="the answer, before the timeout")
+            second = call_once(db_url, "op__create_ticket", {"title": "two"})
+            wait_until(lambda: all_settled(db_url), what="the second answer")
+        wait_until(lambda: server.closed_by_client == 2, what="the relay to close both streams")
+    for ref, title in ((first, "one"), (second, "two")):
+        row = call_row(db_url, ref)
+        assert (row["status"], row["attempts"]) == ("succeeded", 1)
+        assert row["output"]["content"] == [{"type": "text", "text": f"opened {title}"}]
+    assert [c["params"]["arguments"]["title"] for c in server.calls] == ["one", "two"]
