@@ -180,7 +180,7 @@ def mcp_add(
     A streamable HTTP server:  outbox mcp add tickets --url http://127.0.0.1:8000/mcp
     A stdio server:            outbox mcp add time --command "mcp-server-time"
     Each tool becomes registry tool NAME__tool. Its calls carry the idempotency key in
-    _meta["dev.agent-outbox/call"] and, over HTTP, as the Idempotency-Key header.
+    _meta["agent-outbox/call"] and, over HTTP, as the Idempotency-Key header.
     """
     spec = mcpservers.ServerSpec(
         name=name,

@@ -35,10 +35,12 @@ from outbox.sql import queries
 
 Q = queries("mcpservers.sql")
 Row = dict[str, Any]
-# Where a call's ids go in the `_meta` of every tools/call (a reverse-DNS prefix, as MCP asks
-# of keys that are not its own): {"idempotency_key", "run_id", "tool_call_id", "attempt",
-# "correlation_id"}. docs/mcp.md tells server authors how to dedup with it.
-META_KEY = "dev.agent-outbox/call"
+# Where a call's ids go in the `_meta` of every tools/call: {"idempotency_key", "run_id",
+# "tool_call_id", "attempt", "correlation_id"}. The prefix is the package's name, one label:
+# valid and never reserved under MCP's rules for `_meta` keys, and a name the project holds,
+# where a reverse-DNS prefix would name a domain it does not (docs/mcp.md, "The _meta key").
+# Server authors read it by this exact string: it is part of the wire, changed never lightly.
+META_KEY = "agent-outbox/call"
 DEFAULT_MAX_CONCURRENCY = 16  # calls in flight per server per relay process
 NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 MAX_NAME = 64  # OpenAI's limit on a function name

@@ -50,7 +50,7 @@ from tests.serve_harness import serve
 
 FIXTURE = Path(__file__).resolve().parent.parent / "mcp_fixture.py"
 BIN = Path(sys.executable).parent
-META_KEY = "dev.agent-outbox/call"
+META_KEY = "agent-outbox/call"
 
 
 def audit(path: Path, tool: str | None = None) -> list[dict[str, Any]]:

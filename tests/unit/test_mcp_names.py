@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +65,35 @@ def test_a_tool_with_an_invalid_schema_is_skipped_with_its_reason():
     specs, skipped = mcpservers.tool_specs(server, listed)
     assert [s.name for s in specs] == ["tk__good"]
     assert skipped[0]["tool"] == "bad" and "JSON Schema" in skipped[0]["problem"]
+
+
+# MCP's grammar of a `_meta` key (2025-11-25, 2026-07-28): an optional prefix of labels
+# separated by dots and ended by "/", then a name.
+LABEL = r"[A-Za-z](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+META_KEY_FORM = re.compile(
+    rf"(?:(?P<prefix>{LABEL}(?:\.{LABEL})*)/)?[A-Za-z0-9](?:[\w.-]*[A-Za-z0-9])?"
+)
+
+
+def test_our_meta_key_is_valid_not_reserved_and_the_one_the_docs_give():
+    found = META_KEY_FORM.fullmatch(mcpservers.META_KEY)
+    assert found is not None and found["prefix"]
+    labels = found["prefix"].split(".")
+    # Reserved: a prefix whose second label is modelcontextprotocol or mcp (2025-11-25), or
+    # with either in any label but the last (2025-06-18).
+    assert labels[1:2] not in (["modelcontextprotocol"], ["mcp"])
+    assert not {"modelcontextprotocol", "mcp"} & set(labels[:-1])
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "mcp.md").read_text()
+    assert f'"{mcpservers.META_KEY}": {{' in docs
+    assert f"`{mcpservers.META_KEY}` (`outbox.mcpservers.META_KEY`" in docs
+    # What it carries is what docs/mcp.md's table lists.
+    from outbox.relay.mcpclient import meta
+    from outbox.relay.outcomes import Claimed
+
+    row = Claimed(1, "tool_call", "acme", None, "r", None, 1, "c", 2, 0, 5, None, 0.0)
+    carried = meta(row._replace(idempotency_key="k", tool_call_id="call_1"), "00-x")
+    assert set(carried) == {mcpservers.META_KEY, "traceparent"}
+    members = set(carried[mcpservers.META_KEY])
+    assert members == {"idempotency_key", "run_id", "tool_call_id", "attempt", "correlation_id"}
+    for member in members:
+        assert f"| `{member}` |" in docs
