@@ -265,7 +265,7 @@ class Connection(asyncio.Protocol):
         self.deadline: asyncio.Timeout | None = None
         self.timeout = 0.0
         self.idle_since = 0.0  # monotonic seconds, while kept alive for the next request
-        self.grace = False  # a sufficient answer's END_GRACE_S is running
+        self.grace: asyncio.TimerHandle | None = None  # a sufficient answer's END_GRACE_S
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -291,9 +291,8 @@ class Connection(asyncio.Protocol):
         if self.deadline is not None and self.loop is not None:
             # the read timeout counts from the latest bytes
             self.deadline.reschedule(self.loop.time() + self.timeout)
-        if answer.sufficient and self.loop is not None and not self.grace:
-            self.grace = True
-            self.loop.call_later(END_GRACE_S, self._end_early, answer)
+        if answer.sufficient and self.loop is not None and self.grace is None:
+            self.grace = self.loop.call_later(END_GRACE_S, self._end_early, answer)
 
     def _end_early(self, answer: Answer) -> None:
         """The grace for a sufficient answer's body to end is over (``END_GRACE_S``)."""
@@ -345,7 +344,6 @@ class Connection(asyncio.Protocol):
             raise httpx2.ConnectError("the server closed the connection before the request")
         self.loop = asyncio.get_running_loop()
         self.answer, self.waiter = Answer(max_body, enough), self.loop.create_future()
-        self.grace = False
         self.timeout = timeout
         self.transport.write(data)
         try:
@@ -357,6 +355,9 @@ class Connection(asyncio.Protocol):
             raise httpx2.ReadTimeout(f"no answer within {timeout}s") from err
         finally:  # the answer is the caller's now, not the idle connection's to keep
             self.answer = self.waiter = self.deadline = None
+            if self.grace is not None:
+                self.grace.cancel()
+                self.grace = None
 
     def settled(self) -> bool:
         """Open, with the whole request sent: a server may answer before it has read the
