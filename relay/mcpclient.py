@@ -285,15 +285,9 @@ def answer_of(response: httpx2.Response, request_id: int) -> dict[str, Any]:
     else:
         raise NotAnAnswer(f"content type {kind or '(none)'!r}", answered=True)
     for message in messages:
-        if isinstance(message, list):  # a batch (2025-03-26)
-            found = [m for m in message if isinstance(m, dict) and m.get("id") == request_id]
-            message = found[0] if found else None
-        if (
-            isinstance(message, dict)
-            and message.get("id") == request_id
-            and ("result" in message or "error" in message)
-        ):
-            return message
+        found = _answer_in(message, request_id)
+        if found is not None:
+            return found
     if kind == "text/event-stream":
         raise NotAnAnswer("its event stream ended before the answer", answered=False)
     raise NotAnAnswer(f"JSON that is not an answer to request {request_id}", answered=True)
@@ -312,6 +306,7 @@ class AnswerSeen:
         self.request_id = request_id
         self.read = 0  # body bytes up to the end of the last complete event looked at
         self.stream: bool | None = None  # whether the answer is an event stream at all
+        self.found: dict[str, Any] | None = None  # the answer, once seen
 
     def __call__(self, answer: Answer) -> bool:
         if self.stream is None:
@@ -325,17 +320,25 @@ class AnswerSeen:
             return False
         end = ends[-1].end()
         events, self.read = bytes(body[self.read : end]), end
-        return any(_is_answer(message, self.request_id) for message in _events(events))
+        for message in _events(events):
+            self.found = _answer_in(message, self.request_id)
+            if self.found is not None:
+                return True
+        return False
 
 
-def _is_answer(message: Any, request_id: int) -> bool:
-    if isinstance(message, list):
-        return any(_is_answer(m, request_id) for m in message)
-    return (
+def _answer_in(message: Any, request_id: int) -> dict[str, Any] | None:
+    """The answer to ``request_id`` in a message (or a batch), or None."""
+    if isinstance(message, list):  # a batch (2025-03-26)
+        found = [m for m in message if isinstance(m, dict) and m.get("id") == request_id]
+        message = found[0] if found else None
+    if (
         isinstance(message, dict)
         and message.get("id") == request_id
         and ("result" in message or "error" in message)
-    )
+    ):
+        return message
+    return None
 
 
 def _events(stream: bytes) -> Iterator[Any]:
@@ -453,6 +456,7 @@ class HttpSession:
                 "_meta": meta(row, call_headers.get("traceparent", "")),
             },
         )
+        seen = AnswerSeen(request_id)
         try:
             # The poster's timeout bounds each wait for bytes; this one the whole answer.
             async with asyncio.timeout(timeout_s + 1.0):
@@ -462,7 +466,7 @@ class HttpSession:
                     headers=self.headers(call_headers),
                     timeout=timeout_s,
                     max_body=MAX_EVENT_BYTES,
-                    enough=AnswerSeen(request_id),
+                    enough=seen,
                 )
         except (httpx2.ConnectError, httpx2.ConnectTimeout) as err:
             self.gone = True  # it may have restarted, and forgotten the session with it
@@ -471,11 +475,18 @@ class HttpSession:
             return ambiguous(row, f"no answer from {where} within {timeout_s}s")
         except httpx2.HTTPError as err:
             return ambiguous(row, f"connection to {where} broke: {describe(err)}")
-        return self._outcome(row, response, request_id, where)
+        return self._outcome(row, response, request_id, where, seen.found)
 
     def _outcome(
-        self, row: Claimed, response: httpx2.Response, request_id: int, where: str
+        self,
+        row: Claimed,
+        response: httpx2.Response,
+        request_id: int,
+        where: str,
+        found: dict[str, Any] | None = None,
     ) -> Outcome:
+        """What an answer means; ``found``: its JSON-RPC answer, when the event stream's
+        reading already found it (``AnswerSeen``)."""
         status = response.status_code
         if "body_cut_at" in response.extensions:
             return error_result(
@@ -499,7 +510,7 @@ class HttpSession:
                 unsent=True,
             )
         try:
-            answer = answer_of(response, request_id)
+            answer = found if found is not None else answer_of(response, request_id)
         except NotAnAnswer as err:
             if 400 <= status < 500:
                 return error_result(row, f"HTTP {status} from {where}: {_text(response)}")
