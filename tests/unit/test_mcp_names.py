@@ -97,3 +97,20 @@ def test_our_meta_key_is_valid_not_reserved_and_the_one_the_docs_give():
     assert members == {"idempotency_key", "run_id", "tool_call_id", "attempt", "correlation_id"}
     for member in members:
         assert f"| `{member}` |" in docs
+
+
+def test_a_deadline_is_for_tools_over_the_network_only():
+    from outbox import registry
+
+    for executor in ("http", "mcp"):
+        extra = (
+            {"endpoint": "http://t/x"}
+            if executor == "http"
+            else {"mcp_server": "s", "mcp_tool": "t"}
+        )
+        spec = registry.ToolSpec(name="t", executor=executor, deadline_s=60, **extra)
+        assert spec.deadline_s == 60
+    with pytest.raises(ValueError, match="a deadline is for tools called over the network"):
+        registry.ToolSpec(name="t", executor="python", callable="m:f", deadline_s=60)
+    with pytest.raises(ValueError, match="greater than 0"):
+        registry.ToolSpec(name="t", endpoint="http://t/x", deadline_s=0)
