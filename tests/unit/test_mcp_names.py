@@ -114,3 +114,36 @@ def test_a_deadline_is_for_tools_over_the_network_only():
         registry.ToolSpec(name="t", executor="python", callable="m:f", deadline_s=60)
     with pytest.raises(ValueError, match="greater than 0"):
         registry.ToolSpec(name="t", endpoint="http://t/x", deadline_s=0)
+
+
+def test_an_event_streams_answer_is_seen_in_any_line_ending_and_in_a_batch():
+    """``AnswerSeen`` (the poster's ``enough`` for MCP calls) finds the answer to its request
+    once its event is complete, whatever the line endings, skipping notifications, other
+    ids and unreadable data, and in a batch; never in a body that is not an event stream."""
+    from outbox.relay.mcpclient import AnswerSeen
+    from outbox.relay.poster import Answer
+
+    def fed(kind: bytes, *pieces: bytes) -> list[bool]:
+        answer, seen, said = Answer(), AnswerSeen(7), []
+        answer.status, answer.headers = 200, [(b"Content-Type", kind)]
+        for piece in pieces:
+            answer.body += piece
+            said.append(seen(answer))
+        return said
+
+    note = b'data: {"jsonrpc":"2.0","method":"notifications/message","params":{}}'
+    other = b'data: {"jsonrpc":"2.0","id":6,"result":{}}'
+    mine = b'data: {"jsonrpc":"2.0","id":7,"result":{"content":[]}}'
+    for end in (b"\n", b"\r\n", b"\r"):
+        stream = b"text/event-stream; charset=utf-8"
+        assert fed(stream, note + end + end, other + end, end, mine, end + end) == [
+            False,
+            False,
+            False,
+            False,
+            True,
+        ]
+        assert fed(stream, b"data: {not json" + end + end + mine + end + end) == [True]
+    batch = b'data: [{"jsonrpc":"2.0","id":7,"result":{"content":[]}}]\n\n'
+    assert fed(b"text/event-stream", batch) == [True]
+    assert fed(b"application/json", mine[6:] + b"\n\n") == [False]
