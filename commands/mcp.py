@@ -231,6 +231,14 @@ def mcp_sync(name: str, tenant: str, actor: str, as_json: bool) -> None:
 )
 @click.option("--mode", "modes", multiple=True, help="TOOL=key|none: the mode of one tool.")
 @click.option("--risk", "risks", multiple=True, help="TOOL=low|medium|high: the tier of one tool.")
+@click.option(
+    "--deadline",
+    "deadline_s",
+    type=float,
+    default=None,
+    help="Seconds: the deadline of its tools' calls (as `outbox mcp add --deadline`).",
+)
+@click.option("--no-deadline", is_flag=True, help="Its tools' calls have no deadline.")
 @actor_option
 @json_option
 def mcp_set(
@@ -239,10 +247,13 @@ def mcp_set(
     trusted: bool | None,
     modes: tuple[str, ...],
     risks: tuple[str, ...],
+    deadline_s: float | None,
+    no_deadline: bool,
     actor: str,
     as_json: bool,
 ) -> None:
-    """Trust server NAME or not, or set the mode and tier of some of its tools.
+    """Trust server NAME or not, set the mode and tier of some of its tools, or their
+    deadline.
 
     Its tools get new versions where that changes them (runs keep the versions they pinned);
     the server is not asked anything. Overrides stay in force across `outbox mcp sync`.
@@ -251,11 +262,17 @@ def mcp_set(
         tool: mcpservers.Override.model_validate(value)
         for tool, value in _overrides(_pairs(modes, "--mode"), _pairs(risks, "--risk")).items()
     }
-    if trusted is None and not overrides:
-        raise InvalidInput("nothing to set", hint="give --trusted/--untrusted, --mode or --risk")
+    if deadline_s is not None and no_deadline:
+        raise InvalidInput("--deadline and --no-deadline say opposite things", hint="give one")
+    deadline = (None,) if no_deadline else None if deadline_s is None else (deadline_s,)
+    if trusted is None and not overrides and deadline is None:
+        raise InvalidInput(
+            "nothing to set",
+            hint="give --trusted/--untrusted, --mode, --risk, --deadline or --no-deadline",
+        )
     with connection() as conn:
         row = mcpservers.configure(
-            conn, name, tenant, trusted=trusted, overrides=overrides, actor=actor
+            conn, name, tenant, trusted=trusted, overrides=overrides, actor=actor, deadline=deadline
         )
     _report(row, "configured", as_json)
 

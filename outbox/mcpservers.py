@@ -334,10 +334,17 @@ def configure(
     trusted: bool | None,
     overrides: dict[str, Override],
     actor: str,
+    deadline: tuple[float | None] | None = None,
 ) -> Row:
-    """Trust the server's annotations or not, and set the operator's mode and tier of some of
-    its tools; the tools it last listed get new versions where that changes them (nothing is
+    """Trust the server's annotations or not, set the operator's mode and tier of some of
+    its tools, and (``deadline``: a 1-tuple of the seconds, or of None for none) their
+    deadline; the tools it last listed get new versions where that changes them (nothing is
     asked of the server: their schemas and annotations are the registry's)."""
+    if deadline is not None and deadline[0] is not None and not 0 < deadline[0] <= 604800:
+        raise InvalidInput(
+            f"a deadline of {deadline[0]} s is out of range",
+            hint="give seconds above 0 and up to 604800 (a week), or --no-deadline",
+        )
     server = get(conn, name, tenant_id)
     merged = dict(server["overrides"] or {})
     for tool, override in overrides.items():
@@ -345,7 +352,14 @@ def configure(
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
             Q.configure_server,
-            {"name": name, "tenant_id": tenant_id, "trusted": trusted, "overrides": Jsonb(merged)},
+            {
+                "name": name,
+                "tenant_id": tenant_id,
+                "trusted": trusted,
+                "overrides": Jsonb(merged),
+                "set_deadline": deadline is not None,
+                "deadline_s": None if deadline is None else deadline[0],
+            },
         )
         updated = cur.fetchone()
     assert updated is not None
@@ -365,7 +379,12 @@ def configure(
         "mcp.server_configured",
         tenant_id,
         actor=actor,
-        detail={"server": name, "trusted": server["trusted"], "overrides": merged},
+        detail={
+            "server": name,
+            "trusted": server["trusted"],
+            "overrides": merged,
+            "deadline_s": server["deadline_s"],
+        },
     )
     return {**server, **sync(conn, server, listed, actor)}
 

@@ -50,8 +50,10 @@ WHERE cr.name = %(name)s AND cr.tenant_id IN (%(tenant_id)s, '*')
 ORDER BY cr.tenant_id = '*' LIMIT 1
 
 -- name: configure_server
--- Change whether a server is trusted and the operator's overrides of its tools.
+-- Change whether a server is trusted, the operator's overrides of its tools and, when
+-- set_deadline, their deadline (NULL: none).
 UPDATE {s}.mcp_servers
-SET trusted = coalesce(%(trusted)s, trusted), overrides = %(overrides)s
+SET trusted = coalesce(%(trusted)s, trusted), overrides = %(overrides)s,
+    deadline_s = CASE WHEN %(set_deadline)s THEN %(deadline_s)s::float8 ELSE deadline_s END
 WHERE tenant_id = %(tenant_id)s AND name = %(name)s
 RETURNING *

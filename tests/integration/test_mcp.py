@@ -599,6 +599,42 @@ def test_a_server_back_before_the_calls_deadline_gets_it_once_unsent_attempts_un
     assert [c["arguments"]["title"] for c in http_server.calls()] == ["first", "later"]
 
 
+def test_a_deadline_is_set_at_add_and_changed_by_set_as_new_tool_versions(
+    db_url, http_server, monkeypatch
+):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    runner = CliRunner()
+
+    def deadlines() -> set[tuple[int, float | None]]:
+        rows = scalar(
+            db_url,
+            "SELECT array_agg(DISTINCT jsonb_build_array(version, deadline_s)) FROM outbox.tools",
+        )
+        return {(v, d) for v, d in rows}
+
+    added = runner.invoke(
+        cli.main, ["mcp", "add", "tk", "--url", http_server.url, "--deadline", "90"]
+    )
+    assert added.exit_code == 0, added.output
+    assert deadlines() == {(1, 90.0)}
+    both = runner.invoke(cli.main, ["mcp", "set", "tk", "--deadline", "5", "--no-deadline"])
+    assert both.exit_code == 2 and "opposite" in both.output
+    done = runner.invoke(cli.main, ["mcp", "set", "tk", "--deadline", "30", "--actor", "ops"])
+    assert done.exit_code == 0, done.output
+    assert deadlines() == {(1, 90.0), (2, 30.0)}
+    runner.invoke(cli.main, ["mcp", "set", "tk", "--no-deadline"], catch_exceptions=False)
+    assert deadlines() == {(1, 90.0), (2, 30.0), (3, None)}
+    assert scalar(db_url, "SELECT deadline_s FROM outbox.mcp_servers") is None
+    journaled = scalar(
+        db_url,
+        "SELECT array_agg(detail->'deadline_s' ORDER BY id) FROM outbox.journal "
+        "WHERE event = 'mcp.server_configured'",
+    )
+    assert journaled == [30.0, None]
+    out_of_range = runner.invoke(cli.main, ["mcp", "set", "tk", "--deadline", "0"])
+    assert out_of_range.exit_code == 2 and "out of range" in out_of_range.output
+
+
 def test_a_server_down_past_the_calls_deadline_ends_it_not_executed_at_the_deadline(db_url):
     """No session can be opened: uncharged attempts until the deadline, then an error
     result the model sees, naming the server; never parked, never ambiguous."""
