@@ -88,7 +88,10 @@ def _report(row: dict[str, Any], verb: str, as_json: bool) -> None:
     if row.get("unchanged"):
         click.echo(f"  unchanged: {len(row['unchanged'])} tools")
     for skipped in row.get("skipped") or []:
-        click.echo(f"  skipped: {skipped['tool']}: {skipped['problem']}")
+        click.echo(
+            f"  skipped: tool {skipped['tool']} of MCP server {row['name']}: {skipped['problem']} "
+            "(not registered; the server's other tools are)"
+        )
 
 
 @mcp_group.command("add")
@@ -133,6 +136,16 @@ def _report(row: dict[str, Any], verb: str, as_json: bool) -> None:
     "server: no resend before dispatch + timeout + settle (docs/relay.md).",
 )
 @click.option(
+    "--deadline",
+    "deadline_s",
+    type=float,
+    default=None,
+    help="Seconds after the model asks for a call by which an attempt of it must have been "
+    "sent. With it, attempts that never reached the server (refused connection, no session, "
+    "408/429/503) are not charged against --max-attempts; at the deadline a call never "
+    "sent ends with an error result the model sees (docs/relay.md, Deadlines). Default: none.",
+)
+@click.option(
     "--max-attempts",
     type=int,
     default=5,
@@ -167,7 +180,7 @@ def mcp_add(
     A streamable HTTP server:  outbox mcp add tickets --url http://127.0.0.1:8000/mcp
     A stdio server:            outbox mcp add time --command "mcp-server-time"
     Each tool becomes registry tool NAME__tool. Its calls carry the idempotency key in
-    _meta["dev.agent-outbox/call"] and, over HTTP, as the Idempotency-Key header.
+    _meta["agent-outbox/call"] and, over HTTP, as the Idempotency-Key header.
     """
     spec = mcpservers.ServerSpec(
         name=name,
@@ -181,6 +194,7 @@ def mcp_add(
         tenant_id=opts["tenant"],
         timeout_s=opts["timeout_s"],
         settle_s=opts["settle_s"],
+        deadline_s=opts["deadline_s"],
         max_attempts=opts["max_attempts"],
         max_concurrency=opts["max_concurrency"],
         overrides=_overrides(_pairs(modes, "--mode"), _pairs(risks, "--risk")),
@@ -217,6 +231,14 @@ def mcp_sync(name: str, tenant: str, actor: str, as_json: bool) -> None:
 )
 @click.option("--mode", "modes", multiple=True, help="TOOL=key|none: the mode of one tool.")
 @click.option("--risk", "risks", multiple=True, help="TOOL=low|medium|high: the tier of one tool.")
+@click.option(
+    "--deadline",
+    "deadline_s",
+    type=float,
+    default=None,
+    help="Seconds: the deadline of its tools' calls (as `outbox mcp add --deadline`).",
+)
+@click.option("--no-deadline", is_flag=True, help="Its tools' calls have no deadline.")
 @actor_option
 @json_option
 def mcp_set(
@@ -225,10 +247,13 @@ def mcp_set(
     trusted: bool | None,
     modes: tuple[str, ...],
     risks: tuple[str, ...],
+    deadline_s: float | None,
+    no_deadline: bool,
     actor: str,
     as_json: bool,
 ) -> None:
-    """Trust server NAME or not, or set the mode and tier of some of its tools.
+    """Trust server NAME or not, set the mode and tier of some of its tools, or their
+    deadline.
 
     Its tools get new versions where that changes them (runs keep the versions they pinned);
     the server is not asked anything. Overrides stay in force across `outbox mcp sync`.
@@ -237,11 +262,17 @@ def mcp_set(
         tool: mcpservers.Override.model_validate(value)
         for tool, value in _overrides(_pairs(modes, "--mode"), _pairs(risks, "--risk")).items()
     }
-    if trusted is None and not overrides:
-        raise InvalidInput("nothing to set", hint="give --trusted/--untrusted, --mode or --risk")
+    if deadline_s is not None and no_deadline:
+        raise InvalidInput("--deadline and --no-deadline say opposite things", hint="give one")
+    deadline = (None,) if no_deadline else None if deadline_s is None else (deadline_s,)
+    if trusted is None and not overrides and deadline is None:
+        raise InvalidInput(
+            "nothing to set",
+            hint="give --trusted/--untrusted, --mode, --risk, --deadline or --no-deadline",
+        )
     with connection() as conn:
         row = mcpservers.configure(
-            conn, name, tenant, trusted=trusted, overrides=overrides, actor=actor
+            conn, name, tenant, trusted=trusted, overrides=overrides, actor=actor, deadline=deadline
         )
     _report(row, "configured", as_json)
 

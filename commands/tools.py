@@ -72,6 +72,16 @@ def tools_group() -> None:
 )
 @click.option("--max-attempts", type=int, default=5, show_default=True)
 @click.option(
+    "--deadline",
+    "deadline_s",
+    type=float,
+    default=None,
+    help="Seconds after the model asks for a call by which an attempt of it must have been "
+    "sent. With it, attempts that never reached the tool (refused connection, "
+    "408/429/503) are not charged against --max-attempts; at the deadline a call never "
+    "sent ends with an error result the model sees (docs/relay.md, Deadlines). Default: none.",
+)
+@click.option(
     "--risk",
     type=click.Choice(["low", "medium", "high"]),
     default="low",
@@ -127,6 +137,7 @@ def tools_register(
         idempotency_mode=opts["idempotency"],
         timeout_s=opts["timeout_s"],
         settle_s=opts["settle_s"],
+        deadline_s=opts["deadline_s"],
         max_attempts=opts["max_attempts"],
         risk_tier=opts["risk"],
         requires_approval=opts["requires_approval"],

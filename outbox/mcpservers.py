@@ -22,6 +22,7 @@ import re
 import shlex
 from typing import Any, Literal
 
+import jsonschema
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -34,10 +35,12 @@ from outbox.sql import queries
 
 Q = queries("mcpservers.sql")
 Row = dict[str, Any]
-# Where a call's ids go in the `_meta` of every tools/call (a reverse-DNS prefix, as MCP asks
-# of keys that are not its own): {"idempotency_key", "run_id", "tool_call_id", "attempt",
-# "correlation_id"}. docs/mcp.md tells server authors how to dedup with it.
-META_KEY = "dev.agent-outbox/call"
+# Where a call's ids go in the `_meta` of every tools/call: {"idempotency_key", "run_id",
+# "tool_call_id", "attempt", "correlation_id"}. The prefix is the package's name, one label:
+# valid and never reserved under MCP's rules for `_meta` keys, and a name the project holds,
+# where a reverse-DNS prefix would name a domain it does not (docs/mcp.md, "The _meta key").
+# Server authors read it by this exact string: it is part of the wire, changed never lightly.
+META_KEY = "agent-outbox/call"
 DEFAULT_MAX_CONCURRENCY = 16  # calls in flight per server per relay process
 NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 MAX_NAME = 64  # OpenAI's limit on a function name
@@ -69,6 +72,7 @@ class ServerSpec(BaseModel):
     prefix: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,40}$")
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
     settle_s: float = Field(default=5.0, ge=0, le=3600)
+    deadline_s: float | None = Field(default=None, gt=0, le=604800)
     max_attempts: int = Field(default=5, gt=0, le=100)
     max_concurrency: int = Field(default=DEFAULT_MAX_CONCURRENCY, gt=0, le=10_000)
     overrides: dict[str, Override] = Field(default_factory=dict)
@@ -133,7 +137,7 @@ def tool_specs(
     server: Row, listed: list[dict[str, Any]]
 ) -> tuple[list[registry.ToolSpec], list[Row]]:
     """The registry versions the listed tools make (``listed``: the ``tools/list`` entries
-    as JSON), and the tools skipped, each with why."""
+    as JSON), and the tools skipped, each with why: ``{"server", "tool", "problem"}``."""
     specs: list[registry.ToolSpec] = []
     skipped: list[Row] = []
     overrides = server.get("overrides") or {}
@@ -144,7 +148,11 @@ def tool_specs(
         mode, tier = from_annotations(tool.get("annotations"), server["trusted"])
         chosen = Override.model_validate(overrides.get(remote) or {})
         if name in seen:
-            skipped.append({"tool": remote, "problem": f"its name {name} is {seen[name]}'s too"})
+            skipped.append(_skip(server, remote, f"its name {name} is {seen[name]}'s too"))
+            continue
+        problem = schema_problem(tool.get("inputSchema"))
+        if problem is not None:
+            skipped.append(_skip(server, remote, problem))
             continue
         try:
             spec = registry.ToolSpec(
@@ -159,16 +167,39 @@ def tool_specs(
                 credential_ref=server.get("credential_ref"),
                 timeout_s=server["timeout_s"],
                 settle_s=server["settle_s"],
+                deadline_s=server.get("deadline_s"),
                 max_attempts=server["max_attempts"],
                 idempotency_mode=chosen.idempotency_mode or mode,
                 risk_tier=chosen.risk_tier or tier,
             )
         except ValueError as err:
-            skipped.append({"tool": remote, "problem": _first_line(err)})
+            skipped.append(_skip(server, remote, _first_line(err)))
             continue
         seen[name] = remote
         specs.append(spec)
     return specs, skipped
+
+
+def schema_problem(schema: Any) -> str | None:
+    """What is wrong with a listed tool's ``inputSchema`` (where in it, and what), or None
+    (a tool that gives none takes any object)."""
+    if schema is None:
+        return None
+    if not isinstance(schema, dict):
+        return f"its inputSchema is not a JSON object but {type(schema).__name__}"
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as err:
+        at = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in err.path)
+        where = f" at inputSchema{at}" if at else ""
+        return f"its inputSchema is not a valid JSON Schema{where}: {err.message}"
+    if schema.get("type", "object") != "object":
+        return f"its inputSchema has type {schema['type']!r}; MCP tools take an object"
+    return None
+
+
+def _skip(server: Row, tool: str, problem: str) -> Row:
+    return {"server": server["name"], "tool": tool, "problem": problem}
 
 
 def _first_line(err: Exception) -> str:
@@ -227,7 +258,7 @@ def sync(
         )
     specs, skipped = tool_specs(server, listed)
     if not specs:
-        problems = "; ".join(f"{s['tool']}: {s['problem']}" for s in skipped)
+        problems = "; ".join(f"tool {s['tool']}: {s['problem']}" for s in skipped)
         raise InvalidInput(
             f"none of the {len(listed)} tools of MCP server {server['name']} can be "
             f"registered: {problems}",
@@ -283,6 +314,7 @@ SAME_FIELDS = (
     "annotations",
     "timeout_s",
     "settle_s",
+    "deadline_s",
     "idempotency_mode",
     "risk_tier",
 )
@@ -302,10 +334,17 @@ def configure(
     trusted: bool | None,
     overrides: dict[str, Override],
     actor: str,
+    deadline: tuple[float | None] | None = None,
 ) -> Row:
-    """Trust the server's annotations or not, and set the operator's mode and tier of some of
-    its tools; the tools it last listed get new versions where that changes them (nothing is
+    """Trust the server's annotations or not, set the operator's mode and tier of some of
+    its tools, and (``deadline``: a 1-tuple of the seconds, or of None for none) their
+    deadline; the tools it last listed get new versions where that changes them (nothing is
     asked of the server: their schemas and annotations are the registry's)."""
+    if deadline is not None and deadline[0] is not None and not 0 < deadline[0] <= 604800:
+        raise InvalidInput(
+            f"a deadline of {deadline[0]} s is out of range",
+            hint="give seconds above 0 and up to 604800 (a week), or --no-deadline",
+        )
     server = get(conn, name, tenant_id)
     merged = dict(server["overrides"] or {})
     for tool, override in overrides.items():
@@ -313,7 +352,14 @@ def configure(
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
             Q.configure_server,
-            {"name": name, "tenant_id": tenant_id, "trusted": trusted, "overrides": Jsonb(merged)},
+            {
+                "name": name,
+                "tenant_id": tenant_id,
+                "trusted": trusted,
+                "overrides": Jsonb(merged),
+                "set_deadline": deadline is not None,
+                "deadline_s": None if deadline is None else deadline[0],
+            },
         )
         updated = cur.fetchone()
     assert updated is not None
@@ -333,7 +379,12 @@ def configure(
         "mcp.server_configured",
         tenant_id,
         actor=actor,
-        detail={"server": name, "trusted": server["trusted"], "overrides": merged},
+        detail={
+            "server": name,
+            "trusted": server["trusted"],
+            "overrides": merged,
+            "deadline_s": server["deadline_s"],
+        },
     )
     return {**server, **sync(conn, server, listed, actor)}
 

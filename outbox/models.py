@@ -556,6 +556,12 @@ class Tool(Base):
         "+ settle_s",
     )
     max_attempts: Mapped[int] = mapped_column(Integer)
+    deadline_s: Mapped[float | None] = mapped_column(
+        Double,
+        comment="seconds after a call of this tool was made by which an attempt of it must "
+        "have been sent (NULL: none); unsent attempts before it are not charged against "
+        "max_attempts",
+    )
     idempotency_mode: Mapped[str] = mapped_column(Text)
     risk_tier: Mapped[str] = mapped_column(Text)
     enabled: Mapped[bool] = mapped_column(Boolean)
@@ -585,6 +591,9 @@ class McpServer(Base):
     settle_s: Mapped[float] = mapped_column(Double, server_default=text("5"))
     max_attempts: Mapped[int] = mapped_column(Integer, server_default=text("5"))
     max_concurrency: Mapped[int] = mapped_column(Integer, server_default=text("16"))
+    deadline_s: Mapped[float | None] = mapped_column(
+        Double, comment="the deadline_s of the tools this server lists (NULL: none)"
+    )
     overrides: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     synced_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _now()

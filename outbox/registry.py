@@ -95,6 +95,10 @@ class ToolSpec(BaseModel):
     # How long after ``timeout_s`` a request the relay gave up on may still act at the tool:
     # no lookup and no resend of that call before dispatch + timeout_s + settle_s.
     settle_s: float = Field(default=5.0, ge=0, le=3600)
+    # How long after the model asked for a call an attempt of it may still be sent (None:
+    # no deadline); attempts that never reached the tool are not charged before it
+    # (docs/relay.md, "Deadlines").
+    deadline_s: float | None = Field(default=None, gt=0, le=604800)
     max_attempts: int = Field(default=5, gt=0, le=100)
     idempotency_mode: ModeName = "key"
     risk_tier: Literal["low", "medium", "high"] = "low"
@@ -124,6 +128,11 @@ class ToolSpec(BaseModel):
             raise ValueError(
                 "idempotency mode 'lookup' needs a lookup_endpoint URL (for a python tool "
                 "without one, use 'key' if it tolerates running twice, else 'none')"
+            )
+        if self.deadline_s is not None and self.executor not in ("http", "mcp"):
+            raise ValueError(
+                f"a deadline is for tools called over the network (http, mcp), not "
+                f"{self.executor} tools: leave --deadline out"
             )
         try:
             jsonschema.Draft202012Validator.check_schema(self.json_schema)

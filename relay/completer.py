@@ -17,7 +17,9 @@ what is queued (up to ``completion_batch``) and writes it in one transaction:
   backends call (one call of ``record_model_turns_v1`` writes every turn);
 - a failed attempt is retried after exponential backoff with jitter (or what the tool or
   model asked with ``Retry-After``) while ``failures`` stays under ``max_attempts``, then
-  quarantined; a deferred one (never started) is put back uncharged.
+  quarantined; a deferred one (never started) is put back uncharged, and so is a tool call
+  whose attempt never reached the tool when the call has a deadline (``uncharged``): a
+  retry is never due after the call's deadline.
 
 When the database goes away the outcomes are kept and written once it is back (if the
 leases expired meanwhile the fence refuses them, as it should). When it refuses a
@@ -47,7 +49,7 @@ from outbox.relay import failpoints, spans
 from outbox.relay.config import RelayConfig
 from outbox.relay.links import Link, refusal, refused
 from outbox.relay.metrics import Metrics
-from outbox.relay.outcomes import Claimed, Outcome, error_result
+from outbox.relay.outcomes import Claimed, Outcome, deadline_left_s, error_result
 from outbox.schemas import ModelTurnIn
 from outbox.sql import Queries
 
@@ -393,13 +395,12 @@ class Completer:
             )
             self.metrics.succeeded.labels(row.kind).inc()
             return write(conn, [outcome])[0]
-        if outcome.action == "defer" or (
-            outcome.action == "retry" and row.failures + 1 < row.max_attempts
-        ):
-            charge = int(outcome.action == "retry")
-            delay = (
-                outcome.delay_s if outcome.delay_s is not None else self._backoff(row.failures + 1)
-            )
+        free = outcome.action == "defer" or uncharged(outcome)
+        if free or (outcome.action == "retry" and row.failures + 1 < row.max_attempts):
+            charge = int(not free)
+            # An uncharged retry backs off by the attempts made: failures do not grow.
+            step = row.attempt if uncharged(outcome) else row.failures + 1
+            delay = outcome.delay_s if outcome.delay_s is not None else self._backoff(step)
             if not self._fence(
                 conn,
                 self.q.retry_later,
@@ -407,6 +408,7 @@ class Completer:
                 error=outcome.error,
                 delay_s=delay,
                 charge=charge,
+                deadline_in_s=row.deadline_in_s if deadline_left_s(row) is not None else None,
             ):
                 return "fenced"
             self._call_status(conn, outcome, "pending")
@@ -505,6 +507,15 @@ class Completer:
         the nominal delay, plus up to as much again."""
         nominal = float(min(self.cfg.retry_cap_s, self.cfg.retry_base_s * 2 ** (failures - 1)))
         return nominal / 2 + random.uniform(0, nominal / 2)
+
+
+def uncharged(outcome: Outcome) -> bool:
+    """Whether a retry is not charged against ``max_attempts``: its attempt certainly never
+    reached the tool (``unsent``) and the call has a deadline, which bounds such retries
+    instead (the attempt due at it sends nothing: ``relay.executors.past_deadline``).
+    Without a deadline an unsent attempt is charged, so a tool that stays unreachable is
+    not retried forever."""
+    return outcome.action == "retry" and outcome.unsent and deadline_left_s(outcome.row) is not None
 
 
 def _instead(outcome: Outcome, err: BaseException) -> Outcome | None:

@@ -56,6 +56,7 @@ from outbox.relay.outcomes import (
     Outcome,
     ambiguous,
     error_result,
+    past_deadline,
     redacted,
     result,
     retry,
@@ -130,6 +131,9 @@ class ToolExecutor:
         self, row: Claimed, secret: credentials.Secret | None, trace: dict[str, str]
     ) -> Outcome:
         mode = registry.idempotency(row.idempotency_mode)
+        ended = past_deadline(row, where_of(row))
+        if ended is not None:
+            return ended
         if row.dispatched_attempt is not None:
             if mode.after_ambiguous == "unknown" or (
                 mode.after_ambiguous == "lookup" and not row.lookup_endpoint
@@ -225,6 +229,14 @@ class ToolExecutor:
         except httpx2.HTTPError as err:
             return ambiguous(row, f"connection to {row.endpoint} broke: {describe(err)}")
         return normalise(row, response, secret)
+
+
+def where_of(row: Claimed) -> str:
+    """The tool a call goes to, for an error message: its endpoint, or its MCP server."""
+    server = (row.mcp or {}).get("server") or {}
+    if server:
+        return f"MCP server {server.get('name')} ({server.get('url') or 'stdio'})"
+    return row.endpoint or row.callable or row.tool_name or "the tool"
 
 
 def settling(row: Claimed, wait_s: float) -> Outcome:

@@ -44,6 +44,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -68,12 +69,14 @@ from outbox.relay.outcomes import (
     Claimed,
     Outcome,
     ambiguous,
+    deadline_left_s,
     error_result,
+    past_deadline,
     result,
     retry,
     retry_after_s,
 )
-from outbox.relay.poster import Poster
+from outbox.relay.poster import Answer, Poster
 
 logger = logging.getLogger("relay.mcp")
 # The answer to a request of a session the server no longer knows (it restarted, or ended
@@ -282,18 +285,60 @@ def answer_of(response: httpx2.Response, request_id: int) -> dict[str, Any]:
     else:
         raise NotAnAnswer(f"content type {kind or '(none)'!r}", answered=True)
     for message in messages:
-        if isinstance(message, list):  # a batch (2025-03-26)
-            found = [m for m in message if isinstance(m, dict) and m.get("id") == request_id]
-            message = found[0] if found else None
-        if (
-            isinstance(message, dict)
-            and message.get("id") == request_id
-            and ("result" in message or "error" in message)
-        ):
-            return message
+        found = _answer_in(message, request_id)
+        if found is not None:
+            return found
     if kind == "text/event-stream":
         raise NotAnAnswer("its event stream ended before the answer", answered=False)
     raise NotAnAnswer(f"JSON that is not an answer to request {request_id}", answered=True)
+
+
+EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")  # a blank line: the end of an event
+
+
+class AnswerSeen:
+    """Whether an event stream has brought the answer to ``request_id`` yet (``enough`` of
+    ``relay.poster``): the relay takes the answer when it arrives and closes the stream,
+    not when the server ends it (a server may keep it open after the answer, and the spec's
+    "should close" is no promise). Each event is read once, as it completes."""
+
+    def __init__(self, request_id: int) -> None:
+        self.request_id = request_id
+        self.read = 0  # body bytes up to the end of the last complete event looked at
+        self.stream: bool | None = None  # whether the answer is an event stream at all
+        self.found: dict[str, Any] | None = None  # the answer, once seen
+
+    def __call__(self, answer: Answer) -> bool:
+        if self.stream is None:
+            kind = next((v for n, v in answer.headers if n.lower() == b"content-type"), b"")
+            self.stream = kind.split(b";")[0].strip().lower() == b"text/event-stream"
+        if not self.stream:
+            return False
+        body = answer.body
+        ends = list(EVENT_END.finditer(body, self.read))
+        if not ends:
+            return False
+        end = ends[-1].end()
+        events, self.read = bytes(body[self.read : end]), end
+        for message in _events(events):
+            self.found = _answer_in(message, self.request_id)
+            if self.found is not None:
+                return True
+        return False
+
+
+def _answer_in(message: Any, request_id: int) -> dict[str, Any] | None:
+    """The answer to ``request_id`` in a message (or a batch), or None."""
+    if isinstance(message, list):  # a batch (2025-03-26)
+        found = [m for m in message if isinstance(m, dict) and m.get("id") == request_id]
+        message = found[0] if found else None
+    if (
+        isinstance(message, dict)
+        and message.get("id") == request_id
+        and ("result" in message or "error" in message)
+    ):
+        return message
+    return None
 
 
 def _events(stream: bytes) -> Iterator[Any]:
@@ -359,7 +404,12 @@ class HttpSession:
         headers = {**self.server.headers, **self.secret_headers, "Accept": ACCEPT}
         async with asyncio.timeout(timeout_s):
             response = await self.poster.post(
-                self.url, json=body, headers=headers, timeout=timeout_s, max_body=MAX_EVENT_BYTES
+                self.url,
+                json=body,
+                headers=headers,
+                timeout=timeout_s,
+                max_body=MAX_EVENT_BYTES,
+                enough=AnswerSeen(request_id),
             )
             if response.status_code != 200:
                 raise OpenFailed(f"initialize answered HTTP {response.status_code}")
@@ -406,6 +456,7 @@ class HttpSession:
                 "_meta": meta(row, call_headers.get("traceparent", "")),
             },
         )
+        seen = AnswerSeen(request_id)
         try:
             # The poster's timeout bounds each wait for bytes; this one the whole answer.
             async with asyncio.timeout(timeout_s + 1.0):
@@ -415,6 +466,7 @@ class HttpSession:
                     headers=self.headers(call_headers),
                     timeout=timeout_s,
                     max_body=MAX_EVENT_BYTES,
+                    enough=seen,
                 )
         except (httpx2.ConnectError, httpx2.ConnectTimeout) as err:
             self.gone = True  # it may have restarted, and forgotten the session with it
@@ -423,11 +475,18 @@ class HttpSession:
             return ambiguous(row, f"no answer from {where} within {timeout_s}s")
         except httpx2.HTTPError as err:
             return ambiguous(row, f"connection to {where} broke: {describe(err)}")
-        return self._outcome(row, response, request_id, where)
+        return self._outcome(row, response, request_id, where, seen.found)
 
     def _outcome(
-        self, row: Claimed, response: httpx2.Response, request_id: int, where: str
+        self,
+        row: Claimed,
+        response: httpx2.Response,
+        request_id: int,
+        where: str,
+        found: dict[str, Any] | None = None,
     ) -> Outcome:
+        """What an answer means; ``found``: its JSON-RPC answer, when the event stream's
+        reading already found it (``AnswerSeen``)."""
         status = response.status_code
         if "body_cut_at" in response.extensions:
             return error_result(
@@ -451,7 +510,7 @@ class HttpSession:
                 unsent=True,
             )
         try:
-            answer = answer_of(response, request_id)
+            answer = found if found is not None else answer_of(response, request_id)
         except NotAnAnswer as err:
             if 400 <= status < 500:
                 return error_result(row, f"HTTP {status} from {where}: {_text(response)}")
@@ -619,17 +678,25 @@ class McpCaller:
             )
         server = Server.of(found["server"])
         secret_headers = secret.headers() if secret is not None else {}
+        where = f"MCP server {server.name} ({server.where()})"
+        left = deadline_left_s(row)
         try:
-            session = await self.sessions.get(server, secret_headers)
+            # A call with a deadline waits for a session no longer than until it.
+            async with asyncio.timeout(None if left is None else max(0.0, left)):
+                session = await self.sessions.get(server, secret_headers)
         except Exception as err:
             return retry(
                 row,
                 f"could not open a session with MCP server {server.name} at {server.where()}: "
-                f"{describe(err)}",
+                f"{describe(err) if not isinstance(err, TimeoutError) else 'not by the deadline'}",
                 unsent=True,
             )
-        where = f"MCP server {server.name} ({server.where()})"
         async with session.slots:
+            # Nothing leaves after the call's deadline, however long the session or a slot
+            # took.
+            ended = past_deadline(row, where)
+            if ended is not None:
+                return ended
             if not await self.mark_dispatched(row):
                 return Outcome(row, "lost", error="lease lost before dispatch; not called")
             if isinstance(session, HttpSession):

@@ -79,6 +79,10 @@ class Claimed(NamedTuple):
     tracestate: str | None = None
     run_started_at: float | None = None  # seconds since the epoch, the database's clock
     model: str | None = None  # its run's
+    # seconds until the call's deadline (by the database's clock, at the claim; None: its
+    # tool has none): no attempt is sent after it, and unsent attempts before it are not
+    # charged (``uncharged``)
+    deadline_in_s: float | None = None
     claimed_at_monotonic: float = 0.0  # the worker's clock, for the claim-to-start metric
 
     def context(self) -> dict[str, Any]:
@@ -171,6 +175,49 @@ def ambiguous(row: Claimed, error: str, *, answered: bool = False) -> Outcome:
     if registry.idempotency(row.idempotency_mode).after_ambiguous == "unknown":
         return Outcome(row, "unknown", error=f"outcome unknown: {error}; {NOT_REPEATED}")
     return dataclasses.replace(retry(row, error), answered=answered)
+
+
+NETWORK_EXECUTORS = ("http", "mcp")  # tools whose calls may have a deadline
+
+
+def deadline_left_s(row: Claimed) -> float | None:
+    """Seconds left until the call's deadline now (None: it has none): what the claim
+    measured by the database's clock, less the time since the claim on this process's.
+    Only tool calls over the network have one (``outbox.registry.ToolSpec`` refuses it for
+    others)."""
+    if row.deadline_in_s is None or row.kind != "tool_call":
+        return None
+    if row.executor not in NETWORK_EXECUTORS:
+        return None
+    return row.deadline_in_s - (time.monotonic() - row.claimed_at_monotonic)
+
+
+def past_deadline(row: Claimed, where: str) -> Outcome | None:
+    """The end of a call whose deadline has passed before this attempt was sent (None: it
+    has time left, or no deadline): nothing is sent after a call's deadline. Never sent at
+    all, it is an error result the model sees ("not executed", which is true); when an
+    earlier attempt may have reached ``where``, its outcome is unknown, for an operator."""
+    left = deadline_left_s(row)
+    if left is None or left > 0:
+        return None
+    said = (
+        f"the call's deadline passed (its tool's deadline_s after the model asked for it) "
+        f"before attempt {row.attempt} could be sent to {where}"
+    )
+    if row.dispatched_attempt is None:
+        return Outcome(
+            row,
+            "result",
+            "error",
+            None,
+            f"not executed: {said}; no attempt reached it, so it was not called",
+        )
+    return Outcome(
+        row,
+        "unknown",
+        error=f"outcome unknown: {said}, and attempt {row.dispatched_attempt} may have "
+        f"reached it; {NOT_REPEATED}",
+    )
 
 
 def runs_in_chunks(row: Claimed) -> bool:

@@ -22,7 +22,9 @@ answer came.
 A request may bound the answer's body (``max_body``): past it the body is not read further,
 the connection is closed, and the answer comes back with what was read and
 ``extensions["body_cut_at"]``, so that a tool answering gigabytes costs the relay a few
-hundred kilobytes, not its memory.
+hundred kilobytes, not its memory. A request may also say when what has arrived of the
+body is enough (``enough``): an MCP server's event stream holds the answer the relay waits
+for, and a server that keeps the stream open after it must not hold the call.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import re
 import select
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -43,6 +46,11 @@ TLS = ssl.create_default_context()  # shared: a context per poster took millisec
 CONNECTING = 64  # connections being opened at once per process (Poster says why)
 IDLE_S = 30.0  # a kept-alive connection unused for this long is closed
 MAX_HEAD = 64 * 1024  # bytes of status line and headers (or of a chunk line) an answer may have
+# How long a body that holds all its caller needs (``Answer.enough``) may take to end before
+# it is ended here: the connection is kept for the next request when the server ends it at
+# once (as an MCP server should after its answer), and one that keeps it open holds the
+# caller no longer than this.
+END_GRACE_S = 0.05
 MAX_INFORMATIONAL = 8  # 1xx answers skipped before the answer, at most
 URL_SAFE = "!#$%&'()*+,/:;=?@[]~"  # kept as they are in a URL's path and query (others %-encoded)
 UNTIL_END = -1  # an answer without length or chunks: its body ends with the connection
@@ -52,11 +60,21 @@ HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9
 OWN_HEADERS = {"host", "content-length", "transfer-encoding"}  # the poster's framing
 
 
-class Answer:
-    """An HTTP/1.1 response parsed from its bytes as they arrive (``feed``)."""
+Enough = Callable[["Answer"], bool]
 
-    def __init__(self, max_body: int | None = None) -> None:
+
+class Answer:
+    """An HTTP/1.1 response parsed from its bytes as they arrive (``feed``). ``enough``, when
+    given, is asked after each bytes of the body that arrive whether what has arrived is all
+    the caller needs (an event stream's answer, which a server may follow with nothing but
+    an open stream): if so the answer is ``sufficient``, and its connection ends it
+    (``early``) unless the body ends within ``END_GRACE_S`` (``Connection``)."""
+
+    def __init__(self, max_body: int | None = None, enough: Enough | None = None) -> None:
         self.max_body = max_body  # body bytes read at most; past them the answer is cut
+        self.enough = enough
+        self.sufficient = False  # ``enough`` said so: the rest of the body is not needed
+        self.early = False  # ended while sufficient, before the server ended the body
         self.cut = False  # the body was cut at max_body
         self.buffer = bytearray()
         self.status = 0  # 0 until the head is read
@@ -71,6 +89,25 @@ class Answer:
     def feed(self, data: bytes) -> bool:
         """Take the next bytes; whether the answer is complete. Raises
         ``httpx2.RemoteProtocolError`` for what is not HTTP/1.1."""
+        read = len(self.body)
+        if self._feed(data):
+            return True
+        if (
+            self.enough is not None
+            and not self.sufficient
+            and self.status
+            and len(self.body) > read
+            and self.enough(self)
+        ):
+            self.sufficient = True
+        return False
+
+    def end_early(self) -> None:
+        """End a sufficient answer here: its connection is not reused (the rest of its body
+        would precede the next answer)."""
+        self.early, self.complete, self.reusable = True, True, False
+
+    def _feed(self, data: bytes) -> bool:
         self.buffer += data
         while not self.status:
             end = self.buffer.find(b"\r\n\r\n")
@@ -228,6 +265,7 @@ class Connection(asyncio.Protocol):
         self.deadline: asyncio.Timeout | None = None
         self.timeout = 0.0
         self.idle_since = 0.0  # monotonic seconds, while kept alive for the next request
+        self.grace: asyncio.TimerHandle | None = None  # a sufficient answer's END_GRACE_S
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -249,9 +287,18 @@ class Connection(asyncio.Protocol):
             return
         if complete:
             waiter.set_result(answer)
-        elif self.deadline is not None and self.loop is not None:
+            return
+        if self.deadline is not None and self.loop is not None:
             # the read timeout counts from the latest bytes
             self.deadline.reschedule(self.loop.time() + self.timeout)
+        if answer.sufficient and self.loop is not None and self.grace is None:
+            self.grace = self.loop.call_later(END_GRACE_S, self._end_early, answer)
+
+    def _end_early(self, answer: Answer) -> None:
+        """The grace for a sufficient answer's body to end is over (``END_GRACE_S``)."""
+        if self.answer is answer and self.waiter is not None and not self.waiter.done():
+            answer.end_early()
+            self.waiter.set_result(answer)
 
     def eof_received(self) -> bool:
         answer, waiter = self.answer, self.waiter
@@ -283,13 +330,20 @@ class Connection(asyncio.Protocol):
         except (OSError, ValueError):
             return False
 
-    async def request(self, data: bytes, timeout: float, max_body: int | None = None) -> Answer:
+    async def request(
+        self,
+        data: bytes,
+        timeout: float,
+        max_body: int | None = None,
+        enough: Enough | None = None,
+    ) -> Answer:
         """Send ``data`` (a whole request) and wait for its whole answer (or the first
-        ``max_body`` bytes of its body); no bytes may arrive for ``timeout`` seconds."""
+        ``max_body`` bytes of its body, or what ``enough`` says is enough: ``Answer``); no
+        bytes may arrive for ``timeout`` seconds."""
         if self.closed or self.transport is None:  # ended by the server since it was opened
             raise httpx2.ConnectError("the server closed the connection before the request")
         self.loop = asyncio.get_running_loop()
-        self.answer, self.waiter = Answer(max_body), self.loop.create_future()
+        self.answer, self.waiter = Answer(max_body, enough), self.loop.create_future()
         self.timeout = timeout
         self.transport.write(data)
         try:
@@ -301,6 +355,9 @@ class Connection(asyncio.Protocol):
             raise httpx2.ReadTimeout(f"no answer within {timeout}s") from err
         finally:  # the answer is the caller's now, not the idle connection's to keep
             self.answer = self.waiter = self.deadline = None
+            if self.grace is not None:
+                self.grace.cancel()
+                self.grace = None
 
     def settled(self) -> bool:
         """Open, with the whole request sent: a server may answer before it has read the
@@ -389,11 +446,14 @@ class Poster:
         content: bytes | None = None,
         headers: dict[str, str] | None = None,
         max_body: int | None = None,
+        enough: Enough | None = None,
     ) -> httpx2.Response:
         """``timeout`` (seconds) bounds the connect, the send, and each wait for bytes of
         the answer. ``json`` is sent as ``application/json`` (compact, as ``httpx2``). An
         answer whose body passes ``max_body`` bytes comes back cut there, with
-        ``extensions["body_cut_at"] = max_body`` (the module docstring)."""
+        ``extensions["body_cut_at"] = max_body`` (the module docstring). ``enough``: see
+        ``Answer``; an answer it ended comes back with ``extensions["ended_early"]``, its
+        connection closed."""
         origin, line = _target(url)
         sent = dict(headers or {})
         if content is None:
@@ -404,7 +464,7 @@ class Poster:
         connection = self._kept(origin) or await self._connect(origin, timeout)
         self.busy.add(connection)
         try:
-            answer = await connection.request(data, timeout, max_body)
+            answer = await connection.request(data, timeout, max_body, enough)
         except BaseException:
             connection.close()
             raise
@@ -415,7 +475,11 @@ class Poster:
             self.idle.setdefault(origin, []).append(connection)
         else:
             connection.close()
-        extensions = {"body_cut_at": max_body} if answer.cut else None
+        extensions: dict[str, Any] | None = None
+        if answer.cut:
+            extensions = {"body_cut_at": max_body}
+        elif answer.early:
+            extensions = {"ended_early": True}
         return httpx2.Response(
             answer.status, headers=answer.headers, content=bytes(answer.body), extensions=extensions
         )

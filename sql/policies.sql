@@ -82,7 +82,7 @@ GRANT SELECT ON {s}.tenant_budgets, {s}.lanes, {s}.approvals, {s}.risk_policies,
 -- (they may hold secrets).
 GRANT SELECT (tenant_id, name, transport, url, command, credential_ref, trusted, prefix,
               timeout_s, settle_s, max_attempts, max_concurrency, overrides, synced_at,
-              created_at) ON {s}.mcp_servers TO outbox_auditor;
+              created_at, deadline_s) ON {s}.mcp_servers TO outbox_auditor;
 -- outbox_auditor reads the retention policies and the archive of retained runs (the
 -- functions of functions.sql write them; no role is granted more).
 GRANT SELECT ON {s}.retention_policies, {s}.archived_runs TO outbox_auditor;

@@ -36,7 +36,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 
-META_KEY = "dev.agent-outbox/call"
+META_KEY = "agent-outbox/call"
 AUDIT = sys.argv[-1]
 app = MCPServer("outbox-test-fixture", log_level="WARNING")
 labels: dict[str, str] = {}  # idempotency key -> the label's answer

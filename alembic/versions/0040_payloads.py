@@ -1,7 +1,7 @@
 """Large payloads by reference: bodies over a threshold stored once per tenant by digest.
 
 Revision ID: 0040
-Revises: 0035
+Revises: 0038
 Create Date: 2026-11-27
 
 ``payloads`` (digest, tenant_id, bytes, body) holds every argument, result and tool message
@@ -21,7 +21,7 @@ from __future__ import annotations
 from outbox.migrate import frozen_sql, run_sql
 
 revision = "0040"
-down_revision = "0035"
+down_revision = "0038"
 branch_labels = None
 depends_on = None
 

@@ -2,10 +2,10 @@
 -- Register an MCP server (outbox.mcpservers.add).
 INSERT INTO {s}.mcp_servers (tenant_id, name, transport, url, headers, command, env,
                              credential_ref, trusted, prefix, timeout_s, settle_s,
-                             max_attempts, max_concurrency, overrides)
+                             deadline_s, max_attempts, max_concurrency, overrides)
 VALUES (%(tenant_id)s, %(name)s, %(transport)s, %(url)s, %(headers)s, %(command)s, %(env)s,
         %(credential_ref)s, %(trusted)s, %(prefix)s, %(timeout_s)s, %(settle_s)s,
-        %(max_attempts)s, %(max_concurrency)s, %(overrides)s)
+        %(deadline_s)s, %(max_attempts)s, %(max_concurrency)s, %(overrides)s)
 RETURNING *
 
 -- name: synced
@@ -50,8 +50,10 @@ WHERE cr.name = %(name)s AND cr.tenant_id IN (%(tenant_id)s, '*')
 ORDER BY cr.tenant_id = '*' LIMIT 1
 
 -- name: configure_server
--- Change whether a server is trusted and the operator's overrides of its tools.
+-- Change whether a server is trusted, the operator's overrides of its tools and, when
+-- set_deadline, their deadline (NULL: none).
 UPDATE {s}.mcp_servers
-SET trusted = coalesce(%(trusted)s, trusted), overrides = %(overrides)s
+SET trusted = coalesce(%(trusted)s, trusted), overrides = %(overrides)s,
+    deadline_s = CASE WHEN %(set_deadline)s THEN %(deadline_s)s::float8 ELSE deadline_s END
 WHERE tenant_id = %(tenant_id)s AND name = %(name)s
 RETURNING *

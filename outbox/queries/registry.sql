@@ -7,11 +7,11 @@ FROM {s}.tools WHERE tenant_id = %(tenant_id)s AND name = %(name)s
 -- Register one tool version.
 INSERT INTO {s}.tools (tenant_id, name, version, description, json_schema, executor, endpoint,
                        lookup_endpoint, callable, credential_ref, timeout_s, settle_s,
-                       max_attempts, idempotency_mode, risk_tier, requires_approval, enabled,
+                       deadline_s, max_attempts, idempotency_mode, risk_tier, requires_approval, enabled,
                        mcp_server, mcp_tool, annotations)
 VALUES (%(tenant_id)s, %(name)s, %(version)s, %(description)s, %(json_schema)s, %(executor)s,
         %(endpoint)s, %(lookup_endpoint)s, %(callable)s, %(credential_ref)s, %(timeout_s)s,
-        %(settle_s)s, %(max_attempts)s, %(idempotency_mode)s, %(risk_tier)s, %(requires_approval)s,
+        %(settle_s)s, %(deadline_s)s, %(max_attempts)s, %(idempotency_mode)s, %(risk_tier)s, %(requires_approval)s,
         %(enabled)s, %(mcp_server)s, %(mcp_tool)s, %(annotations)s)
 RETURNING *
 

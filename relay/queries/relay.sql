@@ -274,7 +274,13 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
        -- The run's trace context, its start (seconds since the epoch) and model: every span
        -- of the run hangs under its invoke_agent span (outbox.tracing).
        r.traceparent, r.tracestate, extract(epoch FROM r.created_at)::float8 AS run_started_at,
-       r.model
+       r.model,
+       -- deadline_in_s: seconds until the call's deadline (its creation + the tool's
+       -- deadline_s, by this clock): no attempt is sent after it, and attempts that never
+       -- reached the tool are not charged before it (docs/relay.md, "Deadlines"). NULL: the
+       -- tool has none.
+       extract(epoch FROM tc.created_at + make_interval(secs => t.deadline_s) - now())::float8
+           AS deadline_in_s
 FROM claimed c
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tool_calls WHERE id = c.tool_call_ref OFFSET 0
@@ -340,7 +346,13 @@ WITH mine AS (
 )
 UPDATE {s}.outbox o
 SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
-    available_at = now() + make_interval(secs => %(delay_s)s),
+    -- Never due after the call's deadline (the claim's now() + deadline_in_s): the attempt
+    -- due then sends nothing and ends the call (relay.executors.past_deadline).
+    available_at = CASE WHEN %(deadline_in_s)s::float8 IS NULL
+                        THEN now() + make_interval(secs => %(delay_s)s)
+                        ELSE least(now() + make_interval(secs => %(delay_s)s),
+                                   greatest(now(), o.claimed_at + make_interval(
+                                       secs => %(deadline_in_s)s::float8))) END,
     failures = o.failures + %(charge)s
 FROM mine
 WHERE o.id = mine.id AND NOT mine.run_over

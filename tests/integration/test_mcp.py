@@ -10,12 +10,15 @@ servers from the package index.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,7 +50,7 @@ from tests.serve_harness import serve
 
 FIXTURE = Path(__file__).resolve().parent.parent / "mcp_fixture.py"
 BIN = Path(sys.executable).parent
-META_KEY = "dev.agent-outbox/call"
+META_KEY = "agent-outbox/call"
 
 
 def audit(path: Path, tool: str | None = None) -> list[dict[str, Any]]:
@@ -280,6 +283,47 @@ def test_a_server_that_lists_no_tools_is_refused_and_nothing_is_written(db_url, 
     assert scalar(db_url, "SELECT count(*) FROM outbox.mcp_servers") == 0
 
 
+BAD_SCHEMA = Path(__file__).resolve().parent.parent / "mcp_bad_schema.py"
+
+
+def test_a_live_servers_tool_with_an_invalid_schema_is_refused_by_name_and_the_others_kept(
+    db_url, monkeypatch
+):
+    """A server built on the SDK's low-level ``Server`` lists ``broken`` with a schema that is
+    not JSON Schema: add and sync refuse that tool, naming the server, the tool and where
+    its schema is wrong; its other tool is registered and answers through the relay."""
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    runner = CliRunner()
+    command = f"{sys.executable} {BAD_SCHEMA}"
+    done = runner.invoke(
+        cli.main,
+        ["mcp", "add", "calc", "--command", command, "--risk", "add=low"],
+        catch_exceptions=False,
+    )
+    assert done.exit_code == 0, done.output
+    assert "added: calc__add v1" in done.output
+    assert (
+        "skipped: tool broken of MCP server calc: its inputSchema is not a valid JSON Schema "
+        "at inputSchema.properties.n.minimum: 'zero' is not of type 'number'"
+    ) in done.output
+    assert scalar(db_url, "SELECT array_agg(name) FROM outbox.tools") == ["calc__add"]
+    synced = json.loads(runner.invoke(cli.main, ["mcp", "sync", "calc", "--json"]).output)
+    assert synced["unchanged"] == ["calc__add"]
+    [skipped] = synced["skipped"]
+    assert (skipped["server"], skipped["tool"]) == ("calc", "broken")
+    assert "minimum" in skipped["problem"] and "'zero'" in skipped["problem"]
+    journaled = scalar(
+        db_url, "SELECT detail FROM outbox.journal WHERE event = 'mcp.synced' ORDER BY id DESC"
+    )
+    assert journaled["skipped"] == [skipped]
+
+    ref = call_once(db_url, "calc__add", {"a": 2, "b": 3})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call of the kept tool")
+    row = call_row(db_url, ref)
+    assert (row["status"], row["output"]["content"][0]["text"]) == ("succeeded", "5")
+
+
 def test_trusted_annotations_give_modes_and_tiers_untrusted_ones_do_not(db_url, tmp_path):
     repo = tmp_path / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
@@ -472,7 +516,9 @@ def test_relay_killed_mid_call_of_a_key_tool_resends_the_same_key_and_the_server
 def test_the_server_killed_mid_call_retries_a_read_only_tool_and_parks_a_none_one(
     db_url, http_server, tool, ending
 ):
-    add_server(db_url, name="tk", url=http_server.url, trusted=True, overrides=LOW)
+    # A deadline: the attempts refused while the server starts again are not charged (a
+    # slow start used to use up max_attempts and park the call).
+    add_server(db_url, name="tk", url=http_server.url, trusted=True, overrides=LOW, deadline_s=300)
     ref = call_once(db_url, f"tk__{tool}", {"title": "t", "hold_s": 30})
     with relay_thread(db_url):
         wait_until(lambda: http_server.calls(tool), what="the call to reach the server")
@@ -527,17 +573,22 @@ def test_a_result_over_the_cap_is_an_error_result_and_not_asked_again(db_url, ht
     assert len(http_server.calls("big")) == 1
 
 
-def test_a_server_that_cannot_be_reached_is_retried_unsent_and_called_once(db_url, http_server):
+def test_a_server_back_before_the_calls_deadline_gets_it_once_unsent_attempts_uncharged(
+    db_url, http_server
+):
     """Whether the session is found dead before the call or the call's POST cannot
-    connect, the request never left: a none-mode call is retried, not parked."""
-    add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_attempts=100)
+    connect, the request never left: a none-mode call is retried, not parked, and with a
+    deadline not charged (max_attempts 1, and yet attempt after attempt)."""
+    add_server(
+        db_url, name="tk", url=http_server.url, overrides=LOW, max_attempts=1, deadline_s=120
+    )
     with relay_thread(db_url):
         warm = call_once(db_url, "tk__create_ticket", {"title": "first"})
         wait_until(lambda: all_settled(db_url), what="the first call (its session opened)")
         http_server.kill()
         ref = call_once(db_url, "tk__create_ticket", {"title": "later"})
         wait_until(
-            lambda: (call_row(db_url, ref)["attempts"] or 0) >= 2,
+            lambda: (call_row(db_url, ref)["attempts"] or 0) >= 3,
             what="attempts against the stopped server",
         )
         assert call_row(db_url, ref)["dispatched_attempt"] is None  # never ambiguous
@@ -546,6 +597,74 @@ def test_a_server_that_cannot_be_reached_is_retried_unsent_and_called_once(db_ur
     assert call_row(db_url, warm)["status"] == "succeeded"
     assert call_row(db_url, ref)["status"] == "succeeded"  # none mode, and yet called
     assert [c["arguments"]["title"] for c in http_server.calls()] == ["first", "later"]
+
+
+def test_a_deadline_is_set_at_add_and_changed_by_set_as_new_tool_versions(
+    db_url, http_server, monkeypatch
+):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    runner = CliRunner()
+
+    def deadlines() -> set[tuple[int, float | None]]:
+        rows = scalar(
+            db_url,
+            "SELECT array_agg(DISTINCT jsonb_build_array(version, deadline_s)) FROM outbox.tools",
+        )
+        return {(v, d) for v, d in rows}
+
+    added = runner.invoke(
+        cli.main, ["mcp", "add", "tk", "--url", http_server.url, "--deadline", "90"]
+    )
+    assert added.exit_code == 0, added.output
+    assert deadlines() == {(1, 90.0)}
+    both = runner.invoke(cli.main, ["mcp", "set", "tk", "--deadline", "5", "--no-deadline"])
+    assert both.exit_code == 2 and "opposite" in both.output
+    done = runner.invoke(cli.main, ["mcp", "set", "tk", "--deadline", "30", "--actor", "ops"])
+    assert done.exit_code == 0, done.output
+    assert deadlines() == {(1, 90.0), (2, 30.0)}
+    runner.invoke(cli.main, ["mcp", "set", "tk", "--no-deadline"], catch_exceptions=False)
+    assert deadlines() == {(1, 90.0), (2, 30.0), (3, None)}
+    assert scalar(db_url, "SELECT deadline_s FROM outbox.mcp_servers") is None
+    journaled = scalar(
+        db_url,
+        "SELECT array_agg(detail->'deadline_s' ORDER BY id) FROM outbox.journal "
+        "WHERE event = 'mcp.server_configured'",
+    )
+    assert journaled == [30.0, None]
+    out_of_range = runner.invoke(cli.main, ["mcp", "set", "tk", "--deadline", "0"])
+    assert out_of_range.exit_code == 2 and "out of range" in out_of_range.output
+
+
+def test_a_server_down_past_the_calls_deadline_ends_it_not_executed_at_the_deadline(db_url):
+    """No session can be opened: uncharged attempts until the deadline, then an error
+    result the model sees, naming the server; never parked, never ambiguous."""
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+    with psycopg.connect(db_url) as conn:
+        spec = mcpservers.ServerSpec(
+            name="tk", url=url, overrides=LOW, max_attempts=1, deadline_s=2, timeout_s=5
+        )
+        listed = [{"name": "create_ticket", "inputSchema": {"type": "object"}}]
+        mcpservers.add(conn, spec, listed, actor="test")
+        conn.commit()
+    ref = call_once(db_url, "tk__create_ticket", {"title": "t"})
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call to end at its deadline")
+    row = call_row(db_url, ref)
+    assert (row["status"], row["dispatched_attempt"]) == ("failed", None)
+    assert (row["attempts"] or 0) >= 2
+    assert row["error"].startswith("not executed: the call's deadline passed"), row["error"]
+    assert f"MCP server tk ({url})" in row["error"]
+    assert scalar(
+        db_url,
+        "SELECT r.created_at >= c.created_at + interval '2 seconds' "
+        "FROM outbox.tool_results r JOIN outbox.tool_calls c ON c.id = r.tool_call_ref",
+    )
+    journal = scalar(
+        db_url,
+        "SELECT string_agg(detail->>'error', ' ') FROM outbox.journal "
+        "WHERE event = 'tool_call.retry_scheduled'",
+    )
+    assert "could not open a session with MCP server tk" in journal
 
 
 def test_a_server_answering_json_bodies_gives_results_and_errors_as_one_answering_streams(
@@ -815,3 +934,153 @@ def test_an_mcp_tool_through_outbox_serve(db_url, http_server):
     assert run.status == "completed", run
     [received] = http_server.calls("create_ticket")
     assert received["arguments"]["title"] == "via serve"
+
+
+def test_an_mcp_tool_through_outbox_serves_responses(db_url, http_server):
+    """A client of `outbox serve`'s Responses API declares the MCP registry tool as a
+    function: the relay calls the server once, and the answer the model made of its result
+    comes back in the response (the relay's call never shows as a function_call item)."""
+    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+    seen: list[str] = []
+
+    def after_tool(items: list[HistoryItem]) -> dict[str, Any]:
+        seen.extend(i.text for i in items if i.kind == "tool_output")
+        return {"text": "ticket filed: " + seen[-1]}
+
+    ticket = {"name": "tk__create_ticket", "arguments": {"title": "via responses"}}
+    with ScriptedModel() as model:
+        model.add_script("ticket", [{"tool_calls": [ticket]}, after_tool])
+        with psycopg.connect(db_url) as conn:
+            key = keys.create_key(conn, "acme", name="test")[1]
+            conn.commit()
+        with (
+            serve(db_url, model_base_url=model.url + "/v1") as base_url,
+            relay_thread(db_url, kinds=("model_turn", "tool_call", "deliver_batch")),
+        ):
+            sdk = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+            response = sdk.responses.create(
+                model="scripted-1",
+                input="script:ticket please",
+                tools=[{"type": "function", "name": "tk__create_ticket", "parameters": {}}],
+            )
+            sdk.close()
+    assert response.status == "completed", response
+    assert [item.type for item in response.output] == ["message"]
+    [received] = http_server.calls("create_ticket")
+    assert received["arguments"]["title"] == "via responses"
+    key_sent = received["meta"][META_KEY]["idempotency_key"]
+    assert key_sent == scalar(db_url, "SELECT idempotency_key FROM outbox.tool_calls")
+    [output] = seen
+    assert "via responses" in output
+    assert response.output_text == "ticket filed: " + output
+
+
+class OpenStream:
+    """A streamable HTTP MCP server on loopback that answers a ``tools/call`` with an event
+    stream (chunked) holding a log notification and the answer, and then keeps the stream
+    open, sending nothing, until the client closes the connection (which it records) or a
+    minute has passed. The SDK's server ends its streams after the answer; this one plays
+    one that does not."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.closed_by_client = 0
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.port = 0
+
+    def __enter__(self) -> OpenStream:
+        self.thread.start()
+        assert self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self.ready.set()
+        self.loop.run_forever()
+        server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                body = json.loads(await reader.readexactly(length))
+                if body.get("method") == "initialize":
+                    result = {
+                        "protocolVersion": "2025-11-25",
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "open-stream", "version": "1"},
+                    }
+                    answer = json.dumps({"jsonrpc": "2.0", "id": body["id"], "result": result})
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                        b"mcp-session-id: s1\r\ncontent-length: %d\r\n\r\n%s"
+                        % (len(answer), answer.encode())
+                    )
+                    continue
+                if "id" not in body:
+                    writer.write(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+                    continue
+                self.calls.append(body)
+                note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {}}
+                title = body["params"]["arguments"].get("title")
+                result = {"content": [{"type": "text", "text": f"opened {title}"}]}
+                events = (
+                    f"event: message\ndata: {json.dumps(note)}\n\n"
+                    f"event: message\ndata: "
+                    f"{json.dumps({'jsonrpc': '2.0', 'id': body['id'], 'result': result})}\n\n"
+                ).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(events), events)
+                )
+                await writer.drain()
+                # The stream stays open: nothing more, and no end, until the client goes.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(60):
+                        if await reader.read(1) == b"":
+                            self.closed_by_client += 1
+                return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+
+def test_an_answer_on_a_stream_the_server_leaves_open_is_taken_at_once(db_url):
+    """The server keeps the event stream open after its answer: the relay takes the answer
+    as it arrives and closes the stream, far before the call's timeout (60 s, where the
+    wait for the call is 30 s); the next call goes over a new connection of the session."""
+    with OpenStream() as server:
+        with psycopg.connect(db_url) as conn:
+            spec = mcpservers.ServerSpec(name="op", url=server.url, timeout_s=60, overrides=LOW)
+            listed = [{"name": "create_ticket", "inputSchema": {"type": "object"}}]
+            mcpservers.add(conn, spec, listed, actor="test")
+            conn.commit()
+        first = call_once(db_url, "op__create_ticket", {"title": "one"})
+        with relay_thread(db_url):
+            wait_until(lambda: all_settled(db_url), what="the answer, before the timeout")
+            second = call_once(db_url, "op__create_ticket", {"title": "two"})
+            wait_until(lambda: all_settled(db_url), what="the second answer")
+        wait_until(lambda: server.closed_by_client == 2, what="the relay to close both streams")
+    for ref, title in ((first, "one"), (second, "two")):
+        row = call_row(db_url, ref)
+        assert (row["status"], row["attempts"]) == ("succeeded", 1)
+        assert row["output"]["content"] == [{"type": "text", "text": f"opened {title}"}]
+    assert [c["params"]["arguments"]["title"] for c in server.calls] == ["one", "two"]

@@ -84,3 +84,70 @@ def test_a_none_tool_that_refused_the_connection_is_retried_until_out_of_attempt
     assert scalar(db_url, f"SELECT attempts {row}") == 3
     assert "could not reach" in scalar(db_url, f"SELECT last_error {row}")
     assert scalar(db_url, "SELECT dispatched_attempt FROM outbox.tool_calls") is None
+
+
+# -- a call with a deadline: unsent attempts uncharged, bounded by the deadline ------------
+
+
+def attempts_made(db_url: str) -> int:
+    return int(scalar(db_url, "SELECT attempts FROM outbox.tool_calls") or 0)
+
+
+def test_a_tool_down_past_the_calls_deadline_ends_it_not_executed_at_the_deadline(db_url, service):
+    """max_attempts 1, yet the refused attempts are retried (uncharged) until the deadline;
+    then the call ends, never sent, with an error result the model sees: not parked, not
+    ambiguous, and never after the deadline (by the database's clock)."""
+    with psycopg.connect(db_url) as conn:
+        register_tool(
+            conn,
+            service,
+            "blind",
+            "none",
+            endpoint=f"http://127.0.0.1:{closed_port()}/tools/blind",
+            max_attempts=1,
+            deadline_s=2.0,
+        )
+        conn.commit()
+    seed(db_url, ["blind"], runs=1, calls_per_batch=1, args=args)
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the call to end at its deadline")
+    assert tool_call_states(db_url) == {"failed": 1}
+    assert attempts_made(db_url) >= 2  # uncharged: max_attempts 1 would have parked the first
+    error = scalar(db_url, "SELECT error FROM outbox.tool_results")
+    assert error.startswith("not executed: the call's deadline passed"), error
+    assert scalar(db_url, "SELECT dispatched_attempt FROM outbox.tool_calls") is None
+    assert scalar(
+        db_url,
+        "SELECT r.created_at >= c.created_at + interval '2 seconds' "
+        "FROM outbox.tool_results r JOIN outbox.tool_calls c ON c.id = r.tool_call_ref",
+    )
+    retried = scalar(
+        db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'tool_call.retry_scheduled'"
+    )
+    assert retried >= attempts_made(db_url) - 1 >= 1  # each refused attempt put back
+    assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE kind = 'tool_call'") == 0
+
+
+def test_a_tool_back_before_the_calls_deadline_gets_the_call_once(db_url):
+    """Refused until the tool starts, uncharged (max_attempts 1), then sent once."""
+    port = closed_port()
+    with psycopg.connect(db_url) as conn, FakeToolService(standard_tools=False) as elsewhere:
+        register_tool(
+            conn,
+            elsewhere,
+            "blind",
+            "none",
+            endpoint=f"http://127.0.0.1:{port}/tools/blind",
+            max_attempts=1,
+            deadline_s=120.0,
+        )
+        conn.commit()
+    seed(db_url, ["blind"], runs=1, calls_per_batch=1, args=args)
+    with relay_thread(db_url):
+        wait_until(lambda: attempts_made(db_url) >= 3, what="refused attempts, uncharged")
+        with FakeToolService(standard_tools=False, port=port) as back:
+            back.add_tool("blind", "none")
+            wait_until(lambda: all_settled(db_url), what="the call to be made")
+            assert tool_call_states(db_url) == {"succeeded": 1}
+            assert len(back.tool("blind").effects) == 1
+            assert [d.status for d in back.tool("blind").deliveries] == [200]

@@ -83,11 +83,13 @@ PINNED = {
     "0034_retention.sql": "a41afceac2db008b",
     "0035_model_reasoning.py": "6d00e48370e5e108",
     "0035_model_reasoning.sql": "6f6756073a1a0d00",
-    "0040_payloads.py": "18f97ec7979dfcf0",
+    "0040_payloads.py": "62723547c7509699",
     "0040_payloads.sql": "586630e099bcff17",
     "0040_payloads_down.sql": "93923062a2634673",
     "0041_relay_least_privilege.py": "020c76fe494e52bd",
     "0041_relay_least_privilege.sql": "24e78257d692edb8",
+    "0038_call_deadlines.py": "67e0ff4241d1b910",
+    "0038_call_deadlines.sql": "8d0924e10536dd8a",
 }
 
 

@@ -718,3 +718,78 @@ def test_a_body_within_max_body_is_read_whole_and_its_connection_kept():
         assert "body_cut_at" not in response.extensions
         assert len(response.json()) == 99_998
     assert connections == 1
+
+
+def sse_head() -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def has_done(found: poster_module.Answer) -> bool:
+    return b"done" in found.body
+
+
+def test_a_body_that_is_enough_on_a_stream_left_open_ends_there_and_its_connection_goes():
+    """The server sends what the caller needs and keeps the body open: the answer comes
+    back with what arrived (``ended_early``) long before the read timeout, and the
+    connection is closed (the server sees it go), never reused."""
+    closed = asyncio.Event()
+    connections = [0]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections[0] += 1
+        await read_request(reader)
+        writer.write(sse_head() + chunk(b"data: first\n\n") + chunk(b"data: done\n\n"))
+        await writer.drain()
+        if await reader.read(1) == b"":
+            closed.set()
+        writer.close()
+
+    async def main() -> list[httpx2.Response]:
+        async with served(handler) as (poster, url):
+            answers = [
+                await poster.post(url, json={}, timeout=30, enough=has_done) for _ in range(2)
+            ]
+            async with asyncio.timeout(10):
+                await closed.wait()
+            return answers
+
+    for found in asyncio.run(main()):
+        assert found.content == b"data: first\n\ndata: done\n\n"
+        assert found.extensions == {"ended_early": True}
+    assert connections[0] == 2
+
+
+def test_a_body_that_is_enough_and_then_ends_keeps_its_connection():
+    """A server that ends the body right after what the caller needs (as an MCP server
+    should after its answer): the answer is whole and the connection is kept for the next
+    request."""
+    requests = [0]
+    connections = [0]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections[0] += 1
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            requests[0] += 1
+            writer.write(sse_head() + chunk(b"data: done\n\n"))
+            await writer.drain()
+            writer.write(b"0\r\n\r\n")  # the end, in a write of its own
+            await writer.drain()
+        writer.close()
+
+    async def main() -> list[httpx2.Response]:
+        async with served(handler) as (poster, url):
+            return [await poster.post(url, json={}, timeout=5, enough=has_done) for _ in range(3)]
+
+    for found in asyncio.run(main()):
+        assert found.content == b"data: done\n\n" and "ended_early" not in found.extensions
+    assert (requests[0], connections[0]) == (3, 1)
