@@ -1,5 +1,6 @@
 -- Retention and erasure: the statements outbox.retention runs (the work is done by the SQL
--- functions of sql/functions.sql: retain_v1, archive_partitions_v1, prune_archive_v1,
+-- functions of sql/functions.sql: retain_v1, archive_partitions_v1, journal_partitions_v1,
+-- prune_archive_v1,
 -- erase_thread_v1).
 
 -- name: policies
@@ -31,6 +32,10 @@ SELECT tenant_id, mode, threads, runs FROM {s}.retain_v1(%(limit)s, %(actor)s);
 -- name: archive_partitions
 -- Make the archive's partitions for today and the days ahead; how many were made.
 SELECT {s}.archive_partitions_v1(%(days_ahead)s) AS made;
+
+-- name: journal_partitions
+-- Make the journal's day partitions for today and the days ahead; how many were made.
+SELECT {s}.journal_partitions_v1(%(days_ahead)s) AS made;
 
 -- name: prune_archive
 -- Drop the archive's days past its keep; the partitions dropped.

@@ -184,6 +184,10 @@ CALLS: dict[str, Call] = {
         one(c, "SELECT outbox.archive_partitions_v1(1)"),
         0,  # no archiving policy
     ),
+    "journal_partitions_v1": lambda c, s: _is(
+        one(c, "SELECT outbox.journal_partitions_v1(1)"),
+        0,  # the migration made today's and the next days'
+    ),
     "prune_archive_v1": lambda c, s: _is(
         one(c, "SELECT count(*) FROM outbox.prune_archive_v1()"), 0
     ),
