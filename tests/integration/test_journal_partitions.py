@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from outbox import migrate, retention
+from tests.helpers import new_run
 
 REFUSED = psycopg.errors.InsufficientPrivilege
 
@@ -258,3 +259,29 @@ def test_a_populated_journal_is_converted_without_losing_a_row_and_back(empty_db
             "INSERT INTO outbox.journal (tenant_id, event) VALUES ('t', 'down') RETURNING id"
         ).fetchone()
         assert next_id > new_id
+
+
+def test_a_runs_event_stream_reads_no_day_before_the_run(conn):
+    """The server's run_events read is bounded by the run's creation: days before it are
+    pruned at run time, however many there are."""
+    from outbox.server.store import Q
+
+    old = make_day(conn, today(conn) - timedelta(days=3))
+    run = new_run(conn)
+    conn.commit()
+    plan = "\n".join(
+        r[0]
+        for r in conn.execute(
+            f"EXPLAIN (ANALYZE, COSTS OFF) {Q.run_events}",
+            {"run_id": run.id, "after_id": 0, "limit": 10},
+        )
+    )
+    # Pruned while executing (the bound is the run's, read in the same query): the day
+    # before the run is never scanned; today's is.
+    scans = [line for line in plan.splitlines() if "Index Scan" in line and "journal_" in line]
+    assert [line for line in scans if old in line] == [
+        line for line in scans if old in line and "never executed" in line
+    ], plan
+    assert any(day_name(today(conn)) in line and "never executed" not in line for line in scans)
+    events = conn.execute(Q.run_events, {"run_id": run.id, "after_id": 0, "limit": 10}).fetchone()
+    assert [e["event"] for e in events[3]][:1] == ["run.created"]
