@@ -39,7 +39,7 @@ def _state(url: str) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CHECKPOINT")
         (lsn,) = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()  # type: ignore[misc]
-        tables = dict(
+        tables: dict[str, Any] = dict(
             conn.execute(
                 "SELECT coalesce(p.relname, c.relname), sum(pg_total_relation_size(c.oid)) "
                 "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -48,7 +48,7 @@ def _state(url: str) -> dict[str, Any]:
                 "WHERE n.nspname = 'outbox' AND c.relkind = 'r' GROUP BY 1"
             ).fetchall()
         )
-        events = dict(
+        events: dict[str, int] = dict(
             conn.execute("SELECT event, count(*) FROM outbox.journal GROUP BY 1").fetchall()
         )
     return {"lsn": lsn, "tables": {k: int(v) for k, v in tables.items()}, "events": events}

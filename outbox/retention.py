@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -159,11 +159,14 @@ def backlog(db: Any) -> list[Row]:
     return fetch_all(pg(db), Q.backlog, {})
 
 
-def retain_chunk(db: Any, *, limit: int = CHUNK, actor: str) -> list[Row]:
+def retain_chunk(
+    db: Any, *, limit: int = CHUNK, actor: str, after: datetime | None = None
+) -> list[Row]:
     """One chunk of ``retain_v1`` in the caller's transaction (which must be a top-level
     one: the journal guard's door is bound to it): per tenant and mode, the threads and
-    runs retained."""
-    return fetch_all(pg(db), Q.retain, {"limit": limit, "actor": actor})
+    runs retained, and ``horizon``: pass it as ``after`` to the next chunk of the same round,
+    which then does not read again the old threads this one passed over (not idle)."""
+    return fetch_all(pg(db), Q.retain, {"limit": limit, "actor": actor, "after": after})
 
 
 def journal_partitions(conn: psycopg.Connection[Any], days_ahead: int = JOURNAL_DAYS_AHEAD) -> int:
@@ -200,9 +203,12 @@ def run(
     done.partitions_made = int(made["made"]) if made else 0
     done.journal_partitions_made = journal_partitions(conn)
     started = time.monotonic()
+    after: datetime | None = None  # the horizon: each chunk goes on where the last stopped
     while True:
         with conn.transaction():
-            taken = done.add(retain_chunk(conn, limit=chunk, actor=actor))
+            rows = retain_chunk(conn, limit=chunk, actor=actor, after=after)
+            taken = done.add(rows)
+        after = rows[0]["horizon"] if rows else after
         if taken < chunk:
             break
         out_of_chunks = max_chunks is not None and done.chunks >= max_chunks

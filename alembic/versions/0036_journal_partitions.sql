@@ -17,6 +17,8 @@
 --   row only in the default and upto partitions, which span more than a day: its door now
 --   opens on those partitions only.
 -- * run_timeline is made again: a view binds to the table it was made on.
+-- * retain_v1 takes a horizon (p_after) and returns the next one: the chunks of a round of
+--   retention no longer each read again the old threads that are not idle.
 
 DO $$
 DECLARE
@@ -276,3 +278,132 @@ END $$;
 REVOKE ALL ON FUNCTION {s}.prune_journal(interval, text) FROM PUBLIC;
 
 SELECT {s}.journal_partitions_v1(2);
+
+-- retain_v1 with a horizon (p_after, and the horizon column it returns): a round of
+-- retention reads each old thread that is not idle once, not once per chunk.
+DROP FUNCTION {s}.retain_v1(integer, text);
+CREATE FUNCTION {s}.retain_v1(p_limit integer DEFAULT 200,
+                                         p_actor text DEFAULT session_user,
+                                         p_after timestamptz DEFAULT NULL)
+RETURNS TABLE (tenant_id text, mode text, threads integer, runs integer, horizon timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s' AS $$
+DECLARE
+    v_oldest  timestamptz;
+    v_threads uuid[];
+    v_locked  uuid[];
+    v_runs    uuid[];
+    v_archive uuid[];
+    v_event   bigint;
+    v_horizon timestamptz;
+BEGIN
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'retain_v1 takes 1 to 10000 threads per chunk, got %', p_limit
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT now() - min(p.max_age) INTO v_oldest FROM {s}.retention_policies p;
+    IF v_oldest IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(c.id), max(c.created_at) INTO v_threads, v_horizon FROM (
+        SELECT t.id, t.created_at FROM {s}.threads t
+        WHERE t.created_at < v_oldest
+          AND t.created_at >= coalesce(p_after, '-infinity')
+          AND t.created_at < {s}.retention_cutoff_v1(t.tenant_id)
+          AND {s}.thread_idle_v1(t.id, {s}.retention_cutoff_v1(t.tenant_id))
+        ORDER BY t.created_at
+        LIMIT p_limit
+        FOR UPDATE OF t SKIP LOCKED) c;
+    IF v_threads IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(l.id) INTO v_locked FROM (
+        SELECT r.id FROM {s}.runs r WHERE r.thread_id = ANY (v_threads)
+        ORDER BY r.id FOR UPDATE SKIP LOCKED) l;
+    -- Under the locks, in a fresh snapshot: a run started or a message written between
+    -- the choice and the lock keeps its thread.
+    SELECT array_agg(t.id) INTO v_threads FROM {s}.threads t
+    WHERE t.id = ANY (v_threads)
+      AND {s}.thread_idle_v1(t.id, {s}.retention_cutoff_v1(t.tenant_id))
+      AND NOT EXISTS (SELECT 1 FROM {s}.runs r
+                      WHERE r.thread_id = t.id AND r.id <> ALL (coalesce(v_locked, '{}')));
+    IF v_threads IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(array_agg(r.id), '{}') INTO v_runs
+    FROM {s}.runs r WHERE r.thread_id = ANY (v_threads);
+    SELECT coalesce(array_agg(t.id), '{}') INTO v_archive
+    FROM {s}.threads t JOIN LATERAL (
+        SELECT p.mode FROM {s}.retention_policies p
+        WHERE p.tenant_id IN (t.tenant_id, '*') ORDER BY p.tenant_id = '*' LIMIT 1) p ON true
+    WHERE t.id = ANY (v_threads) AND p.mode = 'archive';
+
+    IF cardinality(v_archive) > 0 THEN
+        PERFORM {s}.archive_partitions_v1(0);
+        INSERT INTO {s}.archived_runs (tenant_id, thread_id, run_id, status, created_at,
+                                       ended_at, correlation_id, document)
+        SELECT r.tenant_id, r.thread_id, r.id, r.status, r.created_at,
+               coalesce(r.ended_at, r.updated_at), r.correlation_id, {s}.run_document_v1(r.id)
+        FROM {s}.runs r WHERE r.thread_id = ANY (v_archive);
+        INSERT INTO {s}.archived_runs (tenant_id, thread_id, created_at, document)
+        SELECT t.tenant_id, t.id, t.created_at, jsonb_build_object(
+                   'thread', to_jsonb(t),
+                   'messages', (SELECT coalesce(jsonb_agg(to_jsonb(m) ORDER BY m.seq), '[]')
+                                FROM {s}.messages m
+                                WHERE m.thread_id = t.id AND m.run_id IS NULL))
+        FROM {s}.threads t WHERE t.id = ANY (v_archive);
+    END IF;
+
+    -- Journaled before anything goes: the accounting of every run retained, and the event
+    -- whose id opens the journal guard's retention door for this transaction.
+    WITH journaled AS (
+        INSERT INTO {s}.journal (tenant_id, event, thread_id, actor, detail)
+        SELECT t.tenant_id, 'thread.retained', t.id, p_actor,
+               jsonb_build_object('mode', CASE WHEN t.id = ANY (v_archive) THEN 'archive'
+                                               ELSE 'delete' END,
+                                  'last_active_before', {s}.retention_cutoff_v1(t.tenant_id),
+                                  'runs', (SELECT coalesce(jsonb_agg(r.id ORDER BY r.id), '[]')
+                                           FROM {s}.runs r WHERE r.thread_id = t.id))
+        FROM {s}.threads t WHERE t.id = ANY (v_threads)
+        ORDER BY t.id
+        RETURNING id
+    )
+    SELECT min(id) INTO v_event FROM journaled;
+
+    RETURN QUERY
+    SELECT t.tenant_id,
+           CASE WHEN t.id = ANY (v_archive) THEN 'archive' ELSE 'delete' END,
+           count(DISTINCT t.id)::integer, count(r.id)::integer, v_horizon
+    FROM {s}.threads t LEFT JOIN {s}.runs r ON r.thread_id = t.id
+    WHERE t.id = ANY (v_threads)
+    GROUP BY 1, 2 ORDER BY 1, 2;
+
+    -- Children before parents, each by an indexed column; tool messages before the calls
+    -- they answer, calls before the messages that asked for them.
+    DELETE FROM {s}.webhook_deliveries w WHERE w.run_id = ANY (v_runs);
+    DELETE FROM {s}.approvals a WHERE a.run_id = ANY (v_runs);
+    DELETE FROM {s}.submissions x WHERE x.run_id = ANY (v_runs);
+    DELETE FROM {s}.orphaned_results o
+    WHERE o.run_id = ANY (v_runs)
+       OR o.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs));
+    DELETE FROM {s}.tool_results x
+    WHERE x.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs));
+    DELETE FROM {s}.messages m WHERE m.thread_id = ANY (v_threads) AND m.tool_call_ref IS NOT NULL;
+    DELETE FROM {s}.model_turns t WHERE t.run_id = ANY (v_runs);
+    DELETE FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs);
+    DELETE FROM {s}.tool_batches b WHERE b.run_id = ANY (v_runs);
+    DELETE FROM {s}.assistant_runs a WHERE a.run_id = ANY (v_runs);
+    DELETE FROM {s}.responses x WHERE x.thread_id = ANY (v_threads);
+    DELETE FROM {s}.messages m WHERE m.thread_id = ANY (v_threads);
+    DELETE FROM {s}.outbox o WHERE o.run_id = ANY (v_runs);
+    DELETE FROM {s}.runs r WHERE r.id = ANY (v_runs);
+    DELETE FROM {s}.threads t WHERE t.id = ANY (v_threads);
+    PERFORM set_config('outbox.journal_retain', v_event::text, true);
+    DELETE FROM {s}.journal j WHERE j.run_id = ANY (v_runs);
+    DELETE FROM {s}.journal j
+    WHERE j.thread_id = ANY (v_threads) AND j.run_id IS NULL
+      AND j.event NOT IN ('thread.retained', 'thread.erased');
+    PERFORM set_config('outbox.journal_retain', '', true);
+END $$;
+REVOKE ALL ON FUNCTION {s}.retain_v1(integer, text, timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.retain_v1(integer, text, timestamptz) TO outbox_relay;

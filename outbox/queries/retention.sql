@@ -26,8 +26,10 @@ RETURNING tenant_id, extract(epoch FROM max_age)::float8 AS max_age_s, mode,
 DELETE FROM {s}.retention_policies WHERE tenant_id = %(tenant_id)s RETURNING tenant_id;
 
 -- name: retain
--- One chunk of retention (retain_v1): what it retained per tenant and mode.
-SELECT tenant_id, mode, threads, runs FROM {s}.retain_v1(%(limit)s, %(actor)s);
+-- One chunk of retention (retain_v1) from a horizon (NULL: the oldest): what it retained
+-- per tenant and mode, and the horizon of the next chunk of the round.
+SELECT tenant_id, mode, threads, runs, horizon
+FROM {s}.retain_v1(%(limit)s, %(actor)s, %(after)s::timestamptz);
 
 -- name: archive_partitions
 -- Make the archive's partitions for today and the days ahead; how many were made.

@@ -83,8 +83,8 @@ PINNED = {
     "0034_retention.sql": "a41afceac2db008b",
     "0035_model_reasoning.py": "6d00e48370e5e108",
     "0035_model_reasoning.sql": "6f6756073a1a0d00",
-    "0036_journal_partitions.py": "7e7647b59fdef17d",
-    "0036_journal_partitions.sql": "73ae223de33139c4",
+    "0036_journal_partitions.py": "42a7eb3c067b8e15",
+    "0036_journal_partitions.sql": "086128e5a5d77805",
 }
 
 
