@@ -16,6 +16,7 @@ import pytest
 
 from outbox import migrate, retention
 from tests.helpers import new_run
+from tests.relay_harness import relay_thread, wait_until
 
 REFUSED = psycopg.errors.InsufficientPrivilege
 
@@ -285,3 +286,12 @@ def test_a_runs_event_stream_reads_no_day_before_the_run(conn):
     assert any(day_name(today(conn)) in line and "never executed" not in line for line in scans)
     events = conn.execute(Q.run_events, {"run_id": run.id, "after_id": 0, "limit": 10}).fetchone()
     assert [e["event"] for e in events[3]][:1] == ["run.created"]
+
+
+def test_the_relays_maintenance_makes_the_days_ahead_with_retention_off(db_url, conn):
+    ahead = day_name(today(conn) + timedelta(days=2))
+    conn.execute(f"DROP TABLE outbox.{ahead}")  # an empty day, as if never made
+    conn.commit()
+    assert ahead not in partitions(conn)
+    with relay_thread(db_url, retention_interval_s=0):
+        wait_until(lambda: ahead in partitions(conn), what=f"the relay to make {ahead}")
