@@ -295,3 +295,26 @@ def test_the_relays_maintenance_makes_the_days_ahead_with_retention_off(db_url, 
     assert ahead not in partitions(conn)
     with relay_thread(db_url, retention_interval_s=0):
         wait_until(lambda: ahead in partitions(conn), what=f"the relay to make {ahead}")
+
+
+def test_a_journal_reaching_into_the_future_is_converted_and_no_day_overlaps_it(empty_db_url):
+    """A row stamped days ahead (a clock far off) stretches the old table's range: no day
+    partition is made inside it, and the first one is made right after it."""
+    migrate.upgrade(empty_db_url, "0035", schema="outbox")
+    with psycopg.connect(empty_db_url) as c:
+        c.execute(
+            "INSERT INTO outbox.journal (at, tenant_id, event) VALUES "
+            "(now(), 't', 'now'), (now() + interval '4 days', 't', 'ahead')"
+        )
+    migrate.upgrade(empty_db_url, "0036", schema="outbox")
+    with psycopg.connect(empty_db_url) as c:
+        last = today(c) + timedelta(days=4)
+        assert partitions(c) == ["journal_default", f"journal_upto_{last:%Y%m%d}"]
+        assert c.execute("SELECT outbox.journal_partitions_v1(6)").fetchone() == (2,)
+        assert partitions(c) == [
+            *(day_name(last + timedelta(days=k)) for k in (1, 2)),
+            "journal_default",
+            f"journal_upto_{last:%Y%m%d}",
+        ]
+        c.commit()
+    assert _snapshot(empty_db_url)[0] == 2
