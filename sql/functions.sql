@@ -1780,6 +1780,7 @@ DECLARE
     v_archive uuid[];
     v_event   bigint;
     v_horizon timestamptz;
+    v_since   timestamptz;
 BEGIN
     IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
         RAISE EXCEPTION 'retain_v1 takes 1 to 10000 threads per chunk, got %', p_limit
@@ -1789,7 +1790,10 @@ BEGIN
     IF v_oldest IS NULL THEN
         RETURN;
     END IF;
-    SELECT array_agg(c.id), max(c.created_at) INTO v_threads, v_horizon FROM (
+    -- v_since: no event of a conversation is older than its thread, so the journal's days
+    -- before the oldest candidate are not read for their events (0036).
+    SELECT array_agg(c.id), max(c.created_at), min(c.created_at)
+    INTO v_threads, v_horizon, v_since FROM (
         SELECT t.id, t.created_at FROM {s}.threads t
         WHERE t.created_at < v_oldest
           AND t.created_at >= coalesce(p_after, '-infinity')
@@ -1883,9 +1887,9 @@ BEGIN
     DELETE FROM {s}.runs r WHERE r.id = ANY (v_runs);
     DELETE FROM {s}.threads t WHERE t.id = ANY (v_threads);
     PERFORM set_config('outbox.journal_retain', v_event::text, true);
-    DELETE FROM {s}.journal j WHERE j.run_id = ANY (v_runs);
+    DELETE FROM {s}.journal j WHERE j.run_id = ANY (v_runs) AND j.at >= v_since;
     DELETE FROM {s}.journal j
-    WHERE j.thread_id = ANY (v_threads) AND j.run_id IS NULL
+    WHERE j.thread_id = ANY (v_threads) AND j.run_id IS NULL AND j.at >= v_since
       AND j.event NOT IN ('thread.retained', 'thread.erased');
     PERFORM set_config('outbox.journal_retain', '', true);
 END $$;

@@ -621,3 +621,35 @@ def test_a_round_of_retention_reads_each_busy_old_thread_once_not_once_per_chunk
     # One chunk reads the busy ones and its own ten; the others only their own.
     assert busy + idle <= read < 2 * (busy + idle), read
     assert conn.execute("SELECT count(*) FROM outbox.threads").fetchone() == (busy,)
+
+
+def test_retention_reads_no_journal_day_older_than_the_conversations_it_removes(db_url, conn):
+    """retain_v1 deletes a conversation's events with a bound: none is older than its
+    thread, so older days' indexes are not probed, however many days the journal keeps."""
+    from tests.integration.test_journal_partitions import make_day, today
+
+    set_policy(db_url, "*", "delete")
+    old = make_day(conn, today(conn) - timedelta(days=10))
+    conn.commit()
+    for _ in range(3):
+        run = ended_run(conn)
+        age(conn, run.thread_id, 2 * HOUR)
+
+    def probes() -> int:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.commit()
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        (n,) = conn.execute(
+            "SELECT coalesce(sum(idx_scan), 0) FROM pg_stat_user_indexes "
+            "WHERE schemaname = 'outbox' AND relname = %s",
+            [old],
+        ).fetchone()
+        conn.commit()
+        return int(n)
+
+    before = probes()
+    assert retention.run(conn, actor="ops@test").threads == 3
+    assert probes() == before
+    assert conn.execute(
+        "SELECT count(*) FROM outbox.journal WHERE run_id IS NOT NULL"
+    ).fetchone() == (0,)

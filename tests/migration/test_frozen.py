@@ -84,7 +84,7 @@ PINNED = {
     "0035_model_reasoning.py": "6d00e48370e5e108",
     "0035_model_reasoning.sql": "6f6756073a1a0d00",
     "0036_journal_partitions.py": "42a7eb3c067b8e15",
-    "0036_journal_partitions.sql": "086128e5a5d77805",
+    "0036_journal_partitions.sql": "4c9bd9a6b5d23d2a",
 }
 
 
