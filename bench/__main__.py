@@ -16,6 +16,7 @@ from typing import Any
 from bench import db as bdb
 from bench import (
     fairness,
+    footprint,
     http,
     inflight,
     mcp,
@@ -88,6 +89,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "(2000:2:0.5:2; --quick: 200:1:0.2:2); 'none' skips it",
     )
     parser.add_argument("--tracing-rounds", type=int, help="measurements each way (3; --quick: 1)")
+    parser.add_argument(
+        "--footprint-runs",
+        type=int,
+        help="runs of one turn of 4 calls for journal rows, WAL and table bytes per call "
+        "(500; --quick: 100; 0 skips)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     args = parser.parse_args(argv)
@@ -105,6 +112,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.mcp_calls = 100 if quick else 500
     if args.serve_runs is None:
         args.serve_runs = 100 if quick else 500
+    if args.footprint_runs is None:
+        args.footprint_runs = 100 if quick else footprint.RUNS
     cases = args.inflight or ("200:1:0.2:2" if quick else "2000:2:0.5:2,10000:10:1:2")
     args.inflight_cases = (
         []
@@ -244,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     end_to_end(server, args, log, out)
     stderr("NOTIFY cost")
     notify_cost(server, args, out)
+    if args.footprint_runs:
+        stderr(f"footprint: {args.footprint_runs:,} runs of {footprint.PER_TURN} calls")
+        out["footprint"] = footprint.run(server, args.footprint_runs, log=log)
     out["inflight"] = inflight.run_cases(server, args.inflight_cases, log)
     if args.tracing_case is not None:
         out["tracing"] = tracing.run_case(server, args.tracing_case, args.tracing_rounds, log)

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench import footprint
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -132,6 +134,9 @@ def markdown(results: dict[str, Any]) -> str:
             f"The API adds {served['api_adds_p50_ms']:.1f} ms p50 (target: under 5 ms).",
             "",
         ]
+    if results.get("footprint"):
+        lines += ["### Journal rows, WAL bytes and table bytes per completed tool call", ""]
+        lines += [*footprint.lines(results["footprint"]), ""]
     if results.get("poster"):
         lines += poster_lines(results["poster"])
     if results.get("mcp"):

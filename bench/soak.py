@@ -75,12 +75,15 @@ WHERE n.nspname = 'outbox' AND c.relkind IN ('r', 'i') AND NOT c.relispartition
 """
 
 
-ARCHIVE_SIZE = """
+# A partitioned table (the archive, and the journal since 0036) through its partitions.
+PARTITIONED_SIZE = """
 SELECT coalesce(sum(s.n_live_tup), 0)::bigint, coalesce(sum(s.n_dead_tup), 0)::bigint,
-       coalesce(sum(pg_total_relation_size(p.relid)), 0)::bigint
-FROM pg_partition_tree('outbox.archived_runs') p
+       coalesce(sum(pg_total_relation_size(p.relid)), 0)::bigint,
+       coalesce(sum(s.autovacuum_count), 0)::bigint
+FROM pg_partition_tree(%s::regclass) p
 LEFT JOIN pg_stat_user_tables s ON s.relid = p.relid
 """
+PARTITIONED = ("archived_runs", "journal")
 
 
 @dataclass(frozen=True)
@@ -294,13 +297,16 @@ def _timed_claims(worker: Worker, durations: list[float]) -> None:
 
 def _snapshot(conn: psycopg.Connection[Any]) -> tuple[dict[str, Any], int]:
     rows = conn.execute(SIZES).fetchall()
-    archive = conn.execute(ARCHIVE_SIZE).fetchone()
+    parted = {
+        name: conn.execute(PARTITIONED_SIZE, [f"outbox.{name}"]).fetchone() for name in PARTITIONED
+    }
     conn.commit()
     tables = {r[0]: (r[2], r[3], r[4]) for r in rows if r[1] == "r"}
-    if archive is not None:
-        tables["archived_runs"] = (archive[0], archive[1], archive[2])
+    for name, size in parted.items():
+        if size is not None:
+            tables[name] = (size[0], size[1], size[2])
     indexes = {r[0]: r[4] for r in rows if r[1] == "i"}
-    autovacuums = sum(r[5] for r in rows)
+    autovacuums = sum(r[5] for r in rows) + sum(p[3] for p in parted.values() if p is not None)
     return {"tables": tables, "indexes": indexes}, autovacuums
 
 

@@ -141,7 +141,8 @@ def retention_unset(tenant: str, actor: str, as_json: bool) -> None:
 @json_option
 def retention_run(chunk: int, max_chunks: int | None, actor: str, as_json: bool) -> None:
     """Retain every conversation due now, one committed chunk at a time (the relay does
-    this continuously); then drop the archive's days past its keep."""
+    this continuously), after making the archive's and the journal's days ahead; then drop
+    the archive's days past its keep."""
     with db.connect() as conn:
         done = retention.run(conn, chunk=chunk, actor=actor, max_chunks=max_chunks)
     if as_json:
@@ -152,6 +153,8 @@ def retention_run(chunk: int, max_chunks: int | None, actor: str, as_json: bool)
         click.echo(f"  {tenant}: {counts['threads']} threads, {counts['runs']} runs {mode}d")
     if done.payloads_swept:
         click.echo(f"bodies no longer referenced, deleted: {done.payloads_swept}")
+    if done.journal_partitions_made:
+        click.echo(f"journal days made ahead: {done.journal_partitions_made}")
     if done.partitions_dropped:
         click.echo(f"archive days dropped: {', '.join(done.partitions_dropped)}")
     if not done.complete:

@@ -600,16 +600,26 @@ class McpServer(Base):
 
 
 class JournalEvent(Base):
+    """Append-only events, partitioned by day of ``at`` (migration 0036): the primary key
+    holds the partition key, as a partitioned table's must."""
+
     __tablename__ = "journal"
     __table_args__ = (
         Index("journal_run", "run_id", "id"),
         Index("journal_at", "at"),
         Index("journal_thread_events", "thread_id", postgresql_where=text("run_id IS NULL")),
+        {
+            "comment": "append-only events for every state change; partitioned by day of `at` "
+            "(journal_YYYYMMDD, made ahead by journal_partitions_v1; journal_default catches the "
+            "rest; journal_upto_YYYYMMDD holds what was journaled before 0036); pruned by "
+            "prune_journal a day at a time",
+            "postgresql_partition_by": "RANGE (at)",
+        },
     )
 
     id: Mapped[int] = _pk()
     at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=text("clock_timestamp()")
+        DateTime(timezone=True), primary_key=True, server_default=text("clock_timestamp()")
     )
     tenant_id: Mapped[str] = mapped_column(Text)
     event: Mapped[str] = mapped_column(Text)

@@ -7,8 +7,9 @@ in ``archived_runs``, partitioned by day and dropped a day at a time past the ar
 keep) or deleted. The unit is the thread with everything under it: a conversation being
 continued keeps its whole history, and a run's rows never outlive the messages they pair
 with. The work is done by SQL functions (``sql/functions.sql``: ``retain_v1``,
-``archive_partitions_v1``, ``prune_archive_v1``, ``erase_thread_v1``) so that a DBA, the
-CLI and the relay's maintenance run the same code; this module calls them.
+``archive_partitions_v1``, ``journal_partitions_v1``, ``prune_archive_v1``,
+``erase_thread_v1``) so that a DBA, the CLI and the relay's maintenance run the same code;
+this module calls them.
 
 ``run`` commits one bounded chunk per transaction and never waits on a lock the relay or
 the server holds (``retain_v1`` skips what is locked). Everything else runs in the caller's
@@ -20,7 +21,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -36,6 +37,7 @@ DEFAULT_TENANT = "*"  # the policy of every tenant without its own
 MODES = ("archive", "delete")
 CHUNK = 200  # threads per retention transaction: a few hundred milliseconds of locks at most
 ARCHIVE_DAYS_AHEAD = 2  # archive partitions made ahead of need, in days
+JOURNAL_DAYS_AHEAD = 2  # journal partitions made ahead of need, in days
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Retained:
     partitions_made: int = 0
     partitions_dropped: list[str] = field(default_factory=list)
     payloads_swept: int = 0  # bodies stored by reference that nothing referenced any more
+    journal_partitions_made: int = 0
     complete: bool = True  # False: it stopped at max_chunks with more due
 
     def add(self, rows: list[Row]) -> int:
@@ -80,6 +83,7 @@ class Retained:
             "archive_partitions_made": self.partitions_made,
             "archive_partitions_dropped": self.partitions_dropped,
             "payloads_swept": self.payloads_swept,
+            "journal_partitions_made": self.journal_partitions_made,
         }
 
 
@@ -157,11 +161,24 @@ def backlog(db: Any) -> list[Row]:
     return fetch_all(pg(db), Q.backlog, {})
 
 
-def retain_chunk(db: Any, *, limit: int = CHUNK, actor: str) -> list[Row]:
+def retain_chunk(
+    db: Any, *, limit: int = CHUNK, actor: str, after: datetime | None = None
+) -> list[Row]:
     """One chunk of ``retain_v1`` in the caller's transaction (which must be a top-level
     one: the journal guard's door is bound to it): per tenant and mode, the threads and
-    runs retained."""
-    return fetch_all(pg(db), Q.retain, {"limit": limit, "actor": actor})
+    runs retained, and ``horizon``: pass it as ``after`` to the next chunk of the same round,
+    which then does not read again the old threads this one passed over (not idle)."""
+    return fetch_all(pg(db), Q.retain, {"limit": limit, "actor": actor, "after": after})
+
+
+def journal_partitions(conn: psycopg.Connection[Any], days_ahead: int = JOURNAL_DAYS_AHEAD) -> int:
+    """Make the journal's day partitions for today and ``days_ahead`` days after it
+    (``journal_partitions_v1``), in a transaction of its own; how many were made. Rows of a
+    day with no partition land in the journal's default partition: nothing fails, but they
+    are then pruned by row instead of a day at a time."""
+    with conn.transaction():
+        made = fetch_one(conn, Q.journal_partitions, {"days_ahead": days_ahead})
+    return int(made["made"]) if made else 0
 
 
 def run(
@@ -174,8 +191,8 @@ def run(
 ) -> Retained:
     """Retain everything due, one committed transaction per chunk, until a chunk takes
     fewer than ``chunk`` threads (or ``max_chunks`` were run, or ``budget_s`` seconds
-    passed: ``complete`` is then False); make the archive's partitions ahead first and drop
-    its days past the keep last.
+    passed: ``complete`` is then False); make the archive's and the journal's partitions
+    ahead first and drop the archive's days past the keep last.
 
     ``conn`` must not be inside a transaction: each chunk commits, so what is done stays
     done if a later chunk fails, and no chunk holds its locks longer than itself.
@@ -186,10 +203,14 @@ def run(
     with conn.transaction():
         made = fetch_one(conn, Q.archive_partitions, {"days_ahead": ARCHIVE_DAYS_AHEAD})
     done.partitions_made = int(made["made"]) if made else 0
+    done.journal_partitions_made = journal_partitions(conn)
     started = time.monotonic()
+    after: datetime | None = None  # the horizon: each chunk goes on where the last stopped
     while True:
         with conn.transaction():
-            taken = done.add(retain_chunk(conn, limit=chunk, actor=actor))
+            rows = retain_chunk(conn, limit=chunk, actor=actor, after=after)
+            taken = done.add(rows)
+        after = rows[0]["horizon"] if rows else after
         if taken < chunk:
             break
         out_of_chunks = max_chunks is not None and done.chunks >= max_chunks

@@ -9,7 +9,8 @@ expires runs past their ``requires_action`` deadline and denies approvals nobody
 their deadline (``outbox.approvals``). Every retention interval it moves idle conversations
 out of the hot tables by policy (``outbox.retention``), chunk by chunk for a bounded time so
 the next heartbeat is never late; every relay does it, and ``retain_v1``'s SKIP LOCKED
-shares the work among them. With metrics on, it refreshes
+shares the work among them. Every ten minutes it makes the journal's day partitions ahead
+(``journal_partitions_v1``). With metrics on, it refreshes
 the queue-depth gauges. A database error waits for the link; any other error is logged and
 the loop goes on: leases must be kept alive whatever happens.
 """
@@ -34,6 +35,7 @@ from outbox.sql import Queries
 logger = logging.getLogger("relay.maintenance")
 DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with metrics on)
 RETENTION_ROUND_S = 2.0  # longest retention round, seconds (beyond it: the next round)
+JOURNAL_PARTITIONS_S = 600.0  # how often the journal's days ahead are made (retention or not)
 
 
 class Maintenance:
@@ -64,7 +66,7 @@ class Maintenance:
     def loop(self) -> None:
         link = self.make_link("maintenance", prepare=False)
         interval = min(self.cfg.lease_s / 3, self.cfg.rescue_interval_s)
-        last_rescue = last_depth = last_retention = 0.0
+        last_rescue = last_depth = last_retention = last_journal = 0.0
         while not self.finished.wait(interval):
             self.tick()
             try:
@@ -72,6 +74,9 @@ class Maintenance:
                 if time.monotonic() - last_rescue >= self.cfg.rescue_interval_s:
                     self._rescue(link)
                     last_rescue = time.monotonic()
+                if time.monotonic() - last_journal >= JOURNAL_PARTITIONS_S:
+                    self._journal_partitions(link)
+                    last_journal = time.monotonic()
                 if self.cfg.retention_interval_s and (
                     time.monotonic() - last_retention >= self.cfg.retention_interval_s
                 ):
@@ -88,6 +93,13 @@ class Maintenance:
             except Exception as err:  # keep leases alive and rescues going whatever happens
                 log(logger, logging.ERROR, "maintenance.failed", error=repr(err))
         link.close()
+
+    def _journal_partitions(self, link: Link) -> None:
+        """Make the journal's day partitions ahead (``journal_partitions_v1``), whether
+        retention runs or not: a day without one fills the default partition instead."""
+        made = retention.journal_partitions(link.get())
+        if made:
+            log(logger, logging.INFO, "journal.partitions_made", worker=self.cfg.worker_id, n=made)
 
     def _retain(self, link: Link) -> None:
         """One retention round. A chunk refused (a lock not granted within retain_v1's

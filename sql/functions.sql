@@ -1643,36 +1643,75 @@ GRANT EXECUTE ON FUNCTION {s}.record_model_turn_v1(jsonb, jsonb)
     TO outbox_writer, outbox_relay;  -- not outbox_api: `outbox serve` records no turns (0030)
 
 
--- prune_journal: delete journal events older than older_than, journaled first
--- (journal.pruned, with the cut-off and the count); returns how many it deleted.
+-- prune_journal: remove journal events older than older_than, journaled first
+-- (journal.pruned, with the cut-off, the count and the partitions dropped); returns how
+-- many it removed.
 --
 --   SELECT outbox.prune_journal(interval '90 days');   -- or: outbox prune --older-than 90d
 --
--- The one door of the journal's guard (journal_refuse_change, triggers.sql): it marks its
--- transaction with the id of the journal.pruned event it wrote, and the guard lets through
--- deletions of rows older than that event's cut-off only. Runs with its owner's rights
--- (SECURITY DEFINER); only the owner (and superusers) may execute it.
+-- The journal is partitioned by day (0036): a day wholly older than the cut-off is dropped
+-- whole (no row deleted, nothing left to vacuum); a day that straddles the cut-off stays
+-- whole until it is past it, so an event is kept at most a day longer than the age. Rows
+-- of the default partition (days journal_partitions_v1 had not made) and of the journal
+-- from before 0036 (journal_upto_YYYYMMDD) are deleted by row through the journal guard's
+-- door (journal_refuse_change, triggers.sql), which opens on those partitions only: it
+-- marks its transaction with the id of the journal.pruned event it wrote, and the guard
+-- lets through deletions of rows older than that event's cut-off. Runs with its owner's
+-- rights (SECURITY DEFINER); only the owner (and superusers) may execute it. Dropping a
+-- day takes a lock on the journal that inserts wait for: it gives up after lock_timeout
+-- (2 s) and changes nothing.
 CREATE OR REPLACE FUNCTION {s}.prune_journal(older_than interval, actor text DEFAULT session_user)
-RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s' AS $$
 DECLARE
-    removed bigint;
+    removed bigint := 0;
+    v_rows bigint;
     v_before timestamptz;
     v_event bigint;
+    v_part record;
+    v_drop text[] := '{}';
+    v_trim text[] := '{}';
+    v_name text;
 BEGIN
     IF older_than IS NULL OR older_than <= interval '0' THEN
         RAISE EXCEPTION 'prune_journal needs a positive age, got %', older_than
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     v_before := now() - older_than;
-    SELECT count(*) INTO removed FROM {s}.journal WHERE at < v_before;
+    FOR v_part IN
+        SELECT c.relname,
+               c.relname ~ '^journal_(upto_)?[0-9]{8}$'
+               AND (to_date(right(c.relname, 8), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC'
+                   <= v_before AS whole
+        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = '{s}.journal'::regclass
+        ORDER BY c.relname
+    LOOP
+        IF v_part.whole THEN
+            EXECUTE format('SELECT count(*) FROM {s}.%I', v_part.relname) INTO v_rows;
+            v_drop := v_drop || v_part.relname::text;
+        ELSIF v_part.relname = 'journal_default' OR v_part.relname ~ '^journal_upto_[0-9]{8}$' THEN
+            EXECUTE format('SELECT count(*) FROM {s}.%I WHERE at < %L', v_part.relname, v_before)
+                INTO v_rows;
+            CONTINUE WHEN v_rows = 0;
+            v_trim := v_trim || v_part.relname::text;
+        ELSE
+            CONTINUE;
+        END IF;
+        removed := removed + v_rows;
+    END LOOP;
     INSERT INTO {s}.journal (tenant_id, event, actor, detail)
     VALUES ('*', 'journal.pruned', actor,
             jsonb_build_object('older_than', older_than::text, 'removed', removed,
-                               'before', v_before))
+                               'before', v_before, 'partitions_dropped', to_jsonb(v_drop)))
     RETURNING id INTO v_event;
+    FOREACH v_name IN ARRAY v_drop LOOP
+        EXECUTE format('DROP TABLE {s}.%I', v_name);
+    END LOOP;
     PERFORM set_config('outbox.journal_prune', v_event::text, true);
-    DELETE FROM {s}.journal WHERE at < v_before;
-    GET DIAGNOSTICS removed = ROW_COUNT;
+    FOREACH v_name IN ARRAY v_trim LOOP
+        EXECUTE format('DELETE FROM {s}.%I WHERE at < %L', v_name, v_before);
+    END LOOP;
     PERFORM set_config('outbox.journal_prune', '', true);
     RETURN removed;
 END $$;
@@ -1797,6 +1836,61 @@ $$;
 REVOKE ALL ON FUNCTION {s}.run_document_v1(uuid) FROM PUBLIC;
 
 
+-- journal_partitions_v1: make the journal's day partitions (UTC days) for today and the next
+-- p_days_ahead days that do not exist yet; returns how many it made. Run ahead by the
+-- relay's maintenance and by `outbox retention run`, so a day's rows never land in the
+-- default partition; two callers at once make each partition once. A day whose rows the
+-- default partition already caught (maintenance did not run for days) gets no partition:
+-- its rows stay in the default, pruned by row, and the next day is made as usual.
+CREATE OR REPLACE FUNCTION {s}.journal_partitions_v1(p_days_ahead integer DEFAULT 2)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '2s' AS $$
+DECLARE
+    v_today date := (now() AT TIME ZONE 'UTC')::date;
+    v_floor date;
+    v_day   date;
+    v_from  timestamptz;
+    v_to    timestamptz;
+    v_name  text;
+    v_made  integer := 0;
+BEGIN
+    SELECT max(to_date(right(c.relname, 8), 'YYYYMMDD')) + 1 INTO v_floor
+    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+    WHERE i.inhparent = '{s}.journal'::regclass AND c.relname ~ '^journal_upto_[0-9]{8}$';
+    FOR v_day IN SELECT (v_today + k) FROM generate_series(0, greatest(p_days_ahead, 0)) k LOOP
+        CONTINUE WHEN v_day < v_floor;  -- the journal from before 0036 covers it
+        v_name := 'journal_' || to_char(v_day, 'YYYYMMDD');
+        CONTINUE WHEN to_regclass('{s}.' || quote_ident(v_name)) IS NOT NULL;
+        v_from := v_day::timestamp AT TIME ZONE 'UTC';
+        v_to := (v_day + 1)::timestamp AT TIME ZONE 'UTC';
+        -- A day the default partition already caught rows of keeps them there (they are
+        -- pruned by row): attaching the day would have to move them, and nothing moves
+        -- journal rows.
+        CONTINUE WHEN EXISTS (SELECT 1 FROM {s}.journal_default d
+                              WHERE d.at >= v_from AND d.at < v_to);
+        BEGIN
+            -- Made apart and attached: ATTACH takes a SHARE UPDATE EXCLUSIVE lock on the
+            -- journal, which the inserts of the hot path do not wait on.
+            EXECUTE format('CREATE TABLE {s}.%I (LIKE {s}.journal INCLUDING DEFAULTS)', v_name);
+            EXECUTE format('ALTER TABLE {s}.journal ATTACH PARTITION {s}.%I '
+                           'FOR VALUES FROM (%L) TO (%L)', v_name, v_from, v_to);
+            EXECUTE format('CREATE TRIGGER journal_no_truncate BEFORE TRUNCATE ON {s}.%I '
+                           'FOR EACH STATEMENT EXECUTE FUNCTION {s}.journal_refuse_change()',
+                           v_name);
+            v_made := v_made + 1;
+        EXCEPTION
+            WHEN duplicate_table THEN NULL;  -- another maintenance task made it first
+            WHEN check_violation THEN NULL;  -- the default caught a row of it meanwhile
+            WHEN lock_not_available THEN NULL;  -- busy: the next round makes it
+        END;
+    END LOOP;
+    RETURN v_made;
+END $$;
+REVOKE ALL ON FUNCTION {s}.journal_partitions_v1(integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.journal_partitions_v1(integer) TO outbox_relay;
+
+
 -- archive_partitions_v1: make the archive's partitions for today and the next p_days_ahead
 -- days (UTC days) that do not exist yet; returns how many it made. Run ahead by the relay's
 -- maintenance (and by retain_v1 for today), so archiving never waits on DDL; two callers at
@@ -1878,13 +1972,19 @@ GRANT EXECUTE ON FUNCTION {s}.prune_archive_v1(text) TO outbox_relay;
 --
 --   SELECT * FROM outbox.retain_v1(200);   -- or: outbox retention run
 --
+-- p_after, the horizon (0036): candidates are read oldest first from there (threads
+-- created at or after it); every row returned carries the horizon the next chunk of the
+-- same round passes back: the creation time of the last candidate this chunk read. So a
+-- round reads each old thread that is not idle (a run in flight, a message written since)
+-- once, not once per chunk; the next round starts from the oldest again (NULL).
+--
 -- A conversation (a thread and everything under it: runs, messages, model turns, batches,
 -- tool calls, results, orphaned results, submissions, approvals, responses, webhook
 -- deliveries, the journal events of its runs) leaves when its tenant's policy says so and
 -- thread_idle_v1 holds: archived (archived_runs, one document per run and one for the
 -- thread) or deleted, as the policy's mode says. Journals thread.retained per thread.
 -- Returns what it retained per tenant and mode; no row: nothing was due. Call it again
--- until it returns fewer than p_limit threads.
+-- (with the horizon it returned) until it returns fewer than p_limit threads.
 --
 -- Locking: it waits on nobody. Threads are locked FOR UPDATE SKIP LOCKED (a start of a run
 -- on a thread being retained waits for this chunk and then finds no thread), their runs in
@@ -1896,8 +1996,9 @@ GRANT EXECUTE ON FUNCTION {s}.prune_archive_v1(text) TO outbox_relay;
 -- that journaled thread.retained first. Each conversation's thread.retained (and
 -- thread.erased) events stay, its account, until the journal's own pruning.
 CREATE OR REPLACE FUNCTION {s}.retain_v1(p_limit integer DEFAULT 200,
-                                         p_actor text DEFAULT session_user)
-RETURNS TABLE (tenant_id text, mode text, threads integer, runs integer)
+                                         p_actor text DEFAULT session_user,
+                                         p_after timestamptz DEFAULT NULL)
+RETURNS TABLE (tenant_id text, mode text, threads integer, runs integer, horizon timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '2s' AS $$
 DECLARE
@@ -1908,6 +2009,8 @@ DECLARE
     v_archive uuid[];
     v_event   bigint;
     v_bodies  text[];
+    v_horizon timestamptz;
+    v_since   timestamptz;
 BEGIN
     IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
         RAISE EXCEPTION 'retain_v1 takes 1 to 10000 threads per chunk, got %', p_limit
@@ -1917,9 +2020,13 @@ BEGIN
     IF v_oldest IS NULL THEN
         RETURN;
     END IF;
-    SELECT array_agg(c.id) INTO v_threads FROM (
-        SELECT t.id FROM {s}.threads t
+    -- v_since: no event of a conversation is older than its thread, so the journal's days
+    -- before the oldest candidate are not read for their events (0036).
+    SELECT array_agg(c.id), max(c.created_at), min(c.created_at)
+    INTO v_threads, v_horizon, v_since FROM (
+        SELECT t.id, t.created_at FROM {s}.threads t
         WHERE t.created_at < v_oldest
+          AND t.created_at >= coalesce(p_after, '-infinity')
           AND t.created_at < {s}.retention_cutoff_v1(t.tenant_id)
           AND {s}.thread_idle_v1(t.id, {s}.retention_cutoff_v1(t.tenant_id))
         ORDER BY t.created_at
@@ -1985,7 +2092,7 @@ BEGIN
     RETURN QUERY
     SELECT t.tenant_id,
            CASE WHEN t.id = ANY (v_archive) THEN 'archive' ELSE 'delete' END,
-           count(DISTINCT t.id)::integer, count(r.id)::integer
+           count(DISTINCT t.id)::integer, count(r.id)::integer, v_horizon
     FROM {s}.threads t LEFT JOIN {s}.runs r ON r.thread_id = t.id
     WHERE t.id = ANY (v_threads)
     GROUP BY 1, 2 ORDER BY 1, 2;
@@ -2030,17 +2137,17 @@ BEGIN
     DELETE FROM {s}.runs r WHERE r.id = ANY (v_runs);
     DELETE FROM {s}.threads t WHERE t.id = ANY (v_threads);
     PERFORM set_config('outbox.journal_retain', v_event::text, true);
-    DELETE FROM {s}.journal j WHERE j.run_id = ANY (v_runs);
+    DELETE FROM {s}.journal j WHERE j.run_id = ANY (v_runs) AND j.at >= v_since;
     DELETE FROM {s}.journal j
-    WHERE j.thread_id = ANY (v_threads) AND j.run_id IS NULL
+    WHERE j.thread_id = ANY (v_threads) AND j.run_id IS NULL AND j.at >= v_since
       AND j.event NOT IN ('thread.retained', 'thread.erased');
     PERFORM set_config('outbox.journal_retain', '', true);
     IF v_bodies IS NOT NULL THEN
         PERFORM {s}.sweep_payloads_v1(v_bodies, cardinality(v_bodies) * 64);
     END IF;
 END $$;
-REVOKE ALL ON FUNCTION {s}.retain_v1(integer, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {s}.retain_v1(integer, text) TO outbox_relay;
+REVOKE ALL ON FUNCTION {s}.retain_v1(integer, text, timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.retain_v1(integer, text, timestamptz) TO outbox_relay;
 
 
 -- erase_thread_v1: "remove this conversation's content" (a privacy request).

@@ -6,7 +6,8 @@
 -- (tests/migration/test_history.py checks it, and that nothing the migrations create is
 -- missing here). Migrations carry frozen copies (0001 made the journal's guard and the
 -- outbox wake-up, 0007 the outbox's tenant check, 0014 the guard's one door for
--- prune_journal, 0023 run notifications, 0024 webhooks, 0026 the delete guards). To change
+-- prune_journal, 0023 run notifications, 0024 webhooks, 0026 the delete guards, 0036 the
+-- journal's partitions). To change
 -- one, edit it here and add a migration that carries the change.
 --
 -- Applied after functions.sql (a guard calls run_active_v1). Re-applying changes nothing:
@@ -15,10 +16,13 @@
 -- created again.
 
 
--- The journal is append-only, whoever asks (DESIGN invariant 10). journal_refuse_change
--- refuses UPDATE and TRUNCATE, and every DELETE but through two doors, each opened by an
--- event written earlier in the same transaction: prune_journal's journal.pruned (its id
--- in outbox.journal_prune) lets through rows older than the event's cut-off; retain_v1's
+-- The journal is append-only, whoever asks (DESIGN invariant 10), on every partition (0036:
+-- the row trigger is cloned onto each partition, and each partition has its own TRUNCATE
+-- trigger, made with it). journal_refuse_change refuses UPDATE and TRUNCATE, and every
+-- DELETE but through two doors, each opened by an event written earlier in the same
+-- transaction: prune_journal's journal.pruned (its id in outbox.journal_prune) lets
+-- through rows older than the event's cut-off, in the default partition and the
+-- partition of the journal from before 0036 only (whole days are dropped); retain_v1's
 -- thread.retained (its id in outbox.journal_retain) lets through rows of runs, and
 -- run-less rows of threads, that no longer exist (what it has just retained), but never a
 -- thread.retained or thread.erased event. So no deletion goes unjournaled: a
@@ -30,17 +34,19 @@ DECLARE
     v_xact text := (pg_current_xact_id()::text::bigint & 4294967295)::text;
     v_before timestamptz;
 BEGIN
-    IF TG_OP = 'DELETE' AND v_flag ~ '^[0-9]{1,18}$' THEN
+    IF TG_OP = 'DELETE' AND v_flag ~ '^[0-9]{1,18}$'
+       AND (TG_TABLE_NAME = 'journal_default' OR TG_TABLE_NAME ~ '^journal_upto_[0-9]{8}$') THEN
         SELECT (j.detail->>'before')::timestamptz INTO v_before FROM {s}.journal j
-        WHERE j.id = v_flag::bigint AND j.event = 'journal.pruned' AND j.xmin::text = v_xact;
+        WHERE j.id = v_flag::bigint AND j.at >= now() AND j.event = 'journal.pruned'
+          AND j.xmin::text = v_xact;
         IF v_before IS NOT NULL AND OLD.at < v_before THEN
             RETURN OLD;
         END IF;
     END IF;
     IF TG_OP = 'DELETE' AND v_retain ~ '^[0-9]{1,18}$'
        AND EXISTS (SELECT 1 FROM {s}.journal j
-                   WHERE j.id = v_retain::bigint AND j.event = 'thread.retained'
-                     AND j.xmin::text = v_xact)
+                   WHERE j.id = v_retain::bigint AND j.at >= now()
+                     AND j.event = 'thread.retained' AND j.xmin::text = v_xact)
        AND (CASE WHEN OLD.run_id IS NOT NULL
                  THEN NOT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.id = OLD.run_id)
                  ELSE OLD.thread_id IS NOT NULL
@@ -59,6 +65,18 @@ CREATE OR REPLACE TRIGGER journal_no_update_delete BEFORE UPDATE OR DELETE ON {s
 -- journal_no_truncate: refuses emptying the journal at once.
 CREATE OR REPLACE TRIGGER journal_no_truncate BEFORE TRUNCATE ON {s}.journal
     FOR EACH STATEMENT EXECUTE FUNCTION {s}.journal_refuse_change();
+-- journal_no_truncate on each partition: a statement trigger is not cloned, and a partition
+-- can be named on its own (journal_partitions_v1 gives every new day its own).
+DO $$
+DECLARE
+    v_part regclass;
+BEGIN
+    FOR v_part IN SELECT i.inhrelid::regclass FROM pg_inherits i
+                  WHERE i.inhparent = '{s}.journal'::regclass LOOP
+        EXECUTE format('CREATE OR REPLACE TRIGGER journal_no_truncate BEFORE TRUNCATE ON %s '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION {s}.journal_refuse_change()', v_part);
+    END LOOP;
+END $$;
 
 
 -- outbox_notify: wakes the relays (NOTIFY outbox_ready, the schema as payload) once per

@@ -1104,13 +1104,19 @@ REVOKE ALL ON FUNCTION {s}.run_document_v1(uuid) FROM PUBLIC;
 --
 --   SELECT * FROM outbox.retain_v1(200);   -- or: outbox retention run
 --
+-- p_after, the horizon (0036): candidates are read oldest first from there (threads
+-- created at or after it); every row returned carries the horizon the next chunk of the
+-- same round passes back: the creation time of the last candidate this chunk read. So a
+-- round reads each old thread that is not idle (a run in flight, a message written since)
+-- once, not once per chunk; the next round starts from the oldest again (NULL).
+--
 -- A conversation (a thread and everything under it: runs, messages, model turns, batches,
 -- tool calls, results, orphaned results, submissions, approvals, responses, webhook
 -- deliveries, the journal events of its runs) leaves when its tenant's policy says so and
 -- thread_idle_v1 holds: archived (archived_runs, one document per run and one for the
 -- thread) or deleted, as the policy's mode says. Journals thread.retained per thread.
 -- Returns what it retained per tenant and mode; no row: nothing was due. Call it again
--- until it returns fewer than p_limit threads.
+-- (with the horizon it returned) until it returns fewer than p_limit threads.
 --
 -- Locking: it waits on nobody. Threads are locked FOR UPDATE SKIP LOCKED (a start of a run
 -- on a thread being retained waits for this chunk and then finds no thread), their runs in
@@ -1122,8 +1128,9 @@ REVOKE ALL ON FUNCTION {s}.run_document_v1(uuid) FROM PUBLIC;
 -- that journaled thread.retained first. Each conversation's thread.retained (and
 -- thread.erased) events stay, its account, until the journal's own pruning.
 CREATE OR REPLACE FUNCTION {s}.retain_v1(p_limit integer DEFAULT 200,
-                                         p_actor text DEFAULT session_user)
-RETURNS TABLE (tenant_id text, mode text, threads integer, runs integer)
+                                         p_actor text DEFAULT session_user,
+                                         p_after timestamptz DEFAULT NULL)
+RETURNS TABLE (tenant_id text, mode text, threads integer, runs integer, horizon timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '2s' AS $$
 DECLARE
@@ -1134,6 +1141,8 @@ DECLARE
     v_archive uuid[];
     v_event   bigint;
     v_bodies  text[];
+    v_horizon timestamptz;
+    v_since   timestamptz;
 BEGIN
     IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
         RAISE EXCEPTION 'retain_v1 takes 1 to 10000 threads per chunk, got %', p_limit
@@ -1143,9 +1152,13 @@ BEGIN
     IF v_oldest IS NULL THEN
         RETURN;
     END IF;
-    SELECT array_agg(c.id) INTO v_threads FROM (
-        SELECT t.id FROM {s}.threads t
+    -- v_since: no event of a conversation is older than its thread, so the journal's days
+    -- before the oldest candidate are not read for their events (0036).
+    SELECT array_agg(c.id), max(c.created_at), min(c.created_at)
+    INTO v_threads, v_horizon, v_since FROM (
+        SELECT t.id, t.created_at FROM {s}.threads t
         WHERE t.created_at < v_oldest
+          AND t.created_at >= coalesce(p_after, '-infinity')
           AND t.created_at < {s}.retention_cutoff_v1(t.tenant_id)
           AND {s}.thread_idle_v1(t.id, {s}.retention_cutoff_v1(t.tenant_id))
         ORDER BY t.created_at
@@ -1211,7 +1224,7 @@ BEGIN
     RETURN QUERY
     SELECT t.tenant_id,
            CASE WHEN t.id = ANY (v_archive) THEN 'archive' ELSE 'delete' END,
-           count(DISTINCT t.id)::integer, count(r.id)::integer
+           count(DISTINCT t.id)::integer, count(r.id)::integer, v_horizon
     FROM {s}.threads t LEFT JOIN {s}.runs r ON r.thread_id = t.id
     WHERE t.id = ANY (v_threads)
     GROUP BY 1, 2 ORDER BY 1, 2;
@@ -1256,17 +1269,17 @@ BEGIN
     DELETE FROM {s}.runs r WHERE r.id = ANY (v_runs);
     DELETE FROM {s}.threads t WHERE t.id = ANY (v_threads);
     PERFORM set_config('outbox.journal_retain', v_event::text, true);
-    DELETE FROM {s}.journal j WHERE j.run_id = ANY (v_runs);
+    DELETE FROM {s}.journal j WHERE j.run_id = ANY (v_runs) AND j.at >= v_since;
     DELETE FROM {s}.journal j
-    WHERE j.thread_id = ANY (v_threads) AND j.run_id IS NULL
+    WHERE j.thread_id = ANY (v_threads) AND j.run_id IS NULL AND j.at >= v_since
       AND j.event NOT IN ('thread.retained', 'thread.erased');
     PERFORM set_config('outbox.journal_retain', '', true);
     IF v_bodies IS NOT NULL THEN
         PERFORM {s}.sweep_payloads_v1(v_bodies, cardinality(v_bodies) * 64);
     END IF;
 END $$;
-REVOKE ALL ON FUNCTION {s}.retain_v1(integer, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {s}.retain_v1(integer, text) TO outbox_relay;
+REVOKE ALL ON FUNCTION {s}.retain_v1(integer, text, timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.retain_v1(integer, text, timestamptz) TO outbox_relay;
 
 
 -- erase_thread_v1: "remove this conversation's content" (a privacy request).

@@ -1,5 +1,6 @@
 -- Retention and erasure: the statements outbox.retention runs (the work is done by the SQL
--- functions of sql/functions.sql: retain_v1, archive_partitions_v1, prune_archive_v1,
+-- functions of sql/functions.sql: retain_v1, archive_partitions_v1, journal_partitions_v1,
+-- prune_archive_v1,
 -- erase_thread_v1).
 
 -- name: policies
@@ -25,8 +26,10 @@ RETURNING tenant_id, extract(epoch FROM max_age)::float8 AS max_age_s, mode,
 DELETE FROM {s}.retention_policies WHERE tenant_id = %(tenant_id)s RETURNING tenant_id;
 
 -- name: retain
--- One chunk of retention (retain_v1): what it retained per tenant and mode.
-SELECT tenant_id, mode, threads, runs FROM {s}.retain_v1(%(limit)s, %(actor)s);
+-- One chunk of retention (retain_v1) from a horizon (NULL: the oldest): what it retained
+-- per tenant and mode, and the horizon of the next chunk of the round.
+SELECT tenant_id, mode, threads, runs, horizon
+FROM {s}.retain_v1(%(limit)s, %(actor)s, %(after)s::timestamptz);
 
 -- name: archive_partitions
 -- Make the archive's partitions for today and the days ahead; how many were made.
@@ -36,6 +39,10 @@ SELECT {s}.archive_partitions_v1(%(days_ahead)s) AS made;
 -- Bodies stored by reference that nothing references any more (0040): up to 1000 looked
 -- at, from a random digest on.
 SELECT {s}.sweep_payloads_v1(NULL, 1000) AS swept;
+
+-- name: journal_partitions
+-- Make the journal's day partitions for today and the days ahead; how many were made.
+SELECT {s}.journal_partitions_v1(%(days_ahead)s) AS made;
 
 -- name: prune_archive
 -- Drop the archive's days past its keep; the partitions dropped.

@@ -86,7 +86,9 @@ ORDER BY mt.step_no
 -- A run's status and its journal events after an id, read in one snapshot, with that
 -- snapshot's oldest running transaction (xmin) and next transaction id (xmax). Journal ids
 -- commit out of order; server/events.py uses the two to emit an event only once no
--- transaction that could still commit a smaller id is running.
+-- transaction that could still commit a smaller id is running. A run's events are never
+-- older than the run (journaled in its transaction or later): the bound on `at` lets the
+-- journal's days before the run go unread.
 SELECT r.status,
        pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS snapshot_xmin,
        pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS snapshot_xmax,
@@ -97,6 +99,7 @@ SELECT r.status,
                       j.actor, j.detail
                FROM {s}.journal j
                WHERE j.run_id = r.id AND j.tenant_id = r.tenant_id AND j.id > %(after_id)s
+                 AND j.at >= r.created_at  -- no day before the run's is read (0036)
                ORDER BY j.id
                LIMIT %(limit)s
            ) e
@@ -207,7 +210,8 @@ ORDER BY tc.message_id, tc.position
 -- (journaled as run.requested in the run's own transaction; NULL for older runs).
 SELECT r.id, r.thread_id,
        (SELECT j.detail->>'digest' FROM {s}.journal j
-        WHERE j.run_id = r.id AND j.event = 'run.requested' ORDER BY j.id LIMIT 1) AS digest
+        WHERE j.run_id = r.id AND j.event = 'run.requested' AND j.at >= r.created_at
+        ORDER BY j.id LIMIT 1) AS digest
 FROM {s}.runs r
 WHERE r.tenant_id = %(tenant_id)s AND r.idempotency_key = %(key)s
 

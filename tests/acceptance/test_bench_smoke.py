@@ -26,7 +26,7 @@ def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
     command = [sys.executable, "-m", "bench", "--quick", "--calls", "300", "--http-calls", "100"]
     command += ["--processes", "1,2", "--latency-intents", "20", "--notify-commits", "5"]
     command += ["--inflight", "20:0.2:0.1:2", "--serve-runs", "10", "--poster-requests", "200"]
-    command += ["--mcp-calls", "20", "--tracing", "20:0.2:0.1:2"]
+    command += ["--mcp-calls", "20", "--tracing", "20:0.2:0.1:2", "--footprint-runs", "5"]
     command += ["--json", str(out), "--no-chart"]
     env = {**os.environ, "OUTBOX_DATABASE_URL": server_url}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
@@ -58,3 +58,7 @@ def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
         assert mcp["overhead"]["mcp_p50_ms"] > 0 and mcp["in_flight"]["failed"] == 0
         assert answers == "raw" or mcp["sdk_baseline"]["failed"] == 0
     assert "### MCP tool calls beside HTTP tool calls" in done.stdout
+    footprint = results["footprint"]
+    assert footprint["calls"] == 20 and footprint["total"]["journal_rows"] > 0
+    assert footprint["total"]["wal_bytes"] > 0 and footprint["total"]["table_bytes"] > 0
+    assert "### Journal rows, WAL bytes and table bytes per completed tool call" in done.stdout

@@ -588,3 +588,68 @@ def test_a_run_started_while_retention_chooses_keeps_its_thread(setup, conn):
     assert chosen == [[]]
     assert scalar(setup, "SELECT status FROM outbox.runs WHERE id = %s", [started.id]) == "queued"
     assert len(run_ids(conn, old.thread_id)) == 2
+
+
+def _threads_read(conn: psycopg.Connection[Any]) -> int:
+    """Index entries of threads_created read so far by this database's backends."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.commit()
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    (n,) = conn.execute(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes "
+        "WHERE schemaname = 'outbox' AND indexrelname = 'threads_created'"
+    ).fetchone()
+    conn.commit()
+    return int(n)
+
+
+def test_a_round_of_retention_reads_each_busy_old_thread_once_not_once_per_chunk(db_url, conn):
+    """Old threads that are not idle (a run in flight) come first in the candidate scan's
+    order; each chunk of a round goes on from the horizon the previous one returned, so they
+    are read by the first chunk only. Without the horizon, every chunk read them again."""
+    set_policy(db_url, "*", "delete")
+    busy, idle, chunk = 100, 30, 10
+    for _ in range(busy):
+        age(conn, new_run(conn, tenant=TENANT).thread_id, 3 * HOUR)  # queued: in flight
+    for _ in range(idle):
+        age(conn, writer.create_thread(conn, TENANT).id, 2 * HOUR)
+    conn.execute("SET enable_seqscan = off")  # the scan a large table gets, on a small one
+    before = _threads_read(conn)
+    done = retention.run(conn, actor="ops@test", chunk=chunk)
+    read = _threads_read(conn) - before
+    assert (done.threads, done.chunks) == (idle, idle // chunk + 1)
+    # One chunk reads the busy ones and its own ten; the others only their own.
+    assert busy + idle <= read < 2 * (busy + idle), read
+    assert conn.execute("SELECT count(*) FROM outbox.threads").fetchone() == (busy,)
+
+
+def test_retention_reads_no_journal_day_older_than_the_conversations_it_removes(db_url, conn):
+    """retain_v1 deletes a conversation's events with a bound: none is older than its
+    thread, so older days' indexes are not probed, however many days the journal keeps."""
+    from tests.integration.test_journal_partitions import make_day, today
+
+    set_policy(db_url, "*", "delete")
+    old = make_day(conn, today(conn) - timedelta(days=10))
+    conn.commit()
+    for _ in range(3):
+        run = ended_run(conn)
+        age(conn, run.thread_id, 2 * HOUR)
+
+    def probes() -> int:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.commit()
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        (n,) = conn.execute(
+            "SELECT coalesce(sum(idx_scan), 0) FROM pg_stat_user_indexes "
+            "WHERE schemaname = 'outbox' AND relname = %s",
+            [old],
+        ).fetchone()
+        conn.commit()
+        return int(n)
+
+    before = probes()
+    assert retention.run(conn, actor="ops@test").threads == 3
+    assert probes() == before
+    assert conn.execute(
+        "SELECT count(*) FROM outbox.journal WHERE run_id IS NOT NULL"
+    ).fetchone() == (0,)

@@ -204,6 +204,9 @@ CALLS: dict[str, Call] = {
         one(c, "SELECT outbox.archive_partitions_v1(1)"),
         0,  # no archiving policy
     ),
+    "journal_partitions_v1": lambda c, s: _is_a(
+        one(c, "SELECT outbox.journal_partitions_v1(1)"), int
+    ),  # 0 unless the template was migrated before midnight
     "prune_archive_v1": lambda c, s: _is(
         one(c, "SELECT count(*) FROM outbox.prune_archive_v1()"), 0
     ),

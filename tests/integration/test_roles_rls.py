@@ -36,6 +36,7 @@ TENANT_TABLES = [
     "outbox",
     "tools",
     "journal",
+    "archived_runs",  # partitioned, like the journal: checked on the parent
     "tenant_budgets",
     "approvals",
     "risk_policies",
@@ -103,10 +104,19 @@ def test_every_tenant_table_forces_row_level_security(conn):
         "SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity FROM pg_class c "
         "JOIN pg_namespace n ON n.oid = c.relnamespace "
         "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'tenant_id' "
-        "WHERE n.nspname = 'outbox' AND c.relkind = 'r' ORDER BY c.relname"
+        "WHERE n.nspname = 'outbox' AND c.relkind IN ('r', 'p') AND NOT c.relispartition "
+        "ORDER BY c.relname"
     ).fetchall()
     assert sorted(r[0] for r in rows) == sorted(TENANT_TABLES)
     assert all(r[1] and r[2] for r in rows), rows
+    # The journal's partitions (0036) are read and written through the journal, whose
+    # policies apply: nobody but their owner has any right on a partition itself.
+    grants = conn.execute(
+        "SELECT c.relname, c.relacl::text FROM pg_class c "
+        "JOIN pg_inherits i ON i.inhrelid = c.oid "
+        "WHERE i.inhparent = 'outbox.journal'::regclass"
+    ).fetchall()
+    assert grants and all(acl is None for _, acl in grants), grants
 
 
 def test_writer_sees_only_its_tenant(conn):

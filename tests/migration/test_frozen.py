@@ -84,12 +84,14 @@ PINNED = {
     "0035_model_reasoning.py": "6d00e48370e5e108",
     "0035_model_reasoning.sql": "6f6756073a1a0d00",
     "0040_payloads.py": "62723547c7509699",
-    "0040_payloads.sql": "586630e099bcff17",
-    "0040_payloads_down.sql": "93923062a2634673",
+    "0040_payloads.sql": "fc5f200d582c3f28",
+    "0040_payloads_down.sql": "43e4730b082734e3",
     "0041_relay_least_privilege.py": "020c76fe494e52bd",
     "0041_relay_least_privilege.sql": "24e78257d692edb8",
-    "0038_call_deadlines.py": "67e0ff4241d1b910",
+    "0038_call_deadlines.py": "dc0e58c1e56dd040",
     "0038_call_deadlines.sql": "8d0924e10536dd8a",
+    "0036_journal_partitions.py": "42a7eb3c067b8e15",
+    "0036_journal_partitions.sql": "4c9bd9a6b5d23d2a",
 }
 
 

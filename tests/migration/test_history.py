@@ -136,7 +136,8 @@ BEGIN
     END LOOP;
     FOR r IN SELECT t.tgname, t.tgrelid::regclass AS rel FROM pg_trigger t
              JOIN pg_class c ON c.oid = t.tgrelid
-             WHERE c.relnamespace = v_ns AND NOT t.tgisinternal LOOP
+             WHERE c.relnamespace = v_ns AND NOT t.tgisinternal
+               AND t.tgparentid = 0 LOOP  -- a partition's clone goes with its parent's
         EXECUTE format('DROP TRIGGER %I ON %s', r.tgname, r.rel);
     END LOOP;
     SELECT 'DROP VIEW ' || string_agg(c.oid::regclass::text, ', ') INTO v_drop

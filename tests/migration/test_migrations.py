@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, pool
 
 from outbox import db, migrate, models
+
+# The journal's partitions (0036): made by the database at runtime, never by the models.
+PARTITION = re.compile(r"^journal_(\d{8}|upto_\d{8}|default)$")
 
 
 def tables(url: str, schema: str) -> set[str]:
@@ -47,7 +52,10 @@ def _diff(url: str, schema: str) -> list[object]:
             opts={
                 "include_schemas": True,
                 "version_table_schema": schema,
-                "include_name": lambda name, type_, _parent: type_ != "schema" or name == schema,
+                "include_name": lambda name, type_, _parent: (
+                    (type_ != "schema" or name == schema)
+                    and not (type_ == "table" and PARTITION.match(name or ""))
+                ),
             },
         )
         diff = compare_metadata(context, models.metadata_for(schema))
