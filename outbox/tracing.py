@@ -86,7 +86,9 @@ def own_trace_id(run_id: uuid.UUID) -> int:
     return int.from_bytes(digest, "big") or 1
 
 
+@functools.lru_cache(maxsize=16_384)
 def _parent(traceparent: str | None, tracestate: str | None) -> trace.SpanContext | None:
+    """The caller's span stored with a run, parsed once for the runs of the moment."""
     if not traceparent:
         return None
     carrier = {"traceparent": traceparent}
@@ -96,6 +98,7 @@ def _parent(traceparent: str | None, tracestate: str | None) -> trace.SpanContex
     return context if context.is_valid else None
 
 
+@functools.lru_cache(maxsize=16_384)
 def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> Any:
     """The context whose current span is the run's ``invoke_agent`` span (remote: another
     process records it): the parent of every span of the run.
@@ -104,7 +107,8 @@ def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | No
     that starts its own is sampled as this process's sampler decides for its trace id,
     which every process decides alike (``OTEL_TRACES_SAMPLER``: a ratio samples by trace
     id), so with sampling on, all of a run's spans are kept or none; off, tools and models
-    are told it is sampled, for their own spans' sake."""
+    are told it is sampled, for their own spans' sake. Kept for the runs of the moment
+    (every span of a run has the same parent): a span costs a look-up, not a parse."""
     parent = _parent(traceparent, tracestate)
     span = trace.SpanContext(
         trace_id=parent.trace_id if parent else own_trace_id(run_id),
@@ -137,6 +141,19 @@ def run_headers(
     tools and models receive with tracing off (kept for the runs of the moment, so a
     request costs a look-up; never change the dict returned)."""
     return headers(run_context(run_id, traceparent, tracestate))
+
+
+def span_headers(span: trace.Span) -> dict[str, str]:
+    """``headers`` of the context whose current span is ``span``, written directly (the
+    propagator's W3C format, without building a context to inject from)."""
+    context = span.get_span_context()
+    carrier = {
+        "traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+        f"{context.trace_flags:02x}"
+    }
+    if context.trace_state:
+        carrier["tracestate"] = context.trace_state.to_header()
+    return carrier
 
 
 def headers(context: Any) -> dict[str, str]:
@@ -190,11 +207,15 @@ def record_run(
             "invoke_agent",
             context=parent_context,
             kind=trace.SpanKind.INTERNAL,
-            attributes=attributes,
             start_time=int(started_at_s * 1e9),
         )
     finally:
         _fixed_ids.reset(token)
+    if not span.is_recording():  # sampled out
+        span.end()
+        return
+    # Set here, not given to start_span: the SDK would clean them twice (once for the sampler).
+    span.set_attributes(attributes)
     if error is not None:
         span.set_status(trace.Status(trace.StatusCode.ERROR, error))
     span.end()
@@ -293,7 +314,7 @@ def install(
             return fixed[0] if fixed else super().generate_trace_id()
 
     shutdown()
-    run_headers.cache_clear()  # the sampler decides them from now on
+    _forget()  # the sampler decides them from now on
     resource = Resource.create(
         {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
     )
@@ -312,4 +333,11 @@ def shutdown() -> None:
     if _provider is not None:
         _provider.shutdown()
     _provider, _tracer = None, trace.NoOpTracer()
+    _forget()
+
+
+def _forget() -> None:
+    """Drop the contexts kept for the runs of the moment (their sampled flags came from the
+    sampler installed then)."""
     run_headers.cache_clear()
+    run_context.cache_clear()

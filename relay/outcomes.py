@@ -79,6 +79,8 @@ class Claimed(NamedTuple):
     tracestate: str | None = None
     run_started_at: float | None = None  # seconds since the epoch, the database's clock
     model: str | None = None  # its run's
+    approved_by: str | None = None  # a call that waited for approval: its reviewer
+    approval_wait_s: float | None = None  # ...and how long it waited for the decision
     claimed_at_monotonic: float = 0.0  # the worker's clock, for the claim-to-start metric
 
     def context(self) -> dict[str, Any]:

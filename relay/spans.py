@@ -49,10 +49,18 @@ def parent(row: Claimed) -> Any:
 
 def headers(row: Claimed, span: trace.Span | None) -> dict[str, str]:
     """The ``traceparent``/``tracestate`` a tool or model receives for ``row``: its span's,
-    or with tracing off its run's (the same dict for every request: never change it)."""
-    if span is None:
+    or with tracing off (or its run sampled out) its run's (the same dict for every request:
+    never change it)."""
+    if span is None or not span.is_recording():
         return tracing.run_headers(row.run_id, row.traceparent, row.tracestate)
-    return tracing.headers(trace.set_span_in_context(span))
+    return tracing.span_headers(span)
+
+
+def _start(row: Claimed, name: str, kind: trace.SpanKind, start_time: int | None = None) -> Any:
+    """A span of ``row``, started under its run's span with no attributes: the caller sets
+    them once, only on a span that records (the SDK cleans attributes given at the start
+    twice, once for the sampler; the samplers ``OTEL_TRACES_SAMPLER`` names read none)."""
+    return tracing.tracer().start_span(name, context=parent(row), kind=kind, start_time=start_time)
 
 
 def outcome_of(outcome: Outcome) -> str:
@@ -67,6 +75,9 @@ def _end(
 ) -> None:
     """End ``span`` with its outcome and ``attributes``, set at once (one lock, not one
     per attribute)."""
+    if not span.is_recording():  # sampled out: nothing to set, nothing exported
+        span.end(end_time=end_time)
+        return
     what = outcome_of(outcome)
     attributes = attributes or {}
     attributes["outbox.outcome"] = what
@@ -85,6 +96,9 @@ def tool_started(row: Claimed, start_time: int | None = None) -> trace.Span | No
     """The ``execute_tool`` span of a call about to run (None: tracing is off)."""
     if not tracing.enabled():
         return None
+    span = _start(row, f"execute_tool {row.tool_name}", trace.SpanKind.INTERNAL, start_time)
+    if not span.is_recording():
+        return span
     attributes = _common(row)
     attributes.update(
         {
@@ -95,15 +109,14 @@ def tool_started(row: Claimed, start_time: int | None = None) -> trace.Span | No
             "outbox.idempotency.key": row.idempotency_key or "",
         }
     )
+    if row.approved_by is not None:
+        # It waited for a reviewer: who approved it, and how long it waited for that.
+        attributes["outbox.approval.decided_by"] = row.approved_by
+        attributes["outbox.approval.wait_s"] = row.approval_wait_s or 0.0
     if tracing.capture_content():
         attributes[gen_ai.GEN_AI_TOOL_CALL_ARGUMENTS] = json.dumps(row.arguments)
-    return tracing.tracer().start_span(
-        f"execute_tool {row.tool_name}",
-        context=parent(row),
-        kind=trace.SpanKind.INTERNAL,
-        attributes=attributes,
-        start_time=start_time,
-    )
+    span.set_attributes(attributes)
+    return span
 
 
 def tool_ended(span: trace.Span | None, outcome: Outcome) -> None:
@@ -139,6 +152,9 @@ def chat_started(
     """The ``chat`` span of a model turn about to be requested (None: tracing is off)."""
     if not tracing.enabled():
         return None
+    span = _start(row, f"chat {run['model']}", trace.SpanKind.CLIENT)
+    if not span.is_recording():
+        return span
     attributes = _common(row)
     attributes.update(
         {
@@ -150,16 +166,15 @@ def chat_started(
     )
     if tracing.capture_content():
         attributes[gen_ai.GEN_AI_INPUT_MESSAGES] = json.dumps(messages, default=str)
-    return tracing.tracer().start_span(
-        f"chat {run['model']}",
-        context=parent(row),
-        kind=trace.SpanKind.CLIENT,
-        attributes=attributes,
-    )
+    span.set_attributes(attributes)
+    return span
 
 
 def chat_ended(span: trace.Span | None, outcome: Outcome) -> None:
     if span is None:
+        return
+    if not span.is_recording():
+        span.end()
         return
     turn = outcome.output
     attributes: dict[str, Any] = {}

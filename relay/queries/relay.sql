@@ -240,12 +240,9 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
             WHERE w.tool_name = tc.tool_name AND w.tenant_id IN (tc.tenant_id, '*')
             ORDER BY w.tenant_id = '*' LIMIT 1),
            CASE WHEN NOT t.enabled THEN jsonb_build_object('disabled_version', t.version) END,
-           (SELECT jsonb_build_object('approval', a.id, 'status', a.status,
-                                      'by', a.decided_by, 'reason', a.reason,
-                                      'deadline', a.deadline)
-            FROM {s}.approvals a
-            WHERE a.tool_call_ref = tc.id
-              AND (a.status <> 'approved' OR a.arguments_digest <> tc.arguments_hash))
+           CASE WHEN a.status <> 'approved' OR a.arguments_digest <> tc.arguments_hash THEN
+               jsonb_build_object('approval', a.id, 'status', a.status, 'by', a.decided_by,
+                                  'reason', a.reason, 'deadline', a.deadline) END
        ) END AS stop,
        CASE WHEN t.credential_ref IS NOT NULL THEN (
            SELECT jsonb_build_object('tenant_id', cr.tenant_id, 'source', cr.source,
@@ -273,11 +270,23 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
        -- The run's trace context, its start (seconds since the epoch) and model: every span
        -- of the run hangs under its invoke_agent span (outbox.tracing).
        r.traceparent, r.tracestate, extract(epoch FROM r.created_at)::float8 AS run_started_at,
-       r.model
+       r.model,
+       -- A call that waited for a reviewer's approval: who approved it and how long it
+       -- waited (its execute_tool span says both; NULL for every other row).
+       CASE WHEN a.status = 'approved' THEN a.decided_by END AS approved_by,
+       CASE WHEN a.status = 'approved' THEN
+           extract(epoch FROM a.decided_at - a.created_at)::float8 END AS approval_wait_s
 FROM claimed c
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tool_calls WHERE id = c.tool_call_ref OFFSET 0
 ) tc ON true
+LEFT JOIN LATERAL (
+    -- The call's approval, if it needed one (one lookup by the unique tool_call_ref: read by
+    -- stop and by the approval columns).
+    SELECT a.id, a.status, a.decided_by, a.reason, a.deadline, a.arguments_digest,
+           a.decided_at, a.created_at
+    FROM {s}.approvals a WHERE a.tool_call_ref = tc.id OFFSET 0
+) a ON true
 LEFT JOIN LATERAL (
     SELECT r.traceparent, r.tracestate, r.created_at, r.model
     FROM {s}.runs r WHERE r.id = c.run_id OFFSET 0

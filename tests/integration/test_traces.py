@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import ValidationError
 
-from outbox import keys, registry, tracing, writer
+from outbox import approvals, keys, registry, tracing, writer
 from outbox.schemas import StartRun
 from outbox.server.observed import REGISTRY
 from outbox.testing.model import ScriptedModel
@@ -69,16 +69,19 @@ def setup(db_url: str, service: FakeToolService, model: ScriptedModel) -> str:
 def start(db_url: str, model: ScriptedModel, **kw: Any) -> writer.RunRef:
     with psycopg.connect(db_url) as conn:
         thread = writer.create_thread(conn, TENANT)
+        fields: dict[str, Any] = {
+            "message": f"script:parallel please, {MARKER}",
+            "tools": ["create_ticket", "send_email"],
+            **kw,
+        }
         run = writer.start_run(
             conn,
             StartRun(
                 tenant_id=TENANT,
                 thread_id=thread.id,
                 model="scripted-1",
-                message=f"script:parallel please, {MARKER}",
-                tools=["create_ticket", "send_email"],
                 base_url=model.url + "/v1",
-                **kw,
+                **fields,
             ),
         )
         conn.commit()
@@ -415,3 +418,41 @@ def test_under_a_sampler_a_run_is_kept_or_dropped_whole(setup, model, service, m
         assert len(found) == 5  # invoke_agent, two turns, two calls
     finally:
         tracing.shutdown()
+
+
+def test_a_call_that_waited_for_approval_says_who_approved_it_and_how_long_it_waited(
+    db_url, model, service, spans
+):
+    model.add_script("email", [{"tool_calls": [EMAIL]}, {"text": "sent"}])
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "send_email", "key", risk_tier="high")
+        conn.commit()
+    run = start(db_url, model, message="script:email please", tools=["send_email"])
+
+    def pending() -> dict[str, Any] | None:
+        with psycopg.connect(db_url) as conn:
+            return next(
+                (a for a in approvals.list_approvals(conn, "pending") if a["run_id"] == run.id),
+                None,
+            )
+
+    with relay_thread(db_url, kinds=ALL_KINDS):
+        waiting = wait_until(pending, what="the call to wait for approval")
+        with psycopg.connect(db_url) as conn:
+            approvals.decide(conn, waiting["id"], "approve", actor="alice")
+            conn.commit()
+        wait_until(
+            lambda: named(list(spans.get_finished_spans()), "execute_tool send_email"),
+            what="the approved call's span",
+        )
+    (call,) = named(list(spans.get_finished_spans()), "execute_tool send_email")
+    attributes = dict(call.attributes or {})
+    waited = scalar(
+        db_url,
+        "SELECT extract(epoch FROM decided_at - created_at)::float8 FROM outbox.approvals "
+        "WHERE id = %s",
+        [waiting["id"]],
+    )
+    assert attributes["outbox.approval.decided_by"] == "alice"
+    assert attributes["outbox.approval.wait_s"] == pytest.approx(waited) and waited > 0
+    assert attributes["outbox.outcome"] == "result_ok"
