@@ -188,10 +188,11 @@ def record_run(
     started_at_s: float,
     attributes: Mapping[str, Any],
     error: str | None = None,
+    ended_at_s: float | None = None,
 ) -> None:
-    """Record the ``invoke_agent`` span of a run that ended now, started at
-    ``started_at_s`` (seconds since the epoch, the database's clock), with the ids its
-    children were given (``run_context``)."""
+    """Record the ``invoke_agent`` span of a run that ended at ``ended_at_s`` (None: now),
+    started at ``started_at_s`` (seconds since the epoch, the database's clock), with the
+    ids its children were given (``run_context``)."""
     if _provider is None:
         return
     parent = _parent(traceparent, tracestate)
@@ -218,7 +219,7 @@ def record_run(
     span.set_attributes(attributes)
     if error is not None:
         span.set_status(trace.Status(trace.StatusCode.ERROR, error))
-    span.end()
+    span.end(end_time=None if ended_at_s is None else int(ended_at_s * 1e9))
 
 
 @contextmanager

@@ -56,7 +56,9 @@ def headers(row: Claimed, span: trace.Span | None) -> dict[str, str]:
     return tracing.span_headers(span)
 
 
-def _start(row: Claimed, name: str, kind: trace.SpanKind, start_time: int | None = None) -> Any:
+def _start(
+    row: Claimed, name: str, kind: trace.SpanKind, start_time: int | None = None
+) -> trace.Span:
     """A span of ``row``, started under its run's span with no attributes: the caller sets
     them once, only on a span that records (the SDK cleans attributes given at the start
     twice, once for the sampler; the samplers ``OTEL_TRACES_SAMPLER`` names read none)."""
@@ -225,6 +227,25 @@ def run_expired(run: dict[str, Any]) -> None:
         )
 
 
+def run_cancelled(run: dict[str, Any]) -> None:
+    """Record the ``invoke_agent`` span of a run its backend or an operator cancelled (its
+    row, taken by the sweep once the cancel committed: ``take_cancelled_runs``), from its
+    creation to its end, naming who cancelled it."""
+    if tracing.enabled():
+        _record_run(
+            run["id"],
+            run["thread_id"],
+            run["tenant_id"],
+            run["model"],
+            run["traceparent"],
+            run["tracestate"],
+            run["created_at"].timestamp(),
+            run["status"],
+            ended_at_s=run["ended_at"].timestamp() if run["ended_at"] else None,
+            ended_by=run["ended_by"],
+        )
+
+
 def _record_run(
     run_id: uuid.UUID,
     thread_id: Any,
@@ -234,6 +255,8 @@ def _record_run(
     tracestate: str | None,
     started_at_s: float,
     status: str,
+    ended_at_s: float | None = None,
+    ended_by: str | None = None,
 ) -> None:
     attributes: dict[str, Any] = {
         gen_ai.GEN_AI_OPERATION_NAME: "invoke_agent",
@@ -241,8 +264,11 @@ def _record_run(
         "outbox.tenant.id": tenant_id,
         "outbox.run.id": str(run_id),
         "outbox.run.status": status,
+        "outbox.outcome": status,  # as on chat and execute_tool: how the span ended
     }
     if model:
         attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
+    if ended_by:
+        attributes["outbox.run.ended_by"] = ended_by
     error = None if status == "completed" else status
-    tracing.record_run(run_id, traceparent, tracestate, started_at_s, attributes, error)
+    tracing.record_run(run_id, traceparent, tracestate, started_at_s, attributes, error, ended_at_s)
