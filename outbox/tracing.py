@@ -53,6 +53,7 @@ _propagator = TraceContextTextMapPropagator()
 _provider: TracerProvider | None = None
 _tracer: trace.Tracer = trace.NoOpTracer()
 _capture = False
+_parent_based = False  # the installed sampler follows its parent's sampled flag
 # The ids the SDK hands out for the next span started in this context (``record_run``).
 _fixed_ids: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
     "outbox_fixed_span_ids", default=None
@@ -118,6 +119,20 @@ def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | No
         trace_state=parent.trace_state if parent else None,
     )
     return trace.set_span_in_context(trace.NonRecordingSpan(span))
+
+
+def records(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> bool:
+    """Whether this process records spans of this run: tracing is on, and the sampler
+    would not drop them anyway. A parent-based sampler (the default, and
+    ``parentbased_traceidratio``) drops every child of a run its context says is not
+    sampled, so those spans are not even started (starting one costs as much as a third
+    of a recorded span)."""
+    if _provider is None:
+        return False
+    if not _parent_based:
+        return True
+    span = trace.get_current_span(run_context(run_id, traceparent, tracestate))
+    return span.get_span_context().trace_flags.sampled
 
 
 def _root_flags(trace_id: int) -> trace.TraceFlags:
@@ -193,7 +208,7 @@ def record_run(
     """Record the ``invoke_agent`` span of a run that ended at ``ended_at_s`` (None: now),
     started at ``started_at_s`` (seconds since the epoch, the database's clock), with the
     ids its children were given (``run_context``)."""
-    if _provider is None:
+    if not records(run_id, traceparent, tracestate):
         return
     parent = _parent(traceparent, tracestate)
     parent_context = (
@@ -297,11 +312,24 @@ def install(
     """Record spans in this process and hand them to ``exporters`` (in batches, or one by
     one with ``batch=False``, as tests want: the SDK's ``InMemorySpanExporter`` sees a span
     the moment it ends). Replaces what an earlier call installed."""
-    global _provider, _tracer, _capture
+    global _provider, _tracer, _capture, _parent_based
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    from opentelemetry.sdk.trace.sampling import ParentBased
+
+    class OneResource(Resource):
+        """The SDK's resource, hashed once: OTLP's encoder groups every span it encodes by
+        resource, and a ``Resource`` hashes by serializing its attributes to JSON (a tenth
+        of a span's encoding). Immutable, like any ``Resource``."""
+
+        @functools.cached_property
+        def _hash(self) -> int:
+            return super().__hash__()
+
+        def __hash__(self) -> int:
+            return self._hash
 
     class RunIds(RandomIdGenerator):
         """Random ids, but those ``record_run`` sets for the one span it starts."""
@@ -316,14 +344,16 @@ def install(
 
     shutdown()
     _forget()  # the sampler decides them from now on
-    resource = Resource.create(
+    created = Resource.create(
         {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
     )
+    resource = OneResource(created.attributes, created.schema_url)
     provider = TracerProvider(resource=resource, id_generator=RunIds())
     for exporter in exporters:
         processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
         provider.add_span_processor(processor)
     _provider, _tracer = provider, provider.get_tracer(SCOPE)
+    _parent_based = isinstance(provider.sampler, ParentBased)
     _capture = os.environ.get(CAPTURE_CONTENT, "").strip().lower() == "true"
     return provider
 

@@ -95,8 +95,9 @@ def _end(
 
 
 def tool_started(row: Claimed, start_time: int | None = None) -> trace.Span | None:
-    """The ``execute_tool`` span of a call about to run (None: tracing is off)."""
-    if not tracing.enabled():
+    """The ``execute_tool`` span of a call about to run (None: tracing is off, or its run
+    is sampled out)."""
+    if not tracing.records(row.run_id, row.traceparent, row.tracestate):
         return None
     span = _start(row, f"execute_tool {row.tool_name}", trace.SpanKind.INTERNAL, start_time)
     if not span.is_recording():
@@ -130,10 +131,11 @@ def tool_ended(span: trace.Span | None, outcome: Outcome) -> None:
 def tool_ran(outcome: Outcome) -> None:
     """The span of an in-process call that already ran (a chunk of them, ``relay.inprocess``):
     recorded after the fact, over the time it took."""
-    if not tracing.enabled():
+    row = outcome.row
+    if not tracing.records(row.run_id, row.traceparent, row.tracestate):
         return
     end = time.time_ns()
-    span = tool_started(outcome.row, start_time=end - int(outcome.duration_s * 1e9))
+    span = tool_started(row, start_time=end - int(outcome.duration_s * 1e9))
     if span is not None:
         _end(span, outcome, _result(outcome), end_time=end)
 
@@ -151,8 +153,9 @@ def _result(outcome: Outcome) -> dict[str, Any]:
 def chat_started(
     row: Claimed, run: dict[str, Any], step_no: int, messages: Any
 ) -> trace.Span | None:
-    """The ``chat`` span of a model turn about to be requested (None: tracing is off)."""
-    if not tracing.enabled():
+    """The ``chat`` span of a model turn about to be requested (None: tracing is off, or
+    its run is sampled out)."""
+    if not tracing.records(row.run_id, row.traceparent, row.tracestate):
         return None
     span = _start(row, f"chat {run['model']}", trace.SpanKind.CLIENT)
     if not span.is_recording():
