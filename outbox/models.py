@@ -162,6 +162,10 @@ class Run(Base):
         comment="cancelled by a backend or an operator, and no relay has yet recorded its "
         "invoke_agent span (the relay's sweep takes it)",
     )
+    cancelled_by: Mapped[str | None] = mapped_column(
+        Text,
+        comment="who cancelled the run (the actor given to cancel_run_v1, else the session user)",
+    )
 
 
 class Message(Base):

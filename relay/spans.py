@@ -245,7 +245,7 @@ def run_cancelled(run: dict[str, Any]) -> None:
             run["created_at"].timestamp(),
             run["status"],
             ended_at_s=run["ended_at"].timestamp() if run["ended_at"] else None,
-            ended_by=run["ended_by"],
+            ended_by=run["cancelled_by"],
         )
 
 

@@ -931,8 +931,8 @@ GRANT EXECUTE ON FUNCTION {s}.end_run_v1(uuid, text, text, text, text) TO outbox
 -- Returns the run's row, now cancelled. No new claims; calls in flight finish and their
 -- results land in orphaned_results; every call of an undelivered batch gets a tool message
 -- at once, so the thread is replayable and a new run may start on it (see end_run_v1).
--- The run is marked agent_span_due: a relay records its invoke_agent span once this
--- commits. A run that does not exist for the tenant raises P0002; one that already ended
+-- The run is marked agent_span_due (and cancelled_by): a relay records its invoke_agent
+-- span once this commits. A run that does not exist for the tenant raises P0002; one that already ended
 -- raises OB005. Runs as the schema owner (SECURITY DEFINER: ending a run removes outbox
 -- rows, which outbox_writer may not delete) and refuses a tenant other than the session's
 -- scope.
@@ -955,7 +955,10 @@ BEGIN
     END IF;
     PERFORM {s}.end_run_v1(p_run_id, 'cancelled', 'cancelled', 'cancelled by request',
                            coalesce(p_actor, session_user));
-    UPDATE {s}.runs SET agent_span_due = true WHERE id = p_run_id RETURNING * INTO v_run;
+    UPDATE {s}.runs
+    SET agent_span_due = true, cancelled_by = coalesce(p_actor, session_user)
+    WHERE id = p_run_id
+    RETURNING * INTO v_run;
     RETURN v_run;
 END $$;
 

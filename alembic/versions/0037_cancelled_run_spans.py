@@ -6,9 +6,10 @@ Create Date: 2026-11-27
 
 ``runs.agent_span_due`` marks a run ``cancel_run_v1`` ended, until a relay's sweep takes it
 and records the run's ``invoke_agent`` span (``relay.spans.run_cancelled``): the cancel
-happens in the canceller's transaction, not in a relay. The SQL is
+happens in the canceller's transaction, not in a relay. ``runs.cancelled_by`` keeps who
+cancelled it, for the span. The SQL is
 ``0037_cancelled_run_spans.sql`` beside this file, frozen. The downgrade makes
-``cancel_run_v1`` again as 0021 made it, then drops the column and its index.
+``cancel_run_v1`` again as 0021 made it, then drops the columns and the index.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ UPGRADE = frozen_sql(__file__, "0037_cancelled_run_spans.sql")
 
 DOWNGRADE = """
 DROP INDEX {s}.runs_agent_span_due;
-ALTER TABLE {s}.runs DROP COLUMN agent_span_due;
+ALTER TABLE {s}.runs DROP COLUMN cancelled_by, DROP COLUMN agent_span_due;
 """
 
 

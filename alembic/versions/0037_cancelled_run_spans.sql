@@ -9,12 +9,18 @@
 --   from the run's creation to its ended_at (relay.spans.run_cancelled). A relay with
 --   tracing off clears the mark and records nothing. The partial index holds only the
 --   marked runs: a handful between two sweeps.
--- * cancel_run_v1 sets it, in the statement after end_run_v1.
+-- * runs.cancelled_by: who cancelled the run (cancel_run_v1's actor), which the span names;
+--   the relay may not read the journal that also says it.
+-- * cancel_run_v1 sets both, in the statement after end_run_v1.
 
-ALTER TABLE {s}.runs ADD COLUMN agent_span_due boolean NOT NULL DEFAULT false;
+ALTER TABLE {s}.runs
+    ADD COLUMN agent_span_due boolean NOT NULL DEFAULT false,
+    ADD COLUMN cancelled_by text;
 COMMENT ON COLUMN {s}.runs.agent_span_due IS
     'cancelled by a backend or an operator, and no relay has yet recorded its invoke_agent '
     'span (the relay''s sweep takes it)';
+COMMENT ON COLUMN {s}.runs.cancelled_by IS
+    'who cancelled the run (the actor given to cancel_run_v1, else the session user)';
 CREATE INDEX runs_agent_span_due ON {s}.runs (ended_at) WHERE agent_span_due;
 
 
@@ -25,8 +31,8 @@ CREATE INDEX runs_agent_span_due ON {s}.runs (ended_at) WHERE agent_span_due;
 -- Returns the run's row, now cancelled. No new claims; calls in flight finish and their
 -- results land in orphaned_results; every call of an undelivered batch gets a tool message
 -- at once, so the thread is replayable and a new run may start on it (see end_run_v1).
--- The run is marked agent_span_due: a relay records its invoke_agent span once this
--- commits. A run that does not exist for the tenant raises P0002; one that already ended
+-- The run is marked agent_span_due (and cancelled_by): a relay records its invoke_agent
+-- span once this commits. A run that does not exist for the tenant raises P0002; one that already ended
 -- raises OB005. Runs as the schema owner (SECURITY DEFINER: ending a run removes outbox
 -- rows, which outbox_writer may not delete) and refuses a tenant other than the session's
 -- scope.
@@ -49,6 +55,9 @@ BEGIN
     END IF;
     PERFORM {s}.end_run_v1(p_run_id, 'cancelled', 'cancelled', 'cancelled by request',
                            coalesce(p_actor, session_user));
-    UPDATE {s}.runs SET agent_span_due = true WHERE id = p_run_id RETURNING * INTO v_run;
+    UPDATE {s}.runs
+    SET agent_span_due = true, cancelled_by = coalesce(p_actor, session_user)
+    WHERE id = p_run_id
+    RETURNING * INTO v_run;
     RETURN v_run;
 END $$;

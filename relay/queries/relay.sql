@@ -530,8 +530,7 @@ RETURNING id
 -- name: take_cancelled_runs
 -- Runs cancel_run_v1 ended (by a backend or an operator) whose invoke_agent span no relay
 -- has recorded yet (runs.agent_span_due, migration 0037): taken once, by one relay
--- (SKIP LOCKED), which records the span when its tracing is on. ended_by: who cancelled it
--- (the actor of its run.cancelled event).
+-- (SKIP LOCKED), which records the span when its tracing is on, naming who cancelled it.
 WITH due AS (
     SELECT id FROM {s}.runs WHERE agent_span_due
     ORDER BY ended_at
@@ -541,10 +540,7 @@ WITH due AS (
 UPDATE {s}.runs r SET agent_span_due = false
 FROM due WHERE r.id = due.id
 RETURNING r.id, r.thread_id, r.tenant_id, r.model, r.traceparent, r.tracestate, r.created_at,
-          r.ended_at, r.status,
-          (SELECT j.actor FROM {s}.journal j
-           WHERE j.run_id = r.id AND j.event = 'run.' || r.status
-           ORDER BY j.id DESC LIMIT 1) AS ended_by
+          r.ended_at, r.status, r.cancelled_by
 
 -- name: rescue_stalled_batches
 -- Complete batches whose delivery is missing (the stall at requires_action): enqueue it.

@@ -83,8 +83,8 @@ PINNED = {
     "0034_retention.sql": "a41afceac2db008b",
     "0035_model_reasoning.py": "6d00e48370e5e108",
     "0035_model_reasoning.sql": "6f6756073a1a0d00",
-    "0037_cancelled_run_spans.py": "78212f653a2b542a",
-    "0037_cancelled_run_spans.sql": "11062be6f0cdcb24",
+    "0037_cancelled_run_spans.py": "f096ced735366721",
+    "0037_cancelled_run_spans.sql": "3e808f3b6d6d2bff",
 }
 
 
