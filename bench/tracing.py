@@ -17,6 +17,9 @@ process, without the network. ``OTEL_TRACES_SAMPLER`` applies as in the relay.
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
 import os
 import sys
 import threading
@@ -29,9 +32,9 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from bench import inflight
+from bench import inflight, report
 from bench.throughput import stderr
-from outbox import tracing
+from outbox import db, tracing
 from outbox.relay import spans
 from outbox.relay.outcomes import Claimed, Outcome
 from outbox.schemas import ModelTurnIn
@@ -166,10 +169,27 @@ def span_cost(on: bool, runs: int = SPAN_COST_RUNS) -> float:
     return (time.process_time() - started) / runs * 1e6
 
 
-def main() -> int:
-    """``python -m bench.tracing [ROUNDS]``: the span calls of a run, off and on, in turn."""
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    for _ in range(rounds):
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.tracing [ROUNDS]``: the span calls of a run, off and on, in turn;
+    ``--relay RUNS:M:T:K``: instead, the runs-in-flight case alone, as ``make bench`` runs
+    it (ROUNDS measurements each way)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.tracing", description=main.__doc__)
+    parser.add_argument("rounds", type=int, nargs="?", default=3, help="rounds (3)")
+    parser.add_argument(
+        "--relay", metavar="RUNS:M:T:K", help="the runs-in-flight case, e.g. 2000:2:0.5:2"
+    )
+    args = parser.parse_args(argv)
+    if args.relay:
+        r, m, t, k = args.relay.split(":")
+        server = db.database_url(start=True)
+        report.RESULTS.mkdir(exist_ok=True)
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        log = report.RESULTS / f"tracing-{stamp}.log"
+        result = run_case(server, (int(r), float(m), float(t), int(k)), args.rounds, log)
+        result.pop("measurements")
+        print(json.dumps(result), flush=True)
+        return 0
+    for _ in range(args.rounds):
         off, on = span_cost(False), span_cost(True)
         print(f"span calls of one run: off {off:.0f} us, on {on:.0f} us CPU", flush=True)
     return 0

@@ -104,6 +104,7 @@ class Run(Base):
             "action_deadline",
             postgresql_where=text("status = 'requires_action'"),
         ),
+        Index("runs_agent_span_due", "ended_at", postgresql_where=text("agent_span_due")),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(
@@ -154,6 +155,16 @@ class Run(Base):
     )
     tracestate: Mapped[str | None] = mapped_column(
         Text, comment="the W3C tracestate that came with traceparent"
+    )
+    agent_span_due: Mapped[bool] = mapped_column(
+        Boolean,
+        server_default=text("false"),
+        comment="cancelled by a backend or an operator, and no relay has yet recorded its "
+        "invoke_agent span (the relay's sweep takes it)",
+    )
+    cancelled_by: Mapped[str | None] = mapped_column(
+        Text,
+        comment="who cancelled the run (the actor given to cancel_run_v1, else the session user)",
     )
 
 

@@ -53,6 +53,7 @@ _propagator = TraceContextTextMapPropagator()
 _provider: TracerProvider | None = None
 _tracer: trace.Tracer = trace.NoOpTracer()
 _capture = False
+_parent_based = False  # the installed sampler follows its parent's sampled flag
 # The ids the SDK hands out for the next span started in this context (``record_run``).
 _fixed_ids: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
     "outbox_fixed_span_ids", default=None
@@ -86,7 +87,9 @@ def own_trace_id(run_id: uuid.UUID) -> int:
     return int.from_bytes(digest, "big") or 1
 
 
+@functools.lru_cache(maxsize=16_384)
 def _parent(traceparent: str | None, tracestate: str | None) -> trace.SpanContext | None:
+    """The caller's span stored with a run, parsed once for the runs of the moment."""
     if not traceparent:
         return None
     carrier = {"traceparent": traceparent}
@@ -96,6 +99,7 @@ def _parent(traceparent: str | None, tracestate: str | None) -> trace.SpanContex
     return context if context.is_valid else None
 
 
+@functools.lru_cache(maxsize=16_384)
 def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> Any:
     """The context whose current span is the run's ``invoke_agent`` span (remote: another
     process records it): the parent of every span of the run.
@@ -104,7 +108,8 @@ def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | No
     that starts its own is sampled as this process's sampler decides for its trace id,
     which every process decides alike (``OTEL_TRACES_SAMPLER``: a ratio samples by trace
     id), so with sampling on, all of a run's spans are kept or none; off, tools and models
-    are told it is sampled, for their own spans' sake."""
+    are told it is sampled, for their own spans' sake. Kept for the runs of the moment
+    (every span of a run has the same parent): a span costs a look-up, not a parse."""
     parent = _parent(traceparent, tracestate)
     span = trace.SpanContext(
         trace_id=parent.trace_id if parent else own_trace_id(run_id),
@@ -114,6 +119,20 @@ def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | No
         trace_state=parent.trace_state if parent else None,
     )
     return trace.set_span_in_context(trace.NonRecordingSpan(span))
+
+
+def records(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> bool:
+    """Whether this process records spans of this run: tracing is on, and the sampler
+    would not drop them anyway. A parent-based sampler (the default, and
+    ``parentbased_traceidratio``) drops every child of a run its context says is not
+    sampled, so those spans are not even started (starting one costs as much as a third
+    of a recorded span)."""
+    if _provider is None:
+        return False
+    if not _parent_based:
+        return True
+    span = trace.get_current_span(run_context(run_id, traceparent, tracestate))
+    return span.get_span_context().trace_flags.sampled
 
 
 def _root_flags(trace_id: int) -> trace.TraceFlags:
@@ -137,6 +156,19 @@ def run_headers(
     tools and models receive with tracing off (kept for the runs of the moment, so a
     request costs a look-up; never change the dict returned)."""
     return headers(run_context(run_id, traceparent, tracestate))
+
+
+def span_headers(span: trace.Span) -> dict[str, str]:
+    """``headers`` of the context whose current span is ``span``, written directly (the
+    propagator's W3C format, without building a context to inject from)."""
+    context = span.get_span_context()
+    carrier = {
+        "traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+        f"{context.trace_flags:02x}"
+    }
+    if context.trace_state:
+        carrier["tracestate"] = context.trace_state.to_header()
+    return carrier
 
 
 def headers(context: Any) -> dict[str, str]:
@@ -171,11 +203,12 @@ def record_run(
     started_at_s: float,
     attributes: Mapping[str, Any],
     error: str | None = None,
+    ended_at_s: float | None = None,
 ) -> None:
-    """Record the ``invoke_agent`` span of a run that ended now, started at
-    ``started_at_s`` (seconds since the epoch, the database's clock), with the ids its
-    children were given (``run_context``)."""
-    if _provider is None:
+    """Record the ``invoke_agent`` span of a run that ended at ``ended_at_s`` (None: now),
+    started at ``started_at_s`` (seconds since the epoch, the database's clock), with the
+    ids its children were given (``run_context``)."""
+    if not records(run_id, traceparent, tracestate):
         return
     parent = _parent(traceparent, tracestate)
     parent_context = (
@@ -190,14 +223,18 @@ def record_run(
             "invoke_agent",
             context=parent_context,
             kind=trace.SpanKind.INTERNAL,
-            attributes=attributes,
             start_time=int(started_at_s * 1e9),
         )
     finally:
         _fixed_ids.reset(token)
+    if not span.is_recording():  # sampled out
+        span.end()
+        return
+    # Set here, not given to start_span: the SDK would clean them twice (once for the sampler).
+    span.set_attributes(attributes)
     if error is not None:
         span.set_status(trace.Status(trace.StatusCode.ERROR, error))
-    span.end()
+    span.end(end_time=None if ended_at_s is None else int(ended_at_s * 1e9))
 
 
 @contextmanager
@@ -275,11 +312,24 @@ def install(
     """Record spans in this process and hand them to ``exporters`` (in batches, or one by
     one with ``batch=False``, as tests want: the SDK's ``InMemorySpanExporter`` sees a span
     the moment it ends). Replaces what an earlier call installed."""
-    global _provider, _tracer, _capture
+    global _provider, _tracer, _capture, _parent_based
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    from opentelemetry.sdk.trace.sampling import ParentBased
+
+    class OneResource(Resource):
+        """The SDK's resource, hashed once: OTLP's encoder groups every span it encodes by
+        resource, and a ``Resource`` hashes by serializing its attributes to JSON (a tenth
+        of a span's encoding). Immutable, like any ``Resource``."""
+
+        @functools.cached_property
+        def _hash(self) -> int:
+            return super().__hash__()
+
+        def __hash__(self) -> int:
+            return self._hash
 
     class RunIds(RandomIdGenerator):
         """Random ids, but those ``record_run`` sets for the one span it starts."""
@@ -293,15 +343,17 @@ def install(
             return fixed[0] if fixed else super().generate_trace_id()
 
     shutdown()
-    run_headers.cache_clear()  # the sampler decides them from now on
-    resource = Resource.create(
+    _forget()  # the sampler decides them from now on
+    created = Resource.create(
         {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
     )
+    resource = OneResource(created.attributes, created.schema_url)
     provider = TracerProvider(resource=resource, id_generator=RunIds())
     for exporter in exporters:
         processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
         provider.add_span_processor(processor)
     _provider, _tracer = provider, provider.get_tracer(SCOPE)
+    _parent_based = isinstance(provider.sampler, ParentBased)
     _capture = os.environ.get(CAPTURE_CONTENT, "").strip().lower() == "true"
     return provider
 
@@ -312,4 +364,11 @@ def shutdown() -> None:
     if _provider is not None:
         _provider.shutdown()
     _provider, _tracer = None, trace.NoOpTracer()
+    _forget()
+
+
+def _forget() -> None:
+    """Drop the contexts kept for the runs of the moment (their sampled flags came from the
+    sampler installed then)."""
     run_headers.cache_clear()
+    run_context.cache_clear()

@@ -308,24 +308,23 @@ class Completer:
     def _observe(self, outcome: Outcome, what: str, ended: str | None) -> None:
         """The latency, token and error metrics of a written outcome (``relay.metrics``)."""
         row, metrics = outcome.row, self.metrics
+        tenant = metrics.tenant(row.tenant_id)
         said = spans.outcome_of(outcome)
         if row.kind == "tool_call":
-            metrics.tool_call_seconds.labels(row.tool_name or "", row.tenant_id, said).observe(
+            metrics.tool_call_seconds.labels(row.tool_name or "", tenant, said).observe(
                 outcome.duration_s
             )
         elif row.kind == "model_turn" and outcome.action != "skip":
             model = row.model or ""
-            metrics.model_turn_seconds.labels(model, row.tenant_id, said).observe(
-                outcome.duration_s
-            )
+            metrics.model_turn_seconds.labels(model, tenant, said).observe(outcome.duration_s)
             if what.startswith("recorded_") and isinstance(outcome.output, ModelTurnIn):
                 turn = outcome.output
-                metrics.tokens.labels(model, row.tenant_id, "input").inc(turn.input_tokens)
-                metrics.tokens.labels(model, row.tenant_id, "output").inc(turn.output_tokens)
+                metrics.tokens.labels(model, tenant, "input").inc(turn.input_tokens)
+                metrics.tokens.labels(model, tenant, "output").inc(turn.output_tokens)
         if said in spans.ERRORS:
-            metrics.errors.labels(row.kind, row.tenant_id, said).inc()
+            metrics.errors.labels(row.kind, tenant, said).inc()
         if ended is not None and row.run_started_at is not None:
-            metrics.run_seconds.labels(row.tenant_id, ended).observe(
+            metrics.run_seconds.labels(tenant, ended).observe(
                 max(0.0, time.time() - row.run_started_at)
             )
 

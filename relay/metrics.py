@@ -9,6 +9,8 @@ process serving metrics says the same of them: aggregate them with ``max``, not 
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -18,8 +20,18 @@ EFFECT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 RUN_BUCKETS_S = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
+# The most tenants one relay process labels its metrics with; the rest share the label
+# OTHER_TENANTS, so a deployment with many tenants cannot grow a scraper's series without
+# bound (docs/operations.md, "Metrics and alerts": series per tenant).
+MAX_TENANT_LABELS = 200
+OTHER_TENANTS = "_other"
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, max_tenants: int | None = None) -> None:
+        self.max_tenants = MAX_TENANT_LABELS if max_tenants is None else max_tenants
+        self._tenants: set[str] = set()
+        self._tenants_lock = threading.Lock()
         self.registry = CollectorRegistry()
         r = self.registry
         self.claimed = Counter("outbox_relay_claimed", "Rows claimed", ["kind"], registry=r)
@@ -45,7 +57,8 @@ class Metrics:
         )
         self.claim_to_start = Histogram(
             "outbox_relay_claim_to_start_seconds",
-            "From claim to the start of the effect",
+            "From claim to the start of the effect, by tenant",
+            ["tenant"],
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
@@ -142,6 +155,17 @@ class Metrics:
             ["tenant"],
             registry=r,
         )
+
+    def tenant(self, tenant_id: str) -> str:
+        """The ``tenant`` label of ``tenant_id``: itself for the first ``max_tenants``
+        tenants this process labels, ``OTHER_TENANTS`` for any after them."""
+        if tenant_id in self._tenants:
+            return tenant_id
+        with self._tenants_lock:
+            if len(self._tenants) < self.max_tenants:
+                self._tenants.add(tenant_id)
+                return tenant_id
+        return OTHER_TENANTS
 
     def outage(self, link: str, waiting: bool) -> None:
         """A link lost the database (``waiting``) or reached it again."""

@@ -83,6 +83,8 @@ class Claimed(NamedTuple):
     # tool has none): no attempt is sent after it, and unsent attempts before it are not
     # charged (``uncharged``)
     deadline_in_s: float | None = None
+    approved_by: str | None = None  # a call that waited for approval: its reviewer
+    approval_wait_s: float | None = None  # ...and how long it waited for the decision
     claimed_at_monotonic: float = 0.0  # the worker's clock, for the claim-to-start metric
 
     def context(self) -> dict[str, Any]:

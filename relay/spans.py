@@ -49,10 +49,20 @@ def parent(row: Claimed) -> Any:
 
 def headers(row: Claimed, span: trace.Span | None) -> dict[str, str]:
     """The ``traceparent``/``tracestate`` a tool or model receives for ``row``: its span's,
-    or with tracing off its run's (the same dict for every request: never change it)."""
-    if span is None:
+    or with tracing off (or its run sampled out) its run's (the same dict for every request:
+    never change it)."""
+    if span is None or not span.is_recording():
         return tracing.run_headers(row.run_id, row.traceparent, row.tracestate)
-    return tracing.headers(trace.set_span_in_context(span))
+    return tracing.span_headers(span)
+
+
+def _start(
+    row: Claimed, name: str, kind: trace.SpanKind, start_time: int | None = None
+) -> trace.Span:
+    """A span of ``row``, started under its run's span with no attributes: the caller sets
+    them once, only on a span that records (the SDK cleans attributes given at the start
+    twice, once for the sampler; the samplers ``OTEL_TRACES_SAMPLER`` names read none)."""
+    return tracing.tracer().start_span(name, context=parent(row), kind=kind, start_time=start_time)
 
 
 def outcome_of(outcome: Outcome) -> str:
@@ -67,6 +77,9 @@ def _end(
 ) -> None:
     """End ``span`` with its outcome and ``attributes``, set at once (one lock, not one
     per attribute)."""
+    if not span.is_recording():  # sampled out: nothing to set, nothing exported
+        span.end(end_time=end_time)
+        return
     what = outcome_of(outcome)
     attributes = attributes or {}
     attributes["outbox.outcome"] = what
@@ -82,9 +95,13 @@ def _end(
 
 
 def tool_started(row: Claimed, start_time: int | None = None) -> trace.Span | None:
-    """The ``execute_tool`` span of a call about to run (None: tracing is off)."""
-    if not tracing.enabled():
+    """The ``execute_tool`` span of a call about to run (None: tracing is off, or its run
+    is sampled out)."""
+    if not tracing.records(row.run_id, row.traceparent, row.tracestate):
         return None
+    span = _start(row, f"execute_tool {row.tool_name}", trace.SpanKind.INTERNAL, start_time)
+    if not span.is_recording():
+        return span
     attributes = _common(row)
     attributes.update(
         {
@@ -95,15 +112,14 @@ def tool_started(row: Claimed, start_time: int | None = None) -> trace.Span | No
             "outbox.idempotency.key": row.idempotency_key or "",
         }
     )
+    if row.approved_by is not None:
+        # It waited for a reviewer: who approved it, and how long it waited for that.
+        attributes["outbox.approval.decided_by"] = row.approved_by
+        attributes["outbox.approval.wait_s"] = row.approval_wait_s or 0.0
     if tracing.capture_content():
         attributes[gen_ai.GEN_AI_TOOL_CALL_ARGUMENTS] = json.dumps(row.arguments)
-    return tracing.tracer().start_span(
-        f"execute_tool {row.tool_name}",
-        context=parent(row),
-        kind=trace.SpanKind.INTERNAL,
-        attributes=attributes,
-        start_time=start_time,
-    )
+    span.set_attributes(attributes)
+    return span
 
 
 def tool_ended(span: trace.Span | None, outcome: Outcome) -> None:
@@ -115,10 +131,11 @@ def tool_ended(span: trace.Span | None, outcome: Outcome) -> None:
 def tool_ran(outcome: Outcome) -> None:
     """The span of an in-process call that already ran (a chunk of them, ``relay.inprocess``):
     recorded after the fact, over the time it took."""
-    if not tracing.enabled():
+    row = outcome.row
+    if not tracing.records(row.run_id, row.traceparent, row.tracestate):
         return
     end = time.time_ns()
-    span = tool_started(outcome.row, start_time=end - int(outcome.duration_s * 1e9))
+    span = tool_started(row, start_time=end - int(outcome.duration_s * 1e9))
     if span is not None:
         _end(span, outcome, _result(outcome), end_time=end)
 
@@ -136,9 +153,13 @@ def _result(outcome: Outcome) -> dict[str, Any]:
 def chat_started(
     row: Claimed, run: dict[str, Any], step_no: int, messages: Any
 ) -> trace.Span | None:
-    """The ``chat`` span of a model turn about to be requested (None: tracing is off)."""
-    if not tracing.enabled():
+    """The ``chat`` span of a model turn about to be requested (None: tracing is off, or
+    its run is sampled out)."""
+    if not tracing.records(row.run_id, row.traceparent, row.tracestate):
         return None
+    span = _start(row, f"chat {run['model']}", trace.SpanKind.CLIENT)
+    if not span.is_recording():
+        return span
     attributes = _common(row)
     attributes.update(
         {
@@ -150,16 +171,15 @@ def chat_started(
     )
     if tracing.capture_content():
         attributes[gen_ai.GEN_AI_INPUT_MESSAGES] = json.dumps(messages, default=str)
-    return tracing.tracer().start_span(
-        f"chat {run['model']}",
-        context=parent(row),
-        kind=trace.SpanKind.CLIENT,
-        attributes=attributes,
-    )
+    span.set_attributes(attributes)
+    return span
 
 
 def chat_ended(span: trace.Span | None, outcome: Outcome) -> None:
     if span is None:
+        return
+    if not span.is_recording():
+        span.end()
         return
     turn = outcome.output
     attributes: dict[str, Any] = {}
@@ -210,6 +230,25 @@ def run_expired(run: dict[str, Any]) -> None:
         )
 
 
+def run_cancelled(run: dict[str, Any]) -> None:
+    """Record the ``invoke_agent`` span of a run its backend or an operator cancelled (its
+    row, taken by the sweep once the cancel committed: ``take_cancelled_runs``), from its
+    creation to its end, naming who cancelled it."""
+    if tracing.enabled():
+        _record_run(
+            run["id"],
+            run["thread_id"],
+            run["tenant_id"],
+            run["model"],
+            run["traceparent"],
+            run["tracestate"],
+            run["created_at"].timestamp(),
+            run["status"],
+            ended_at_s=run["ended_at"].timestamp() if run["ended_at"] else None,
+            ended_by=run["cancelled_by"],
+        )
+
+
 def _record_run(
     run_id: uuid.UUID,
     thread_id: Any,
@@ -219,6 +258,8 @@ def _record_run(
     tracestate: str | None,
     started_at_s: float,
     status: str,
+    ended_at_s: float | None = None,
+    ended_by: str | None = None,
 ) -> None:
     attributes: dict[str, Any] = {
         gen_ai.GEN_AI_OPERATION_NAME: "invoke_agent",
@@ -226,8 +267,11 @@ def _record_run(
         "outbox.tenant.id": tenant_id,
         "outbox.run.id": str(run_id),
         "outbox.run.status": status,
+        "outbox.outcome": status,  # as on chat and execute_tool: how the span ended
     }
     if model:
         attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
+    if ended_by:
+        attributes["outbox.run.ended_by"] = ended_by
     error = None if status == "completed" else status
-    tracing.record_run(run_id, traceparent, tracestate, started_at_s, attributes, error)
+    tracing.record_run(run_id, traceparent, tracestate, started_at_s, attributes, error, ended_at_s)

@@ -467,19 +467,24 @@ class Worker:
         shutdown, once nothing executes, writes the queued outcomes before it releases what
         is left, so none is refused as stale."""
         if outcome is not None:
-            self.metrics.claim_to_start.observe(
-                max(0.0, time.monotonic() - outcome.duration_s - row.claimed_at_monotonic)
-            )
+            if self.cfg.metrics_port is not None:  # relay.metrics: only when served
+                self._claim_to_start(
+                    row, max(0.0, time.monotonic() - outcome.duration_s - row.claimed_at_monotonic)
+                )
             self._queue(outcome)
         self._finished(1, 1)
+
+    def _claim_to_start(self, row: Claimed, seconds: float) -> None:
+        self.metrics.claim_to_start.labels(self.metrics.tenant(row.tenant_id)).observe(seconds)
 
     def _execute_chunk(self, rows: list[Claimed]) -> None:
         if self.stopping.is_set():  # queued behind other chunks: shutdown releases them
             self._finished(len(rows), 0)
             return
-        now = time.monotonic()
-        for row in rows:
-            self.metrics.claim_to_start.observe(now - row.claimed_at_monotonic)
+        if self.cfg.metrics_port is not None:
+            now = time.monotonic()
+            for row in rows:
+                self._claim_to_start(row, now - row.claimed_at_monotonic)
         try:
             try:
                 outcomes = inprocess.run_calls(rows)

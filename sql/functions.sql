@@ -1124,9 +1124,11 @@ GRANT EXECUTE ON FUNCTION {s}.end_run_v1(uuid, text, text, text, text) TO outbox
 -- Returns the run's row, now cancelled. No new claims; calls in flight finish and their
 -- results land in orphaned_results; every call of an undelivered batch gets a tool message
 -- at once, so the thread is replayable and a new run may start on it (see end_run_v1).
--- A run that does not exist for the tenant raises P0002; one that already ended raises
--- OB005. Runs as the schema owner (SECURITY DEFINER: ending a run removes outbox rows,
--- which outbox_writer may not delete) and refuses a tenant other than the session's scope.
+-- The run is marked agent_span_due (and cancelled_by): a relay records its invoke_agent
+-- span once this commits. A run that does not exist for the tenant raises P0002; one that already ended
+-- raises OB005. Runs as the schema owner (SECURITY DEFINER: ending a run removes outbox
+-- rows, which outbox_writer may not delete) and refuses a tenant other than the session's
+-- scope.
 CREATE OR REPLACE FUNCTION {s}.cancel_run_v1(
     p_tenant_id text, p_run_id uuid, p_actor text DEFAULT NULL
 ) RETURNS {s}.runs
@@ -1144,8 +1146,13 @@ BEGIN
         RAISE EXCEPTION 'run % is already %: there is nothing to cancel', p_run_id, v_run.status
             USING ERRCODE = 'OB005', HINT = 'start a new run on the thread if more work is needed';
     END IF;
-    RETURN {s}.end_run_v1(p_run_id, 'cancelled', 'cancelled', 'cancelled by request',
-                          coalesce(p_actor, session_user));
+    PERFORM {s}.end_run_v1(p_run_id, 'cancelled', 'cancelled', 'cancelled by request',
+                           coalesce(p_actor, session_user));
+    UPDATE {s}.runs
+    SET agent_span_due = true, cancelled_by = coalesce(p_actor, session_user)
+    WHERE id = p_run_id
+    RETURNING * INTO v_run;
+    RETURN v_run;
 END $$;
 
 REVOKE ALL ON FUNCTION {s}.enter_tenant_v1(text) FROM PUBLIC;

@@ -1,7 +1,7 @@
 """A deadline by which a call must have been sent; unsent attempts before it uncharged.
 
 Revision ID: 0038
-Revises: 0036
+Revises: 0037
 Create Date: 2026-11-27
 
 ``tools.deadline_s`` (and ``mcp_servers.deadline_s``, which the server's tools take): how
@@ -16,7 +16,7 @@ from __future__ import annotations
 from outbox.migrate import frozen_sql, run_sql
 
 revision = "0038"
-down_revision = "0036"
+down_revision = "0037"
 branch_labels = None
 depends_on = None
 

@@ -241,12 +241,9 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
             WHERE w.tool_name = tc.tool_name AND w.tenant_id IN (tc.tenant_id, '*')
             ORDER BY w.tenant_id = '*' LIMIT 1),
            CASE WHEN NOT t.enabled THEN jsonb_build_object('disabled_version', t.version) END,
-           (SELECT jsonb_build_object('approval', a.id, 'status', a.status,
-                                      'by', a.decided_by, 'reason', a.reason,
-                                      'deadline', a.deadline)
-            FROM {s}.approvals a
-            WHERE a.tool_call_ref = tc.id
-              AND (a.status <> 'approved' OR a.arguments_digest <> tc.arguments_hash))
+           CASE WHEN a.status <> 'approved' OR a.arguments_digest <> tc.arguments_hash THEN
+               jsonb_build_object('approval', a.id, 'status', a.status, 'by', a.decided_by,
+                                  'reason', a.reason, 'deadline', a.deadline) END
        ) END AS stop,
        CASE WHEN t.credential_ref IS NOT NULL THEN (
            SELECT jsonb_build_object('tenant_id', cr.tenant_id, 'source', cr.source,
@@ -280,11 +277,23 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
        -- reached the tool are not charged before it (docs/relay.md, "Deadlines"). NULL: the
        -- tool has none.
        extract(epoch FROM tc.created_at + make_interval(secs => t.deadline_s) - now())::float8
-           AS deadline_in_s
+           AS deadline_in_s,
+       -- A call that waited for a reviewer's approval: who approved it and how long it
+       -- waited (its execute_tool span says both; NULL for every other row).
+       CASE WHEN a.status = 'approved' THEN a.decided_by END AS approved_by,
+       CASE WHEN a.status = 'approved' THEN
+           extract(epoch FROM a.decided_at - a.created_at)::float8 END AS approval_wait_s
 FROM claimed c
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tool_calls WHERE id = c.tool_call_ref OFFSET 0
 ) tc ON true
+LEFT JOIN LATERAL (
+    -- The call's approval, if it needed one (one lookup by the unique tool_call_ref: read by
+    -- stop and by the approval columns).
+    SELECT a.id, a.status, a.decided_by, a.reason, a.deadline, a.arguments_digest,
+           a.decided_at, a.created_at
+    FROM {s}.approvals a WHERE a.tool_call_ref = tc.id OFFSET 0
+) a ON true
 LEFT JOIN LATERAL (
     SELECT r.traceparent, r.tracestate, r.created_at, r.model
     FROM {s}.runs r WHERE r.id = c.run_id OFFSET 0
@@ -530,6 +539,21 @@ SELECT id, kind, 'dropped', previous_owner FROM dropped
 UPDATE {s}.outbox SET lease_expires_at = now()
 WHERE status = 'leased' AND lease_owner = %(worker)s AND lease_expires_at > now()
 RETURNING id
+
+-- name: take_cancelled_runs
+-- Runs cancel_run_v1 ended (by a backend or an operator) whose invoke_agent span no relay
+-- has recorded yet (runs.agent_span_due, migration 0037): taken once, by one relay
+-- (SKIP LOCKED), which records the span when its tracing is on, naming who cancelled it.
+WITH due AS (
+    SELECT id FROM {s}.runs WHERE agent_span_due
+    ORDER BY ended_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {s}.runs r SET agent_span_due = false
+FROM due WHERE r.id = due.id
+RETURNING r.id, r.thread_id, r.tenant_id, r.model, r.traceparent, r.tracestate, r.created_at,
+          r.ended_at, r.status, r.cancelled_by
 
 -- name: rescue_stalled_batches
 -- Complete batches whose delivery is missing (the stall at requires_action): enqueue it.

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from outbox import writer
+from outbox.relay import metrics
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
@@ -34,16 +35,22 @@ def model() -> Iterator[ScriptedModel]:
         yield server
 
 
-def start(conn: psycopg.Connection[Any], model: ScriptedModel, script: str) -> writer.RunRef:
-    thread = writer.create_thread(conn, TENANT)
+def start(
+    conn: psycopg.Connection[Any],
+    model: ScriptedModel,
+    script: str,
+    tenant: str = TENANT,
+    tools: tuple[str, ...] = ("create_ticket", "refund", "flaky"),
+) -> writer.RunRef:
+    thread = writer.create_thread(conn, tenant)
     return writer.start_run(
         conn,
         StartRun(
-            tenant_id=TENANT,
+            tenant_id=tenant,
             thread_id=thread.id,
             model="scripted-1",
             message=f"script:{script} go" if script else "hello",
-            tools=["create_ticket", "refund", "flaky"],
+            tools=list(tools),
             base_url=model.url + "/v1",
         ),
     )
@@ -121,3 +128,41 @@ def test_latency_tokens_errors_and_work_waiting_for_people_by_tool_model_and_ten
         assert (value(samples, "outbox_relay_tokens_total", **tokens) or 0) > 0
     ran = {"tenant": TENANT, "status": "completed"}
     assert value(samples, "outbox_relay_run_seconds_count", **ran) == 1
+
+
+def test_claim_to_start_is_by_tenant_and_tenants_past_the_cap_share_one_label(
+    db_url, model, monkeypatch
+):
+    # A process labels at most MAX_TENANT_LABELS tenants; here 2, and three tenants ran.
+    monkeypatch.setattr(metrics, "MAX_TENANT_LABELS", 2)
+    tenants = ("acme", "globex", "initech")
+    with psycopg.connect(db_url) as conn:
+        runs = [start(conn, model, "", tenant, tools=()) for tenant in tenants]
+        conn.commit()
+    port = free_port()
+    with relay_thread(db_url, kinds=ALL_KINDS, metrics_port=port):
+        wait_until(
+            lambda: all(
+                scalar(db_url, "SELECT status FROM outbox.runs WHERE id = %s", [r.id])
+                == "completed"
+                for r in runs
+            ),
+            what="the three runs to complete",
+        )
+        samples = scrape(port)
+    counted = {
+        dict(labels)["tenant"]: n
+        for (name, labels), n in samples.items()
+        if name == "outbox_relay_claim_to_start_seconds_count"
+    }
+    # Each run's one model turn was claimed and started: one per tenant, the third's under
+    # the shared label, whichever tenant came last.
+    assert sum(counted.values()) == 3
+    assert len(counted) == 3 and counted.pop(metrics.OTHER_TENANTS) == 1
+    assert set(counted) < set(tenants) and set(counted.values()) == {1}
+    ran = {
+        dict(labels)["tenant"]
+        for (name, labels), n in samples.items()
+        if name == "outbox_relay_run_seconds_count"
+    }
+    assert ran == set(counted) | {metrics.OTHER_TENANTS}

@@ -437,6 +437,30 @@ def test_relay_sees_and_claims_every_tenant(conn):
     ).fetchone() == (0,)
 
 
+def test_relay_takes_the_runs_every_tenants_backend_cancelled_once(conn):
+    made = seed(conn)
+    for tenant in (A, B):
+        as_role(conn, "outbox_writer", tenant)
+        conn.execute(
+            "SELECT outbox.cancel_run_v1(%s, %s, %s)",
+            [tenant, made[tenant]["run"].id, f"ops-{tenant}"],
+        )
+        conn.commit()
+    as_role(conn, "outbox_relay")  # as the relay's login is: it may not read the journal
+    cur = conn.execute(RELAY_Q.take_cancelled_runs, {"limit": 10})
+    taken, columns = cur.fetchall(), [c.name for c in cur.description or []]
+    conn.commit()
+    by_run = {row[0]: dict(zip(columns, row, strict=True)) for row in taken}
+    assert set(by_run) == {made[A]["run"].id, made[B]["run"].id}
+    assert {r["tenant_id"]: r["cancelled_by"] for r in by_run.values()} == {
+        A: f"ops-{A}",
+        B: f"ops-{B}",
+    }
+    assert {r["status"] for r in by_run.values()} == {"cancelled"}
+    as_role(conn, "outbox_relay")
+    assert conn.execute(RELAY_Q.take_cancelled_runs, {"limit": 10}).fetchall() == []
+
+
 def test_relay_cannot_change_the_journal(conn):
     seed(conn)
     as_role(conn, "outbox_relay")

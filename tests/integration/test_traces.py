@@ -16,15 +16,19 @@ from typing import Any
 import openai
 import psycopg
 import pytest
+from click.testing import CliRunner
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
 
-from outbox import keys, registry, tracing, writer
+import cli
+from outbox import approvals, keys, lifecycle, registry, tracing, writer
 from outbox.schemas import StartRun
 from outbox.server.observed import REGISTRY
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
+from tests.helpers import look
 from tests.relay_harness import register_tool, relay_thread, scalar, seed, wait_until
 from tests.serve_harness import serve
 
@@ -69,16 +73,19 @@ def setup(db_url: str, service: FakeToolService, model: ScriptedModel) -> str:
 def start(db_url: str, model: ScriptedModel, **kw: Any) -> writer.RunRef:
     with psycopg.connect(db_url) as conn:
         thread = writer.create_thread(conn, TENANT)
+        fields: dict[str, Any] = {
+            "message": f"script:parallel please, {MARKER}",
+            "tools": ["create_ticket", "send_email"],
+            **kw,
+        }
         run = writer.start_run(
             conn,
             StartRun(
                 tenant_id=TENANT,
                 thread_id=thread.id,
                 model="scripted-1",
-                message=f"script:parallel please, {MARKER}",
-                tools=["create_ticket", "send_email"],
                 base_url=model.url + "/v1",
-                **kw,
+                **fields,
             ),
         )
         conn.commit()
@@ -415,3 +422,114 @@ def test_under_a_sampler_a_run_is_kept_or_dropped_whole(setup, model, service, m
         assert len(found) == 5  # invoke_agent, two turns, two calls
     finally:
         tracing.shutdown()
+
+
+def test_a_call_that_waited_for_approval_says_who_approved_it_and_how_long_it_waited(
+    db_url, model, service, spans
+):
+    model.add_script("email", [{"tool_calls": [EMAIL]}, {"text": "sent"}])
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "send_email", "key", risk_tier="high")
+        conn.commit()
+    run = start(db_url, model, message="script:email please", tools=["send_email"])
+
+    def pending() -> dict[str, Any] | None:
+        with psycopg.connect(db_url) as conn:
+            return next(
+                (a for a in approvals.list_approvals(conn, "pending") if a["run_id"] == run.id),
+                None,
+            )
+
+    with relay_thread(db_url, kinds=ALL_KINDS):
+        waiting = wait_until(pending, what="the call to wait for approval")
+        with psycopg.connect(db_url) as conn:
+            approvals.decide(conn, waiting["id"], "approve", actor="alice")
+            conn.commit()
+        wait_until(
+            lambda: named(list(spans.get_finished_spans()), "execute_tool send_email"),
+            what="the approved call's span",
+        )
+    (call,) = named(list(spans.get_finished_spans()), "execute_tool send_email")
+    attributes = dict(call.attributes or {})
+    waited = scalar(
+        db_url,
+        "SELECT extract(epoch FROM decided_at - created_at)::float8 FROM outbox.approvals "
+        "WHERE id = %s",
+        [waiting["id"]],
+    )
+    assert attributes["outbox.approval.decided_by"] == "alice"
+    assert attributes["outbox.approval.wait_s"] == pytest.approx(waited) and waited > 0
+    assert attributes["outbox.outcome"] == "result_ok"
+
+
+def test_a_run_cancelled_by_its_backend_or_an_operator_gets_its_invoke_agent_span(
+    db_url, model, service, spans, monkeypatch
+):
+    model.add_script("email", [{"tool_calls": [EMAIL]}, {"text": "sent"}])
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "send_email", "key", risk_tier="high")  # waits for a person
+        conn.commit()
+    by_backend, by_operator, rolled_back = (
+        start(db_url, model, message="script:email please", tools=["send_email"]) for _ in range(3)
+    )
+
+    def due(run_id: uuid.UUID) -> Any:
+        return scalar(db_url, "SELECT agent_span_due FROM outbox.runs WHERE id = %s", [run_id])
+
+    def agent_spans() -> dict[Any, ReadableSpan]:
+        found = named(list(spans.get_finished_spans()), "invoke_agent")
+        assert len({s.context.span_id for s in found}) == len(found), "a span recorded twice"
+        return {s.context.span_id: s for s in found}
+
+    with relay_thread(db_url, kinds=ALL_KINDS):
+        wait_until(
+            lambda: scalar(db_url, "SELECT count(*) FROM outbox.approvals") == 3,
+            what="the three runs to wait for approval",
+        )
+        # A cancel whose transaction rolls back ended nothing: no span for it, ever.
+        with psycopg.connect(db_url) as conn:
+            lifecycle.cancel_run(conn, rolled_back.id, TENANT, actor="backend-svc")
+            assert due(rolled_back.id) is False  # not committed: another session sees none
+            conn.rollback()
+        with psycopg.connect(db_url) as conn:
+            lifecycle.cancel_run(conn, by_backend.id, TENANT, actor="backend-svc")
+            conn.commit()
+        monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+        cancelled = CliRunner().invoke(
+            cli.main, ["runs", "cancel", str(by_operator.id), "--actor", "ops@acme"]
+        )
+        assert cancelled.exit_code == 0, cancelled.output
+        wait_until(lambda: len(agent_spans()) == 2, what="the two cancelled runs' spans")
+        assert due(by_backend.id) is False and due(by_operator.id) is False  # taken
+        assert tracing.agent_span_id(rolled_back.id) not in agent_spans()
+        # Cancelled for real now: a later sweep records it, and the first two not again.
+        with psycopg.connect(db_url) as conn:
+            lifecycle.cancel_run(conn, rolled_back.id, TENANT, actor="backend-svc")
+            conn.commit()
+        wait_until(lambda: len(agent_spans()) == 3, what="the third run's span")
+    found = agent_spans()
+    assert set(found) == {
+        tracing.agent_span_id(r.id) for r in (by_backend, by_operator, rolled_back)
+    }
+    for run, actor in ((by_backend, "backend-svc"), (by_operator, "ops@acme")):
+        span = found[tracing.agent_span_id(run.id)]
+        attributes = dict(span.attributes or {})
+        assert attributes["outbox.run.status"] == "cancelled"
+        assert attributes["outbox.outcome"] == "cancelled"
+        assert attributes["outbox.run.ended_by"] == actor
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.context.trace_id == tracing.own_trace_id(run.id)
+        created, ended = look(
+            db_url,
+            "SELECT extract(epoch FROM created_at)::float8, extract(epoch FROM ended_at)::float8 "
+            "FROM outbox.runs WHERE id = %s",
+            [run.id],
+        )[0]
+        assert span.start_time == int(created * 1e9) and span.end_time == int(ended * 1e9)
+        # Its model turn's span hangs under it: the trace is whole.
+        (turn,) = [
+            s
+            for s in spans.get_finished_spans()
+            if s.name.startswith("chat") and s.context.trace_id == span.context.trace_id
+        ]
+        assert turn.parent is not None and turn.parent.span_id == span.context.span_id

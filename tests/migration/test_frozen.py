@@ -88,10 +88,12 @@ PINNED = {
     "0040_payloads_down.sql": "43e4730b082734e3",
     "0041_relay_least_privilege.py": "020c76fe494e52bd",
     "0041_relay_least_privilege.sql": "24e78257d692edb8",
-    "0038_call_deadlines.py": "dc0e58c1e56dd040",
+    "0038_call_deadlines.py": "57ebe57927db9302",
     "0038_call_deadlines.sql": "8d0924e10536dd8a",
     "0036_journal_partitions.py": "42a7eb3c067b8e15",
     "0036_journal_partitions.sql": "4c9bd9a6b5d23d2a",
+    "0037_cancelled_run_spans.py": "df2a73ae4be7d373",
+    "0037_cancelled_run_spans.sql": "3e808f3b6d6d2bff",
 }
 
 
