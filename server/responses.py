@@ -113,7 +113,10 @@ def create(
             "Mutually exclusive parameters: 'previous_response_id' and 'conversation'. "
             "Give one of them.",
         )
-    with store.tenant(tenant) as conn:
+    # A waiting request is answered from its run's settling, a later and durable commit
+    # of the relay: its own commit need not wait for the WAL flush (server.store).
+    waits = not body.background and not body.stream
+    with store.tenant(tenant, unanswered=waits) as conn:
         first = idempotency.earlier(conn, tenant, key, digest) if key else None
         if key and first is not None:
             kept = _kept_response(key, first)
@@ -401,9 +404,12 @@ def _start(
 # -- read -----------------------------------------------------------------------------------
 
 
-def get(store: Store, tenant: str, ident: uuid.UUID) -> Row:
-    """The response as OpenAI shows it, from the database now."""
-    return get_with_run(store, tenant, ident)[0]
+def get(store: Store, tenant: str, ident: uuid.UUID, *, durable_reads: bool = True) -> Row:
+    """The response as OpenAI shows it, from the database now. ``durable_reads=False``:
+    for a read that answers only once the response settled, which a durable commit of the
+    relay did (``server.store``)."""
+    with store.tenant(tenant, durable_reads=durable_reads) as conn:
+        return _shape(_shown(conn, ident))
 
 
 def get_with_run(store: Store, tenant: str, ident: uuid.UUID) -> tuple[Row, uuid.UUID]:
