@@ -114,13 +114,18 @@ def create(
             "Give one of them.",
         )
     # A waiting request is answered from its run's settling, a later and durable commit
-    # of the relay: its own commit need not wait for the WAL flush (server.store).
+    # of the relay: its own commit need not wait for the WAL flush. Any other create
+    # writes and commits durably, past all it read (server.store); a resend writes
+    # nothing, and answers what an earlier create made: durable first.
     waits = not body.background and not body.stream
-    with store.tenant(tenant, unanswered=waits) as conn:
+    with store.tenant(tenant, unanswered=waits, durable_reads=False) as conn:
         first = idempotency.earlier(conn, tenant, key, digest) if key else None
         if key and first is not None:
             kept = _kept_response(key, first)
-            return kept, responses.get_response(conn, tenant, kept)["run_id"]
+            run_id = responses.get_response(conn, tenant, kept)["run_id"]
+            if not waits:  # answered now (a stream's opening events, a background's)
+                conn.execute(Q.durable_reads)
+            return kept, run_id
         given = input_items.resolve(conn, given)
         items = input_items.with_reasoning(given)
         if body.previous_response_id or body.conversation:

@@ -28,6 +28,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from outbox import db, keys, tenancy
+from outbox.errors import DatabaseUnavailable
 from outbox.server import QUERIES
 from outbox.sql import Queries
 
@@ -70,9 +71,10 @@ class Store:
 
         ``unanswered``: nobody is answered from what the block commits (a waiting
         ``responses.create``), so it commits without waiting for its WAL flush. Otherwise
-        (and after any error, once rolled back) the transaction ends with
-        ``durable_reads`` unless told not to: what it read is durable before its answer
-        goes out (the module's docstring)."""
+        the transaction ends with ``durable_reads`` unless told not to (a block that
+        writes, and so commits durably, or that answers from a durable commit only), and
+        after any error, once rolled back, always: what it read is durable before its
+        answer goes out (the module's docstring)."""
         with self.pool.connection() as conn:
             act = Q.act_for_tenant_unanswered if unanswered else Q.act_for_tenant
             conn.execute(act, {"tenant_id": tenant_id})
@@ -81,9 +83,16 @@ class Store:
                     yield conn
                 if durable_reads and not unanswered:
                     conn.execute(Q.durable_reads)
-            except Exception:
-                conn.rollback()  # a refused request stores nothing
-                if durable_reads:  # its refusal may rest on what it read: durable first
-                    conn.execute(Q.durable_reads)
+            except Exception as err:
+                try:
+                    conn.rollback()  # a refused request stores nothing
+                    conn.execute(Q.durable_reads)  # its refusal may rest on what it read
                     conn.commit()
+                except psycopg.Error as cut:
+                    if isinstance(err, psycopg.Error | DatabaseUnavailable):
+                        raise err from None  # the database's own failure, answered as ever
+                    raise DatabaseUnavailable(  # a refusal that could not be made durable
+                        f"the database went away before this answer was durable: {cut}",
+                        hint="send the request again",
+                    ) from err
                 raise

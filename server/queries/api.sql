@@ -25,9 +25,10 @@ SELECT set_config('role', 'outbox_api', true), set_config('outbox.tenant_id', %(
 -- waiting responses.create's) may be visible here and not yet durable. Then this writes a
 -- logical-decoding message (a few bytes of WAL, decoded by nobody unless asked for), which
 -- gives the transaction an id and WAL of its own, so its commit waits for the flush of
--- everything before it: nothing it read can be lost in a crash. Otherwise it does nothing
--- and the commit writes nothing.
-SELECT CASE WHEN pg_current_wal_insert_lsn() > pg_current_wal_flush_lsn()
+-- everything before it: nothing it read can be lost in a crash. Otherwise, or when the
+-- transaction wrote already (its commit waits for that flush anyway), it does nothing.
+SELECT CASE WHEN pg_current_xact_id_if_assigned() IS NULL
+             AND pg_current_wal_insert_lsn() > pg_current_wal_flush_lsn()
             THEN pg_logical_emit_message(true, 'outbox.durable', '') END
 
 -- name: thread

@@ -10,14 +10,16 @@ started again. ``outbox serve`` runs in-process on it throughout.
 
 - The waiting request itself gets an error, never an answer, and its resend with the same
   Idempotency-Key makes one run, which completes once a relay runs.
-- Another request that shows the waiting create (the conversation's items), or is refused
-  because of it (its Idempotency-Key with another body, its conversation locked), is
+- Another request that shows the waiting create (the conversation's items, its resend
+  with ``stream=true``), or is refused because of it (its Idempotency-Key with another
+  body, its conversation locked), is
   answered only once the create is durable: after the crash the create is still there.
   Without ``durable_reads`` (server/store.py) the create is lost with these answers given.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -178,7 +180,25 @@ def _locked(base: str, key: str, conv: str, _: str) -> httpx2.Response:
     return answer
 
 
-@pytest.mark.parametrize("told", [_items, _reused_key, _locked], ids=lambda f: f.__name__)
+def _streamed_resend(base: str, key: str, conv: str, idem: str) -> None:
+    """The same request again with ``stream=true`` (the same request: ``stream`` is how
+    it is answered): its opening event shows the waiting create's response."""
+    body = {"model": "scripted-1", "input": "remember me", "conversation": conv, "stream": True}
+    headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": idem}
+    with httpx2.stream(
+        "POST", base + "/responses", json=body, headers=headers, timeout=DEADLINE_S
+    ) as answer:
+        assert answer.status_code == 200
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                assert json.loads(line[len("data: ") :])["type"] == "response.created"
+                return
+    raise AssertionError("no event came")
+
+
+@pytest.mark.parametrize(
+    "told", [_items, _reused_key, _locked, _streamed_resend], ids=lambda f: f.__name__
+)
 def test_an_answer_that_rests_on_a_waiting_create_waits_for_its_flush(served, told):
     server, url, base, _ = served
     key = a_key(url)
