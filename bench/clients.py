@@ -2,8 +2,9 @@
 
 Two measurements, each beside the same work without the server:
 
-- **waiting** (``python -m bench.clients waiting [N] [--no-writer] [--workers W]``): N
-  waiting ``responses.create`` at once from one asyncio client, to ``outbox serve`` on
+- **waiting** (``python -m bench.clients waiting [N] [--no-writer] [--workers W]
+  [--stream]``): N waiting ``responses.create`` (``--stream``: ``stream=true``, each read
+  to its ``response.completed`` event) at once from one asyncio client, to ``outbox serve`` on
   its default ``--db-connections`` (``--workers W``, 1 by default) and one relay (each a
   process, as ``--with-relay`` runs them); each starts a run whose model
   (``bench.latency_server``) takes ``MODEL_S`` a turn and asks for one call of a
@@ -188,7 +189,12 @@ class Commits(threading.Thread):
 
 
 def waiting(
-    server: str, n: int, log: Path, with_writer: bool = True, workers: int = 1
+    server: str,
+    n: int,
+    log: Path,
+    with_writer: bool = True,
+    workers: int = 1,
+    stream: bool = False,
 ) -> dict[str, Any]:
     """N waiting responses.create through ``outbox serve`` and a relay, then (unless not
     ``with_writer``) the same runs through the writer API and one relay (see the module's
@@ -209,7 +215,7 @@ def waiting(
                 commits.listening.wait(START_S)
                 cpu = inflight.cpu_s(process)
                 started = time.perf_counter()
-                wall, answered = asyncio.run(_waiting_requests(base, key, n))
+                wall, answered = asyncio.run(_waiting_requests(base, key, n, stream))
                 cpu = inflight.cpu_s(process) - cpu
                 for thread in (watch, commits):
                     thread.stop.set()
@@ -246,8 +252,11 @@ def waiting(
     }
 
 
-async def _waiting_requests(base: str, key: str, n: int) -> tuple[float, dict[str, float]]:
-    """N waiting responses.create at once; (wall, the epoch second each response answered)."""
+async def _waiting_requests(
+    base: str, key: str, n: int, stream: bool = False
+) -> tuple[float, dict[str, float]]:
+    """N waiting responses.create at once; (wall, the epoch second each response answered:
+    with ``stream``, its ``response.completed`` event)."""
     tool = {"type": "function", "name": TOOL, "parameters": {"type": "object"}}
     limits = httpx2.Limits(max_connections=n, max_keepalive_connections=n)
     headers = {"Authorization": f"Bearer {key}"}
@@ -257,10 +266,13 @@ async def _waiting_requests(base: str, key: str, n: int) -> tuple[float, dict[st
     ) as client:
 
         async def ask(i: int) -> None:
-            body = {"model": "bench", "input": f"run {i}", "tools": [tool]}
-            response = await client.post("/responses", json=body)
-            response.raise_for_status()
-            answer = response.json()
+            body = {"model": "bench", "input": f"run {i}", "tools": [tool], "stream": stream}
+            if stream:
+                answer = await _streamed(client, body)
+            else:
+                response = await client.post("/responses", json=body)
+                response.raise_for_status()
+                answer = response.json()
             if answer["status"] != "completed" or answer["output"][-1]["type"] != "message":
                 raise RuntimeError(f"response {i} did not complete: {answer}")
             answered[answer["id"]] = time.time()
@@ -268,6 +280,18 @@ async def _waiting_requests(base: str, key: str, n: int) -> tuple[float, dict[st
         started = time.perf_counter()
         await asyncio.gather(*(ask(i) for i in range(n)))
         return time.perf_counter() - started, answered
+
+
+async def _streamed(client: httpx2.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    """A ``stream=true`` response read to its closing event; the response it carries."""
+    async with client.stream("POST", "/responses", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[len("data: ") :])
+                if event["type"] in ("response.completed", "response.failed"):
+                    return dict(event["response"])
+    raise RuntimeError("the stream ended without its closing event")
 
 
 def _commit_to_answer(
@@ -389,7 +413,14 @@ def main(argv: list[str]) -> int:
     stderr(f"load before: {os.getloadavg()}")
     workers = int(argv[argv.index("--workers") + 1]) if "--workers" in argv else 1
     if what == "waiting":
-        out = waiting(server, n, log, with_writer="--no-writer" not in argv, workers=workers)
+        out = waiting(
+            server,
+            n,
+            log,
+            with_writer="--no-writer" not in argv,
+            workers=workers,
+            stream="--stream" in argv,
+        )
     else:
         out = agents(server, n, log)
     out["load_after"] = os.getloadavg()

@@ -90,8 +90,9 @@ async def stream(
     read: Callable[[], Row], hub: Wakeups, run_id: uuid.UUID, starting_after: int = -1
 ) -> AsyncIterator[Row]:
     """The response's events after ``starting_after``, as SSE messages; woken by changes
-    of its run (``run_id``)."""
-    with hub.watch(run_id) as watch:
+    of its run (``run_id``) that can settle it: after the opening events (read at once),
+    the stream has nothing to send until then (``UNSETTLING`` wakes nobody)."""
+    with hub.watch(run_id, UNSETTLING) as watch:
         async for event in _events(read, watch, starting_after):
             yield event
 

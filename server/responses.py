@@ -113,11 +113,19 @@ def create(
             "Mutually exclusive parameters: 'previous_response_id' and 'conversation'. "
             "Give one of them.",
         )
-    with store.tenant(tenant) as conn:
+    # A waiting request is answered from its run's settling, a later and durable commit
+    # of the relay: its own commit need not wait for the WAL flush. Any other create
+    # writes and commits durably, past all it read (server.store); a resend writes
+    # nothing, and answers what an earlier create made: durable first.
+    waits = not body.background and not body.stream
+    with store.tenant(tenant, unanswered=waits, durable_reads=False) as conn:
         first = idempotency.earlier(conn, tenant, key, digest) if key else None
         if key and first is not None:
             kept = _kept_response(key, first)
-            return kept, responses.get_response(conn, tenant, kept)["run_id"]
+            run_id = responses.get_response(conn, tenant, kept)["run_id"]
+            if not waits:  # answered now (a stream's opening events, a background's)
+                conn.execute(Q.durable_reads)
+            return kept, run_id
         given = input_items.resolve(conn, given)
         items = input_items.with_reasoning(given)
         if body.previous_response_id or body.conversation:
@@ -401,9 +409,12 @@ def _start(
 # -- read -----------------------------------------------------------------------------------
 
 
-def get(store: Store, tenant: str, ident: uuid.UUID) -> Row:
-    """The response as OpenAI shows it, from the database now."""
-    return get_with_run(store, tenant, ident)[0]
+def get(store: Store, tenant: str, ident: uuid.UUID, *, durable_reads: bool = True) -> Row:
+    """The response as OpenAI shows it, from the database now. ``durable_reads=False``:
+    for a read that answers only once the response settled, which a durable commit of the
+    relay did (``server.store``)."""
+    with store.tenant(tenant, durable_reads=durable_reads) as conn:
+        return _shape(_shown(conn, ident))
 
 
 def get_with_run(store: Store, tenant: str, ident: uuid.UUID) -> tuple[Row, uuid.UUID]:

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from outbox import storable
+from outbox.errors import NotFound
 from outbox.server import actions, events, response_stream, responses, streaming
 from outbox.server.bodies import (
     AssistantChangesIn,
@@ -403,7 +404,10 @@ async def _respond(
     once its watch is in place (a read before would be one more for nothing)."""
 
     def read() -> dict[str, Any]:
-        return responses.get(cfg.store, who, ident)
+        # What is answered from it: the response once settled, by a durable commit of the
+        # relay (server.store); a stream's opening events, from a durable create or a GET
+        # that read it durably first.
+        return responses.get(cfg.store, who, ident, durable_reads=False)
 
     shown = None
     if run_id is None or not (stream or wait):  # a 404 comes before any stream starts
@@ -413,9 +417,27 @@ async def _respond(
         return EventSourceResponse(events, ping=15)
     if wait:
         with cfg.wakeups.watch(run_id, response_stream.UNSETTLING) as watch:
-            shown = await response_stream.settled(read, watch)
+            try:
+                shown = await response_stream.settled(read, watch)
+            except NotFound:
+                raise lost(ident) from None
+        if shown["status"] not in response_stream.SETTLED:  # waited its longest
+            shown = await run_in_threadpool(responses.get, cfg.store, who, ident)
     assert shown is not None
     return answer(shown)
+
+
+def lost(ident: Any) -> APIError:
+    """The 503 of a waiting request whose response is gone: the database crashed before
+    the create's commit was flushed (server.store), and nobody was told of it."""
+    return APIError(
+        503,
+        f"The database restarted and lost this request's response ({responses.response_id(ident)}) "
+        "before it was durable; nothing of it ran. Send the request again (with the same "
+        "Idempotency-Key, if it had one).",
+        type="server_error",
+        code="database_unavailable",
+    )
 
 
 async def cancel_response(request: Request) -> Response:

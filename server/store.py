@@ -7,6 +7,15 @@ succeeds and rolls back on any error, so a refused request stores nothing. Keys 
 up as ``outbox_api`` too (through ``api_key_tenant_v1``), before any tenant is known: the
 pool's login needs no more than membership in ``outbox_api``. The library is
 synchronous; handlers call these through Starlette's thread pool.
+
+Nothing a client is told can be lost in a crash. A waiting ``responses.create`` commits
+without waiting for its WAL flush (``unanswered``): its client is answered from the relay's
+later commit, which is durable and flushes the WAL past it. Such a commit is visible to
+other transactions before it is durable, so every other transaction ends with
+``durable_reads`` before its answer goes out, a refused one too (after its rollback): its
+commit then waits for the flush of everything it could have read. Reads that wait for a
+response to settle skip it (``durable_reads=False``): what settles a response is the
+relay's durable commit. docs/serve.md, "Durability of a waiting create".
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from outbox import db, keys, tenancy
+from outbox.errors import DatabaseUnavailable
 from outbox.server import QUERIES
 from outbox.sql import Queries
 
@@ -52,11 +62,37 @@ class Store:
             return keys.tenant_of(conn, key)
 
     @contextmanager
-    def tenant(self, tenant_id: str) -> Iterator[psycopg.Connection[Any]]:
+    def tenant(
+        self, tenant_id: str, *, unanswered: bool = False, durable_reads: bool = True
+    ) -> Iterator[psycopg.Connection[Any]]:
         """A transaction as ``outbox_api`` scoped to ``tenant_id`` (committed on success):
         role and scope set by one statement, and not set again by the library functions
-        the block calls (``tenancy.bound``)."""
+        the block calls (``tenancy.bound``).
+
+        ``unanswered``: nobody is answered from what the block commits (a waiting
+        ``responses.create``), so it commits without waiting for its WAL flush. Otherwise
+        the transaction ends with ``durable_reads`` unless told not to (a block that
+        writes, and so commits durably, or that answers from a durable commit only), and
+        after any error, once rolled back, always: what it read is durable before its
+        answer goes out (the module's docstring)."""
         with self.pool.connection() as conn:
-            conn.execute(Q.act_for_tenant, {"tenant_id": tenant_id})
-            with tenancy.bound(conn, tenant_id):
-                yield conn
+            act = Q.act_for_tenant_unanswered if unanswered else Q.act_for_tenant
+            conn.execute(act, {"tenant_id": tenant_id})
+            try:
+                with tenancy.bound(conn, tenant_id):
+                    yield conn
+                if durable_reads and not unanswered:
+                    conn.execute(Q.durable_reads)
+            except Exception as err:
+                try:
+                    conn.rollback()  # a refused request stores nothing
+                    conn.execute(Q.durable_reads)  # its refusal may rest on what it read
+                    conn.commit()
+                except psycopg.Error as cut:
+                    if isinstance(err, psycopg.Error | DatabaseUnavailable):
+                        raise err from None  # the database's own failure, answered as ever
+                    raise DatabaseUnavailable(  # a refusal that could not be made durable
+                        f"the database went away before this answer was durable: {cut}",
+                        hint="send the request again",
+                    ) from err
+                raise

@@ -11,6 +11,26 @@ SET LOCAL ROLE outbox_api
 -- as the role outbox_api for one tenant (set_config('role', ..., true) is SET LOCAL ROLE).
 SELECT set_config('role', 'outbox_api', true), set_config('outbox.tenant_id', %(tenant_id)s, true)
 
+-- name: act_for_tenant_unanswered
+-- act_for_tenant, and this transaction commits without waiting for its WAL flush
+-- (SET LOCAL synchronous_commit = off): only for a transaction no answer is made from
+-- (a waiting responses.create: its client is answered from the relay's later, durable
+-- commit; docs/serve.md, "Durability of a waiting create").
+SELECT set_config('role', 'outbox_api', true), set_config('outbox.tenant_id', %(tenant_id)s, true),
+       set_config('synchronous_commit', 'off', true)
+
+-- name: durable_reads
+-- The last statement of a transaction whose answer goes out at its commit: while the WAL
+-- is not flushed as far as it is written, a commit made without waiting for its flush (a
+-- waiting responses.create's) may be visible here and not yet durable. Then this writes a
+-- logical-decoding message (a few bytes of WAL, decoded by nobody unless asked for), which
+-- gives the transaction an id and WAL of its own, so its commit waits for the flush of
+-- everything before it: nothing it read can be lost in a crash. Otherwise, or when the
+-- transaction wrote already (its commit waits for that flush anyway), it does nothing.
+SELECT CASE WHEN pg_current_xact_id_if_assigned() IS NULL
+             AND pg_current_wal_insert_lsn() > pg_current_wal_flush_lsn()
+            THEN pg_logical_emit_message(true, 'outbox.durable', '') END
+
 -- name: thread
 -- One thread, unless deleted.
 SELECT id, title, metadata, created_at FROM {s}.threads

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from outbox import tenancy, writer
+from outbox.server.errors import APIError
 from outbox.server.store import Store
 
 
@@ -49,3 +50,34 @@ def test_the_bound_tenant_ends_with_the_request(store):
         with store.tenant(tenant) as conn:
             row = conn.execute("SELECT count(*) FROM outbox.threads WHERE id = %s", [thread])
             assert row.fetchone() == (seen,)
+
+
+def commit_waits_for_flush(conn: psycopg.Connection[Any]) -> str:
+    return str(conn.execute("SELECT current_setting('synchronous_commit')").fetchone()[0])  # type: ignore[index]
+
+
+def test_only_an_unanswered_transaction_commits_without_its_flush(store):
+    """A waiting create's transaction (``unanswered``) does not wait for its WAL flush;
+    the setting ends with it, and every other transaction waits as configured."""
+    with store.tenant("acme", unanswered=True) as conn:
+        assert commit_waits_for_flush(conn) == "off"
+        assert acting(conn) == ("outbox_api", "acme")
+        thread = writer.create_thread(conn, "acme").id
+    with store.tenant("acme") as conn:  # the same pooled connection
+        assert commit_waits_for_flush(conn) == "on"
+        row = conn.execute("SELECT count(*) FROM outbox.threads WHERE id = %s", [thread])
+        assert row.fetchone() == (1,)
+
+
+@pytest.mark.parametrize("unanswered", [False, True])
+def test_a_refused_transaction_stores_nothing_though_its_reads_are_made_durable(store, unanswered):
+    """A refusal rolls back before ``durable_reads`` commits its own transaction: what
+    the refused block wrote is never committed with it."""
+    made = []
+    with pytest.raises(APIError), store.tenant("acme", unanswered=unanswered) as conn:
+        made.append(writer.create_thread(conn, "acme").id)
+        raise APIError(400, "refused")
+    with store.tenant("acme") as conn:
+        row = conn.execute("SELECT count(*) FROM outbox.threads WHERE id = %s", made)
+        assert row.fetchone() == (0,)
+        assert commit_waits_for_flush(conn) == "on"
