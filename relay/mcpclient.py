@@ -3,7 +3,9 @@ event loop. A server over streamable HTTP is spoken to by ``HttpSession`` below,
 the spec over the relay's own HTTP client (``relay.poster``); a stdio server through the
 official ``mcp`` SDK, which also lists tools for ``outbox mcp add``/``sync``. The SDK cost
 the relay's loop six to eight times an HTTP tool call's CPU per call (docs/mcp.md has the
-figures), and a call here costs about what an HTTP tool call costs.
+figures), and a call here costs about what an HTTP tool call costs. The SDK is imported
+inside the code that uses it: importing it costs a process about half a second of CPU, and
+a relay that calls no stdio server never needs it.
 
 A session is opened (``initialize``, then ``notifications/initialized``) once per server
 and kept: every call of that server's tools from this process goes over it, as tasks on the
@@ -48,16 +50,9 @@ import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
-import anyio
 import httpx2
-import mcp_types
-from mcp.client.extension import UnexpectedClaimedResult
-from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from outbox import config as outbox_config
@@ -78,6 +73,10 @@ from outbox.relay.outcomes import (
 )
 from outbox.relay.poster import Answer, Poster
 
+if TYPE_CHECKING:  # the SDK is imported where a stdio server or a listing needs it
+    from mcp.client.session import ClientSession
+    from mcp.shared.exceptions import MCPError
+
 logger = logging.getLogger("relay.mcp")
 # The answer to a request of a session the server no longer knows (it restarted, or ended
 # the session): the request was not processed, and the client starts a new session (MCP's
@@ -88,7 +87,7 @@ CLOSE_TIMEOUT_S = 5.0  # longest wait for a session to close (a stdio child is t
 # An SSE event of a result may be as large as a result may be, twice (text content and
 # structured content say the same), with room for the JSON-RPC envelope.
 MAX_EVENT_BYTES = 2 * outbox_config.MAX_PAYLOAD_BYTES + 64 * 1024
-CLIENT_INFO = mcp_types.Implementation(name="agent-outbox", version="1")
+CLIENT_NAME, CLIENT_VERSION = "agent-outbox", "1"  # the clientInfo of ``initialize``
 
 
 # -- servers and their sessions ---------------------------------------------------------
@@ -174,10 +173,14 @@ class Session:
                 self.task.cancel()
 
     async def _own(self, ready: asyncio.Future[ClientSession]) -> None:
+        import mcp_types
+        from mcp.client.session import ClientSession
+
+        info = mcp_types.Implementation(name=CLIENT_NAME, version=CLIENT_VERSION)
         try:
             async with (
                 self._transport() as (read, write),
-                ClientSession(read, write, client_info=CLIENT_INFO) as client,
+                ClientSession(read, write, client_info=info) as client,
             ):
                 await client.initialize()
                 ready.set_result(client)
@@ -205,6 +208,8 @@ class Session:
     def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
         server = self.server
         if server.transport == "stdio":
+            from mcp.client.stdio import StdioServerParameters, stdio_client
+
             params = StdioServerParameters(
                 command=server.command[0], args=server.command[1:], env=server.env or None
             )
@@ -214,6 +219,8 @@ class Session:
 
 @contextlib.asynccontextmanager
 async def _http(server: Server, secret_headers: dict[str, str]) -> AsyncIterator[Any]:
+    from mcp.client.streamable_http import streamable_http_client
+
     assert server.url is not None
     limits = httpx2.Limits(max_connections=server.max_concurrency + 2)
     client = httpx2.AsyncClient(
@@ -398,7 +405,7 @@ class HttpSession:
             {
                 "protocolVersion": PROTOCOL_VERSION,
                 "capabilities": {},
-                "clientInfo": {"name": CLIENT_INFO.name, "version": CLIENT_INFO.version},
+                "clientInfo": {"name": CLIENT_NAME, "version": CLIENT_VERSION},
             },
         )
         headers = {**self.server.headers, **self.secret_headers, "Accept": ACCEPT}
@@ -619,6 +626,8 @@ class Sessions:
 
 async def list_tools(server: Server, secret_headers: dict[str, str] | None = None) -> list[Any]:
     """The server's ``tools/list`` (every page), as the SDK's ``Tool`` models."""
+    import mcp_types
+
     session = Session(server, secret_headers or {})
     await session.open()
     try:
@@ -707,6 +716,11 @@ class McpCaller:
         self, row: Claimed, session: Session, tool: str, headers: dict[str, str], where: str
     ) -> Outcome:
         """A call through the SDK (a stdio server)."""
+        import anyio
+        import mcp_types
+        from mcp.client.extension import UnexpectedClaimedResult
+        from mcp.shared.exceptions import MCPError
+
         assert session.client is not None
         timeout_s = row.timeout_s or 30.0
         try:
@@ -741,6 +755,8 @@ class McpCaller:
 
 def _error(row: Claimed, err: MCPError, where: str, timeout_s: float) -> Outcome:
     """What a JSON-RPC error (the server's, or the SDK's for a failed exchange) means."""
+    import mcp_types
+
     text = f"{err.code}: {err.message}"
     if err.code in (mcp_types.INVALID_PARAMS, mcp_types.METHOD_NOT_FOUND):
         return error_result(row, f"{row.tool_name} refused the call ({text})")

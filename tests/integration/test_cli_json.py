@@ -71,7 +71,9 @@ RUNS_UNTIL_STOPPED = {"relay", "serve"}
 def leaf_commands() -> list[tuple[str, ...]]:
     def walk(command: click.Command, path: tuple[str, ...]) -> list[tuple[str, ...]]:
         if isinstance(command, click.Group):
-            return [p for name, sub in command.commands.items() for p in walk(sub, (*path, name))]
+            ctx = click.Context(command)
+            subs = [(name, command.get_command(ctx, name)) for name in command.list_commands(ctx)]
+            return [p for name, sub in subs if sub for p in walk(sub, (*path, name))]
         return [path]
 
     return [p for p in walk(cli.main, ()) if " ".join(p) not in RUNS_UNTIL_STOPPED]
