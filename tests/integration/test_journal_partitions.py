@@ -8,7 +8,8 @@ attached for one UTC day), by the owner, because the function only makes today a
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 import psycopg
@@ -330,3 +331,169 @@ def test_a_journal_reaching_into_the_future_is_converted_and_no_day_overlaps_it(
         ]
         c.commit()
     assert _snapshot(empty_db_url)[0] == 2
+
+
+# The partition width (outbox.journal_partition_width): the tests set it for their session,
+# as `ALTER DATABASE ... SET` sets it for every session of the relay and of cron.
+
+BOUNDS = (
+    "SELECT c.relname, "
+    "(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \\(''([^'']+)''\\)'))[1]"
+    "::timestamptz AS lo, "
+    "(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \\(''([^'']+)''\\)'))[1]"
+    "::timestamptz AS hi "
+    "FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+    "WHERE i.inhparent = 'outbox.journal'::regclass AND c.relname <> 'journal_default' "
+    "ORDER BY hi"
+)
+
+
+def spans(conn: psycopg.Connection[Any]) -> list[tuple[str, Any, Any]]:
+    return [tuple(r) for r in conn.execute(BOUNDS).fetchall()]
+
+
+def width(conn: psycopg.Connection[Any], value: str) -> None:
+    conn.execute("SELECT set_config('outbox.journal_partition_width', %s, false)", [value])
+
+
+def drop_empty_ahead(conn: psycopg.Connection[Any]) -> None:
+    """What an operator does for a new width to apply now rather than after the partitions
+    made ahead: drop the empty ones that are not past (the owner may drop a table)."""
+    for name, _lo, hi in spans(conn):
+        (rows,) = conn.execute(f"SELECT count(*) FROM outbox.{name}").fetchone()
+        (ahead,) = conn.execute("SELECT %s::timestamptz > now()", [hi]).fetchone()
+        if ahead and rows == 0:
+            conn.execute(f"DROP TABLE outbox.{name}")
+    (covered,) = conn.execute(f"SELECT count(*) FROM ({BOUNDS}) b WHERE b.hi > now()").fetchone()
+    assert covered == 0, spans(conn)
+
+
+def assert_contiguous(chain: list[tuple[str, Any, Any]]) -> None:
+    for (name, lo, hi), (next_name, next_lo, _) in pairwise(chain):
+        assert lo is None or lo < hi, name
+        assert next_lo == hi, f"{name} ends {hi}, {next_name} starts {next_lo}"
+
+
+def test_a_width_of_minutes_makes_minute_partitions_and_prune_drops_them(conn):
+    days_ahead(conn)
+    drop_empty_ahead(conn)
+    width(conn, "1 minute")
+    (minute,) = conn.execute("SELECT date_trunc('minute', now())").fetchone()
+    assert conn.execute("SELECT outbox.journal_partitions_v1(3)").fetchone() == (4,)
+    made = [s for s in spans(conn) if s[2] > minute]
+    assert [(lo, hi) for _, lo, hi in made] == [
+        (minute + timedelta(minutes=k), minute + timedelta(minutes=k + 1)) for k in range(4)
+    ]
+    assert [name for name, _, _ in made] == [
+        f"journal_{(minute + timedelta(minutes=k)).astimezone(UTC):%Y%m%d_%H%M}" for k in range(4)
+    ]
+    assert conn.execute("SELECT outbox.journal_partitions_v1(3)").fetchone() == (0,)
+    # A minute ten minutes ago, made by hand as the function would have made it then.
+    past = f"journal_{(minute - timedelta(minutes=10)).astimezone(UTC):%Y%m%d_%H%M}"
+    conn.execute(f"CREATE TABLE outbox.{past} (LIKE outbox.journal INCLUDING DEFAULTS)")
+    conn.execute(
+        f"ALTER TABLE outbox.journal ATTACH PARTITION outbox.{past} FOR VALUES "
+        "FROM (date_trunc('minute', now()) - interval '10 minutes') "
+        "TO (date_trunc('minute', now()) - interval '9 minutes')"
+    )
+    conn.execute(
+        "INSERT INTO outbox.journal (at, tenant_id, event) VALUES "
+        "(date_trunc('minute', now()) - interval '10 minutes', 'acme', 'old'), "
+        "(date_trunc('minute', now()) - interval '10 minutes', 'acme', 'old'), "
+        "(now(), 'acme', 'now')"
+    )
+    assert where(conn, "now") == made[0][0]
+    conn.commit()
+    # Nothing of the current minute goes, however short the age: it straddles the cut-off.
+    assert conn.execute("SELECT outbox.prune_journal(interval '5 minutes')").fetchone() == (2,)
+    (detail,) = conn.execute(
+        "SELECT detail FROM outbox.journal WHERE event = 'journal.pruned'"
+    ).fetchone()
+    assert detail["partitions_dropped"] == [past]
+    conn.commit()
+    assert past not in partitions(conn)
+    assert conn.execute("SELECT outbox.prune_journal(interval '1 second')").fetchone() == (0,)
+    conn.commit()
+    assert made[0][0] in partitions(conn)
+    assert sorted(e for (e,) in conn.execute("SELECT event FROM outbox.journal")) == [
+        "journal.pruned",
+        "journal.pruned",
+        "now",
+    ]
+
+
+def test_a_width_change_starts_where_the_last_partition_ends(conn):
+    days_ahead(conn)
+    before = spans(conn)
+    # The days made ahead stay: hours start where the last of them ends.
+    width(conn, "1 hour")
+    assert conn.execute("SELECT outbox.journal_partitions_v1(2)").fetchone() == (0,)
+    assert spans(conn) == before
+    assert conn.execute("SELECT outbox.journal_partitions_v1(80)").fetchone() > (0,)
+    hours = spans(conn)[len(before) :]
+    assert hours and all(hi - lo == timedelta(hours=1) for _, lo, hi in hours)
+    assert all(
+        name.endswith("00") and len(name) == len("journal_20261127_1500") for name, *_ in hours
+    )
+    # A width the hours do not divide: the first span ends on its next boundary.
+    width(conn, "25 minutes")
+    assert conn.execute("SELECT outbox.journal_partitions_v1(300)").fetchone() > (0,)
+    odd = spans(conn)[len(before) + len(hours) :]
+    assert odd and all(hi - lo <= timedelta(minutes=25) for _, lo, hi in odd)
+    assert all(hi.timestamp() % 1500 == 0 for _, _, hi in odd)
+    # Back to days: realigned on UTC midnight, then named by the day.
+    width(conn, "1 day")
+    assert conn.execute("SELECT outbox.journal_partitions_v1(40)").fetchone() > (0,)
+    days = spans(conn)[len(before) + len(hours) + len(odd) :]
+    assert days[0][2].astimezone(UTC).time() == datetime.min.time()
+    assert all(hi - lo == timedelta(days=1) for _, lo, hi in days[1:])
+    assert all(len(name) == len("journal_20261127") for name, *_ in days[1:])
+    chain = spans(conn)
+    assert_contiguous(chain)
+    names = [name for name, *_ in chain]
+    assert len(set(names)) == len(names)
+    # Every row lands in one partition; none of these spans leaves a gap for the default.
+    conn.execute(
+        "INSERT INTO outbox.journal (at, tenant_id, event) "
+        "SELECT lo + (hi - lo) / 2, 'acme', 'probe' FROM (" + BOUNDS + ") b WHERE lo > now()"
+    )
+    assert conn.execute(
+        "SELECT count(*) FROM outbox.journal_default WHERE event = 'probe'"
+    ).fetchone() == (0,)
+
+
+@pytest.mark.parametrize("value", ["2 days", "banana", "0", "1.5 seconds", "-1 hour"])
+def test_a_width_out_of_range_is_refused_by_name(conn, value):
+    width(conn, value)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="journal_partition_width") as e:
+        conn.execute("SELECT outbox.journal_partitions_v1(2)")
+    assert "ALTER DATABASE" in (e.value.diag.message_hint or "")
+
+
+def test_minute_partitions_are_append_only_and_the_prune_door_stays_shut(conn):
+    days_ahead(conn)
+    drop_empty_ahead(conn)
+    width(conn, "1 minute")
+    conn.execute("SELECT outbox.journal_partitions_v1(1)")
+    conn.execute("INSERT INTO outbox.journal (at, tenant_id, event) VALUES (now(), 'acme', 'x')")
+    conn.commit()
+    name = where(conn, "x")
+    assert name.startswith("journal_") and len(name) == len("journal_20261127_1500")
+    for statement in (
+        f"UPDATE outbox.{name} SET event = 'forged'",
+        f"DELETE FROM outbox.{name}",
+        f"TRUNCATE outbox.{name}",
+        "DELETE FROM outbox.journal WHERE event = 'x'",
+    ):
+        with pytest.raises(REFUSED, match="append-only"):
+            conn.execute(statement)
+        conn.rollback()
+    (event_id,) = conn.execute(
+        "INSERT INTO outbox.journal (tenant_id, event, detail) VALUES ('*', 'journal.pruned', "
+        "jsonb_build_object('before', now() + interval '1 day')) RETURNING id"
+    ).fetchone()
+    conn.execute("SELECT set_config('outbox.journal_prune', %s, true)", [str(event_id)])
+    with pytest.raises(REFUSED, match="append-only"):
+        conn.execute("DELETE FROM outbox.journal WHERE event = 'x'")
+    conn.rollback()
+    assert conn.execute("SELECT count(*) FROM outbox.journal WHERE event = 'x'").fetchone() == (1,)

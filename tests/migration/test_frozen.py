@@ -91,7 +91,7 @@ PINNED = {
     "0038_call_deadlines.py": "57ebe57927db9302",
     "0038_call_deadlines.sql": "8d0924e10536dd8a",
     "0036_journal_partitions.py": "42a7eb3c067b8e15",
-    "0036_journal_partitions.sql": "4c9bd9a6b5d23d2a",
+    "0036_journal_partitions.sql": "f55d90c50378ff76",
     "0037_cancelled_run_spans.py": "df2a73ae4be7d373",
     "0037_cancelled_run_spans.sql": "3e808f3b6d6d2bff",
 }
