@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.sql
 
 from outbox import approvals, db, lifecycle, registry, retention, writer
 from outbox.constants import ENDED
@@ -97,6 +98,10 @@ class SoakConfig:
     reader_hold_s: float = 120.0
     vacuum_each_period: bool = False  # the bounded soak compresses time: vacuum as autovacuum would
     journal_keep_s: float = 600.0  # an operator's `outbox prune --older-than`, every period
+    # outbox.journal_partition_width: the soak compresses months into minutes, so its journal
+    # is partitioned by the minute (by seconds in the bounded soak) for the prune to drop
+    # whole partitions within the run, as days are dropped within months.
+    journal_partition_width_s: int = 60
 
 
 @dataclass
@@ -253,6 +258,38 @@ class Reader:
                 conn.rollback()
 
 
+def _partition_width(url: str, width_s: int) -> None:
+    """Set the journal's partition width for every later session of the database (the
+    relay's, the prune's), as an operator would, and make it apply now: the partitions the
+    migration made ahead (a day each) are dropped while still empty, and the new width's are
+    made from here on."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        (name,) = conn.execute("SELECT current_database()").fetchone() or ("",)
+        setting = f"{int(width_s)} seconds"
+        conn.execute(
+            psycopg.sql.SQL("ALTER DATABASE {} SET outbox.journal_partition_width = {}").format(
+                psycopg.sql.Identifier(name), psycopg.sql.Literal(setting)
+            )
+        )
+        conn.execute("SELECT set_config('outbox.journal_partition_width', %s, false)", [setting])
+        with conn.transaction():
+            ahead = conn.execute(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "WHERE i.inhparent = 'outbox.journal'::regclass "
+                "AND c.relname <> 'journal_default' AND (regexp_match("
+                "pg_get_expr(c.relpartbound, c.oid), 'TO \\(''([^'']+)''\\)'))[1]"
+                "::timestamptz > now()"
+            ).fetchall()
+            for (part,) in ahead:
+                table = psycopg.sql.Identifier("outbox", part)
+                empty = conn.execute(
+                    psycopg.sql.SQL("SELECT NOT EXISTS (SELECT 1 FROM {})").format(table)
+                ).fetchone()
+                if empty and empty[0]:
+                    conn.execute(psycopg.sql.SQL("DROP TABLE {}").format(table))
+            conn.execute("SELECT outbox.journal_partitions_v1(2)")
+
+
 def _setup(url: str, service: FakeToolService, age_s: float) -> None:
     service.add_tool("refund", "key")
     with psycopg.connect(url) as conn:
@@ -327,6 +364,7 @@ def run_soak(url: str, cfg: SoakConfig, log: Any = None) -> SoakReport:
     say = log or (lambda _msg: None)
     report = SoakReport(cfg)
     with ScriptedModel(scripts=SCRIPTS) as model, FakeToolService() as service:
+        _partition_width(url, cfg.journal_partition_width_s)
         _setup(url, service, cfg.retention_age_s)
         worker = Worker(
             RelayConfig(

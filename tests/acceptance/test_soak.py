@@ -15,6 +15,7 @@ import math
 import os
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from bench.soak import SoakConfig, SoakReport, run_soak, write_report
@@ -54,8 +55,16 @@ def test_a_bounded_soak_loses_nothing_and_the_hot_tables_stop_growing(db_url, tm
         reader_hold_s=8.0,
         vacuum_each_period=True,
         journal_keep_s=15.0,
+        journal_partition_width_s=5,
     )
     report = run_soak(db_url, config)
+    # The journal was partitioned at the soak's width and pruned a partition at a time.
+    with psycopg.connect(db_url) as conn:
+        (dropped,) = conn.execute(
+            "SELECT detail->'partitions_dropped' FROM outbox.journal "
+            "WHERE event = 'journal.pruned' ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+    assert dropped and all(len(name) == len("journal_20261127_150005") for name in dropped)
     written = write_report(report, tmp_path)
     assert (tmp_path / "soak.md") in written
     check(report, growth=1.5)
@@ -68,7 +77,11 @@ MINUTES = float(os.environ.get("OUTBOX_SOAK_MINUTES", "30"))
 @pytest.mark.timeout(int(MINUTES * 60) + 600)
 def test_soak(db_url, tmp_path):
     out = Path(os.environ.get("OUTBOX_SOAK_DIR", str(tmp_path)))
-    report = run_soak(db_url, SoakConfig(minutes=MINUTES, journal_keep_s=300.0), log=print)
+    report = run_soak(
+        db_url,
+        SoakConfig(minutes=MINUTES, journal_keep_s=300.0, journal_partition_width_s=60),
+        log=print,
+    )
     for path in write_report(report, out):
         print(path)
     check(report, growth=1.2)
