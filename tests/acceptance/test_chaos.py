@@ -26,6 +26,7 @@ from tests.relay_harness import (
     FAST,
     all_settled,
     register_tool,
+    relay_thread,
     scalar,
     seed,
     start_relay_process,
@@ -163,18 +164,19 @@ def test_worker_paused_past_its_lease_cannot_overwrite_the_new_holder(db_url, se
             what="the first relay to be mid-call",
         )
         first.send_signal(signal.SIGSTOP)
-        relays.append(start_relay_process(db_url, log, *FAST))
-        wait_until(lambda: all_settled(db_url), what="the second relay to finish the call")
-        # Another claim's: the second relay's (after waiting, as a claim of its own, for
-        # the paused request to settle).
-        assert scalar(db_url, "SELECT attempt FROM outbox.tool_results") > 1
-        first.send_signal(signal.SIGCONT)
-        wait_until(
-            lambda: scalar(
-                db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'write.fenced'"
-            ),
-            what="the late write to be fenced off",
-        )
+        # The second relay runs in a thread: only the paused one must be a process.
+        with relay_thread(db_url):
+            wait_until(lambda: all_settled(db_url), what="the second relay to finish the call")
+            # Another claim's: the second relay's (after waiting, as a claim of its own, for
+            # the paused request to settle).
+            assert scalar(db_url, "SELECT attempt FROM outbox.tool_results") > 1
+            first.send_signal(signal.SIGCONT)
+            wait_until(
+                lambda: scalar(
+                    db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'write.fenced'"
+                ),
+                what="the late write to be fenced off",
+            )
     finally:
         first.send_signal(signal.SIGCONT)
         stop_all(relays)

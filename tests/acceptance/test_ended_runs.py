@@ -20,7 +20,14 @@ import pytest
 from outbox import history, lifecycle, registry, writer
 from outbox.testing.tools import FakeToolService
 from tests.helpers import TENANT, new_run, turn
-from tests.relay_harness import FAST, register_tool, scalar, start_relay_process, wait_until
+from tests.relay_harness import (
+    FAST,
+    register_tool,
+    relay_thread,
+    scalar,
+    start_relay_process,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -79,8 +86,8 @@ def test_the_call_of_a_killed_relay_is_not_run_again_once_its_run_is_over(
         with psycopg.connect(db_url) as conn:
             lifecycle.cancel_run(conn, run.id, TENANT, actor="test")
             conn.commit()
-    second = start_relay_process(db_url, log, *FAST)
-    try:
+    # The relay that takes over runs in a thread: only the killed one must be a process.
+    with relay_thread(db_url):
         wait_until(
             lambda: scalar(
                 db_url,
@@ -98,8 +105,6 @@ def test_the_call_of_a_killed_relay_is_not_run_again_once_its_run_is_over(
             ),
             what="the run to be over and nothing left to run",
         )
-    finally:
-        stop(second)
     assert len(tool.deliveries) == 1  # never a second attempt at the tool
     assert scalar(db_url, "SELECT count(*) FROM outbox.outbox") == 0  # nothing for an operator
     assert scalar(db_url, "SELECT status FROM outbox.tool_calls WHERE tool_name = 'slow'") != (

@@ -1,5 +1,9 @@
 """A turn killed at every boundary between its transactions still completes, exactly once,
-and its thread always replays against the scripted model without a pairing error."""
+and its thread always replays against the scripted model without a pairing error.
+
+The crashing relay is a real process (it dies as a SIGKILL would leave it: leases held, no
+shutdown); the healthy relay that takes over runs in a thread of the test (``relay_thread``),
+the same claim loop, rescue and completers without the cost of starting a process."""
 
 from __future__ import annotations
 
@@ -14,7 +18,14 @@ from outbox.relay.failpoints import CRASH_EXIT_CODE, POINTS
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
-from tests.relay_harness import FAST, register_tool, scalar, start_relay_process, wait_until
+from tests.relay_harness import (
+    FAST,
+    register_tool,
+    relay_thread,
+    scalar,
+    start_relay_process,
+    wait_until,
+)
 
 ALL = ["--kind", "model_turn", "--kind", "tool_call", "--kind", "deliver_batch"]
 TICKET = {"name": "create_ticket", "arguments": {"title": "broken order"}}
@@ -54,16 +65,12 @@ def test_turn_survives_a_crash_at_every_boundary(db_url, servers, tmp_path, poin
     log = tmp_path / "relay.log"
     crashing = start_relay_process(db_url, log, *ALL, *FAST, env={"OUTBOX_FAILPOINT": point})
     assert crashing.wait(timeout=60) == CRASH_EXIT_CODE
-    healthy = start_relay_process(db_url, log, *ALL, *FAST)
-    try:
+    with relay_thread(db_url, kinds=("model_turn", "tool_call", "deliver_batch")):
         wait_until(
             lambda: scalar(db_url, "SELECT status FROM outbox.runs") == "completed",
             timeout_s=60,
             what=f"the run to complete after a crash at {point}",
         )
-    finally:
-        healthy.kill()
-        healthy.wait(timeout=10)
     assert scalar(db_url, "SELECT count(*) FROM outbox.model_turns") == 3
     assert scalar(db_url, "SELECT count(*) FROM outbox.submissions") == 2
     assert tools.tool("send_email").duplicate_effects() == 0
