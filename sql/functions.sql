@@ -89,6 +89,7 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
                 ELSE (SELECT p.body FROM {s}.payloads p
                       WHERE p.digest = p_ref AND p.tenant_id = p_tenant_id) END
 $$;
+REVOKE ALL ON FUNCTION {s}.resolved_text_v1(text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.resolved_text_v1(text, text, text)
     TO outbox_writer, outbox_relay, outbox_api;
 
@@ -100,6 +101,7 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
                 ELSE (SELECT p.body::jsonb FROM {s}.payloads p
                       WHERE p.digest = p_ref AND p.tenant_id = p_tenant_id) END
 $$;
+REVOKE ALL ON FUNCTION {s}.resolved_json_v1(jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.resolved_json_v1(jsonb, text, text)
     TO outbox_writer, outbox_relay, outbox_api;
 

@@ -84,7 +84,7 @@ PINNED = {
     "0035_model_reasoning.py": "6d00e48370e5e108",
     "0035_model_reasoning.sql": "6f6756073a1a0d00",
     "0040_payloads.py": "62723547c7509699",
-    "0040_payloads.sql": "fc5f200d582c3f28",
+    "0040_payloads.sql": "f2d3163b044b2a5d",
     "0040_payloads_down.sql": "43e4730b082734e3",
     "0041_relay_least_privilege.py": "020c76fe494e52bd",
     "0041_relay_least_privilege.sql": "24e78257d692edb8",
