@@ -20,7 +20,8 @@ import pytest
 from outbox import db, migrate
 from tests import helpers, servers
 
-pytest_plugins = ["tests.serve_harness"]  # the fixtures of the tests of `outbox serve`
+# The fixtures of the tests of `outbox serve`; `--cpu-report` (CPU seconds per test).
+pytest_plugins = ["tests.serve_harness", "tests.cpu_report"]
 
 
 def _docker_answers() -> bool:
