@@ -126,12 +126,31 @@ def json_server(tmp_path: Path) -> Iterator[HttpFixture]:
         server.kill()
 
 
-def add_server(db_url: str, **spec: Any) -> dict[str, Any]:
-    """Register a server as `outbox mcp add` does: list its tools, then write both."""
+@pytest.fixture(scope="module")
+def fixture_tools(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The tools the fixture server lists, as `outbox mcp add` reads them, once for the
+    module: a test that registers them for another server answering in its place needs no
+    fixture process of its own (each costs about 0.6 s of CPU to start)."""
+    server = HttpFixture(tmp_path_factory.mktemp("mcp-listing"))
+    server.start()
+    try:
+        spec = mcpservers.ServerSpec(name="fixture", url=server.url)
+        listed = discover({**spec.model_dump(), "transport": spec.transport})
+    finally:
+        server.kill()
+    return listed
+
+
+def add_server(
+    db_url: str, listed: list[dict[str, Any]] | None = None, **spec: Any
+) -> dict[str, Any]:
+    """Register a server as `outbox mcp add` does: list its tools (or take ``listed``, the
+    listing of another server), then write both."""
     spec.setdefault("timeout_s", 5.0)
     spec.setdefault("settle_s", 0.5)
     server = mcpservers.ServerSpec(**spec)
-    listed = discover({**server.model_dump(), "transport": server.transport})
+    if listed is None:
+        listed = discover({**server.model_dump(), "transport": server.transport})
     with psycopg.connect(db_url) as conn:
         row = mcpservers.add(conn, server, listed, actor="test")
         conn.commit()
@@ -768,15 +787,13 @@ NOTE = b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/message"
     ],
 )
 def test_each_answer_of_an_http_server_means_what_docs_mcp_says(
-    db_url, http_server, answers, ending, calls, said
+    db_url, fixture_tools, answers, ending, calls, said
 ):
     """A none-mode tool: what may have acted is parked, what the server refused is an error
     result, what it did not process (429, a session it forgot) is called again."""
-    add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_attempts=5)
     with Scripted(*answers) as scripted:
-        with psycopg.connect(db_url) as conn:
-            conn.execute("UPDATE outbox.mcp_servers SET url = %s", (scripted.url + "/mcp",))
-            conn.commit()
+        url = scripted.url + "/mcp"  # the fixture server's tools, served by the scripted one
+        add_server(db_url, fixture_tools, name="tk", url=url, overrides=LOW, max_attempts=5)
         ref = call_once(db_url, "tk__create_ticket", {"title": "t"})
         with relay_thread(db_url):
             wait_until(lambda: all_settled(db_url), what="the call to settle")
