@@ -71,8 +71,13 @@ def _server() -> float:
     return sum(_last_server.values())
 
 
-def _now() -> tuple[float, float]:
-    return _rusage(), _server()
+def _start() -> tuple[float, float]:
+    server = _server()
+    return _rusage(), server  # this process's CPU from after its look at /proc
+
+
+def _end() -> tuple[float, float]:
+    return _rusage(), _server()  # ... to before the next: a look costs about 5 ms
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -99,9 +104,9 @@ class Recorder:
         if fixturedef.scope == "function":
             yield
             return
-        before = _now()
+        before = _start()
         yield
-        after = _now()
+        after = _end()
         self.write(f"fixture:{fixturedef.argname}", after[0] - before[0], after[1] - before[1])
         self.fixture_cpu += after[0] - before[0]
         self.fixture_pg += after[1] - before[1]
@@ -109,14 +114,14 @@ class Recorder:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, Any, None]:
         self.fixture_cpu = self.fixture_pg = 0.0
-        before = _now()
+        before = _start()
         yield
-        after = _now()
+        after = _end()
         cpu = after[0] - before[0] - self.fixture_cpu
         self.write(item.nodeid, cpu, after[1] - before[1] - self.fixture_pg)
 
     def pytest_sessionfinish(self) -> None:
-        cpu, server = _now()
+        cpu, server = _end()
         self.write("total", cpu, server)
         self.out.close()
 
@@ -163,4 +168,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         f"{sum(r['pg'] for r in tests):.1f} s in PostgreSQL; "
         f"with startup and fixtures, per process: {totals['cpu']:.1f} s + {totals['pg']:.1f} s"
     )
+    if config.getoption("numprocesses", None):
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        write(f"the controlling process (pytest-xdist): {usage.ru_utime + usage.ru_stime:.1f} s")
     write(f"all rows: {path}")
