@@ -90,7 +90,11 @@ def template_db(server_url: str) -> Iterator[str]:
 def db_url(server_url: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database for this test."""
     name = f"outbox_t_{uuid.uuid4().hex[:12]}"
-    _admin(server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    # FILE_COPY copies the template's folder as it is (two checkpoints, cheap without
+    # fsync); the default, WAL_LOG, writes every page of it to the WAL and leaves out the
+    # relation cache's init file, which the test's first connection then rebuilds: about
+    # 0.008 s more of the server's CPU per test (a clone and three connections).
+    _admin(server_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_db}" STRATEGY FILE_COPY')
     url = db.with_database(server_url, name)
     yield url
     helpers.forget(url)
