@@ -14,6 +14,7 @@ the files forgot fails here).
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pprint import pformat
 from typing import Any
 
@@ -175,8 +176,11 @@ def differences(a: dict[str, list[Any]], b: dict[str, list[Any]]) -> dict[str, A
             # databases may use them), so on a fresh server they are in b and not in a.
             before = {row[0] for row in a[name]}
             after = [row for row in after if row[0] in before]
-        gone = [r for r in a[name] if r not in after]
-        new = [r for r in after if r not in a[name]]
+        # Rows as multisets, keyed by repr (rows hold lists, which do not hash): comparing
+        # list to list was quadratic, a second of CPU per revision for the functions alone.
+        was, now = Counter(map(repr, a[name])), Counter(map(repr, after))
+        gone = [r for r in a[name] if was[repr(r)] > now[repr(r)]]
+        new = [r for r in after if now[repr(r)] > was[repr(r)]]
         if gone or new:
             out[name] = {"only_before": gone, "only_after": new}
     return out
