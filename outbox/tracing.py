@@ -99,6 +99,12 @@ def _parent(traceparent: str | None, tracestate: str | None) -> trace.SpanContex
     return context if context.is_valid else None
 
 
+def caller_span(traceparent: str | None, tracestate: str | None) -> trace.SpanContext | None:
+    """The span a run's stored context names (the parent of its ``invoke_agent`` span), or
+    None for a run that is a trace of its own."""
+    return _parent(traceparent, tracestate)
+
+
 @functools.lru_cache(maxsize=16_384)
 def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> Any:
     """The context whose current span is the run's ``invoke_agent`` span (remote: another
@@ -136,16 +142,57 @@ def records(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) 
 
 
 def _root_flags(trace_id: int) -> trace.TraceFlags:
+    """Whether a run of its own trace is sampled: as the installed sampler decides, else as
+    the one ``OTEL_TRACES_SAMPLER`` names when traces are wanted (a relay that only names
+    the spans the trace exporter builds decides as the exporter will: the samplers decide
+    by trace id alone), else sampled (for the tools' and models' own spans)."""
     from opentelemetry.sdk.trace.sampling import Decision
 
+    sampler = _provider.sampler if _provider is not None else _env_sampler()
     sampled = (
-        _provider is None
-        or _provider.sampler.should_sample(
-            otel_context.Context(), trace_id, "invoke_agent"
-        ).decision
+        sampler is None
+        or sampler.should_sample(otel_context.Context(), trace_id, "invoke_agent").decision
         is Decision.RECORD_AND_SAMPLE
     )
     return trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else trace.TraceFlags.DEFAULT)
+
+
+@functools.lru_cache(maxsize=1)
+def _env_sampler() -> Any:
+    """The sampler OpenTelemetry's variables name, when they ask for traces (None: not)."""
+    if not wanted():
+        return None
+    from opentelemetry.sdk.trace.sampling import _get_from_env_or_default
+
+    return _get_from_env_or_default()
+
+
+def attempt_span_id(outbox_id: int, attempt: int) -> int:
+    """The span id of one attempt (the claim ``attempt`` of outbox row ``outbox_id``): its
+    ``chat`` or ``execute_tool`` span, the same in the relay that names it to the tool or
+    model and in the trace exporter that builds it from the journal."""
+    key = outbox_id.to_bytes(8, "big", signed=True) + attempt.to_bytes(4, "big", signed=True)
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") or 1
+
+
+def attempt_headers(
+    run_id: uuid.UUID, traceparent: str | None, tracestate: str | None, span_id: int
+) -> dict[str, str]:
+    """``traceparent``/``tracestate`` naming the attempt span ``span_id`` of the run, written
+    without the SDK: its trace and sampled flag are the run's."""
+    context = trace.get_current_span(run_context(run_id, traceparent, tracestate))
+    ids = context.get_span_context()
+    carrier = {"traceparent": f"00-{ids.trace_id:032x}-{span_id:016x}-{ids.trace_flags:02x}"}
+    if ids.trace_state:
+        carrier["tracestate"] = ids.trace_state.to_header()
+    return carrier
+
+
+def names_attempts() -> bool:
+    """Whether a relay names each attempt's span to its tool or model (``attempt_headers``):
+    when traces are wanted here (OpenTelemetry's variables, or ``install``), so that the
+    trace exporter's spans are the parents of theirs. Otherwise they get the run's span."""
+    return _provider is not None or _env_sampler() is not None
 
 
 @functools.lru_cache(maxsize=16_384)
@@ -283,27 +330,45 @@ def setup(service_name: str) -> bool:
     not call it records nothing."""
     if not wanted():
         return False
+    install(*span_exporters(), service_name=service_name)
+    return True
+
+
+def _exporter_names() -> list[str]:
     names = [
         n.strip().lower()
         for n in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
         if n.strip()
     ]
-    exporters: list[SpanExporter] = []
     for name in names:
+        if name not in ("otlp", "console"):
+            raise ValueError(
+                f"OTEL_TRACES_EXPORTER={name!r} is not supported here: use otlp, console or none"
+            )
+    return names
+
+
+def check_exporters() -> None:
+    """Refuse an ``OTEL_TRACES_EXPORTER`` this project cannot export to (ValueError naming
+    it), when traces are wanted."""
+    if wanted():
+        _exporter_names()
+
+
+def span_exporters() -> list[SpanExporter]:
+    """The exporters OpenTelemetry's variables name (``OTEL_TRACES_EXPORTER``: ``otlp``,
+    OTLP over HTTP/protobuf to ``OTEL_EXPORTER_OTLP_ENDPOINT``, or ``console``)."""
+    exporters: list[SpanExporter] = []
+    for name in _exporter_names():
         if name == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporters.append(OTLPSpanExporter())
-        elif name == "console":
+        else:
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
             exporters.append(ConsoleSpanExporter())
-        else:
-            raise ValueError(
-                f"OTEL_TRACES_EXPORTER={name!r} is not supported here: use otlp, console or none"
-            )
-    install(*exporters, service_name=service_name)
-    return True
+    return exporters
 
 
 def install(
@@ -372,3 +437,4 @@ def _forget() -> None:
     sampler installed then)."""
     run_headers.cache_clear()
     run_context.cache_clear()
+    _env_sampler.cache_clear()

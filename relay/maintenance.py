@@ -23,11 +23,9 @@ import time
 from collections.abc import Callable
 
 import psycopg
-from psycopg.rows import dict_row
 
 from outbox import approvals, lifecycle, retention
 from outbox.logs import log
-from outbox.relay import spans
 from outbox.relay.config import RelayConfig
 from outbox.relay.links import Link
 from outbox.relay.metrics import Metrics
@@ -200,12 +198,7 @@ class Maintenance:
             ).fetchall()
             expired = lifecycle.expire_due_runs(conn)
             denied = approvals.expire_due(conn, self.cfg.worker_id)
-            with conn.cursor(row_factory=dict_row) as cur:
-                cancelled = cur.execute(self.q.take_cancelled_runs, {"limit": 1000}).fetchall()
-        for run in cancelled:
-            spans.run_cancelled(run)
         for run in expired:
-            spans.run_expired(run)
             log(
                 logger,
                 logging.WARNING,
