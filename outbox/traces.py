@@ -174,7 +174,7 @@ def export_due(
             mine = by_run.get(run["id"], [])
             if not any(e["event"] == "run.created" for e in mine):
                 done.pruned += 1
-            _run_spans(builder, run, mine, calls, turns)
+            run_spans(builder, run, mine, calls, turns)
         spans = builder.take()
         if spans:
             for exporter in exporters:
@@ -187,7 +187,7 @@ def export_due(
     return done
 
 
-def _run_spans(
+def run_spans(
     builder: SpanBuilder,
     run: dict[str, Any],
     events: list[dict[str, Any]],

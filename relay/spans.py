@@ -6,9 +6,10 @@ Each attempt of a model turn or tool call has a span id that follows from its ou
 and claim number (``outbox.tracing.attempt_span_id``). The tool or model receives the
 ``traceparent`` naming it (``headers``), the same the exporter gives the ``chat`` or
 ``execute_tool`` span it builds, under the run's ``invoke_agent`` span; with traces not
-wanted here, the run's span, so their own spans still join the run's trace. The attempt's
-start, end, charged attempt and outcome travel in the journal event of its completion
-write (``record``): the result's, the turn's, the retry's, the quarantine's, the fence's.
+wanted here, the run's span, so their own spans still join the run's trace. When they are,
+the attempt's start, end, charged attempt and outcome travel in the journal event of its
+completion write (``record``): the result's, the turn's, the retry's, the quarantine's,
+the fence's.
 Nothing a tool or model was given or answered is added: the exporter reads content from
 the rows that hold it, and only when content capture is on.
 """
@@ -44,11 +45,13 @@ def outcome_of(outcome: Outcome) -> str:
 
 
 def record(outcome: Outcome) -> dict[str, Any] | None:
-    """The attempt's span as the journal keeps it (None: its kind has none, or it never
-    started): its id, start and end (seconds since the epoch, this process's clock, as
-    an in-process SDK would have stamped them), the charged attempt and the outcome."""
+    """The attempt's span as the journal keeps it (None: traces are not wanted here, its
+    kind has none, or it never started): its id, start and end (seconds since the epoch,
+    this process's clock, as an in-process SDK would have stamped them), the charged
+    attempt and the outcome. With traces not wanted the journal's events are as they were,
+    and the exporter, if one runs, builds only the runs' ``invoke_agent`` spans."""
     row = outcome.row
-    if row.kind not in TRACED or not outcome.started_at:
+    if row.kind not in TRACED or not outcome.started_at or not tracing.names_attempts():
         return None
     span: dict[str, Any] = {
         "id": f"{span_id(row):016x}",

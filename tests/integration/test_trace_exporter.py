@@ -1,0 +1,212 @@
+"""The trace exporter's windows: killed between its export and its commit, two at once,
+started after the runs ended, refused by its backend.
+
+Runs end cheaply here: started and cancelled by the backend (an ended run, its span due),
+or, where attempts' spans matter, completed by a relay thread that names them (tracing
+installed in this process, as ``tests/integration/test_traces.py`` does).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from outbox import lifecycle, traces, tracing
+from tests.helpers import new_run
+from tests.integration.test_traces import finish, start
+
+# The fixtures of test_traces, used here by name.
+from tests.integration.test_traces import model as model
+from tests.integration.test_traces import service as service
+from tests.integration.test_traces import setup as setup
+from tests.otlp_receiver import otlp_receiver
+from tests.relay_harness import REPO, scalar
+
+TENANT = "acme"
+DUE = "SELECT count(*) FROM outbox.runs WHERE agent_span_due"
+
+
+@pytest.fixture
+def named_attempts() -> Iterator[None]:
+    """Tracing installed here: the relay thread names each attempt's span and journals it."""
+    tracing.install(InMemorySpanExporter(), batch=False)
+    yield
+    tracing.shutdown()
+
+
+def cancelled_runs(db_url: str, n: int) -> list[uuid.UUID]:
+    with psycopg.connect(db_url) as conn:
+        runs = [new_run(conn).id for _ in range(n)]
+        for run_id in runs:
+            lifecycle.cancel_run(conn, run_id, TENANT, actor="backend-svc")
+        conn.commit()
+    return runs
+
+
+def ids(found: Sequence[Any]) -> set[tuple[str, int, int]]:
+    """(name, trace id, span id) of SDK spans or received OTLP spans."""
+    out = set()
+    for s in found:
+        if isinstance(s, ReadableSpan):
+            assert s.context is not None
+            out.add((s.name, s.context.trace_id, s.context.span_id))
+        else:
+            out.add((s.name, s.trace_id, s.span_id))
+    return out
+
+
+KILLED_AFTER_EXPORT = """
+import os, signal, sys
+import psycopg
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from outbox import traces
+with psycopg.connect(sys.argv[1]) as conn:
+    traces.export_due(
+        conn,
+        [OTLPSpanExporter(endpoint=sys.argv[2])],
+        after_export=lambda: os.kill(os.getpid(), signal.SIGKILL),
+    )
+"""
+
+
+def test_an_exporter_killed_after_its_export_loses_nothing_and_exports_the_same_spans_again(
+    setup, model, service, named_attempts
+):
+    """kill -9 between the export and the commit: the marks stay, and the next pass
+    exports the very same spans (same names, same ids); a pass after that, none."""
+    run = start(setup, model)
+    finish(setup, run.id)
+    cancelled = cancelled_runs(setup, 3)
+    assert scalar(setup, DUE) == 4
+    with otlp_receiver() as receiver:
+        died = subprocess.run(
+            [sys.executable, "-c", KILLED_AFTER_EXPORT, setup, receiver.endpoint + "/v1/traces"],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            timeout=120,
+        )
+        first = receiver.received()
+    assert died.returncode == -9
+    assert len(first) == 5 + 3  # the run's invoke_agent, 2 chat, 2 execute_tool; 3 cancelled
+    assert scalar(setup, DUE) == 4  # nothing was committed: every run is still due
+    again = InMemorySpanExporter()
+    with psycopg.connect(setup) as conn:
+        assert traces.lag(conn)["due"] == 4
+        assert traces.export_due(conn, [again]).runs == 4
+        assert traces.export_due(conn, [again]).runs == 0
+    assert ids(again.get_finished_spans()) == ids(first)
+    assert {s.attributes["outbox.run.id"] for s in first if s.name == "invoke_agent"} == {
+        str(r) for r in [run.id, *cancelled]
+    }
+    assert scalar(setup, DUE) == 0
+
+
+class Meeting(InMemorySpanExporter):
+    """Holds its first export until the other exporter is in the middle of one too."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        super().__init__()
+        self.barrier = barrier
+        self.met = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not self.met:
+            self.met = True
+            self.barrier.wait(timeout=20)  # both hold a batch, uncommitted, at once
+        return super().export(spans)
+
+
+def test_two_exporters_at_once_export_each_run_once(db_url):
+    runs = cancelled_runs(db_url, 20)
+    barrier = threading.Barrier(2)
+    exporters = [Meeting(barrier), Meeting(barrier)]
+    failures: list[BaseException] = []
+
+    def drain(exporter: Meeting) -> None:
+        try:
+            with psycopg.connect(db_url) as conn:
+                while traces.export_due(conn, [exporter], limit=5).runs:
+                    pass
+        except BaseException as err:  # reported below, in the test's thread
+            failures.append(err)
+
+    threads = [threading.Thread(target=drain, args=(e,)) for e in exporters]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert failures == []
+    exported = [s.attributes["outbox.run.id"] for e in exporters for s in e.get_finished_spans()]
+    assert all(e.get_finished_spans() for e in exporters)  # both took a share
+    assert sorted(exported) == sorted(str(r) for r in runs)  # each run once, none lost
+    assert scalar(db_url, DUE) == 0
+
+
+def test_an_exporter_started_after_the_runs_ended_exports_them(
+    setup, model, service, named_attempts
+):
+    """The runs ran and ended with no exporter anywhere; `outbox traces export --once`,
+    started afterwards, exports their whole traces over OTLP."""
+    first, second = start(setup, model), start(setup, model)
+    finish(setup, first.id)
+    finish(setup, second.id)
+    with otlp_receiver() as receiver:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "OUTBOX_DATABASE_URL": setup,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "outbox.commands", "traces", "export", "--once"],
+            cwd=REPO,
+            env=env,
+            timeout=120,
+            capture_output=True,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+        received = receiver.received()
+    for run in (first, second):
+        trace_id = tracing.own_trace_id(run.id)
+        mine = [s for s in received if s.trace_id == trace_id]
+        assert sorted(s.name for s in mine) == [
+            "chat scripted-1",
+            "chat scripted-1",
+            "execute_tool create_ticket",
+            "execute_tool send_email",
+            "invoke_agent",
+        ]
+        assert all(
+            s.parent_span_id == tracing.agent_span_id(run.id)
+            for s in mine
+            if s.name != "invoke_agent"
+        )
+        assert {s.service for s in mine} == {"outbox-relay"}
+    assert scalar(setup, DUE) == 0
+
+
+class Refusing(InMemorySpanExporter):
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.FAILURE
+
+
+def test_an_export_that_fails_leaves_the_runs_due(db_url):
+    cancelled_runs(db_url, 2)
+    with psycopg.connect(db_url) as conn, pytest.raises(traces.ExportFailed):
+        traces.export_due(conn, [Refusing()])
+    assert scalar(db_url, DUE) == 2
+    spans = InMemorySpanExporter()
+    with psycopg.connect(db_url) as conn:
+        assert traces.export_due(conn, [spans]).runs == 2
+    assert len(spans.get_finished_spans()) == 2
