@@ -5,16 +5,24 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any
 
 import click
 
-from outbox.commands.common import EXIT_CONFIG, OutboxGroup, connection, echo_json, refuse
+from outbox.commands.common import (
+    EXIT_CONFIG,
+    OutboxGroup,
+    connection,
+    echo_json,
+    emit,
+    json_option,
+    refuse,
+)
 
 
 @click.group("traces", cls=OutboxGroup)
 def traces_group() -> None:
-    """Traces: export ended runs' spans, built from the database, over OTLP."""
+    """Traces: export ended runs' spans, built from the database. Over OTLP, as
+    OpenTelemetry's variables say (docs/operations.md, "Traces")."""
 
 
 @traces_group.command("export")
@@ -77,9 +85,15 @@ def export_cmd(
 
 
 @traces_group.command("status")
-def status_cmd(**_: Any) -> None:
-    """How many ended runs wait for their spans, and how long the oldest has (lag_s)."""
+@json_option
+def status_cmd(as_json: bool) -> None:
+    """How many ended runs wait for their spans (due), and how long the oldest has waited
+    (lag_s, seconds): the trace exporter's lag."""
     from outbox import traces
 
     with connection() as conn:
-        echo_json(traces.lag(conn))
+        lag = traces.lag(conn)
+    if as_json:
+        echo_json(lag)
+    else:
+        emit([lag], False, ["due", "lag_s"])

@@ -155,7 +155,8 @@ def export_due(
         if not runs:
             return done
         run_ids = [r["id"] for r in runs]
-        events = cur.execute(Q.events, {"run_ids": run_ids}).fetchall()
+        since = min(r["created_at"] for r in runs)
+        events = cur.execute(Q.events, {"run_ids": run_ids, "since": since}).fetchall()
         refs = sorted({e["tool_call_ref"] for e in events if e["tool_call_ref"] is not None})
         calls = {
             c["id"]: c

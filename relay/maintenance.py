@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from outbox import approvals, lifecycle, retention
+from outbox import approvals, lifecycle, retention, tracing
 from outbox.logs import log
 from outbox.relay.config import RelayConfig
 from outbox.relay.links import Link
@@ -161,6 +161,11 @@ class Maintenance:
             self.metrics.runs_parked.labels(tenant).set(parked)
             oldest = max(oldest, float(oldest_s))
         self.metrics.approvals_oldest.set(oldest)
+        if tracing.names_attempts():  # off, nobody exports: the count would only grow
+            with conn.transaction():
+                due, lag_s = conn.execute(self.q.traces_lag).fetchone() or (0, None)
+            self.metrics.spans_due.set(due)
+            self.metrics.spans_lag.set(lag_s or 0.0)
 
     def _heartbeat(self, link: Link) -> None:
         ids = self.in_flight()

@@ -496,8 +496,8 @@ class Worker:
                 ]
             ended = time.time()
             for outcome in outcomes:
-                # Timed for its span: the chunk's calls ran one after the other, each as long
-                # as it took, the last ending now (near enough for a trace).
+                # Timed for its span: as long as it took, ending as the chunk ended (the
+                # chunk's calls share one clock reading: near enough for a trace).
                 outcome = dataclasses.replace(outcome, started_at=ended - outcome.duration_s)
                 self._queue(outcome)  # before finished: see _execute
         finally:

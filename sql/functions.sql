@@ -2367,8 +2367,9 @@ REVOKE ALL ON FUNCTION {s}.erased_document_v1(jsonb) FROM PUBLIC;
 -- what a span carries leaves the journal (no payload reference); an error's text is in
 -- "error", which the exporter puts in a span only with content capture on. Runs as the
 -- schema owner (SECURITY DEFINER): outbox_relay, whose role the exporter uses, reads no
--- journal otherwise.
-CREATE OR REPLACE FUNCTION {s}.run_span_events_v1(p_run_ids uuid[])
+-- journal otherwise. p_since (the earliest creation of the runs) spares the journal's
+-- partitions older than any of them: every event of a run is journaled after it began.
+CREATE OR REPLACE FUNCTION {s}.run_span_events_v1(p_run_ids uuid[], p_since timestamptz)
 RETURNS TABLE (run_id uuid, event text, at timestamptz, tool_call_ref bigint, attempt integer,
                detail jsonb)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -2379,8 +2380,10 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
                'output_tokens', j.detail->'output_tokens',
                'status', j.detail->'status', 'error', j.detail->'error'))
     FROM {s}.journal j
-    WHERE j.run_id = ANY(p_run_ids) AND (j.detail ? 'span' OR j.event = 'run.created')
+    WHERE j.run_id = ANY(p_run_ids) AND j.at >= p_since
+      AND (j.detail ? 'span' OR j.event = 'run.created')
     ORDER BY j.run_id, j.id
 $$;
-REVOKE ALL ON FUNCTION {s}.run_span_events_v1(uuid[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {s}.run_span_events_v1(uuid[]) TO outbox_relay, outbox_auditor;
+REVOKE ALL ON FUNCTION {s}.run_span_events_v1(uuid[], timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.run_span_events_v1(uuid[], timestamptz)
+    TO outbox_relay, outbox_auditor;

@@ -25,7 +25,7 @@ depends_on = None
 UPGRADE = frozen_sql(__file__, "0042_spans_from_the_database.sql")
 
 DROP = """
-DROP FUNCTION {s}.run_span_events_v1(uuid[]);
+DROP FUNCTION {s}.run_span_events_v1(uuid[], timestamptz);
 DROP TRIGGER runs_span_due ON {s}.runs;
 DROP FUNCTION {s}.runs_mark_span_due();
 """

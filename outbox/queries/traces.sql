@@ -6,7 +6,7 @@
 -- trigger when a run ends, 0042), oldest end first; each locked by one exporter (SKIP
 -- LOCKED) until its transaction clears the mark, after the export.
 SELECT id, thread_id, tenant_id, model, traceparent, tracestate, status, cancelled_by,
-       extract(epoch FROM created_at)::float8 AS created_s,
+       created_at, extract(epoch FROM created_at)::float8 AS created_s,
        extract(epoch FROM ended_at)::float8 AS ended_s
 FROM {s}.runs
 WHERE agent_span_due AND ended_at IS NOT NULL
@@ -16,7 +16,7 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: events
 SELECT run_id, event, tool_call_ref, attempt, detail
-FROM {s}.run_span_events_v1(%(run_ids)s);
+FROM {s}.run_span_events_v1(%(run_ids)s, %(since)s);
 
 -- name: calls
 -- The tool calls the attempts were of, with the approval each waited for (if any).

@@ -589,6 +589,12 @@ FROM (
 ) w
 GROUP BY tenant_id
 
+-- name: traces_lag
+-- Ended runs whose spans the trace exporter (outbox/traces.py) has not exported yet, and
+-- how long the oldest has waited, in seconds (runs_agent_span_due, a partial index).
+SELECT count(*), extract(epoch FROM now() - min(ended_at))::float8
+FROM {s}.runs WHERE agent_span_due AND ended_at IS NOT NULL
+
 -- name: finish_many
 -- Fencing for many done rows at once: each row leaves the hot table only for its current
 -- lease holder and attempt. Rows not returned were fenced off (their caller journals it).

@@ -455,7 +455,7 @@ def test_the_trace_exporter_takes_every_tenants_ended_runs_once_as_the_relay(con
     conn.rollback()
     as_role(conn, "outbox_relay")
     events = conn.execute(
-        "SELECT run_id, event FROM outbox.run_span_events_v1(%s)",
+        "SELECT run_id, event FROM outbox.run_span_events_v1(%s, '-infinity')",
         [[made[A]["run"].id, made[B]["run"].id]],
     ).fetchall()
     assert {(r, e) for r, e in events} == {
