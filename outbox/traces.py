@@ -356,7 +356,9 @@ def run(
                 if conn is None or conn.closed:
                     conn = db.connect(url)
                 done = export_due(conn, exporters, builder, limit)
-            except (psycopg.Error, ExportFailed) as err:
+            except Exception as err:  # the database, the collector, or a run it cannot build
+                # Logged and tried again: an exporter that stopped would let the lag grow
+                # unseen but by its gauge.
                 log(logger, logging.ERROR, "traces.export_failed", error=repr(err))
                 if conn is not None and conn.broken:
                     conn = None
