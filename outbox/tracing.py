@@ -168,6 +168,13 @@ def attempt_headers(
     return carrier
 
 
+def sampled(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> bool:
+    """Whether the run's spans are kept (its context's sampled flag: the caller's, or the
+    sampler's decision for its own trace id); a look-up for the runs of the moment."""
+    span = trace.get_current_span(run_context(run_id, traceparent, tracestate))
+    return bool(span.get_span_context().trace_flags.sampled)
+
+
 def names_attempts() -> bool:
     """Whether a relay names each attempt's span to its tool or model (``attempt_headers``):
     when traces are wanted here (OpenTelemetry's variables, or ``install``), so that the

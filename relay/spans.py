@@ -48,11 +48,14 @@ def record(outcome: Outcome) -> dict[str, Any] | None:
     """The attempt's span as the journal keeps it (None: traces are not wanted here, its
     kind has none, or it never started): its id, start and end (seconds since the epoch,
     this process's clock, as an in-process SDK would have stamped them), the charged
-    attempt and the outcome. With traces not wanted the journal's events are as they were,
-    and the exporter, if one runs, builds only the runs' ``invoke_agent`` spans."""
+    attempt and the outcome. With traces not wanted, or the run sampled out, the journal's
+    events are as they were (the exporter, if one runs, builds only the runs'
+    ``invoke_agent`` spans; a sampled-out run's, not even that)."""
     row = outcome.row
     if row.kind not in TRACED or not outcome.started_at or not tracing.names_attempts():
         return None
+    if not tracing.sampled(row.run_id, row.traceparent, row.tracestate):
+        return None  # its spans are dropped whole: nothing to keep for them
     span: dict[str, Any] = {
         "id": f"{span_id(row):016x}",
         "start": round(outcome.started_at, 6),

@@ -210,3 +210,29 @@ def test_an_export_that_fails_leaves_the_runs_due(db_url):
     with psycopg.connect(db_url) as conn:
         assert traces.export_due(conn, [spans]).runs == 2
     assert len(spans.get_finished_spans()) == 2
+
+
+def test_a_run_whose_journal_was_pruned_before_export_keeps_its_run_span_and_is_counted(
+    setup, model, service, named_attempts
+):
+    """The journal's events of a run gone before the exporter came (a prune past the
+    exporter's lag): its invoke_agent span is still built from its row, its attempts'
+    spans are lost, and the exporter counts the run."""
+    pruned, kept = start(setup, model), start(setup, model)
+    finish(setup, pruned.id)
+    finish(setup, kept.id)
+    with psycopg.connect(setup) as conn:
+        # As a prune would: past the journal's guard (the test's login owns the schema).
+        conn.execute("SET session_replication_role = replica")
+        conn.execute("DELETE FROM outbox.journal WHERE run_id = %s", [pruned.id])
+        conn.commit()
+    spans = InMemorySpanExporter()
+    with psycopg.connect(setup) as conn:
+        done = traces.export_due(conn, [spans])
+    assert (done.runs, done.pruned) == (2, 1)
+    by_trace: dict[int, list[str]] = {}
+    for s in spans.get_finished_spans():
+        assert s.context is not None
+        by_trace.setdefault(s.context.trace_id, []).append(s.name)
+    assert by_trace[tracing.own_trace_id(pruned.id)] == ["invoke_agent"]
+    assert len(by_trace[tracing.own_trace_id(kept.id)]) == 5

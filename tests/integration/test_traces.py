@@ -432,6 +432,10 @@ def test_under_a_sampler_a_run_is_kept_or_dropped_whole(setup, model, service, m
         found = list(exporter.get_finished_spans())
         assert {s.context.trace_id for s in found} == {ids(BACKEND_TRACEPARENT)[0]}
         assert len(found) == 5  # invoke_agent, two turns, two calls
+        # The relay journaled the kept run's attempts for the exporter, not the dropped one's.
+        journaled = "SELECT count(*) FROM outbox.journal WHERE run_id = %s AND detail ? 'span'"
+        assert scalar(setup, journaled, [dropped.id]) == 0
+        assert scalar(setup, journaled, [kept.id]) == 4
     finally:
         tracing.shutdown()
 
