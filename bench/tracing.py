@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -243,16 +244,51 @@ def _exporter_side(
     traces.run_spans(builder, run, events, calls, turns)
 
 
+def trigger_cost(server: str, runs: int = 4_000, rounds: int = 6) -> dict[str, float]:
+    """Microseconds of PostgreSQL a run's end costs with and without the trigger that marks
+    it for the trace exporter (``runs_span_due``, every run, tracing on or off): ``runs``
+    runs' ``ended_at`` set in one UPDATE, in turn with the trigger enabled and disabled;
+    the medians, a row."""
+    from bench import db as bdb
+    from bench import seed
+
+    took: dict[str, list[float]] = {"with": [], "without": []}
+    with bdb.scratch(server, "tracing_trigger") as url:
+        seed.register_http_tool(url, inflight.TOOL, "http://127.0.0.1:9/tools/x", timeout_s=60)
+        inflight.start_runs(url, runs, "http://127.0.0.1:9/v1")
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(rounds):
+                for way in ("without", "with"):
+                    conn.execute("UPDATE outbox.runs SET ended_at = NULL, agent_span_due = false")
+                    conn.execute("VACUUM outbox.runs")
+                    switch = "ENABLE" if way == "with" else "DISABLE"
+                    conn.execute(f"ALTER TABLE outbox.runs {switch} TRIGGER runs_span_due")
+                    started = time.perf_counter()
+                    conn.execute("UPDATE outbox.runs SET ended_at = now()")
+                    took[way].append((time.perf_counter() - started) / runs * 1e6)
+    return {way: round(statistics.median(v), 1) for way, v in took.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.tracing [ROUNDS]``: the span calls of a run, off and on, in turn;
-    ``--relay RUNS:M:T:K``: instead, the runs-in-flight case alone, as ``make bench`` runs
-    it (ROUNDS measurements each way)."""
+    """``python -m bench.tracing [ROUNDS]``: one run's tracing work in one process, off and
+    on, in turn; ``--relay RUNS:M:T:K``: instead, the runs-in-flight case alone, as ``make
+    bench`` runs it (ROUNDS measurements each way); ``--trigger``: instead, what marking a
+    run that ends costs the database (ROUNDS each way)."""
     parser = argparse.ArgumentParser(prog="python -m bench.tracing", description=main.__doc__)
     parser.add_argument("rounds", type=int, nargs="?", default=3, help="rounds (3)")
     parser.add_argument(
         "--relay", metavar="RUNS:M:T:K", help="the runs-in-flight case, e.g. 2000:2:0.5:2"
     )
+    parser.add_argument(
+        "--trigger",
+        action="store_true",
+        help="instead, what the trigger marking an ended run costs PostgreSQL (us a run)",
+    )
     args = parser.parse_args(argv)
+    if args.trigger:
+        cost = trigger_cost(db.database_url(start=True), rounds=args.rounds)
+        print(f"a run's end: {cost['without']} us without the mark, {cost['with']} us with it")
+        return 0
     if args.relay:
         r, m, t, k = args.relay.split(":")
         server = db.database_url(start=True)
