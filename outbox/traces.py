@@ -3,18 +3,19 @@ ended, and exported over OTLP. The relay builds none (``relay.spans``).
 
 When a run ends, whoever ends it (a last model turn, a failure, the expiry sweep, a
 cancel), the ``runs_span_due`` trigger marks it ``agent_span_due`` in the transaction that
-ends it. ``export_due`` takes a batch of marked runs (``FOR UPDATE SKIP LOCKED``: one
-exporter per run, however many run), reads what their spans need, builds them with the
-OpenTelemetry SDK, hands them to the exporter and, only once it accepted them, clears the
-marks in the same transaction. So:
+ends it. ``export_due`` leases a batch of marked runs (``spans_taken_until``, taken ``FOR
+UPDATE SKIP LOCKED`` in a short transaction that also reads what their spans need: one
+exporter per run, however many run, and no row lock held during the export), builds the
+spans with the OpenTelemetry SDK, hands them to the exporter and, only once it accepted
+them, clears the marks of the runs it still holds. So:
 
 - every span comes from committed rows: a relay killed with -9 loses none, and a run that
   no relay ends (cancelled by its backend) needs no relay for its span;
-- export is at least once: an exporter killed after its export and before its commit
-  leaves the marks, and the next pass exports the same spans again, with the same ids
-  (every id follows from the database: ``outbox.tracing``), which a tracing backend keeps
-  once;
-- an export that fails rolls back: the runs stay marked and are tried on the next pass.
+- export is at least once: an exporter killed after its export and before the clearing
+  leaves the marks, and once its lease has run out the next pass exports the same spans
+  again, with the same ids (every id follows from the database: ``outbox.tracing``),
+  which a tracing backend keeps once;
+- an export that fails gives its runs back: they are tried on the next pass.
 
 The spans: ``invoke_agent`` from the run's row (its creation to its end), and for each
 attempt of a model turn or tool call a ``chat`` or ``execute_tool`` span from the journal
@@ -56,6 +57,7 @@ logger = logging.getLogger("outbox.traces")
 Q = queries("traces.sql")
 
 BATCH = 200  # runs per export (about 5-10 spans each)
+LEASE_S = 120.0  # how long a batch is an exporter's (past an OTLP export's retries)
 INTERVAL_S = 1.0  # between passes that found nothing more to do
 PROVIDER = "openai"  # the protocol the relay speaks to every model server (relay.model)
 ERRORS = {"retry", "unknown", "fail_run", "lost", "result_error"}  # outcomes of error status
@@ -141,17 +143,19 @@ def export_due(
     builder: SpanBuilder | None = None,
     limit: int = BATCH,
     after_export: Callable[[], None] | None = None,
+    lease_s: float = LEASE_S,
 ) -> Exported:
-    """One batch: take up to ``limit`` ended runs whose spans are due, build their spans,
-    export them to every exporter and clear their marks, in one transaction (rolled back,
-    ``ExportFailed``, if an exporter fails). ``after_export`` runs between the export and
-    the commit (tests use it to die there)."""
+    """One batch: lease up to ``limit`` ended runs whose spans are due for ``lease_s``
+    and read what their spans need (one short transaction), build the spans, export them
+    to every exporter, then clear the marks (another). An exporter that fails
+    (``ExportFailed``) clears nothing: the runs are taken again when the lease runs out.
+    ``after_export`` runs between the export and the clearing (tests die there)."""
     from opentelemetry.sdk.trace.export import SpanExportResult
 
     builder = builder or SpanBuilder()
     done = Exported()
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        runs = cur.execute(Q.take_due, {"limit": limit}).fetchall()
+        runs = cur.execute(Q.take_due, {"limit": limit, "lease_s": lease_s}).fetchall()
         if not runs:
             return done
         run_ids = [r["id"] for r in runs]
@@ -171,6 +175,8 @@ def export_due(
         by_run: dict[uuid.UUID, list[dict[str, Any]]] = {}
         for event in events:
             by_run.setdefault(event["run_id"], []).append(event)
+    held = {"run_ids": run_ids, "leases": [r["spans_taken_until"] for r in runs]}
+    try:
         for run in runs:
             mine = by_run.get(run["id"], [])
             if not any(e["event"] == "run.created" for e in mine):
@@ -180,10 +186,18 @@ def export_due(
         if spans:
             for exporter in exporters:
                 if exporter.export(spans) is not SpanExportResult.SUCCESS:
-                    raise ExportFailed(f"{type(exporter).__name__} did not take {len(spans)} spans")
-        if after_export is not None:
-            after_export()
-        cur.execute(Q.clear, {"run_ids": run_ids})
+                    name = type(exporter).__name__
+                    raise ExportFailed(f"{name} did not take {len(spans)} spans")
+    except Exception:
+        builder.take()  # nothing of this batch goes with the next
+        if not conn.broken:
+            with conn.transaction():
+                conn.execute(Q.release, held)
+        raise
+    if after_export is not None:
+        after_export()
+    with conn.transaction():
+        conn.execute(Q.clear, held)
     done.runs, done.spans = len(runs), len(spans)
     return done
 

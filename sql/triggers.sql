@@ -348,10 +348,12 @@ CREATE OR REPLACE TRIGGER messages_payload BEFORE INSERT OR UPDATE OF content
 -- the expiry sweep, a cancel): the trace exporter (outbox/traces.py, `outbox traces
 -- export`) takes the marked runs once they are committed and builds their spans from what
 -- the database recorded, so no relay records a span. A run ended then continued (a new
--- turn on it) keeps its mark, and is exported once it ends again.
+-- turn on it) keeps its mark and is exported once it ends again: its lease is dropped, so
+-- an exporter exporting its first end does not clear the mark of its second.
 CREATE OR REPLACE FUNCTION {s}.runs_mark_span_due() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.agent_span_due := true;
+    NEW.spans_taken_until := NULL;
     RETURN NEW;
 END $$;
 CREATE OR REPLACE TRIGGER runs_span_due BEFORE UPDATE OF ended_at ON {s}.runs

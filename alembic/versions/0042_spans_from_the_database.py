@@ -6,7 +6,8 @@ Create Date: 2026-11-27
 
 ``record_tool_results_v1`` and ``record_model_turns_v1`` keep each attempt's span, as the
 relay timed it, in the journal event they already write; ``runs_span_due`` marks every
-run that ends ``agent_span_due`` (0037 marked cancelled runs only); ``run_span_events_v1``
+run that ends ``agent_span_due`` (0037 marked cancelled runs only);
+``runs.spans_taken_until`` is an exporter's lease on a run; ``run_span_events_v1``
 hands the trace exporter (``outbox/traces.py``, ``outbox traces export``) the events it
 builds a run's spans from. The SQL is ``0042_spans_from_the_database.sql`` beside this
 file, frozen. The downgrade makes the two functions again as 0040 made them and drops the
@@ -28,6 +29,10 @@ DROP = """
 DROP FUNCTION {s}.run_span_events_v1(uuid[], timestamptz);
 DROP TRIGGER runs_span_due ON {s}.runs;
 DROP FUNCTION {s}.runs_mark_span_due();
+ALTER TABLE {s}.runs DROP COLUMN spans_taken_until;
+COMMENT ON COLUMN {s}.runs.agent_span_due IS
+    'cancelled by a backend or an operator, and no relay has yet recorded its invoke_agent '
+    'span (the relay''s sweep takes it)';
 """
 
 

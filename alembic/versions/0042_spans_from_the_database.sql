@@ -5,7 +5,17 @@
 --   timed it ({id, start, end, n}) in the journal event they already write.
 -- * runs_span_due: a run that ends is marked agent_span_due (0037 marked cancelled runs
 --   only), for the exporter to take. Runs ended before this revision are not marked.
+-- * runs.spans_taken_until: an exporter's lease on a run whose spans it is exporting.
 -- * run_span_events_v1: the span events of runs, for the exporter under outbox_relay.
+
+ALTER TABLE {s}.runs ADD COLUMN spans_taken_until timestamptz;
+COMMENT ON COLUMN {s}.runs.spans_taken_until IS
+    'a trace exporter is exporting the run''s spans until then (its lease: another exporter '
+    'takes the run after it)';
+COMMENT ON COLUMN {s}.runs.agent_span_due IS
+    'the run ended and the trace exporter has not exported its spans yet (set by the '
+    'runs_span_due trigger, cleared by the exporter after its export)';
+
 
 -- record_tool_results_v1: record terminal results of tool calls, many in one call.
 --
@@ -527,10 +537,12 @@ GRANT EXECUTE ON FUNCTION {s}.record_model_turns_v1(jsonb, jsonb)
 -- the expiry sweep, a cancel): the trace exporter (outbox/traces.py, `outbox traces
 -- export`) takes the marked runs once they are committed and builds their spans from what
 -- the database recorded, so no relay records a span. A run ended then continued (a new
--- turn on it) keeps its mark, and is exported once it ends again.
+-- turn on it) keeps its mark and is exported once it ends again: its lease is dropped, so
+-- an exporter exporting its first end does not clear the mark of its second.
 CREATE OR REPLACE FUNCTION {s}.runs_mark_span_due() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.agent_span_due := true;
+    NEW.spans_taken_until := NULL;
     RETURN NEW;
 END $$;
 CREATE OR REPLACE TRIGGER runs_span_due BEFORE UPDATE OF ended_at ON {s}.runs

@@ -3,16 +3,25 @@
 
 -- name: take_due
 -- Ended runs whose spans are not exported yet (runs.agent_span_due, set by the runs_span_due
--- trigger when a run ends, 0042), oldest end first; each locked by one exporter (SKIP
--- LOCKED) until its transaction clears the mark, after the export.
-SELECT id, thread_id, tenant_id, model, traceparent, tracestate, status, cancelled_by,
-       created_at, extract(epoch FROM created_at)::float8 AS created_s,
-       extract(epoch FROM ended_at)::float8 AS ended_s
-FROM {s}.runs
-WHERE agent_span_due AND ended_at IS NOT NULL
-ORDER BY ended_at
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
+-- trigger when a run ends, 0042), oldest end first, that no other exporter holds: each
+-- leased to this one (spans_taken_until) in a short transaction, so that no row lock is
+-- held while it exports (a completer writing a late result of the run would wait for it).
+-- A lease that runs out (an exporter died, or its export outlasted it) lets another take
+-- the run: at least once.
+WITH due AS (
+    SELECT id FROM {s}.runs
+    WHERE agent_span_due AND ended_at IS NOT NULL
+      AND (spans_taken_until IS NULL OR spans_taken_until < now())
+    ORDER BY ended_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {s}.runs r SET spans_taken_until = now() + make_interval(secs => %(lease_s)s)
+FROM due WHERE r.id = due.id
+RETURNING r.id, r.thread_id, r.tenant_id, r.model, r.traceparent, r.tracestate, r.status,
+          r.cancelled_by, r.created_at, r.spans_taken_until,
+          extract(epoch FROM r.created_at)::float8 AS created_s,
+          extract(epoch FROM r.ended_at)::float8 AS ended_s;
 
 -- name: events
 SELECT run_id, event, tool_call_ref, attempt, detail
@@ -41,7 +50,17 @@ LEFT JOIN {s}.messages m ON m.id = mt.message_id AND %(content)s
 WHERE mt.run_id = ANY(%(run_ids)s);
 
 -- name: clear
-UPDATE {s}.runs SET agent_span_due = false WHERE id = ANY(%(run_ids)s);
+-- After the export: the marks of the runs this exporter still holds (a run that ended
+-- again meanwhile lost its lease in the trigger, and stays due).
+UPDATE {s}.runs r SET agent_span_due = false, spans_taken_until = NULL
+FROM unnest(%(run_ids)s::uuid[], %(leases)s::timestamptz[]) AS t(id, lease)
+WHERE r.id = t.id AND r.spans_taken_until = t.lease;
+
+-- name: release
+-- An export that failed: the runs this exporter still holds are free to take at once.
+UPDATE {s}.runs r SET spans_taken_until = NULL
+FROM unnest(%(run_ids)s::uuid[], %(leases)s::timestamptz[]) AS t(id, lease)
+WHERE r.id = t.id AND r.spans_taken_until = t.lease;
 
 -- name: lag
 -- How many ended runs wait for their spans, and how long the oldest has.

@@ -31,10 +31,11 @@ from tests.integration.test_traces import model as model
 from tests.integration.test_traces import service as service
 from tests.integration.test_traces import setup as setup
 from tests.otlp_receiver import otlp_receiver
-from tests.relay_harness import REPO, scalar
+from tests.relay_harness import REPO, scalar, wait_until
 
 TENANT = "acme"
 DUE = "SELECT count(*) FROM outbox.runs WHERE agent_span_due"
+LEASE_S = 2.0  # the killed exporter's lease on its batch
 
 
 @pytest.fixture
@@ -76,6 +77,7 @@ with psycopg.connect(sys.argv[1]) as conn:
         conn,
         [OTLPSpanExporter(endpoint=sys.argv[2])],
         after_export=lambda: os.kill(os.getpid(), signal.SIGKILL),
+        lease_s=float(sys.argv[3]),
     )
 """
 
@@ -83,7 +85,8 @@ with psycopg.connect(sys.argv[1]) as conn:
 def test_an_exporter_killed_after_its_export_loses_nothing_and_exports_the_same_spans_again(
     setup, model, service, named_attempts
 ):
-    """kill -9 between the export and the commit: the marks stay, and the next pass
+    """kill -9 between the export and the clearing of the marks: the marks stay, no other
+    exporter takes the runs while the dead one's lease lasts, and after it the next pass
     exports the very same spans (same names, same ids); a pass after that, none."""
     run = start(setup, model)
     finish(setup, run.id)
@@ -91,7 +94,14 @@ def test_an_exporter_killed_after_its_export_loses_nothing_and_exports_the_same_
     assert scalar(setup, DUE) == 4
     with otlp_receiver() as receiver:
         died = subprocess.run(
-            [sys.executable, "-c", KILLED_AFTER_EXPORT, setup, receiver.endpoint + "/v1/traces"],
+            [
+                sys.executable,
+                "-c",
+                KILLED_AFTER_EXPORT,
+                setup,
+                receiver.endpoint + "/v1/traces",
+                str(LEASE_S),
+            ],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
             timeout=120,
@@ -103,7 +113,13 @@ def test_an_exporter_killed_after_its_export_loses_nothing_and_exports_the_same_
     again = InMemorySpanExporter()
     with psycopg.connect(setup) as conn:
         assert traces.lag(conn)["due"] == 4
-        assert traces.export_due(conn, [again]).runs == 4
+        leased = scalar(setup, "SELECT count(*) FROM outbox.runs WHERE spans_taken_until > now()")
+        if leased:  # the dead exporter's lease still runs: nobody takes its runs yet
+            assert traces.export_due(conn, [again]).runs == 0
+        wait_until(
+            lambda: traces.export_due(conn, [again]).runs == 4,
+            what="the dead exporter's lease to run out and its runs to be exported again",
+        )
         assert traces.export_due(conn, [again]).runs == 0
     assert ids(again.get_finished_spans()) == ids(first)
     assert {s.attributes["outbox.run.id"] for s in first if s.name == "invoke_agent"} == {
@@ -236,3 +252,48 @@ def test_a_run_whose_journal_was_pruned_before_export_keeps_its_run_span_and_is_
         by_trace.setdefault(s.context.trace_id, []).append(s.name)
     assert by_trace[tracing.own_trace_id(pruned.id)] == ["invoke_agent"]
     assert len(by_trace[tracing.own_trace_id(kept.id)]) == 5
+
+
+class Held(InMemorySpanExporter):
+    """An export that waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = threading.Event()
+        self.go = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.inside.set()
+        assert self.go.wait(timeout=30)
+        return super().export(spans)
+
+
+def test_an_export_in_progress_holds_no_row_of_its_runs(db_url):
+    """While its collector takes its time, an exporter holds no lock on its runs' rows (a
+    completer writing a late result of one, retention, a cancel would wait), and its lease
+    keeps them from a second exporter."""
+    (run_id,) = cancelled_runs(db_url, 1)
+    slow = Held()
+    done: list[traces.Exported] = []
+
+    def export() -> None:
+        with psycopg.connect(db_url) as conn:
+            done.append(traces.export_due(conn, [slow]))
+
+    exporting = threading.Thread(target=export)
+    exporting.start()
+    try:
+        assert slow.inside.wait(timeout=30)
+        with psycopg.connect(db_url) as conn:
+            conn.execute("SET lock_timeout = '2s'")
+            locked = conn.execute(
+                "SELECT id FROM outbox.runs WHERE id = %s FOR UPDATE", [run_id]
+            ).fetchall()
+            assert locked == [(run_id,)]
+            conn.rollback()
+            assert traces.export_due(conn, [InMemorySpanExporter()]).runs == 0  # leased
+    finally:
+        slow.go.set()
+        exporting.join(timeout=30)
+    assert [d.runs for d in done] == [1]
+    assert scalar(db_url, DUE) == 0
