@@ -233,16 +233,18 @@ class Completer:
     def _store_results(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> list[str]:
         """Store terminal tool results with one call of ``record_tool_results_v1``."""
         results = [
-            {
-                "ref": o.row.tool_call_ref,
-                "status": o.status,
-                "output": o.output,
-                "error": o.error,
-                "source": o.source,
-                "attempt": o.row.attempt,
-                "lag_s": round(max(0.0, o.row.lag_s), 4),
-                "span": spans.record(o),
-            }
+            _with_span(
+                {
+                    "ref": o.row.tool_call_ref,
+                    "status": o.status,
+                    "output": o.output,
+                    "error": o.error,
+                    "source": o.source,
+                    "attempt": o.row.attempt,
+                    "lag_s": round(max(0.0, o.row.lag_s), 4),
+                },
+                o,
+            )
             for o in outcomes
         ]
         stored = {
@@ -544,8 +546,9 @@ def _instead(outcome: Outcome, err: BaseException) -> Outcome | None:
 
 
 def _with_span(detail: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
-    """A journal event's detail with the attempt's span (``relay.spans.record``), if it has
-    one: the trace exporter builds the span from it."""
+    """A journal event's detail (or a result as ``record_tool_results_v1`` journals it)
+    with the attempt's span (``relay.spans.record``), if it has one: the trace exporter
+    builds the span from it. Without one, it is as it was."""
     span = spans.record(outcome)
     if span is not None:
         detail["span"] = span
