@@ -27,8 +27,12 @@ $(STAMP): pyproject.toml
 demo: setup ## Run the demo on the embedded PostgreSQL (or OUTBOX_DATABASE_URL).
 	$(BIN)/outbox demo $(ARGS)
 
+# A run starts about 200 Python processes (workers, relays, CLI calls, fixture servers): with
+# PYTHONDONTWRITEBYTECODE set in the environment each one compiled this checkout's modules
+# again, and each worker rewrote the asserts of every test module (about 4 s of CPU a
+# worker). The caches go to __pycache__/ (ignored by git).
 test: setup ## Run the test suite (bounded chaos tests; no soak).
-	$(PYTEST) -m "not soak" -n $(TEST_WORKERS) $(ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PYTEST) -m "not soak" -n $(TEST_WORKERS) $(ARGS)
 
 # mypy and import-linter read the package as the wheel installs it: one `outbox` with relay/,
 # server/, commands/ and sql/ inside (docs/how-it-works.md, "What the wheel installs"). Neither

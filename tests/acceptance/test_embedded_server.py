@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,39 @@ def test_commands_print_no_warning_without_xdg_runtime_dir(tmp_path, command):
     )
     err = done.stderr.decode()
     assert "Warning" not in err and "XDG_RUNTIME_DIR" not in err, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root makes the embedded server's user")
+def test_servers_started_at_once_by_root_make_one_system_user():
+    """Workers that start embedded servers at the same moment on a machine without the
+    server's system user must all get one and the same user: each creating its own left
+    all but one chowning their data folder to a uid that no longer existed."""
+    name = f"outbox_t{os.getpid()}"
+    script = (
+        "import sys; from outbox import db; print('ready', flush=True); sys.stdin.read(); "
+        f"print(db.system_user_ready({name!r}))"
+    )
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    try:
+        for child in children:  # wait until every child is past its imports...
+            assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        for child in children:  # ...then let them all go at once
+            assert child.stdin is not None
+            child.stdin.close()
+        uids = {int(child.stdout.read()) for child in children if child.stdout is not None}
+        assert [child.wait(timeout=60) for child in children] == [0] * 4
+        passwd = Path("/etc/passwd").read_text().splitlines()
+        entries = [line for line in passwd if line.startswith(f"{name}:")]
+        assert len(entries) == 1, entries
+        assert uids == {int(entries[0].split(":")[2])}
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import os
 import signal
@@ -77,6 +78,7 @@ class HttpFixture:
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.log = tmp_path / "mcp-http.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.skip = 0  # the audit's lines written before the test began (a shared server)
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
@@ -102,7 +104,14 @@ class HttpFixture:
             self.process.wait()
 
     def calls(self, tool: str | None = None) -> list[dict[str, Any]]:
-        return audit(self.audit_path, tool)
+        lines = audit(self.audit_path)[self.skip :]
+        return [line for line in lines if tool is None or line["tool"] == tool]
+
+    def from_here(self) -> HttpFixture:
+        """This server, its audit read from the lines written after now."""
+        view = copy.copy(self)
+        view.skip = len(audit(self.audit_path))
+        return view
 
 
 @pytest.fixture
@@ -113,6 +122,26 @@ def http_server(tmp_path: Path) -> Iterator[HttpFixture]:
         yield server
     finally:
         server.kill()
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpFixture]:
+    server = HttpFixture(tmp_path_factory.mktemp("mcp-http"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def shared_server(module_server: HttpFixture) -> HttpFixture:
+    """The fixture server of the module, for a test that neither stops it nor leaves a call
+    open on it (its state then is as new: its answers depend on the call's arguments and
+    key only), its audit read from the test's start: a fixture process costs about 0.6 s
+    of CPU to start."""
+    assert module_server.process is not None and module_server.process.poll() is None
+    return module_server.from_here()
 
 
 @pytest.fixture
@@ -126,12 +155,24 @@ def json_server(tmp_path: Path) -> Iterator[HttpFixture]:
         server.kill()
 
 
-def add_server(db_url: str, **spec: Any) -> dict[str, Any]:
-    """Register a server as `outbox mcp add` does: list its tools, then write both."""
+@pytest.fixture(scope="module")
+def fixture_tools(module_server: HttpFixture) -> list[dict[str, Any]]:
+    """The tools the fixture server lists, as `outbox mcp add` reads them, once for the
+    module: for a test that registers them for another server answering in its place."""
+    spec = mcpservers.ServerSpec(name="fixture", url=module_server.url)
+    return discover({**spec.model_dump(), "transport": spec.transport})
+
+
+def add_server(
+    db_url: str, listed: list[dict[str, Any]] | None = None, **spec: Any
+) -> dict[str, Any]:
+    """Register a server as `outbox mcp add` does: list its tools (or take ``listed``, the
+    listing of another server), then write both."""
     spec.setdefault("timeout_s", 5.0)
     spec.setdefault("settle_s", 0.5)
     server = mcpservers.ServerSpec(**spec)
-    listed = discover({**server.model_dump(), "transport": server.transport})
+    if listed is None:
+        listed = discover({**server.model_dump(), "transport": server.transport})
     with psycopg.connect(db_url) as conn:
         row = mcpservers.add(conn, server, listed, actor="test")
         conn.commit()
@@ -368,8 +409,8 @@ def test_a_published_servers_effect_happens_once_per_call(db_url, tmp_path):
     assert count.strip() == "1"
 
 
-def test_a_changed_schema_is_a_new_version_and_a_pinned_run_keeps_the_old(db_url, http_server):
-    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+def test_a_changed_schema_is_a_new_version_and_a_pinned_run_keeps_the_old(db_url, shared_server):
+    add_server(db_url, name="tk", url=shared_server.url, overrides=LOW)
     with psycopg.connect(db_url) as conn:
         pinned = new_run(conn, tools=["tk__create_ticket"])
         conn.commit()
@@ -392,8 +433,10 @@ def test_a_changed_schema_is_a_new_version_and_a_pinned_run_keeps_the_old(db_url
     assert planned == {pinned.id: 1, later.id: 2}
 
 
-def test_an_untrusted_servers_tool_waits_for_approval_like_any_high_tier_tool(db_url, http_server):
-    add_server(db_url, name="tk", url=http_server.url)
+def test_an_untrusted_servers_tool_waits_for_approval_like_any_high_tier_tool(
+    db_url, shared_server
+):
+    add_server(db_url, name="tk", url=shared_server.url)
     ref = call_once(db_url, "tk__read_ticket", {"title": "t"})
     assert scalar(db_url, "SELECT count(*) FROM outbox.approvals WHERE tool_call_ref = %s", (ref,))
     assert call_row(db_url, ref)["idempotency_mode"] == "none"
@@ -402,8 +445,8 @@ def test_an_untrusted_servers_tool_waits_for_approval_like_any_high_tier_tool(db
 # -- calls through the relay ------------------------------------------------------------
 
 
-def test_a_call_gets_its_result_once_with_our_key_in_meta_and_header(db_url, http_server):
-    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+def test_a_call_gets_its_result_once_with_our_key_in_meta_and_header(db_url, shared_server):
+    add_server(db_url, name="tk", url=shared_server.url, overrides=LOW)
     ref = call_once(db_url, "tk__create_ticket", {"title": "printer on fire"})
     with relay_thread(db_url):
         wait_until(lambda: all_settled(db_url), what="the call to finish")
@@ -411,7 +454,7 @@ def test_a_call_gets_its_result_once_with_our_key_in_meta_and_header(db_url, htt
     assert (row["status"], row["result_status"]) == ("succeeded", "ok")
     assert row["output"]["structuredContent"] == {"ticket": "printer on fire"}
     assert row["output"]["content"][0]["type"] == "text"
-    [received] = http_server.calls("create_ticket")
+    [received] = shared_server.calls("create_ticket")
     ours = received["meta"][META_KEY]
     assert ours["idempotency_key"] == row["idempotency_key"]
     assert ours["tool_call_id"] == "call_1" and ours["attempt"] == 1
@@ -424,14 +467,14 @@ def test_a_call_gets_its_result_once_with_our_key_in_meta_and_header(db_url, htt
 
 
 def test_the_credential_goes_to_the_server_and_is_cut_from_its_answer(
-    db_url, http_server, monkeypatch
+    db_url, shared_server, monkeypatch
 ):
     monkeypatch.setenv("TICKETS_TOKEN", "s3cr3t-t0ken-value")
     monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)  # listing finds the credential there
     with psycopg.connect(db_url) as conn:
         credentials.set_credential(conn, "tickets", env="TICKETS_TOKEN", actor="test")
         conn.commit()
-    add_server(db_url, name="tk", url=http_server.url, trusted=True, credential_ref="tickets")
+    add_server(db_url, name="tk", url=shared_server.url, trusted=True, credential_ref="tickets")
     ref = call_once(db_url, "tk__echo_auth", {})
     with relay_thread(db_url):
         wait_until(lambda: all_settled(db_url), what="the call to finish")
@@ -439,19 +482,19 @@ def test_the_credential_goes_to_the_server_and_is_cut_from_its_answer(
     assert row["status"] == "succeeded"
     text = row["output"]["content"][0]["text"]
     assert "s3cr3t" not in json.dumps(row["output"]) and "[redacted credential]" in text
-    [received] = http_server.calls("echo_auth")
+    [received] = shared_server.calls("echo_auth")
     assert received["meta"][META_KEY]["idempotency_key"] == row["idempotency_key"]
 
 
-def test_is_error_is_a_terminal_error_result_the_model_sees(db_url, http_server):
-    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+def test_is_error_is_a_terminal_error_result_the_model_sees(db_url, shared_server):
+    add_server(db_url, name="tk", url=shared_server.url, overrides=LOW)
     ref = call_once(db_url, "tk__reject", {"reason": "no budget"})
     with relay_thread(db_url):
         wait_until(lambda: all_settled(db_url), what="the call to finish")
     row = call_row(db_url, ref)
     assert (row["status"], row["result_status"], row["attempts"]) == ("failed", "error", 1)
     assert "refused: no budget" in row["error"]
-    assert len(http_server.calls("reject")) == 1
+    assert len(shared_server.calls("reject")) == 1
 
 
 def test_relay_killed_mid_call_of_a_none_tool_parks_it_and_never_calls_again(
@@ -562,15 +605,15 @@ def test_calls_of_one_server_in_flight_stay_within_its_limit(db_url, http_server
     assert max(c["in_flight"] for c in received) == 2
 
 
-def test_a_result_over_the_cap_is_an_error_result_and_not_asked_again(db_url, http_server):
-    add_server(db_url, name="tk", url=http_server.url, trusted=True)
+def test_a_result_over_the_cap_is_an_error_result_and_not_asked_again(db_url, shared_server):
+    add_server(db_url, name="tk", url=shared_server.url, trusted=True)
     ref = call_once(db_url, "tk__big", {"size": 20 * 1024 * 1024})
     with relay_thread(db_url):
         wait_until(lambda: all_settled(db_url), what="the call to finish")
     row = call_row(db_url, ref)
     assert (row["status"], row["attempts"]) == ("failed", 1)
     assert "not read further" in row["error"] and "cap of a tool result" in row["error"]
-    assert len(http_server.calls("big")) == 1
+    assert len(shared_server.calls("big")) == 1
 
 
 def test_a_server_back_before_the_calls_deadline_gets_it_once_unsent_attempts_uncharged(
@@ -600,7 +643,7 @@ def test_a_server_back_before_the_calls_deadline_gets_it_once_unsent_attempts_un
 
 
 def test_a_deadline_is_set_at_add_and_changed_by_set_as_new_tool_versions(
-    db_url, http_server, monkeypatch
+    db_url, shared_server, monkeypatch
 ):
     monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
     runner = CliRunner()
@@ -613,7 +656,7 @@ def test_a_deadline_is_set_at_add_and_changed_by_set_as_new_tool_versions(
         return {(v, d) for v, d in rows}
 
     added = runner.invoke(
-        cli.main, ["mcp", "add", "tk", "--url", http_server.url, "--deadline", "90"]
+        cli.main, ["mcp", "add", "tk", "--url", shared_server.url, "--deadline", "90"]
     )
     assert added.exit_code == 0, added.output
     assert deadlines() == {(1, 90.0)}
@@ -768,15 +811,13 @@ NOTE = b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/message"
     ],
 )
 def test_each_answer_of_an_http_server_means_what_docs_mcp_says(
-    db_url, http_server, answers, ending, calls, said
+    db_url, fixture_tools, answers, ending, calls, said
 ):
     """A none-mode tool: what may have acted is parked, what the server refused is an error
     result, what it did not process (429, a session it forgot) is called again."""
-    add_server(db_url, name="tk", url=http_server.url, overrides=LOW, max_attempts=5)
     with Scripted(*answers) as scripted:
-        with psycopg.connect(db_url) as conn:
-            conn.execute("UPDATE outbox.mcp_servers SET url = %s", (scripted.url + "/mcp",))
-            conn.commit()
+        url = scripted.url + "/mcp"  # the fixture server's tools, served by the scripted one
+        add_server(db_url, fixture_tools, name="tk", url=url, overrides=LOW, max_attempts=5)
         ref = call_once(db_url, "tk__create_ticket", {"title": "t"})
         with relay_thread(db_url):
             wait_until(lambda: all_settled(db_url), what="the call to settle")
@@ -854,8 +895,8 @@ def test_a_published_stdio_server_answers_through_the_relay(db_url, monkeypatch)
 
 
 @pytest.mark.parametrize("api", ["responses", "chat"])
-def test_a_models_parallel_mcp_and_http_calls_are_answered_once(db_url, http_server, api):
-    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+def test_a_models_parallel_mcp_and_http_calls_are_answered_once(db_url, shared_server, api):
+    add_server(db_url, name="tk", url=shared_server.url, overrides=LOW)
     outputs: list[dict[str, str]] = []
 
     def after_tools(items: list[HistoryItem]) -> dict[str, Any]:
@@ -899,16 +940,16 @@ def test_a_models_parallel_mcp_and_http_calls_are_answered_once(db_url, http_ser
     [seen] = outputs
     assert len(seen) == 2
     assert any("printer" in text for text in seen.values())
-    assert len(http_server.calls("create_ticket")) == 1
+    assert len(shared_server.calls("create_ticket")) == 1
     assert len(service.tool("send_email").deliveries) == 1
 
 
 @pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")
 @pytest.mark.filterwarnings("ignore:The Assistants API is deprecated:DeprecationWarning")
-def test_an_mcp_tool_through_outbox_serve(db_url, http_server):
+def test_an_mcp_tool_through_outbox_serve(db_url, shared_server):
     """A client of `outbox serve` (the openai SDK, Assistants protocol) names the MCP tool
     as it names any registered tool; the relay calls it once."""
-    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+    add_server(db_url, name="tk", url=shared_server.url, overrides=LOW)
     ticket = {"name": "tk__create_ticket", "arguments": {"title": "via serve"}}
     with ScriptedModel() as model:
         model.add_script("ticket", [{"tool_calls": [ticket]}, {"text": "ticket filed"}])
@@ -932,15 +973,15 @@ def test_an_mcp_tool_through_outbox_serve(db_url, http_server):
             )
             sdk.close()
     assert run.status == "completed", run
-    [received] = http_server.calls("create_ticket")
+    [received] = shared_server.calls("create_ticket")
     assert received["arguments"]["title"] == "via serve"
 
 
-def test_an_mcp_tool_through_outbox_serves_responses(db_url, http_server):
+def test_an_mcp_tool_through_outbox_serves_responses(db_url, shared_server):
     """A client of `outbox serve`'s Responses API declares the MCP registry tool as a
     function: the relay calls the server once, and the answer the model made of its result
     comes back in the response (the relay's call never shows as a function_call item)."""
-    add_server(db_url, name="tk", url=http_server.url, overrides=LOW)
+    add_server(db_url, name="tk", url=shared_server.url, overrides=LOW)
     seen: list[str] = []
 
     def after_tool(items: list[HistoryItem]) -> dict[str, Any]:
@@ -966,7 +1007,7 @@ def test_an_mcp_tool_through_outbox_serves_responses(db_url, http_server):
             sdk.close()
     assert response.status == "completed", response
     assert [item.type for item in response.output] == ["message"]
-    [received] = http_server.calls("create_ticket")
+    [received] = shared_server.calls("create_ticket")
     assert received["arguments"]["title"] == "via responses"
     key_sent = received["meta"][META_KEY]["idempotency_key"]
     assert key_sent == scalar(db_url, "SELECT idempotency_key FROM outbox.tool_calls")
