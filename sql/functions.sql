@@ -1127,11 +1127,12 @@ GRANT EXECUTE ON FUNCTION {s}.end_run_v1(uuid, text, text, text, text) TO outbox
 -- Returns the run's row, now cancelled. No new claims; calls in flight finish and their
 -- results land in orphaned_results; every call of an undelivered batch gets a tool message
 -- at once, so the thread is replayable and a new run may start on it (see end_run_v1).
--- The run is marked agent_span_due (and cancelled_by): a relay records its invoke_agent
--- span once this commits. A run that does not exist for the tenant raises P0002; one that already ended
--- raises OB005. Runs as the schema owner (SECURITY DEFINER: ending a run removes outbox
--- rows, which outbox_writer may not delete) and refuses a tenant other than the session's
--- scope.
+-- The run is marked agent_span_due (and cancelled_by): the trace exporter builds its
+-- invoke_agent span once this commits (outbox/traces.py; every run that ends is marked,
+-- since 0042, by the runs_span_due trigger). A run that does not exist for the tenant
+-- raises P0002; one that already ended raises OB005. Runs as the schema owner (SECURITY
+-- DEFINER: ending a run removes outbox rows, which outbox_writer may not delete) and
+-- refuses a tenant other than the session's scope.
 CREATE OR REPLACE FUNCTION {s}.cancel_run_v1(
     p_tenant_id text, p_run_id uuid, p_actor text DEFAULT NULL
 ) RETURNS {s}.runs
