@@ -213,6 +213,9 @@ def test_with_tracing_off_tools_and_models_still_continue_the_runs_trace(setup, 
     expected = (ids(BACKEND_TRACEPARENT)[0], tracing.agent_span_id(run.id))
     assert {ids(h["traceparent"]) for h in received} == {expected}
     assert all(h.get("tracestate") == "vendor=abc" for h in received[:2])
+    # Nor does the relay journal its attempts' spans: its writes are as they were.
+    journaled = "SELECT count(*) FROM outbox.journal WHERE detail ? 'span'"
+    assert scalar(setup, journaled) == 0
 
 
 def test_a_run_started_without_a_trace_is_a_trace_of_its_own(setup, model, service, spans):
