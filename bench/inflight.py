@@ -121,14 +121,50 @@ def rss(process: psutil.Process) -> int:
 
 
 def cpu_s(process: psutil.Process) -> float:
-    total = 0.0
+    """The relay's CPU seconds: its process and its workers, not the trace exporter it may
+    have started beside it (``exporter_cpu_s``)."""
+    return _tree_cpu(process)[0]
+
+
+def exporter_cpu_s(process: psutil.Process) -> float:
+    """The CPU seconds of the trace exporter the relay started (``outbox traces export``)."""
+    return _tree_cpu(process)[1]
+
+
+def _tree_cpu(process: psutil.Process) -> tuple[float, float]:
+    relay = exporter = 0.0
     for p in [process, *process.children(recursive=True)]:
         try:
             times = p.cpu_times()
+            is_exporter = "traces" in p.cmdline()
         except psutil.Error:
             continue
-        total += times.user + times.system
-    return total
+        if is_exporter:
+            exporter += times.user + times.system
+        else:
+            relay += times.user + times.system
+    return relay, exporter
+
+
+def db_cpu_s(conn: psycopg.Connection[Any]) -> float:
+    """The CPU seconds of the whole PostgreSQL server ``conn`` is on (its postmaster, its
+    live processes and those it reaped): what every client cost it, this bench's too."""
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    try:
+        postmaster = psutil.Process(int(row[0])).parent()
+        assert postmaster is not None
+        times = postmaster.cpu_times()
+        total = times.user + times.system + times.children_user + times.children_system
+        for p in postmaster.children():
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+        return float(total)
+    except psutil.Error:
+        return float("nan")
 
 
 def measure(
@@ -141,9 +177,12 @@ def measure(
     log_path: Path,
     processes: int = 1,
     env: dict[str, str] | None = None,
+    drain_spans: bool = False,
 ) -> dict[str, Any]:
     """One measurement; returns its figures (see the module docstring). ``env``: more of
-    the relay's environment (``bench.tracing`` switches tracing on with it)."""
+    the relay's environment (``bench.tracing`` switches tracing on with it); with
+    ``drain_spans``, after the runs, wait for the trace exporter to export every run's
+    spans and count its CPU and the database's until then too."""
     ideal = 2 * model_s + tool_s
     settle_sockets()
     latency = LatencyServer(model_s, tool_s, calls)
@@ -165,7 +204,7 @@ def measure(
             with open(log_path, "ab") as log:
                 relay = subprocess.Popen(command, cwd=REPO, env=relay_env, stdout=log, stderr=log)
             try:
-                figures = _watch(url, relay, runs, ideal, log_path)
+                figures = _watch(url, relay, runs, ideal, log_path, drain_spans)
             finally:
                 if relay.poll() is None:
                     relay.terminate()
@@ -223,7 +262,12 @@ def _time_wait_sockets() -> int:
 
 
 def _watch(
-    url: str, relay: subprocess.Popen[bytes], runs: int, ideal: float, log_path: Path
+    url: str,
+    relay: subprocess.Popen[bytes],
+    runs: int,
+    ideal: float,
+    log_path: Path,
+    drain_spans: bool = False,
 ) -> dict[str, Any]:
     process = psutil.Process(relay.pid)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -236,6 +280,7 @@ def _watch(
             time.sleep(0.01)
         started = time.perf_counter()
         idle_rss, cpu_before = rss(process), cpu_s(process)
+        exporter_before, db_before = exporter_cpu_s(process), db_cpu_s(conn)
         sampler = Sampler(url, process)
         sampler.start()
         deadline = time.monotonic() + max(120.0, TIMEOUT_FACTOR * ideal)
@@ -250,12 +295,26 @@ def _watch(
             time.sleep(0.05)
         wall = time.perf_counter() - started
         cpu = cpu_s(process) - cpu_before
+        drained = None
+        if drain_spans:
+            while conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM outbox.runs WHERE agent_span_due)"
+            ).fetchone()[0]:  # type: ignore[index]
+                if relay.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the trace exporter did not drain; see {log_path}")
+                time.sleep(0.05)
+            drained = round(time.perf_counter() - started - wall, 2)
+        exporter_cpu = exporter_cpu_s(process) - exporter_before
+        db_cpu = db_cpu_s(conn) - db_before
         sampler.stop.set()
         sampler.join()
     return {
         "wall_s": round(wall, 2),
         "relay_cpu_s": round(cpu, 2),
         "cpu_ms_per_run": round(1000 * cpu / runs, 2),
+        "exporter_cpu_ms_per_run": round(1000 * exporter_cpu / runs, 2),
+        "db_cpu_ms_per_run": round(1000 * db_cpu / runs, 2),
+        "spans_drained_after_s": drained,
         "max_db_connections": sampler.max_connections,
         "peak_rss_mb": round(sampler.max_rss / 2**20, 1),
         "kb_per_run_in_flight": round(max(0, sampler.max_rss - idle_rss) / 1024 / runs, 1),

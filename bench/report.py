@@ -86,14 +86,17 @@ def markdown(results: dict[str, Any]) -> str:
     if traced:
         case = traced["case"]
         lines += [
-            "### Tracing off and on (exporting over OTLP/HTTP to a sink on loopback)",
+            "### Tracing off and on (the trace exporter beside the relay, exporting over "
+            "OTLP/HTTP to a sink on loopback)",
             "",
-            "| runs | M | T | K | relay CPU a run, off | on | on / off | exports |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| runs | M | T | K | relay CPU a run, off | on | on / off (medians) "
+            "| exporter CPU a run | PostgreSQL CPU a run, off | on | exports |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             f"| {case['runs']:,} | {case['model_s']:g} s | {case['tool_s']:g} s "
-            f"| {case['calls']} | {' · '.join(f'{v:.2f}' for v in traced['off_ms_per_run'])} ms "
-            f"| {' · '.join(f'{v:.2f}' for v in traced['on_ms_per_run'])} ms "
-            f"| {traced['on_vs_off']}x | {traced['exports']} |",
+            f"| {case['calls']} | {_ms(traced['off_ms_per_run'])} | {_ms(traced['on_ms_per_run'])} "
+            f"| {traced['on_vs_off']}x | {_ms(traced['exporter_ms_per_run'])} "
+            f"| {_ms(traced['db_off_ms_per_run'])} | {_ms(traced['db_on_ms_per_run'])} "
+            f"| {traced['exports']} |",
             "",
             "Target: on ≤ 1.10x off.",
             "",
@@ -259,3 +262,7 @@ def chart(results: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _ms(values: list[float]) -> str:
+    return " · ".join(f"{v:.2f}" for v in values) + " ms"

@@ -1,18 +1,22 @@
 """Tracing's cost: the runs-in-flight case with tracing off, then on and exporting; and
-the spans of one run alone, in this process (``python -m bench.tracing``).
+what one run's spans cost each process, in this process (``python -m bench.tracing``).
 
 The same case as ``bench.inflight`` (N runs, model turn -> K tool calls -> model turn, one
 relay process), run alternately with tracing off and with it on: the relay's environment
 then points ``OTEL_EXPORTER_OTLP_ENDPOINT`` at a sink on loopback in this process, which
 reads each OTLP/HTTP export and answers it as a collector would (its CPU is not the
-relay's). The figure is the relay's CPU per run, on against off, from runs taken in turn
-(off, on, off, on...), so a drift of the machine falls on both.
+relay's), and the relay starts its trace exporter (``outbox traces export``) beside it.
+The figures, per run, from runs taken in turn (off, on, off, on...), so a drift of the
+machine falls on both: the relay's CPU (its process, not the exporter's), the trace
+exporter's CPU until it has exported every run, and the whole PostgreSQL server's CPU over
+the same window (the relay's statements, the exporter's, this bench's polling).
 
 On a machine shared with other work, a run's relay CPU moves by more than tracing costs,
-so ``span_cost`` also measures what tracing adds to a run where nothing else moves: the
-relay's own span calls for one run (two turns, two calls, its ``invoke_agent`` span), as
-the executors and the completer make them, encoded as OTLP would send them, in one
-process, without the network. ``OTEL_TRACES_SAMPLER`` applies as in the relay.
+so ``span_cost`` also measures, for one run (two turns, two calls), what tracing adds to
+the relay where nothing else moves (naming each attempt's span to its tool or model and
+timing it for the journal), and what the exporter spends building the run's five spans
+from rows like the ones it reads and encoding them as OTLP would send them (no database,
+no network). ``OTEL_TRACES_SAMPLER`` applies as in the relay.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -29,17 +34,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from bench import inflight, report
 from bench.throughput import stderr
-from outbox import db, tracing
+from outbox import db, traces, tracing
 from outbox.relay import spans
 from outbox.relay.outcomes import Claimed, Outcome
-from outbox.schemas import ModelTurnIn
 
-SPAN_COST_RUNS = 3_000
+SPAN_COST_RUNS = 3_000  # runs a span_cost measures (a mean over them)
 
 
 class Sink:
@@ -81,7 +86,8 @@ class Sink:
 def run_case(
     server: str, case: tuple[int, float, float, int], rounds: int, log: Path
 ) -> dict[str, Any]:
-    """``rounds`` measurements each way, alternating; the relay's CPU a run both ways."""
+    """``rounds`` measurements each way, alternating; the relay's, the exporter's and the
+    database's CPU a run both ways."""
     runs, model_s, tool_s, calls = case
     concurrency = inflight.concurrency_for(runs, calls)
     figures: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
@@ -92,19 +98,38 @@ def run_case(
                 env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url} if way == "on" else {}
                 stderr(f"tracing {way} ({i + 1}/{rounds}): {runs} runs in flight")
                 f = inflight.measure(
-                    server, runs, model_s, tool_s, calls, concurrency, log, env=env
+                    server,
+                    runs,
+                    model_s,
+                    tool_s,
+                    calls,
+                    concurrency,
+                    log,
+                    env=env,
+                    drain_spans=way == "on",
                 )
-                stderr(f"  relay {f['cpu_ms_per_run']} ms CPU a run, wall {f['wall_s']} s")
+                stderr(
+                    f"  relay {f['cpu_ms_per_run']} ms CPU a run, exporter "
+                    f"{f['exporter_cpu_ms_per_run']} ms, database {f['db_cpu_ms_per_run']} ms, "
+                    f"wall {f['wall_s']} s (spans drained {f['spans_drained_after_s']} s after)"
+                )
                 figures[way].append(f)
     finally:
         sink.close()
-    off = [f["cpu_ms_per_run"] for f in figures["off"]]
-    on = [f["cpu_ms_per_run"] for f in figures["on"]]
+
+    def of(way: str, key: str) -> list[float]:
+        return [f[key] for f in figures[way]]
+
+    off, on = of("off", "cpu_ms_per_run"), of("on", "cpu_ms_per_run")
     return {
         "case": {"runs": runs, "model_s": model_s, "tool_s": tool_s, "calls": calls},
         "off_ms_per_run": off,
         "on_ms_per_run": on,
-        "on_vs_off": round(sum(on) / sum(off), 3) if sum(off) else None,
+        "on_vs_off": round(statistics.median(on) / statistics.median(off), 3),
+        "exporter_ms_per_run": of("on", "exporter_cpu_ms_per_run"),
+        "db_off_ms_per_run": of("off", "db_cpu_ms_per_run"),
+        "db_on_ms_per_run": of("on", "db_cpu_ms_per_run"),
+        "spans_drained_after_s": of("on", "spans_drained_after_s"),
         "exports": sink.requests,
         "exported_bytes": sink.bytes,
         "measurements": figures,
@@ -122,34 +147,22 @@ class _Encoding(SpanExporter):
         pass
 
 
-def _one_run(turn_row: Claimed, tool_row: Claimed, run: dict[str, Any]) -> None:
+def _relay_side(turn_row: Claimed, tool_row: Claimed, now: float) -> list[dict[str, Any] | None]:
+    """What the relay does for the traces of one run: a header for each attempt and its
+    span's record for the journal (two turns, two calls)."""
+    made = []
     for step in (1, 2):
-        span = spans.chat_started(turn_row, run, step, [])
-        spans.headers(turn_row, span)
-        turn = ModelTurnIn(
-            tenant_id=turn_row.tenant_id,
-            run_id=turn_row.run_id,
-            step_no=step,
-            response_id="resp_1",
-            input_tokens=10,
-            output_tokens=5,
-        )
-        spans.chat_ended(span, Outcome(turn_row, "turn", output=turn))
+        row = turn_row._replace(payload={"step_no": step})
+        spans.headers(row)
+        made.append(spans.record(Outcome(row, "turn", started_at=now, duration_s=1.0)))
     for name in ("send_email", "create_ticket"):
         row = tool_row._replace(tool_name=name)
-        span = spans.tool_started(row)
-        spans.headers(row, span)
-        spans.tool_ended(span, Outcome(row, "result", "ok", {"ok": True}))
-    spans.run_ended(turn_row, "completed")
+        spans.headers(row)
+        made.append(spans.record(Outcome(row, "result", "ok", {"ok": True}, started_at=now)))
+    return made
 
 
-def span_cost(on: bool, runs: int = SPAN_COST_RUNS) -> float:
-    """Microseconds of CPU the span calls of one run take (with tracing off: the calls
-    alone, which then make nothing), ModelTurnIn's construction included both ways."""
-    if on:
-        # A queue that holds every span of the loop: none is dropped unencoded.
-        os.environ["OTEL_BSP_MAX_QUEUE_SIZE"] = str(6 * runs)
-        tracing.install(_Encoding(), service_name="bench")
+def _rows(runs: int) -> list[tuple[Claimed, Claimed]]:
     rows = []
     for i in range(runs):
         run_id = uuid.uuid4()
@@ -161,24 +174,121 @@ def span_cost(on: bool, runs: int = SPAN_COST_RUNS) -> float:
             run_started_at=time.time(), model="gpt-5",
         )  # fmt: skip
         rows.append((tool_row._replace(kind="model_turn"), tool_row))
-    run = {"model": "gpt-5", "api": "responses", "base_url": None}
-    started = time.process_time()
-    for turn_row, tool_row in rows:
-        _one_run(turn_row, tool_row, run)
-    tracing.shutdown()  # the last batches are encoded here: counted
-    return (time.process_time() - started) / runs * 1e6
+    return rows
+
+
+def span_cost(on: bool, runs: int = SPAN_COST_RUNS) -> tuple[float, float]:
+    """Microseconds of CPU, for one run: what the relay does for traces (with tracing off:
+    the run's header, looked up), and with tracing on what the exporter spends building
+    and encoding the run's spans from rows as it reads them (0 off)."""
+    saved = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if on:
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"
+    else:
+        os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    tracing.shutdown()  # forget what was decided under the other setting
+    try:
+        rows = _rows(runs)
+        now = time.time()
+        started = time.process_time()
+        records = [_relay_side(turn_row, tool_row, now) for turn_row, tool_row in rows]
+        relay = (time.process_time() - started) / runs * 1e6
+        if not on:
+            return relay, 0.0
+        builder, encoder = traces.SpanBuilder(), _Encoding()
+        started = time.process_time()
+        for (turn_row, tool_row), made in zip(rows, records, strict=True):
+            _exporter_side(builder, turn_row, tool_row, made)
+            if len(builder.ended) >= 5 * traces.BATCH:
+                encoder.export(builder.take())
+        encoder.export(builder.take())
+        return relay, (time.process_time() - started) / runs * 1e6
+    finally:
+        if saved is None:
+            os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        else:
+            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = saved
+        tracing.shutdown()
+
+
+def _exporter_side(
+    builder: traces.SpanBuilder,
+    turn_row: Claimed,
+    tool_row: Claimed,
+    made: list[dict[str, Any] | None],
+) -> None:
+    """The exporter's work for one run, from rows shaped as its queries return them."""
+    run = {
+        "id": turn_row.run_id, "thread_id": turn_row.thread_id, "tenant_id": "acme",
+        "model": "gpt-5", "traceparent": None, "tracestate": None, "status": "completed",
+        "cancelled_by": None, "created_s": time.time() - 5, "ended_s": time.time(),
+    }  # fmt: skip
+    events: list[dict[str, Any]] = [
+        {"event": "run.created", "tool_call_ref": None, "attempt": None, "detail": {}}
+    ]
+    calls: dict[int, dict[str, Any]] = {}
+    for i, span in enumerate(made):
+        ref = None if i < 2 else (tool_row.tool_call_ref or 0) * 2 + i
+        detail: dict[str, Any] = {"span": span}
+        if ref is None:
+            detail.update(step_no=i + 1, input_tokens=10, output_tokens=5)
+        else:
+            calls[ref] = {
+                "tool_call_id": f"call_{i}", "tool_name": "send_email",
+                "idempotency_mode": "key", "idempotency_key": tool_row.idempotency_key,
+                "approved_by": None, "approval_wait_s": None,
+            }  # fmt: skip
+        event = "model_turn.recorded" if ref is None else "tool_result.stored"
+        events.append({"event": event, "tool_call_ref": ref, "attempt": 1, "detail": detail})
+    turns = {(run["id"], s): {"response_id": "resp_1", "content": None} for s in (1, 2)}
+    traces.run_spans(builder, run, events, calls, turns)
+
+
+def trigger_cost(server: str, runs: int = 4_000, rounds: int = 6) -> dict[str, float]:
+    """Microseconds of PostgreSQL a run's end costs with and without the trigger that marks
+    it for the trace exporter (``runs_span_due``, every run, tracing on or off): ``runs``
+    runs' ``ended_at`` set in one UPDATE, in turn with the trigger enabled and disabled;
+    the medians, a row."""
+    from bench import db as bdb
+    from bench import seed
+
+    took: dict[str, list[float]] = {"with": [], "without": []}
+    with bdb.scratch(server, "tracing_trigger") as url:
+        seed.register_http_tool(url, inflight.TOOL, "http://127.0.0.1:9/tools/x", timeout_s=60)
+        inflight.start_runs(url, runs, "http://127.0.0.1:9/v1")
+        with psycopg.connect(url, autocommit=True) as conn:
+            for _ in range(rounds):
+                for way in ("without", "with"):
+                    conn.execute("UPDATE outbox.runs SET ended_at = NULL, agent_span_due = false")
+                    conn.execute("VACUUM outbox.runs")
+                    switch = "ENABLE" if way == "with" else "DISABLE"
+                    conn.execute(f"ALTER TABLE outbox.runs {switch} TRIGGER runs_span_due")
+                    started = time.perf_counter()
+                    conn.execute("UPDATE outbox.runs SET ended_at = now()")
+                    took[way].append((time.perf_counter() - started) / runs * 1e6)
+    return {way: round(statistics.median(v), 1) for way, v in took.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.tracing [ROUNDS]``: the span calls of a run, off and on, in turn;
-    ``--relay RUNS:M:T:K``: instead, the runs-in-flight case alone, as ``make bench`` runs
-    it (ROUNDS measurements each way)."""
+    """``python -m bench.tracing [ROUNDS]``: one run's tracing work in one process, off and
+    on, in turn; ``--relay RUNS:M:T:K``: instead, the runs-in-flight case alone, as ``make
+    bench`` runs it (ROUNDS measurements each way); ``--trigger``: instead, what marking a
+    run that ends costs the database (ROUNDS each way)."""
     parser = argparse.ArgumentParser(prog="python -m bench.tracing", description=main.__doc__)
     parser.add_argument("rounds", type=int, nargs="?", default=3, help="rounds (3)")
     parser.add_argument(
         "--relay", metavar="RUNS:M:T:K", help="the runs-in-flight case, e.g. 2000:2:0.5:2"
     )
+    parser.add_argument(
+        "--trigger",
+        action="store_true",
+        help="instead, what the trigger marking an ended run costs PostgreSQL (us a run)",
+    )
     args = parser.parse_args(argv)
+    if args.trigger:
+        cost = trigger_cost(db.database_url(start=True), rounds=args.rounds)
+        print(f"a run's end: {cost['without']} us without the mark, {cost['with']} us with it")
+        return 0
     if args.relay:
         r, m, t, k = args.relay.split(":")
         server = db.database_url(start=True)
@@ -190,8 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result), flush=True)
         return 0
     for _ in range(args.rounds):
-        off, on = span_cost(False), span_cost(True)
-        print(f"span calls of one run: off {off:.0f} us, on {on:.0f} us CPU", flush=True)
+        (off, _), (on, exporter) = span_cost(False), span_cost(True)
+        print(
+            f"one run: relay off {off:.1f} us, relay on {on:.1f} us, "
+            f"exporter {exporter:.0f} us CPU",
+            flush=True,
+        )
     return 0
 
 

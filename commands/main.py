@@ -121,6 +121,9 @@ COMMANDS: dict[str, Lazy] = {
         "Settle an outcome_unknown TOOL_CALL: record its result, or run it again.",
     ),
     "journal": Lazy("journal", "journal_group", "Read the append-only journal."),
+    "traces": Lazy(
+        "traces", "traces_group", "Traces: export ended runs' spans, built from the database."
+    ),
     "prune": Lazy(
         "journal",
         "prune_cmd",

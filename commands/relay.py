@@ -10,7 +10,9 @@ the logs are imported when the command runs, not for every ``outbox`` command.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -165,6 +167,14 @@ RELAY_DEFAULTS = RelayConfig(database_url="")  # the relay's options default to 
     help="Give up (exit 75) when the database has not answered this many seconds after "
     "start. Default: wait as long as it takes, as a running relay does.",
 )
+@click.option(
+    "--trace-exporter/--no-trace-exporter",
+    default=True,
+    show_default=True,
+    help="When OpenTelemetry's variables ask for traces, start `outbox traces export` "
+    "beside the relay (one process, stopped with it): it builds the spans from the "
+    "database. Off: run the exporter yourself, anywhere.",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts: Any) -> None:
     """Run relay workers: claim outbox rows, call tools and models, record the outcomes.
@@ -176,8 +186,10 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
     for it, logging db.unavailable with a hint every 10 s, then db.reconnected.
 
     Traces: with OTEL_EXPORTER_OTLP_ENDPOINT set (OpenTelemetry's variables), each model
-    turn and tool call is a span of its run's trace, exported over OTLP/HTTP; off
-    otherwise. See docs/operations.md, "Traces".
+    turn and tool call is a span of its run's trace, built from the database once the run
+    ends by the trace exporter (`outbox traces export`, started beside the relay unless
+    --no-trace-exporter) and exported over OTLP/HTTP; off otherwise. The relay itself
+    builds no span. See docs/operations.md, "Traces".
 
     \b
     Exit status:
@@ -263,9 +275,43 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         metrics_port=opts["metrics_port"],
         metrics_host=opts["metrics_host"],
     )
-    if processes > 1:
-        sys.exit(supervisor.supervise(cfg, processes, log_level))
-    sys.exit(worker.run_worker(cfg))
+    from outbox import tracing
+
+    try:
+        tracing.check_exporters()
+    except ValueError as err:
+        refuse(str(err), "use otlp, console or none", EXIT_CONFIG)
+    exporter = None
+    if opts["trace_exporter"] and tracing.wanted():
+        exporter = start_trace_exporter(url, log_level)
+    try:
+        if processes > 1:
+            code = supervisor.supervise(cfg, processes, log_level)
+        else:
+            code = worker.run_worker(cfg)
+    finally:
+        if exporter is not None:
+            stop_trace_exporter(exporter)
+    sys.exit(code)
+
+
+def start_trace_exporter(url: str, log_level: str) -> subprocess.Popen[bytes]:
+    """``outbox traces export`` in a process of its own (its CPU is not the relay's),
+    watching this one: a relay killed with -9 leaves no exporter behind for long."""
+    env = {**os.environ, "OUTBOX_DATABASE_URL": url}
+    command = [sys.executable, "-m", "outbox.commands", "traces", "export"]
+    command += ["--parent-pid", str(os.getpid()), "--log-level", log_level]
+    return subprocess.Popen(command, env=env)
+
+
+def stop_trace_exporter(exporter: subprocess.Popen[bytes]) -> None:
+    """SIGTERM: it finishes the batch in hand (its marks are cleared only after export)."""
+    exporter.terminate()
+    try:
+        exporter.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        exporter.kill()
+        exporter.wait()
 
 
 @contextmanager

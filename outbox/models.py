@@ -159,8 +159,13 @@ class Run(Base):
     agent_span_due: Mapped[bool] = mapped_column(
         Boolean,
         server_default=text("false"),
-        comment="cancelled by a backend or an operator, and no relay has yet recorded its "
-        "invoke_agent span (the relay's sweep takes it)",
+        comment="the run ended and the trace exporter has not exported its spans yet (set "
+        "by the runs_span_due trigger, cleared by the exporter after its export)",
+    )
+    spans_taken_until: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        comment="a trace exporter is exporting the run's spans until then (its lease: "
+        "another exporter takes the run after it)",
     )
     cancelled_by: Mapped[str | None] = mapped_column(
         Text,

@@ -1,31 +1,31 @@
-"""Traces of agent runs: OpenTelemetry spans, one trace per run across processes and restarts.
+"""Traces of agent runs: OpenTelemetry ids, one trace per run across processes and restarts.
 
 A run outlives any process that works on it (its turns and calls are claimed by whichever
-relay is free, a killed relay's rows by another), so no process can hold its span open.
-Instead every span of a run hangs under its ``invoke_agent`` span, whose ids follow from
-what is stored with the run: its trace id is that of the context current when a backend
-started the run (``runs.traceparent``: the backend's span through the Python API, the
-``p_traceparent`` argument of ``start_run_v2``, the ``traceparent`` header of a request to
-``outbox serve``), or a hash of the run id when there was none; its span id is another
-hash of the run id. So any relay, at any time, parents a ``chat`` or ``execute_tool`` span on it
-knowing only the row it claimed, and the relay that ends the run records the
-``invoke_agent`` span itself, with those ids, from the run's creation to its end
-(``record_run``): the SDK's id generator is told which ids to hand out for that one span.
+relay is free, a killed relay's rows by another), so no process holds its span open, and
+no relay builds a span at all: the trace exporter (``outbox.traces``) builds a run's spans
+from the database once it has ended. What holds them together is that every id follows
+from what is stored. The run's ``invoke_agent`` span: its trace id is that of the context
+current when a backend started the run (``runs.traceparent``: the backend's span through
+the Python API, the ``p_traceparent`` argument of ``start_run_v2``, the ``traceparent``
+header of a request to ``outbox serve``), or a hash of the run id when there was none; its
+span id is another hash of the run id. An attempt's ``chat`` or ``execute_tool`` span: a
+hash of its outbox row and claim number (``attempt_span_id``). So a relay writes the
+``traceparent`` a tool or model receives without the SDK (``attempt_headers``, or with
+tracing off ``run_headers``), and the exporter later gives the span those very ids.
 
 The spans follow OpenTelemetry's GenAI semantic conventions (``gen_ai.*``); ours are
 ``outbox.*``. Nothing a model or tool said or was given (messages, arguments, results,
 error bodies) goes into a span unless ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``
 is true, the conventions' opt-in; credentials never do.
 
-Off unless OpenTelemetry's own variables ask for it (``setup``): the SDK is then never
-imported and spans cost nothing, and tools and models still receive a ``traceparent`` that
-continues the run's trace (``headers``). This module uses OpenTelemetry's API and SDK
-only; it writes no tracing of its own.
+Spans are made in this process only by ``outbox serve`` (its HTTP server spans,
+``server_span``) and by whoever calls ``install`` (tests, a backend's own spans); the SDK
+is imported only then, or for the sampler's decision when OpenTelemetry's variables ask for
+traces. This module uses OpenTelemetry's API and SDK only; it writes no tracing of its own.
 """
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import hashlib
 import os
@@ -52,12 +52,6 @@ SCOPE = "outbox"  # the instrumentation scope of our spans
 _propagator = TraceContextTextMapPropagator()
 _provider: TracerProvider | None = None
 _tracer: trace.Tracer = trace.NoOpTracer()
-_capture = False
-_parent_based = False  # the installed sampler follows its parent's sampled flag
-# The ids the SDK hands out for the next span started in this context (``record_run``).
-_fixed_ids: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
-    "outbox_fixed_span_ids", default=None
-)
 
 
 # -- the run's trace --------------------------------------------------------------------
@@ -99,6 +93,12 @@ def _parent(traceparent: str | None, tracestate: str | None) -> trace.SpanContex
     return context if context.is_valid else None
 
 
+def caller_span(traceparent: str | None, tracestate: str | None) -> trace.SpanContext | None:
+    """The span a run's stored context names (the parent of its ``invoke_agent`` span), or
+    None for a run that is a trace of its own."""
+    return _parent(traceparent, tracestate)
+
+
 @functools.lru_cache(maxsize=16_384)
 def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> Any:
     """The context whose current span is the run's ``invoke_agent`` span (remote: another
@@ -121,31 +121,65 @@ def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | No
     return trace.set_span_in_context(trace.NonRecordingSpan(span))
 
 
-def records(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> bool:
-    """Whether this process records spans of this run: tracing is on, and the sampler
-    would not drop them anyway. A parent-based sampler (the default, and
-    ``parentbased_traceidratio``) drops every child of a run its context says is not
-    sampled, so those spans are not even started (starting one costs as much as a third
-    of a recorded span)."""
-    if _provider is None:
-        return False
-    if not _parent_based:
-        return True
-    span = trace.get_current_span(run_context(run_id, traceparent, tracestate))
-    return span.get_span_context().trace_flags.sampled
-
-
 def _root_flags(trace_id: int) -> trace.TraceFlags:
+    """Whether a run of its own trace is sampled: as the installed sampler decides, else as
+    the one ``OTEL_TRACES_SAMPLER`` names when traces are wanted (a relay that only names
+    the spans the trace exporter builds decides as the exporter will: the samplers decide
+    by trace id alone), else sampled (for the tools' and models' own spans)."""
     from opentelemetry.sdk.trace.sampling import Decision
 
+    sampler = _provider.sampler if _provider is not None else _env_sampler()
     sampled = (
-        _provider is None
-        or _provider.sampler.should_sample(
-            otel_context.Context(), trace_id, "invoke_agent"
-        ).decision
+        sampler is None
+        or sampler.should_sample(otel_context.Context(), trace_id, "invoke_agent").decision
         is Decision.RECORD_AND_SAMPLE
     )
     return trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else trace.TraceFlags.DEFAULT)
+
+
+@functools.lru_cache(maxsize=1)
+def _env_sampler() -> Any:
+    """The sampler OpenTelemetry's variables name, when they ask for traces (None: not)."""
+    if not wanted():
+        return None
+    from opentelemetry.sdk.trace.sampling import _get_from_env_or_default
+
+    return _get_from_env_or_default()
+
+
+def attempt_span_id(outbox_id: int, attempt: int) -> int:
+    """The span id of one attempt (the claim ``attempt`` of outbox row ``outbox_id``): its
+    ``chat`` or ``execute_tool`` span, the same in the relay that names it to the tool or
+    model and in the trace exporter that builds it from the journal."""
+    key = outbox_id.to_bytes(8, "big", signed=True) + attempt.to_bytes(4, "big", signed=True)
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") or 1
+
+
+def attempt_headers(
+    run_id: uuid.UUID, traceparent: str | None, tracestate: str | None, span_id: int
+) -> dict[str, str]:
+    """``traceparent``/``tracestate`` naming the attempt span ``span_id`` of the run, written
+    without the SDK: its trace and sampled flag are the run's."""
+    context = trace.get_current_span(run_context(run_id, traceparent, tracestate))
+    ids = context.get_span_context()
+    carrier = {"traceparent": f"00-{ids.trace_id:032x}-{span_id:016x}-{ids.trace_flags:02x}"}
+    if ids.trace_state:
+        carrier["tracestate"] = ids.trace_state.to_header()
+    return carrier
+
+
+def sampled(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> bool:
+    """Whether the run's spans are kept (its context's sampled flag: the caller's, or the
+    sampler's decision for its own trace id); a look-up for the runs of the moment."""
+    span = trace.get_current_span(run_context(run_id, traceparent, tracestate))
+    return bool(span.get_span_context().trace_flags.sampled)
+
+
+def names_attempts() -> bool:
+    """Whether a relay names each attempt's span to its tool or model (``attempt_headers``):
+    when traces are wanted here (OpenTelemetry's variables, or ``install``), so that the
+    trace exporter's spans are the parents of theirs. Otherwise they get the run's span."""
+    return _provider is not None or _env_sampler() is not None
 
 
 @functools.lru_cache(maxsize=16_384)
@@ -156,19 +190,6 @@ def run_headers(
     tools and models receive with tracing off (kept for the runs of the moment, so a
     request costs a look-up; never change the dict returned)."""
     return headers(run_context(run_id, traceparent, tracestate))
-
-
-def span_headers(span: trace.Span) -> dict[str, str]:
-    """``headers`` of the context whose current span is ``span``, written directly (the
-    propagator's W3C format, without building a context to inject from)."""
-    context = span.get_span_context()
-    carrier = {
-        "traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-"
-        f"{context.trace_flags:02x}"
-    }
-    if context.trace_state:
-        carrier["tracestate"] = context.trace_state.to_header()
-    return carrier
 
 
 def headers(context: Any) -> dict[str, str]:
@@ -187,54 +208,8 @@ def enabled() -> bool:
     return _provider is not None
 
 
-def capture_content() -> bool:
-    """Whether messages, arguments and results may go into spans (the GenAI opt-in)."""
-    return _capture
-
-
 def tracer() -> trace.Tracer:
     return _tracer
-
-
-def record_run(
-    run_id: uuid.UUID,
-    traceparent: str | None,
-    tracestate: str | None,
-    started_at_s: float,
-    attributes: Mapping[str, Any],
-    error: str | None = None,
-    ended_at_s: float | None = None,
-) -> None:
-    """Record the ``invoke_agent`` span of a run that ended at ``ended_at_s`` (None: now),
-    started at ``started_at_s`` (seconds since the epoch, the database's clock), with the
-    ids its children were given (``run_context``)."""
-    if not records(run_id, traceparent, tracestate):
-        return
-    parent = _parent(traceparent, tracestate)
-    parent_context = (
-        trace.set_span_in_context(trace.NonRecordingSpan(parent))
-        if parent
-        else otel_context.Context()
-    )
-    trace_id = parent.trace_id if parent else own_trace_id(run_id)
-    token = _fixed_ids.set((trace_id, agent_span_id(run_id)))
-    try:
-        span = _tracer.start_span(
-            "invoke_agent",
-            context=parent_context,
-            kind=trace.SpanKind.INTERNAL,
-            start_time=int(started_at_s * 1e9),
-        )
-    finally:
-        _fixed_ids.reset(token)
-    if not span.is_recording():  # sampled out
-        span.end()
-        return
-    # Set here, not given to start_span: the SDK would clean them twice (once for the sampler).
-    span.set_attributes(attributes)
-    if error is not None:
-        span.set_status(trace.Status(trace.StatusCode.ERROR, error))
-    span.end(end_time=None if ended_at_s is None else int(ended_at_s * 1e9))
 
 
 @contextmanager
@@ -283,27 +258,45 @@ def setup(service_name: str) -> bool:
     not call it records nothing."""
     if not wanted():
         return False
+    install(*span_exporters(), service_name=service_name)
+    return True
+
+
+def _exporter_names() -> list[str]:
     names = [
         n.strip().lower()
         for n in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
         if n.strip()
     ]
-    exporters: list[SpanExporter] = []
     for name in names:
+        if name not in ("otlp", "console"):
+            raise ValueError(
+                f"OTEL_TRACES_EXPORTER={name!r} is not supported here: use otlp, console or none"
+            )
+    return names
+
+
+def check_exporters() -> None:
+    """Refuse an ``OTEL_TRACES_EXPORTER`` this project cannot export to (ValueError naming
+    it), when traces are wanted."""
+    if wanted():
+        _exporter_names()
+
+
+def span_exporters() -> list[SpanExporter]:
+    """The exporters OpenTelemetry's variables name (``OTEL_TRACES_EXPORTER``: ``otlp``,
+    OTLP over HTTP/protobuf to ``OTEL_EXPORTER_OTLP_ENDPOINT``, or ``console``)."""
+    exporters: list[SpanExporter] = []
+    for name in _exporter_names():
         if name == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporters.append(OTLPSpanExporter())
-        elif name == "console":
+        else:
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
             exporters.append(ConsoleSpanExporter())
-        else:
-            raise ValueError(
-                f"OTEL_TRACES_EXPORTER={name!r} is not supported here: use otlp, console or none"
-            )
-    install(*exporters, service_name=service_name)
-    return True
+    return exporters
 
 
 def install(
@@ -312,12 +305,10 @@ def install(
     """Record spans in this process and hand them to ``exporters`` (in batches, or one by
     one with ``batch=False``, as tests want: the SDK's ``InMemorySpanExporter`` sees a span
     the moment it ends). Replaces what an earlier call installed."""
-    global _provider, _tracer, _capture, _parent_based
+    global _provider, _tracer
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-    from opentelemetry.sdk.trace.sampling import ParentBased
 
     class OneResource(Resource):
         """The SDK's resource, hashed once: OTLP's encoder groups every span it encodes by
@@ -331,30 +322,17 @@ def install(
         def __hash__(self) -> int:
             return self._hash
 
-    class RunIds(RandomIdGenerator):
-        """Random ids, but those ``record_run`` sets for the one span it starts."""
-
-        def generate_span_id(self) -> int:
-            fixed = _fixed_ids.get()
-            return fixed[1] if fixed else super().generate_span_id()
-
-        def generate_trace_id(self) -> int:
-            fixed = _fixed_ids.get()
-            return fixed[0] if fixed else super().generate_trace_id()
-
     shutdown()
     _forget()  # the sampler decides them from now on
     created = Resource.create(
         {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
     )
     resource = OneResource(created.attributes, created.schema_url)
-    provider = TracerProvider(resource=resource, id_generator=RunIds())
+    provider = TracerProvider(resource=resource)
     for exporter in exporters:
         processor = BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter)
         provider.add_span_processor(processor)
     _provider, _tracer = provider, provider.get_tracer(SCOPE)
-    _parent_based = isinstance(provider.sampler, ParentBased)
-    _capture = os.environ.get(CAPTURE_CONTENT, "").strip().lower() == "true"
     return provider
 
 
@@ -372,3 +350,4 @@ def _forget() -> None:
     sampler installed then)."""
     run_headers.cache_clear()
     run_context.cache_clear()
+    _env_sampler.cache_clear()

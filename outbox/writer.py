@@ -290,12 +290,16 @@ def record_model_turn(db: Any, turn: ModelTurnIn) -> TurnRecord:
     return record
 
 
-def record_model_turns(db: Any, turns: list[ModelTurnIn]) -> list[TurnRecord]:
+def record_model_turns(
+    db: Any, turns: list[ModelTurnIn], spans: list[dict[str, Any] | None] | None = None
+) -> list[TurnRecord]:
     """``record_model_turn`` for many turns at once, their records in the same order (a
     relay's completer records every turn of its transaction this way): per tenant, a
     fixed few statements however many turns there are, one of them calling
     ``record_model_turns_v1`` with all its turns. A refusal of any turn (a missing run,
-    another tenant's) raises and, as for one turn, leaves the transaction to the caller."""
+    another tenant's) raises and, as for one turn, leaves the transaction to the caller.
+    ``spans``: each turn's attempt span as the relay timed it (``relay.spans.record``),
+    kept in its journal event for the trace exporter."""
     conn = pg(db)
     for turn in turns:
         check_size("assistant message", turn.content)
@@ -310,7 +314,12 @@ def record_model_turns(db: Any, turns: list[ModelTurnIn]) -> list[TurnRecord]:
         tenancy.scope(conn, tenant_id)
         mine = [turns[i] for i in positions]
         planned = _plan_calls(conn, tenant_id, mine)
-        params = {"turns": Jsonb([_turn_fields(turn) for turn in mine]), "calls": Jsonb(planned)}
+        fields = [_turn_fields(turn) for turn in mine]
+        if spans is not None:
+            for field, i in zip(fields, positions, strict=True):
+                if spans[i] is not None:
+                    field["span"] = spans[i]
+        params = {"turns": Jsonb(fields), "calls": Jsonb(planned)}
         try:
             recorded = fetch_all(conn, Q.record_model_turns, params)
         except psycopg.Error as err:

@@ -225,21 +225,26 @@ class Completer:
     def _record_turns(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> list[str]:
         """Record model turns together (``writer.record_model_turns``: one statement
         writes them all)."""
-        records = writer.record_model_turns(conn, [o.output for o in outcomes])
+        records = writer.record_model_turns(
+            conn, [o.output for o in outcomes], spans=[spans.record(o) for o in outcomes]
+        )
         return [f"recorded_{r.run_status}" if r.created else "already_recorded" for r in records]
 
     def _store_results(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> list[str]:
         """Store terminal tool results with one call of ``record_tool_results_v1``."""
         results = [
-            {
-                "ref": o.row.tool_call_ref,
-                "status": o.status,
-                "output": o.output,
-                "error": o.error,
-                "source": o.source,
-                "attempt": o.row.attempt,
-                "lag_s": round(max(0.0, o.row.lag_s), 4),
-            }
+            _with_span(
+                {
+                    "ref": o.row.tool_call_ref,
+                    "status": o.status,
+                    "output": o.output,
+                    "error": o.error,
+                    "source": o.source,
+                    "attempt": o.row.attempt,
+                    "lag_s": round(max(0.0, o.row.lag_s), 4),
+                },
+                o,
+            )
             for o in outcomes
         ]
         stored = {
@@ -286,8 +291,6 @@ class Completer:
         for outcome, what in zip(outcomes, applied, strict=True):
             row = outcome.row
             ended = RUN_ENDED_BY.get(what)
-            if ended is not None:
-                spans.run_ended(row, ended)
             if observed:
                 self._observe(outcome, what, ended)
             level = (
@@ -341,7 +344,10 @@ class Completer:
             "write.fenced",
             row.tenant_id,
             **self._ids(row),
-            detail={"action": outcome.action, "status": outcome.status, "error": outcome.error},
+            detail=_with_span(
+                {"action": outcome.action, "status": outcome.status, "error": outcome.error},
+                outcome,
+            ),
         )
         if outcome.action == "result" and row.tool_call_ref is not None:
             conn.execute(
@@ -417,7 +423,7 @@ class Completer:
                 f"{row.kind}.retry_scheduled",
                 row.tenant_id,
                 **self._ids(row),
-                detail={"error": outcome.error, "delay_s": round(delay, 3)},
+                detail=_with_span({"error": outcome.error, "delay_s": round(delay, 3)}, outcome),
             )
             return "retry_scheduled"
         reason = "outcome_unknown" if outcome.action == "unknown" else "max_attempts"
@@ -431,7 +437,7 @@ class Completer:
             f"{row.kind}.{status}",
             row.tenant_id,
             **self._ids(row),
-            detail={"error": outcome.error, "reason": reason},
+            detail=_with_span({"error": outcome.error, "reason": reason}, outcome),
         )
         return "quarantined" if reason == "max_attempts" else "unknown"
 
@@ -447,6 +453,15 @@ class Completer:
         if run["status"] in constants.ENDED:
             return "skipped"
         writer.end_run(conn, run, "failed", "model_error", outcome.error)
+        span = spans.record(outcome)
+        if span is not None:  # the failed turn's attempt, for its span (outbox.traces)
+            store.journal(
+                conn,
+                "model_turn.failed",
+                row.tenant_id,
+                **self._ids(row),
+                detail={"span": span, "error": outcome.error},
+            )
         return "run_failed"
 
     def _apply_webhook(self, conn: psycopg.Connection[Any], outcome: Outcome) -> str:
@@ -528,3 +543,13 @@ def _instead(outcome: Outcome, err: BaseException) -> Outcome | None:
     if outcome.action == "turn":
         return Outcome(outcome.row, "fail_run", error=f"model answer could not be recorded: {said}")
     return None
+
+
+def _with_span(detail: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
+    """A journal event's detail (or a result as ``record_tool_results_v1`` journals it)
+    with the attempt's span (``relay.spans.record``), if it has one: the trace exporter
+    builds the span from it. Without one, it is as it was."""
+    span = spans.record(outcome)
+    if span is not None:
+        detail["span"] = span
+    return detail

@@ -112,8 +112,7 @@ class ToolExecutor:
         self.mcp = McpCaller(mark_dispatched, http)
 
     async def run(self, row: Claimed) -> Outcome:
-        started = time.monotonic()
-        span = spans.tool_started(row)
+        started, started_at = time.monotonic(), time.time()
         try:
             secret = secret_of(row)
         except credentials.CredentialRevoked as err:
@@ -121,11 +120,10 @@ class ToolExecutor:
         except credentials.CredentialUnavailable as err:
             outcome = retry(row, str(err), unsent=True)
         else:
-            trace = spans.headers(row, span)
-            outcome = redacted(await self._run(row, secret, trace), secret)
-        outcome = dataclasses.replace(outcome, duration_s=time.monotonic() - started)
-        spans.tool_ended(span, outcome)
-        return outcome
+            outcome = redacted(await self._run(row, secret, spans.headers(row)), secret)
+        return dataclasses.replace(
+            outcome, duration_s=time.monotonic() - started, started_at=started_at
+        )
 
     async def _run(
         self, row: Claimed, secret: credentials.Secret | None, trace: dict[str, str]

@@ -23,11 +23,9 @@ import time
 from collections.abc import Callable
 
 import psycopg
-from psycopg.rows import dict_row
 
-from outbox import approvals, lifecycle, retention
+from outbox import approvals, lifecycle, retention, tracing
 from outbox.logs import log
-from outbox.relay import spans
 from outbox.relay.config import RelayConfig
 from outbox.relay.links import Link
 from outbox.relay.metrics import Metrics
@@ -163,6 +161,11 @@ class Maintenance:
             self.metrics.runs_parked.labels(tenant).set(parked)
             oldest = max(oldest, float(oldest_s))
         self.metrics.approvals_oldest.set(oldest)
+        if tracing.names_attempts():  # off, nobody exports: the count would only grow
+            with conn.transaction():
+                due, lag_s = conn.execute(self.q.traces_lag).fetchone() or (0, None)
+            self.metrics.spans_due.set(due)
+            self.metrics.spans_lag.set(lag_s or 0.0)
 
     def _heartbeat(self, link: Link) -> None:
         ids = self.in_flight()
@@ -200,12 +203,7 @@ class Maintenance:
             ).fetchall()
             expired = lifecycle.expire_due_runs(conn)
             denied = approvals.expire_due(conn, self.cfg.worker_id)
-            with conn.cursor(row_factory=dict_row) as cur:
-                cancelled = cur.execute(self.q.take_cancelled_runs, {"limit": 1000}).fetchall()
-        for run in cancelled:
-            spans.run_cancelled(run)
         for run in expired:
-            spans.run_expired(run)
             log(
                 logger,
                 logging.WARNING,

@@ -155,6 +155,16 @@ class Metrics:
             ["tenant"],
             registry=r,
         )
+        self.spans_due = Gauge(
+            "outbox_traces_due_runs",
+            "Ended runs whose spans the trace exporter has not exported yet (tracing on)",
+            registry=r,
+        )
+        self.spans_lag = Gauge(
+            "outbox_traces_lag_seconds",
+            "How long the oldest ended run has waited for its spans to be exported (tracing on)",
+            registry=r,
+        )
 
     def tenant(self, tenant_id: str) -> str:
         """The ``tenant`` label of ``tenant_id``: itself for the first ``max_tenants``

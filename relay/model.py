@@ -177,13 +177,12 @@ class ModelExecutor:
             return Outcome(
                 row, "defer", error=f"{base_url} asked to wait (Retry-After)", delay_s=hold
             )
-        started = time.monotonic()
-        span = spans.chat_started(row, run, step_no, messages)
-        post = functools.partial(self.servers(base_url).post, trace=spans.headers(row, span))
+        started, started_at = time.monotonic(), time.time()
+        post = functools.partial(self.servers(base_url).post, trace=spans.headers(row))
         outcome = await self._call(row, post, run, step_no, messages, tools)
-        outcome = dataclasses.replace(outcome, duration_s=time.monotonic() - started)
-        spans.chat_ended(span, outcome)
-        return outcome
+        return dataclasses.replace(
+            outcome, duration_s=time.monotonic() - started, started_at=started_at
+        )
 
     async def _call(
         self,

@@ -127,6 +127,7 @@ class Outcome:
     error: str | None = None
     source: str = "relay"
     duration_s: float = 0.0
+    started_at: float = 0.0  # when the effect started, seconds since the epoch (its span's)
     delay_s: float | None = None
     unsent: bool = False
     answered: bool = False

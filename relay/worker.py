@@ -33,6 +33,7 @@ rows).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gc
 import logging
 import os
@@ -49,7 +50,7 @@ from psycopg.types.json import Jsonb
 
 from outbox import tracing
 from outbox.logs import log
-from outbox.relay import failpoints, inprocess, spans
+from outbox.relay import failpoints, inprocess
 from outbox.relay.capacity import Capacity
 from outbox.relay.completer import Completer
 from outbox.relay.config import RelayConfig, open_files_limit, raise_open_files_limit
@@ -493,8 +494,11 @@ class Worker:
                 outcomes = [
                     retry(r, f"executor crashed: {type(err).__name__}: {err}") for r in rows
                 ]
+            ended = time.time()
             for outcome in outcomes:
-                spans.tool_ran(outcome)
+                # Timed for its span: as long as it took, ending as the chunk ended (the
+                # chunk's calls share one clock reading: near enough for a trace).
+                outcome = dataclasses.replace(outcome, started_at=ended - outcome.duration_s)
                 self._queue(outcome)  # before finished: see _execute
         finally:
             self._finished(len(rows), 0)
@@ -610,14 +614,13 @@ def run_worker(cfg: RelayConfig) -> int:
 
 
 def run_traced(worker: Worker) -> int:
-    """``worker.run()`` in a process of its own, recording spans when OpenTelemetry's
-    variables ask for them (``outbox.tracing.setup``) and exporting the last of them
-    before it returns."""
-    tracing.setup("outbox-relay")
-    try:
-        return worker.run()
-    finally:
-        tracing.shutdown()
+    """``worker.run()`` in a process of its own. It records no span: with OpenTelemetry's
+    variables asking for traces it names each attempt's span to its tool or model and
+    journals its timing, and the trace exporter (``outbox.traces``, which ``outbox relay``
+    starts beside it) builds the spans. An unsupported ``OTEL_TRACES_EXPORTER`` stops it
+    here, before any work is claimed."""
+    tracing.check_exporters()
+    return worker.run()
 
 
 def leave_process(code: int) -> int:

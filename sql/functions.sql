@@ -320,8 +320,9 @@ GRANT EXECUTE ON FUNCTION {s}.lane_loads_v1() TO outbox_relay;
 --          "attempt": 2, "lag_s": 0.004}]', 'relay-host-1');
 --
 -- p_results is a JSON array of {ref (tool_calls.id), status ('ok' or 'error'), output,
--- error, source, attempt, lag_s (optional: how long the row waited, due, before a claim)},
--- each ref at most once. Returns one row per input, in input order: outcome 'stored',
+-- error, source, attempt, lag_s (optional: how long the row waited, due, before a claim),
+-- span (optional: the attempt's span as the relay timed it, {id, start, end, n}, kept in
+-- the journal event for the trace exporter, outbox/traces.py)}, each ref at most once. Returns one row per input, in input order: outcome 'stored',
 -- 'duplicate' (the call has its result already; it stays) or 'orphaned' (its batch is
 -- closed: the result is kept in orphaned_results, never in a context), and
 -- completed_batch, the batch this result completed (else null). For each result stored:
@@ -351,7 +352,7 @@ BEGIN
         SELECT i.*, row_number() OVER () AS n
         FROM jsonb_to_recordset(p_results)
             AS i(ref bigint, status text, output jsonb, error text, source text,
-                 attempt int, lag_s float8)
+                 attempt int, lag_s float8, span jsonb)
     ), calls AS (
         SELECT i.*, tc.tenant_id, tc.run_id, tc.thread_id, tc.batch_id, tc.tool_call_id,
                (SELECT b.status FROM {s}.tool_batches b WHERE b.id = tc.batch_id)
@@ -409,7 +410,7 @@ BEGIN
                CASE WHEN c.stored
                     THEN jsonb_strip_nulls(jsonb_build_object(
                         'status', c.status, 'source', c.source, 'lag_s', c.lag_s,
-                        'payload', {s}.payload_ref_v1(c.output)))
+                        'payload', {s}.payload_ref_v1(c.output), 'span', c.span))
                     ELSE jsonb_build_object('batch_status', c.batch_status,
                                             'source', c.source) END
         FROM (
@@ -1126,11 +1127,12 @@ GRANT EXECUTE ON FUNCTION {s}.end_run_v1(uuid, text, text, text, text) TO outbox
 -- Returns the run's row, now cancelled. No new claims; calls in flight finish and their
 -- results land in orphaned_results; every call of an undelivered batch gets a tool message
 -- at once, so the thread is replayable and a new run may start on it (see end_run_v1).
--- The run is marked agent_span_due (and cancelled_by): a relay records its invoke_agent
--- span once this commits. A run that does not exist for the tenant raises P0002; one that already ended
--- raises OB005. Runs as the schema owner (SECURITY DEFINER: ending a run removes outbox
--- rows, which outbox_writer may not delete) and refuses a tenant other than the session's
--- scope.
+-- The run is marked agent_span_due (and cancelled_by): the trace exporter builds its
+-- invoke_agent span once this commits (outbox/traces.py; every run that ends is marked,
+-- since 0042, by the runs_span_due trigger). A run that does not exist for the tenant
+-- raises P0002; one that already ended raises OB005. Runs as the schema owner (SECURITY
+-- DEFINER: ending a run removes outbox rows, which outbox_writer may not delete) and
+-- refuses a tenant other than the session's scope.
 CREATE OR REPLACE FUNCTION {s}.cancel_run_v1(
     p_tenant_id text, p_run_id uuid, p_actor text DEFAULT NULL
 ) RETURNS {s}.runs
@@ -1312,7 +1314,9 @@ GRANT EXECUTE ON FUNCTION {s}.decide_approval_v1(text, bigint, text, text, text,
 -- or nothing: for each turn the assistant message, the turn with its cost by the model's
 -- price, the tenant's tokens, the batch, each call's intent, journal event and outbox
 -- row, the refused calls' results (record_tool_results_v1), and the run's new status
--- (completed without calls).
+-- (completed without calls). A turn's "span" (optional: the attempt's span as the relay
+-- timed it, {id, start, end, n}) is kept in its model_turn.recorded event, for the trace
+-- exporter (outbox/traces.py).
 --
 -- Returns one row per turn, in p_turns' order: the turn, its message and batch, the calls'
 -- ids in order, the run's status, created (false for a turn already recorded at this
@@ -1452,6 +1456,7 @@ BEGIN
            jsonb_build_object('step_no', new.step_no, 'tool_calls', new.calls,
                               'input_tokens', new.input, 'output_tokens', new.output,
                               'cached_tokens', new.cached, 'cost', turn.cost::text)
+           || jsonb_strip_nulls(jsonb_build_object('span', new.turn->'span'))
     FROM new JOIN turn USING (run_id)
     ORDER BY new.n;
 
@@ -2353,3 +2358,33 @@ LANGUAGE sql IMMUTABLE AS $$
                 ELSE '{}' END
 $$;
 REVOKE ALL ON FUNCTION {s}.erased_document_v1(jsonb) FROM PUBLIC;
+
+
+-- run_span_events_v1: what the trace exporter (outbox/traces.py) builds a run's chat and
+-- execute_tool spans from: each journal event of the runs that carries an attempt's span
+-- as the relay timed it (model_turn.recorded, tool_result.stored, *.retry_scheduled,
+-- *.quarantined, *.outcome_unknown, write.fenced), and each run's run.created (its absence
+-- says the journal was pruned past the run's start: its attempts' spans are gone). Only
+-- what a span carries leaves the journal (no payload reference); an error's text is in
+-- "error", which the exporter puts in a span only with content capture on. Runs as the
+-- schema owner (SECURITY DEFINER): outbox_relay, whose role the exporter uses, reads no
+-- journal otherwise. p_since (the earliest creation of the runs) spares the journal's
+-- partitions older than any of them: every event of a run is journaled after it began.
+CREATE OR REPLACE FUNCTION {s}.run_span_events_v1(p_run_ids uuid[], p_since timestamptz)
+RETURNS TABLE (run_id uuid, event text, at timestamptz, tool_call_ref bigint, attempt integer,
+               detail jsonb)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT j.run_id, j.event, j.at, j.tool_call_ref, j.attempt,
+           jsonb_strip_nulls(jsonb_build_object(
+               'span', j.detail->'span', 'step_no', j.detail->'step_no',
+               'input_tokens', j.detail->'input_tokens',
+               'output_tokens', j.detail->'output_tokens',
+               'status', j.detail->'status', 'error', j.detail->'error'))
+    FROM {s}.journal j
+    WHERE j.run_id = ANY(p_run_ids) AND j.at >= p_since
+      AND (j.detail ? 'span' OR j.event = 'run.created')
+    ORDER BY j.run_id, j.id
+$$;
+REVOKE ALL ON FUNCTION {s}.run_span_events_v1(uuid[], timestamptz) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.run_span_events_v1(uuid[], timestamptz)
+    TO outbox_relay, outbox_auditor;

@@ -342,3 +342,20 @@ CREATE OR REPLACE TRIGGER messages_payload BEFORE INSERT OR UPDATE OF content
     FOR EACH ROW WHEN (NEW.role = 'tool'
                        AND octet_length(NEW.content) > {s}.payload_inline_max_v1())
     EXECUTE FUNCTION {s}.payload_by_reference();
+
+
+-- A run that ends is marked agent_span_due, whoever ends it (a model's last turn, a failure,
+-- the expiry sweep, a cancel): the trace exporter (outbox/traces.py, `outbox traces
+-- export`) takes the marked runs once they are committed and builds their spans from what
+-- the database recorded, so no relay records a span. A run ended then continued (a new
+-- turn on it) keeps its mark and is exported once it ends again: its lease is dropped, so
+-- an exporter exporting its first end does not clear the mark of its second.
+CREATE OR REPLACE FUNCTION {s}.runs_mark_span_due() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.agent_span_due := true;
+    NEW.spans_taken_until := NULL;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER runs_span_due BEFORE UPDATE OF ended_at ON {s}.runs
+    FOR EACH ROW WHEN (OLD.ended_at IS NULL AND NEW.ended_at IS NOT NULL)
+    EXECUTE FUNCTION {s}.runs_mark_span_due();

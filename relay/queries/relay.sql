@@ -540,21 +540,6 @@ UPDATE {s}.outbox SET lease_expires_at = now()
 WHERE status = 'leased' AND lease_owner = %(worker)s AND lease_expires_at > now()
 RETURNING id
 
--- name: take_cancelled_runs
--- Runs cancel_run_v1 ended (by a backend or an operator) whose invoke_agent span no relay
--- has recorded yet (runs.agent_span_due, migration 0037): taken once, by one relay
--- (SKIP LOCKED), which records the span when its tracing is on, naming who cancelled it.
-WITH due AS (
-    SELECT id FROM {s}.runs WHERE agent_span_due
-    ORDER BY ended_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE {s}.runs r SET agent_span_due = false
-FROM due WHERE r.id = due.id
-RETURNING r.id, r.thread_id, r.tenant_id, r.model, r.traceparent, r.tracestate, r.created_at,
-          r.ended_at, r.status, r.cancelled_by
-
 -- name: rescue_stalled_batches
 -- Complete batches whose delivery is missing (the stall at requires_action): enqueue it.
 WITH stalled AS (
@@ -603,6 +588,12 @@ FROM (
     FROM {s}.outbox o WHERE o.status = 'quarantined' GROUP BY o.tenant_id
 ) w
 GROUP BY tenant_id
+
+-- name: traces_lag
+-- Ended runs whose spans the trace exporter (outbox/traces.py) has not exported yet, and
+-- how long the oldest has waited, in seconds (runs_agent_span_due, a partial index).
+SELECT count(*), extract(epoch FROM now() - min(ended_at))::float8
+FROM {s}.runs WHERE agent_span_due AND ended_at IS NOT NULL
 
 -- name: finish_many
 -- Fencing for many done rows at once: each row leaves the hot table only for its current

@@ -65,7 +65,7 @@ def test_commands_print_json(run_json, conn, tmp_path):
 
 
 # Commands that run until stopped and log JSON lines on stderr: nothing to print as JSON.
-RUNS_UNTIL_STOPPED = {"relay", "serve"}
+RUNS_UNTIL_STOPPED = {"relay", "serve", "traces export"}
 
 
 def leaf_commands() -> list[tuple[str, ...]]:

@@ -10,9 +10,10 @@ from typing import Any
 import httpx2
 import psycopg
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from outbox import writer
+from outbox import traces, tracing, writer
 from outbox.relay import metrics
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
@@ -166,3 +167,29 @@ def test_claim_to_start_is_by_tenant_and_tenants_past_the_cap_share_one_label(
         if name == "outbox_relay_run_seconds_count"
     }
     assert ran == set(counted) | {metrics.OTHER_TENANTS}
+
+
+def test_a_tracing_relay_serves_how_far_behind_the_trace_exporter_is(db_url, model):
+    """Runs ended and no exporter ran: a relay with tracing on counts them, and the age
+    of the oldest, until an exporter has taken them."""
+    tracing.install(InMemorySpanExporter(), batch=False)  # the relay's tracing is on
+    try:
+        with psycopg.connect(db_url) as conn:
+            runs = [start(conn, model, "", tools=()) for _ in range(2)]
+            conn.commit()
+        port = free_port()
+        with relay_thread(db_url, kinds=ALL_KINDS, metrics_port=port):
+            wait_until(
+                lambda: (s := scrape(port)) and value(s, "outbox_traces_due_runs") == 2 and s,
+                what="the two ended runs counted as due",
+            )
+            assert (value(scrape(port), "outbox_traces_lag_seconds") or 0) > 0
+            with psycopg.connect(db_url) as conn:
+                assert traces.export_due(conn, [InMemorySpanExporter()]).runs == len(runs)
+            wait_until(
+                lambda: value(scrape(port), "outbox_traces_due_runs") == 0,
+                what="the gauge to drop once they were exported",
+            )
+            assert value(scrape(port), "outbox_traces_lag_seconds") == 0
+    finally:
+        tracing.shutdown()

@@ -173,6 +173,14 @@ CALLS: dict[str, Call] = {
     "sweep_payloads_v1": lambda c, s: _is(
         one(c, "SELECT outbox.sweep_payloads_v1(ARRAY[]::text[])"), 0
     ),
+    "run_span_events_v1": lambda c, s: _is(
+        one(
+            c,
+            "SELECT array_agg(event) FROM outbox.run_span_events_v1(%s, '-infinity')",
+            [[s.queued.id]],
+        ),
+        ["run.created"],
+    ),
     "end_run_v1": lambda c, s: _is(
         one(
             c,

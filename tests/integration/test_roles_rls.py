@@ -14,8 +14,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from outbox import db, migrate, ops, registry, tenancy, writer
+from outbox import db, migrate, ops, registry, tenancy, traces, writer
 from outbox.errors import OutboxError
 from outbox.schemas import ToolResultIn
 from outbox.sql import Queries
@@ -437,7 +438,9 @@ def test_relay_sees_and_claims_every_tenant(conn):
     ).fetchone() == (0,)
 
 
-def test_relay_takes_the_runs_every_tenants_backend_cancelled_once(conn):
+def test_the_trace_exporter_takes_every_tenants_ended_runs_once_as_the_relay(conn):
+    """The trace exporter runs under the relay's login: it takes every tenant's ended runs
+    and reads their span events through run_span_events_v1, never the journal itself."""
     made = seed(conn)
     for tenant in (A, B):
         as_role(conn, "outbox_writer", tenant)
@@ -447,18 +450,29 @@ def test_relay_takes_the_runs_every_tenants_backend_cancelled_once(conn):
         )
         conn.commit()
     as_role(conn, "outbox_relay")  # as the relay's login is: it may not read the journal
-    cur = conn.execute(RELAY_Q.take_cancelled_runs, {"limit": 10})
-    taken, columns = cur.fetchall(), [c.name for c in cur.description or []]
-    conn.commit()
-    by_run = {row[0]: dict(zip(columns, row, strict=True)) for row in taken}
-    assert set(by_run) == {made[A]["run"].id, made[B]["run"].id}
-    assert {r["tenant_id"]: r["cancelled_by"] for r in by_run.values()} == {
-        A: f"ops-{A}",
-        B: f"ops-{B}",
-    }
-    assert {r["status"] for r in by_run.values()} == {"cancelled"}
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("SELECT count(*) FROM outbox.journal")
+    conn.rollback()
     as_role(conn, "outbox_relay")
-    assert conn.execute(RELAY_Q.take_cancelled_runs, {"limit": 10}).fetchall() == []
+    events = conn.execute(
+        "SELECT run_id, event FROM outbox.run_span_events_v1(%s, '-infinity')",
+        [[made[A]["run"].id, made[B]["run"].id]],
+    ).fetchall()
+    assert {(r, e) for r, e in events} == {
+        (made[A]["run"].id, "run.created"),
+        (made[B]["run"].id, "run.created"),
+    }
+    spans = InMemorySpanExporter()
+    assert traces.export_due(conn, [spans]).runs == 2
+    conn.commit()
+    agents = {s.attributes["outbox.run.id"]: s for s in spans.get_finished_spans()}
+    assert set(agents) == {str(made[A]["run"].id), str(made[B]["run"].id)}
+    assert {
+        s.attributes["outbox.tenant.id"]: s.attributes["outbox.run.ended_by"]
+        for s in agents.values()
+    } == {A: f"ops-{A}", B: f"ops-{B}"}
+    as_role(conn, "outbox_relay")
+    assert traces.export_due(conn, [spans]).runs == 0
 
 
 def test_relay_cannot_change_the_journal(conn):

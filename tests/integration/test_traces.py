@@ -1,8 +1,10 @@
 """Traces: one run is one trace, from the backend's span through model turns and tool calls.
 
-The relay runs in this process (a thread), with the SDK's ``InMemorySpanExporter``
-installed as the exporter; the model and tools are real HTTP servers. What the tests read
-is what an OpenTelemetry backend would receive, and what the tool and model servers saw.
+The relay runs in this process (a thread); the backend's and the server's spans go to the
+SDK's ``InMemorySpanExporter`` installed here, and so do the spans the trace exporter
+(``outbox.traces``) builds from the database once a run has ended (``exported``: its
+passes, run here). The model and tools are real HTTP servers. What the tests read is what
+an OpenTelemetry backend would receive, and what the tool and model servers saw.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
 
 import cli
-from outbox import approvals, keys, lifecycle, registry, tracing, writer
+from outbox import approvals, keys, lifecycle, registry, traces, tracing, writer
 from outbox.schemas import StartRun
 from outbox.server.observed import REGISTRY
 from outbox.testing.model import ScriptedModel
@@ -92,6 +94,14 @@ def start(db_url: str, model: ScriptedModel, **kw: Any) -> writer.RunRef:
     return run
 
 
+def exported(db_url: str, spans: InMemorySpanExporter) -> list[ReadableSpan]:
+    """Every span ``spans`` has, after the trace exporter's passes exported what is due."""
+    with psycopg.connect(db_url) as conn:
+        while traces.export_due(conn, [spans]).runs:
+            pass
+    return list(spans.get_finished_spans())
+
+
 def finish(db_url: str, run_id: uuid.UUID, spans: InMemorySpanExporter | None = None) -> None:
     with relay_thread(db_url, kinds=ALL_KINDS):
         wait_until(
@@ -101,11 +111,8 @@ def finish(db_url: str, run_id: uuid.UUID, spans: InMemorySpanExporter | None = 
             ),
             what="the run to complete",
         )
-        if spans is not None:
-            wait_until(
-                lambda: any(s.name == "invoke_agent" for s in spans.get_finished_spans()),
-                what="the run's invoke_agent span",
-            )
+    if spans is not None:
+        assert any(s.name == "invoke_agent" for s in exported(db_url, spans))
 
 
 def ids(traceparent: str) -> tuple[int, int]:
@@ -206,6 +213,9 @@ def test_with_tracing_off_tools_and_models_still_continue_the_runs_trace(setup, 
     expected = (ids(BACKEND_TRACEPARENT)[0], tracing.agent_span_id(run.id))
     assert {ids(h["traceparent"]) for h in received} == {expected}
     assert all(h.get("tracestate") == "vendor=abc" for h in received[:2])
+    # Nor does the relay journal its attempts' spans: its writes are as they were.
+    journaled = "SELECT count(*) FROM outbox.journal WHERE detail ? 'span'"
+    assert scalar(setup, journaled) == 0
 
 
 def test_a_run_started_without_a_trace_is_a_trace_of_its_own(setup, model, service, spans):
@@ -309,8 +319,13 @@ def test_a_python_tool_run_in_a_chunk_has_its_span(db_url, spans):
     seed(db_url, ["echo"], runs=1, calls_per_batch=2, args=lambda n: {"n": n})
     run_id = scalar(db_url, "SELECT id FROM outbox.runs")
     with relay_thread(db_url):
-        wait_until(lambda: len(named(list(spans.get_finished_spans()), "execute_tool echo")) == 2)
-    for span in named(list(spans.get_finished_spans()), "execute_tool echo"):
+        wait_until(lambda: scalar(db_url, "SELECT count(*) FROM outbox.tool_results") == 2)
+    with psycopg.connect(db_url) as conn:  # spans are exported once their run ends
+        lifecycle.cancel_run(conn, run_id, TENANT, actor="test")
+        conn.commit()
+    found = named(exported(db_url, spans), "execute_tool echo")
+    assert len(found) == 2
+    for span in found:
         assert span.context.trace_id == tracing.own_trace_id(run_id)
         assert span.parent is not None and span.parent.span_id == tracing.agent_span_id(run_id)
         assert dict(span.attributes or {})["outbox.outcome"] == "result_ok"
@@ -341,7 +356,7 @@ def test_a_run_started_through_outbox_serve_continues_the_callers_traceparent(
             )
             assert response.status == "completed"
             wait_until(
-                lambda: named(list(spans.get_finished_spans()), "invoke_agent"),
+                lambda: named(exported(setup, spans), "invoke_agent"),
                 what="the run's invoke_agent span",
             )
         sdk.close()
@@ -387,7 +402,7 @@ def test_a_run_expired_by_the_sweep_gets_its_invoke_agent_span(db_url, model, sp
         conn.commit()
     with relay_thread(db_url, kinds=ALL_KINDS):
         wait_until(
-            lambda: named(list(spans.get_finished_spans()), "invoke_agent"),
+            lambda: named(exported(db_url, spans), "invoke_agent"),
             what="the expired run's span",
         )
     (agent,) = named(list(spans.get_finished_spans()), "invoke_agent")
@@ -411,7 +426,7 @@ def test_under_a_sampler_a_run_is_kept_or_dropped_whole(setup, model, service, m
     try:
         dropped = start(setup, model)
         finish(setup, dropped.id)
-        assert exporter.get_finished_spans() == ()
+        assert exported(setup, exporter) == []
         assert {d.headers["traceparent"][-2:] for d in service.tool("send_email").deliveries} == {
             "00"
         }
@@ -420,6 +435,10 @@ def test_under_a_sampler_a_run_is_kept_or_dropped_whole(setup, model, service, m
         found = list(exporter.get_finished_spans())
         assert {s.context.trace_id for s in found} == {ids(BACKEND_TRACEPARENT)[0]}
         assert len(found) == 5  # invoke_agent, two turns, two calls
+        # The relay journaled the kept run's attempts for the exporter, not the dropped one's.
+        journaled = "SELECT count(*) FROM outbox.journal WHERE run_id = %s AND detail ? 'span'"
+        assert scalar(setup, journaled, [dropped.id]) == 0
+        assert scalar(setup, journaled, [kept.id]) == 4
     finally:
         tracing.shutdown()
 
@@ -446,7 +465,7 @@ def test_a_call_that_waited_for_approval_says_who_approved_it_and_how_long_it_wa
             approvals.decide(conn, waiting["id"], "approve", actor="alice")
             conn.commit()
         wait_until(
-            lambda: named(list(spans.get_finished_spans()), "execute_tool send_email"),
+            lambda: named(exported(db_url, spans), "execute_tool send_email"),
             what="the approved call's span",
         )
     (call,) = named(list(spans.get_finished_spans()), "execute_tool send_email")
@@ -477,7 +496,7 @@ def test_a_run_cancelled_by_its_backend_or_an_operator_gets_its_invoke_agent_spa
         return scalar(db_url, "SELECT agent_span_due FROM outbox.runs WHERE id = %s", [run_id])
 
     def agent_spans() -> dict[Any, ReadableSpan]:
-        found = named(list(spans.get_finished_spans()), "invoke_agent")
+        found = named(exported(db_url, spans), "invoke_agent")
         assert len({s.context.span_id for s in found}) == len(found), "a span recorded twice"
         return {s.context.span_id: s for s in found}
 

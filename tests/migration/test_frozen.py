@@ -94,6 +94,8 @@ PINNED = {
     "0036_journal_partitions.sql": "f55d90c50378ff76",
     "0037_cancelled_run_spans.py": "df2a73ae4be7d373",
     "0037_cancelled_run_spans.sql": "3e808f3b6d6d2bff",
+    "0042_spans_from_the_database.py": "28824ed26ba51a08",
+    "0042_spans_from_the_database.sql": "1b1bd5a25d750505",
 }
 
 

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from outbox import tracing
+from outbox import traces, tracing
 
 CALLER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -76,3 +76,48 @@ def test_off_unless_opentelemetrys_variables_ask(monkeypatch):
     with pytest.raises(ValueError, match="OTEL_TRACES_EXPORTER='zipkin' is not supported"):
         tracing.setup("outbox-relay")
     assert not tracing.enabled()
+
+
+def test_a_relay_without_the_sdk_names_attempts_as_the_exporter_samples_them(monkeypatch):
+    """No tracer provider in the relay: the sampled flag it sends with an attempt's span is
+    the decision the trace exporter's sampler (the same variables) makes for the run, and
+    the span id it sends is the one the exporter gives the span."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+    tracing.shutdown()  # forget what was decided under other variables
+    try:
+        assert tracing.names_attempts() and not tracing.enabled()
+        builder = traces.SpanBuilder()
+        kept = 0
+        for _ in range(200):
+            run_id = uuid.uuid4()
+            span_id = tracing.attempt_span_id(7, 1)
+            sent = tracing.attempt_headers(run_id, None, None, span_id)["traceparent"]
+            run = {
+                "id": run_id, "thread_id": uuid.uuid4(), "tenant_id": "acme", "model": "m",
+                "traceparent": None, "tracestate": None, "status": "completed",
+                "cancelled_by": None, "created_s": 1.0, "ended_s": 2.0,
+            }  # fmt: skip
+            event = {
+                "event": "tool_result.stored", "tool_call_ref": 1, "attempt": 1,
+                "detail": {"span": {"id": f"{span_id:016x}", "start": 1.1, "end": 1.2,
+                                    "n": 1, "outcome": "result_ok"}},
+            }  # fmt: skip
+            call = {
+                "tool_call_id": "c", "tool_name": "t", "idempotency_mode": "key",
+                "idempotency_key": "k", "approved_by": None, "approval_wait_s": None,
+            }  # fmt: skip
+            traces.run_spans(builder, run, [event], {1: call}, {})
+            made = builder.take()
+            assert sent.endswith("-01") == bool(made)
+            assert sent.split("-")[1] == f"{tracing.own_trace_id(run_id):032x}"
+            if made:
+                tool = next(s for s in made if s.name == "execute_tool t")
+                assert tool.context is not None and tool.context.span_id == span_id
+                assert tool.parent is not None
+                assert tool.parent.span_id == tracing.agent_span_id(run_id)
+            kept += bool(made)
+        assert 50 < kept < 150
+    finally:
+        tracing.shutdown()
