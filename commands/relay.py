@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -283,7 +284,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         refuse(str(err), "use otlp, console or none", EXIT_CONFIG)
     exporter = None
     if opts["trace_exporter"] and tracing.wanted():
-        exporter = start_trace_exporter(url, log_level)
+        exporter = TraceExporter(url, log_level)
     try:
         if processes > 1:
             code = supervisor.supervise(cfg, processes, log_level)
@@ -291,27 +292,63 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
             code = worker.run_worker(cfg)
     finally:
         if exporter is not None:
-            stop_trace_exporter(exporter)
+            exporter.stop()
     sys.exit(code)
 
 
-def start_trace_exporter(url: str, log_level: str) -> subprocess.Popen[bytes]:
-    """``outbox traces export`` in a process of its own (its CPU is not the relay's),
-    watching this one: a relay killed with -9 leaves no exporter behind for long."""
-    env = {**os.environ, "OUTBOX_DATABASE_URL": url}
-    command = [sys.executable, "-m", "outbox.commands", "traces", "export"]
-    command += ["--parent-pid", str(os.getpid()), "--log-level", log_level]
-    return subprocess.Popen(command, env=env)
+class TraceExporter:
+    """``outbox traces export`` in a process of its own beside the relay (its CPU is not
+    the relay's), started again when it dies: a relay whose exporter crashed would
+    otherwise leave its runs' spans waiting, seen only by the lag gauge. The exporter
+    watches this process too, so a relay killed with -9 leaves no exporter for long."""
 
+    RESTART_S = (1.0, 30.0)  # the wait before a restart: doubled after each, up to this
 
-def stop_trace_exporter(exporter: subprocess.Popen[bytes]) -> None:
-    """SIGTERM: it finishes the batch in hand (its marks are cleared only after export)."""
-    exporter.terminate()
-    try:
-        exporter.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        exporter.kill()
-        exporter.wait()
+    def __init__(self, url: str, log_level: str) -> None:
+        self.command = [sys.executable, "-m", "outbox.commands", "traces", "export"]
+        self.command += ["--parent-pid", str(os.getpid()), "--log-level", log_level]
+        self.env = {**os.environ, "OUTBOX_DATABASE_URL": url}
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()  # a restart does not race stop()
+        self.process = subprocess.Popen(self.command, env=self.env)
+        self.keeper = threading.Thread(target=self.keep, name="trace-exporter", daemon=True)
+        self.keeper.start()
+
+    def keep(self) -> None:
+        wait_s = self.RESTART_S[0]
+        while True:
+            started = time.monotonic()
+            code = self.process.wait()
+            if time.monotonic() - started > self.RESTART_S[1]:
+                wait_s = self.RESTART_S[0]  # it had been running well: no backoff
+            if self.stopping.wait(wait_s):
+                return
+            from outbox.logs import log
+
+            log(
+                logging.getLogger("relay"),
+                logging.ERROR,
+                "traces.exporter_restarted",
+                exit_code=code,
+                after_s=wait_s,
+            )
+            with self.lock:
+                if self.stopping.is_set():
+                    return
+                self.process = subprocess.Popen(self.command, env=self.env)
+            wait_s = min(wait_s * 2, self.RESTART_S[1])
+
+    def stop(self) -> None:
+        """SIGTERM: it finishes the batch in hand (its marks are cleared only after export)."""
+        with self.lock:
+            self.stopping.set()
+            process = self.process
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @contextmanager

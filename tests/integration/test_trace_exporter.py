@@ -8,12 +8,15 @@ installed in this process, as ``tests/integration/test_traces.py`` does).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,6 +26,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from outbox import lifecycle, traces, tracing
+from outbox.testing.relay import stop_relay
 from tests.helpers import new_run
 from tests.integration.test_traces import finish, start
 
@@ -31,7 +35,7 @@ from tests.integration.test_traces import model as model
 from tests.integration.test_traces import service as service
 from tests.integration.test_traces import setup as setup
 from tests.otlp_receiver import otlp_receiver
-from tests.relay_harness import REPO, scalar, wait_until
+from tests.relay_harness import REPO, scalar, start_relay_process, wait_until
 
 TENANT = "acme"
 DUE = "SELECT count(*) FROM outbox.runs WHERE agent_span_due"
@@ -297,3 +301,43 @@ def test_an_export_in_progress_holds_no_row_of_its_runs(db_url):
         exporting.join(timeout=30)
     assert [d.runs for d in done] == [1]
     assert scalar(db_url, DUE) == 0
+
+
+def exporters_of(pid: int) -> list[int]:
+    """The pids of the `outbox traces export` processes that process ``pid`` started."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(FileNotFoundError):  # gone since
+                command = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+                if b"traces" in command and b"export" in command:
+                    found.append(int(child))
+    return found
+
+
+def test_a_relays_exporter_that_dies_is_started_again(db_url, tmp_path: Path):
+    """The exporter a relay started, killed with -9, is replaced, and the new one exports:
+    without it the ended runs' spans would wait, seen only by the lag gauge."""
+    with otlp_receiver() as receiver:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
+        log = tmp_path / "relay.log"
+        relay = start_relay_process(db_url, log, "--kind", "tool_call", env=env)
+        try:
+            wait_until(lambda: exporters_of(relay.pid), what="the relay's trace exporter")
+            (first,) = exporters_of(relay.pid)
+            os.kill(first, signal.SIGKILL)
+            wait_until(
+                lambda: exporters_of(relay.pid) not in ([], [first]),
+                what="the relay to start its exporter again",
+            )
+            runs = cancelled_runs(db_url, 2)
+            wait_until(
+                lambda: (
+                    {tracing.own_trace_id(r) for r in runs}
+                    <= {s.trace_id for s in receiver.received() if s.name == "invoke_agent"}
+                ),
+                what="the new exporter to export the runs ended since",
+            )
+        finally:
+            stop_relay(relay)
+    assert "traces.exporter_restarted" in log.read_text()
