@@ -34,8 +34,11 @@ UNSETTLING = frozenset({"queued", "in_progress"})
 async def settled(read: Callable[[], Row], watch: Watch, wait_s: float = WAIT_S) -> Row:
     """The response once it settled, or as it is after ``wait_s``. Read again when its run
     changed (``watch``: the run's notification), polling with a growing pause only when
-    nobody listens (``server.wakeups``)."""
+    nobody listens (``server.wakeups``). A ``primed`` watch needs no read before its first
+    change."""
     deadline, pause = time.monotonic() + wait_s, POLL_S[0]
+    if watch.primed:
+        await watch.changed(pause, listened_s=min(FALLBACK_S, wait_s))
     while True:
         watch.clear()  # before the read: a change during it wakes the wait below
         shown = await run_in_threadpool(read)

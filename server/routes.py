@@ -37,7 +37,7 @@ from outbox.server.bodies import (
     ThreadIn,
 )
 from outbox.server.errors import APIError
-from outbox.server.store import Store
+from outbox.server.store import Store, UnknownKey
 from outbox.server.wakeups import Wakeups
 
 B = TypeVar("B", bound=BaseModel)
@@ -63,8 +63,8 @@ def config(request: Request) -> Config:
     return cfg
 
 
-async def tenant(request: Request) -> str:
-    """The tenant of the request's API key; 401 when there is none or it is not valid."""
+def bearer(request: Request) -> str:
+    """The request's API key; 401 when there is none."""
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
@@ -73,16 +73,25 @@ async def tenant(request: Request) -> str:
             "You didn't provide an API key. You need to provide your API key in an "
             "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
         )
-    key = key.strip()
+    return key.strip()
+
+
+def refused_key(key: str) -> APIError:
+    shown = f"{key[:6]}***{key[-4:]}" if len(key) > 12 else "***"
+    return APIError(
+        401,
+        f"Incorrect API key provided: {shown}. Create one with `outbox keys create "
+        "--tenant T`; a revoked key is refused.",
+        code="invalid_api_key",
+    )
+
+
+async def tenant(request: Request) -> str:
+    """The tenant of the request's API key; 401 when there is none or it is not valid."""
+    key = bearer(request)
     found = await run_in_threadpool(config(request).store.tenant_of, key)
     if found is None:
-        shown = f"{key[:6]}***{key[-4:]}" if len(key) > 12 else "***"
-        raise APIError(
-            401,
-            f"Incorrect API key provided: {shown}. Create one with `outbox keys create "
-            "--tenant T`; a revoked key is refused.",
-            code="invalid_api_key",
-        )
+        raise refused_key(key)
     request.state.tenant_id = found  # for the access log (server.access)
     return found
 
@@ -366,14 +375,33 @@ async def run_events(request: Request) -> Response:
 
 
 async def create_response(request: Request) -> Response:
-    who, cfg = await tenant(request), config(request)
-    data = await body(request, ResponseIn)
+    # The key is looked up by the create's own transaction (Store.for_key): one
+    # connection and one round trip for both. A body refused before it still answers a
+    # bad key's 401 first, as every route does.
+    api_key, cfg = bearer(request), config(request)
+    try:
+        data = await body(request, ResponseIn)
+    except APIError:
+        await tenant(request)
+        raise
     key = request.headers.get("idempotency-key")
-    ident, run_id = await run_in_threadpool(
-        responses.create, cfg.store, who, data, cfg.settings, key
-    )
+    since = cfg.wakeups.mark()  # before the run is made (server.wakeups)
+    try:
+        ident, run_id, who = await run_in_threadpool(
+            responses.create, cfg.store, api_key, data, cfg.settings, key
+        )
+    except UnknownKey:
+        raise refused_key(api_key) from None
+    request.state.tenant_id = who  # for the access log (server.access)
     return await _respond(
-        request, who, cfg, ident, stream=data.stream, wait=not data.background, run_id=run_id
+        request,
+        who,
+        cfg,
+        ident,
+        stream=data.stream,
+        wait=not data.background,
+        run_id=run_id,
+        since=since,
     )
 
 
@@ -398,10 +426,13 @@ async def _respond(
     wait: bool,
     after: int = -1,
     run_id: Any = None,
+    since: int | None = None,
 ) -> Response:
     """The response as JSON (once settled, ``wait``) or as its stream. ``run_id``: its run,
     known when the request just made it; a waiting or streamed answer then reads it first
-    once its watch is in place (a read before would be one more for nothing)."""
+    once its watch is in place (a read before would be one more for nothing), unless the
+    watch is primed (``since``: ``Wakeups.mark()`` taken before the run was made), when
+    every change of the run since wakes it and it reads only then."""
 
     def read() -> dict[str, Any]:
         # What is answered from it: the response once settled, by a durable commit of the
@@ -416,7 +447,7 @@ async def _respond(
         events = response_stream.stream(read, cfg.wakeups, run_id, after)
         return EventSourceResponse(events, ping=15)
     if wait:
-        with cfg.wakeups.watch(run_id, response_stream.UNSETTLING) as watch:
+        with cfg.wakeups.watch(run_id, response_stream.UNSETTLING, since=since) as watch:
             try:
                 shown = await response_stream.settled(read, watch)
             except NotFound:
