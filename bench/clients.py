@@ -257,6 +257,8 @@ def waiting(
         "api": api,
         "writer_wall_s": writer["wall_s"],
         "api_vs_writer": round(api["wall_s"] / writer["wall_s"], 2),
+        "writer_relay_cpu_s": writer["relay_cpu_s"],
+        "writer_postgres_cpu_s": writer["postgres_cpu_s"],
     }
 
 
@@ -279,19 +281,11 @@ class CpuSplit:
         self.before = self._now()
 
     def _now(self) -> dict[str, float]:
-        pg = self.postmaster.cpu_times()
-        postgres = pg.user + pg.system + pg.children_user + pg.children_system
-        for backend in self.postmaster.children():
-            try:
-                times = backend.cpu_times()
-            except psutil.Error:
-                continue
-            postgres += times.user + times.system
         machine = psutil.cpu_times()
         return {
             "server": inflight.cpu_s(self.server),
             "relay": inflight.cpu_s(self.relay),
-            "postgres": postgres,
+            "postgres": inflight.postgres_cpu_s(self.postmaster),
             "latency_server": inflight.cpu_s(self.latency),
             "machine_busy": machine.user
             + machine.nice

@@ -120,6 +120,20 @@ def rss(process: psutil.Process) -> int:
         return 0
 
 
+def postgres_cpu_s(postmaster: psutil.Process) -> float:
+    """CPU seconds PostgreSQL spent so far: its postmaster, every backend and process it
+    runs, and those that ended (reaped by the postmaster)."""
+    times = postmaster.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in postmaster.children():
+        try:
+            child_times = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += child_times.user + child_times.system
+    return float(total)
+
+
 def cpu_s(process: psutil.Process) -> float:
     total = 0.0
     for p in [process, *process.children(recursive=True)]:
@@ -236,6 +250,9 @@ def _watch(
             time.sleep(0.01)
         started = time.perf_counter()
         idle_rss, cpu_before = rss(process), cpu_s(process)
+        postmaster = psutil.Process(conn.info.backend_pid).parent()
+        assert postmaster is not None
+        pg_before = postgres_cpu_s(postmaster)
         sampler = Sampler(url, process)
         sampler.start()
         deadline = time.monotonic() + max(120.0, TIMEOUT_FACTOR * ideal)
@@ -250,12 +267,14 @@ def _watch(
             time.sleep(0.05)
         wall = time.perf_counter() - started
         cpu = cpu_s(process) - cpu_before
+        pg_cpu = postgres_cpu_s(postmaster) - pg_before
         sampler.stop.set()
         sampler.join()
     return {
         "wall_s": round(wall, 2),
         "relay_cpu_s": round(cpu, 2),
         "cpu_ms_per_run": round(1000 * cpu / runs, 2),
+        "postgres_cpu_s": round(pg_cpu, 2),
         "max_db_connections": sampler.max_connections,
         "peak_rss_mb": round(sampler.max_rss / 2**20, 1),
         "kb_per_run_in_flight": round(max(0, sampler.max_rss - idle_rss) / 1024 / runs, 1),

@@ -18,8 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
-
+from outbox.server.threads import in_thread
 from outbox.server.wakeups import FALLBACK_S, Wakeups, Watch
 
 Row = dict[str, Any]
@@ -41,7 +40,7 @@ async def settled(read: Callable[[], Row], watch: Watch, wait_s: float = WAIT_S)
         await watch.changed(pause, listened_s=min(FALLBACK_S, wait_s))
     while True:
         watch.clear()  # before the read: a change during it wakes the wait below
-        shown = await run_in_threadpool(read)
+        shown = await in_thread(read)
         left = deadline - time.monotonic()
         if shown["status"] in SETTLED or left <= 0:
             return shown
@@ -101,7 +100,7 @@ async def stream(
 
 
 async def _events(read: Callable[[], Row], watch: Watch, starting_after: int) -> AsyncIterator[Row]:
-    first = await run_in_threadpool(read)
+    first = await in_thread(read)
     number = 0
     for event in opening(first):
         if number > starting_after:

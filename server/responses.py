@@ -107,7 +107,7 @@ def create(
     the stored history it extends, or seeds a new thread. With an ``Idempotency-Key`` the
     same request again answers the response the first made (nothing stored twice); the
     key with any other request is a 409 (``server.idempotency``)."""
-    digest = idempotency.digest("responses.create", {}, body)
+    digest = idempotency.digest("responses.create", {}, body) if key else ""
     given = input_items.parse(body.input)
     if body.previous_response_id and body.conversation:
         raise APIError(
@@ -414,9 +414,14 @@ def _start(
 def get(store: Store, tenant: str, ident: uuid.UUID, *, durable_reads: bool = True) -> Row:
     """The response as OpenAI shows it, from the database now. ``durable_reads=False``:
     for a read that answers only once the response settled, which a durable commit of the
-    relay did (``server.store``)."""
-    with store.tenant(tenant, durable_reads=durable_reads) as conn:
-        return _shape(_shown(conn, ident))
+    relay did (``server.store``): one round trip (``Store.read_settled``)."""
+    if durable_reads:
+        with store.tenant(tenant) as conn:
+            return _shape(_shown(conn, ident))
+    row = store.read_settled(tenant, Q.response_shown, {"id": ident})
+    if row is None:
+        raise NotFound(f"Response with id 'resp_{ident.hex}' not found.")
+    return _shape(row)
 
 
 def get_with_run(store: Store, tenant: str, ident: uuid.UUID) -> tuple[Row, uuid.UUID]:

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from outbox import db, keys, tenancy, writer
@@ -33,6 +34,7 @@ from outbox.server import QUERIES
 from outbox.sql import Queries
 
 Q = Queries(QUERIES / "api.sql")
+Row = dict[str, Any]
 POOL_TIMEOUT_S = 10.0  # seconds a request waits for a free connection before a 503
 
 
@@ -80,6 +82,19 @@ class Store:
             conn.execute(act, {"tenant_id": tenant_id})
             with self._request(conn, tenant_id, unanswered, durable_reads):
                 yield conn
+
+    def read_settled(self, tenant_id: str, query: Any, params: dict[str, Any]) -> Row | None:
+        """One statement's first row, read as ``tenant`` reads with ``durable_reads=False``
+        (for an answer that rests on a durable commit only: a response once its run
+        settled), in one round trip: the transaction's ``BEGIN``, its scope, the statement
+        and its ``COMMIT`` sent together (psycopg's pipeline mode), where ``tenant`` waits
+        for each. A waiting request reads its response so once its run settled."""
+        with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            with conn.pipeline():
+                conn.execute(Q.act_for_tenant, {"tenant_id": tenant_id})
+                cur.execute(query, params)
+                conn.commit()
+            return cur.fetchone()
 
     @contextmanager
     def for_key(

@@ -134,3 +134,16 @@ def test_a_refusal_by_key_rolls_back_everything_without_savepoints(store, db_url
         assert getattr(conn, writer.WHOLE, False) is False  # ended with the request
         row = conn.execute("SELECT count(*) FROM outbox.threads WHERE id = %s", made)
         assert row.fetchone() == (0,)
+
+
+def test_a_settled_read_acts_for_its_tenant_and_ends_its_transaction(store):
+    """``read_settled`` (one round trip, pipelined) reads as ``tenant`` does: as
+    outbox_api for one tenant, in a transaction that ends with it."""
+    with store.tenant("acme") as conn:
+        thread = writer.create_thread(conn, "acme").id
+    query = "SELECT count(*) AS n, current_user AS acting FROM outbox.threads WHERE id = %(id)s"
+    assert store.read_settled("acme", query, {"id": thread}) == {"n": 1, "acting": "outbox_api"}
+    assert store.read_settled("globex", query, {"id": thread}) == {"n": 0, "acting": "outbox_api"}
+    with store.pool.connection() as conn:  # the same connection: nothing of it outlives it
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert acting(conn)[0] != "outbox_api" and acting(conn)[1] in (None, "")
