@@ -210,7 +210,7 @@ def waiting(
             with psycopg.connect(url) as conn:
                 _, key = keys.create_key(conn, seed.TENANT, name="bench")
                 conn.commit()
-                postmaster = psutil.Process(conn.info.backend_pid).parent()
+                postmaster = inflight.postmaster_of(conn)
             with serving(url, latency.url + "/v1", log, workers) as (base, process, relay):
                 watch, commits = Connections(url, n), Commits(url)
                 watch.start()
@@ -273,7 +273,7 @@ class CpuSplit:
         self,
         server: psutil.Process,
         relay: psutil.Process,
-        postmaster: psutil.Process,
+        postmaster: psutil.Process | None,
         latency_pid: int,
     ) -> None:
         self.server, self.relay, self.postmaster = server, relay, postmaster

@@ -120,9 +120,22 @@ def rss(process: psutil.Process) -> int:
         return 0
 
 
-def postgres_cpu_s(postmaster: psutil.Process) -> float:
+def postmaster_of(conn: psycopg.Connection[Any]) -> psutil.Process | None:
+    """The PostgreSQL server's postmaster, when it runs on this machine (else None)."""
+    try:
+        backend = psutil.Process(conn.info.backend_pid)
+        if backend.name() not in ("postgres", "postmaster"):  # a pid of another machine
+            return None
+        return backend.parent()
+    except psutil.Error:
+        return None
+
+
+def postgres_cpu_s(postmaster: psutil.Process | None) -> float:
     """CPU seconds PostgreSQL spent so far: its postmaster, every backend and process it
-    runs, and those that ended (reaped by the postmaster)."""
+    runs, and those that ended (reaped by the postmaster); NaN when it runs elsewhere."""
+    if postmaster is None:
+        return float("nan")
     times = postmaster.cpu_times()
     total = times.user + times.system + times.children_user + times.children_system
     for child in postmaster.children():
@@ -250,8 +263,7 @@ def _watch(
             time.sleep(0.01)
         started = time.perf_counter()
         idle_rss, cpu_before = rss(process), cpu_s(process)
-        postmaster = psutil.Process(conn.info.backend_pid).parent()
-        assert postmaster is not None
+        postmaster = postmaster_of(conn)
         pg_before = postgres_cpu_s(postmaster)
         sampler = Sampler(url, process)
         sampler.start()
