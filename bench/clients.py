@@ -266,8 +266,8 @@ class CpuSplit:
     """CPU seconds spent from its creation to ``done``, by process: the client (measured by
     its caller, the thread of its event loop), the server, the relay, PostgreSQL (the
     postmaster, every backend, and the backends that ended meanwhile: what the postmaster
-    reaped), the model's and tool's latency server, and the rest of the machine (other
-    sessions' work; the bench's own watchers)."""
+    reaped), the model's and tool's latency server, the bench's own watchers, and the rest
+    of the machine (other sessions' work, the kernel's)."""
 
     def __init__(
         self,
@@ -283,6 +283,7 @@ class CpuSplit:
     def _now(self) -> dict[str, float]:
         machine = psutil.cpu_times()
         return {
+            "bench_process": time.process_time(),
             "server": inflight.cpu_s(self.server),
             "relay": inflight.cpu_s(self.relay),
             "postgres": inflight.postgres_cpu_s(self.postmaster),
@@ -299,7 +300,11 @@ class CpuSplit:
     def done(self, client_s: float) -> dict[str, float]:
         after = self._now()
         spent = {name: after[name] - self.before[name] for name in after}
-        ours = client_s + sum(spent[k] for k in ("server", "relay", "postgres", "latency_server"))
+        # The bench process beside its client's thread: its watchers (and any thread the
+        # client started).
+        spent["bench_other_threads"] = spent.pop("bench_process") - client_s
+        processes = ("server", "relay", "postgres", "latency_server", "bench_other_threads")
+        ours = client_s + sum(spent[k] for k in processes)
         out = {"client": client_s, **{k: spent[k] for k in spent if k not in ("wall",)}}
         out["others"] = spent["machine_busy"] - ours
         out["cores_available"] = psutil.cpu_count() * spent["wall"]
