@@ -72,10 +72,11 @@ def _free_port() -> int:
 @contextmanager
 def serving(
     url: str, model_base_url: str, log: Path, workers: int = 1
-) -> Iterator[tuple[str, psutil.Process]]:
+) -> Iterator[tuple[str, psutil.Process, psutil.Process]]:
     """``outbox serve`` on ``url`` and one ``outbox relay``, each a process of its own (what
     ``outbox serve --with-relay`` starts, but the server's connections named apart from
-    its relay's); yields the server's base URL once it answers, and its process."""
+    its relay's); yields the server's base URL once it answers, its process and the
+    relay's."""
     port = _free_port()
     env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(REPO)}
     named = url + ("&" if "?" in url else "?") + f"application_name={SERVER_NAME}"
@@ -108,9 +109,9 @@ def serving(
             samples, pid = os.environ["BENCH_PROFILE_SERVE"], str(processes[0].pid)
             spy_bin = str(Path(sys.executable).parent / "py-spy")
             spy = subprocess.Popen(
-                [spy_bin, "record", "--threads", "-f", "raw", "-o", samples, "--pid", pid]
+                [spy_bin, "record", "--gil", "--threads", "-f", "raw", "-o", samples, "--pid", pid]
             )
-        yield base, psutil.Process(processes[0].pid)
+        yield base, psutil.Process(processes[0].pid), psutil.Process(processes[1].pid)
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
@@ -195,10 +196,11 @@ def waiting(
     with_writer: bool = True,
     workers: int = 1,
     stream: bool = False,
+    client: str = "httpx",
 ) -> dict[str, Any]:
     """N waiting responses.create through ``outbox serve`` and a relay, then (unless not
     ``with_writer``) the same runs through the writer API and one relay (see the module's
-    docstring)."""
+    docstring). ``client``: who sends them (``CLIENTS``)."""
     ideal = 2 * MODEL_S + TOOL_S
     inflight.settle_sockets()
     latency = inflight.LatencyServer(MODEL_S, TOOL_S, 1)
@@ -208,20 +210,24 @@ def waiting(
             with psycopg.connect(url) as conn:
                 _, key = keys.create_key(conn, seed.TENANT, name="bench")
                 conn.commit()
-            with serving(url, latency.url + "/v1", log, workers) as (base, process):
+                postmaster = inflight.postmaster_of(conn)
+            with serving(url, latency.url + "/v1", log, workers) as (base, process, relay):
                 watch, commits = Connections(url, n), Commits(url)
                 watch.start()
                 commits.start()
                 commits.listening.wait(START_S)
-                cpu = inflight.cpu_s(process)
+                split = CpuSplit(process, relay, postmaster, latency.process.pid)
                 started = time.perf_counter()
-                wall, answered = asyncio.run(_waiting_requests(base, key, n, stream))
-                cpu = inflight.cpu_s(process) - cpu
+                wall, answered, client_cpu = asyncio.run(
+                    _waiting_requests(base, key, n, stream, client)
+                )
+                cores = split.done(client_cpu)
                 for thread in (watch, commits):
                     thread.stop.set()
                     thread.join()
             lags = _commit_to_answer(url, answered, commits.at)
         api = {
+            "client": client,
             "wall_s": round(wall, 2),
             "vs_ideal": round(ideal / wall, 3),
             "commit_to_answer_p50_ms": round(1000 * statistics.median(lags), 1),
@@ -231,8 +237,10 @@ def waiting(
             "all_responses_stored_after_s": None
             if watch.all_stored_at is None
             else round(watch.all_stored_at - started, 2),
-            "server_cpu_s": round(cpu, 2),
-            "server_cpu_ms_per_request": round(1000 * cpu / n, 2),
+            "server_cpu_s": cores["server"],
+            "server_cpu_ms_per_request": round(1000 * cores["server"] / n, 2),
+            "client_cpu_ms_per_request": round(1000 * cores["client"] / n, 2),
+            "cpu_s": cores,
             "server_connections_doing": watch.doing,
         }
     finally:
@@ -249,37 +257,164 @@ def waiting(
         "api": api,
         "writer_wall_s": writer["wall_s"],
         "api_vs_writer": round(api["wall_s"] / writer["wall_s"], 2),
+        "writer_relay_cpu_s": writer["relay_cpu_s"],
+        "writer_postgres_cpu_s": writer["postgres_cpu_s"],
     }
 
 
+class CpuSplit:
+    """CPU seconds spent from its creation to ``done``, by process: the client (measured by
+    its caller, the thread of its event loop), the server, the relay, PostgreSQL (the
+    postmaster, every backend, and the backends that ended meanwhile: what the postmaster
+    reaped), the model's and tool's latency server, the bench's own watchers, and the rest
+    of the machine (other sessions' work, the kernel's)."""
+
+    def __init__(
+        self,
+        server: psutil.Process,
+        relay: psutil.Process,
+        postmaster: psutil.Process | None,
+        latency_pid: int,
+    ) -> None:
+        self.server, self.relay, self.postmaster = server, relay, postmaster
+        self.latency = psutil.Process(latency_pid)
+        self.before = self._now()
+
+    def _now(self) -> dict[str, float]:
+        machine = psutil.cpu_times()
+        return {
+            "bench_process": time.process_time(),
+            "server": inflight.cpu_s(self.server),
+            "relay": inflight.cpu_s(self.relay),
+            "postgres": inflight.postgres_cpu_s(self.postmaster),
+            "latency_server": inflight.cpu_s(self.latency),
+            "machine_busy": machine.user
+            + machine.nice
+            + machine.system
+            + machine.irq
+            + machine.softirq
+            + machine.steal,
+            "wall": time.perf_counter(),
+        }
+
+    def done(self, client_s: float) -> dict[str, float]:
+        after = self._now()
+        spent = {name: after[name] - self.before[name] for name in after}
+        # The bench process beside its client's thread: its watchers (and any thread the
+        # client started).
+        spent["bench_other_threads"] = spent.pop("bench_process") - client_s
+        processes = ("server", "relay", "postgres", "latency_server", "bench_other_threads")
+        ours = client_s + sum(spent[k] for k in processes)
+        out = {"client": client_s, **{k: spent[k] for k in spent if k not in ("wall",)}}
+        out["others"] = spent["machine_busy"] - ours
+        out["cores_available"] = psutil.cpu_count() * spent["wall"]
+        return {k: round(v, 2) for k, v in out.items()}
+
+
+CLIENTS = ("httpx", "openai", "raw")  # who sends the waiting requests (--client)
+
+
 async def _waiting_requests(
-    base: str, key: str, n: int, stream: bool = False
-) -> tuple[float, dict[str, float]]:
+    base: str, key: str, n: int, stream: bool = False, client: str = "httpx"
+) -> tuple[float, dict[str, float], float]:
     """N waiting responses.create at once; (wall, the epoch second each response answered:
-    with ``stream``, its ``response.completed`` event)."""
+    with ``stream``, its ``response.completed`` event; the CPU seconds of this thread, the
+    client's event loop). ``client``: ``httpx`` (``httpx2.AsyncClient``, the default),
+    ``openai`` (the openai SDK's ``AsyncOpenAI.responses.create``, as a user's code sends
+    them) or ``raw`` (HTTP/1.1 written on asyncio's streams, one connection a request: next
+    to no client CPU, to see the server's figures without the client's share of the cores)."""
     tool = {"type": "function", "name": TOOL, "parameters": {"type": "object"}}
+    answered: dict[str, float] = {}
+
+    def done(i: int, answer: dict[str, Any]) -> None:
+        if answer["status"] != "completed" or answer["output"][-1]["type"] != "message":
+            raise RuntimeError(f"response {i} did not complete: {answer}")
+        answered[answer["id"]] = time.time()
+
+    def body(i: int) -> dict[str, Any]:
+        return {"model": "bench", "input": f"run {i}", "tools": [tool], "stream": stream}
+
+    cpu = time.thread_time()
+    if client == "openai":
+        if stream:
+            raise ValueError("--client openai measures waiting requests, not streams")
+        from openai import AsyncOpenAI  # the dev extra's
+
+        sdk = AsyncOpenAI(base_url=base, api_key=key, timeout=DEADLINE_S, max_retries=0)
+
+        async def ask_sdk(i: int) -> None:
+            made = await sdk.responses.create(
+                model="bench",
+                input=f"run {i}",
+                tools=[tool],  # type: ignore[list-item]
+            )
+            done(i, made.model_dump())
+
+        try:
+            started = time.perf_counter()
+            await asyncio.gather(*(ask_sdk(i) for i in range(n)))
+            wall = time.perf_counter() - started
+        finally:
+            await sdk.close()
+        return wall, answered, time.thread_time() - cpu
+    if client == "raw":
+        host, port = base.removeprefix("http://").split("/")[0].split(":")
+
+        async def ask_raw(i: int) -> None:
+            done(i, await _raw_post(host, int(port), "/v1/responses", key, body(i), stream))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(ask_raw(i) for i in range(n)))
+        return time.perf_counter() - started, answered, time.thread_time() - cpu
     limits = httpx2.Limits(max_connections=n, max_keepalive_connections=n)
     headers = {"Authorization": f"Bearer {key}"}
-    answered: dict[str, float] = {}
     async with httpx2.AsyncClient(
         base_url=base, headers=headers, timeout=DEADLINE_S, limits=limits
-    ) as client:
+    ) as http:
 
         async def ask(i: int) -> None:
-            body = {"model": "bench", "input": f"run {i}", "tools": [tool], "stream": stream}
             if stream:
-                answer = await _streamed(client, body)
+                answer = await _streamed(http, body(i))
             else:
-                response = await client.post("/responses", json=body)
+                response = await http.post("/responses", json=body(i))
                 response.raise_for_status()
                 answer = response.json()
-            if answer["status"] != "completed" or answer["output"][-1]["type"] != "message":
-                raise RuntimeError(f"response {i} did not complete: {answer}")
-            answered[answer["id"]] = time.time()
+            done(i, answer)
 
         started = time.perf_counter()
         await asyncio.gather(*(ask(i) for i in range(n)))
-        return time.perf_counter() - started, answered
+        return time.perf_counter() - started, answered, time.thread_time() - cpu
+
+
+async def _raw_post(
+    host: str, port: int, path: str, key: str, body: dict[str, Any], stream: bool
+) -> dict[str, Any]:
+    """One POST on a connection of its own, HTTP/1.1 by hand; the JSON answer (with
+    ``stream``, the response its closing event carries)."""
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection(host, port, limit=2**20)
+    try:
+        writer.write(head + payload)
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise RuntimeError(f"the server answered {status!r}: {await reader.read()!r}")
+        raw = await reader.read()  # to the close: headers (rest of them) and body
+    finally:
+        writer.close()
+    _, _, content = raw.partition(b"\r\n\r\n")
+    if not stream:
+        return dict(json.loads(content))
+    for line in content.split(b"\n"):
+        if line.startswith(b"data: "):
+            event = json.loads(line[6:])
+            if event["type"] in ("response.completed", "response.failed"):
+                return dict(event["response"])
+    raise RuntimeError("the stream ended without its closing event")
 
 
 async def _streamed(client: httpx2.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
@@ -324,7 +459,7 @@ def agents(server: str, n: int, log: Path) -> dict[str, Any]:
             with psycopg.connect(url) as conn:
                 _, key = keys.create_key(conn, seed.TENANT, name="bench")
                 conn.commit()
-            with serving(url, latency.url + "/v1", log) as (base, process):
+            with serving(url, latency.url + "/v1", log) as (base, process, _relay):
                 watch = Connections(url)
                 watch.start()
                 cpu = inflight.cpu_s(process)
@@ -420,6 +555,7 @@ def main(argv: list[str]) -> int:
             with_writer="--no-writer" not in argv,
             workers=workers,
             stream="--stream" in argv,
+            client=argv[argv.index("--client") + 1] if "--client" in argv else "httpx",
         )
     else:
         out = agents(server, n, log)

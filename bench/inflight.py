@@ -120,6 +120,33 @@ def rss(process: psutil.Process) -> int:
         return 0
 
 
+def postmaster_of(conn: psycopg.Connection[Any]) -> psutil.Process | None:
+    """The PostgreSQL server's postmaster, when it runs on this machine (else None)."""
+    try:
+        backend = psutil.Process(conn.info.backend_pid)
+        if backend.name() not in ("postgres", "postmaster"):  # a pid of another machine
+            return None
+        return backend.parent()
+    except psutil.Error:
+        return None
+
+
+def postgres_cpu_s(postmaster: psutil.Process | None) -> float:
+    """CPU seconds PostgreSQL spent so far: its postmaster, every backend and process it
+    runs, and those that ended (reaped by the postmaster); NaN when it runs elsewhere."""
+    if postmaster is None:
+        return float("nan")
+    times = postmaster.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in postmaster.children():
+        try:
+            child_times = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += child_times.user + child_times.system
+    return float(total)
+
+
 def cpu_s(process: psutil.Process) -> float:
     """The relay's CPU seconds: its process and its workers, not the trace exporter it may
     have started beside it (``exporter_cpu_s``)."""
@@ -144,27 +171,6 @@ def _tree_cpu(process: psutil.Process) -> tuple[float, float]:
         else:
             relay += times.user + times.system
     return relay, exporter
-
-
-def db_cpu_s(conn: psycopg.Connection[Any]) -> float:
-    """The CPU seconds of the whole PostgreSQL server ``conn`` is on (its postmaster, its
-    live processes and those it reaped): what every client cost it, this bench's too."""
-    row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    try:
-        postmaster = psutil.Process(int(row[0])).parent()
-        assert postmaster is not None
-        times = postmaster.cpu_times()
-        total = times.user + times.system + times.children_user + times.children_system
-        for p in postmaster.children():
-            try:
-                t = p.cpu_times()
-            except psutil.Error:
-                continue
-            total += t.user + t.system
-        return float(total)
-    except psutil.Error:
-        return float("nan")
 
 
 def measure(
@@ -280,7 +286,8 @@ def _watch(
             time.sleep(0.01)
         started = time.perf_counter()
         idle_rss, cpu_before = rss(process), cpu_s(process)
-        exporter_before, db_before = exporter_cpu_s(process), db_cpu_s(conn)
+        postmaster = postmaster_of(conn)
+        exporter_before, pg_before = exporter_cpu_s(process), postgres_cpu_s(postmaster)
         sampler = Sampler(url, process)
         sampler.start()
         deadline = time.monotonic() + max(120.0, TIMEOUT_FACTOR * ideal)
@@ -305,7 +312,7 @@ def _watch(
                 time.sleep(0.05)
             drained = round(time.perf_counter() - started - wall, 2)
         exporter_cpu = exporter_cpu_s(process) - exporter_before
-        db_cpu = db_cpu_s(conn) - db_before
+        pg_cpu = postgres_cpu_s(postmaster) - pg_before
         sampler.stop.set()
         sampler.join()
     return {
@@ -313,8 +320,9 @@ def _watch(
         "relay_cpu_s": round(cpu, 2),
         "cpu_ms_per_run": round(1000 * cpu / runs, 2),
         "exporter_cpu_ms_per_run": round(1000 * exporter_cpu / runs, 2),
-        "db_cpu_ms_per_run": round(1000 * db_cpu / runs, 2),
+        "db_cpu_ms_per_run": round(1000 * pg_cpu / runs, 2),
         "spans_drained_after_s": drained,
+        "postgres_cpu_s": round(pg_cpu, 2),
         "max_db_connections": sampler.max_connections,
         "peak_rss_mb": round(sampler.max_rss / 2**20, 1),
         "kb_per_run_in_flight": round(max(0, sampler.max_rss - idle_rss) / 1024 / runs, 1),

@@ -20,6 +20,7 @@ usable and everything it wrote before.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -92,13 +93,21 @@ def run_ref(row: Row, created: bool) -> RunRef:
     )
 
 
-def check_tenant(tenant_id: str) -> None:
-    from pydantic import TypeAdapter, ValidationError
+@functools.cache
+def _tenant_ids() -> Any:
+    """The validator of tenant ids, built once (building it costs more than a statement)."""
+    from pydantic import TypeAdapter
 
     from outbox.schemas import TenantId
 
+    return TypeAdapter(TenantId)
+
+
+def check_tenant(tenant_id: str) -> None:
+    from pydantic import ValidationError
+
     try:
-        TypeAdapter(TenantId).validate_python(tenant_id)
+        _tenant_ids().validate_python(tenant_id)
     except ValidationError as err:
         raise InvalidInput(
             f"tenant id {tenant_id!r} is not valid", hint="use 1-128 letters, digits or _.:@-"

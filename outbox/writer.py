@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -83,22 +85,40 @@ def create_thread(
     return ThreadRef(row["id"], tenant_id)
 
 
+WHOLE = "outbox_whole_transaction"  # the connection's attribute while ``whole`` holds
+
+
+@contextmanager
+def whole(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """For the block, the caller rolls the connection's whole transaction back on any
+    error it raises (``outbox serve``'s request transactions): a write's refusal need not
+    leave the transaction usable, so the calls made in the block take no savepoint, two
+    round trips fewer each. Its refusals are raised as ever."""
+    setattr(conn, WHOLE, True)
+    try:
+        yield
+    finally:
+        setattr(conn, WHOLE, False)
+
+
 def run_call(db: Any, call: calls.Call) -> list[Row]:
     """Run one call of ``outbox.calls`` on the caller's connection (never committing);
     a refusal of the SQL function is raised as our error, and a write's refusal is rolled
-    back to the savepoint taken before it, so the caller's transaction stays usable."""
+    back to the savepoint taken before it, so the caller's transaction stays usable
+    (unless the caller rolls it all back anyway: ``whole``)."""
     conn = pg(db)
-    if call.savepoint:
+    savepoint = call.savepoint and not getattr(conn, WHOLE, False)
+    if savepoint:
         conn.execute(calls.SAVEPOINT)
     try:
         if call.scope is not None:
             tenancy.scope(conn, call.scope)
         rows = fetch_all(conn, call.query, call.params)
     except psycopg.Error as err:
-        if call.savepoint and not conn.closed:
+        if savepoint and not conn.closed:
             conn.execute(calls.ROLLBACK)
         raise calls.refusal(err) or err from err
-    if call.savepoint:
+    if savepoint:
         conn.execute(calls.RELEASE)
     return rows
 

@@ -26,12 +26,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
-
 from outbox import constants
 from outbox.server import shapes
 from outbox.server.errors import not_found
 from outbox.server.store import Q, Store
+from outbox.server.threads import in_thread
 from outbox.server.wakeups import Wakeups, Watch
 from outbox.store import fetch_one
 
@@ -96,7 +95,7 @@ async def _events(
     cursor = Cursor(after_id)
     while True:
         watch.clear()  # before the read: a change during it wakes the wait below
-        poll = await run_in_threadpool(read, store, tenant, run_id, cursor.last_id)
+        poll = await in_thread(read, store, tenant, run_id, cursor.last_id)
         horizon = cursor.final_up_to(poll)
         sent = 0
         for event in poll.events:

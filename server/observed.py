@@ -11,7 +11,8 @@ to. The request's span (``{method} {route}``, kind server, with the semantic con
 ``http.*`` attributes) is its child and is current while the request is handled, so a run
 the request starts stores it (``outbox.calls.start_run``) and every span of that run joins
 the caller's trace. With tracing off the caller's context alone is made current: the run
-still continues it. Handlers run on Starlette's thread pool, which carries the context.
+still continues it. Handlers run on the server's thread pool (``server.threads``), which
+carries the context.
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
-
+from outbox.server.threads import in_thread
 from outbox.server.wakeups import FALLBACK_S, Wakeups, Watch
 
 Row = dict[str, Any]
@@ -34,11 +33,14 @@ UNSETTLING = frozenset({"queued", "in_progress"})
 async def settled(read: Callable[[], Row], watch: Watch, wait_s: float = WAIT_S) -> Row:
     """The response once it settled, or as it is after ``wait_s``. Read again when its run
     changed (``watch``: the run's notification), polling with a growing pause only when
-    nobody listens (``server.wakeups``)."""
+    nobody listens (``server.wakeups``). A ``primed`` watch needs no read before its first
+    change."""
     deadline, pause = time.monotonic() + wait_s, POLL_S[0]
+    if watch.primed:
+        await watch.changed(pause, listened_s=min(FALLBACK_S, wait_s))
     while True:
         watch.clear()  # before the read: a change during it wakes the wait below
-        shown = await run_in_threadpool(read)
+        shown = await in_thread(read)
         left = deadline - time.monotonic()
         if shown["status"] in SETTLED or left <= 0:
             return shown
@@ -98,7 +100,7 @@ async def stream(
 
 
 async def _events(read: Callable[[], Row], watch: Watch, starting_after: int) -> AsyncIterator[Row]:
-    first = await run_in_threadpool(read)
+    first = await in_thread(read)
     number = 0
     for event in opening(first):
         if number > starting_after:

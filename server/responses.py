@@ -95,17 +95,19 @@ def function_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def create(
-    store: Store, tenant: str, body: ResponseIn, settings: Settings, key: str | None = None
-) -> tuple[uuid.UUID, uuid.UUID]:
-    """Record a response (start a run, or carry a waiting one on); returns its id and its
-    run's (what a waiting request watches).
+    store: Store, api_key: str, body: ResponseIn, settings: Settings, key: str | None = None
+) -> tuple[uuid.UUID, uuid.UUID, str]:
+    """Record a response (start a run, or carry a waiting one on) for the tenant of
+    ``api_key`` (looked up in the same transaction: ``Store.for_key``, ``UnknownKey``
+    when it acts for none); returns its id, its run's (what a waiting request watches)
+    and the tenant.
 
     With ``previous_response_id`` or ``conversation`` the input is the new turn. Without
     either it is the whole history as the caller keeps it (``_stateless``): it continues
     the stored history it extends, or seeds a new thread. With an ``Idempotency-Key`` the
     same request again answers the response the first made (nothing stored twice); the
     key with any other request is a 409 (``server.idempotency``)."""
-    digest = idempotency.digest("responses.create", {}, body)
+    digest = idempotency.digest("responses.create", {}, body) if key else ""
     given = input_items.parse(body.input)
     if body.previous_response_id and body.conversation:
         raise APIError(
@@ -118,14 +120,14 @@ def create(
     # writes and commits durably, past all it read (server.store); a resend writes
     # nothing, and answers what an earlier create made: durable first.
     waits = not body.background and not body.stream
-    with store.tenant(tenant, unanswered=waits, durable_reads=False) as conn:
+    with store.for_key(api_key, unanswered=waits, durable_reads=False) as (conn, tenant):
         first = idempotency.earlier(conn, tenant, key, digest) if key else None
         if key and first is not None:
             kept = _kept_response(key, first)
             run_id = responses.get_response(conn, tenant, kept)["run_id"]
             if not waits:  # answered now (a stream's opening events, a background's)
                 conn.execute(Q.durable_reads)
-            return kept, run_id
+            return kept, run_id, tenant
         given = input_items.resolve(conn, given)
         items = input_items.with_reasoning(given)
         if body.previous_response_id or body.conversation:
@@ -173,7 +175,7 @@ def create(
         ident = uuid.UUID(str(row["id"]))
         if key:
             idempotency.keep(conn, tenant, key, digest, thread_id, response_id(ident))
-        return ident, run_id
+        return ident, run_id, tenant
 
 
 def _kept_response(key: str, first: idempotency.Earlier) -> uuid.UUID:
@@ -412,9 +414,14 @@ def _start(
 def get(store: Store, tenant: str, ident: uuid.UUID, *, durable_reads: bool = True) -> Row:
     """The response as OpenAI shows it, from the database now. ``durable_reads=False``:
     for a read that answers only once the response settled, which a durable commit of the
-    relay did (``server.store``)."""
-    with store.tenant(tenant, durable_reads=durable_reads) as conn:
-        return _shape(_shown(conn, ident))
+    relay did (``server.store``): one round trip (``Store.read_settled``)."""
+    if durable_reads:
+        with store.tenant(tenant) as conn:
+            return _shape(_shown(conn, ident))
+    row = store.read_settled(tenant, Q.response_shown, {"id": ident})
+    if row is None:
+        raise NotFound(f"Response with id 'resp_{ident.hex}' not found.")
+    return _shape(row)
 
 
 def get_with_run(store: Store, tenant: str, ident: uuid.UUID) -> tuple[Row, uuid.UUID]:

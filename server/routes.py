@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from sse_starlette.sse import EventSourceResponse
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -37,7 +36,8 @@ from outbox.server.bodies import (
     ThreadIn,
 )
 from outbox.server.errors import APIError
-from outbox.server.store import Store
+from outbox.server.store import Store, UnknownKey
+from outbox.server.threads import in_thread
 from outbox.server.wakeups import Wakeups
 
 B = TypeVar("B", bound=BaseModel)
@@ -63,8 +63,8 @@ def config(request: Request) -> Config:
     return cfg
 
 
-async def tenant(request: Request) -> str:
-    """The tenant of the request's API key; 401 when there is none or it is not valid."""
+def bearer(request: Request) -> str:
+    """The request's API key; 401 when there is none."""
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
@@ -73,16 +73,25 @@ async def tenant(request: Request) -> str:
             "You didn't provide an API key. You need to provide your API key in an "
             "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
         )
-    key = key.strip()
-    found = await run_in_threadpool(config(request).store.tenant_of, key)
+    return key.strip()
+
+
+def refused_key(key: str) -> APIError:
+    shown = f"{key[:6]}***{key[-4:]}" if len(key) > 12 else "***"
+    return APIError(
+        401,
+        f"Incorrect API key provided: {shown}. Create one with `outbox keys create "
+        "--tenant T`; a revoked key is refused.",
+        code="invalid_api_key",
+    )
+
+
+async def tenant(request: Request) -> str:
+    """The tenant of the request's API key; 401 when there is none or it is not valid."""
+    key = bearer(request)
+    found = await in_thread(config(request).store.tenant_of, key)
     if found is None:
-        shown = f"{key[:6]}***{key[-4:]}" if len(key) > 12 else "***"
-        raise APIError(
-            401,
-            f"Incorrect API key provided: {shown}. Create one with `outbox keys create "
-            "--tenant T`; a revoked key is refused.",
-            code="invalid_api_key",
-        )
+        raise refused_key(key)
     request.state.tenant_id = found  # for the access log (server.access)
     return found
 
@@ -171,50 +180,50 @@ def run_stream(cfg: Config, who: str, run: dict[str, Any], opening: list[Any]) -
 async def create_assistant(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, AssistantIn)
-    return answer(await run_in_threadpool(actions.create_assistant, cfg.store, who, data))
+    return answer(await in_thread(actions.create_assistant, cfg.store, who, data))
 
 
 async def list_assistants(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
-    return answer(await run_in_threadpool(actions.list_assistants, cfg.store, who, page(request)))
+    return answer(await in_thread(actions.list_assistants, cfg.store, who, page(request)))
 
 
 async def get_assistant(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident = request.path_params["assistant_id"]
-    return answer(await run_in_threadpool(actions.get_assistant, cfg.store, who, ident))
+    return answer(await in_thread(actions.get_assistant, cfg.store, who, ident))
 
 
 async def modify_assistant(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     changes = (await body(request, AssistantChangesIn)).changes()
     ident = request.path_params["assistant_id"]
-    return answer(await run_in_threadpool(actions.modify_assistant, cfg.store, who, ident, changes))
+    return answer(await in_thread(actions.modify_assistant, cfg.store, who, ident, changes))
 
 
 async def delete_assistant(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident = request.path_params["assistant_id"]
-    return answer(await run_in_threadpool(actions.delete_assistant, cfg.store, who, ident))
+    return answer(await in_thread(actions.delete_assistant, cfg.store, who, ident))
 
 
 async def create_thread(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, ThreadIn)
-    return answer(await run_in_threadpool(actions.create_thread, cfg.store, who, data))
+    return answer(await in_thread(actions.create_thread, cfg.store, who, data))
 
 
 async def get_thread(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident = request.path_params["thread_id"]
-    return answer(await run_in_threadpool(actions.get_thread, cfg.store, who, ident))
+    return answer(await in_thread(actions.get_thread, cfg.store, who, ident))
 
 
 async def modify_thread(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     metadata = (await body(request, ThreadChangesIn)).metadata or {}
     ident = request.path_params["thread_id"]
-    return answer(await run_in_threadpool(actions.modify_thread, cfg.store, who, ident, metadata))
+    return answer(await in_thread(actions.modify_thread, cfg.store, who, ident, metadata))
 
 
 def request_id(request: Request) -> str | None:
@@ -226,9 +235,7 @@ def request_id(request: Request) -> str | None:
 async def delete_thread(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident, rid = request.path_params["thread_id"], request_id(request)
-    return answer(
-        await run_in_threadpool(actions.delete_thread, cfg.store, who, ident, cfg.settings, rid)
-    )
+    return answer(await in_thread(actions.delete_thread, cfg.store, who, ident, cfg.settings, rid))
 
 
 async def keep_history(request: Request) -> Response:
@@ -248,22 +255,20 @@ async def create_message(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, MessageIn)
     ident, key = request.path_params["thread_id"], request.headers.get("idempotency-key")
-    return answer(await run_in_threadpool(actions.create_message, cfg.store, who, ident, data, key))
+    return answer(await in_thread(actions.create_message, cfg.store, who, ident, data, key))
 
 
 async def list_messages(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident, run_id = request.path_params["thread_id"], request.query_params.get("run_id")
-    result = await run_in_threadpool(
-        actions.list_messages, cfg.store, who, ident, page(request), run_id
-    )
+    result = await in_thread(actions.list_messages, cfg.store, who, ident, page(request), run_id)
     return answer(result)
 
 
 async def get_message(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     thread, message = request.path_params["thread_id"], request.path_params["message_id"]
-    return answer(await run_in_threadpool(actions.get_message, cfg.store, who, thread, message))
+    return answer(await in_thread(actions.get_message, cfg.store, who, thread, message))
 
 
 async def delete_message(request: Request) -> Response:
@@ -271,9 +276,7 @@ async def delete_message(request: Request) -> Response:
     thread, message = request.path_params["thread_id"], request.path_params["message_id"]
     rid = request_id(request)
     return answer(
-        await run_in_threadpool(
-            actions.delete_message, cfg.store, who, thread, message, cfg.settings, rid
-        )
+        await in_thread(actions.delete_message, cfg.store, who, thread, message, cfg.settings, rid)
     )
 
 
@@ -281,9 +284,7 @@ async def create_run(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, RunIn)
     ident, key = request.path_params["thread_id"], request.headers.get("idempotency-key")
-    result = await run_in_threadpool(
-        actions.create_run, cfg.store, who, ident, data, cfg.settings, key
-    )
+    result = await in_thread(actions.create_run, cfg.store, who, ident, data, cfg.settings, key)
     if data.stream:
         opening = [streaming.sse("thread.run.created", result)]
         opening.append(streaming.sse(f"thread.run.{result['status']}", result))
@@ -295,11 +296,9 @@ async def create_thread_and_run(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, ThreadAndRunIn)
     key = request.headers.get("idempotency-key")
-    result = await run_in_threadpool(
-        actions.create_thread_and_run, cfg.store, who, data, cfg.settings, key
-    )
+    result = await in_thread(actions.create_thread_and_run, cfg.store, who, data, cfg.settings, key)
     if data.stream:
-        thread = await run_in_threadpool(actions.get_thread, cfg.store, who, result["thread_id"])
+        thread = await in_thread(actions.get_thread, cfg.store, who, result["thread_id"])
         opening = [streaming.sse("thread.created", thread)]
         opening.append(streaming.sse("thread.run.created", result))
         opening.append(streaming.sse(f"thread.run.{result['status']}", result))
@@ -310,20 +309,20 @@ async def create_thread_and_run(request: Request) -> Response:
 async def list_runs(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident = request.path_params["thread_id"]
-    return answer(await run_in_threadpool(actions.list_runs, cfg.store, who, ident, page(request)))
+    return answer(await in_thread(actions.list_runs, cfg.store, who, ident, page(request)))
 
 
 async def get_run(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     thread, run = request.path_params["thread_id"], request.path_params["run_id"]
-    return answer(await run_in_threadpool(actions.get_run, cfg.store, who, thread, run))
+    return answer(await in_thread(actions.get_run, cfg.store, who, thread, run))
 
 
 async def cancel_run(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     await body(request, NoBody)
     thread, run = request.path_params["thread_id"], request.path_params["run_id"]
-    result = await run_in_threadpool(actions.cancel_run, cfg.store, who, thread, run, cfg.settings)
+    result = await in_thread(actions.cancel_run, cfg.store, who, thread, run, cfg.settings)
     return answer(result)
 
 
@@ -331,7 +330,7 @@ async def submit_tool_outputs(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, SubmitOutputsIn)
     thread, run = request.path_params["thread_id"], request.path_params["run_id"]
-    result = await run_in_threadpool(actions.submit_tool_outputs, cfg.store, who, thread, run, data)
+    result = await in_thread(actions.submit_tool_outputs, cfg.store, who, thread, run, data)
     if data.stream:  # the outputs are recorded: the run from here on
         return run_stream(cfg, who, result, [])
     return answer(result)
@@ -340,14 +339,14 @@ async def submit_tool_outputs(request: Request) -> Response:
 async def list_steps(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     thread, run = request.path_params["thread_id"], request.path_params["run_id"]
-    result = await run_in_threadpool(actions.list_steps, cfg.store, who, thread, run, page(request))
+    result = await in_thread(actions.list_steps, cfg.store, who, thread, run, page(request))
     return answer(result)
 
 
 async def get_step(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ids = [request.path_params[name] for name in ("thread_id", "run_id", "step_id")]
-    return answer(await run_in_threadpool(actions.get_step, cfg.store, who, *ids))
+    return answer(await in_thread(actions.get_step, cfg.store, who, *ids))
 
 
 async def run_events(request: Request) -> Response:
@@ -357,7 +356,7 @@ async def run_events(request: Request) -> Response:
     raw = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
     if not raw.isdigit():
         raise APIError(400, f"Last-Event-ID must be an event id (a number), not {raw!r}")
-    await run_in_threadpool(events.read, cfg.store, who, run_id, int(raw))  # 404 before streaming
+    await in_thread(events.read, cfg.store, who, run_id, int(raw))  # 404 before streaming
     stream = events.stream(cfg.store, who, run_id, int(raw), cfg.wakeups)
     return EventSourceResponse(stream, ping=15)
 
@@ -366,14 +365,33 @@ async def run_events(request: Request) -> Response:
 
 
 async def create_response(request: Request) -> Response:
-    who, cfg = await tenant(request), config(request)
-    data = await body(request, ResponseIn)
+    # The key is looked up by the create's own transaction (Store.for_key): one
+    # connection and one round trip for both. A body refused before it still answers a
+    # bad key's 401 first, as every route does.
+    api_key, cfg = bearer(request), config(request)
+    try:
+        data = await body(request, ResponseIn)
+    except APIError:
+        await tenant(request)
+        raise
     key = request.headers.get("idempotency-key")
-    ident, run_id = await run_in_threadpool(
-        responses.create, cfg.store, who, data, cfg.settings, key
-    )
+    since = cfg.wakeups.mark()  # before the run is made (server.wakeups)
+    try:
+        ident, run_id, who = await in_thread(
+            responses.create, cfg.store, api_key, data, cfg.settings, key
+        )
+    except UnknownKey:
+        raise refused_key(api_key) from None
+    request.state.tenant_id = who  # for the access log (server.access)
     return await _respond(
-        request, who, cfg, ident, stream=data.stream, wait=not data.background, run_id=run_id
+        request,
+        who,
+        cfg,
+        ident,
+        stream=data.stream,
+        wait=not data.background,
+        run_id=run_id,
+        since=since,
     )
 
 
@@ -398,10 +416,13 @@ async def _respond(
     wait: bool,
     after: int = -1,
     run_id: Any = None,
+    since: int | None = None,
 ) -> Response:
     """The response as JSON (once settled, ``wait``) or as its stream. ``run_id``: its run,
     known when the request just made it; a waiting or streamed answer then reads it first
-    once its watch is in place (a read before would be one more for nothing)."""
+    once its watch is in place (a read before would be one more for nothing), unless the
+    watch is primed (``since``: ``Wakeups.mark()`` taken before the run was made), when
+    every change of the run since wakes it and it reads only then."""
 
     def read() -> dict[str, Any]:
         # What is answered from it: the response once settled, by a durable commit of the
@@ -411,18 +432,18 @@ async def _respond(
 
     shown = None
     if run_id is None or not (stream or wait):  # a 404 comes before any stream starts
-        shown, run_id = await run_in_threadpool(responses.get_with_run, cfg.store, who, ident)
+        shown, run_id = await in_thread(responses.get_with_run, cfg.store, who, ident)
     if stream:
         events = response_stream.stream(read, cfg.wakeups, run_id, after)
         return EventSourceResponse(events, ping=15)
     if wait:
-        with cfg.wakeups.watch(run_id, response_stream.UNSETTLING) as watch:
+        with cfg.wakeups.watch(run_id, response_stream.UNSETTLING, since=since) as watch:
             try:
                 shown = await response_stream.settled(read, watch)
             except NotFound:
                 raise lost(ident) from None
         if shown["status"] not in response_stream.SETTLED:  # waited its longest
-            shown = await run_in_threadpool(responses.get, cfg.store, who, ident)
+            shown = await in_thread(responses.get, cfg.store, who, ident)
     assert shown is not None
     return answer(shown)
 
@@ -444,22 +465,20 @@ async def cancel_response(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     await body(request, NoBody)
     ident = responses.parse(request.path_params["response_id"], "resp_", "Response")
-    return answer(await run_in_threadpool(responses.cancel, cfg.store, who, ident, cfg.settings))
+    return answer(await in_thread(responses.cancel, cfg.store, who, ident, cfg.settings))
 
 
 async def delete_response(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident = responses.parse(request.path_params["response_id"], "resp_", "Response")
     rid = request_id(request)
-    return answer(
-        await run_in_threadpool(responses.delete, cfg.store, who, ident, cfg.settings, rid)
-    )
+    return answer(await in_thread(responses.delete, cfg.store, who, ident, cfg.settings, rid))
 
 
 async def list_input_items(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident = responses.parse(request.path_params["response_id"], "resp_", "Response")
-    items = await run_in_threadpool(
+    items = await in_thread(
         responses.list_input_items, cfg.store, who, ident, page(request, order="asc")
     )
     return answer(items)
@@ -468,7 +487,7 @@ async def list_input_items(request: Request) -> Response:
 async def create_conversation(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     data = await body(request, ConversationIn)
-    return answer(await run_in_threadpool(responses.create_conversation, cfg.store, who, data))
+    return answer(await in_thread(responses.create_conversation, cfg.store, who, data))
 
 
 def _conversation_id(request: Request) -> Any:
@@ -478,25 +497,21 @@ def _conversation_id(request: Request) -> Any:
 async def get_conversation(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident = _conversation_id(request)
-    return answer(await run_in_threadpool(responses.get_conversation, cfg.store, who, ident))
+    return answer(await in_thread(responses.get_conversation, cfg.store, who, ident))
 
 
 async def update_conversation(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     metadata = (await body(request, ConversationChangesIn)).metadata
     ident = _conversation_id(request)
-    return answer(
-        await run_in_threadpool(responses.update_conversation, cfg.store, who, ident, metadata)
-    )
+    return answer(await in_thread(responses.update_conversation, cfg.store, who, ident, metadata))
 
 
 async def delete_conversation(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident, rid = _conversation_id(request), request_id(request)
     return answer(
-        await run_in_threadpool(
-            responses.delete_conversation, cfg.store, who, ident, cfg.settings, rid
-        )
+        await in_thread(responses.delete_conversation, cfg.store, who, ident, cfg.settings, rid)
     )
 
 
@@ -504,9 +519,7 @@ async def list_items(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident = _conversation_id(request)
     return answer(
-        await run_in_threadpool(
-            responses.list_items, cfg.store, who, ident, page(request, order="asc")
-        )
+        await in_thread(responses.list_items, cfg.store, who, ident, page(request, order="asc"))
     )
 
 
@@ -514,13 +527,13 @@ async def add_items(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     items = (await body(request, ItemsIn)).items
     ident = _conversation_id(request)
-    return answer(await run_in_threadpool(responses.add_items, cfg.store, who, ident, items))
+    return answer(await in_thread(responses.add_items, cfg.store, who, ident, items))
 
 
 async def get_item(request: Request) -> Response:
     who, cfg = await tenant(request), config(request)
     ident, item_id = _conversation_id(request), request.path_params["item_id"]
-    return answer(await run_in_threadpool(responses.get_item, cfg.store, who, ident, item_id))
+    return answer(await in_thread(responses.get_item, cfg.store, who, ident, item_id))
 
 
 async def delete_item(request: Request) -> Response:
@@ -528,9 +541,7 @@ async def delete_item(request: Request) -> Response:
     ident, item_id = _conversation_id(request), request.path_params["item_id"]
     rid = request_id(request)
     return answer(
-        await run_in_threadpool(
-            responses.delete_item, cfg.store, who, ident, item_id, cfg.settings, rid
-        )
+        await in_thread(responses.delete_item, cfg.store, who, ident, item_id, cfg.settings, rid)
     )
 
 

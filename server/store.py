@@ -6,7 +6,7 @@ and accepts that tenant's rows only, whatever a handler asks for. It commits whe
 succeeds and rolls back on any error, so a refused request stores nothing. Keys are looked
 up as ``outbox_api`` too (through ``api_key_tenant_v1``), before any tenant is known: the
 pool's login needs no more than membership in ``outbox_api``. The library is
-synchronous; handlers call these through Starlette's thread pool.
+synchronous; handlers call these through the server's thread pool (server.threads).
 
 Nothing a client is told can be lost in a crash. A waiting ``responses.create`` commits
 without waiting for its WAL flush (``unanswered``): its client is answered from the relay's
@@ -25,14 +25,16 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from outbox import db, keys, tenancy
+from outbox import db, keys, tenancy, writer
 from outbox.errors import DatabaseUnavailable
 from outbox.server import QUERIES
 from outbox.sql import Queries
 
 Q = Queries(QUERIES / "api.sql")
+Row = dict[str, Any]
 POOL_TIMEOUT_S = 10.0  # seconds a request waits for a free connection before a 503
 
 
@@ -78,21 +80,69 @@ class Store:
         with self.pool.connection() as conn:
             act = Q.act_for_tenant_unanswered if unanswered else Q.act_for_tenant
             conn.execute(act, {"tenant_id": tenant_id})
+            with self._request(conn, tenant_id, unanswered, durable_reads):
+                yield conn
+
+    def read_settled(self, tenant_id: str, query: Any, params: dict[str, Any]) -> Row | None:
+        """One statement's first row, read as ``tenant`` reads with ``durable_reads=False``
+        (for an answer that rests on a durable commit only: a response once its run
+        settled), in one round trip: the transaction's ``BEGIN``, its scope, the statement
+        and its ``COMMIT`` sent together (psycopg's pipeline mode), where ``tenant`` waits
+        for each. A waiting request reads its response so once its run settled."""
+        with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            with conn.pipeline():
+                conn.execute(Q.act_for_tenant, {"tenant_id": tenant_id})
+                cur.execute(query, params)
+                conn.commit()
+            return cur.fetchone()
+
+    @contextmanager
+    def for_key(
+        self, key: str, *, unanswered: bool = False, durable_reads: bool = True
+    ) -> Iterator[tuple[psycopg.Connection[Any], str]]:
+        """``tenant`` for the tenant of the API key ``key``, looked up by the statement
+        that scopes the transaction (one round trip and one connection for both, where
+        ``tenant_of`` then ``tenant`` take two connections and five more); yields the
+        connection and the tenant. ``UnknownKey`` for an unknown or revoked key, before
+        the block runs; its writes take no savepoints (``writer.whole``): any error rolls
+        the whole transaction back."""
+        with self.pool.connection() as conn:
+            found = None
+            if key.startswith(keys.PREFIX):
+                act = Q.act_for_key_unanswered if unanswered else Q.act_for_key
+                row = conn.execute(act, {"key_hash": keys.digest(key)}).fetchone()
+                found = None if row is None else row[0]
+            if found is None:
+                conn.rollback()  # read nothing a client could be told of: keys are durable
+                raise UnknownKey(key)
+            with self._request(conn, str(found), unanswered, durable_reads), writer.whole(conn):
+                yield conn, str(found)
+
+    @contextmanager
+    def _request(
+        self, conn: psycopg.Connection[Any], tenant_id: str, unanswered: bool, durable_reads: bool
+    ) -> Iterator[None]:
+        """The request's block on ``conn``, scoped to ``tenant_id`` by its caller: ends it
+        as ``tenant`` says."""
+        try:
+            with tenancy.bound(conn, tenant_id):
+                yield
+            if durable_reads and not unanswered:
+                conn.execute(Q.durable_reads)
+        except Exception as err:
             try:
-                with tenancy.bound(conn, tenant_id):
-                    yield conn
-                if durable_reads and not unanswered:
-                    conn.execute(Q.durable_reads)
-            except Exception as err:
-                try:
-                    conn.rollback()  # a refused request stores nothing
-                    conn.execute(Q.durable_reads)  # its refusal may rest on what it read
-                    conn.commit()
-                except psycopg.Error as cut:
-                    if isinstance(err, psycopg.Error | DatabaseUnavailable):
-                        raise err from None  # the database's own failure, answered as ever
-                    raise DatabaseUnavailable(  # a refusal that could not be made durable
-                        f"the database went away before this answer was durable: {cut}",
-                        hint="send the request again",
-                    ) from err
-                raise
+                conn.rollback()  # a refused request stores nothing
+                conn.execute(Q.durable_reads)  # its refusal may rest on what it read
+                conn.commit()
+            except psycopg.Error as cut:
+                if isinstance(err, psycopg.Error | DatabaseUnavailable):
+                    raise err from None  # the database's own failure, answered as ever
+                raise DatabaseUnavailable(  # a refusal that could not be made durable
+                    f"the database went away before this answer was durable: {cut}",
+                    hint="send the request again",
+                ) from err
+            raise
+
+
+class UnknownKey(Exception):
+    """An API key that is unknown or revoked: the request is refused (401)."""

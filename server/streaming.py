@@ -18,11 +18,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
-
 from outbox.constants import ENDED
 from outbox.server import actions
 from outbox.server.store import Store
+from outbox.server.threads import in_thread
 from outbox.server.wakeups import Wakeups, Watch
 
 POLL_S = 0.2  # seconds between two reads of the run
@@ -86,9 +85,7 @@ async def _changes(
     messages_sent: set[str] = set()
     while True:
         watch.clear()  # before the read: a change during it wakes the wait below
-        run, steps, messages = await run_in_threadpool(
-            actions.run_state, store, tenant, thread_id, run_id
-        )
+        run, steps, messages = await in_thread(actions.run_state, store, tenant, thread_id, run_id)
         for step in steps:
             before = steps_done.get(step["id"])
             if before is None:

@@ -16,6 +16,13 @@ once, since a notification sent meanwhile was lost.
 
 A watcher clears its flag before it reads the run and waits after: a notification that
 arrives during the read sets the flag again, so none falls between read and wait.
+
+A request that just made its run need not read it before it waits (a waiting
+``responses.create``: its run was queued by the create's commit) when the listener was
+connected from before that commit until its watch was in place (``mark`` before the
+create, ``watch(..., since=mark)`` after it: ``Watch.primed``). Every notification of the
+run then reached this process: those that came before the watch are kept (``recent``,
+the last ``RECENT`` runs' statuses) and wake it at once, the later ones wake it as any.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import contextlib
 import json
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 
 import psycopg
@@ -35,6 +43,7 @@ log = logging.getLogger("outbox.server")
 CHANNEL = "outbox_runs"  # migration 0023's channel
 FALLBACK_S = 5.0  # seconds between reads of a watched run while the listener is connected
 RECONNECT_S = (0.5, 10.0)  # first and longest wait before the listener connects again
+RECENT = 20_000  # runs whose last notified status is kept for watches placed after it came
 
 
 class Watch:
@@ -46,6 +55,9 @@ class Watch:
         self.hub = hub
         self.quiet = quiet
         self.flag = asyncio.Event()
+        # Every notification of the run since its maker's commit wakes this watch: no read
+        # is needed before the first wait (the module's docstring).
+        self.primed = False
 
     def clear(self) -> None:
         """Call before reading the run: a change from here on wakes the next wait."""
@@ -66,7 +78,9 @@ class Wakeups:
         self.database_url = database_url
         self.listen = listen
         self.listening = False  # connected and listening now
+        self.epoch = 0  # how many times the listener connected
         self.watchers: dict[uuid.UUID, set[Watch]] = {}
+        self.recent: OrderedDict[uuid.UUID, str | None] = OrderedDict()
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -79,10 +93,25 @@ class Wakeups:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
 
+    def mark(self) -> int | None:
+        """Before a request makes a run: what ``watch`` is given ``since`` once it did."""
+        return self.epoch if self.listening else None
+
     @contextlib.contextmanager
-    def watch(self, run_id: uuid.UUID, quiet: frozenset[str] = frozenset()) -> Iterator[Watch]:
-        """Watch ``run_id`` for the block; a change to a status in ``quiet`` wakes nobody."""
+    def watch(
+        self, run_id: uuid.UUID, quiet: frozenset[str] = frozenset(), *, since: int | None = None
+    ) -> Iterator[Watch]:
+        """Watch ``run_id`` for the block; a change to a status in ``quiet`` wakes nobody.
+        ``since``: ``mark()`` taken before the run was made; when the listener has been
+        connected since, the watch is ``primed`` and the run's notifications that came
+        before it wake it at once."""
         watch = Watch(self, quiet)
+        if since is not None and self.listening and self.epoch == since:
+            watch.primed = True
+            if run_id in self.recent:
+                status = self.recent[run_id]
+                if status is None or status not in quiet:
+                    watch.flag.set()
         self.watchers.setdefault(run_id, set()).add(watch)
         try:
             yield watch
@@ -97,8 +126,13 @@ class Wakeups:
         ``status`` (None: any watcher, the status is not known)."""
         if run_id is None:
             targets = [w for ws in self.watchers.values() for w in ws]
+            self.epoch += 1  # a run unknown: no watch placed after this one is primed
         else:
             targets = list(self.watchers.get(run_id, ()))
+            self.recent[run_id] = status
+            self.recent.move_to_end(run_id)
+            if len(self.recent) > RECENT:
+                self.recent.popitem(last=False)
         for watch in targets:
             if status is None or status not in watch.quiet:
                 watch.flag.set()
@@ -112,6 +146,8 @@ class Wakeups:
                 )
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
+                    self.epoch += 1
+                    self.recent.clear()  # a watch primed by an earlier epoch is refused anyway
                     self.listening, pause = True, RECONNECT_S[0]
                     self.wake(None)  # what changed while nobody listened was not told
                     async for note in conn.notifies():

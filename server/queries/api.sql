@@ -19,6 +19,23 @@ SELECT set_config('role', 'outbox_api', true), set_config('outbox.tenant_id', %(
 SELECT set_config('role', 'outbox_api', true), set_config('outbox.tenant_id', %(tenant_id)s, true),
        set_config('synchronous_commit', 'off', true)
 
+-- name: act_for_key
+-- act_for_tenant for the tenant an API key (by its SHA-256) acts for, and that tenant
+-- (NULL for an unknown or revoked key: the caller rolls back and refuses the request): the
+-- key's lookup and the transaction's scope in one round trip. The lookup runs first (the
+-- subquery in FROM) through api_key_tenant_v1, which outbox_api may call.
+SELECT k.tenant_id, set_config('role', 'outbox_api', true),
+       set_config('outbox.tenant_id', coalesce(k.tenant_id, ''), true)
+FROM (SELECT {s}.api_key_tenant_v1(%(key_hash)s) AS tenant_id) k
+
+-- name: act_for_key_unanswered
+-- act_for_key, and this transaction commits without waiting for its WAL flush (as
+-- act_for_tenant_unanswered).
+SELECT k.tenant_id, set_config('role', 'outbox_api', true),
+       set_config('outbox.tenant_id', coalesce(k.tenant_id, ''), true),
+       set_config('synchronous_commit', 'off', true)
+FROM (SELECT {s}.api_key_tenant_v1(%(key_hash)s) AS tenant_id) k
+
 -- name: durable_reads
 -- The last statement of a transaction whose answer goes out at its commit: while the WAL
 -- is not flushed as far as it is written, a commit made without waiting for its flush (a

@@ -203,6 +203,33 @@ def test_missing_unknown_and_revoked_keys_are_401(db_url, base_url, api_keys):
     sdk.close()
 
 
+def test_a_response_with_a_bad_key_is_a_401_whatever_its_body_storing_nothing(
+    db_url, base_url, api_keys
+):
+    """``responses.create`` looks its key up in its own transaction (Store.for_key); an
+    unknown or revoked key is still a 401, before a body it would refuse (a 400 or 413
+    comes only with a valid key), and nothing is stored."""
+    good = {"model": "scripted-1", "input": "hello", "background": True}
+    with psycopg.connect(db_url) as conn:
+        (row,) = [k for k in keys.list_keys(conn, "globex")]
+        keys.revoke_key(conn, row["id"], actor="test")
+        conn.commit()
+    for key in ("ob-not-a-key", "sk-something", api_keys["globex"]):
+        for body in (good, {"model": "scripted-1", "input": "hello", "unknown": 1}):
+            answer = httpx2.post(
+                f"{base_url}/responses", json=body, headers={"Authorization": f"Bearer {key}"}
+            )
+            assert answer.status_code == 401, answer.text
+            assert answer.json()["error"]["code"] == "invalid_api_key"
+    assert scalar(db_url, "SELECT count(*) FROM outbox.responses") == 0
+    assert scalar(db_url, "SELECT count(*) FROM outbox.threads") == 0
+    acme = {"Authorization": f"Bearer {api_keys['acme']}"}
+    answer = httpx2.post(f"{base_url}/responses", json={**good, "unknown": 1}, headers=acme)
+    assert answer.status_code == 400
+    answer = httpx2.post(f"{base_url}/responses", json=good, headers=acme)
+    assert answer.status_code == 200 and answer.json()["status"] == "queued"
+
+
 def test_bad_json_oversized_bodies_unknown_fields_and_ids_are_refused_storing_nothing(
     db_url, base_url, api_keys
 ):

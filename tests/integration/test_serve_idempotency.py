@@ -11,6 +11,9 @@ import openai
 import psycopg
 import pytest
 
+from outbox.server import idempotency
+from outbox.server.errors import APIError
+
 pytestmark = [  # the SDK marks beta.assistants and beta.threads deprecated
     pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:The Assistants API is deprecated:DeprecationWarning"),
@@ -163,3 +166,51 @@ def test_response_twins_sent_at_the_same_moment_get_the_same_response(db_url, sd
     with psycopg.connect(db_url) as conn:
         assert conn.execute("SELECT count(*) FROM outbox.responses").fetchone() == (TWINS,)
     assert stored(db_url) == (TWINS, TWINS, TWINS)
+
+
+def test_a_refusal_the_database_could_not_make_durable_is_a_503(db_url, sdk, monkeypatch):
+    """A refusal is answered only once what it rests on is durable (server/store.py): the
+    refused request rolls back, then commits ``durable_reads``. When the database goes away
+    in between, the answer is a 503 the client sends again, never the 409, which could
+    rest on a create that a crash then loses. Here the server's backends are terminated
+    right as the 409 is decided (its connection among them)."""
+    first = sdk.responses.create(
+        model="scripted-1",
+        input="refund 42",
+        background=True,  # answered at once: no relay runs here
+        extra_headers={"Idempotency-Key": "cut-1"},
+    )
+    refuse = idempotency.reused
+    cut: list[int] = []
+
+    def database_goes_away(key: str) -> APIError:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            others = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            ).fetchall()
+            for (pid,) in others:  # each gone when this returns true
+                if conn.execute("SELECT pg_terminate_backend(%s, 10000)", [pid]).fetchone():
+                    cut.append(pid)
+        return refuse(key)
+
+    monkeypatch.setattr(idempotency, "reused", database_goes_away)
+    with pytest.raises(openai.InternalServerError) as refused:
+        sdk.responses.create(
+            model="scripted-1",
+            input="refund 43",
+            background=True,
+            extra_headers={"Idempotency-Key": "cut-1"},
+        )
+    assert cut, "no backend of the server was terminated"
+    assert refused.value.status_code == 503
+    assert refused.value.code == "database_unavailable"
+    monkeypatch.setattr(idempotency, "reused", refuse)
+    with pytest.raises(openai.ConflictError, match="'cut-1'"):  # sent again: the 409 now
+        sdk.responses.create(
+            model="scripted-1",
+            input="refund 43",
+            background=True,
+            extra_headers={"Idempotency-Key": "cut-1"},
+        )
+    assert sdk.responses.retrieve(first.id).id == first.id

@@ -137,8 +137,13 @@ def test_a_login_that_is_only_a_member_of_outbox_api_serves_and_cannot_read_keys
             sdk = client(base_url, api_keys["acme"])
             made = sdk.beta.assistants.create(model="scripted-1")
             assert sdk.beta.assistants.retrieve(made.id).id == made.id
+            # A create looks its key up in its own transaction (Store.for_key).
+            started = sdk.responses.create(model="scripted-1", input="hi", background=True)
+            assert started.status == "queued"
             with pytest.raises(openai.AuthenticationError):
                 client(base_url, "ob-" + "x" * 43).beta.assistants.list()
+            with pytest.raises(openai.AuthenticationError):
+                client(base_url, "ob-" + "x" * 43).responses.create(model="m", input="hi")
             sdk.close()
     finally:
         with psycopg.connect(db_url, autocommit=True) as conn:

@@ -11,9 +11,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from outbox import tenancy, writer
+from outbox import keys, tenancy, writer
+from outbox.errors import ActiveRunExists
+from outbox.schemas import StartRun
 from outbox.server.errors import APIError
-from outbox.server.store import Store
+from outbox.server.store import Store, UnknownKey
 
 
 @pytest.fixture
@@ -81,3 +83,67 @@ def test_a_refused_transaction_stores_nothing_though_its_reads_are_made_durable(
         row = conn.execute("SELECT count(*) FROM outbox.threads WHERE id = %s", made)
         assert row.fetchone() == (0,)
         assert commit_waits_for_flush(conn) == "on"
+
+
+def a_key(db_url: str, tenant: str) -> str:
+    with psycopg.connect(db_url) as conn:
+        made = keys.create_key(conn, tenant, name="test")
+        conn.commit()
+    return made[1]
+
+
+@pytest.mark.parametrize("unanswered", [False, True])
+def test_a_request_by_key_acts_for_the_keys_tenant_and_no_other(store, db_url, unanswered):
+    """``for_key``: the key's lookup and the scope in one statement; the block acts as
+    outbox_api for the key's tenant, commits as ``tenant`` would, and an unknown or
+    revoked key never runs the block."""
+    acme, globex = a_key(db_url, "acme"), a_key(db_url, "globex")
+    with store.for_key(globex, unanswered=unanswered) as (conn, tenant):
+        assert (tenant, acting(conn)) == ("globex", ("outbox_api", "globex"))
+        assert commit_waits_for_flush(conn) == ("off" if unanswered else "on")
+        thread = writer.create_thread(conn, tenant).id
+    with store.for_key(acme) as (conn, tenant):  # the same pooled connection
+        assert (tenant, acting(conn)) == ("acme", ("outbox_api", "acme"))
+        assert commit_waits_for_flush(conn) == "on"
+        row = conn.execute("SELECT count(*) FROM outbox.threads WHERE id = %s", [thread])
+        assert row.fetchone() == (0,)  # globex's, and committed: row-level security
+    with psycopg.connect(db_url) as conn:
+        (listed,) = [k for k in keys.list_keys(conn, "acme")]
+        keys.revoke_key(conn, listed["id"], actor="test")
+        conn.commit()
+    for refused in (acme, "ob-not-a-key", "sk-something", ""):
+        with pytest.raises(UnknownKey), store.for_key(refused):
+            raise AssertionError("the block ran for a key that acts for nobody")
+    with store.pool.connection() as conn:  # nothing of a refused key outlives it
+        assert acting(conn)[1] in (None, "")
+
+
+def test_a_refusal_by_key_rolls_back_everything_without_savepoints(store, db_url):
+    """Writes in a ``for_key`` block take no savepoint (``writer.whole``): a refusal, of
+    the database or of the request, rolls the whole transaction back, never part of it."""
+    key = a_key(db_url, "acme")
+    made: list[Any] = []
+    with pytest.raises(ActiveRunExists), store.for_key(key) as (conn, tenant):
+        assert getattr(conn, writer.WHOLE) is True
+        thread = writer.create_thread(conn, tenant).id
+        made.append(thread)
+        start = StartRun(tenant_id=tenant, thread_id=thread, model="m", message="hi")
+        writer.start_run(conn, start)
+        writer.start_run(conn, start)  # refused by the database: one active run a thread
+    with store.tenant("acme") as conn:
+        assert getattr(conn, writer.WHOLE, False) is False  # ended with the request
+        row = conn.execute("SELECT count(*) FROM outbox.threads WHERE id = %s", made)
+        assert row.fetchone() == (0,)
+
+
+def test_a_settled_read_acts_for_its_tenant_and_ends_its_transaction(store):
+    """``read_settled`` (one round trip, pipelined) reads as ``tenant`` does: as
+    outbox_api for one tenant, in a transaction that ends with it."""
+    with store.tenant("acme") as conn:
+        thread = writer.create_thread(conn, "acme").id
+    query = "SELECT count(*) AS n, current_user AS acting FROM outbox.threads WHERE id = %(id)s"
+    assert store.read_settled("acme", query, {"id": thread}) == {"n": 1, "acting": "outbox_api"}
+    assert store.read_settled("globex", query, {"id": thread}) == {"n": 0, "acting": "outbox_api"}
+    with store.pool.connection() as conn:  # the same connection: nothing of it outlives it
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert acting(conn)[0] != "outbox_api" and acting(conn)[1] in (None, "")

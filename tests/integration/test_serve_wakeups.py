@@ -6,6 +6,8 @@ commit is told over ``LISTEN outbox_runs``, though their poll is set to ten minu
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 import time
 import uuid
@@ -18,7 +20,8 @@ import psycopg
 import pytest
 
 from outbox import lifecycle
-from outbox.server import response_stream, streaming
+from outbox.server import response_stream, responses, streaming
+from outbox.server.wakeups import Wakeups
 from tests import serve_harness
 from tests.serve_harness import serve
 
@@ -153,3 +156,71 @@ def test_the_listener_connects_again_after_its_connection_is_cut(db_url, api_key
             db_url, lambda: sdk.responses.create(model="scripted-1", input="hello")
         )
     assert shown.status == "cancelled"
+
+
+def test_a_watch_placed_after_its_runs_notification_is_woken_by_it(db_url):
+    """A waiting create reads its response only once the run changed (its watch is
+    ``primed``): a notification of its run that reached the process between the create's
+    commit and the watch still wakes it; a watch is primed only when the listener was
+    connected throughout (``Wakeups.mark`` before the create)."""
+
+    async def check() -> None:
+        hub = Wakeups(db_url)
+        await hub.start()
+        try:
+            await _until(lambda: hub.listening)
+            settled, running, unknown = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+            mark = hub.mark()
+            assert mark is not None
+            async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+                for run, status in ((running, "in_progress"), (settled, "completed")):
+                    payload = json.dumps({"run_id": str(run), "status": status})
+                    await conn.execute("SELECT pg_notify('outbox_runs', %s)", [payload])
+            await _until(lambda: settled in hub.recent and running in hub.recent)
+            quiet = response_stream.UNSETTLING
+            with hub.watch(settled, quiet, since=mark) as watch:
+                assert watch.primed and watch.flag.is_set()  # settled before the watch
+            with hub.watch(running, quiet, since=mark) as watch:
+                assert watch.primed and not watch.flag.is_set()  # a quiet status
+            with hub.watch(unknown, quiet, since=mark) as watch:
+                assert watch.primed and not watch.flag.is_set()  # nothing told yet
+            with hub.watch(settled, quiet) as watch:
+                assert not watch.primed  # no mark: reads first
+            hub.wake(None)  # a notification that names no run: marks before it are spent
+            with hub.watch(unknown, quiet, since=mark) as watch:
+                assert not watch.primed
+        finally:
+            await hub.stop()
+
+    asyncio.run(check())
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)  # polling interval of a condition with a deadline
+
+
+def test_a_waiting_response_reads_its_response_only_once_its_run_settled(
+    db_url, api_key, monkeypatch
+):
+    """The primed watch of a waiting create: one read of the response, after the run's
+    settling notification (none before it, none on the fallback poll)."""
+    monkeypatch.setattr(response_stream, "POLL_S", (NEVER_S, NEVER_S))
+    monkeypatch.setattr(response_stream, "FALLBACK_S", NEVER_S)
+    reads: list[str] = []
+    shown = responses.get
+
+    def counted(*args: Any, **options: Any) -> Any:
+        answer = shown(*args, **options)
+        reads.append(answer["status"])
+        return answer
+
+    monkeypatch.setattr(responses, "get", counted)
+    with serve(db_url) as url, client(url, api_key) as sdk:
+        answered = end_run_when_waited_on(
+            db_url, lambda: sdk.responses.create(model="scripted-1", input="hello")
+        )
+    assert answered.status == "cancelled"
+    assert reads == ["cancelled"]
