@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import socket
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -97,3 +101,30 @@ def turn(run: writer.RunRef, step: int, *calls: tuple[str, str, Any], text: str 
         input_tokens=10,
         output_tokens=5,
     )
+
+
+# Ports for servers a test starts in another process, which must be told its port before it
+# binds. A port the kernel hands to ``bind(0)`` is in its ephemeral range, where any
+# outgoing connection of any worker (to PostgreSQL, to a fake server) may take it between
+# the probe and the server's bind: the server then fails with "address already in use".
+# So ports come from below that range, a block per pytest-xdist worker, so that no two
+# workers hand out the same one.
+PORTS_PER_WORKER = 400
+_next_port = itertools.count()
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on, outside the ephemeral range."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    blocks = max(1, (low - 10_000) // PORTS_PER_WORKER)  # from port 10,000 up to ``low``
+    first = 10_000 + (int(worker.removeprefix("gw") or 0) % blocks) * PORTS_PER_WORKER
+    for _ in range(PORTS_PER_WORKER):
+        port = first + next(_next_port) % PORTS_PER_WORKER
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:  # in use, or still closing: the next one
+                continue
+        return port
+    raise RuntimeError(f"no free port in {first}-{first + PORTS_PER_WORKER - 1}")

@@ -10,7 +10,6 @@ overrides one of them with a fixture of the same name that asks for it.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from outbox import keys
 from outbox.server.app import create_app
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
+from tests.helpers import free_port
 from tests.relay_harness import register_tool, relay_thread
 
 START_TIMEOUT_S = 20.0  # seconds the server gets to start listening
@@ -32,12 +32,6 @@ TENANTS = ("acme", "globex")  # the two tenants with a key: ``sdk`` acts for the
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
 EMAIL = {"name": "send_email", "arguments": {"to": "a@b.c", "subject": "order 42"}}
 APPROVE = {"name": "approve_refund", "arguments": {"order_id": "42"}}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from outbox.testing.model import ScriptedModel
+from tests.helpers import free_port
 from tests.relay_harness import wait_until
-from tests.serve_harness import free_port
 
 START_S = (
     90  # seconds `outbox serve` gets to answer: its processes import it all, on a busy machine

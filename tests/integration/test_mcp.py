@@ -36,7 +36,7 @@ from outbox.schemas import StartRun
 from outbox.testing.model import HistoryItem, ScriptedModel
 from outbox.testing.server import FakeServer, Reply, Request
 from outbox.testing.tools import FakeToolService
-from tests.helpers import new_run, turn
+from tests.helpers import free_port, new_run, turn
 from tests.relay_harness import (
     FAST,
     all_settled,
@@ -60,12 +60,6 @@ def audit(path: Path, tool: str | None = None) -> list[dict[str, Any]]:
         return []
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [line for line in lines if tool is None or line["tool"] == tool]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class HttpFixture:

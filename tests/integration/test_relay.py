@@ -16,6 +16,7 @@ from outbox import config as outbox_config
 from outbox import registry, writer
 from outbox.testing.server import FakeServer, Reply, Request
 from outbox.testing.tools import FakeToolService
+from tests.helpers import free_port
 from tests.relay_harness import (
     all_settled,
     register_tool,
@@ -455,13 +456,9 @@ def test_without_listen_the_relay_polls(db_url, tools):
 
 
 def test_metrics_endpoint_counts_the_work(db_url, tools):
-    import socket
-
     import httpx2
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     tools.tool("keyed").fail(status=500, n=1)
     seed(db_url, ["keyed"], runs=2, calls_per_batch=3, args=args)
     with relay_thread(db_url, metrics_port=port):

@@ -18,8 +18,8 @@ from outbox.relay import metrics
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
+from tests.helpers import free_port
 from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
-from tests.serve_harness import free_port
 
 TENANT = "acme"
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")

@@ -9,7 +9,6 @@ metrics show the gauge at 1; once the queue is drained, the saturation is over.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 
 import httpx2
@@ -17,6 +16,7 @@ import psycopg
 import pytest
 
 from outbox.testing.tools import FakeToolService
+from tests.helpers import free_port
 from tests.relay_harness import (
     FAST,
     all_settled,
@@ -39,12 +39,6 @@ def slow_tool(db_url: str) -> Iterator[FakeToolService]:
             register_tool(conn, service, "slow", "key", timeout_s=30)
             conn.commit()
         yield service
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def metric(port: int, name: str) -> float | None:

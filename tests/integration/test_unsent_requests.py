@@ -8,7 +8,6 @@ such an attempt must not turn the next attempt into ``outcome_unknown``.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +15,7 @@ import psycopg
 import pytest
 
 from outbox.testing.tools import FakeToolService
+from tests.helpers import free_port
 from tests.relay_harness import (
     all_settled,
     register_tool,
@@ -54,9 +54,7 @@ def test_a_none_tool_that_did_not_process_the_request_is_called_again(db_url, se
 
 def closed_port() -> int:
     """A local port nothing listens on (connections to it are refused)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return free_port()
 
 
 def test_a_none_tool_that_refused_the_connection_is_retried_until_out_of_attempts(db_url, service):

@@ -9,7 +9,6 @@ import datetime
 import ipaddress
 import itertools
 import json
-import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,6 +26,7 @@ from hypothesis import strategies as st
 
 from outbox.relay import poster as poster_module
 from outbox.relay.poster import Poster
+from tests.helpers import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -90,9 +90,7 @@ def test_posts_json_and_reads_the_answer_with_its_headers():
 
 
 def test_a_refused_connection_is_httpx2_connect_error():
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # a port nobody listens on
 
     async def main() -> None:
         poster = Poster()
