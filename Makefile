@@ -7,7 +7,7 @@ PYTEST := $(BIN)/pytest -p no:cacheprovider
 # Test processes (pytest-xdist), each with a private PostgreSQL server in memory. The tests
 # mostly wait (for relays, HTTP servers, timeouts), so more processes than cores is fastest
 # (docs/testing.md, "How this project's suite runs"). TEST_WORKERS=0: in this process.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 6
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo test lint bench soak clean
