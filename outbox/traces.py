@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -360,7 +361,7 @@ def run(
     builder = SpanBuilder()
     total = Exported()
     conn: psycopg.Connection[Any] | None = None
-    last_lag = 0.0
+    last_lag = -math.inf  # the first pass logs the lag, however long the machine has been up
     try:
         while not stop.is_set():
             if parent_pid is not None and os.getppid() != parent_pid:

@@ -18,6 +18,7 @@ the loop goes on: leases must be kept alive whatever happens.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -65,7 +66,10 @@ class Maintenance:
     def loop(self) -> None:
         link = self.make_link("maintenance", prepare=False)
         interval = min(self.cfg.lease_s / 3, self.cfg.rescue_interval_s)
-        last_rescue = last_depth = last_retention = last_journal = 0.0
+        # The first round does everything: time.monotonic() counts from the machine's boot,
+        # so a start of 0.0 would hold back every task whose interval is longer than the
+        # uptime (the journal's days ahead for the first ten minutes after a boot).
+        last_rescue = last_depth = last_retention = last_journal = -math.inf
         while not self.finished.wait(interval):
             self.tick()
             try:

@@ -8,6 +8,8 @@ attached for one UTC day), by the owner, because the function only makes today a
 
 from __future__ import annotations
 
+import time
+import types
 from datetime import UTC, date, datetime, timedelta
 from itertools import pairwise
 from typing import Any
@@ -300,7 +302,20 @@ def test_a_runs_event_stream_reads_no_day_before_the_run(conn):
     assert [e["event"] for e in events[3]][:1] == ["run.created"]
 
 
-def test_the_relays_maintenance_makes_the_days_ahead_with_retention_off(db_url, conn):
+@pytest.mark.parametrize("uptime_s", [None, 1.0], ids=["any-uptime", "just-booted"])
+def test_the_relays_maintenance_makes_the_days_ahead_with_retention_off(
+    db_url, conn, monkeypatch, uptime_s
+):
+    """On its first round, also on a machine booted a second ago: the maintenance's
+    clock (time.monotonic) counts from the boot, and the days ahead are made every ten
+    minutes."""
+    if uptime_s is not None:
+        from outbox.relay import maintenance
+
+        real = time.monotonic
+        booted = real() - uptime_s
+        clock = types.SimpleNamespace(monotonic=lambda: real() - booted)
+        monkeypatch.setattr(maintenance, "time", clock)
     days_ahead(conn)
     ahead = day_name(today(conn) + timedelta(days=2))
     conn.execute(f"DROP TABLE outbox.{ahead}")  # an empty day, as if never made
