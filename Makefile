@@ -7,6 +7,8 @@ PYTEST := $(BIN)/pytest -p no:cacheprovider
 # Test processes (pytest-xdist), each with a private PostgreSQL server in memory. The tests
 # mostly wait (for relays, HTTP servers, timeouts), so more processes than cores is fastest
 # (docs/testing.md, "How this project's suite runs"). TEST_WORKERS=0: in this process.
+# worksteal: a process that runs out of tests takes pending ones from a busy one, where the
+# default hands out blocks at the end and one process ran on alone for a minute.
 TEST_WORKERS ?= 6
 
 .DEFAULT_GOAL := help
@@ -32,7 +34,7 @@ demo: setup ## Run the demo on the embedded PostgreSQL (or OUTBOX_DATABASE_URL).
 # again, and each worker rewrote the asserts of every test module (about 4 s of CPU a
 # worker). The caches go to __pycache__/ (ignored by git).
 test: setup ## Run the test suite (bounded chaos tests; no soak).
-	PYTHONDONTWRITEBYTECODE= $(PYTEST) -m "not soak" -n $(TEST_WORKERS) $(ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PYTEST) -m "not soak" -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
 # mypy and import-linter read the package as the wheel installs it: one `outbox` with relay/,
 # server/, commands/ and sql/ inside (docs/how-it-works.md, "What the wheel installs"). Neither

@@ -53,7 +53,10 @@ def private_server(name: str) -> Iterator[tuple[db.EmbeddedServer, str]]:
     folder.mkdir(parents=True, exist_ok=True)
     remove_abandoned(folder)
     work = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=folder))
-    (work / OWNER).write_text(str(os.getpid()))
+    # Written whole or not at all: another process's remove_abandoned must never read an
+    # empty owner file (a dead owner: it would remove this server's folder while it starts).
+    (work / "owner.tmp").write_text(str(os.getpid()))
+    os.replace(work / "owner.tmp", work / OWNER)
     server = db.EmbeddedServer(work / "pgdata")
     try:
         url = server.start()
@@ -71,8 +74,11 @@ def private_server(name: str) -> Iterator[tuple[db.EmbeddedServer, str]]:
 def remove_abandoned(folder: Path) -> None:
     """Stop and remove the servers under ``folder`` whose owning process has ended."""
     for work in folder.iterdir():
-        owner = work / OWNER
-        if not owner.exists() or _alive(int(owner.read_text() or 0)):
+        try:
+            pid = int((work / OWNER).read_text())
+        except (OSError, ValueError):  # a folder being made, or not one of ours
+            continue
+        if _alive(pid):
             continue
         with contextlib.suppress(Exception):  # a half-made folder has no server to stop
             db.EmbeddedServer(work / "pgdata").stop()
