@@ -320,7 +320,6 @@ def _watch(
         "relay_cpu_s": round(cpu, 2),
         "cpu_ms_per_run": round(1000 * cpu / runs, 2),
         "exporter_cpu_ms_per_run": round(1000 * exporter_cpu / runs, 2),
-        "db_cpu_ms_per_run": round(1000 * pg_cpu / runs, 2),
         "spans_drained_after_s": drained,
         "postgres_cpu_s": round(pg_cpu, 2),
         "max_db_connections": sampler.max_connections,

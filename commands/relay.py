@@ -315,6 +315,8 @@ class TraceExporter:
         self.keeper.start()
 
     def keep(self) -> None:
+        from outbox.logs import log
+
         wait_s = self.RESTART_S[0]
         while True:
             started = time.monotonic()
@@ -323,8 +325,6 @@ class TraceExporter:
                 wait_s = self.RESTART_S[0]  # it had been running well: no backoff
             if self.stopping.wait(wait_s):
                 return
-            from outbox.logs import log
-
             log(
                 logging.getLogger("relay"),
                 logging.ERROR,
