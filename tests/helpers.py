@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import itertools
-import os
 import socket
+import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psycopg
 
@@ -105,26 +106,47 @@ def turn(run: writer.RunRef, step: int, *calls: tuple[str, str, Any], text: str 
 
 # Ports for servers a test starts in another process, which must be told its port before it
 # binds. A port the kernel hands to ``bind(0)`` is in its ephemeral range, where any
-# outgoing connection of any worker (to PostgreSQL, to a fake server) may take it between
+# outgoing connection of any process (to PostgreSQL, to a fake server) may take it between
 # the probe and the server's bind: the server then fails with "address already in use".
-# So ports come from below that range, a block per pytest-xdist worker, so that no two
-# workers hand out the same one.
-PORTS_PER_WORKER = 400
+# So ports come from below that range, a block per process. A process claims its block
+# with a lock file it holds until it ends, so no two live processes hand out the same port,
+# also when two checkouts run their suites at once (a block per xdist worker number did not:
+# both runs' gw0 shared one, and a test reached the other run's server).
+PORTS_PER_BLOCK = 200
+PORT_LOCKS = Path(tempfile.gettempdir()) / "outbox-test-ports"
 _next_port = itertools.count()
+_block: tuple[int, IO[bytes]] | None = None  # the first port of the block, and its lock
+
+
+def _claim_block() -> int:
+    global _block
+    if _block is None:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        PORT_LOCKS.mkdir(exist_ok=True)
+        for first in range(10_000, low - PORTS_PER_BLOCK + 1, PORTS_PER_BLOCK):
+            lock = open(PORT_LOCKS / f"{first}.lock", "wb")  # noqa: SIM115 (held for life)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            _block = (first, lock)
+            break
+        else:
+            raise RuntimeError(f"every block of test ports below {low} is held (see {PORT_LOCKS})")
+    return _block[0]
 
 
 def free_port() -> int:
-    """A port on 127.0.0.1 nothing listens on, outside the ephemeral range."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    blocks = max(1, (low - 10_000) // PORTS_PER_WORKER)  # from port 10,000 up to ``low``
-    first = 10_000 + (int(worker.removeprefix("gw") or 0) % blocks) * PORTS_PER_WORKER
-    for _ in range(PORTS_PER_WORKER):
-        port = first + next(_next_port) % PORTS_PER_WORKER
+    """A port on 127.0.0.1 nothing listens on, outside the ephemeral range, from a block no
+    other live process hands out."""
+    first = _claim_block()
+    for _ in range(PORTS_PER_BLOCK):
+        port = first + next(_next_port) % PORTS_PER_BLOCK
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:  # in use, or still closing: the next one
                 continue
         return port
-    raise RuntimeError(f"no free port in {first}-{first + PORTS_PER_WORKER - 1}")
+    raise RuntimeError(f"no free port in {first}-{first + PORTS_PER_BLOCK - 1}")
