@@ -29,7 +29,6 @@ def record_response(
     *,
     run_id: uuid.UUID,
     thread_id: uuid.UUID,
-    output_from_seq: int,
     model: str,
     input_items: list[dict[str, Any]],
     previous_response_id: uuid.UUID | None = None,
@@ -39,7 +38,10 @@ def record_response(
     metadata: dict[str, Any] | None = None,
     background: bool = False,
     model_options: dict[str, Any] | None = None,
+    output_from_seq: int | None = None,
 ) -> Row:
+    """Record a response; its output starts at ``output_from_seq``, by default the
+    thread's next position, read by the statement that records it."""
     tenancy.scope(conn, tenant_id)
     row = fetch_one(
         conn,

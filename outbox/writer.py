@@ -191,14 +191,21 @@ def start_run(db: Any, request: StartRun) -> RunRef:
     creates, beside ``start_run_v1`` (which has no argument for them: a backend on the SQL
     API sets ``runs.model_options`` in the same transaction).
     """
+    run_id, created = begin_run(db, request)
+    (row,) = run_call(db, calls.get_run(run_id, None))
+    return calls.run_ref(row, created)
+
+
+def begin_run(db: Any, request: StartRun) -> tuple[uuid.UUID, bool]:
+    """``start_run`` without reading the run back: (its id, created?), for a caller that
+    needs no more of it (``outbox serve``'s create: one statement fewer)."""
     (started,) = run_call(db, calls.start_run(request))
     options = request.model_options.stored()
     if options and started["created"]:
         pg(db).execute(
             Q.set_model_options, {"run_id": started["run_id"], "model_options": Jsonb(options)}
         )
-    (row,) = run_call(db, calls.get_run(started["run_id"], None))
-    return calls.run_ref(row, started["created"])
+    return uuid.UUID(str(started["run_id"])), bool(started["created"])
 
 
 def enqueue(

@@ -24,9 +24,9 @@ from typing import Any
 
 import psycopg
 
-from outbox import assistants, lifecycle, responses, writer
+from outbox import assistants, lifecycle, responses, storable, writer
 from outbox.errors import ActiveRunExists, NotFound
-from outbox.schemas import NewMessage, Retarget, StartRun
+from outbox.schemas import NewMessage, Retarget, StartRun, check_size
 from outbox.server import idempotency, input_items, shapes
 from outbox.server.actions import Page, Settings, busy_thread, paginate, remove_message
 from outbox.server.bodies import ConversationIn, ResponseIn
@@ -37,6 +37,7 @@ from outbox.store import fetch_all, fetch_one
 Row = dict[str, Any]
 INSTRUCTION_ROLES = input_items.INSTRUCTION_ROLES
 FIRST_SEQ = 1  # a thread's first message position: a thread there holds no message yet
+OPENING_ROLES = ("user", "assistant")  # the roles of messages a new thread is made with
 
 
 def response_id(ident: uuid.UUID) -> str:
@@ -138,30 +139,22 @@ def create(
                 conn, tenant, items
             )
         instructions = _instructions(body, items)
-        active = fetch_one(conn, Q.active_run, {"thread_id": thread_id})
-        if active is not None and active["status"] == "requires_action":
-            run_id = active["id"]
-            _retarget(conn, tenant, run_id, body, instructions)
-            _answer_calls(conn, tenant, run_id, messages, outputs)
-            output_from = responses.thread_position(conn, thread_id)
-        elif active is not None:
-            raise APIError(
-                400,
-                f"Another response is in progress in this conversation (run {active['id']}); "
-                "wait for it to finish or cancel it.",
-                code="conversation_locked",
-            )
-        else:
+        if thread_id is None:  # a new thread, made with the request's messages
             if outputs:
                 _no_such_call(outputs[0]["call_id"])
-            run_id = _start(conn, tenant, thread_id, body, messages, instructions, settings)
-            output_from = responses.thread_position(conn, thread_id)
+            thread_id = _new_thread(conn, tenant, messages)
+            run_id = _start(conn, tenant, thread_id, body, [], instructions, settings)
+        else:
+            run_id = _carry_on(
+                conn, tenant, thread_id, body, messages, outputs, instructions, settings
+            )
+        # The response's output starts at the thread's next position, read by the
+        # statement that records it: after the run's start or the outputs it took.
         row = responses.record_response(
             conn,
             tenant,
             run_id=run_id,
             thread_id=thread_id,
-            output_from_seq=output_from,
             model=body.model,
             input_items=input_items.recorded(given),
             previous_response_id=previous,
@@ -176,6 +169,38 @@ def create(
         if key:
             idempotency.keep(conn, tenant, key, digest, thread_id, response_id(ident))
         return ident, run_id, tenant
+
+
+def _carry_on(
+    conn: psycopg.Connection[Any],
+    tenant: str,
+    thread_id: uuid.UUID,
+    body: ResponseIn,
+    messages: list[Row],
+    outputs: list[Row],
+    instructions: str | None,
+    settings: Settings,
+) -> uuid.UUID:
+    """The run a request on a stored thread carries on: the run waiting for its client
+    calls' outputs, or a new one; 400 while another is in progress."""
+    active = fetch_one(conn, Q.active_run, {"thread_id": thread_id})
+    if active is not None and active["status"] == "requires_action":
+        _retarget(conn, tenant, active["id"], body, instructions)
+        _answer_calls(conn, tenant, active["id"], messages, outputs)
+        return uuid.UUID(str(active["id"]))
+    if active is not None:
+        raise APIError(
+            400,
+            f"Another response is in progress in this conversation (run {active['id']}); "
+            "wait for it to finish or cancel it.",
+            code="conversation_locked",
+        )
+    if outputs:
+        _no_such_call(outputs[0]["call_id"])
+    said = _said(messages)
+    if not said and responses.thread_position(conn, thread_id) == FIRST_SEQ:
+        _missing_input()
+    return _start(conn, tenant, thread_id, body, said, instructions, settings)
 
 
 def _kept_response(key: str, first: idempotency.Earlier) -> uuid.UUID:
@@ -208,7 +233,7 @@ def _split(items: list[Row]) -> tuple[list[Row], list[Row]]:
 
 def _stateless(
     conn: psycopg.Connection[Any], tenant: str, given: list[Row]
-) -> tuple[uuid.UUID, uuid.UUID | None, bool, list[Row], list[Row]]:
+) -> tuple[uuid.UUID | None, uuid.UUID | None, bool, list[Row], list[Row]]:
     """(thread, previous response, in a conversation?, messages, outputs) of a request
     that carries its whole history. It continues a stored history when it extends it: the
     last item that names one of our stored items (``msg_<n>``, ``fc_<n>``) picks the
@@ -217,8 +242,10 @@ def _stateless(
     with ``previous_response_id``. Any other history seeds a new thread, checked with the
     pairing rules; its function calls are stored as answered history (an ``import`` run,
     ``lifecycle.import_thread``), never executed. System and developer messages are the
-    instructions either way. ``given`` has its reasoning items on the items they came
-    before (``input_items.with_reasoning``): stored with what they came before."""
+    instructions either way. The thread is None for a history of messages only: a new
+    thread the caller makes with them (``_new_thread``). ``given`` has its reasoning items
+    on the items they came before (``input_items.with_reasoning``): stored with what they
+    came before."""
     history = [i for i in given if input_items.is_history(i)]
     instructions = [
         i
@@ -240,15 +267,16 @@ def _stateless(
             return thread_id, latest["id"], bool(latest["in_conversation"]), messages, outputs
     input_items.check_pairs(history)
     if all(i["type"] == input_items.MESSAGE for i in history):
-        return writer.create_thread(conn, tenant).id, None, False, instructions + history, []
+        return None, None, False, instructions + history, []
     thread, _ = lifecycle.import_thread(conn, tenant, input_items.as_chat(history))
     return thread.id, None, False, instructions, []
 
 
 def _thread_for(
     conn: psycopg.Connection[Any], tenant: str, body: ResponseIn
-) -> tuple[uuid.UUID, uuid.UUID | None, bool]:
-    """(thread, previous response, in a conversation?) the request continues or starts."""
+) -> tuple[uuid.UUID | None, uuid.UUID | None, bool]:
+    """(thread, previous response, in a conversation?) the request continues; the thread
+    is None for a new one (``_new_thread``)."""
     if body.previous_response_id:
         ident = parse(body.previous_response_id, "resp_", "Previous response")
         try:
@@ -287,7 +315,7 @@ def _thread_for(
             raise APIError(404, f"Conversation with id '{raw}' not found.", param="conversation")
         latest = responses.latest_of_thread(conn, ident)
         return ident, None if latest is None else latest["id"], True
-    return writer.create_thread(conn, tenant).id, None, False
+    return None, None, False
 
 
 def _answer_calls(
@@ -365,18 +393,40 @@ def _retarget(
     )
 
 
-def _start(
-    conn: psycopg.Connection[Any],
-    tenant: str,
-    thread_id: uuid.UUID,
-    body: ResponseIn,
-    messages: list[Row],
-    instructions: str | None,
-    settings: Settings,
-) -> uuid.UUID:
-    said = [m for m in messages if m["role"] not in INSTRUCTION_ROLES]
-    if not said and responses.thread_position(conn, thread_id) == FIRST_SEQ:
-        raise APIError(400, "Missing required parameter: 'input' (give at least one message).")
+def _said(messages: list[Row]) -> list[Row]:
+    """The messages a run's turn stores in its thread: the instruction roles' are not."""
+    return [m for m in messages if m["role"] not in INSTRUCTION_ROLES]
+
+
+def _missing_input() -> None:
+    raise APIError(400, "Missing required parameter: 'input' (give at least one message).")
+
+
+def _new_thread(conn: psycopg.Connection[Any], tenant: str, messages: list[Row]) -> uuid.UUID:
+    """A new thread holding the request's messages (those of the instruction roles go to
+    the run's instructions). Messages without reasoning go in with the thread, by the one
+    statement that makes it; otherwise each is appended after it."""
+    said = _said(messages)
+    if not said:
+        _missing_input()
+    if any(
+        m.get("reasoning") or not isinstance(m["text"], str) or m["role"] not in OPENING_ROLES
+        for m in said
+    ):
+        thread_id = writer.create_thread(conn, tenant).id
+        _append(conn, tenant, thread_id, said)
+        return thread_id
+    opening = []
+    for m in said:  # the checks ``writer.append_message`` makes, with its words
+        storable.check_text(f"{m['role']} message", m["text"])
+        check_size(f"{m['role']} message", m["text"])
+        opening.append(NewMessage(role=m["role"], content=m["text"]))
+    return writer.create_thread(conn, tenant, messages=opening).id
+
+
+def _append(
+    conn: psycopg.Connection[Any], tenant: str, thread_id: uuid.UUID, said: list[Row]
+) -> None:
     for message in said:
         writer.append_message(
             conn,
@@ -386,8 +436,22 @@ def _start(
             message["text"],
             reasoning=message.get("reasoning"),
         )
+
+
+def _start(
+    conn: psycopg.Connection[Any],
+    tenant: str,
+    thread_id: uuid.UUID,
+    body: ResponseIn,
+    said: list[Row],
+    instructions: str | None,
+    settings: Settings,
+) -> uuid.UUID:
+    """Append ``said`` to the thread and start a run on it; the run's id (the run is not
+    read back: nothing here needs more of it)."""
+    _append(conn, tenant, thread_id, said)
     names = assistants.declare_tools(conn, tenant, function_tools(body.tools))
-    run = writer.start_run(
+    run_id, _ = writer.begin_run(
         conn,
         StartRun(
             tenant_id=tenant,
@@ -405,7 +469,7 @@ def _start(
             ),
         ),
     )
-    return run.id
+    return run_id
 
 
 # -- read -----------------------------------------------------------------------------------

@@ -1,12 +1,16 @@
 -- name: insert_response
 -- A new response: a stretch of a run, with its request's input items; journaled as
--- response.created by the same statement.
+-- response.created by the same statement. Without an output_from_seq its output starts
+-- at the thread's next position now.
 WITH response AS (
     INSERT INTO {s}.responses (tenant_id, run_id, thread_id, previous_response_id,
                                in_conversation, output_from_seq, input, model, instructions,
                                tools, metadata, background, model_options)
     VALUES (%(tenant_id)s, %(run_id)s, %(thread_id)s, %(previous_response_id)s,
-            %(in_conversation)s, %(output_from_seq)s, %(input)s, %(model)s, %(instructions)s,
+            %(in_conversation)s,
+            coalesce(%(output_from_seq)s::integer,
+                     (SELECT t.next_seq FROM {s}.threads t WHERE t.id = %(thread_id)s)),
+            %(input)s, %(model)s, %(instructions)s,
             %(tools)s, %(metadata)s, %(background)s, %(model_options)s)
     RETURNING *
 ), told AS (
