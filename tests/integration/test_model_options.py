@@ -300,6 +300,79 @@ def test_reasoning_items_of_a_history_go_back_to_the_model_before_what_followed_
     ]  # verbatim
 
 
+def test_a_history_of_messages_with_reasoning_seeds_a_thread_that_keeps_it(
+    db_url, base_url, api_key, model, relay
+):
+    # Messages only: a new thread made with them, each message where it was and the
+    # reasoning item on the message it came before, as with a history with calls.
+    model.add_script("again", [{"text": "done"}])
+    history = [
+        {"role": "user", "content": "script:again first"},
+        REASONED[4],
+        {"role": "assistant", "content": "it shipped"},
+        {"role": "user", "content": "and now?"},
+    ]
+    headers = {"Authorization": f"Bearer {api_key}"}
+    body = {"model": "scripted-1", "input": history, "tools": []}
+    answer = httpx2.post(base_url + "/responses", json=body, headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
+    (sent,) = model.requests
+    assert [i.get("type", "message") for i in sent.body["input"]] == [
+        "message",
+        "reasoning",
+        "message",
+        "message",
+    ]
+    assert [i for i in sent.body["input"] if i.get("type") == "reasoning"] == [REASONED[4]]
+    with psycopg.connect(db_url) as conn:
+        stored = conn.execute(
+            "SELECT seq, role, content, reasoning IS NOT NULL FROM outbox.messages"
+            " ORDER BY seq"
+        ).fetchall()
+    assert stored[:3] == [
+        (1, "user", "script:again first", False),
+        (2, "assistant", "it shipped", True),
+        (3, "user", "and now?", False),
+    ]
+    assert answer.json()["output"][-1]["content"][0]["text"] == "done"
+
+
+def test_a_history_of_messages_seeds_a_thread_with_them_in_order(
+    db_url, base_url, api_key, model, relay
+):
+    model.add_script("again", [{"text": "done"}])
+    history = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "script:again first"},
+        {"role": "assistant", "content": "sure"},
+        {"role": "user", "content": "and now?"},
+    ]
+    headers = {"Authorization": f"Bearer {api_key}"}
+    body = {"model": "scripted-1", "input": history, "tools": []}
+    answer = httpx2.post(base_url + "/responses", json=body, headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
+    (sent,) = model.requests
+    said = [(i.get("role"), i.get("content")) for i in sent.body["input"]]
+    assert said[-3:] == [
+        ("user", "script:again first"),
+        ("assistant", "sure"),
+        ("user", "and now?"),
+    ]
+    with psycopg.connect(db_url) as conn:
+        stored = conn.execute(
+            "SELECT seq, role, content FROM outbox.messages ORDER BY seq"
+        ).fetchall()
+        (from_seq,) = conn.execute("SELECT output_from_seq FROM outbox.responses").fetchone()
+    assert stored[:3] == [
+        (1, "user", "script:again first"),
+        (2, "assistant", "sure"),
+        (3, "user", "and now?"),
+    ]
+    assert from_seq == 4  # the output begins after the input, as the answer shows
+    output = answer.json()["output"]
+    assert [o["content"][0]["text"] for o in output if o["type"] == "message"] == ["done"]
+
+
 def test_chat_completions_never_gets_reasoning_items(tools, model):
     with psycopg.connect(tools) as conn:
         thread, _ = lifecycle.import_thread(
