@@ -326,8 +326,7 @@ def test_a_history_of_messages_with_reasoning_seeds_a_thread_that_keeps_it(
     assert [i for i in sent.body["input"] if i.get("type") == "reasoning"] == [REASONED[4]]
     with psycopg.connect(db_url) as conn:
         stored = conn.execute(
-            "SELECT seq, role, content, reasoning IS NOT NULL FROM outbox.messages"
-            " ORDER BY seq"
+            "SELECT seq, role, content, reasoning IS NOT NULL FROM outbox.messages ORDER BY seq"
         ).fetchall()
     assert stored[:3] == [
         (1, "user", "script:again first", False),
