@@ -628,8 +628,10 @@ GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb)
 -- current_tenant_v1: the tenant this session acts for. A login role mapped to a tenant
 -- (outbox.tenant_roles, `outbox tenants grant`) acts for that tenant whatever it sets; any
 -- other session for the tenant its transaction is scoped to (outbox.tenant_id), or none.
--- Row-level security and the functions below ask it. Plain SQL, so that the planner
--- inlines it and a query asks once, not once per row.
+-- Row-level security and the functions below ask it. Its sub-SELECT keeps the planner from
+-- inlining it: each call runs its query, executor and plan set up anew. So the policies ask
+-- it as (SELECT current_tenant_v1()), an init plan run once a statement, not once a row
+-- or a rescan, and enter_tenant_v1 asks it once.
 CREATE OR REPLACE FUNCTION {s}.current_tenant_v1() RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(
@@ -643,8 +645,8 @@ GRANT EXECUTE ON FUNCTION {s}.current_tenant_v1() TO PUBLIC;
 -- require_tenant_scope_v1: refuse (42501) unless this session acts for p_tenant_id (the
 -- tenant its login role is bound to, else the one its transaction is scoped to:
 -- current_tenant_v1). The guard of the functions that act beyond row-level security
--- (submit_tool_outputs_v1, decide_approval_v1) and of enter_tenant_v1; p_caller names the
--- function refused.
+-- (submit_tool_outputs_v1, decide_approval_v1); enter_tenant_v1 makes the same refusal
+-- itself. p_caller names the function refused.
 CREATE OR REPLACE FUNCTION {s}.require_tenant_scope_v1(p_tenant_id text, p_caller text)
 RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -674,13 +676,18 @@ GRANT EXECUTE ON FUNCTION {s}.require_tenant_scope_v1(text, text) TO PUBLIC;
 -- transaction ends. Raises 22023 for an ill-formed tenant id, 42501 for another tenant.
 CREATE OR REPLACE FUNCTION {s}.enter_tenant_v1(p_tenant_id text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_scope text;
 BEGIN
     IF p_tenant_id IS NULL OR p_tenant_id !~ '^[A-Za-z0-9_.:@-]{1,128}$' THEN
         RAISE EXCEPTION 'tenant id % is not valid', quote_nullable(p_tenant_id)
             USING ERRCODE = 'invalid_parameter_value', HINT = 'use 1-128 letters, digits or _.:@-';
     END IF;
-    IF {s}.current_tenant_v1() IS NOT NULL THEN
-        PERFORM {s}.require_tenant_scope_v1(p_tenant_id, 'enter_tenant_v1');
+    -- require_tenant_scope_v1's refusal, asking current_tenant_v1 once (it is no cheap call)
+    v_scope := {s}.current_tenant_v1();
+    IF v_scope IS NOT NULL AND v_scope <> p_tenant_id THEN
+        RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
+            USING ERRCODE = 'insufficient_privilege';
     END IF;
     PERFORM set_config('outbox.tenant_id', p_tenant_id, true);
 END $$;

@@ -144,8 +144,8 @@ REVOKE UPDATE, DELETE, TRUNCATE ON {s}.journal FROM PUBLIC;
 ALTER TABLE {s}.threads ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.threads;
 CREATE POLICY tenant_isolation ON {s}.threads TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.threads;
 CREATE POLICY all_tenants ON {s}.threads TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -156,8 +156,8 @@ CREATE POLICY audit_read ON {s}.threads FOR SELECT TO outbox_auditor USING (true
 ALTER TABLE {s}.runs ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.runs;
 CREATE POLICY tenant_isolation ON {s}.runs TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.runs;
 CREATE POLICY all_tenants ON {s}.runs TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -168,8 +168,8 @@ CREATE POLICY audit_read ON {s}.runs FOR SELECT TO outbox_auditor USING (true);
 ALTER TABLE {s}.messages ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.messages;
 CREATE POLICY tenant_isolation ON {s}.messages TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.messages;
 CREATE POLICY all_tenants ON {s}.messages TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -180,8 +180,8 @@ CREATE POLICY audit_read ON {s}.messages FOR SELECT TO outbox_auditor USING (tru
 ALTER TABLE {s}.model_turns ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.model_turns;
 CREATE POLICY tenant_isolation ON {s}.model_turns TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.model_turns;
 CREATE POLICY all_tenants ON {s}.model_turns TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -192,8 +192,8 @@ CREATE POLICY audit_read ON {s}.model_turns FOR SELECT TO outbox_auditor USING (
 ALTER TABLE {s}.tool_batches ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.tool_batches;
 CREATE POLICY tenant_isolation ON {s}.tool_batches TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.tool_batches;
 CREATE POLICY all_tenants ON {s}.tool_batches TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -204,8 +204,8 @@ CREATE POLICY audit_read ON {s}.tool_batches FOR SELECT TO outbox_auditor USING 
 ALTER TABLE {s}.tool_calls ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.tool_calls;
 CREATE POLICY tenant_isolation ON {s}.tool_calls TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.tool_calls;
 CREATE POLICY all_tenants ON {s}.tool_calls TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -216,8 +216,8 @@ CREATE POLICY audit_read ON {s}.tool_calls FOR SELECT TO outbox_auditor USING (t
 ALTER TABLE {s}.tool_results ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.tool_results;
 CREATE POLICY tenant_isolation ON {s}.tool_results TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.tool_results;
 CREATE POLICY all_tenants ON {s}.tool_results TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -228,8 +228,8 @@ CREATE POLICY audit_read ON {s}.tool_results FOR SELECT TO outbox_auditor USING 
 ALTER TABLE {s}.orphaned_results ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.orphaned_results;
 CREATE POLICY tenant_isolation ON {s}.orphaned_results TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.orphaned_results;
 CREATE POLICY all_tenants ON {s}.orphaned_results TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -240,8 +240,8 @@ CREATE POLICY audit_read ON {s}.orphaned_results FOR SELECT TO outbox_auditor US
 ALTER TABLE {s}.submissions ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.submissions;
 CREATE POLICY tenant_isolation ON {s}.submissions TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.submissions;
 CREATE POLICY all_tenants ON {s}.submissions TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -252,8 +252,8 @@ CREATE POLICY audit_read ON {s}.submissions FOR SELECT TO outbox_auditor USING (
 ALTER TABLE {s}.outbox ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.outbox;
 CREATE POLICY tenant_isolation ON {s}.outbox TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.outbox;
 CREATE POLICY all_tenants ON {s}.outbox TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -264,8 +264,8 @@ CREATE POLICY audit_read ON {s}.outbox FOR SELECT TO outbox_auditor USING (true)
 ALTER TABLE {s}.tools ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.tools;
 CREATE POLICY tenant_isolation ON {s}.tools TO PUBLIC
-    USING (tenant_id IN ({s}.current_tenant_v1(), '*'))
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id IN ((SELECT {s}.current_tenant_v1()), '*'))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.tools;
 CREATE POLICY all_tenants ON {s}.tools TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -276,8 +276,8 @@ CREATE POLICY audit_read ON {s}.tools FOR SELECT TO outbox_auditor USING (true);
 ALTER TABLE {s}.mcp_servers ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.mcp_servers;
 CREATE POLICY tenant_isolation ON {s}.mcp_servers TO PUBLIC
-    USING (tenant_id IN ({s}.current_tenant_v1(), '*'))
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id IN ((SELECT {s}.current_tenant_v1()), '*'))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.mcp_servers;
 CREATE POLICY all_tenants ON {s}.mcp_servers TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -288,8 +288,8 @@ CREATE POLICY audit_read ON {s}.mcp_servers FOR SELECT TO outbox_auditor USING (
 ALTER TABLE {s}.journal ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.journal;
 CREATE POLICY tenant_isolation ON {s}.journal TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.journal;
 CREATE POLICY all_tenants ON {s}.journal TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -300,8 +300,8 @@ CREATE POLICY audit_read ON {s}.journal FOR SELECT TO outbox_auditor USING (true
 ALTER TABLE {s}.tenant_budgets ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.tenant_budgets;
 CREATE POLICY tenant_isolation ON {s}.tenant_budgets TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.tenant_budgets;
 CREATE POLICY all_tenants ON {s}.tenant_budgets TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -312,8 +312,8 @@ CREATE POLICY audit_read ON {s}.tenant_budgets FOR SELECT TO outbox_auditor USIN
 ALTER TABLE {s}.approvals ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.approvals;
 CREATE POLICY tenant_isolation ON {s}.approvals TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.approvals;
 CREATE POLICY all_tenants ON {s}.approvals TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -324,8 +324,8 @@ CREATE POLICY audit_read ON {s}.approvals FOR SELECT TO outbox_auditor USING (tr
 ALTER TABLE {s}.risk_policies ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.risk_policies;
 CREATE POLICY tenant_isolation ON {s}.risk_policies TO PUBLIC
-    USING (tenant_id IN ({s}.current_tenant_v1(), '*'))
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id IN ((SELECT {s}.current_tenant_v1()), '*'))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.risk_policies;
 CREATE POLICY all_tenants ON {s}.risk_policies TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -336,8 +336,8 @@ CREATE POLICY audit_read ON {s}.risk_policies FOR SELECT TO outbox_auditor USING
 ALTER TABLE {s}.tool_switches ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.tool_switches;
 CREATE POLICY tenant_isolation ON {s}.tool_switches TO PUBLIC
-    USING (tenant_id IN ({s}.current_tenant_v1(), '*'))
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id IN ((SELECT {s}.current_tenant_v1()), '*'))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.tool_switches;
 CREATE POLICY all_tenants ON {s}.tool_switches TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -348,8 +348,8 @@ CREATE POLICY audit_read ON {s}.tool_switches FOR SELECT TO outbox_auditor USING
 ALTER TABLE {s}.tenant_pauses ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.tenant_pauses;
 CREATE POLICY tenant_isolation ON {s}.tenant_pauses TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.tenant_pauses;
 CREATE POLICY all_tenants ON {s}.tenant_pauses TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -360,8 +360,8 @@ CREATE POLICY audit_read ON {s}.tenant_pauses FOR SELECT TO outbox_auditor USING
 ALTER TABLE {s}.credentials ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.credentials;
 CREATE POLICY tenant_isolation ON {s}.credentials TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.credentials;
 CREATE POLICY all_tenants ON {s}.credentials TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -372,8 +372,8 @@ CREATE POLICY audit_read ON {s}.credentials FOR SELECT TO outbox_auditor USING (
 ALTER TABLE {s}.api_keys ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.api_keys;
 CREATE POLICY tenant_isolation ON {s}.api_keys TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.api_keys;
 CREATE POLICY all_tenants ON {s}.api_keys TO CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -384,8 +384,8 @@ CREATE POLICY audit_read ON {s}.api_keys FOR SELECT TO outbox_auditor USING (tru
 ALTER TABLE {s}.assistants ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.assistants;
 CREATE POLICY tenant_isolation ON {s}.assistants TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.assistants;
 CREATE POLICY all_tenants ON {s}.assistants TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -396,8 +396,8 @@ CREATE POLICY audit_read ON {s}.assistants FOR SELECT TO outbox_auditor USING (t
 ALTER TABLE {s}.assistant_runs ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.assistant_runs;
 CREATE POLICY tenant_isolation ON {s}.assistant_runs TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.assistant_runs;
 CREATE POLICY all_tenants ON {s}.assistant_runs TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -408,8 +408,8 @@ CREATE POLICY audit_read ON {s}.assistant_runs FOR SELECT TO outbox_auditor USIN
 ALTER TABLE {s}.webhook_endpoints ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.webhook_endpoints;
 CREATE POLICY tenant_isolation ON {s}.webhook_endpoints TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.webhook_endpoints;
 CREATE POLICY all_tenants ON {s}.webhook_endpoints TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -420,8 +420,8 @@ CREATE POLICY audit_read ON {s}.webhook_endpoints FOR SELECT TO outbox_auditor U
 ALTER TABLE {s}.webhook_deliveries ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.webhook_deliveries;
 CREATE POLICY tenant_isolation ON {s}.webhook_deliveries TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.webhook_deliveries;
 CREATE POLICY all_tenants ON {s}.webhook_deliveries TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -432,8 +432,8 @@ CREATE POLICY audit_read ON {s}.webhook_deliveries FOR SELECT TO outbox_auditor 
 ALTER TABLE {s}.responses ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.responses;
 CREATE POLICY tenant_isolation ON {s}.responses TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.responses;
 CREATE POLICY all_tenants ON {s}.responses TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -444,8 +444,8 @@ CREATE POLICY audit_read ON {s}.responses FOR SELECT TO outbox_auditor USING (tr
 ALTER TABLE {s}.retention_policies ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.retention_policies;
 CREATE POLICY tenant_isolation ON {s}.retention_policies TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.retention_policies;
 CREATE POLICY all_tenants ON {s}.retention_policies TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -457,8 +457,8 @@ CREATE POLICY audit_read ON {s}.retention_policies FOR SELECT TO outbox_auditor 
 ALTER TABLE {s}.archived_runs ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.archived_runs;
 CREATE POLICY tenant_isolation ON {s}.archived_runs TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.archived_runs;
 CREATE POLICY all_tenants ON {s}.archived_runs TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
@@ -469,8 +469,8 @@ CREATE POLICY audit_read ON {s}.archived_runs FOR SELECT TO outbox_auditor USING
 ALTER TABLE {s}.payloads ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.payloads;
 CREATE POLICY tenant_isolation ON {s}.payloads TO PUBLIC
-    USING (tenant_id = {s}.current_tenant_v1())
-    WITH CHECK (tenant_id = {s}.current_tenant_v1());
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
 DROP POLICY IF EXISTS all_tenants ON {s}.payloads;
 CREATE POLICY all_tenants ON {s}.payloads TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);

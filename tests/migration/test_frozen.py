@@ -96,6 +96,8 @@ PINNED = {
     "0037_cancelled_run_spans.sql": "3e808f3b6d6d2bff",
     "0042_spans_from_the_database.py": "28824ed26ba51a08",
     "0042_spans_from_the_database.sql": "1b1bd5a25d750505",
+    "0043_tenant_asked_once.py": "0de0d075472f029b",
+    "0043_tenant_asked_once.sql": "9200884b9b5f0ffa",
 }
 
 
