@@ -645,8 +645,8 @@ GRANT EXECUTE ON FUNCTION {s}.current_tenant_v1() TO PUBLIC;
 -- require_tenant_scope_v1: refuse (42501) unless this session acts for p_tenant_id (the
 -- tenant its login role is bound to, else the one its transaction is scoped to:
 -- current_tenant_v1). The guard of the functions that act beyond row-level security
--- (submit_tool_outputs_v1, decide_approval_v1); enter_tenant_v1 makes the same refusal
--- itself. p_caller names the function refused.
+-- (submit_tool_outputs_v1, decide_approval_v1) and of enter_tenant_v1; p_caller names the
+-- function refused.
 CREATE OR REPLACE FUNCTION {s}.require_tenant_scope_v1(p_tenant_id text, p_caller text)
 RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -683,11 +683,11 @@ BEGIN
         RAISE EXCEPTION 'tenant id % is not valid', quote_nullable(p_tenant_id)
             USING ERRCODE = 'invalid_parameter_value', HINT = 'use 1-128 letters, digits or _.:@-';
     END IF;
-    -- require_tenant_scope_v1's refusal, asking current_tenant_v1 once (it is no cheap call)
+    -- current_tenant_v1 asked once (it is no cheap call); only a session scoped to another
+    -- tenant goes to the guard, which refuses it
     v_scope := {s}.current_tenant_v1();
     IF v_scope IS NOT NULL AND v_scope <> p_tenant_id THEN
-        RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
-            USING ERRCODE = 'insufficient_privilege';
+        PERFORM {s}.require_tenant_scope_v1(p_tenant_id, 'enter_tenant_v1');
     END IF;
     PERFORM set_config('outbox.tenant_id', p_tenant_id, true);
 END $$;

@@ -4,8 +4,8 @@
 -- called it for every row and every rescan of an index scan in a nested loop. The
 -- policies ask it as an init plan, (SELECT current_tenant_v1()), once a statement; and
 -- enter_tenant_v1, the first statement of every function of the SQL API, asks it once
--- where it asked twice (itself, then through require_tenant_scope_v1), with the same
--- refusal.
+-- where it asked twice (itself, then through require_tenant_scope_v1, now called only to
+-- refuse a session scoped to another tenant).
 
 CREATE OR REPLACE FUNCTION {s}.enter_tenant_v1(p_tenant_id text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -16,11 +16,11 @@ BEGIN
         RAISE EXCEPTION 'tenant id % is not valid', quote_nullable(p_tenant_id)
             USING ERRCODE = 'invalid_parameter_value', HINT = 'use 1-128 letters, digits or _.:@-';
     END IF;
-    -- require_tenant_scope_v1's refusal, asking current_tenant_v1 once (it is no cheap call)
+    -- current_tenant_v1 asked once (it is no cheap call); only a session scoped to another
+    -- tenant goes to the guard, which refuses it
     v_scope := {s}.current_tenant_v1();
     IF v_scope IS NOT NULL AND v_scope <> p_tenant_id THEN
-        RAISE EXCEPTION 'this session is scoped to tenant %, not %', v_scope, p_tenant_id
-            USING ERRCODE = 'insufficient_privilege';
+        PERFORM {s}.require_tenant_scope_v1(p_tenant_id, 'enter_tenant_v1');
     END IF;
     PERFORM set_config('outbox.tenant_id', p_tenant_id, true);
 END $$;

@@ -97,7 +97,7 @@ PINNED = {
     "0042_spans_from_the_database.py": "28824ed26ba51a08",
     "0042_spans_from_the_database.sql": "1b1bd5a25d750505",
     "0043_tenant_asked_once.py": "0de0d075472f029b",
-    "0043_tenant_asked_once.sql": "9200884b9b5f0ffa",
+    "0043_tenant_asked_once.sql": "8d3b369479568a3c",
 }
 
 
