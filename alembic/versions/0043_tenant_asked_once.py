@@ -9,8 +9,9 @@ runs its query with an executor and a plan set up anew: about a sixth of the Pos
 CPU of a waiting ``responses.create`` of ``outbox serve``. The tenant-isolation policies
 ask it as an init plan, ``(SELECT current_tenant_v1())``, once a statement instead of once
 a row or a rescan; ``enter_tenant_v1`` asks it once where it asked twice (it calls
-``require_tenant_scope_v1`` only to refuse a session scoped to another tenant). The SQL is ``0043_tenant_asked_once.sql`` beside this file, frozen. The
-downgrade makes the function and the policies again as 0042 left them.
+``require_tenant_scope_v1`` only to refuse a session scoped to another tenant). The SQL
+is ``0043_tenant_asked_once.sql`` beside this file, frozen. The downgrade makes the
+function and the policies again as 0042 left them.
 """
 
 from __future__ import annotations
