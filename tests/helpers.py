@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import itertools
 import os
 import socket
-import sys
 import uuid
 from pathlib import Path
 from types import ModuleType
@@ -133,17 +132,19 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {first}-{first + PORTS_PER_WORKER - 1}")
 
 
+class _Lazy(ModuleType):
+    """Stands for a module not imported yet; see ``lazy_import``."""
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):  # pytest's look at a module's globals, unwrap, copy
+            raise AttributeError(attribute)
+        return getattr(importlib.import_module(self.__name__), attribute)
+
+
 def lazy_import(name: str) -> ModuleType:
-    """The module ``name``, run at its first attribute's use (``importlib.util.LazyLoader``):
-    a test module that imports a costly package (the Agents SDK, about 0.9 s of CPU) then
-    costs nothing to collect, in every pytest-xdist process, until one of its tests runs."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.loader is not None, name
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
+    """The module ``name``, imported at the first use of one of its public names: a test
+    module that imports a costly package (the Agents SDK, about 0.9 s of CPU) then costs
+    nothing to collect, in every pytest-xdist process, until one of its tests runs. (Not
+    ``importlib.util.LazyLoader``: pytest reads every global of a test module it collects,
+    ``_mock_name`` among others, and that loads the module.)"""
+    return _Lazy(name)
