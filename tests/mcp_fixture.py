@@ -2,12 +2,11 @@
 
 Run as ``python tests/mcp_fixture.py http PORT AUDIT`` (streamable HTTP on 127.0.0.1, each
 answer an event stream), ``python tests/mcp_fixture.py http-json PORT AUDIT`` (each answer a
-JSON body) or ``python tests/mcp_fixture.py stdio AUDIT``; ``python tests/mcp_fixture.py forks``
-starts such servers in processes forked from it. Every call a tool receives is appended to
-the file AUDIT as one JSON line, written before the tool acts and flushed to disk, so a test
-can count what the server saw even when a relay or the server is killed mid-call: the tool,
-its arguments, the ``_meta`` it came with, the ``Idempotency-Key`` header (HTTP) and this
-process's id.
+JSON body) or ``python tests/mcp_fixture.py stdio AUDIT``. Every call a tool receives is
+appended to the file AUDIT as one JSON line, written before the tool acts and flushed to
+disk, so a test can count what the server saw even when a relay or the server is killed
+mid-call: the tool, its arguments, the ``_meta`` it came with, the ``Idempotency-Key``
+header (HTTP) and this process's id.
 
 Its tools and their annotations:
 
@@ -30,9 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
-import traceback
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -40,7 +37,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 
 META_KEY = "agent-outbox/call"
-AUDIT = ""  # the file the calls are written to (serve)
+AUDIT = sys.argv[-1]
 app = MCPServer("outbox-test-fixture", log_level="WARNING")
 labels: dict[str, str] = {}  # idempotency key -> the label's answer
 in_flight = [0]
@@ -149,61 +146,8 @@ async def whoami(ctx: Context) -> int:
     return os.getpid()
 
 
-def serve(argv: list[str]) -> None:
-    """Serve as ``argv`` (the command line's arguments) says."""
-    global AUDIT
-    AUDIT = argv[-1]
-    if argv[0].startswith("http"):
-        app.run("streamable-http", port=int(argv[1]), json_response=argv[0] == "http-json")
+if __name__ == "__main__":
+    if sys.argv[1].startswith("http"):
+        app.run("streamable-http", port=int(sys.argv[2]), json_response=sys.argv[1] == "http-json")
     else:
         app.run("stdio")
-
-
-def forks() -> None:
-    """A fork server: each line ``["start", LOG, MODE, (PORT,) AUDIT]`` (JSON) read on
-    stdin forks a child that serves as ``python tests/mcp_fixture.py MODE [PORT] AUDIT``
-    would, its output to LOG, and answers the child's pid; ``["poll", PID]`` answers
-    ``running`` or its exit code, ``["wait", PID]`` its exit code once it has ended. The
-    SDK's imports (about 0.6 s of CPU) are paid once here, not by every server a test
-    starts, stops or kills; each server is still a process of its own. At the end of stdin
-    every child left is killed."""
-    children: set[int] = set()
-    while line := sys.stdin.readline():
-        verb, *words = json.loads(line)
-        if verb == "start":
-            log, argv = words[0], words[1:]
-            sys.stdout.flush()
-            pid = os.fork()
-            if pid == 0:
-                code = 0
-                try:
-                    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-                    os.dup2(out, 1)
-                    os.dup2(out, 2)
-                    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-                    serve(argv)
-                except BaseException:
-                    traceback.print_exc()
-                    code = 1
-                finally:
-                    sys.stderr.flush()
-                    os._exit(code)
-            children.add(pid)
-            answer = str(pid)
-        else:
-            pid = int(words[0])
-            done, status = os.waitpid(pid, 0 if verb == "wait" else os.WNOHANG)
-            if done:
-                children.discard(pid)
-            answer = str(os.waitstatus_to_exitcode(status)) if done else "running"
-        print(answer, flush=True)
-    for pid in children:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-
-
-if __name__ == "__main__":
-    if sys.argv[1] == "forks":
-        forks()
-    else:
-        serve(sys.argv[1:])
