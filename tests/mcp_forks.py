@@ -130,6 +130,7 @@ def main(path: str) -> None:
                 launched[pid] = conn
                 selector.register(conn, selectors.EVENT_READ, pid)
             else:  # the launcher went (killed, or stopped by whoever started it)
+                selector.unregister(key.fileobj)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(key.data, signal.SIGKILL)
         for pid, conn in list(launched.items()):
@@ -137,7 +138,8 @@ def main(path: str) -> None:
             if done:
                 with contextlib.suppress(OSError):
                     conn.sendall(b"%d\n" % exit_code(status))
-                selector.unregister(conn)
+                with contextlib.suppress(KeyError):  # not when its launcher went first
+                    selector.unregister(conn)
                 conn.close()
                 del launched[pid]
 
