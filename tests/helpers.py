@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import fcntl
+import importlib
 import itertools
 import socket
 import tempfile
 import uuid
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
 import psycopg
@@ -150,3 +152,21 @@ def free_port() -> int:
                 continue
         return port
     raise RuntimeError(f"no free port in {first}-{first + PORTS_PER_BLOCK - 1}")
+
+
+class _Lazy(ModuleType):
+    """Stands for a module not imported yet; see ``lazy_import``."""
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):  # pytest's look at a module's globals, unwrap, copy
+            raise AttributeError(attribute)
+        return getattr(importlib.import_module(self.__name__), attribute)
+
+
+def lazy_import(name: str) -> ModuleType:
+    """The module ``name``, imported at the first use of one of its public names: a test
+    module that imports a costly package (the Agents SDK, about 0.9 s of CPU) then costs
+    nothing to collect, in every pytest-xdist process, until one of its tests runs. (Not
+    ``importlib.util.LazyLoader``: pytest reads every global of a test module it collects,
+    ``_mock_name`` among others, and that loads the module.)"""
+    return _Lazy(name)

@@ -15,6 +15,7 @@ import contextlib
 import copy
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -50,6 +51,8 @@ from tests.relay_harness import (
 from tests.serve_harness import serve
 
 FIXTURE = Path(__file__).resolve().parent.parent / "mcp_fixture.py"
+FORKS = FIXTURE.with_name("mcp_forks.py")
+LAUNCH = FIXTURE.with_name("mcp_launch.py")
 BIN = Path(sys.executable).parent
 META_KEY = "agent-outbox/call"
 
@@ -62,25 +65,98 @@ def audit(path: Path, tool: str | None = None) -> list[dict[str, Any]]:
     return [line for line in lines if tool is None or line["tool"] == tool]
 
 
+class Forked:
+    """A fixture server forked by ``Forks``: a process of its own, which a test kills."""
+
+    def __init__(self, forks: Forks, pid: int) -> None:
+        self.forks = forks
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            answer = self.forks.ask("poll", self.pid)
+            self.returncode = None if answer == "running" else int(answer)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = int(self.forks.ask("wait", self.pid))
+        return self.returncode
+
+
+class Forks:
+    """``tests/mcp_forks.py``: the MCP servers of a module are forked from one process that
+    imported the SDK once (about 0.6 s of CPU a server otherwise); each is a process of its
+    own. A stdio server is started by a relay or ``outbox mcp add`` as the command
+    ``stdio(...)`` gives, which has the fork server serve on that command's pipes."""
+
+    def __init__(self, folder: Path) -> None:
+        self.log = folder / "forks.log"
+        self.socket = str(folder / "forks.sock")
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, str(FORKS), self.socket],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=out,
+            )
+        self.lock = threading.Lock()
+        wait_until(lambda: os.path.exists(self.socket), what="the fork server to listen")
+
+    def ask(self, *request: Any) -> str:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        with self.lock:
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            self.process.stdin.flush()
+            answer = self.process.stdout.readline().decode().strip()
+        assert answer, f"the fork server ended: {self.log.read_text()}"
+        return answer
+
+    def start(self, log: Path, *argv: str) -> Forked:
+        """``python FIXTURE ARGV...``, its output to ``log``."""
+        return Forked(self, int(self.ask("start", str(log), str(FIXTURE), *argv)))
+
+    def stdio(self, *argv: str) -> list[str]:
+        """The command of a stdio server run as ``python ARGV...``."""
+        return [sys.executable, str(LAUNCH), self.socket, *argv]
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()  # it kills and reaps the servers left
+        self.process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forks]:
+    forks = Forks(tmp_path_factory.mktemp("mcp-forks"))
+    try:
+        yield forks
+    finally:
+        forks.close()
+
+
 class HttpFixture:
     """The fixture server over streamable HTTP, in a process of its own."""
 
-    def __init__(self, tmp_path: Path, answers: str = "http") -> None:
+    def __init__(self, forks: Forks, tmp_path: Path, answers: str = "http") -> None:
+        self.forks = forks
         self.answers = answers  # "http": event streams; "http-json": JSON bodies
         self.audit_path = tmp_path / "audit-http.jsonl"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.log = tmp_path / "mcp-http.log"
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: Forked | None = None
         self.skip = 0  # the audit's lines written before the test began (a shared server)
 
     def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, str(FIXTURE), self.answers, str(self.port), str(self.audit_path)],
-                stdout=log,
-                stderr=log,
-            )
+        self.process = self.forks.start(
+            self.log, self.answers, str(self.port), str(self.audit_path)
+        )
         wait_until(self._accepts, timeout_s=30, what="the MCP server to listen")
 
     def _accepts(self) -> bool:
@@ -109,8 +185,8 @@ class HttpFixture:
 
 
 @pytest.fixture
-def http_server(tmp_path: Path) -> Iterator[HttpFixture]:
-    server = HttpFixture(tmp_path)
+def http_server(forks: Forks, tmp_path: Path) -> Iterator[HttpFixture]:
+    server = HttpFixture(forks, tmp_path)
     server.start()
     try:
         yield server
@@ -119,8 +195,8 @@ def http_server(tmp_path: Path) -> Iterator[HttpFixture]:
 
 
 @pytest.fixture(scope="module")
-def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpFixture]:
-    server = HttpFixture(tmp_path_factory.mktemp("mcp-http"))
+def module_server(forks: Forks, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpFixture]:
+    server = HttpFixture(forks, tmp_path_factory.mktemp("mcp-http"))
     server.start()
     try:
         yield server
@@ -139,9 +215,9 @@ def shared_server(module_server: HttpFixture) -> HttpFixture:
 
 
 @pytest.fixture
-def json_server(tmp_path: Path) -> Iterator[HttpFixture]:
+def json_server(forks: Forks, tmp_path: Path) -> Iterator[HttpFixture]:
     """The fixture server answering every request with a JSON body, not an event stream."""
-    server = HttpFixture(tmp_path, "http-json")
+    server = HttpFixture(forks, tmp_path, "http-json")
     server.start()
     try:
         yield server
@@ -309,9 +385,9 @@ def test_a_server_that_answers_garbage_is_refused_and_nothing_is_written(db_url,
 NO_TOOLS = "from mcp.server.mcpserver import MCPServer; MCPServer('empty').run('stdio')"
 
 
-def test_a_server_that_lists_no_tools_is_refused_and_nothing_is_written(db_url, monkeypatch):
+def test_a_server_that_lists_no_tools_is_refused_and_nothing_is_written(db_url, forks, monkeypatch):
     monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
-    command = f'{sys.executable} -c "{NO_TOOLS}"'
+    command = shlex.join(forks.stdio("-c", NO_TOOLS))
     done = CliRunner().invoke(cli.main, ["mcp", "add", "empty", "--command", command])
     assert done.exit_code == 2, done.output
     assert "MCP server empty lists no tools" in done.output
@@ -322,14 +398,14 @@ BAD_SCHEMA = Path(__file__).resolve().parent.parent / "mcp_bad_schema.py"
 
 
 def test_a_live_servers_tool_with_an_invalid_schema_is_refused_by_name_and_the_others_kept(
-    db_url, monkeypatch
+    db_url, forks, monkeypatch
 ):
     """A server built on the SDK's low-level ``Server`` lists ``broken`` with a schema that is
     not JSON Schema: add and sync refuse that tool, naming the server, the tool and where
     its schema is wrong; its other tool is registered and answers through the relay."""
     monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
     runner = CliRunner()
-    command = f"{sys.executable} {BAD_SCHEMA}"
+    command = shlex.join(forks.stdio(str(BAD_SCHEMA)))
     done = runner.invoke(
         cli.main,
         ["mcp", "add", "calc", "--command", command, "--risk", "add=low"],
@@ -363,8 +439,11 @@ def test_trusted_annotations_give_modes_and_tiers_untrusted_ones_do_not(db_url, 
     repo = tmp_path / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     command = [str(BIN / "mcp-server-git"), "--repository", str(repo)]
-    add_server(db_url, name="git", command=command, trusted=True)
-    add_server(db_url, name="rawgit", command=command)
+    # One listing of the server (each costs a start of it), registered trusted and not.
+    spec = mcpservers.ServerSpec(name="git", command=command)
+    listed = discover({**spec.model_dump(), "transport": spec.transport})
+    add_server(db_url, copy.deepcopy(listed), name="git", command=command, trusted=True)
+    add_server(db_url, listed, name="rawgit", command=command)
     with psycopg.connect(db_url) as conn:
         trusted = {t["mcp_tool"]: t for t in mcpservers.newest_tools(conn, "git", "*")}
         untrusted = mcpservers.newest_tools(conn, "rawgit", "*")
@@ -829,13 +908,13 @@ def test_each_answer_of_an_http_server_means_what_docs_mcp_says(
 # -- stdio servers ----------------------------------------------------------------------
 
 
-def stdio_command(tmp_path: Path) -> tuple[list[str], Path]:
+def stdio_command(forks: Forks, tmp_path: Path) -> tuple[list[str], Path]:
     path = tmp_path / "audit-stdio.jsonl"
-    return [sys.executable, str(FIXTURE), "stdio", str(path)], path
+    return forks.stdio(str(FIXTURE), "stdio", str(path)), path
 
 
-def test_a_stdio_server_that_died_is_started_again_for_the_next_call(db_url, tmp_path):
-    command, audit_path = stdio_command(tmp_path)
+def test_a_stdio_server_that_died_is_started_again_for_the_next_call(db_url, forks, tmp_path):
+    command, audit_path = stdio_command(forks, tmp_path)
     add_server(db_url, name="local", command=command, trusted=True)
     with relay_thread(db_url):
         first = call_once(db_url, "local__whoami", {})
@@ -850,8 +929,8 @@ def test_a_stdio_server_that_died_is_started_again_for_the_next_call(db_url, tmp
     assert next(line["pid"] for line in audit(audit_path, "whoami")) == pid
 
 
-def test_a_stdio_server_dying_mid_call_leaves_a_none_call_unknown(db_url, tmp_path):
-    command, audit_path = stdio_command(tmp_path)
+def test_a_stdio_server_dying_mid_call_leaves_a_none_call_unknown(db_url, forks, tmp_path):
+    command, audit_path = stdio_command(forks, tmp_path)
     low = {"die": {"risk_tier": "low"}, "read_ticket": {"risk_tier": "low"}}
     add_server(db_url, name="local", command=command, overrides=low)
     ref = call_once(db_url, "local__die", {})

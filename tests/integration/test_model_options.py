@@ -12,28 +12,25 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 import openai
 import psycopg
 import pytest
-from agents import (
-    Agent,
-    ModelSettings,
-    OpenAIResponsesModel,
-    RunConfig,
-    Runner,
-    function_tool,
-    set_tracing_disabled,
-)
 from pydantic import BaseModel
 
 from outbox import lifecycle, registry, writer
 from outbox.errors import InvalidTransition, NotFound
 from outbox.schemas import ModelOptions, Retarget, StartRun
 from outbox.testing.model import ScriptedModel
+from tests.helpers import lazy_import
 from tests.relay_harness import relay_thread, scalar, wait_until
+
+if TYPE_CHECKING:
+    import agents
+else:
+    agents = lazy_import("agents")  # the Agents SDK is imported by the first test that uses it
 
 TENANT = "acme"
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")
@@ -54,9 +51,9 @@ OPTIONS = {
 
 @pytest.fixture(autouse=True)
 def no_tracing() -> Iterator[None]:
-    set_tracing_disabled(True)  # the Agents SDK would export traces to OpenAI otherwise
+    agents.set_tracing_disabled(True)  # the Agents SDK would export traces to OpenAI otherwise
     yield
-    set_tracing_disabled(False)
+    agents.set_tracing_disabled(False)
 
 
 @pytest.fixture
@@ -163,7 +160,7 @@ def test_the_agents_sdk_settings_and_output_type_reach_the_model(
 ):
     calls: list[str] = []
 
-    @function_tool
+    @agents.function_tool
     def lookup_order(order_id: str) -> str:
         """Look an order up."""
         calls.append(order_id)
@@ -171,19 +168,21 @@ def test_the_agents_sdk_settings_and_output_type_reach_the_model(
 
     async def go() -> Any:
         client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-        agent = Agent(
+        agent = agents.Agent(
             name="desk",
             instructions="You are the order desk.",
             tools=[lookup_order],
             output_type=OrderStatus,
-            model_settings=ModelSettings(tool_choice="lookup_order", parallel_tool_calls=False),
-            model=OpenAIResponsesModel(model="scripted-1", openai_client=client),
+            model_settings=agents.ModelSettings(
+                tool_choice="lookup_order", parallel_tool_calls=False
+            ),
+            model=agents.OpenAIResponsesModel(model="scripted-1", openai_client=client),
         )
         try:
-            result = await Runner.run(
+            result = await agents.Runner.run(
                 agent,
                 "script:lookup where is order 42?",
-                run_config=RunConfig(tracing_disabled=True),
+                run_config=agents.RunConfig(tracing_disabled=True),
             )
             return result.final_output
         finally:

@@ -8,22 +8,19 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 import psycopg
 import pytest
-from agents import (
-    Agent,
-    MaxTurnsExceeded,
-    OpenAIResponsesModel,
-    RunConfig,
-    Runner,
-    function_tool,
-    set_tracing_disabled,
-)
 
+from tests.helpers import lazy_import
 from tests.integration.test_responses_stateless import counts
+
+if TYPE_CHECKING:
+    import agents
+else:
+    agents = lazy_import("agents")  # the Agents SDK is imported by the first test that uses it
 
 LOOKUP = {"name": "lookup_order", "arguments": {"order_id": "42"}}
 HANDOFF = {"name": "transfer_to_desk", "arguments": {}}
@@ -31,29 +28,31 @@ HANDOFF = {"name": "transfer_to_desk", "arguments": {}}
 
 @pytest.fixture(autouse=True)
 def no_tracing() -> Iterator[None]:
-    set_tracing_disabled(True)  # the Agents SDK would export traces to OpenAI otherwise
+    agents.set_tracing_disabled(True)  # the Agents SDK would export traces to OpenAI otherwise
     yield
-    set_tracing_disabled(False)
+    agents.set_tracing_disabled(False)
 
 
-def responses_model(base_url: str, api_key: str) -> tuple[OpenAIResponsesModel, openai.AsyncOpenAI]:
+def responses_model(
+    base_url: str, api_key: str
+) -> tuple[agents.OpenAIResponsesModel, openai.AsyncOpenAI]:
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    return OpenAIResponsesModel(model="scripted-1", openai_client=client), client
+    return agents.OpenAIResponsesModel(model="scripted-1", openai_client=client), client
 
 
 class Desk:
     """The order desk: one local tool, counting its calls."""
 
-    def __init__(self, chat: OpenAIResponsesModel) -> None:
+    def __init__(self, chat: agents.OpenAIResponsesModel) -> None:
         self.calls: list[str] = []
 
-        @function_tool
+        @agents.function_tool
         def lookup_order(order_id: str) -> str:
             """Look an order up."""
             self.calls.append(order_id)
             return json.dumps({"order_id": order_id, "status": "shipped"})
 
-        self.agent = Agent(
+        self.agent = agents.Agent(
             name="desk",
             instructions="You are the order desk.",
             tools=[lookup_order],
@@ -68,10 +67,10 @@ def test_a_streamed_run_gets_the_events_and_the_answer(db_url, base_url, api_key
         chat, client = responses_model(base_url, api_key)
         desk = Desk(chat)
         try:
-            result = Runner.run_streamed(
+            result = agents.Runner.run_streamed(
                 desk.agent,
                 "script:lookup where is order 42?",
-                run_config=RunConfig(tracing_disabled=True),
+                run_config=agents.RunConfig(tracing_disabled=True),
             )
             kinds = [event.type async for event in result.stream_events()]
             return result.final_output, kinds, desk.calls
@@ -97,7 +96,7 @@ def test_a_handoff_carries_the_conversation_to_the_second_agent(
     async def go() -> tuple[Any, str, list[str]]:
         chat, client = responses_model(base_url, api_key)
         desk = Desk(chat)
-        triage = Agent(
+        triage = agents.Agent(
             name="triage", instructions="Route the customer.", handoffs=[desk.agent], model=chat
         )
         options: dict[str, Any] = {}
@@ -106,10 +105,10 @@ def test_a_handoff_carries_the_conversation_to_the_second_agent(
         elif mode == "conversation_id":
             options["conversation_id"] = (await client.conversations.create()).id
         try:
-            result = await Runner.run(
+            result = await agents.Runner.run(
                 triage,
                 "script:handoff where is order 42?",
-                run_config=RunConfig(tracing_disabled=True),
+                run_config=agents.RunConfig(tracing_disabled=True),
                 **options,
             )
             return result.final_output, result.last_agent.name, desk.calls
@@ -155,14 +154,14 @@ def test_max_turns_stops_the_sdk_and_the_run_waits_for_its_outputs(
     async def go() -> tuple[list[str], Any]:
         chat, client = responses_model(base_url, api_key)
         desk = Desk(chat)
-        config = RunConfig(tracing_disabled=True)
+        config = agents.RunConfig(tracing_disabled=True)
         try:
-            with pytest.raises(MaxTurnsExceeded):
-                await Runner.run(
+            with pytest.raises(agents.MaxTurnsExceeded):
+                await agents.Runner.run(
                     desk.agent, "script:lookup where is order 42?", max_turns=1, run_config=config
                 )
             calls = list(desk.calls)
-            again = await Runner.run(
+            again = await agents.Runner.run(
                 desk.agent, "script:lookup where is order 42?", max_turns=3, run_config=config
             )
             return calls, again.final_output

@@ -8,26 +8,22 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 import openai
 import psycopg
 import pytest
-from agents import (
-    Agent,
-    FunctionTool,
-    OpenAIResponsesModel,
-    RunConfig,
-    Runner,
-    RunResult,
-    function_tool,
-    set_tracing_disabled,
-)
 
 from outbox.testing.model import ScriptedModel
 from tests import serve_harness
+from tests.helpers import lazy_import
 from tests.serve_harness import EMAIL
+
+if TYPE_CHECKING:
+    import agents
+else:
+    agents = lazy_import("agents")  # the Agents SDK is imported by the first test that uses it
 
 LOOKUP = {"name": "lookup_order", "arguments": {"order_id": "42"}}
 LOOKUP_TOOL = {
@@ -46,9 +42,9 @@ STORED = ("threads", "runs", "messages", "tool_calls", "responses")
 
 @pytest.fixture(autouse=True)
 def no_tracing() -> Iterator[None]:
-    set_tracing_disabled(True)  # the Agents SDK would export traces to OpenAI otherwise
+    agents.set_tracing_disabled(True)  # the Agents SDK would export traces to OpenAI otherwise
     yield
-    set_tracing_disabled(False)
+    agents.set_tracing_disabled(False)
 
 
 @pytest.fixture
@@ -79,10 +75,10 @@ class Agents:
         self.registry_calls: list[str] = []
         self.base_url, self.key = base_url, key
 
-    async def run(self, **mode: Any) -> RunResult:
+    async def run(self, **mode: Any) -> agents.RunResult:
         client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.key, max_retries=0)
 
-        @function_tool
+        @agents.function_tool
         def lookup_order(order_id: str) -> str:
             """Look an order up."""
             self.local_calls.append(order_id)
@@ -92,23 +88,23 @@ class Agents:
             self.registry_calls.append(arguments)  # never: the relay runs it
             return "sent by the SDK"
 
-        send_email = FunctionTool(
+        send_email = agents.FunctionTool(
             name="send_email",
             description="Send an e-mail",
             params_json_schema=EMAIL_SCHEMA,
             on_invoke_tool=run_here,
         )
-        agent = Agent(
+        agent = agents.Agent(
             name="desk",
             instructions="You are the order desk.",
             tools=[lookup_order, send_email],
-            model=OpenAIResponsesModel(model="scripted-1", openai_client=client),
+            model=agents.OpenAIResponsesModel(model="scripted-1", openai_client=client),
         )
         try:
-            return await Runner.run(
+            return await agents.Runner.run(
                 agent,
                 "script:agent where is order 42?",
-                run_config=RunConfig(tracing_disabled=True),
+                run_config=agents.RunConfig(tracing_disabled=True),
                 **mode,
             )
         finally:
