@@ -123,6 +123,12 @@ def run_call(db: Any, call: calls.Call) -> list[Row]:
     return rows
 
 
+def check_message(role: str, content: str | None) -> None:
+    """The checks a message's text passes before it is stored, the error naming its role."""
+    storable.check_text(f"{role} message", content)
+    check_size(f"{role} message", content)
+
+
 def append_message(
     conn: psycopg.Connection[Any],
     thread_id: uuid.UUID,
@@ -137,8 +143,7 @@ def append_message(
     """Append a message at the thread's next position; returns its id. ``reasoning``: the
     Responses API reasoning items a client's history gave right before it, kept verbatim
     and replayed before it to a model of that API (never read)."""
-    storable.check_text(f"{role} message", content)
-    check_size(f"{role} message", content)
+    check_message(role, content)
     if reasoning:
         check_size(f"the reasoning before a {role} message", storable.dumps(reasoning, "reasoning"))
     seq = fetch_one(conn, Q.take_seqs, {"thread_id": thread_id, "n": 1})

@@ -24,9 +24,9 @@ from typing import Any
 
 import psycopg
 
-from outbox import assistants, lifecycle, responses, storable, writer
+from outbox import assistants, lifecycle, responses, writer
 from outbox.errors import ActiveRunExists, NotFound
-from outbox.schemas import NewMessage, Retarget, StartRun, check_size
+from outbox.schemas import NewMessage, Retarget, StartRun
 from outbox.server import idempotency, input_items, shapes
 from outbox.server.actions import Page, Settings, busy_thread, paginate, remove_message
 from outbox.server.bodies import ConversationIn, ResponseIn
@@ -417,9 +417,8 @@ def _new_thread(conn: psycopg.Connection[Any], tenant: str, messages: list[Row])
         _append(conn, tenant, thread_id, said)
         return thread_id
     opening = []
-    for m in said:  # the checks ``writer.append_message`` makes, with its words
-        storable.check_text(f"{m['role']} message", m["text"])
-        check_size(f"{m['role']} message", m["text"])
+    for m in said:  # refused in the words ``writer.append_message`` uses
+        writer.check_message(m["role"], m["text"])
         opening.append(NewMessage(role=m["role"], content=m["text"]))
     return writer.create_thread(conn, tenant, messages=opening).id
 

@@ -78,10 +78,6 @@ def fork(argv: list[str], fds: list[int], keep_closed: list[socket.socket]) -> i
     raise AssertionError("unreachable")
 
 
-def exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
-
-
 def main(path: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -118,7 +114,7 @@ def main(path: str) -> None:
                         done, status = os.waitpid(pid, 0 if verb == "wait" else os.WNOHANG)
                         if done:
                             started.discard(pid)
-                        answer = str(exit_code(status)) if done else "running"
+                        answer = str(os.waitstatus_to_exitcode(status)) if done else "running"
                     os.write(1, answer.encode() + b"\n")
             elif key.data == "launch":
                 conn, _ = listener.accept()
@@ -137,7 +133,7 @@ def main(path: str) -> None:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 with contextlib.suppress(OSError):
-                    conn.sendall(b"%d\n" % exit_code(status))
+                    conn.sendall(b"%d\n" % os.waitstatus_to_exitcode(status))
                 with contextlib.suppress(KeyError):  # not when its launcher went first
                     selector.unregister(conn)
                 conn.close()
