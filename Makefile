@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pip puts uv into the venv, and uv installs the project: pip took 18-24 s to resolve and install
+# the dev extra on this 2-core machine, uv takes 3-7 s plus about 6 s to compile the bytecode on
+# every core (docs/testing.md). A fresh machine still needs only Python.
+INSTALL := $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 # Test processes (pytest-xdist), each with a private PostgreSQL server in memory. The tests
 # mostly wait (for relays, HTTP servers, timeouts), so more processes than cores is fastest
@@ -22,8 +26,8 @@ setup: $(STAMP) ## Create .venv and install the project with its dev extras.
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("agent-outbox needs Python 3.11+; run: make PYTHON=python3.11 ..." if sys.version_info < (3, 11) else 0)'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --upgrade pip uv
+	$(INSTALL) -e '.[dev]'
 	@touch $@
 
 demo: setup ## Run the demo on the embedded PostgreSQL (or OUTBOX_DATABASE_URL).
@@ -51,11 +55,11 @@ lint: setup ## ruff, ruff format --check, mypy strict, import-linter layer contr
 	cd $(TREE) && ../bin/lint-imports ../../pyproject.toml
 
 bench: setup ## Throughput and latency beside a raw SKIP LOCKED baseline (prints a table).
-	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(INSTALL) -e '.[dev,bench]'
 	$(BIN)/python -m bench $(ARGS)
 
 soak: setup ## The long chaos/soak tests; the soak's soak.md and soak.png go to bench/results/soak.
-	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(INSTALL) -e '.[dev,bench]'
 	OUTBOX_SOAK_DIR=$${OUTBOX_SOAK_DIR:-bench/results/soak} $(PYTEST) -m soak $(ARGS)
 
 clean: ## Stop the embedded PostgreSQL and remove .venv and .outbox.
