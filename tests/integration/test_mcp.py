@@ -33,6 +33,7 @@ from click.testing import CliRunner
 import cli
 from outbox import credentials, keys, mcpservers, tracing, writer
 from outbox.commands.mcp import discover
+from outbox.relay.mcpclient import MAX_EVENT_BYTES
 from outbox.schemas import StartRun
 from outbox.testing.model import HistoryItem, ScriptedModel
 from outbox.testing.server import FakeServer, Reply, Request
@@ -680,7 +681,9 @@ def test_calls_of_one_server_in_flight_stay_within_its_limit(db_url, http_server
 
 def test_a_result_over_the_cap_is_an_error_result_and_not_asked_again(db_url, shared_server):
     add_server(db_url, name="tk", url=shared_server.url, trusted=True)
-    ref = call_once(db_url, "tk__big", {"size": 20 * 1024 * 1024})
+    # Four times the event cap crosses it; 20 MB kept the server building, validating and
+    # framing the text for seconds, near the call's 5 s timeout on a busy machine.
+    ref = call_once(db_url, "tk__big", {"size": 4 * MAX_EVENT_BYTES})
     with relay_thread(db_url):
         wait_until(lambda: all_settled(db_url), what="the call to finish")
     row = call_row(db_url, ref)
