@@ -117,8 +117,8 @@ GRANT SELECT, INSERT ON {s}.responses TO outbox_api;
 GRANT UPDATE (deleted_at) ON {s}.responses TO outbox_api;
 GRANT SELECT ON {s}.webhook_deliveries TO outbox_api;
 
--- Every session reads its own row of tenant_roles (the own_mapping policy below):
--- current_tenant_v1(), which row-level security asks, runs with the caller's rights.
+-- Every session reads its own row of tenant_roles (the own_mapping policy below).
+-- current_tenant_v1(), which row-level security asks, reads it as the owner (0044).
 GRANT SELECT ON {s}.tenant_roles TO PUBLIC;
 -- Nobody is granted UPDATE, DELETE or TRUNCATE on the journal, and the triggers of
 -- triggers.sql refuse them even to its owner (DESIGN invariant 10).

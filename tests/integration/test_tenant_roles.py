@@ -196,3 +196,39 @@ def test_cli_creates_binds_lists_and_revokes_a_role(db_url, monkeypatch):
     finally:
         with psycopg.connect(db_url, autocommit=True) as conn:
             conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_the_tenant_is_read_as_the_owner_and_tells_each_session_its_own(db_url, backend_role):
+    """``current_tenant_v1`` runs as the schema owner (migration 0044: its plan is no longer
+    made again at every change of user), who reads every mapping; a session still learns
+    its own binding only: an unbound login role gets its setting or nothing, never the
+    bound role's tenant, and the bound role gets its tenant under any current user."""
+    role, url = backend_role
+    other = f"backend_{uuid.uuid4().hex[:10]}"
+    password = secrets.token_hex(12)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        tenancy.grant_role(conn, A, role, actor="dba")
+        conn.execute(f"CREATE ROLE {other} LOGIN PASSWORD '{password}' IN ROLE outbox_writer")
+        definer, config = conn.execute(
+            "SELECT prosecdef, proconfig FROM pg_proc"
+            " WHERE oid = 'outbox.current_tenant_v1'::regproc"
+        ).fetchone()
+        assert definer and config == ["search_path=pg_catalog, pg_temp"]
+    other_url = make_conninfo(**{**conninfo_to_dict(db_url), "user": other, "password": password})
+    try:
+        with psycopg.connect(other_url) as conn:
+            ask = "SELECT outbox.current_tenant_v1()"
+            assert conn.execute(ask).fetchone() == (None,)
+            conn.execute("SELECT set_config('outbox.tenant_id', %s, true)", [B])
+            assert conn.execute(ask).fetchone() == (B,)
+            conn.execute("SET LOCAL ROLE outbox_writer")
+            assert conn.execute(ask).fetchone() == (B,)
+            conn.rollback()
+        with psycopg.connect(url) as conn:
+            conn.execute("SELECT set_config('outbox.tenant_id', %s, true)", [B])
+            for user in ("outbox_writer", "NONE"):
+                conn.execute(f"SET LOCAL ROLE {user}")
+                assert conn.execute("SELECT outbox.current_tenant_v1()").fetchone() == (A,)
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {other}")

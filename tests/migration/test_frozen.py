@@ -98,6 +98,8 @@ PINNED = {
     "0042_spans_from_the_database.sql": "1b1bd5a25d750505",
     "0043_tenant_asked_once.py": "0de0d075472f029b",
     "0043_tenant_asked_once.sql": "8d3b369479568a3c",
+    "0044_tenant_lookup_as_owner.py": "3102de143f68d3da",
+    "0044_tenant_lookup_as_owner.sql": "2afb284b9e572543",
 }
 
 
