@@ -36,9 +36,16 @@ demo: setup ## Run the demo on the embedded PostgreSQL (or OUTBOX_DATABASE_URL).
 # A run starts about 200 Python processes (workers, relays, CLI calls, fixture servers): with
 # PYTHONDONTWRITEBYTECODE set in the environment each one compiled this checkout's modules
 # again, and each worker rewrote the asserts of every test module (about 4 s of CPU a
-# worker). The caches go to __pycache__/ (ignored by git).
-test: setup ## Run the test suite (bounded chaos tests; no soak).
+# worker). The caches go to __pycache__/ (ignored by git). On a fresh clone the six workers
+# still all compiled and rewrote at once, each for itself: one collection in one process
+# first (once a venv) writes the caches they then read.
+COLLECTED := $(VENV)/.collected
+test: $(COLLECTED) ## Run the test suite (bounded chaos tests; no soak).
 	PYTHONDONTWRITEBYTECODE= $(PYTEST) -m "not soak" -n $(TEST_WORKERS) --dist worksteal $(ARGS)
+
+$(COLLECTED): $(STAMP)
+	PYTHONDONTWRITEBYTECODE= $(PYTEST) -m "not soak" --collect-only -q > /dev/null
+	@touch $@
 
 # mypy and import-linter read the package as the wheel installs it: one `outbox` with relay/,
 # server/, commands/ and sql/ inside (docs/how-it-works.md, "What the wheel installs"). Neither
