@@ -42,7 +42,6 @@ from urllib.parse import quote, urlsplit
 
 import httpx2
 
-TLS = ssl.create_default_context()  # shared: a context per poster took milliseconds to build
 CONNECTING = 64  # connections being opened at once per process (Poster says why)
 IDLE_S = 30.0  # a kept-alive connection unused for this long is closed
 MAX_HEAD = 64 * 1024  # bytes of status line and headers (or of a chunk line) an answer may have
@@ -379,6 +378,13 @@ class Connection(asyncio.Protocol):
         self.close()
 
 
+@functools.cache
+def verified_tls() -> ssl.SSLContext:
+    """The context of every https request, shared: one takes about 30 ms to make (the CA
+    bundle), which a relay that never calls https should not pay at its start."""
+    return ssl.create_default_context()
+
+
 @functools.lru_cache(maxsize=4096)
 def _target(url: str) -> tuple[tuple[str, int, bool], bytes]:
     """``url`` as its origin (host, port, TLS?) and the request's first two lines."""
@@ -431,8 +437,8 @@ class Poster:
     an ambiguous outcome for each call. Requests on open connections are not held back.
     """
 
-    def __init__(self, tls: ssl.SSLContext = TLS) -> None:
-        self.tls = tls
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls  # None: verified_tls(), made at the first https request
         self.idle: dict[tuple[str, int, bool], list[Connection]] = {}
         self.busy: set[Connection] = set()
         self.connecting = asyncio.Semaphore(CONNECTING)  # bound to a loop at its first use
@@ -526,7 +532,8 @@ class Poster:
         host, port, secure = origin
         try:
             async with asyncio.timeout(timeout), self.connecting:
-                _, connection = await open_connection(host, port, self.tls if secure else None)
+                tls = (self.tls or verified_tls()) if secure else None
+                _, connection = await open_connection(host, port, tls)
         except TimeoutError as err:
             raise httpx2.ConnectTimeout(f"not connected within {timeout}s") from err
         except OSError as err:  # refused, unreachable, and TLS refused (ssl.SSLError)
