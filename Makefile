@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# pip puts uv into the venv, and uv installs the project: pip took 18-24 s to resolve and install
-# the dev extra on this 2-core machine, uv takes 3-7 s plus about 6 s to compile the bytecode on
-# every core (docs/testing.md). A fresh machine still needs only Python.
+# pip puts uv into the venv, and uv installs the project: it resolves and installs several times
+# faster than pip and compiles the bytecode on every core, where pip compiled on one
+# (docs/testing.md). A fresh machine still needs only Python.
 INSTALL := $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode
 PYTEST := $(BIN)/pytest -p no:cacheprovider
 # Test processes (pytest-xdist), each with a private PostgreSQL server in memory. The tests
@@ -36,9 +36,9 @@ demo: setup ## Run the demo on the embedded PostgreSQL (or OUTBOX_DATABASE_URL).
 # A run starts about 200 Python processes (workers, relays, CLI calls, fixture servers): with
 # PYTHONDONTWRITEBYTECODE set in the environment each one compiled this checkout's modules
 # again, and each worker rewrote the asserts of every test module (about 4 s of CPU a
-# worker). The caches go to __pycache__/ (ignored by git). On a fresh clone the six workers
-# still all compiled and rewrote at once, each for itself: one collection in one process
-# first (once a venv) writes the caches they then read.
+# worker). The caches go to __pycache__/ (ignored by git). On a fresh clone the workers still
+# all compiled and rewrote at once, each for itself: one collection in one process first
+# (once a venv) writes the caches they then read.
 COLLECTED := $(VENV)/.collected
 test: $(COLLECTED) ## Run the test suite (bounded chaos tests; no soak).
 	PYTHONDONTWRITEBYTECODE= $(PYTEST) -m "not soak" -n $(TEST_WORKERS) --dist worksteal $(ARGS)

@@ -380,8 +380,8 @@ class Connection(asyncio.Protocol):
 
 @functools.cache
 def verified_tls() -> ssl.SSLContext:
-    """The context of every https request, shared: one takes about 30 ms to make (the CA
-    bundle), which a relay that never calls https should not pay at its start."""
+    """The context of every https request, shared: making one reads the CA bundle (tens of
+    milliseconds), which a relay that never calls https should not pay at its start."""
     return ssl.create_default_context()
 
 
