@@ -681,8 +681,8 @@ def test_calls_of_one_server_in_flight_stay_within_its_limit(db_url, http_server
 
 def test_a_result_over_the_cap_is_an_error_result_and_not_asked_again(db_url, shared_server):
     add_server(db_url, name="tk", url=shared_server.url, trusted=True)
-    # Four times the event cap crosses it; 20 MB kept the server building, validating and
-    # framing the text for seconds, near the call's 5 s timeout on a busy machine.
+    # Four times the event cap crosses it; a text of many megabytes keeps the server
+    # building, validating and framing it for seconds, near the call's 5 s timeout.
     ref = call_once(db_url, "tk__big", {"size": 4 * MAX_EVENT_BYTES})
     with relay_thread(db_url):
         wait_until(lambda: all_settled(db_url), what="the call to finish")
