@@ -272,13 +272,17 @@ REASONED = [
 ]
 
 
+def create(base_url: str, api_key: str, body: dict[str, Any]) -> httpx2.Response:
+    """``POST /responses`` with the tenant's key, as a client that is not the SDK sends it."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    return httpx2.post(base_url + "/responses", json=body, headers=headers, timeout=30)
+
+
 def test_reasoning_items_of_a_history_go_back_to_the_model_before_what_followed_them(
     db_url, base_url, api_key, model, relay
 ):
     model.add_script("lookup", [{"text": "looking"}])
-    headers = {"Authorization": f"Bearer {api_key}"}
-    body = {"model": "scripted-1", "input": REASONED, "tools": []}
-    answer = httpx2.post(base_url + "/responses", json=body, headers=headers, timeout=30)
+    answer = create(base_url, api_key, {"model": "scripted-1", "input": REASONED, "tools": []})
     assert answer.status_code == 200, answer.text
     (sent,) = model.requests
     kinds = [
@@ -311,9 +315,7 @@ def test_a_history_of_messages_with_reasoning_seeds_a_thread_that_keeps_it(
         {"role": "assistant", "content": "it shipped"},
         {"role": "user", "content": "and now?"},
     ]
-    headers = {"Authorization": f"Bearer {api_key}"}
-    body = {"model": "scripted-1", "input": history, "tools": []}
-    answer = httpx2.post(base_url + "/responses", json=body, headers=headers, timeout=30)
+    answer = create(base_url, api_key, {"model": "scripted-1", "input": history, "tools": []})
     assert answer.status_code == 200, answer.text
     (sent,) = model.requests
     assert [i.get("type", "message") for i in sent.body["input"]] == [
@@ -345,9 +347,7 @@ def test_a_history_of_messages_seeds_a_thread_with_them_in_order(
         {"role": "assistant", "content": "sure"},
         {"role": "user", "content": "and now?"},
     ]
-    headers = {"Authorization": f"Bearer {api_key}"}
-    body = {"model": "scripted-1", "input": history, "tools": []}
-    answer = httpx2.post(base_url + "/responses", json=body, headers=headers, timeout=30)
+    answer = create(base_url, api_key, {"model": "scripted-1", "input": history, "tools": []})
     assert answer.status_code == 200, answer.text
     (sent,) = model.requests
     said = [(i.get("role"), i.get("content")) for i in sent.body["input"]]
