@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,8 +14,9 @@ import psycopg
 from outbox import registry, writer
 from outbox.relay.config import RelayConfig
 from outbox.relay.worker import Worker
-from outbox.testing.relay import FAST_ARGS, start_relay, wait_until
+from outbox.testing.relay import FAST_ARGS, wait_until
 from outbox.testing.tools import FakeToolService
+from tests import forked
 from tests.helpers import TENANT, look, new_run, turn
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,11 +99,13 @@ def relay_thread(db_url: str, **overrides: Any) -> Iterator[Worker]:
 
 def start_relay_process(
     db_url: str, log_path: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """A relay process; without ``--kind`` arguments it runs tool calls and deliveries."""
+) -> forked.Forked:
+    """A relay process (forked: ``tests/forked.py``); without ``--kind`` arguments it runs
+    tool calls and deliveries."""
     kinds = [] if "--kind" in args else ["--kind", "tool_call", "--kind", "deliver_batch"]
     level = [] if "--log-level" in args else ["--log-level", "WARNING"]
-    return start_relay(db_url, *kinds, *level, *args, log_path=log_path, env=env, cwd=REPO)
+    process_env = {**os.environ, **(env or {}), "OUTBOX_DATABASE_URL": db_url}
+    return forked.start(["relay", *kinds, *level, *args], process_env, REPO, log_path)
 
 
 def tool_call_states(db_url: str) -> dict[str, int]:
