@@ -1668,6 +1668,17 @@ GRANT EXECUTE ON FUNCTION {s}.record_model_turn_v1(jsonb, jsonb)
     TO outbox_writer, outbox_relay;  -- not outbox_api: `outbox serve` records no turns (0030)
 
 
+-- journal_ddl_lock_v1: the key of the transaction-level advisory lock that the journal's
+-- DDL takes before anything else (prune_journal's drops, journal_partitions_v1's attaches),
+-- so that one runs at a time: each waited for a lock the other held (the journal, its
+-- default partition) and PostgreSQL ended one as a deadlock. One key per schema.
+CREATE OR REPLACE FUNCTION {s}.journal_ddl_lock_v1() RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT pg_catalog.hashtextextended('{s}.journal ddl', 0)
+$$;
+REVOKE ALL ON FUNCTION {s}.journal_ddl_lock_v1() FROM PUBLIC;
+
+
 -- prune_journal: remove journal events older than older_than, journaled first
 -- (journal.pruned, with the cut-off, the count and the partitions dropped); returns how
 -- many it removed.
@@ -1703,6 +1714,10 @@ BEGIN
         RAISE EXCEPTION 'prune_journal needs a positive age, got %', older_than
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Before any lock on the journal or its partitions: journal_partitions_v1 takes the
+    -- same lock first, so the two never hold locks the other waits for (a drop waits for
+    -- the journal an ATTACH holds, the ATTACH for the default partition this read).
+    PERFORM pg_advisory_xact_lock({s}.journal_ddl_lock_v1());
     v_before := now() - older_than;
     FOR v_part IN
         SELECT c.relname,
@@ -1904,6 +1919,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'e.g. ALTER DATABASE <db> SET outbox.journal_partition_width = '
                          '''1 hour''; unset, a partition is one UTC day';
+    END IF;
+    -- One journal DDL at a time (prune_journal, another caller of this): when one runs,
+    -- this round makes nothing and the next makes what is missing.
+    IF NOT pg_try_advisory_xact_lock({s}.journal_ddl_lock_v1()) THEN
+        RETURN 0;
     END IF;
     -- Partitions are aligned on the width from the Unix epoch (a day: UTC midnight); the
     -- first one made goes on where the newest one ends (no overlap, no gap), then realigns.

@@ -8,6 +8,7 @@ attached for one UTC day), by the owner, because the function only makes today a
 
 from __future__ import annotations
 
+import threading
 import time
 import types
 from datetime import UTC, date, datetime, timedelta
@@ -512,3 +513,64 @@ def test_minute_partitions_are_append_only_and_the_prune_door_stays_shut(conn):
         conn.execute("DELETE FROM outbox.journal WHERE event = 'x'")
     conn.rollback()
     assert conn.execute("SELECT count(*) FROM outbox.journal WHERE event = 'x'").fetchone() == (1,)
+
+
+def test_a_prune_and_the_making_of_a_day_ahead_at_once_do_not_deadlock(db_url):
+    """The interleaving a soak met: the prune has read the default partition and writes its
+    journal.pruned event (held up here by a lock on today's partition) while the
+    maintenance attaches a day ahead: the attach holds the journal and waits for the
+    default, which the prune read; the prune's drop then waits for the journal. Without one
+    lock for the two, PostgreSQL ended one of them as a deadlock."""
+    with psycopg.connect(db_url) as conn:
+        days_ahead(conn)
+        day = today(conn)
+        old = make_day(conn, day - timedelta(days=40))
+        conn.execute(f"DROP TABLE outbox.{day_name(day + timedelta(days=2))}")  # to attach
+        conn.commit()
+    with (
+        psycopg.connect(db_url) as holder,
+        psycopg.connect(db_url, autocommit=True) as pruner,
+        psycopg.connect(db_url, autocommit=True) as maker,
+        psycopg.connect(db_url, autocommit=True) as watch,
+    ):
+        holder.execute(f"LOCK TABLE outbox.{day_name(day)} IN SHARE MODE")
+        outcomes: dict[str, Any] = {}
+
+        def call(name: str, conn: psycopg.Connection[Any], query: str) -> None:
+            try:
+                outcomes[name] = conn.execute(query).fetchone()
+            except psycopg.Error as err:
+                outcomes[name] = err
+
+        def waiting(conn: psycopg.Connection[Any]) -> bool:
+            return bool(
+                watch.execute(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                    [conn.info.backend_pid],
+                ).fetchone()[0]
+            )
+
+        prune = threading.Thread(
+            target=call, args=("prune", pruner, "SELECT outbox.prune_journal(interval '30 days')")
+        )
+        prune.start()
+        wait_until(lambda: waiting(pruner), what="the prune to wait to write its event")
+        make = threading.Thread(
+            target=call, args=("make", maker, "SELECT outbox.journal_partitions_v1(2)")
+        )
+        make.start()
+        wait_until(
+            lambda: "make" in outcomes or waiting(maker),
+            what="the maintenance to make its day or wait",
+        )
+        holder.rollback()  # the prune writes its event and drops the old day
+        prune.join(30)
+        make.join(30)
+    assert not isinstance(outcomes["prune"], psycopg.Error), outcomes
+    assert not isinstance(outcomes["make"], psycopg.Error), outcomes
+    with psycopg.connect(db_url) as conn:
+        assert old not in partitions(conn)
+        # What the maintenance did not make while the prune ran, its next round makes.
+        conn.execute("SELECT outbox.journal_partitions_v1(2)")
+        conn.commit()
+        assert day_name(day + timedelta(days=2)) in partitions(conn)

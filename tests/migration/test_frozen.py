@@ -100,6 +100,9 @@ PINNED = {
     "0043_tenant_asked_once.sql": "8d3b369479568a3c",
     "0044_tenant_lookup_as_owner.py": "3102de143f68d3da",
     "0044_tenant_lookup_as_owner.sql": "2afb284b9e572543",
+    "0045_journal_ddl_in_turn.py": "fca9a7805bb1a93e",
+    "0045_journal_ddl_in_turn.sql": "bb9887d480a5325a",
+    "0045_journal_ddl_in_turn_down.sql": "c2b38ee6e46119f7",
 }
 
 
