@@ -242,11 +242,16 @@ def measure(
     return figures
 
 
-def settle_sockets(deadline_s: float = 90.0) -> None:
+def settle_sockets(deadline_s: float | None = None) -> None:
     """Wait until the sockets an earlier case closed have left TIME_WAIT (Linux keeps them
     60 s). A case right after another found ~18,000 of them holding local ports, and with
     most of the range taken every new connection's port search cost the kernel more: the
-    second case measured the first one's leftovers."""
+    second case measured the first one's leftovers. At most ``OUTBOX_BENCH_SETTLE_S``
+    seconds (default 90); 0 skips the wait, as the smoke tests of the test suite do: their
+    tiny cases measure nothing, and the suite around them keeps thousands of sockets
+    closing, so each waited a minute or more."""
+    if deadline_s is None:
+        deadline_s = float(os.environ.get("OUTBOX_BENCH_SETTLE_S", "90"))
     deadline = time.monotonic() + deadline_s
     announced = False
     while (waiting := _time_wait_sockets()) > SETTLED_TIME_WAIT and time.monotonic() < deadline:

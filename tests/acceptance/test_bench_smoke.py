@@ -28,7 +28,8 @@ def test_bench_runs_with_tiny_numbers(server_url, tmp_path):
     command += ["--inflight", "20:0.2:0.1:2", "--serve-runs", "10", "--poster-requests", "200"]
     command += ["--mcp-calls", "20", "--tracing", "20:0.2:0.1:2", "--footprint-runs", "5"]
     command += ["--json", str(out), "--no-chart"]
-    env = {**os.environ, "OUTBOX_DATABASE_URL": server_url}
+    # No wait for the sockets of the tests around it to close (bench.inflight.settle_sockets).
+    env = {**os.environ, "OUTBOX_DATABASE_URL": server_url, "OUTBOX_BENCH_SETTLE_S": "0"}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "### Relay overhead" in done.stdout and "relay / raw" in done.stdout
