@@ -2,7 +2,8 @@
 
 On a machine shared with other work, wall time says little; CPU seconds do not depend on the
 load. For each test (its setup, call and teardown) this records the CPU of the test's process
-and of the children it waited for (``getrusage``), and the CPU of the process's private
+and of the children it waited for (``getrusage``), of the relays it forked and their fork
+server (``tests/forked.py``, from ``/proc``), and the CPU of the process's private
 PostgreSQL server: the postmaster, the backends it reaped and the ones alive
 (``/proc/PID/stat``). The session-scoped fixtures (a server's initdb and start, the template's
 migrations) are counted apart, as ``fixture:NAME``, and so is the process's start (interpreter,
@@ -30,11 +31,28 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def _rusage() -> float:
-    total = 0.0
+    total = _forked()
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         usage = resource.getrusage(who)
         total += usage.ru_utime + usage.ru_stime
     return total
+
+
+_last_forked = 0.0
+
+
+def _forked() -> float:
+    """CPU of this process's fork server (``tests/forked.py``) and of the relays it forked
+    and reaped: not this process's children, so not in its ``getrusage``. Kept after the
+    server has gone."""
+    global _last_forked
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    fields = _stat(pid) if pid else None
+    if fields is not None:  # utime stime cutime cstime are fields 14-17
+        _last_forked = sum(int(f) for f in fields[11:15]) / TICK
+    return _last_forked
 
 
 def _stat(pid: int | str) -> list[str] | None:
