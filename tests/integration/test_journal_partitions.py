@@ -155,6 +155,7 @@ def test_the_prune_door_opens_on_no_day_partition(conn):
 
 
 def test_prune_drops_whole_days_and_deletes_only_default_rows_by_row(conn):
+    days_ahead(conn)
     day = today(conn)
     gone = make_day(conn, day - timedelta(days=40))
     kept = make_day(conn, day - timedelta(days=20))
@@ -179,17 +180,19 @@ def test_prune_drops_whole_days_and_deletes_only_default_rows_by_row(conn):
     ).fetchall()
     assert actor == "dba" and detail["removed"] == 3 and detail["partitions_dropped"] == [gone]
     # A day that straddles the cut-off stays whole until it is past it: nothing of today's
-    # partition goes, even with an age shorter than a day.
+    # partition goes, even with an age shorter than a day. (Today's first instant: an event
+    # "two hours ago" fell on yesterday, in the default, when the test ran after midnight.)
     conn.execute(
         "INSERT INTO outbox.journal (at, tenant_id, event) VALUES "
-        "(now() - interval '2 hours', 'acme', 'two_hours_ago')"
+        "(date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', 'acme', 'midnight')"
     )
     conn.commit()
     # (the 20-day-old day and the default's 25-day-old row go)
-    assert conn.execute("SELECT outbox.prune_journal(interval '1 hour')").fetchone() == (2,)
+    pruned = conn.execute("SELECT outbox.prune_journal(interval '1 millisecond')").fetchone()
+    assert pruned == (2,)
     conn.commit()
     events = sorted(e for (e,) in conn.execute("SELECT event FROM outbox.journal"))
-    assert events == ["journal.pruned", "journal.pruned", "today", "two_hours_ago"]
+    assert events == ["journal.pruned", "journal.pruned", "midnight", "today"]
     assert kept not in partitions(conn)
 
 
