@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 
 from outbox.testing.relay import relay_workers
 from outbox.testing.tools import FakeToolService
+from tests.forked import Forked
 from tests.relay_harness import (
     FAST,
     all_settled,
@@ -41,7 +41,7 @@ def service() -> Iterator[FakeToolService]:
         yield svc
 
 
-def stop_all(processes: list[subprocess.Popen[bytes]]) -> None:
+def stop_all(processes: list[Forked]) -> None:
     for process in processes:
         if process.poll() is None:
             process.kill()

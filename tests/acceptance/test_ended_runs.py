@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from outbox import history, lifecycle, registry, writer
 from outbox.testing.tools import FakeToolService
+from tests.forked import Forked
 from tests.helpers import TENANT, new_run, turn
 from tests.relay_harness import (
     FAST,
@@ -47,7 +47,7 @@ def relay_ready(db_url: str) -> bool:
     )
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
+def stop(process: Forked) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
     process.wait(timeout=30)
