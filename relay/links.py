@@ -59,8 +59,6 @@ GENERIC_PLANS = (
     "SET plan_cache_mode = force_generic_plan",
     "SET enable_seqscan = off",
     "SET jit = off",
-    "SET enable_hashjoin = off",
-    "SET enable_mergejoin = off",
 )
 
 
@@ -84,13 +82,7 @@ class Link:
     its moment, and results, messages and the journal start empty and grow by thousands a
     second (a repeat check planned as a scan of an "empty" tool_results went quadratic:
     313 us a call). So these links also turn sequential scans off: wherever an index can
-    find the rows, it does (a table with no usable index is still scanned). And hash and
-    merge joins: with sequential scans off, a join planned while ``runs`` or ``tool_calls``
-    held a few hundred rows read the whole table through its index into a hash (or in
-    order for a merge), on every call as the table grew: served runs, which meet a relay
-    that planned on a nearly empty database, had ``record_model_turns_v1`` read each run
-    of the tenant a few hundred times (docs/benchmarks.md). A nested loop finds the rows
-    of a batch by their keys, whatever the table's size. Every relay
+    find the rows, it does (a table with no usable index is still scanned). Every relay
     statement finds its rows by an index, and ``tests/integration/test_hot_path.py``
     checks the very plans the relay runs. The maintenance side (rescue, depth gauges) runs
     a few statements a second: it keeps custom plans.
