@@ -15,10 +15,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from outbox.server.threads import in_thread
 from outbox.server.wakeups import FALLBACK_S, Wakeups, Watch
 
 Row = dict[str, Any]
@@ -30,7 +29,7 @@ WAIT_S = 600.0  # how long a request waits for its response to settle
 UNSETTLING = frozenset({"queued", "in_progress"})
 
 
-async def settled(read: Callable[[], Row], watch: Watch, wait_s: float = WAIT_S) -> Row:
+async def settled(read: Callable[[], Awaitable[Row]], watch: Watch, wait_s: float = WAIT_S) -> Row:
     """The response once it settled, or as it is after ``wait_s``. Read again when its run
     changed (``watch``: the run's notification), polling with a growing pause only when
     nobody listens (``server.wakeups``). A ``primed`` watch needs no read before its first
@@ -40,7 +39,7 @@ async def settled(read: Callable[[], Row], watch: Watch, wait_s: float = WAIT_S)
         await watch.changed(pause, listened_s=min(FALLBACK_S, wait_s))
     while True:
         watch.clear()  # before the read: a change during it wakes the wait below
-        shown = await in_thread(read)
+        shown = await read()
         left = deadline - time.monotonic()
         if shown["status"] in SETTLED or left <= 0:
             return shown
@@ -89,7 +88,10 @@ def closing(shown: Row) -> list[Row]:
 
 
 async def stream(
-    read: Callable[[], Row], hub: Wakeups, run_id: uuid.UUID, starting_after: int = -1
+    read: Callable[[], Awaitable[Row]],
+    hub: Wakeups,
+    run_id: uuid.UUID,
+    starting_after: int = -1,
 ) -> AsyncIterator[Row]:
     """The response's events after ``starting_after``, as SSE messages; woken by changes
     of its run (``run_id``) that can settle it: after the opening events (read at once),
@@ -99,8 +101,10 @@ async def stream(
             yield event
 
 
-async def _events(read: Callable[[], Row], watch: Watch, starting_after: int) -> AsyncIterator[Row]:
-    first = await in_thread(read)
+async def _events(
+    read: Callable[[], Awaitable[Row]], watch: Watch, starting_after: int
+) -> AsyncIterator[Row]:
+    first = await read()
     number = 0
     for event in opening(first):
         if number > starting_after:

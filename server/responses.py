@@ -481,10 +481,18 @@ def get(store: Store, tenant: str, ident: uuid.UUID, *, durable_reads: bool = Tr
     if durable_reads:
         with store.tenant(tenant) as conn:
             return _shape(_shown(conn, ident))
-    row = store.read_settled(tenant, Q.response_shown, {"id": ident})
-    if row is None:
+    shown = get_settled(store, tenant, [ident])
+    if ident not in shown:
         raise NotFound(f"Response with id 'resp_{ident.hex}' not found.")
-    return _shape(row)
+    return shown[ident]
+
+
+def get_settled(store: Store, tenant: str, idents: list[uuid.UUID]) -> dict[uuid.UUID, Row]:
+    """``get`` with ``durable_reads=False`` for many responses of one tenant, in one
+    statement and one round trip: each found as OpenAI shows it, by id (one not found,
+    or another tenant's, is missing)."""
+    rows = store.read_settled_rows(tenant, Q.responses_shown, {"ids": idents})
+    return {row["id"]: _shape(row) for row in rows}
 
 
 def get_with_run(store: Store, tenant: str, ident: uuid.UUID) -> tuple[Row, uuid.UUID]:
@@ -495,9 +503,9 @@ def get_with_run(store: Store, tenant: str, ident: uuid.UUID) -> tuple[Row, uuid
 
 
 def _shown(conn: psycopg.Connection[Any], ident: uuid.UUID) -> Row:
-    """The response's row with what it shows (``response_shown``): one statement, in the
+    """The response's row with what it shows (``responses_shown``): one statement, in the
     transaction ``Store.tenant`` scoped. ``NotFound`` as ``responses.get_response``."""
-    row = fetch_one(conn, Q.response_shown, {"id": ident})
+    row = fetch_one(conn, Q.responses_shown, {"ids": [ident]})
     if row is None:
         raise NotFound(f"Response with id 'resp_{ident.hex}' not found.")
     return row

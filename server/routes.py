@@ -36,6 +36,7 @@ from outbox.server.bodies import (
     ThreadIn,
 )
 from outbox.server.errors import APIError
+from outbox.server.reads import SettledReads
 from outbox.server.store import Store, UnknownKey
 from outbox.server.threads import in_thread
 from outbox.server.wakeups import Wakeups
@@ -55,6 +56,7 @@ class Config:
         self.settings = settings
         self.max_body_bytes = max_body_bytes
         self.wakeups = wakeups  # wakes requests waiting on a run (server.wakeups)
+        self.reads = SettledReads(store)  # their reads, together (server.reads)
 
 
 def config(request: Request) -> Config:
@@ -424,11 +426,11 @@ async def _respond(
     watch is primed (``since``: ``Wakeups.mark()`` taken before the run was made), when
     every change of the run since wakes it and it reads only then."""
 
-    def read() -> dict[str, Any]:
+    async def read() -> dict[str, Any]:
         # What is answered from it: the response once settled, by a durable commit of the
         # relay (server.store); a stream's opening events, from a durable create or a GET
-        # that read it durably first.
-        return responses.get(cfg.store, who, ident, durable_reads=False)
+        # that read it durably first. Read with the others woken at once (server.reads).
+        return await cfg.reads.get(who, ident)
 
     shown = None
     if run_id is None or not (stream or wait):  # a 404 comes before any stream starts

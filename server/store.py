@@ -88,13 +88,20 @@ class Store:
         (for an answer that rests on a durable commit only: a response once its run
         settled), in one round trip: the transaction's ``BEGIN``, its scope, the statement
         and its ``COMMIT`` sent together (psycopg's pipeline mode), where ``tenant`` waits
-        for each. A waiting request reads its response so once its run settled."""
+        for each."""
+        rows = self.read_settled_rows(tenant_id, query, params)
+        return rows[0] if rows else None
+
+    def read_settled_rows(self, tenant_id: str, query: Any, params: dict[str, Any]) -> list[Row]:
+        """``read_settled``, every row of the statement: requests waiting on their
+        responses read them so once their runs settled, all those one commit woke in one
+        statement (server.reads)."""
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             with conn.pipeline():
                 conn.execute(Q.act_for_tenant, {"tenant_id": tenant_id})
                 cur.execute(query, params)
                 conn.commit()
-            return cur.fetchone()
+            return cur.fetchall()
 
     @contextmanager
     def for_key(

@@ -153,22 +153,19 @@ LEFT JOIN {s}.assistant_runs ar ON ar.run_id = m.run_id
 WHERE m.id = %(message_id)s AND m.thread_id = %(thread_id)s AND m.deleted_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM {s}.threads t WHERE t.id = m.thread_id AND t.deleted_at IS NOT NULL)
 
--- name: response_shown
--- One response that is not deleted (as outbox.responses.get_response reads it) with what
--- it shows, in one statement (a waiting request reads it on every change of its run): its
--- run as `run` reads it (JSON), where its output ends (the next response of the same run:
--- its position and when it began; NULL for the run's last), the run's assistant messages
--- with text in that stretch, and its client function calls made from the response's
--- beginning to that end, in order.
+-- name: responses_shown
+-- Responses that are not deleted (as outbox.responses.get_response reads them), a row each
+-- with what it shows, in one statement (requests waiting on their responses read them so,
+-- all those one commit woke at once: server.reads): its run as `run` reads it (JSON),
+-- where its output ends (the next response of the same run: its position and when it
+-- began; NULL for the run's last), the run's assistant messages with text in that
+-- stretch, and its client function calls made from the response's beginning to that end,
+-- in order.
 WITH resp AS (
     SELECT * FROM {s}.responses r
-    WHERE r.id = %(id)s AND r.deleted_at IS NULL
+    WHERE r.id = ANY(%(ids)s::uuid[]) AND r.deleted_at IS NULL
       AND NOT EXISTS (SELECT 1 FROM {s}.threads t
                       WHERE t.id = r.thread_id AND t.deleted_at IS NOT NULL)
-), next AS (
-    SELECT min(n.output_from_seq) AS until_seq, min(n.created_at) AS ended_before
-    FROM resp JOIN {s}.responses n
-      ON n.run_id = resp.run_id AND n.output_from_seq > resp.output_from_seq
 )
 SELECT resp.*, next.until_seq,
        (SELECT to_jsonb(run) FROM (
@@ -198,7 +195,12 @@ SELECT resp.*, next.until_seq,
           AND tc.created_at >= resp.created_at
           AND (next.ended_before IS NULL OR tc.created_at < next.ended_before)
        ) AS calls
-FROM resp, next
+FROM resp
+CROSS JOIN LATERAL (
+    SELECT min(n.output_from_seq) AS until_seq, min(n.created_at) AS ended_before
+    FROM {s}.responses n
+    WHERE n.run_id = resp.run_id AND n.output_from_seq > resp.output_from_seq
+) next
 
 -- name: stored_messages
 -- The tenant's user and assistant messages of these ids (row-level security: no other

@@ -210,14 +210,14 @@ def test_a_waiting_response_reads_its_response_only_once_its_run_settled(
     monkeypatch.setattr(response_stream, "POLL_S", (NEVER_S, NEVER_S))
     monkeypatch.setattr(response_stream, "FALLBACK_S", NEVER_S)
     reads: list[str] = []
-    shown = responses.get
+    shown = responses.get_settled
 
     def counted(*args: Any, **options: Any) -> Any:
-        answer = shown(*args, **options)
-        reads.append(answer["status"])
-        return answer
+        answers = shown(*args, **options)
+        reads.extend(answer["status"] for answer in answers.values())
+        return answers
 
-    monkeypatch.setattr(responses, "get", counted)
+    monkeypatch.setattr(responses, "get_settled", counted)
     with serve(db_url) as url, client(url, api_key) as sdk:
         answered = end_run_when_waited_on(
             db_url, lambda: sdk.responses.create(model="scripted-1", input="hello")
