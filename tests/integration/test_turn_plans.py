@@ -1,0 +1,85 @@
+"""record_model_turns_v1 reads the batch's runs, not all of runs, on a relay's connection.
+
+A relay's link keeps one generic plan per statement (plan_cache_mode = force_generic_plan,
+enable_seqscan = off), made on its first calls, when runs may be nearly empty: a join of
+the turns to runs planned then must still read only the batch's runs once the table has
+grown. auto_explain reports, through notices, the rows each statement read from runs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+
+from outbox import writer
+from tests.helpers import add_tool, new_run, turn
+
+GROWN_BY = 3000
+
+
+def rows_read_from(plan: dict[str, Any], table: str) -> int:
+    """Rows the plan's scans of the table returned or filtered out, over all their loops."""
+    own = 0
+    if plan.get("Relation Name") == table:
+        per_loop = plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)
+        own = int(per_loop * plan.get("Actual Loops", 1))
+    return own + sum(rows_read_from(child, table) for child in plan.get("Plans", []))
+
+
+def test_turns_planned_on_few_runs_read_only_their_runs_once_runs_grew(db_url):
+    with psycopg.connect(db_url) as conn:
+        add_tool(conn)
+        # An autovacuum ANALYZE in the middle would replan the statements on the grown table.
+        conn.execute("ALTER TABLE outbox.runs SET (autovacuum_enabled = off)")
+        runs = [new_run(conn, tools=["lookup_order"]) for _ in range(6)]
+        conn.commit()
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute("SET enable_seqscan = off")
+        for batch in (runs[0:2], runs[2:4]):
+            writer.record_model_turns(
+                conn,
+                [
+                    turn(r, 1, (f"c{i}", "lookup_order", {"order_id": "1"}))
+                    for i, r in enumerate(batch)
+                ],
+            )
+            conn.commit()
+
+        conn.execute(
+            "INSERT INTO outbox.runs SELECT (jsonb_populate_record(r, jsonb_build_object("
+            "'id', gen_random_uuid(), 'status', 'completed', 'ended_at', now()))).* "
+            "FROM outbox.runs r, generate_series(1, %s) WHERE r.id = %s",
+            (GROWN_BY, runs[0].id),
+        )
+        conn.commit()
+
+        plans: list[dict[str, Any]] = []
+
+        def keep(diag: psycopg.errors.Diagnostic) -> None:
+            text = diag.message_primary or ""
+            if "plan:" in text:
+                plans.append(json.loads(text.split("plan:", 1)[1])["Plan"])
+
+        conn.add_notice_handler(keep)
+        for setting in (
+            "LOAD 'auto_explain'",
+            "SET auto_explain.log_min_duration = 0",
+            "SET auto_explain.log_analyze = on",
+            "SET auto_explain.log_nested_statements = on",
+            "SET auto_explain.log_format = json",
+            "SET auto_explain.log_level = notice",
+        ):
+            conn.execute(setting)
+        batch = runs[4:6]
+        records = writer.record_model_turns(
+            conn,
+            [turn(r, 1, (f"d{i}", "lookup_order", {"order_id": "2"})) for i, r in enumerate(batch)],
+        )
+        conn.commit()
+
+    assert [r.created for r in records] == [True, True]
+    read = [rows_read_from(p, "runs") for p in plans]
+    # The statements of the function, each read from runs, are nested in the caller's one.
+    assert len([n for n in read if n]) > 3
+    assert max(read) < 10 * len(batch), read
