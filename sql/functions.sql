@@ -1343,12 +1343,10 @@ GRANT EXECUTE ON FUNCTION {s}.decide_approval_v1(text, bigint, text, text, text,
 -- triggers) were most of what PostgreSQL spent on a turn recorded one at a time. Two turns
 -- of one run are recorded one after the other, each seeing the one before it.
 --
--- Runs are looked up one by one by primary key, in a subquery kept apart by OFFSET 0 (the
--- planner cannot flatten it into a join): the relay keeps one generic plan per statement,
--- made when runs may have been near empty, and a plain join to runs on the turns' run ids
--- was then a hash join over all of runs, read again on every call for as long as the plan
--- lived. Bounding that join by r.id = ANY(v_run_ids) instead changed the writer's plans of
--- the joins after it for the worse (ten times the buffers).
+-- Every join to runs also says r.id = ANY(v_run_ids): the relay keeps one generic plan per
+-- statement, made when runs may have been empty, and a join on the turns' run ids alone
+-- may then be a hash join over the whole of runs, read again on every call; the ANY bound
+-- keeps the read to the batch's runs (by the primary key) whatever runs held at planning.
 CREATE OR REPLACE FUNCTION {s}.record_model_turns_v1(p_turns jsonb, p_calls jsonb)
 RETURNS TABLE (model_turn_id bigint, message_id bigint, batch_id bigint, tool_call_refs bigint[],
                run_status text, created boolean, loop_limit integer, recent_batches jsonb)
@@ -1394,8 +1392,7 @@ BEGIN
            r.id IS NULL AS missing
     INTO v_refusal
     FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
-    LEFT JOIN LATERAL (SELECT * FROM {s}.runs r
-               WHERE r.id = (t.turn->>'run_id')::uuid OFFSET 0) r ON true
+    LEFT JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid AND r.id = ANY(v_run_ids)
     WHERE r.id IS NULL OR r.tenant_id <> t.turn->>'tenant_id'
     ORDER BY t.n LIMIT 1;
     IF FOUND AND v_refusal.missing THEN
@@ -1412,7 +1409,7 @@ BEGIN
            coalesce(array_agg(t.n ORDER BY t.n) FILTER (WHERE {s}.run_ended_v1(r.status)), '{}')
     INTO v_new, v_ended
     FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
-    CROSS JOIN LATERAL (SELECT * FROM {s}.runs r WHERE r.id = (t.turn->>'run_id')::uuid OFFSET 0) r
+    JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid AND r.id = ANY(v_run_ids)
     WHERE NOT EXISTS (SELECT 1 FROM {s}.model_turns mt
                       WHERE mt.run_id = r.id AND mt.step_no = (t.turn->>'step_no')::integer);
 
@@ -1421,7 +1418,7 @@ BEGIN
            jsonb_build_object('step_no', (t.turn->>'step_no')::integer,
                               'reason', 'run is ' || r.status)
     FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
-    CROSS JOIN LATERAL (SELECT * FROM {s}.runs r WHERE r.id = (t.turn->>'run_id')::uuid OFFSET 0) r
+    JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid AND r.id = ANY(v_run_ids)
     WHERE t.n = ANY(v_ended)
     ORDER BY t.n;
 
@@ -1435,7 +1432,7 @@ BEGIN
                coalesce((t.turn->>'cached_tokens')::bigint, 0) AS cached,
                jsonb_array_length(p_calls->(t.n::integer - 1)) AS calls
         FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
-        CROSS JOIN LATERAL (SELECT * FROM {s}.runs r WHERE r.id = (t.turn->>'run_id')::uuid OFFSET 0) r
+        JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid AND r.id = ANY(v_run_ids)
         WHERE t.n = ANY(v_new)
     ), numbered AS (
         UPDATE {s}.threads th SET next_seq = th.next_seq + 1
@@ -1487,7 +1484,7 @@ BEGIN
                jsonb_array_length(p_calls->(t.n::integer - 1)),
                jsonb_array_length(p_calls->(t.n::integer - 1))
         FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
-        CROSS JOIN LATERAL (SELECT * FROM {s}.runs r WHERE r.id = (t.turn->>'run_id')::uuid OFFSET 0) r
+        JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid AND r.id = ANY(v_run_ids)
         JOIN {s}.model_turns mt ON mt.run_id = r.id AND mt.step_no = (t.turn->>'step_no')::integer
         WHERE t.n = ANY(v_new) AND jsonb_array_length(p_calls->(t.n::integer - 1)) > 0
         ORDER BY t.n
@@ -1515,7 +1512,7 @@ BEGIN
                c.call->>'error' IS NULL AND c.call->>'executor' IS DISTINCT FROM 'client' AS queued,
                jsonb_typeof(c.call->'approval') = 'object' AS held
         FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
-        CROSS JOIN LATERAL (SELECT * FROM {s}.runs r WHERE r.id = (t.turn->>'run_id')::uuid OFFSET 0) r
+        JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid AND r.id = ANY(v_run_ids)
         JOIN {s}.tool_batches b ON b.run_id = r.id AND b.step_no = (t.turn->>'step_no')::integer
         CROSS JOIN LATERAL jsonb_array_elements(p_calls->(t.n::integer - 1)) WITH ORDINALITY AS c(call, o)
         JOIN {s}.tool_calls tc ON tc.batch_id = b.id AND tc.position = c.o - 1
@@ -1577,7 +1574,7 @@ BEGIN
                CASE WHEN q.held THEN 'infinity'::timestamptz ELSE now() END
         FROM jsonb_to_recordset(v_queued) AS q(ref bigint, held boolean, max_attempts integer)
         JOIN {s}.tool_calls tc ON tc.id = q.ref
-        CROSS JOIN LATERAL (SELECT * FROM {s}.runs r WHERE r.id = tc.run_id OFFSET 0) r
+        JOIN {s}.runs r ON r.id = tc.run_id AND r.id = ANY(v_run_ids)
         ORDER BY tc.id
         ON CONFLICT (dedup_key) DO NOTHING;
     END IF;
@@ -1638,7 +1635,7 @@ BEGIN
                       LIMIT r.loop_limit * coalesce((t.turn->>'loop_periods')::integer, 1)) s)
            END
     FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
-    CROSS JOIN LATERAL (SELECT * FROM {s}.runs r WHERE r.id = (t.turn->>'run_id')::uuid OFFSET 0) r
+    JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid AND r.id = ANY(v_run_ids)
     LEFT JOIN {s}.model_turns mt ON mt.run_id = r.id
                                 AND mt.step_no = (t.turn->>'step_no')::integer
     LEFT JOIN {s}.tool_batches b ON b.run_id = r.id AND b.step_no = mt.step_no
