@@ -1343,10 +1343,11 @@ GRANT EXECUTE ON FUNCTION {s}.decide_approval_v1(text, bigint, text, text, text,
 -- triggers) were most of what PostgreSQL spent on a turn recorded one at a time. Two turns
 -- of one run are recorded one after the other, each seeing the one before it.
 --
--- Every join to runs also says r.id = ANY(v_run_ids): the relay keeps one generic plan per
--- statement, made when runs may have been empty, and a join on the turns' run ids alone
--- may then be a hash join over the whole of runs, read again on every call; the ANY bound
--- keeps the read to the batch's runs (by the primary key) whatever runs held at planning.
+-- The joins to runs also say r.id = ANY(v_run_ids), and the repeat check's NOT EXISTS is
+-- kept a per-turn probe (OFFSET 0): the relay keeps one generic plan per statement, made
+-- when runs may have been near empty, and a join on the turns' run ids alone was then a
+-- hash join over all of runs (or the check an anti-join over all of model_turns), read
+-- again on every call. The last SELECT is left unbounded: bounded, its plan read more.
 CREATE OR REPLACE FUNCTION {s}.record_model_turns_v1(p_turns jsonb, p_calls jsonb)
 RETURNS TABLE (model_turn_id bigint, message_id bigint, batch_id bigint, tool_call_refs bigint[],
                run_status text, created boolean, loop_limit integer, recent_batches jsonb)
@@ -1411,7 +1412,8 @@ BEGIN
     FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
     JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid AND r.id = ANY(v_run_ids)
     WHERE NOT EXISTS (SELECT 1 FROM {s}.model_turns mt
-                      WHERE mt.run_id = r.id AND mt.step_no = (t.turn->>'step_no')::integer);
+                      WHERE mt.run_id = r.id AND mt.step_no = (t.turn->>'step_no')::integer
+                      OFFSET 0);
 
     INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
     SELECT r.tenant_id, 'model_turn.discarded', r.thread_id, r.id, r.correlation_id,
@@ -1635,7 +1637,7 @@ BEGIN
                       LIMIT r.loop_limit * coalesce((t.turn->>'loop_periods')::integer, 1)) s)
            END
     FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
-    JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid AND r.id = ANY(v_run_ids)
+    JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid
     LEFT JOIN {s}.model_turns mt ON mt.run_id = r.id
                                 AND mt.step_no = (t.turn->>'step_no')::integer
     LEFT JOIN {s}.tool_batches b ON b.run_id = r.id AND b.step_no = mt.step_no

@@ -62,7 +62,8 @@ BEGIN
     FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
     JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid AND r.id = ANY(v_run_ids)
     WHERE NOT EXISTS (SELECT 1 FROM {s}.model_turns mt
-                      WHERE mt.run_id = r.id AND mt.step_no = (t.turn->>'step_no')::integer);
+                      WHERE mt.run_id = r.id AND mt.step_no = (t.turn->>'step_no')::integer
+                      OFFSET 0);
 
     INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
     SELECT r.tenant_id, 'model_turn.discarded', r.thread_id, r.id, r.correlation_id,
@@ -286,7 +287,7 @@ BEGIN
                       LIMIT r.loop_limit * coalesce((t.turn->>'loop_periods')::integer, 1)) s)
            END
     FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(turn, n)
-    JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid AND r.id = ANY(v_run_ids)
+    JOIN {s}.runs r ON r.id = (t.turn->>'run_id')::uuid
     LEFT JOIN {s}.model_turns mt ON mt.run_id = r.id
                                 AND mt.step_no = (t.turn->>'step_no')::integer
     LEFT JOIN {s}.tool_batches b ON b.run_id = r.id AND b.step_no = mt.step_no

@@ -104,7 +104,7 @@ PINNED = {
     "0045_journal_ddl_in_turn.sql": "bb9887d480a5325a",
     "0045_journal_ddl_in_turn_down.sql": "c2b38ee6e46119f7",
     "0046_turns_find_runs_by_id.py": "13bfbf6fdd018b55",
-    "0046_turns_find_runs_by_id.sql": "7422005591245bf8",
+    "0046_turns_find_runs_by_id.sql": "e86d9f120c7a462a",
     "0046_turns_find_runs_by_id_down.sql": "56a64d248a091635",
 }
 
