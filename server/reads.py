@@ -41,9 +41,9 @@ class SettledReads:
         self.reading: set[asyncio.Task[None]] = set()  # statements on their way
 
     async def get(self, tenant: str, ident: uuid.UUID) -> Row:
-        """The response as OpenAI shows it (``responses.get`` with ``durable_reads=False``),
-        read with the tenant's other responses asked in the same turn. ``NotFound`` when
-        it is not (or no longer) there."""
+        """The response as OpenAI shows it (``responses.get_settled``), read with the
+        tenant's other responses asked in the same turn. ``NotFound`` when it is not (or no
+        longer) there."""
         answer: asyncio.Future[Row | None] = asyncio.get_running_loop().create_future()
         asked = self.asked.get(tenant)
         if asked is None:

@@ -474,24 +474,18 @@ def _start(
 # -- read -----------------------------------------------------------------------------------
 
 
-def get(store: Store, tenant: str, ident: uuid.UUID, *, durable_reads: bool = True) -> Row:
-    """The response as OpenAI shows it, from the database now. ``durable_reads=False``:
-    for a read that answers only once the response settled, which a durable commit of the
-    relay did (``server.store``): one round trip (``Store.read_settled``)."""
-    if durable_reads:
-        with store.tenant(tenant) as conn:
-            return _shape(_shown(conn, ident))
-    shown = get_settled(store, tenant, [ident])
-    if ident not in shown:
-        raise NotFound(f"Response with id 'resp_{ident.hex}' not found.")
-    return shown[ident]
+def get(store: Store, tenant: str, ident: uuid.UUID) -> Row:
+    """The response as OpenAI shows it, from the database now."""
+    with store.tenant(tenant) as conn:
+        return _shape(_shown(conn, ident))
 
 
 def get_settled(store: Store, tenant: str, idents: list[uuid.UUID]) -> dict[uuid.UUID, Row]:
-    """``get`` with ``durable_reads=False`` for many responses of one tenant, in one
-    statement and one round trip: each found as OpenAI shows it, by id (one not found,
-    or another tenant's, is missing)."""
-    rows = store.read_settled_rows(tenant, Q.responses_shown, {"ids": idents})
+    """Responses of one tenant for reads that answer only once they settled, which a
+    durable commit of the relay did (``server.store``: no wait for durability), in one
+    statement and one round trip (``Store.read_settled``): each found as OpenAI shows it,
+    by id (one not found, or another tenant's, is missing)."""
+    rows = store.read_settled(tenant, Q.responses_shown, {"ids": idents})
     return {row["id"]: _shape(row) for row in rows}
 
 

@@ -83,19 +83,12 @@ class Store:
             with self._request(conn, tenant_id, unanswered, durable_reads):
                 yield conn
 
-    def read_settled(self, tenant_id: str, query: Any, params: dict[str, Any]) -> Row | None:
-        """One statement's first row, read as ``tenant`` reads with ``durable_reads=False``
-        (for an answer that rests on a durable commit only: a response once its run
-        settled), in one round trip: the transaction's ``BEGIN``, its scope, the statement
-        and its ``COMMIT`` sent together (psycopg's pipeline mode), where ``tenant`` waits
-        for each."""
-        rows = self.read_settled_rows(tenant_id, query, params)
-        return rows[0] if rows else None
-
-    def read_settled_rows(self, tenant_id: str, query: Any, params: dict[str, Any]) -> list[Row]:
-        """``read_settled``, every row of the statement: requests waiting on their
-        responses read them so once their runs settled, all those one commit woke in one
-        statement (server.reads)."""
+    def read_settled(self, tenant_id: str, query: Any, params: dict[str, Any]) -> list[Row]:
+        """One statement's rows, read as ``tenant`` reads with ``durable_reads=False`` (for
+        an answer that rests on a durable commit only: responses once their runs settled,
+        all those one commit woke: server.reads), in one round trip: the transaction's
+        ``BEGIN``, its scope, the statement and its ``COMMIT`` sent together (psycopg's
+        pipeline mode), where ``tenant`` waits for each."""
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             with conn.pipeline():
                 conn.execute(Q.act_for_tenant, {"tenant_id": tenant_id})

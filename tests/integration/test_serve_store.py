@@ -142,8 +142,8 @@ def test_a_settled_read_acts_for_its_tenant_and_ends_its_transaction(store):
     with store.tenant("acme") as conn:
         thread = writer.create_thread(conn, "acme").id
     query = "SELECT count(*) AS n, current_user AS acting FROM outbox.threads WHERE id = %(id)s"
-    assert store.read_settled("acme", query, {"id": thread}) == {"n": 1, "acting": "outbox_api"}
-    assert store.read_settled("globex", query, {"id": thread}) == {"n": 0, "acting": "outbox_api"}
+    assert store.read_settled("acme", query, {"id": thread}) == [{"n": 1, "acting": "outbox_api"}]
+    assert store.read_settled("globex", query, {"id": thread}) == [{"n": 0, "acting": "outbox_api"}]
     with store.pool.connection() as conn:  # the same connection: nothing of it outlives it
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert acting(conn)[0] != "outbox_api" and acting(conn)[1] in (None, "")
