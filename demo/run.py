@@ -73,6 +73,7 @@ TAIL_S = 60.0  # seconds after the last arrival for every run to end
 NAIVE_TAIL_S = 35.0  # the naive side's equivalent (its turns give up after 30 s)
 POLL_S = 0.1  # seconds between two polls of a condition (backend, progress)
 DUPLICATE_CALLBACKS_PER_TICK = 4  # re-invocations per 0.25 s tick in the fault window
+DUPLICATE_CALLBACKS = ("tool results re-reported", "batch deliveries re-polled")
 TICK_S = 0.25  # seconds between two duplicate-callback ticks
 TOOL_MAX_ATTEMPTS = 8
 
@@ -481,11 +482,14 @@ class OurSide:
 
     def _duplicate_callbacks(self) -> None:
         """In the fault window: results re-reported and deliveries re-polled for done work,
-        each in its own transaction, as a webhook handler or a poller would."""
+        each in its own transaction, as a webhook handler or a poller would. Past the
+        window, until each kind has happened once: on a slow machine no call may have
+        ended inside it, and the report would prove nothing about duplicates."""
         plan = self.scenario.faults
         with db.connect(self.url) as conn:
             while not self.stop.wait(TICK_S):
-                if not plan.in_window(time.monotonic() - self.started):
+                elapsed = time.monotonic() - self.started
+                if not (plan.in_window(elapsed) or self._owes_duplicates(plan, elapsed)):
                     continue
                 n = {"n": DUPLICATE_CALLBACKS_PER_TICK}
                 calls = store.fetch_all(conn, self.q.done_calls_sample, n)
@@ -499,11 +503,17 @@ class OurSide:
                         output={"late_duplicate_callback": True},
                     )
                     stored = self._transaction(conn, partial(writer.record_tool_result, conn, late))
-                    self._count("tool results re-reported", stored.outcome == "duplicate")
+                    self._count(DUPLICATE_CALLBACKS[0], stored.outcome == "duplicate")
                 for batch in batches:
                     redo = partial(writer.deliver_batch, conn, batch["id"])
                     delivery = self._transaction(conn, redo)
-                    self._count("batch deliveries re-polled", delivery.outcome == "already")
+                    self._count(DUPLICATE_CALLBACKS[1], delivery.outcome == "already")
+
+    def _owes_duplicates(self, plan: incident.FaultPlan, elapsed_s: float) -> bool:
+        after = elapsed_s >= plan.window_start_s + plan.window_s
+        with self.lock:
+            done = [self.injected[what] for what in DUPLICATE_CALLBACKS]
+        return after and min(done) == 0
 
     def _count(self, what: str, noop: bool) -> None:
         with self.lock:
