@@ -1,8 +1,8 @@
-"""Requests waiting on a run wake from the run's own notification (issue 29 item 5): a
-waiting ``responses.create`` and a ``stream=true`` reader answer once the run's last
-commit is told over ``LISTEN outbox_runs``, though their poll is set to ten minutes here
-(before, they only polled, so these waited past the client's deadline); with
-``listen=False`` (poolers in transaction mode) the poll still answers."""
+"""Requests waiting on a run wake from the run's own notification: a waiting
+``responses.create`` and a ``stream=true`` reader answer once the run's last commit is told
+over ``LISTEN outbox_runs``, though their poll is set to ten minutes here (a server that
+only polled would answer past the client's deadline); with ``listen=False`` (poolers in
+transaction mode) the poll still answers."""
 
 from __future__ import annotations
 
