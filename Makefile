@@ -16,10 +16,10 @@ PYTEST := $(BIN)/pytest -p no:cacheprovider
 TEST_WORKERS ?= 6
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test lint bench soak clean
+.PHONY: help setup setup-bench demo test lint bench soak clean
 
 help: ## List the targets.
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-7s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 setup: $(STAMP) ## Create .venv and install the project with its dev extras.
 
@@ -29,6 +29,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip uv
 	$(INSTALL) -e '.[dev]'
 	@touch $@
+
+setup-bench: setup ## setup, plus the bench extra (PgQueuer, asyncpg, matplotlib, psutil).
+	$(INSTALL) -e '.[dev,bench]'
 
 demo: setup ## Run the demo on the embedded PostgreSQL (or OUTBOX_DATABASE_URL).
 	$(BIN)/outbox demo $(ARGS)
@@ -61,12 +64,10 @@ lint: setup ## ruff, ruff format --check, mypy strict, import-linter layer contr
 	@bash -o pipefail -c '$(BIN)/mypy | sed -E "s#^$(TREE)/outbox/(relay|server|commands|sql)/#\1/#; s#^$(TREE)/##"'
 	cd $(TREE) && ../bin/lint-imports ../../pyproject.toml
 
-bench: setup ## Throughput and latency beside a raw SKIP LOCKED baseline (prints a table).
-	$(INSTALL) -e '.[dev,bench]'
+bench: setup-bench ## Throughput and latency beside a raw SKIP LOCKED baseline (prints a table).
 	$(BIN)/python -m bench $(ARGS)
 
-soak: setup ## The long chaos/soak tests; the soak's soak.md and soak.png go to bench/results/soak.
-	$(INSTALL) -e '.[dev,bench]'
+soak: setup-bench ## The long chaos/soak tests; the soak's soak.md and soak.png go to bench/results/soak.
 	OUTBOX_SOAK_DIR=$${OUTBOX_SOAK_DIR:-bench/results/soak} $(PYTEST) -m soak $(ARGS)
 
 clean: ## Stop the embedded PostgreSQL and remove .venv and .outbox.
