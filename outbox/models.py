@@ -86,7 +86,9 @@ class Run(Base):
             ["threads.id", "threads.tenant_id"],
             name="runs_thread_fk",
         ),
-        UniqueConstraint("tenant_id", "idempotency_key", name="runs_tenant_idempotency_key"),
+        # idempotency_key first, and runs_tenant_status partial: no index that starts with
+        # tenant_id can serve the foreign-key checks of runs (migration 0047).
+        UniqueConstraint("idempotency_key", "tenant_id", name="runs_tenant_idempotency_key"),
         UniqueConstraint("id", "tenant_id", name="runs_id_tenant_key"),
         UniqueConstraint("id", "thread_id", "tenant_id", name="runs_id_thread_tenant_key"),
         Index(
@@ -97,7 +99,13 @@ class Run(Base):
                 "status IN (" + ", ".join(f"'{s}'" for s in ACTIVE_RUN_STATUSES) + ")"
             ),
         ),
-        Index("runs_tenant_status", "tenant_id", "status", "created_at"),
+        Index(
+            "runs_tenant_status",
+            "tenant_id",
+            "status",
+            "created_at",
+            postgresql_where=text("status IS NOT NULL"),
+        ),
         Index("runs_thread", "thread_id"),
         Index(
             "runs_action_deadline",

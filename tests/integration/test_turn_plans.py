@@ -3,7 +3,8 @@
 A relay's link keeps one generic plan per statement (plan_cache_mode = force_generic_plan,
 enable_seqscan = off), made on its first calls, when runs may be nearly empty: a join of
 the turns to runs planned then must still read only the batch's runs once the table has
-grown. auto_explain reports, through notices, the rows each statement read from runs."""
+grown. auto_explain reports, through notices, the rows each statement read from runs, the
+foreign-key checks of the rows the function writes among them (nested statements too)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,22 @@ import json
 from typing import Any
 
 import psycopg
+import pytest
 
 from outbox import writer
 from tests.helpers import add_tool, new_run, turn
 
 GROWN_BY = 3000
+
+
+def grow_runs(conn: psycopg.Connection[Any], like: Any, n: int) -> None:
+    """N completed runs more of the tenant, copies of run ``like``."""
+    conn.execute(
+        "INSERT INTO outbox.runs SELECT (jsonb_populate_record(r, jsonb_build_object("
+        "'id', gen_random_uuid(), 'status', 'completed', 'ended_at', now()))).* "
+        "FROM outbox.runs r, generate_series(1, %s) WHERE r.id = %s",
+        (n, like.id),
+    )
 
 
 def rows_read_from(plan: dict[str, Any], table: str) -> int:
@@ -27,12 +39,19 @@ def rows_read_from(plan: dict[str, Any], table: str) -> int:
     return own + sum(rows_read_from(child, table) for child in plan.get("Plans", []))
 
 
-def test_turns_planned_on_few_runs_read_only_their_runs_once_runs_grew(db_url):
+# Runs in the table when the plans are made: a few; and a few hundred, where the generic
+# plan of the foreign-key check of model_turns (SELECT 1 FROM ONLY runs x WHERE id = $1 AND
+# tenant_id = $2 FOR KEY SHARE) found the tenant's index as cheap as the id's, took it
+# (before 0047), and then read every run of the tenant on each check.
+@pytest.mark.parametrize("planned_on", [0, 300])
+def test_turns_planned_on_few_runs_read_only_their_runs_once_runs_grew(db_url, planned_on):
     with psycopg.connect(db_url) as conn:
         add_tool(conn)
         # An autovacuum ANALYZE in the middle would replan the statements on the grown table.
         conn.execute("ALTER TABLE outbox.runs SET (autovacuum_enabled = off)")
         runs = [new_run(conn, tools=["lookup_order"]) for _ in range(6)]
+        if planned_on:
+            grow_runs(conn, runs[0], planned_on)
         conn.commit()
         conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute("SET enable_seqscan = off")
@@ -46,12 +65,7 @@ def test_turns_planned_on_few_runs_read_only_their_runs_once_runs_grew(db_url):
             )
             conn.commit()
 
-        conn.execute(
-            "INSERT INTO outbox.runs SELECT (jsonb_populate_record(r, jsonb_build_object("
-            "'id', gen_random_uuid(), 'status', 'completed', 'ended_at', now()))).* "
-            "FROM outbox.runs r, generate_series(1, %s) WHERE r.id = %s",
-            (GROWN_BY, runs[0].id),
-        )
+        grow_runs(conn, runs[0], GROWN_BY)
         conn.commit()
 
         plans: list[dict[str, Any]] = []
