@@ -86,8 +86,9 @@ class Run(Base):
             ["threads.id", "threads.tenant_id"],
             name="runs_thread_fk",
         ),
-        # idempotency_key first, and runs_tenant_status partial: no index that starts with
-        # tenant_id can serve the foreign-key checks of runs (migration 0047).
+        # idempotency_key first, and runs_tenant_status partial on a predicate every row
+        # meets but only a statement that says it proves: no index that starts with
+        # tenant_id serves a lookup of runs by id or by thread (migration 0047).
         UniqueConstraint("idempotency_key", "tenant_id", name="runs_tenant_idempotency_key"),
         UniqueConstraint("id", "tenant_id", name="runs_id_tenant_key"),
         UniqueConstraint("id", "thread_id", "tenant_id", name="runs_id_thread_tenant_key"),
@@ -104,7 +105,7 @@ class Run(Base):
             "tenant_id",
             "status",
             "created_at",
-            postgresql_where=text("status IS NOT NULL"),
+            postgresql_where=text("created_at > '-infinity'"),
         ),
         Index("runs_thread", "thread_id"),
         Index(

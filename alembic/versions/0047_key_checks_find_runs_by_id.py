@@ -6,17 +6,20 @@ Create Date: 2026-11-28
 
 A foreign-key check of a row that names its run and tenant (model_turns, submissions,
 responses, approvals, assistant_runs) is PostgreSQL's ``SELECT 1 FROM ONLY runs x WHERE id =
-$1 AND tenant_id = $2 FOR KEY SHARE OF x``, planned once per connection and kept (on the
-relay's links, generic from the first call). Planned while ``runs`` held a few hundred
-rows and no statistics, an index that starts with ``tenant_id`` (``runs_tenant_status``,
-``runs_tenant_idempotency_key``) cost the same as one that starts with ``id``, and the
-plan that took it read every run of the tenant on each check for the life of the
-connection (PostgreSQL 15 and 18 alike; ``tests/integration/test_turn_plans.py``). Neither
-index can serve that check now: ``runs_tenant_status`` is partial on a predicate every
-row meets (``status`` is NOT NULL) and that a statement proves only by naming ``status``,
-which every query the index serves does; the idempotency key's unique constraint lists
-``idempotency_key`` first (the same constraint: ``ON CONFLICT (tenant_id,
-idempotency_key)`` infers it whatever the order, and its lookups name both columns). The
+$1 AND tenant_id = $2 FOR KEY SHARE OF x``, and ``start_run_v2`` looks for the thread's
+active run (``thread_id = $1`` and an active status, and the tenant by row-level
+security); each is planned once per connection and kept (generic plans). Planned while
+``runs`` held a few hundred rows and no statistics, an index that starts with
+``tenant_id`` (``runs_tenant_status``, ``runs_tenant_idempotency_key``) cost the same as
+the one on ``id`` or on ``thread_id``, and the plan that took it read every run (every
+active run) of the tenant on each call for the life of the connection (PostgreSQL 15 and
+18; ``tests/integration/test_turn_plans.py``). Neither index can serve such a lookup now:
+``runs_tenant_status`` is partial on ``created_at > '-infinity'``, which every row meets
+and which only a statement that states it proves (``list_runs``; an ``IS NOT NULL`` of a
+NOT NULL column would not do: PostgreSQL 17 and later drop it from the statement); the
+idempotency key's unique constraint lists ``idempotency_key`` first (the same constraint:
+``ON CONFLICT (tenant_id, idempotency_key)`` infers it whatever the order, and its lookups
+name both columns). The
 SQL is ``0047_key_checks_find_runs_by_id.sql`` beside this file, frozen; the downgrade
 makes both indexes again as they were (``0047_key_checks_find_runs_by_id_down.sql``).
 """

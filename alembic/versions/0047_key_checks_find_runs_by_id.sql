@@ -3,4 +3,4 @@ ALTER TABLE {s}.runs ADD CONSTRAINT runs_tenant_idempotency_key
     UNIQUE (idempotency_key, tenant_id);
 DROP INDEX {s}.runs_tenant_status;
 CREATE INDEX runs_tenant_status ON {s}.runs (tenant_id, status, created_at)
-    WHERE status IS NOT NULL;
+    WHERE created_at > '-infinity';

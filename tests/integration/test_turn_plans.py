@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from outbox import writer
-from tests.helpers import add_tool, new_run, turn
+from outbox import tenancy, writer
+from tests.helpers import TENANT, add_tool, new_run, turn
 
 GROWN_BY = 3000
 
@@ -28,6 +28,29 @@ def grow_runs(conn: psycopg.Connection[Any], like: Any, n: int) -> None:
         "FROM outbox.runs r, generate_series(1, %s) WHERE r.id = %s",
         (n, like.id),
     )
+
+
+def explained(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+    """The plans of every statement the connection runs from now on, nested ones too, each
+    as auto_explain reports it (with its actual rows) in a notice."""
+    plans: list[dict[str, Any]] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        text = diag.message_primary or ""
+        if "plan:" in text:
+            plans.append(json.loads(text.split("plan:", 1)[1])["Plan"])
+
+    conn.add_notice_handler(keep)
+    for setting in (
+        "LOAD 'auto_explain'",
+        "SET auto_explain.log_min_duration = 0",
+        "SET auto_explain.log_analyze = on",
+        "SET auto_explain.log_nested_statements = on",
+        "SET auto_explain.log_format = json",
+        "SET auto_explain.log_level = notice",
+    ):
+        conn.execute(setting)
+    return plans
 
 
 def rows_read_from(plan: dict[str, Any], table: str) -> int:
@@ -68,23 +91,7 @@ def test_turns_planned_on_few_runs_read_only_their_runs_once_runs_grew(db_url, p
         grow_runs(conn, runs[0], GROWN_BY)
         conn.commit()
 
-        plans: list[dict[str, Any]] = []
-
-        def keep(diag: psycopg.errors.Diagnostic) -> None:
-            text = diag.message_primary or ""
-            if "plan:" in text:
-                plans.append(json.loads(text.split("plan:", 1)[1])["Plan"])
-
-        conn.add_notice_handler(keep)
-        for setting in (
-            "LOAD 'auto_explain'",
-            "SET auto_explain.log_min_duration = 0",
-            "SET auto_explain.log_analyze = on",
-            "SET auto_explain.log_nested_statements = on",
-            "SET auto_explain.log_format = json",
-            "SET auto_explain.log_level = notice",
-        ):
-            conn.execute(setting)
+        plans = explained(conn)
         batch = runs[4:6]
         records = writer.record_model_turns(
             conn,
@@ -97,3 +104,53 @@ def test_turns_planned_on_few_runs_read_only_their_runs_once_runs_grew(db_url, p
     # The statements of the function, each read from runs, are nested in the caller's one.
     assert len([n for n in read if n]) > 3
     assert max(read) < 10 * len(batch), read
+
+
+
+def grow_active_runs(conn: psycopg.Connection[Any], like: Any, n: int) -> None:
+    """N active runs more of the tenant, each on a thread of its own: copies of run ``like``."""
+    conn.execute(
+        "WITH t AS (INSERT INTO outbox.threads (tenant_id) SELECT %s FROM generate_series(1, %s)"
+        " RETURNING id) INSERT INTO outbox.runs SELECT (jsonb_populate_record(r,"
+        " jsonb_build_object('id', gen_random_uuid(), 'thread_id', t.id))).*"
+        " FROM outbox.runs r, t WHERE r.id = %s",
+        (like.tenant_id, n, like.id),
+    )
+
+
+def as_api(conn: psycopg.Connection[Any]) -> None:
+    """This transaction as the server's role, bound to the tenant (row-level security)."""
+    conn.execute("SET LOCAL ROLE outbox_api")
+    tenancy.scope(conn, TENANT)
+
+
+# start_run_v2's look for the thread's active run: the server's connections keep its generic
+# plan (PL/pgSQL, from the sixth call on). Planned among a few hundred active runs, the
+# tenant's index (tenant_id, status) cost the same as the thread's, and the plan that took
+# it read every active run of the tenant on each start (before 0047).
+@pytest.mark.parametrize("planned_on", [0, 300])
+def test_a_start_planned_on_few_runs_reads_only_its_thread_once_runs_grew(db_url, planned_on):
+    with psycopg.connect(db_url) as conn:
+        conn.execute("ALTER TABLE outbox.runs SET (autovacuum_enabled = off)")
+        first = new_run(conn)
+        if planned_on:
+            grow_active_runs(conn, first, planned_on)
+        conn.commit()
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        for _ in range(2):
+            as_api(conn)
+            new_run(conn)
+            conn.commit()
+
+        grow_active_runs(conn, first, GROWN_BY)
+        conn.commit()
+
+        plans = explained(conn)
+        conn.commit()
+        as_api(conn)
+        run = new_run(conn)
+        conn.commit()
+
+    assert run.created
+    read = [rows_read_from(p, "runs") for p in plans]
+    assert max(read) < 20, read
