@@ -106,7 +106,6 @@ def test_turns_planned_on_few_runs_read_only_their_runs_once_runs_grew(db_url, p
     assert max(read) < 10 * len(batch), read
 
 
-
 def grow_active_runs(conn: psycopg.Connection[Any], like: Any, n: int) -> None:
     """N active runs more of the tenant, each on a thread of its own: copies of run ``like``."""
     conn.execute(
