@@ -326,7 +326,8 @@ class ToolCall(Base):
             ["tool_batches.id", "tool_batches.run_id", "tool_batches.tenant_id"],
             name="tool_calls_batch_fk",
         ),
-        UniqueConstraint("tenant_id", "idempotency_key", name="tool_calls_idempotency_key"),
+        # idempotency_key first: no index that starts with tenant_id (migration 0047).
+        UniqueConstraint("idempotency_key", "tenant_id", name="tool_calls_idempotency_key"),
         ForeignKeyConstraint(
             ["message_id", "thread_id"],
             ["messages.id", "messages.thread_id"],

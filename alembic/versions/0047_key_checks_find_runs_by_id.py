@@ -19,9 +19,11 @@ and which only a statement that states it proves (``list_runs``; an ``IS NOT NUL
 NOT NULL column would not do: PostgreSQL 17 and later drop it from the statement); the
 idempotency key's unique constraint lists ``idempotency_key`` first (the same constraint:
 ``ON CONFLICT (tenant_id, idempotency_key)`` infers it whatever the order, and its lookups
-name both columns). The
-SQL is ``0047_key_checks_find_runs_by_id.sql`` beside this file, frozen; the downgrade
-makes both indexes again as they were (``0047_key_checks_find_runs_by_id_down.sql``).
+name both columns). ``tool_calls_idempotency_key`` likewise: with the tenant first, the
+server's read of a response's calls ANDed a bitmap of every tool call of the tenant (the
+tenant from row-level security) into a lookup by run. The SQL is
+``0047_key_checks_find_runs_by_id.sql`` beside this file, frozen; the downgrade makes the
+three indexes again as they were (``0047_key_checks_find_runs_by_id_down.sql``).
 """
 
 from __future__ import annotations

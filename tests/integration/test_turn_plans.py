@@ -153,3 +153,20 @@ def test_a_start_planned_on_few_runs_reads_only_its_thread_once_runs_grew(db_url
     assert run.created
     read = [rows_read_from(p, "runs") for p in plans]
     assert max(read) < 20, read
+
+
+def test_no_index_of_runs_or_tool_calls_leads_with_the_tenant_for_any_statement(conn):
+    """Row-level security gives each statement of a bound session ``tenant_id = <its
+    tenant>``, so an index that starts with tenant_id could serve any lookup of the table,
+    and with no statistics it costs what the right one does (the tests above). Such an
+    index must be partial: only a statement that states its predicate gets it (0047; the
+    server's read of a response's calls ANDed every tool call of the tenant into a lookup
+    by run through tool_calls_idempotency_key)."""
+    leading = conn.execute(
+        "SELECT i.relname FROM pg_index x"
+        " JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid"
+        " JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = x.indkey[0]"
+        " WHERE t.relnamespace = 'outbox'::regnamespace AND t.relname IN ('runs', 'tool_calls')"
+        " AND a.attname = 'tenant_id' AND x.indpred IS NULL"
+    ).fetchall()
+    assert leading == []
