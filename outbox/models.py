@@ -86,7 +86,10 @@ class Run(Base):
             ["threads.id", "threads.tenant_id"],
             name="runs_thread_fk",
         ),
-        UniqueConstraint("tenant_id", "idempotency_key", name="runs_tenant_idempotency_key"),
+        # idempotency_key first, and runs_tenant_status partial on a predicate every row
+        # meets but only a statement that says it proves: no index that starts with
+        # tenant_id serves a lookup of runs by id or by thread (migration 0047).
+        UniqueConstraint("idempotency_key", "tenant_id", name="runs_tenant_idempotency_key"),
         UniqueConstraint("id", "tenant_id", name="runs_id_tenant_key"),
         UniqueConstraint("id", "thread_id", "tenant_id", name="runs_id_thread_tenant_key"),
         Index(
@@ -97,7 +100,13 @@ class Run(Base):
                 "status IN (" + ", ".join(f"'{s}'" for s in ACTIVE_RUN_STATUSES) + ")"
             ),
         ),
-        Index("runs_tenant_status", "tenant_id", "status", "created_at"),
+        Index(
+            "runs_tenant_status",
+            "tenant_id",
+            "status",
+            "created_at",
+            postgresql_where=text("created_at > '-infinity'"),
+        ),
         Index("runs_thread", "thread_id"),
         Index(
             "runs_action_deadline",
@@ -317,7 +326,8 @@ class ToolCall(Base):
             ["tool_batches.id", "tool_batches.run_id", "tool_batches.tenant_id"],
             name="tool_calls_batch_fk",
         ),
-        UniqueConstraint("tenant_id", "idempotency_key", name="tool_calls_idempotency_key"),
+        # idempotency_key first: no index that starts with tenant_id (migration 0047).
+        UniqueConstraint("idempotency_key", "tenant_id", name="tool_calls_idempotency_key"),
         ForeignKeyConstraint(
             ["message_id", "thread_id"],
             ["messages.id", "messages.thread_id"],

@@ -47,13 +47,16 @@ SELECT count(*) AS samples,
 FROM samples
 
 -- name: list_runs
--- Runs, newest first, optionally filtered by status, tenant and creation time.
+-- Runs, newest first, optionally filtered by status, tenant and creation time. The last
+-- condition holds for every run: it is the predicate of runs_tenant_status (0047), which
+-- serves only the statements that state it.
 SELECT id, tenant_id, status, model, step_count, tokens_used, failure_reason, last_error,
        created_at, updated_at
 FROM {s}.runs
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
+  AND created_at > '-infinity'
 ORDER BY created_at DESC, id
 LIMIT %(limit)s
 

@@ -106,6 +106,9 @@ PINNED = {
     "0046_turns_find_runs_by_id.py": "13bfbf6fdd018b55",
     "0046_turns_find_runs_by_id.sql": "e86d9f120c7a462a",
     "0046_turns_find_runs_by_id_down.sql": "56a64d248a091635",
+    "0047_key_checks_find_runs_by_id.py": "6c0fde9e31d10de0",
+    "0047_key_checks_find_runs_by_id.sql": "db89b3f7d2acd8dd",
+    "0047_key_checks_find_runs_by_id_down.sql": "cbeccbd3f80e107d",
 }
 
 
