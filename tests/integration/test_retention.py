@@ -464,14 +464,23 @@ def test_retention_racing_a_relay_and_continued_threads_loses_nothing(setup, mod
                     refused.append(str(err))
                     continue
                 started.append(run)
+            # ... and the retainers to have taken a thread: on a fast machine every run can
+            # end before any thread has been idle for the policies' age.
             wait_until(
-                lambda: all(
-                    ended(setup, r.id)
-                    or scalar(setup, "SELECT count(*) FROM outbox.runs WHERE id = %s", [r.id]) == 0
-                    for r in started
+                lambda: (
+                    all(
+                        ended(setup, r.id)
+                        or scalar(setup, "SELECT count(*) FROM outbox.runs WHERE id = %s", [r.id])
+                        == 0
+                        for r in started
+                    )
+                    and scalar(
+                        setup, "SELECT count(*) FROM outbox.journal WHERE event = 'thread.retained'"
+                    )
+                    > 0
                 ),
                 timeout_s=60,
-                what="every run to end or be retained",
+                what="every run to end or be retained, and a thread retained",
             )
         finally:
             stop.set()
