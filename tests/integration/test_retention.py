@@ -464,8 +464,8 @@ def test_retention_racing_a_relay_and_continued_threads_loses_nothing(setup, mod
                     refused.append(str(err))
                     continue
                 started.append(run)
-            # ... and the retainers to have taken a thread: on a fast machine every run can
-            # end before any thread has been idle for the policies' age.
+            # Also until a thread was retained: on a fast machine every run can end before
+            # any thread has been idle for the policies' age.
             wait_until(
                 lambda: (
                     all(
