@@ -170,3 +170,20 @@ def test_no_index_of_runs_or_tool_calls_leads_with_the_tenant_for_any_statement(
         " AND a.attname = 'tenant_id' AND x.indpred IS NULL"
     ).fetchall()
     assert leading == []
+
+
+def test_a_listing_of_a_tenants_runs_by_status_that_states_the_predicate_uses_the_index(conn):
+    """runs_tenant_status serves the statements that say ``created_at > '-infinity'``, as
+    the query docs/operations.md gives DBAs does (and ops.sql's list_runs); without it,
+    the same query plans another way (tried: this fails)."""
+    run = new_run(conn)
+    grow_runs(conn, run, GROWN_BY)
+    conn.execute("ANALYZE outbox.runs")
+    plan = conn.execute(
+        "EXPLAIN (FORMAT JSON) SELECT id, status, created_at FROM outbox.runs"
+        " WHERE tenant_id = %s AND status = 'failed' AND created_at > '-infinity'"
+        " ORDER BY created_at DESC LIMIT 50",
+        [TENANT],
+    ).fetchone()
+    assert plan is not None
+    assert '"Index Name": "runs_tenant_status"' in json.dumps(plan[0])
