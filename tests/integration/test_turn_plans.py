@@ -174,8 +174,8 @@ def test_no_index_of_runs_or_tool_calls_leads_with_the_tenant_for_any_statement(
 
 def test_a_listing_of_a_tenants_runs_by_status_that_states_the_predicate_uses_the_index(conn):
     """runs_tenant_status serves the statements that say ``created_at > '-infinity'``, as
-    the query docs/operations.md gives DBAs does (and ops.sql's list_runs); without it,
-    the same query plans another way (tried: this fails)."""
+    the query docs/operations.md gives DBAs does (and ops.sql's list_runs); without the
+    predicate PostgreSQL cannot use the index for it."""
     run = new_run(conn)
     grow_runs(conn, run, GROWN_BY)
     conn.execute("ANALYZE outbox.runs")
