@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse
 from outbox import config as outbox_config
 from outbox import logs, tracing
 from outbox.errors import OutboxError
-from outbox.server import errors
+from outbox.server import errors, threads
 from outbox.server.access import AccessLog
 from outbox.server.actions import Settings
 from outbox.server.observed import Observed
@@ -58,6 +58,7 @@ def create_app(
     on a run poll it instead of waking on its notification (``LISTEN`` does not work
     through a pooler in transaction mode; server.wakeups)."""
     store = Store(database_url, max_connections=max_connections)
+    threads.size(max_connections)
     wakeups = Wakeups(database_url, listen=listen)
 
     @asynccontextmanager

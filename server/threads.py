@@ -3,11 +3,13 @@
 Starlette's ``run_in_threadpool`` goes through anyio (a capacity limiter, a cancel scope
 and a checkpoint a call), which cost the event loop about a fifth of the server's CPU with
 a thousand waiting requests (docs/benchmarks.md). ``in_thread`` hands the call to a
-``ThreadPoolExecutor`` of the same size as anyio's default (40): calls past it wait their
-turn in its queue, as they waited on anyio's limiter. The caller's context variables go
-with the call (the request's trace, as anyio carried them), and a cancelled caller waits
-for its call to end before its cancellation goes on, as anyio's shielded call did: the
-call holds a pooled connection until its transaction ends.
+``ThreadPoolExecutor`` with one thread per database connection of the server (``serve
+--db-connections``, ``size``): every call takes a pooled connection, so a thread more
+would only wait for one, holding none, while it contends for the interpreter with those
+that do; calls past it wait their turn in its queue. The caller's context variables go
+with the call (the request's trace), and a cancelled caller waits for its call to end
+before its cancellation goes on: the call holds a pooled connection until its
+transaction ends.
 """
 
 from __future__ import annotations
@@ -15,15 +17,29 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
 T = TypeVar("T")
-THREADS = 40  # as many as Starlette's (anyio's) default limiter allowed
+DEFAULT_THREADS = 10  # the default of serve --db-connections
 
-_pool = ThreadPoolExecutor(THREADS, thread_name_prefix="outbox-serve")
+_lock = threading.Lock()
+_threads = DEFAULT_THREADS
+_pool = ThreadPoolExecutor(_threads, thread_name_prefix="outbox-serve")
+
+
+def size(threads: int) -> None:
+    """Give the pool ``threads`` threads: the connections of the app being made (in a
+    process that makes several, the tests', the newest app's count)."""
+    global _pool, _threads
+    with _lock:
+        if threads != _threads:
+            _pool, old = ThreadPoolExecutor(threads, thread_name_prefix="outbox-serve"), _pool
+            _threads = threads
+            old.shutdown(wait=False)  # its queued and running calls still run
 
 
 async def in_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
