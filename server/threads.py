@@ -37,9 +37,10 @@ def size(threads: int) -> None:
     global _pool, _threads
     with _lock:
         if threads != _threads:
-            _pool, old = ThreadPoolExecutor(threads, thread_name_prefix="outbox-serve"), _pool
+            # Not shut down: a call of an app already serving may be handed to it still.
+            # Its calls run on; its idle threads end once it is collected.
+            _pool = ThreadPoolExecutor(threads, thread_name_prefix="outbox-serve")
             _threads = threads
-            old.shutdown(wait=False)  # its queued and running calls still run
 
 
 async def in_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
