@@ -26,7 +26,7 @@ from outbox.server.access import AccessLog
 from outbox.server.actions import Settings
 from outbox.server.observed import Observed
 from outbox.server.routes import ROUTES, Config
-from outbox.server.store import Store
+from outbox.server.store import DB_CONNECTIONS, Store
 from outbox.server.wakeups import Wakeups
 
 # The largest request body accepted: room for a message at the library's payload cap,
@@ -49,7 +49,7 @@ def create_app(
     model_base_url: str | None = None,
     action_timeout_s: float | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
-    max_connections: int = 10,
+    max_connections: int = DB_CONNECTIONS,
     listen: bool = True,
 ) -> Starlette:
     """The app on ``database_url``; runs it creates call the model at ``model_base_url``
@@ -109,6 +109,6 @@ def from_environment() -> Starlette:
         os.environ["OUTBOX_DATABASE_URL"],
         model_base_url=os.environ.get(ENV_MODEL_BASE_URL) or None,
         action_timeout_s=float(timeout) if timeout else None,
-        max_connections=int(os.environ.get(ENV_DB_CONNECTIONS, "10")),
+        max_connections=int(os.environ.get(ENV_DB_CONNECTIONS, DB_CONNECTIONS)),
         listen=os.environ.get(ENV_NO_LISTEN) != "1",
     )

@@ -38,10 +38,13 @@ Row = dict[str, Any]
 POOL_TIMEOUT_S = 10.0  # seconds a request waits for a free connection before a 503
 
 
+DB_CONNECTIONS = 10  # a server process's connections unless told (serve --db-connections)
+
+
 class Store:
     """A pool of connections to the outbox database."""
 
-    def __init__(self, database_url: str, *, max_connections: int = 10) -> None:
+    def __init__(self, database_url: str, *, max_connections: int = DB_CONNECTIONS) -> None:
         self.pool = ConnectionPool(
             database_url,
             min_size=1,

@@ -22,12 +22,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
+from outbox.server.store import DB_CONNECTIONS
+
 P = ParamSpec("P")
 T = TypeVar("T")
-DEFAULT_THREADS = 10  # the default of serve --db-connections
-
 _lock = threading.Lock()
-_threads = DEFAULT_THREADS
+_threads = DB_CONNECTIONS  # an app's connections, until one says otherwise (size)
 _pool = ThreadPoolExecutor(_threads, thread_name_prefix="outbox-serve")
 
 
