@@ -73,7 +73,7 @@ TAIL_S = 60.0  # seconds after the last arrival for every run to end
 NAIVE_TAIL_S = 35.0  # the naive side's equivalent (its turns give up after 30 s)
 POLL_S = 0.1  # seconds between two polls of a condition (backend, progress)
 DUPLICATE_CALLBACKS_PER_TICK = 4  # re-invocations per 0.25 s tick in the fault window
-DUPLICATE_CALLBACKS = ("tool results re-reported", "batch deliveries re-polled")
+RE_REPORTED, RE_POLLED = "tool results re-reported", "batch deliveries re-polled"  # report keys
 TICK_S = 0.25  # seconds between two duplicate-callback ticks
 TOOL_MAX_ATTEMPTS = 8
 
@@ -503,17 +503,17 @@ class OurSide:
                         output={"late_duplicate_callback": True},
                     )
                     stored = self._transaction(conn, partial(writer.record_tool_result, conn, late))
-                    self._count(DUPLICATE_CALLBACKS[0], stored.outcome == "duplicate")
+                    self._count(RE_REPORTED, stored.outcome == "duplicate")
                 for batch in batches:
                     redo = partial(writer.deliver_batch, conn, batch["id"])
                     delivery = self._transaction(conn, redo)
-                    self._count(DUPLICATE_CALLBACKS[1], delivery.outcome == "already")
+                    self._count(RE_POLLED, delivery.outcome == "already")
 
     def _owes_duplicates(self, plan: incident.FaultPlan, elapsed_s: float) -> bool:
-        after = elapsed_s >= plan.window_start_s + plan.window_s
+        if elapsed_s < plan.window_start_s + plan.window_s:
+            return False
         with self.lock:
-            done = [self.injected[what] for what in DUPLICATE_CALLBACKS]
-        return after and min(done) == 0
+            return self.injected[RE_REPORTED] == 0 or self.injected[RE_POLLED] == 0
 
     def _count(self, what: str, noop: bool) -> None:
         with self.lock:
