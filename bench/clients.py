@@ -14,8 +14,11 @@ Two measurements, each beside the same work without the server:
   outbox_runs``, as a listener of the bench sees it) to its answer (as the client sees
   it), and the most database connections the server held (its pool and its LISTEN).
   Then, unless ``--no-writer``, the same N runs started through the writer API and
-  drained by one relay (``bench.inflight``, clocked from the relay's first lease), the
-  figure the server is held to: within 1.25x.
+  drained by one relay (``bench.inflight``) twice: queued before the relay starts
+  (clocked from its first lease), and started live beside it, a transaction a run from
+  the server's ``--db-connections`` at once (clocked from the first start: the same
+  arrival as the server's, so the ratio to it is what the HTTP surface adds). The
+  server is held to within 1.25x.
 - **agents** (``python -m bench.clients agents [N]``): the same OpenAI Agents SDK agent (one
   local function tool of ``TOOL_S``, an ``asyncio.sleep``) run N times at once in one
   asyncio process, with ``Runner.run`` in the SDK's default mode, against ``outbox serve``
@@ -53,6 +56,7 @@ from bench import db as bdb
 from bench import inflight, seed
 from bench.throughput import REPO, stderr
 from outbox import db, keys
+from outbox.server.store import DB_CONNECTIONS
 
 MODEL_S = 1.0  # seconds a model turn takes
 TOOL_S = 0.5  # seconds the tool takes
@@ -250,7 +254,9 @@ def waiting(
         return {"runs": n, "ideal_s": ideal, "api": api}
     concurrency = inflight.concurrency_for(n, 1)
     writer = inflight.measure(server, n, MODEL_S, TOOL_S, 1, concurrency, log)
-    stderr(f"  the same runs through the writer API: {writer['wall_s']} s")
+    stderr(f"  the same runs through the writer API, queued first: {writer['wall_s']} s")
+    live = inflight.measure(server, n, MODEL_S, TOOL_S, 1, concurrency, log, live=DB_CONNECTIONS)
+    stderr(f"  the same runs through the writer API, started live: {live['wall_s']} s")
     return {
         "runs": n,
         "ideal_s": ideal,
@@ -259,6 +265,12 @@ def waiting(
         "api_vs_writer": round(api["wall_s"] / writer["wall_s"], 2),
         "writer_relay_cpu_s": writer["relay_cpu_s"],
         "writer_postgres_cpu_s": writer["postgres_cpu_s"],
+        "live_writer_wall_s": live["wall_s"],
+        "api_vs_live_writer": round(api["wall_s"] / live["wall_s"], 2),
+        "live_writer_stored_after_s": live["all_runs_stored_after_s"],
+        "live_writer_starts_cpu_s": live["starts_cpu_s"],
+        "live_writer_relay_cpu_s": live["relay_cpu_s"],
+        "live_writer_postgres_cpu_s": live["postgres_cpu_s"],
     }
 
 

@@ -5,7 +5,10 @@ not calls per second. N runs are started by the writer API (their first model tu
 then one relay process is started as users start it, with ``--concurrency C``; the model and
 the tool are ``bench.latency_server`` in a process of their own. The clock starts at the
 relay's first lease and stops when every run is completed. The ideal is ``2M + T``: every
-run's three steps, back to back, all runs at once.
+run's three steps, back to back, all runs at once. ``measure(..., live=C)`` starts them
+instead as a service does, once the relay listens: a transaction a run from C connections
+at once, the clock started with the first (``bench.clients`` compares ``outbox serve``
+with it).
 
 Also read, while it runs: the most database connections the relay held (from
 ``pg_stat_activity``, by application name), the relay's CPU seconds and its peak memory
@@ -15,12 +18,14 @@ duplicate effects the tool counted by idempotency key (must be 0).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,10 @@ SAMPLE_S = 0.25  # how often connections and memory are sampled
 SEED_COMMIT_EVERY = 500  # runs started per writer transaction
 TIMEOUT_FACTOR = 20  # give up after this many ideal walls (and at least two minutes)
 MAX_CONCURRENCY = 12_000  # sockets the relay may hold, well within its 20,000 files here
+LISTENING = (  # the relay's listener is connected and waits for new rows
+    "EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+    " AND application_name = 'outbox-relay-listen' AND state = 'idle')"
+)
 SETTLED_TIME_WAIT = 1000  # a case starts once the host has at most this many sockets closing
 
 
@@ -89,6 +98,54 @@ def start_runs(url: str, n: int, base_url: str) -> None:
             if (i + 1) % SEED_COMMIT_EVERY == 0 or i + 1 == n:
                 conn.commit()
                 printer(i + 1)
+
+
+def start_runs_live(url: str, n: int, base_url: str, connections: int) -> tuple[float, float]:
+    """``n`` runs as a service starts them while a relay is running: a transaction each
+    (a thread, its user message, its run), from ``connections`` connections at once, a
+    thread each; returns the seconds until the last one committed, and the CPU seconds
+    the threads spent (what the server spends on its creates, in Python)."""
+    started = time.perf_counter()
+    numbers = iter(range(n))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    cpu: list[float] = []
+
+    def start() -> None:
+        before = time.thread_time()
+        try:
+            with psycopg.connect(url) as conn:
+                while True:
+                    with lock:
+                        i = next(numbers, None)
+                    if i is None:
+                        return
+                    thread = writer.create_thread(conn, seed.TENANT)
+                    writer.start_run(
+                        conn,
+                        StartRun(
+                            tenant_id=seed.TENANT,
+                            thread_id=thread.id,
+                            model="bench",
+                            base_url=base_url,
+                            message=f"run {i}",
+                            tools=[TOOL],
+                        ),
+                    )
+                    conn.commit()
+        except BaseException as err:
+            errors.append(err)
+        finally:
+            cpu.append(time.thread_time() - before)
+
+    threads = [threading.Thread(target=start) for _ in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - started, sum(cpu)
 
 
 class Sampler(threading.Thread):
@@ -184,18 +241,24 @@ def measure(
     processes: int = 1,
     env: dict[str, str] | None = None,
     drain_spans: bool = False,
+    live: int = 0,
 ) -> dict[str, Any]:
     """One measurement; returns its figures (see the module docstring). ``env``: more of
     the relay's environment (``bench.tracing`` switches tracing on with it); with
     ``drain_spans``, after the runs, wait for the trace exporter to export every run's
-    spans and count its CPU and the database's until then too."""
+    spans and count its CPU and the database's until then too. With ``live``
+    (connections), the runs are started once the relay listens, a transaction each from
+    that many connections at once (``start_runs_live``), and the clock starts with the
+    first: what a service that writes its runs itself sees, where by default they are all
+    queued before the relay starts and the clock starts at its first lease."""
     ideal = 2 * model_s + tool_s
     settle_sockets()
     latency = LatencyServer(model_s, tool_s, calls)
     try:
         with bdb.scratch(server, f"inflight_{runs}") as url:
             seed.register_http_tool(url, TOOL, latency.url + "/tools/" + TOOL, timeout_s=60)
-            start_runs(url, runs, latency.url + "/v1")
+            if not live:
+                start_runs(url, runs, latency.url + "/v1")
             relay_env = {**os.environ, **(env or {})}
             relay_env.update(OUTBOX_DATABASE_URL=url, PYTHONPATH=str(REPO))
             command = [
@@ -210,7 +273,14 @@ def measure(
             with open(log_path, "ab") as log:
                 relay = subprocess.Popen(command, cwd=REPO, env=relay_env, stdout=log, stderr=log)
             try:
-                figures = _watch(url, relay, runs, ideal, log_path, drain_spans)
+                starts = None
+                if live:  # once the relay listens for new rows
+                    with psycopg.connect(url, autocommit=True) as conn:
+                        _until(conn, LISTENING, relay, log_path)
+                    starts = functools.partial(
+                        start_runs_live, url, runs, latency.url + "/v1", live
+                    )
+                figures = _watch(url, relay, runs, ideal, log_path, drain_spans, starts)
             finally:
                 if relay.poll() is None:
                     relay.terminate()
@@ -279,22 +349,29 @@ def _watch(
     ideal: float,
     log_path: Path,
     drain_spans: bool = False,
+    starts: Callable[[], tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
+    """The figures of the runs' drain, clocked from the relay's first lease; or, given
+    ``starts`` (which starts the runs and returns when the last was stored, with its CPU
+    seconds), from the call of ``starts``."""
     process = psutil.Process(relay.pid)
+    stored_after = starts_cpu = None
     with psycopg.connect(url, autocommit=True) as conn:
-        deadline = time.monotonic() + 120
-        while not conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM outbox.outbox WHERE status = 'leased')"
-        ).fetchone()[0]:  # type: ignore[index]
-            if relay.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the relay did not start; see {log_path}")
-            time.sleep(0.01)
+        if starts is None:
+            _until(
+                conn,
+                "EXISTS (SELECT 1 FROM outbox.outbox WHERE status = 'leased')",
+                relay,
+                log_path,
+            )
         started = time.perf_counter()
         idle_rss, cpu_before = rss(process), cpu_s(process)
         postmaster = postmaster_of(conn)
         exporter_before, pg_before = exporter_cpu_s(process), postgres_cpu_s(postmaster)
         sampler = Sampler(url, process)
         sampler.start()
+        if starts is not None:
+            stored_after, starts_cpu = (round(x, 2) for x in starts())
         deadline = time.monotonic() + max(120.0, TIMEOUT_FACTOR * ideal)
         done = 0
         while done < runs:
@@ -322,6 +399,8 @@ def _watch(
         sampler.join()
     return {
         "wall_s": round(wall, 2),
+        "all_runs_stored_after_s": stored_after,
+        "starts_cpu_s": starts_cpu,
         "relay_cpu_s": round(cpu, 2),
         "cpu_ms_per_run": round(1000 * cpu / runs, 2),
         "exporter_cpu_ms_per_run": round(1000 * exporter_cpu / runs, 2),
@@ -331,6 +410,17 @@ def _watch(
         "peak_rss_mb": round(sampler.max_rss / 2**20, 1),
         "kb_per_run_in_flight": round(max(0, sampler.max_rss - idle_rss) / 1024 / runs, 1),
     }
+
+
+def _until(
+    conn: psycopg.Connection[Any], holds: str, relay: subprocess.Popen[bytes], log_path: Path
+) -> None:
+    """Once the condition ``holds`` (SQL) holds; the relay must run meanwhile."""
+    deadline = time.monotonic() + 120
+    while not conn.execute(f"SELECT {holds}").fetchone()[0]:  # type: ignore[index]
+        if relay.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the relay did not start; see {log_path}")
+        time.sleep(0.01)
 
 
 def concurrency_for(runs: int, calls: int) -> int:

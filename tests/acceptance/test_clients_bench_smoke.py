@@ -30,7 +30,7 @@ pytestmark = [
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("measure", [["waiting", "5", "--no-writer"], ["agents", "3"]])
+@pytest.mark.parametrize("measure", [["waiting", "5"], ["agents", "3"]])
 def test_the_clients_bench_runs_with_tiny_numbers(server_url, measure):
     command = [sys.executable, "-m", "bench.clients", *measure]
     # No wait for the sockets of the tests around it to close (bench.inflight.settle_sockets).
@@ -40,5 +40,8 @@ def test_the_clients_bench_runs_with_tiny_numbers(server_url, measure):
     results = json.loads(done.stdout.strip().splitlines()[-1])
     if measure[0] == "waiting":
         assert results["api"]["wall_s"] > 0 and results["api"]["server_db_connections"] > 0
+        # The writer API's legs: queued first, and started live beside the relay.
+        assert results["writer_wall_s"] > 0 and results["live_writer_wall_s"] > 0
+        assert 0 < results["live_writer_stored_after_s"] <= results["live_writer_wall_s"]
     else:
         assert results["server_runs_completed"] == results["server_runs"] == 3
