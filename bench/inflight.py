@@ -83,21 +83,26 @@ def start_runs(url: str, n: int, base_url: str) -> None:
     with psycopg.connect(url) as conn:
         conn.execute("SET outbox.notify = 'off'")  # the relay is not running yet
         for i in range(n):
-            thread = writer.create_thread(conn, seed.TENANT)
-            writer.start_run(
-                conn,
-                StartRun(
-                    tenant_id=seed.TENANT,
-                    thread_id=thread.id,
-                    model="bench",
-                    base_url=base_url,
-                    message=f"run {i}",
-                    tools=[TOOL],
-                ),
-            )
+            start_run(conn, i, base_url)
             if (i + 1) % SEED_COMMIT_EVERY == 0 or i + 1 == n:
                 conn.commit()
                 printer(i + 1)
+
+
+def start_run(conn: psycopg.Connection[Any], i: int, base_url: str) -> None:
+    """Run ``i``: a thread with one user message, and its run asking for ``TOOL``."""
+    thread = writer.create_thread(conn, seed.TENANT)
+    writer.start_run(
+        conn,
+        StartRun(
+            tenant_id=seed.TENANT,
+            thread_id=thread.id,
+            model="bench",
+            base_url=base_url,
+            message=f"run {i}",
+            tools=[TOOL],
+        ),
+    )
 
 
 def start_runs_live(url: str, n: int, base_url: str, connections: int) -> tuple[float, float]:
@@ -120,18 +125,7 @@ def start_runs_live(url: str, n: int, base_url: str, connections: int) -> tuple[
                         i = next(numbers, None)
                     if i is None:
                         return
-                    thread = writer.create_thread(conn, seed.TENANT)
-                    writer.start_run(
-                        conn,
-                        StartRun(
-                            tenant_id=seed.TENANT,
-                            thread_id=thread.id,
-                            model="bench",
-                            base_url=base_url,
-                            message=f"run {i}",
-                            tools=[TOOL],
-                        ),
-                    )
+                    start_run(conn, i, base_url)
                     conn.commit()
         except BaseException as err:
             errors.append(err)
