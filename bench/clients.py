@@ -16,9 +16,9 @@ Two measurements, each beside the same work without the server:
   Then, unless ``--no-writer``, the same N runs started through the writer API and
   drained by one relay (``bench.inflight``) twice: queued before the relay starts
   (clocked from its first lease), and started live beside it, a transaction a run from
-  the server's ``--db-connections`` at once (clocked from the first start: the same
-  arrival as the server's, so the ratio to it is what the HTTP surface adds). The
-  server is held to within 1.25x.
+  as many connections as the server's (``--db-connections`` a worker) at once (clocked
+  from the first start: the same arrival as the server's, so the ratio to it is what
+  the HTTP surface adds). The server is held to within 1.25x.
 - **agents** (``python -m bench.clients agents [N]``): the same OpenAI Agents SDK agent (one
   local function tool of ``TOOL_S``, an ``asyncio.sleep``) run N times at once in one
   asyncio process, with ``Runner.run`` in the SDK's default mode, against ``outbox serve``
@@ -255,7 +255,9 @@ def waiting(
     concurrency = inflight.concurrency_for(n, 1)
     writer = inflight.measure(server, n, MODEL_S, TOOL_S, 1, concurrency, log)
     stderr(f"  the same runs through the writer API, queued first: {writer['wall_s']} s")
-    live = inflight.measure(server, n, MODEL_S, TOOL_S, 1, concurrency, log, live=DB_CONNECTIONS)
+    live = inflight.measure(  # as many connections as the server workers hold
+        server, n, MODEL_S, TOOL_S, 1, concurrency, log, live=DB_CONNECTIONS * workers
+    )
     stderr(f"  the same runs through the writer API, started live: {live['wall_s']} s")
     return {
         "runs": n,
