@@ -46,6 +46,16 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     help="Database connections of the server (requests wait for a free one).",
 )
 @click.option(
+    "--queue-timeout",
+    "queue_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds a request may wait for a free database connection before it is refused "
+    "with 503 and Retry-After, nothing of it done (its client sends it again). A request "
+    "whose run was created always gets its answer.",
+)
+@click.option(
     "--workers",
     default=1,
     show_default=True,
@@ -79,6 +89,7 @@ def serve_command(
     model_base_url: str | None,
     action_timeout_s: float | None,
     db_connections: int,
+    queue_timeout_s: float,
     workers: int,
     no_listen: bool,
     metrics_port: int | None,
@@ -135,6 +146,7 @@ def serve_command(
                 action_timeout_s=action_timeout_s,
                 max_connections=db_connections,
                 listen=not no_listen,
+                queue_timeout_s=queue_timeout_s,
             )
             logs.setup(log_level, "server")
             if metrics_port is not None:
@@ -154,6 +166,7 @@ def serve_command(
                     server_app.ENV_DB_CONNECTIONS: str(db_connections),
                     server_app.ENV_LOG_LEVEL: log_level,
                     server_app.ENV_NO_LISTEN: "1" if no_listen else "",
+                    server_app.ENV_QUEUE_TIMEOUT_S: str(queue_timeout_s),
                 }
             )
             uvicorn.run(

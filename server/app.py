@@ -51,14 +51,18 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_connections: int = DB_CONNECTIONS,
     listen: bool = True,
+    queue_timeout_s: float = threads.QUEUE_TIMEOUT_S,
 ) -> Starlette:
     """The app on ``database_url``; runs it creates call the model at ``model_base_url``
     (default: the relay's ``OPENAI_BASE_URL``) and wait ``action_timeout_s`` for client
     tool outputs (default: the library's, 10 minutes). ``listen=False``: requests waiting
     on a run poll it instead of waking on its notification (``LISTEN`` does not work
-    through a pooler in transaction mode; server.wakeups)."""
+    through a pooler in transaction mode; server.wakeups). ``queue_timeout_s``: how long a
+    request may wait for one of the ``max_connections`` before it is refused with a 503,
+    nothing of it done (server.threads)."""
     store = Store(database_url, max_connections=max_connections)
     threads.size(max_connections)
+    threads.queue_timeout(queue_timeout_s)
     wakeups = Wakeups(database_url, listen=listen)
 
     @asynccontextmanager
@@ -81,6 +85,7 @@ def create_app(
         middleware=[Middleware(AccessLog), Middleware(Observed)],
         exception_handlers={
             errors.APIError: errors.api_error,
+            threads.ServerBusy: errors.server_busy,
             OutboxError: errors.library_error,
             ValidationError: errors.validation_error,
             HTTPException: http_error,
@@ -99,6 +104,7 @@ ENV_ACTION_TIMEOUT_S = "OUTBOX_SERVE_ACTION_TIMEOUT_S"
 ENV_DB_CONNECTIONS = "OUTBOX_SERVE_DB_CONNECTIONS"
 ENV_LOG_LEVEL = "OUTBOX_SERVE_LOG_LEVEL"
 ENV_NO_LISTEN = "OUTBOX_SERVE_NO_LISTEN"  # "1": poll waited-on runs (server.wakeups)
+ENV_QUEUE_TIMEOUT_S = "OUTBOX_SERVE_QUEUE_TIMEOUT_S"
 
 
 def from_environment() -> Starlette:
@@ -111,4 +117,5 @@ def from_environment() -> Starlette:
         action_timeout_s=float(timeout) if timeout else None,
         max_connections=int(os.environ.get(ENV_DB_CONNECTIONS, DB_CONNECTIONS)),
         listen=os.environ.get(ENV_NO_LISTEN) != "1",
+        queue_timeout_s=float(os.environ.get(ENV_QUEUE_TIMEOUT_S, threads.QUEUE_TIMEOUT_S)),
     )

@@ -23,8 +23,11 @@ from outbox.errors import (
     OutboxError,
     WrongTenant,
 )
+from outbox.logs import log as log_event
+from outbox.server.threads import ServerBusy
 
 log = logging.getLogger("outbox.serve")
+RETRY_AFTER_S = 1  # seconds a shed request's client is told to wait before sending it again
 
 
 class APIError(Exception):
@@ -38,6 +41,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -45,6 +49,7 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return {
@@ -80,7 +85,35 @@ def from_library(err: OutboxError) -> APIError:
 
 async def api_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def server_busy(request: Request, exc: Exception) -> JSONResponse:
+    """A request shed before anything of it was done (server.threads): a 503 its client
+    retries (the openai SDK does, after ``Retry-After``), logged with what it waited."""
+    assert isinstance(exc, ServerBusy)
+    log_event(
+        log,
+        logging.WARNING,
+        "api.shed",
+        tenant_id=request.scope.get("state", {}).get("tenant_id"),
+        correlation_id=request.scope.get("state", {}).get("request_id"),
+        path=request.url.path,
+        waited_s=round(exc.waited_s, 3),
+        queue_timeout_s=exc.timeout_s,
+    )
+    err = APIError(
+        503,
+        f"The server is busy: this request waited {exc.waited_s:.1f} s for a database "
+        f"connection, past its queue timeout of {exc.timeout_s:g} s, and was not started; "
+        "nothing of it was stored. Send it again after the Retry-After delay (an "
+        "operator raises `outbox serve --db-connections` or `--workers`, or the queue "
+        "timeout).",
+        type="server_error",
+        code="server_busy",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+    return await api_error(request, err)
 
 
 async def library_error(_request: Request, exc: Exception) -> JSONResponse:

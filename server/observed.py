@@ -1,8 +1,10 @@
 """Traces and metrics of ``outbox serve``'s requests.
 
-Metrics: ``outbox_serve_request_seconds`` by method, route (the path's template, so ids do
-not make a series each) and status, in this process's registry (``REGISTRY``), served by
-``outbox serve --metrics-port``.
+Metrics, in this process's registry (``REGISTRY``), served by ``outbox serve
+--metrics-port``: ``outbox_serve_request_seconds`` by method, route (the path's template,
+so ids do not make a series each) and status; the database calls waiting for a thread
+(``outbox_serve_queued_calls``), how long each waited (``outbox_serve_queue_wait_seconds``)
+and the requests refused for it (``outbox_serve_shed_requests_total``: server.threads).
 
 Traces: a server span per HTTP request, continuing the caller's trace.
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 import time
 
 from opentelemetry import trace
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from outbox import tracing
@@ -34,6 +36,22 @@ REQUEST_SECONDS = Histogram(
     "by method, route and status",
     ["method", "route", "status"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
+QUEUED_CALLS = Gauge(
+    "outbox_serve_queued_calls",
+    "Database calls of requests waiting for one of the server's threads (a connection each)",
+    registry=REGISTRY,
+)
+QUEUE_WAIT_SECONDS = Histogram(
+    "outbox_serve_queue_wait_seconds",
+    "How long each database call of a request waited for a thread",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
+SHED_REQUESTS = Counter(
+    "outbox_serve_shed_requests",
+    "Requests refused with 503 because their first call waited past --queue-timeout",
     registry=REGISTRY,
 )
 

@@ -25,7 +25,7 @@ from typing import Any
 from outbox.errors import NotFound
 from outbox.server import responses
 from outbox.server.store import Store
-from outbox.server.threads import in_thread
+from outbox.server.threads import begun, in_thread
 
 Row = dict[str, Any]
 Asked = dict[uuid.UUID, list["asyncio.Future[Row | None]"]]  # a response: who waits for it
@@ -68,6 +68,7 @@ class SettledReads:
             waiting = [(i, fs) for i, fs in asked.items() if not all(f.done() for f in fs)]
             if not waiting:
                 return
+            begun()  # these answer requests whose runs exist: never shed (server.threads)
             try:
                 shown = await in_thread(
                     responses.get_settled, self.store, tenant, [i for i, _ in waiting]

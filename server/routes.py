@@ -38,7 +38,7 @@ from outbox.server.bodies import (
 from outbox.server.errors import APIError
 from outbox.server.reads import SettledReads
 from outbox.server.store import Store, UnknownKey
-from outbox.server.threads import in_thread
+from outbox.server.threads import in_thread, read_in_thread
 from outbox.server.wakeups import Wakeups
 
 B = TypeVar("B", bound=BaseModel)
@@ -91,7 +91,7 @@ def refused_key(key: str) -> APIError:
 async def tenant(request: Request) -> str:
     """The tenant of the request's API key; 401 when there is none or it is not valid."""
     key = bearer(request)
-    found = await in_thread(config(request).store.tenant_of, key)
+    found = await read_in_thread(config(request).store.tenant_of, key)
     if found is None:
         raise refused_key(key)
     request.state.tenant_id = found  # for the access log (server.access)

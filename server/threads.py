@@ -10,6 +10,15 @@ that do; calls past it wait their turn in its queue. The caller's context variab
 with the call (the request's trace), and a cancelled caller waits for its call to end
 before its cancellation goes on: the call holds a pooled connection until its
 transaction ends.
+
+The queue has a deadline (``serve --queue-timeout``): a call that waited longer for a
+thread is not run but refused with ``ServerBusy`` (a 503 with ``Retry-After``), as long as
+nothing of its request has been done yet, so the refused request stored nothing and its
+client may send it again. Once a request ran a call that may write (``in_thread``; a key's
+look-up, ``read_in_thread``, writes nothing), its later calls wait their turn however
+long: the answer of a request whose run was created is never refused. Without it a burst
+past what the server can store would queue without bound, each request waiting longer
+than its client does.
 """
 
 from __future__ import annotations
@@ -18,10 +27,12 @@ import asyncio
 import contextvars
 import functools
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
+from outbox.server.observed import QUEUE_WAIT_SECONDS, QUEUED_CALLS, SHED_REQUESTS
 from outbox.server.store import DB_CONNECTIONS
 
 P = ParamSpec("P")
@@ -29,6 +40,21 @@ T = TypeVar("T")
 _lock = threading.Lock()
 _threads = DB_CONNECTIONS  # an app's connections, until one says otherwise (size)
 _pool = ThreadPoolExecutor(_threads, thread_name_prefix="outbox-serve")
+QUEUE_TIMEOUT_S = 30.0  # seconds a request's first call may wait for a thread (a default)
+_queue_timeout_s = QUEUE_TIMEOUT_S
+# Whether the current request ran a call that may have written: its calls are never shed
+# from then on. A request is a task of its own, so each starts with False.
+_begun: contextvars.ContextVar[bool] = contextvars.ContextVar("outbox_serve_begun", default=False)
+
+
+class ServerBusy(Exception):
+    """A request refused before anything of it was done: its call waited ``waited_s`` for
+    a thread, past the queue timeout ``timeout_s``."""
+
+    def __init__(self, waited_s: float, timeout_s: float) -> None:
+        super().__init__(f"waited {waited_s:.1f} s for a database connection")
+        self.waited_s = waited_s
+        self.timeout_s = timeout_s
 
 
 def size(threads: int) -> None:
@@ -43,9 +69,47 @@ def size(threads: int) -> None:
             _threads = threads
 
 
+def queue_timeout(seconds: float) -> None:
+    """Refuse a request whose first call waited more than ``seconds`` for a thread (the
+    app being made's ``--queue-timeout``; as ``size``, the newest app's in a process)."""
+    global _queue_timeout_s
+    _queue_timeout_s = seconds
+
+
+def begun() -> None:
+    """Mark the current context's request as begun: none of its calls is shed (for work
+    that answers requests whose runs exist: server.reads)."""
+    _begun.set(True)
+
+
 async def in_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """``fn(*args, **kwargs)`` on the server's thread pool, with the caller's context."""
-    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    """``fn(*args, **kwargs)`` on the server's thread pool, with the caller's context;
+    ``ServerBusy`` instead when it waited past the queue timeout and is its request's
+    first call that may write (the module's docstring)."""
+    sheddable = not _begun.get()
+    _begun.set(True)
+    return await _run(sheddable, functools.partial(fn, *args, **kwargs))
+
+
+async def read_in_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``in_thread`` for a call that writes nothing (an API key's look-up): the request's
+    next call may still be shed."""
+    return await _run(not _begun.get(), functools.partial(fn, *args, **kwargs))
+
+
+async def _run(sheddable: bool, fn: Callable[[], T]) -> T:
+    queued, timeout, context = time.monotonic(), _queue_timeout_s, contextvars.copy_context()
+    QUEUED_CALLS.inc()
+
+    def call() -> T:
+        waited = time.monotonic() - queued
+        QUEUED_CALLS.dec()
+        QUEUE_WAIT_SECONDS.observe(waited)
+        if sheddable and waited > timeout:
+            SHED_REQUESTS.inc()
+            raise ServerBusy(waited, timeout)
+        return context.run(fn)
+
     done = asyncio.get_running_loop().run_in_executor(_pool, call)
     try:
         return await asyncio.shield(done)

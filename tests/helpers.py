@@ -7,7 +7,9 @@ import importlib
 import itertools
 import socket
 import tempfile
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import IO, Any
@@ -170,3 +172,28 @@ def lazy_import(name: str) -> ModuleType:
     ``importlib.util.LazyLoader``: pytest reads every global of a test module it collects,
     ``_mock_name`` among others, and that loads the module.)"""
     return _Lazy(name)
+
+
+def blocked_on_a_lock(db_url: str) -> bool:
+    """Whether a session of the test's database waits for a lock now."""
+    found = look(
+        db_url,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock'",
+    )
+    return bool(found[0][0])
+
+
+def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``call`` in a thread; its result or error lands in the dict."""
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            out["result"] = call()
+        except Exception as err:  # handed to the test, which asserts on it
+            out["error"] = err
+
+    worker = threading.Thread(target=target)
+    worker.start()
+    return worker, out

@@ -9,7 +9,6 @@ deleted thread (also through the SQL API)."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 
 from outbox import assistants, history
 from outbox.testing.model import ScriptedModel
+from tests.helpers import blocked_on_a_lock, in_thread
 from tests.relay_harness import relay_thread, scalar, wait_until
 from tests.serve_harness import ALL_KINDS, APPROVE
 
@@ -68,30 +68,6 @@ def journal(db_url: str, event: str) -> list[tuple[Any, ...]]:
             "WHERE event = %s ORDER BY id",
             [event],
         ).fetchall()
-
-
-def blocked_on_a_lock(db_url: str) -> bool:
-    found = scalar(
-        db_url,
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock'",
-    )
-    return bool(found)
-
-
-def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    """Run ``call`` in a thread; its result or error lands in the dict."""
-    out: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            out["result"] = call()
-        except Exception as err:  # handed to the test, which asserts on it
-            out["error"] = err
-
-    worker = threading.Thread(target=target)
-    worker.start()
-    return worker, out
 
 
 # -- threads (Assistants) -------------------------------------------------------------------

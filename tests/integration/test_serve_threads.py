@@ -1,12 +1,25 @@
 """The server runs its handlers' database calls on one thread per database connection
-(server.threads): more requests than connections wait their turn and are all answered."""
+(server.threads): more requests than connections wait their turn and are all answered;
+a request that waited past the queue timeout before anything of it was done is refused
+with a 503 and stored nothing, and one whose run exists is answered however long it
+waits."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import openai
+import psycopg
 
 from outbox.server import threads
-from tests.serve_harness import TENANTS, client, serve
+from outbox.server.observed import REGISTRY
+from tests.helpers import blocked_on_a_lock, in_thread
+from tests.relay_harness import relay_thread, scalar, wait_until
+from tests.serve_harness import ALL_KINDS, TENANTS, client, serve
 
 
 def test_twenty_waiting_requests_on_two_connections_are_answered_by_two_threads(
@@ -24,3 +37,100 @@ def test_twenty_waiting_requests_on_two_connections_are_answered_by_two_threads(
         assert answers == ["hello"] * 20
         assert pool._max_workers == 2
         assert 1 <= len(pool._threads) <= 2
+
+
+# -- the queue's deadline: a request that waited too long is refused, having done nothing --
+
+
+QUEUE_TIMEOUT_S = 0.2  # short: the test holds the one thread far longer than this
+
+
+def queued_calls() -> float:
+    return REGISTRY.get_sample_value("outbox_serve_queued_calls") or 0.0
+
+
+def shed_requests() -> float:
+    return REGISTRY.get_sample_value("outbox_serve_shed_requests_total") or 0.0
+
+
+@contextmanager
+def keys_locked(db_url: str) -> Iterator[None]:
+    """Every look-up of an API key waits for the block to end: the server's one thread,
+    taken by the first request that looks up its key, stays taken."""
+    with psycopg.connect(db_url) as conn:
+        conn.execute("LOCK TABLE outbox.api_keys IN ACCESS EXCLUSIVE MODE")
+        yield
+        conn.rollback()
+
+
+def queued_past_the_timeout(what: str) -> None:
+    """Wait until a call is queued, then until it has been queued past the timeout."""
+    wait_until(lambda: queued_calls() >= 1, 20, what)
+    seen = time.monotonic()  # the call was queued by now: it waits at least from here
+    wait_until(lambda: time.monotonic() - seen > QUEUE_TIMEOUT_S * 2, 5, "the timeout")
+
+
+@contextmanager
+def one_thread(db_url: str, model: Any, api_keys: dict[str, str]) -> Iterator[openai.OpenAI]:
+    """The openai SDK on a server with one connection (one thread) and a short timeout."""
+    options = {"max_connections": 1, "queue_timeout_s": QUEUE_TIMEOUT_S}
+    with (
+        serve(db_url, model_base_url=model.url + "/v1", **options) as url,
+        client(url, api_keys[TENANTS[0]], timeout=60) as sdk,
+    ):
+        yield sdk
+
+
+def runs(db_url: str) -> int:
+    return int(scalar(db_url, "SELECT count(*) FROM outbox.runs"))
+
+
+def test_a_request_queued_past_the_timeout_is_a_503_that_stored_nothing(db_url, model, api_keys):
+    with one_thread(db_url, model, api_keys) as sdk:
+        shed = shed_requests()
+
+        def create(text: str) -> Any:
+            return sdk.responses.create(model="scripted", input=text, background=True)
+
+        with keys_locked(db_url):
+            first, first_out = in_thread(lambda: create("first"))
+            wait_until(lambda: blocked_on_a_lock(db_url), 20, "the first create to wait")
+            second, second_out = in_thread(lambda: create("second"))
+            queued_past_the_timeout("the second create to queue")
+        first.join(30)
+        second.join(30)
+        assert first_out["result"].status == "queued"
+        refused = second_out["error"]
+        assert isinstance(refused, openai.APIStatusError)
+        assert refused.status_code == 503
+        assert refused.code == "server_busy"
+        assert refused.response.headers["retry-after"] == "1"
+        assert "nothing of it was stored" in refused.message
+        assert shed_requests() == shed + 1
+        assert runs(db_url) == 1  # the first's only
+        assert create("second").status == "queued"  # sent again, it is served
+        assert runs(db_url) == 2
+
+
+def test_a_request_whose_run_exists_is_answered_however_long_its_answer_queued(
+    db_url, model, api_keys
+):
+    with one_thread(db_url, model, api_keys) as sdk:
+        shed = shed_requests()
+        waiting, answer = in_thread(
+            lambda: sdk.responses.create(model="scripted", input="hi").output_text
+        )
+        wait_until(lambda: runs(db_url) == 1, 20, "the waiting create's run")
+        with keys_locked(db_url):
+            # Another request takes the one thread and keeps it.
+            other, _ = in_thread(lambda: sdk.responses.retrieve("resp_" + "0" * 32))
+            wait_until(lambda: blocked_on_a_lock(db_url), 20, "the other request to wait")
+            with relay_thread(db_url, kinds=ALL_KINDS):
+                ended = "SELECT count(*) FROM outbox.runs WHERE status = 'completed'"
+                wait_until(lambda: scalar(db_url, ended) == 1, 20, "the run to settle")
+                # Its answer's read queues behind the other request.
+                queued_past_the_timeout("the answer's read to queue")
+        waiting.join(30)
+        other.join(30)
+        assert answer == {"result": "hello"}
+        assert shed_requests() <= shed + 1  # the other request's read may be shed; not it

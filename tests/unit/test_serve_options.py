@@ -1,4 +1,5 @@
-"""``outbox serve``'s metrics options: served by one process, refused with several."""
+"""``outbox serve``'s options refused before it starts: metrics with several processes, a
+queue timeout that is not positive."""
 
 from __future__ import annotations
 
@@ -12,3 +13,9 @@ def test_metrics_with_several_workers_are_refused_naming_the_way_out():
     assert result.exit_code == 2
     assert "--metrics-port" in result.output
     assert "metrics are served by one process" in result.output
+
+
+def test_a_queue_timeout_that_is_not_positive_is_refused_naming_the_option():
+    result = CliRunner().invoke(serve_command, ["--queue-timeout", "0"])
+    assert result.exit_code == 2
+    assert "--queue-timeout" in result.output
