@@ -43,7 +43,8 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     "--db-connections",
     default=10,
     show_default=True,
-    help="Database connections of the server (requests wait for a free one).",
+    help="Database connections of a server process, its LISTEN connection included "
+    "(requests wait for one of the others).",
 )
 @click.option(
     "--queue-timeout",
@@ -60,8 +61,8 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     default=1,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Server processes (uvicorn's workers): each holds its own --db-connections and "
-    "one LISTEN connection. Up to the cores the server has to itself (docs/serve.md).",
+    help="Server processes (uvicorn's workers): each holds its own --db-connections. Up to "
+    "the cores the server has to itself (docs/serve.md).",
 )
 @click.option(
     "--no-listen",
@@ -119,8 +120,10 @@ def serve_command(
 
     if model_base_url is not None and (problem := url_problem(model_base_url)):
         raise click.BadParameter(problem, param_hint="--model-base-url")
-    if db_connections < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--db-connections")
+    try:
+        server_app.handler_connections(db_connections, listen=not no_listen)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--db-connections") from None
     if metrics_port is not None and workers > 1:
         raise click.BadParameter(
             "metrics are served by one process: run one server process per --metrics-port "

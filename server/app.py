@@ -57,11 +57,13 @@ def create_app(
     (default: the relay's ``OPENAI_BASE_URL``) and wait ``action_timeout_s`` for client
     tool outputs (default: the library's, 10 minutes). ``listen=False``: requests waiting
     on a run poll it instead of waking on its notification (``LISTEN`` does not work
-    through a pooler in transaction mode; server.wakeups). ``queue_timeout_s``: how long a
-    request may wait for one of the ``max_connections`` before it is refused with a 503,
-    nothing of it done (server.threads)."""
-    store = Store(database_url, max_connections=max_connections)
-    threads.size(max_connections)
+    through a pooler in transaction mode; server.wakeups). ``max_connections``: every
+    connection the app holds, its ``LISTEN`` connection included (``handler_connections``).
+    ``queue_timeout_s``: how long a request may wait for one before it is refused with a
+    503, nothing of it done (server.threads)."""
+    handlers = handler_connections(max_connections, listen)
+    store = Store(database_url, max_connections=handlers)
+    threads.size(handlers)
     threads.queue_timeout(queue_timeout_s)
     wakeups = Wakeups(database_url, listen=listen)
 
@@ -95,6 +97,17 @@ def create_app(
     settings = Settings(model_base_url, action_timeout_s)
     app.state.config = Config(store, settings, max_body_bytes, wakeups)
     return app
+
+
+def handler_connections(max_connections: int, listen: bool) -> int:
+    """The connections (and threads) of the requests' calls when the app holds at most
+    ``max_connections``: all but the one ``LISTEN`` connection (server.wakeups), as the
+    relay's ``--db-connections`` counts its listener. ``ValueError`` when none is left."""
+    handlers = max_connections - int(listen)
+    if handlers < 1:
+        needs = "2 (one for requests, one to LISTEN), or 1 with --no-listen" if listen else "1"
+        raise ValueError(f"{max_connections} are too few: a server process needs {needs}")
+    return handlers
 
 
 # ``outbox serve --workers N`` runs the app in N processes (uvicorn's), each built by

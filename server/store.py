@@ -38,7 +38,7 @@ Row = dict[str, Any]
 POOL_TIMEOUT_S = 10.0  # seconds a request waits for a free connection before a 503
 
 
-DB_CONNECTIONS = 10  # a server process's connections unless told (serve --db-connections)
+DB_CONNECTIONS = 10  # a server process's connections, LISTEN's included, unless told otherwise
 
 
 class Store:

@@ -3,13 +3,13 @@
 Starlette's ``run_in_threadpool`` goes through anyio (a capacity limiter, a cancel scope
 and a checkpoint a call), which cost the event loop about a fifth of the server's CPU with
 a thousand waiting requests (docs/benchmarks.md). ``in_thread`` hands the call to a
-``ThreadPoolExecutor`` with one thread per database connection of the server (``serve
---db-connections``, ``size``): every call takes a pooled connection, so a thread more
-would only wait for one, holding none, while it contends for the interpreter with those
-that do; calls past it wait their turn in its queue. The caller's context variables go
-with the call (the request's trace), and a cancelled caller waits for its call to end
-before its cancellation goes on: the call holds a pooled connection until its
-transaction ends.
+``ThreadPoolExecutor`` with one thread per database connection of the server's requests
+(``serve --db-connections`` but the ``LISTEN`` one: ``size``): every call takes a pooled
+connection, so a thread more would only wait for one, holding none, while it contends for
+the interpreter with those that do; calls past it wait their turn in its queue. The
+caller's context variables go with the call (the request's trace), and a cancelled caller
+waits for its call to end before its cancellation goes on: the call holds a pooled
+connection until its transaction ends.
 
 The queue has a deadline (``serve --queue-timeout``): a call that waited longer for a
 thread is not run but refused with ``ServerBusy`` (a 503 with ``Retry-After``), as long as

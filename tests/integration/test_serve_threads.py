@@ -1,5 +1,6 @@
 """The server runs its handlers' database calls on one thread per database connection
-(server.threads): more requests than connections wait their turn and are all answered;
+(server.threads), all its connections but its LISTEN one: more requests than connections
+wait their turn and are all answered, on no more connections than it was given;
 a request that waited past the queue timeout before anything of it was done is refused
 with a 503 and stored nothing, and one whose run exists is answered however long it
 waits."""
@@ -14,18 +15,23 @@ from typing import Any
 
 import openai
 import psycopg
+import pytest
 
 from outbox.server import threads
+from outbox.server.app import create_app
 from outbox.server.observed import REGISTRY
 from tests.helpers import blocked_on_a_lock, in_thread
 from tests.relay_harness import relay_thread, scalar, wait_until
 from tests.serve_harness import ALL_KINDS, TENANTS, client, serve
 
 
-def test_twenty_waiting_requests_on_two_connections_are_answered_by_two_threads(
+def test_twenty_waiting_requests_on_three_connections_are_answered_by_two_threads(
     db_url, model, api_keys, relay
 ):
-    with serve(db_url, model_base_url=model.url + "/v1", max_connections=2) as url:
+    # Three connections: two for the requests' calls, one to LISTEN; never more.
+    named = db_url + ("&" if "?" in db_url else "?") + "application_name=serve-under-test"
+    held = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'serve-under-test'"
+    with serve(named, model_base_url=model.url + "/v1", max_connections=3) as url:
         with client(url, api_keys[TENANTS[0]], timeout=60) as sdk:
 
             def ask(i: int) -> str:
@@ -33,10 +39,18 @@ def test_twenty_waiting_requests_on_two_connections_are_answered_by_two_threads(
 
             with ThreadPoolExecutor(20) as asking:
                 answers = list(asking.map(ask, range(20)))
+            # The pool keeps the connections it opened for the burst: the most it held.
+            assert scalar(db_url, held) == 3
         pool = threads._pool
         assert answers == ["hello"] * 20
         assert pool._max_workers == 2
         assert 1 <= len(pool._threads) <= 2
+
+
+def test_a_server_process_needs_a_connection_for_requests_beside_its_listener(db_url):
+    with pytest.raises(ValueError, match=r"1 are too few: .* needs 2 .* or 1 with --no-listen"):
+        create_app(db_url, max_connections=1)
+    create_app(db_url, max_connections=1, listen=False)  # polls: its one is for requests
 
 
 # -- the queue's deadline: a request that waited too long is refused, having done nothing --
@@ -72,8 +86,9 @@ def queued_past_the_timeout(what: str) -> None:
 
 @contextmanager
 def one_thread(db_url: str, model: Any, api_keys: dict[str, str]) -> Iterator[openai.OpenAI]:
-    """The openai SDK on a server with one connection (one thread) and a short timeout."""
-    options = {"max_connections": 1, "queue_timeout_s": QUEUE_TIMEOUT_S}
+    """The openai SDK on a server with one connection (one thread) for its requests' calls
+    and a short queue timeout."""
+    options = {"max_connections": 2, "queue_timeout_s": QUEUE_TIMEOUT_S}
     with (
         serve(db_url, model_base_url=model.url + "/v1", **options) as url,
         client(url, api_keys[TENANTS[0]], timeout=60) as sdk,
