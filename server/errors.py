@@ -8,6 +8,8 @@ invisible under row-level security, so it is a 404 like a missing one, never a 4
 from __future__ import annotations
 
 import logging
+import math
+import random
 from typing import Any
 
 from pydantic import ValidationError
@@ -27,7 +29,6 @@ from outbox.logs import log as log_event
 from outbox.server.threads import ServerBusy
 
 log = logging.getLogger("outbox.serve")
-RETRY_AFTER_S = 1  # seconds a shed request's client is told to wait before sending it again
 
 
 class APIError(Exception):
@@ -101,17 +102,24 @@ async def server_busy(request: Request, exc: Exception) -> JSONResponse:
         path=request.url.path,
         waited_s=round(exc.waited_s, 3),
         queue_timeout_s=exc.timeout_s,
+        retry_after_s=round(exc.retry_after_s, 3),
     )
     err = APIError(
         503,
         f"The server is busy: this request waited {exc.waited_s:.1f} s for a database "
         f"connection, past its queue timeout of {exc.timeout_s:g} s, and was not started; "
-        "nothing of it was stored. Send it again after the Retry-After delay (an "
+        f"nothing of it was stored. Send it again in {math.ceil(exc.retry_after_s)} s or later, "
+        "when the requests queued now have been served (Retry-After; an "
         "operator raises `outbox serve --db-connections` or `--workers`, or the queue "
         "timeout).",
         type="server_error",
         code="server_busy",
-        headers={"Retry-After": str(RETRY_AFTER_S)},
+        headers={
+            "Retry-After": str(math.ceil(exc.retry_after_s)),
+            # OpenAI's SDKs read this one first: each client a delay of its own between
+            # the queue's drain time and twice that, so resends do not arrive together.
+            "retry-after-ms": str(round(exc.retry_after_s * 1000 * random.uniform(1, 2))),
+        },
     )
     return await api_error(request, err)
 

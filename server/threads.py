@@ -47,14 +47,21 @@ _queue_timeout_s = QUEUE_TIMEOUT_S
 _begun: contextvars.ContextVar[bool] = contextvars.ContextVar("outbox_serve_begun", default=False)
 
 
+_waiting = 0  # calls queued for a thread now (changed under _lock)
+_held_s = 0.005  # how long a call holds its thread: a moving average, seconds
+QUEUED_CALLS.set_function(lambda: _waiting)
+
+
 class ServerBusy(Exception):
     """A request refused before anything of it was done: its call waited ``waited_s`` for
-    a thread, past the queue timeout ``timeout_s``."""
+    a thread, past the queue timeout ``timeout_s``. ``retry_after_s``: how long the calls
+    queued now take to get a thread (at least a second), when a resend finds room."""
 
-    def __init__(self, waited_s: float, timeout_s: float) -> None:
+    def __init__(self, waited_s: float, timeout_s: float, retry_after_s: float) -> None:
         super().__init__(f"waited {waited_s:.1f} s for a database connection")
         self.waited_s = waited_s
         self.timeout_s = timeout_s
+        self.retry_after_s = retry_after_s
 
 
 def size(threads: int) -> None:
@@ -67,6 +74,12 @@ def size(threads: int) -> None:
             # Its calls run on; its idle threads end once it is collected.
             _pool = ThreadPoolExecutor(threads, thread_name_prefix="outbox-serve")
             _threads = threads
+
+
+def _queue(change: int) -> None:
+    global _waiting
+    with _lock:
+        _waiting += change
 
 
 def queue_timeout(seconds: float) -> None:
@@ -99,16 +112,24 @@ async def read_in_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) 
 
 async def _run(sheddable: bool, fn: Callable[[], T]) -> T:
     queued, timeout, context = time.monotonic(), _queue_timeout_s, contextvars.copy_context()
-    QUEUED_CALLS.inc()
+    _queue(+1)
 
     def call() -> T:
-        waited = time.monotonic() - queued
-        QUEUED_CALLS.dec()
-        QUEUE_WAIT_SECONDS.observe(waited)
-        if sheddable and waited > timeout:
+        global _held_s
+        started = time.monotonic()
+        _queue(-1)
+        QUEUE_WAIT_SECONDS.observe(started - queued)
+        if sheddable and started - queued > timeout:
             SHED_REQUESTS.inc()
-            raise ServerBusy(waited, timeout)
-        return context.run(fn)
+            # Sent again once the calls queued now have had their threads, a resend waits
+            # less than the timeout (each client spreads its own resends: server.errors).
+            drain_s = _waiting * _held_s / _threads
+            raise ServerBusy(started - queued, timeout, max(1.0, drain_s))
+        try:
+            return context.run(fn)
+        finally:
+            # Racing threads may lose an update: an estimate, not a count.
+            _held_s += (time.monotonic() - started - _held_s) / 64
 
     done = asyncio.get_running_loop().run_in_executor(_pool, call)
     try:
