@@ -25,8 +25,13 @@ Two measurements, each beside the same work without the server:
   and its relay and against the same model directly (``OpenAIResponsesModel`` over one
   ``AsyncOpenAI`` client each): the wall of each, their ratio (the cost of durability),
   and the most database connections the server held. Ideal: ``2 MODEL_S + TOOL_S``.
+- **shed** (``python -m bench.clients shed [N] [--queue-timeout S]``, 1 s by default): N
+  waiting ``responses.create`` at once through the openai SDK with its default retries, to
+  a server whose queue timeout the burst outlasts: how many requests it refused (503
+  ``server_busy``), whether each got its answer once resent, and that no run was started
+  twice. Not a speed: what a burst past ``--queue-timeout`` costs its clients.
 
-Both run on the embedded server (or ``OUTBOX_DATABASE_URL``), in a scratch database each.
+Each runs on the embedded server (or ``OUTBOX_DATABASE_URL``), in a scratch database.
 With ``BENCH_PROFILE_SERVE=FILE``, py-spy (``pip install py-spy``) samples every thread
 of the server while the requests run, into FILE (its raw format: one stack a line).
 """
@@ -34,6 +39,7 @@ of the server while the requests run, into FILE (its raw format: one stack a lin
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import signal
@@ -75,18 +81,18 @@ def _free_port() -> int:
 
 @contextmanager
 def serving(
-    url: str, model_base_url: str, log: Path, workers: int = 1
+    url: str, model_base_url: str, log: Path, workers: int = 1, *options: str
 ) -> Iterator[tuple[str, psutil.Process, psutil.Process]]:
-    """``outbox serve`` on ``url`` and one ``outbox relay``, each a process of its own (what
-    ``outbox serve --with-relay`` starts, but the server's connections named apart from
-    its relay's); yields the server's base URL once it answers, its process and the
-    relay's."""
+    """``outbox serve`` on ``url`` (with ``options`` more) and one ``outbox relay``, each a
+    process of its own (what ``outbox serve --with-relay`` starts, but the server's
+    connections named apart from its relay's); yields the server's base URL once it
+    answers, its process and the relay's."""
     port = _free_port()
     env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(REPO)}
     named = url + ("&" if "?" in url else "?") + f"application_name={SERVER_NAME}"
     serve = [sys.executable, "-m", "outbox.commands", "serve", "--port", str(port)]
     serve += ["--model-base-url", model_base_url, "--log-level", "warning"]
-    serve += ["--workers", str(workers)]
+    serve += ["--workers", str(workers), *options]
     relay = [sys.executable, "-m", "outbox.commands", "relay", "--log-level", "WARNING"]
     with open(log, "ab") as out:
         processes = [
@@ -457,6 +463,66 @@ def _commit_to_answer(
     ]
 
 
+# -- a burst past the queue timeout ------------------------------------------------------
+
+
+def shed(server: str, n: int, log: Path, queue_timeout_s: float) -> dict[str, Any]:
+    """N waiting ``responses.create`` at once through the openai SDK with its default
+    retries, to a server on ``--queue-timeout queue_timeout_s``: how many were refused
+    (``api.shed`` in its log), whether every request got its answer in the end, and that
+    no run was made twice (each refusal stored nothing)."""
+    inflight.settle_sockets()
+    latency = inflight.LatencyServer(MODEL_S, TOOL_S, 1)
+    log.write_text("")
+    try:
+        with bdb.scratch(server, f"clients_shed_{n}") as url:
+            seed.register_http_tool(url, TOOL, latency.url + "/tools/" + TOOL, timeout_s=60)
+            with psycopg.connect(url) as conn:
+                _, key = keys.create_key(conn, seed.TENANT, name="bench")
+                conn.commit()
+            timeout = ["--queue-timeout", str(queue_timeout_s)]
+            with serving(url, latency.url + "/v1", log, 1, *timeout) as (base, _, _relay):
+                wall, answers = asyncio.run(_retried_requests(base, key, n))
+            with psycopg.connect(url, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT count(*), count(DISTINCT content) FROM outbox.messages"
+                    " WHERE role = 'user'"
+                ).fetchone()
+    finally:
+        latency.close()
+    assert row is not None
+    return {
+        "requests": n,
+        "queue_timeout_s": queue_timeout_s,
+        "wall_s": round(wall, 2),
+        "answers": answers,
+        "refusals_logged": log.read_text().count('"api.shed"'),
+        "runs_started": int(row[0]),
+        "runs_started_twice": int(row[0]) - int(row[1]),
+    }
+
+
+async def _retried_requests(base: str, key: str, n: int) -> tuple[float, dict[str, int]]:
+    """N ``responses.create`` at once, each retried as the openai SDK does by default
+    (twice, after the delay the 503 asks for); the wall and how each ended."""
+    from openai import APIStatusError, AsyncOpenAI  # the dev extra's
+
+    sdk = AsyncOpenAI(base_url=base, api_key=key, timeout=DEADLINE_S)
+
+    async def one(i: int) -> str:
+        try:
+            return str((await sdk.responses.create(model="bench", input=f"run {i}")).status)
+        except APIStatusError as err:
+            return f"refused {err.status_code}"
+
+    started = time.perf_counter()
+    try:
+        ended = await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        await sdk.close()
+    return time.perf_counter() - started, dict(collections.Counter(ended))
+
+
 # -- the Agents SDK: through outbox serve, and directly -----------------------------------
 
 
@@ -551,11 +617,7 @@ def _agent_runs(base_url: str, key: str, n: int) -> tuple[float, float]:
 
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "waiting"
-    n = (
-        int(argv[1])
-        if len(argv) > 1 and argv[1].isdigit()
-        else (1000 if what == "waiting" else 200)
-    )
+    n = int(argv[1]) if len(argv) > 1 and argv[1].isdigit() else (200 if what == "agents" else 1000)
     log = REPO / "bench" / "results" / f"clients-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     server = db.database_url(start=True)
@@ -571,6 +633,9 @@ def main(argv: list[str]) -> int:
             stream="--stream" in argv,
             client=argv[argv.index("--client") + 1] if "--client" in argv else "httpx",
         )
+    elif what == "shed":
+        timeout = argv[argv.index("--queue-timeout") + 1] if "--queue-timeout" in argv else "1"
+        out = shed(server, n, log, float(timeout))
     else:
         out = agents(server, n, log)
     out["load_after"] = os.getloadavg()
