@@ -25,10 +25,10 @@ from outbox.errors import (
     OutboxError,
     WrongTenant,
 )
-from outbox.logs import log as log_event
+from outbox.logs import log
 from outbox.server.threads import ServerBusy
 
-log = logging.getLogger("outbox.serve")
+logger = logging.getLogger("server.errors")  # JSON lines as every server log (outbox.logs)
 
 
 class APIError(Exception):
@@ -89,16 +89,21 @@ async def api_error(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
+def _identities(request: Request) -> dict[str, Any]:
+    """What a log line of a request names (server.access sets the request id)."""
+    state = request.scope.get("state", {})
+    return {"tenant_id": state.get("tenant_id"), "correlation_id": state.get("request_id")}
+
+
 async def server_busy(request: Request, exc: Exception) -> JSONResponse:
     """A request shed before anything of it was done (server.threads): a 503 its client
     retries (the openai SDK does, after ``Retry-After``), logged with what it waited."""
     assert isinstance(exc, ServerBusy)
-    log_event(
-        log,
+    log(
+        logger,
         logging.WARNING,
         "api.shed",
-        tenant_id=request.scope.get("state", {}).get("tenant_id"),
-        correlation_id=request.scope.get("state", {}).get("request_id"),
+        **_identities(request),
         path=request.url.path,
         waited_s=round(exc.waited_s, 3),
         queue_timeout_s=exc.timeout_s,
@@ -142,6 +147,10 @@ async def validation_error(_request: Request, exc: Exception) -> JSONResponse:
 
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     """A bug or an outage: logged with its traceback, answered without internals."""
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    logger.error(
+        "api.unhandled",
+        exc_info=exc,
+        extra={"ctx": {**_identities(request), "method": request.method, "path": request.url.path}},
+    )
     err = APIError(500, "The server had an error processing your request.", type="server_error")
     return JSONResponse(err.body(), status_code=500)

@@ -38,8 +38,9 @@ from collections.abc import Iterator
 import psycopg
 
 from outbox import db
+from outbox.logs import log
 
-log = logging.getLogger("outbox.server")
+logger = logging.getLogger("server.wakeups")  # JSON lines as every server log (outbox.logs)
 CHANNEL = "outbox_runs"  # migration 0023's channel
 FALLBACK_S = 5.0  # seconds between reads of a watched run while the listener is connected
 RECONNECT_S = (0.5, 10.0)  # first and longest wait before the listener connects again
@@ -155,7 +156,7 @@ class Wakeups:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # any failure of the connection: poll, then reconnect
-                log.warning("run listener lost its connection: %s; polling meanwhile", err)
+                log(logger, logging.WARNING, "serve.listener_lost", error=str(err), polling=True)
             finally:
                 self.listening = False
             await asyncio.sleep(pause)

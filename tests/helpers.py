@@ -5,11 +5,13 @@ from __future__ import annotations
 import fcntl
 import importlib
 import itertools
+import logging
 import socket
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import IO, Any
@@ -197,3 +199,17 @@ def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]
     worker = threading.Thread(target=target)
     worker.start()
     return worker, out
+
+
+@contextmanager
+def server_logs() -> Iterator[list[logging.LogRecord]]:
+    """The records of the server's loggers (``server.*``, JSON lines in ``outbox serve``)
+    while the block runs."""
+    caught: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = caught.append  # type: ignore[method-assign]
+    logging.getLogger("server").addHandler(handler)
+    try:
+        yield caught
+    finally:
+        logging.getLogger("server").removeHandler(handler)

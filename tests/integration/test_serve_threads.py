@@ -7,6 +7,7 @@ waits."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,10 +18,11 @@ import openai
 import psycopg
 import pytest
 
+from outbox.logs import JsonFormatter
 from outbox.server import threads
 from outbox.server.app import create_app
 from outbox.server.observed import REGISTRY
-from tests.helpers import blocked_on_a_lock, in_thread
+from tests.helpers import blocked_on_a_lock, in_thread, server_logs
 from tests.relay_harness import relay_thread, scalar, wait_until
 from tests.serve_harness import ALL_KINDS, TENANTS, client, serve
 
@@ -107,13 +109,14 @@ def test_a_request_queued_past_the_timeout_is_a_503_that_stored_nothing(db_url, 
         def create(text: str) -> Any:
             return sdk.responses.create(model="scripted", input=text, background=True)
 
-        with keys_locked(db_url):
-            first, first_out = in_thread(lambda: create("first"))
-            wait_until(lambda: blocked_on_a_lock(db_url), 20, "the first create to wait")
-            second, second_out = in_thread(lambda: create("second"))
-            queued_past_the_timeout("the second create to queue")
-        first.join(30)
-        second.join(30)
+        with server_logs() as logged:
+            with keys_locked(db_url):
+                first, first_out = in_thread(lambda: create("first"))
+                wait_until(lambda: blocked_on_a_lock(db_url), 20, "the first create to wait")
+                second, second_out = in_thread(lambda: create("second"))
+                queued_past_the_timeout("the second create to queue")
+            first.join(30)
+            second.join(30)
         assert first_out["result"].status == "queued"
         refused = second_out["error"]
         assert isinstance(refused, openai.APIStatusError)
@@ -123,6 +126,9 @@ def test_a_request_queued_past_the_timeout_is_a_503_that_stored_nothing(db_url, 
         assert 1000 <= int(refused.response.headers["retry-after-ms"]) <= 2000
         assert "nothing of it was stored" in refused.message
         assert shed_requests() == shed + 1
+        [line] = [json.loads(JsonFormatter().format(r)) for r in logged if r.msg == "api.shed"]
+        assert line["waited_s"] > QUEUE_TIMEOUT_S and line["retry_after_s"] == 1.0
+        assert line["correlation_id"].startswith("req_") and line["path"] == "/v1/responses"
         assert runs(db_url) == 1  # the first's only
         assert create("second").status == "queued"  # sent again, it is served
         assert runs(db_url) == 2
