@@ -30,7 +30,9 @@ pytestmark = [
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("measure", [["waiting", "5"], ["agents", "3"]])
+@pytest.mark.parametrize(
+    "measure", [["waiting", "5"], ["agents", "3"], ["shed", "5", "--queue-timeout", "1"]]
+)
 def test_the_clients_bench_runs_with_tiny_numbers(server_url, measure):
     command = [sys.executable, "-m", "bench.clients", *measure]
     # No wait for the sockets of the tests around it to close (bench.inflight.settle_sockets).
@@ -43,5 +45,8 @@ def test_the_clients_bench_runs_with_tiny_numbers(server_url, measure):
         # The writer API's legs: queued first, and started live beside the relay.
         assert results["writer_wall_s"] > 0 and results["live_writer_wall_s"] > 0
         assert 0 < results["live_writer_stored_after_s"] <= results["live_writer_wall_s"]
+    elif measure[0] == "shed":
+        assert results["answers"] == {"completed": 5} and results["refusals_logged"] >= 0
+        assert (results["runs_started"], results["runs_started_twice"]) == (5, 0)
     else:
         assert results["server_runs_completed"] == results["server_runs"] == 3
