@@ -18,6 +18,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from outbox.logs import log
+from outbox.server import threads
 
 logger = logging.getLogger("server.access")
 HEADER = b"x-request-id"
@@ -25,7 +26,8 @@ MAX_REQUEST_ID = 200  # characters of a caller's request id kept
 
 
 class AccessLog:
-    """ASGI middleware: log each HTTP request once it is answered."""
+    """ASGI middleware: log each HTTP request once it is answered. The outermost: it also
+    starts each request as one of which nothing has begun (``threads.new_request``)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -35,6 +37,7 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        fresh = threads.new_request()  # whatever context its task started in (server.threads)
         given = dict(scope["headers"]).get(HEADER, b"").decode("latin-1")[:MAX_REQUEST_ID]
         request_id = given or f"req_{uuid.uuid4().hex}"
         # Handlers journal what they change under this id (routes.request_id): the journal
@@ -53,6 +56,7 @@ class AccessLog:
         try:
             await self.app(scope, receive, answer)
         finally:
+            threads.end_request(fresh)
             params: dict[str, Any] = scope.get("path_params", {})
             log(
                 logger,

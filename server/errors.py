@@ -26,7 +26,7 @@ from outbox.errors import (
     WrongTenant,
 )
 from outbox.logs import log
-from outbox.server.threads import ServerBusy
+from outbox.server.threads import RETRY_AFTER_MAX_S, ServerBusy
 
 logger = logging.getLogger("server.errors")  # JSON lines as every server log (outbox.logs)
 
@@ -123,7 +123,9 @@ async def server_busy(request: Request, exc: Exception) -> JSONResponse:
             "Retry-After": str(math.ceil(exc.retry_after_s)),
             # OpenAI's SDKs read this one first: each client a delay of its own between
             # the queue's drain time and twice that, so resends do not arrive together.
-            "retry-after-ms": str(round(exc.retry_after_s * 1000 * random.uniform(1, 2))),
+            "retry-after-ms": str(
+                round(min(exc.retry_after_s * random.uniform(1, 2), RETRY_AFTER_MAX_S) * 1000)
+            ),
         },
     )
     return await api_error(request, err)

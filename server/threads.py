@@ -43,8 +43,10 @@ _pool = ThreadPoolExecutor(_threads, thread_name_prefix="outbox-serve")
 QUEUE_TIMEOUT_S = 30.0  # seconds a request's first call may wait for a thread (a default)
 _queue_timeout_s = QUEUE_TIMEOUT_S
 # Whether the current request ran a call that may have written: its calls are never shed
-# from then on. A request is a task of its own, so each starts with False.
+# from then on. Set to False for each request (``new_request``): a request's task may
+# start in a copy of the previous one's context (uvicorn, pipelined requests).
 _begun: contextvars.ContextVar[bool] = contextvars.ContextVar("outbox_serve_begun", default=False)
+RETRY_AFTER_MAX_S = 60.0  # the longest delay a refusal asks for: clients refuse longer ones
 
 
 _waiting = 0  # calls queued for a thread now (changed under _lock)
@@ -89,6 +91,15 @@ def queue_timeout(seconds: float) -> None:
     _queue_timeout_s = seconds
 
 
+def new_request() -> contextvars.Token[bool]:
+    """Before a request is handled (server.access): none of it has begun."""
+    return _begun.set(False)
+
+
+def end_request(token: contextvars.Token[bool]) -> None:
+    _begun.reset(token)
+
+
 def begun() -> None:
     """Mark the current context's request as begun: none of its calls is shed (for work
     that answers requests whose runs exist: server.reads)."""
@@ -124,14 +135,18 @@ async def _run(sheddable: bool, fn: Callable[[], T]) -> T:
             # Sent again once the calls queued now have had their threads, a resend waits
             # less than the timeout (each client spreads its own resends: server.errors).
             drain_s = _waiting * _held_s / _threads
-            raise ServerBusy(started - queued, timeout, max(1.0, drain_s))
+            raise ServerBusy(started - queued, timeout, min(max(1.0, drain_s), RETRY_AFTER_MAX_S))
         try:
             return context.run(fn)
         finally:
             # Racing threads may lose an update: an estimate, not a count.
             _held_s += (time.monotonic() - started - _held_s) / 64
 
-    done = asyncio.get_running_loop().run_in_executor(_pool, call)
+    try:
+        done = asyncio.get_running_loop().run_in_executor(_pool, call)
+    except BaseException:
+        _queue(-1)  # not queued after all (a pool shut down with the interpreter)
+        raise
     try:
         return await asyncio.shield(done)
     except asyncio.CancelledError:

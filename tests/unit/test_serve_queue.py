@@ -1,0 +1,135 @@
+"""The server's queue deadline (server.threads), without a database: a request's first
+call that may write is refused once it waited past the timeout, never a later one, and
+a key's look-up does not count as a start; each request starts afresh, whatever context
+its task inherited."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from outbox.server import threads
+from outbox.server.access import AccessLog
+from outbox.server.store import DB_CONNECTIONS
+
+TIMEOUT_S = 0.05
+
+
+class Turn:
+    """Where a request stops before its last call: ``await turn()`` says its first calls
+    are done, then waits until the thread is held."""
+
+    def __init__(self, go: asyncio.Event) -> None:
+        self.prepared, self.go = asyncio.Event(), go
+
+    async def __call__(self) -> None:
+        self.prepared.set()
+        await self.go.wait()
+
+
+Request = Callable[[Turn], Awaitable[str]]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One thread and a short timeout; the defaults again afterwards."""
+    threads.size(1)
+    threads.queue_timeout(TIMEOUT_S)
+    yield
+    threads.size(DB_CONNECTIONS)
+    threads.queue_timeout(threads.QUEUE_TIMEOUT_S)
+
+
+async def last_calls_held(requests: list[Request]) -> list[Any]:
+    """Each request in a task of its own: its first calls run on the free thread, then its
+    last call queues behind a held thread past the timeout. What each returned or raised."""
+    go, holding, gate = asyncio.Event(), threading.Event(), threading.Event()
+    turns = [Turn(go) for _ in requests]
+    tasks = [asyncio.ensure_future(r(t)) for r, t in zip(requests, turns, strict=True)]
+
+    def hold() -> None:
+        holding.set()
+        gate.wait()
+
+    try:
+        for turn in turns:
+            await turn.prepared.wait()
+        held = asyncio.ensure_future(threads.in_thread(hold))
+        await _until(holding.is_set)
+        go.set()
+        await _until(lambda: threads._waiting == len(requests))
+        await asyncio.sleep(TIMEOUT_S * 3)  # the time the feature is about
+    finally:
+        gate.set()  # never leave the thread held: the interpreter would wait for it
+    await held
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "the calls did not queue"
+        await asyncio.sleep(0.002)
+
+
+async def wrote_then_reads(turn: Turn) -> str:
+    await threads.in_thread(lambda: "wrote")
+    await turn()
+    return await threads.in_thread(lambda: "read")
+
+
+async def looked_up_then_writes(turn: Turn) -> str:
+    await threads.read_in_thread(lambda: "key")
+    await turn()
+    return await threads.in_thread(lambda: "wrote")
+
+
+async def writes(turn: Turn) -> str:
+    await turn()
+    return await threads.in_thread(lambda: "wrote")
+
+
+async def wrote_then_a_new_request_writes(turn: Turn) -> str:
+    await threads.in_thread(lambda: "wrote")
+    threads.new_request()  # the next request on this task's context (pipelined)
+    await turn()
+    return await threads.in_thread(lambda: "wrote")
+
+
+def test_only_a_requests_first_call_that_may_write_is_shed():
+    requests = [wrote_then_reads, looked_up_then_writes, writes, wrote_then_a_new_request_writes]
+    ended = asyncio.run(last_calls_held(requests))
+    assert ended[0] == "read"  # it wrote: never refused, however long it waited
+    for refused in ended[1:]:
+        assert isinstance(refused, threads.ServerBusy)
+        assert refused.waited_s > TIMEOUT_S and refused.retry_after_s >= 1.0
+
+
+def test_each_request_starts_with_nothing_begun_whatever_its_task_inherited():
+    seen: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(threads._begun.get())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def one_request_after_another() -> bool:
+        threads.begun()  # as the request before on the same connection left it
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request"}
+
+        async def send(_message: Any) -> None:
+            return None
+
+        scope = {"type": "http", "method": "GET", "path": "/v1/x", "headers": []}
+        await AccessLog(app)(scope, receive, send)
+        return threads._begun.get()
+
+    assert asyncio.run(one_request_after_another()) is True  # its own, given back after
+    assert seen == [False]
