@@ -79,6 +79,17 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _api_key(url: str, latency: inflight.LatencyServer | None = None) -> str:
+    """A key of the bench's tenant on ``url``; with ``latency``, its tool registered first
+    (the one the served runs' model asks for)."""
+    if latency is not None:
+        seed.register_http_tool(url, TOOL, latency.url + "/tools/" + TOOL, timeout_s=60)
+    with psycopg.connect(url) as conn:
+        _, key = keys.create_key(conn, seed.TENANT, name="bench")
+        conn.commit()
+    return key
+
+
 @contextmanager
 def serving(
     url: str, model_base_url: str, log: Path, workers: int = 1, *options: str
@@ -216,10 +227,8 @@ def waiting(
     latency = inflight.LatencyServer(MODEL_S, TOOL_S, 1)
     try:
         with bdb.scratch(server, f"clients_waiting_{n}") as url:
-            seed.register_http_tool(url, TOOL, latency.url + "/tools/" + TOOL, timeout_s=60)
+            key = _api_key(url, latency)
             with psycopg.connect(url) as conn:
-                _, key = keys.create_key(conn, seed.TENANT, name="bench")
-                conn.commit()
                 postmaster = inflight.postmaster_of(conn)
             with serving(url, latency.url + "/v1", log, workers) as (base, process, relay):
                 watch, commits = Connections(url, n), Commits(url)
@@ -476,10 +485,7 @@ def shed(server: str, n: int, log: Path, queue_timeout_s: float) -> dict[str, An
     log.write_text("")
     try:
         with bdb.scratch(server, f"clients_shed_{n}") as url:
-            seed.register_http_tool(url, TOOL, latency.url + "/tools/" + TOOL, timeout_s=60)
-            with psycopg.connect(url) as conn:
-                _, key = keys.create_key(conn, seed.TENANT, name="bench")
-                conn.commit()
+            key = _api_key(url, latency)
             timeout = ["--queue-timeout", str(queue_timeout_s)]
             with serving(url, latency.url + "/v1", log, 1, *timeout) as (base, _, _relay):
                 wall, answers = asyncio.run(_retried_requests(base, key, n))
@@ -536,9 +542,7 @@ def agents(server: str, n: int, log: Path) -> dict[str, Any]:
         direct, direct_cpu = _agent_runs(latency.url + "/v1", "direct", n)
         stderr(f"  {n} agent runs against the model directly: {direct:.2f} s")
         with bdb.scratch(server, f"clients_agents_{n}") as url:
-            with psycopg.connect(url) as conn:
-                _, key = keys.create_key(conn, seed.TENANT, name="bench")
-                conn.commit()
+            key = _api_key(url)
             with serving(url, latency.url + "/v1", log) as (base, process, _relay):
                 watch = Connections(url)
                 watch.start()
