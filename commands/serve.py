@@ -54,7 +54,8 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     show_default=True,
     help="Seconds a request may wait for a free database connection before it is refused "
     "with 503 and Retry-After, nothing of it done (its client sends it again). A request "
-    "whose run was created always gets its answer.",
+    "whose run was created always gets its answer. Keep it below your clients' own "
+    "timeout.",
 )
 @click.option(
     "--workers",

@@ -57,7 +57,8 @@ QUEUED_CALLS.set_function(lambda: _waiting)
 class ServerBusy(Exception):
     """A request refused before anything of it was done: its call waited ``waited_s`` for
     a thread, past the queue timeout ``timeout_s``. ``retry_after_s``: how long the calls
-    queued now take to get a thread (at least a second), when a resend finds room."""
+    queued now take to get a thread (1 s to ``RETRY_AFTER_MAX_S``), when a resend finds
+    room."""
 
     def __init__(self, waited_s: float, timeout_s: float, retry_after_s: float) -> None:
         super().__init__(f"waited {waited_s:.1f} s for a database connection")
