@@ -23,6 +23,15 @@ deadlock, 40001 serialization failure) is no outage either: the connection is fi
 same statements, tried again, pass. The link keeps its connection, logs ``db.conflict``
 and its owner tries again after a short random pause, which keeps two relays that
 deadlocked from meeting again in step.
+
+A relay paused inside a transaction (stop-the-world, ``SIGSTOP``, a frozen VM) holds its
+row locks for as long as it is paused, and the rescue's ``SKIP LOCKED`` cannot take back
+a row it holds, whatever its lease says. So every link of a worker asks the server to end
+its session once a transaction has waited on the client for a whole lease
+(``idle_in_transaction_session_timeout``): the locks go with it, by the time the lease
+runs out. A relay's transactions never wait on anything but their own statements, so a
+healthy one never comes near it; the paused one finds its connection gone on waking, and
+its writes meet the fence like any late write.
 """
 
 from __future__ import annotations
@@ -97,6 +106,7 @@ class Link:
         prepare: bool = True,
         on_outage: Any = None,
         worker: str | None = None,
+        idle_in_transaction_s: float | None = None,
     ) -> None:
         self.url = url
         self.worker = worker  # named in every log line of this link
@@ -104,6 +114,7 @@ class Link:
         self.autocommit = autocommit
         self.prepare = prepare
         self.on_outage = on_outage  # called with (link name, waiting: bool)
+        self.idle_in_transaction_s = idle_in_transaction_s  # see the module docstring
         self.conn: psycopg.Connection[Any] | None = None
         self.failures = 0
         self.logged_at = 0.0  # monotonic; when the outage was last logged
@@ -118,11 +129,14 @@ class Link:
                 application_name=f"outbox-relay-{self.name}",
                 prepare_threshold=PREPARE_THRESHOLD if self.prepare else None,
             )
-            if self.prepare:
-                for setting in GENERIC_PLANS:
-                    self.conn.execute(setting, prepare=False)
-                if not self.autocommit:
-                    self.conn.commit()
+            settings = list(GENERIC_PLANS) if self.prepare else []
+            if self.idle_in_transaction_s is not None:
+                ms = max(1, round(self.idle_in_transaction_s * 1000))
+                settings.append(f"SET idle_in_transaction_session_timeout = {ms}")
+            for setting in settings:
+                self.conn.execute(setting, prepare=False)
+            if settings and not self.autocommit:
+                self.conn.commit()
         return self.conn
 
     def failed(self, err: Exception) -> float:

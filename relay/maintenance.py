@@ -27,6 +27,7 @@ import psycopg
 
 from outbox import approvals, lifecycle, retention, tracing
 from outbox.logs import log
+from outbox.relay import failpoints
 from outbox.relay.config import RelayConfig
 from outbox.relay.links import Link
 from outbox.relay.metrics import Metrics
@@ -181,6 +182,7 @@ class Maintenance:
                 self.q.heartbeat,
                 {"ids": ids, "worker": self.cfg.worker_id, "lease_s": self.cfg.lease_s},
             ).fetchall()
+            failpoints.hit("heartbeat.before_commit")
         if len(kept) < len(ids):
             log(
                 logger,

@@ -138,6 +138,7 @@ class Worker:
             prepare=prepare,
             on_outage=self.metrics.outage,
             worker=self.cfg.worker_id,
+            idle_in_transaction_s=self.cfg.lease_s,
         )
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -188,6 +188,55 @@ def test_worker_paused_past_its_lease_cannot_overwrite_the_new_holder(db_url, se
     assert scalar(db_url, fenced) == [1]
 
 
+def test_worker_paused_inside_a_transaction_holds_its_rows_no_longer_than_its_lease(
+    db_url, service, tmp_path
+):
+    """The pause lands where the random one above rarely does: inside the heartbeat's
+    transaction, the row locked. The server ends that session after a lease idle in a
+    transaction (relay/links.py), so the rescue can take the row; without that, SKIP LOCKED
+    passes it over for as long as the pause lasts."""
+    tool = service.add_tool("keyed", "key")
+    tool.stall_after_commit(1.5, n=1)
+    with psycopg.connect(db_url) as conn:
+        register_tool(conn, service, "keyed", "key", timeout_s=3)
+        conn.commit()
+    seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+    log = tmp_path / "relays.log"
+    at_the_tool = tmp_path / "the call is at the tool"
+    env = {
+        "OUTBOX_FAILPOINT": "heartbeat.before_commit:stop",
+        "OUTBOX_FAILPOINT_WHEN": str(at_the_tool),
+    }
+    first = start_relay_process(db_url, log, *FAST, env=env)
+    try:
+        wait_until(lambda: len(tool.deliveries) == 1, what="the call at the tool")
+        at_the_tool.touch()
+        wait_until(
+            lambda: psutil.Process(first.pid).status() == psutil.STATUS_STOPPED,
+            what="the first relay to stop inside its heartbeat's transaction",
+        )
+        with relay_thread(db_url):
+            wait_until(lambda: all_settled(db_url), what="the second relay to finish the call")
+            assert scalar(db_url, "SELECT attempt FROM outbox.tool_results") > 1
+            first.send_signal(signal.SIGCONT)
+            wait_until(
+                lambda: scalar(
+                    db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'write.fenced'"
+                ),
+                what="the late write to be fenced off",
+            )
+            wait_until(
+                lambda: "idle-in-transaction timeout" in log.read_text(),
+                what="the paused relay to find its heartbeat's session ended by the server",
+            )
+    finally:
+        first.send_signal(signal.SIGCONT)
+        stop_all([first])
+    assert len(tool.effects) == 1
+    fenced = "SELECT array_agg(attempt) FROM outbox.journal WHERE event = 'write.fenced'"
+    assert scalar(db_url, fenced) == [1]
+
+
 def stalled_keyed_calls(db_url: str, service: Any, stall_s: float, calls: int) -> Any:
     """``calls`` intents of a key-mode tool that answers ``stall_s`` after its effect."""
     tool = service.add_tool("keyed", "key")
