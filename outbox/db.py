@@ -220,6 +220,27 @@ def connect(url: str | None = None, **kwargs: Any) -> psycopg.Connection[Any]:
         raise explain_connect_error(url, err) from err
 
 
+# SQLSTATE classes of a refusal of the statement's data: 22 data exception (22P05
+# untranslatable character, 22P02 invalid text representation, 22021 a NUL in text),
+# 54 program limit exceeded (54001 statement too complex: stack depth).
+REFUSED_CLASSES = ("22", "54")
+
+
+def refused(err: BaseException) -> bool:
+    """Whether the server refused a statement for the data it held (``REFUSED_CLASSES``):
+    psycopg raises some of these as ``OperationalError``, yet the same data would be
+    refused again."""
+    sqlstate = getattr(err, "sqlstate", None) or ""
+    return isinstance(err, psycopg.Error) and sqlstate[:2] in REFUSED_CLASSES
+
+
+def unreachable(err: BaseException) -> bool:
+    """Whether ``err`` says the server could not be reached or dropped the connection (a
+    pool's wait for a connection that timed out included): the same statements may pass
+    once it is back. Not a refusal of what they held, nor a bug."""
+    return isinstance(err, psycopg.OperationalError) and not refused(err)
+
+
 def explain_connect_error(url: str, err: Exception) -> DatabaseUnavailable:
     """What a failed connection means, with a hint: a ``DatabaseConfigError`` when the
     server answered and refused these settings (they must change), a

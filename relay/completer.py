@@ -23,7 +23,7 @@ what is queued (up to ``completion_batch``) and writes it in one transaction:
 
 When the database goes away the outcomes are kept and written once it is back (if the
 leases expired meanwhile the fence refuses them, as it should). When it refuses a
-transaction for what it held (``relay.links.refused``: a NUL in jsonb, nesting past its
+transaction for what it held (``outbox.db.refused``: a NUL in jsonb, nesting past its
 stack depth), that is no outage: each outcome is written alone, and one refused again is
 written as what it means (a tool result as an error result, a model turn as its run's
 failure), since its effect is done and its answer arrived. An outcome that cannot be
@@ -43,11 +43,11 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import constants, store, writer
+from outbox import constants, db, store, writer
 from outbox.logs import log
 from outbox.relay import failpoints, spans
 from outbox.relay.config import RelayConfig
-from outbox.relay.links import Link, refusal, refused
+from outbox.relay.links import Link, refusal
 from outbox.relay.metrics import Metrics
 from outbox.relay.outcomes import Claimed, Outcome, deadline_left_s, error_result
 from outbox.schemas import ModelTurnIn
@@ -265,7 +265,7 @@ class Completer:
             return
         except Exception as err:
             failure = err
-        instead = _instead(outcome, failure) if refused(failure) else None
+        instead = _instead(outcome, failure) if db.refused(failure) else None
         if instead is not None:
             log(
                 logger,
@@ -533,7 +533,7 @@ def uncharged(outcome: Outcome) -> bool:
 
 
 def _instead(outcome: Outcome, err: BaseException) -> Outcome | None:
-    """What to write when the database refused ``outcome``'s data (``links.refused``): a
+    """What to write when the database refused ``outcome``'s data (``db.refused``): a
     tool result becomes an error result the model sees, a model turn fails its run (as a
     model answer that cannot be recorded does), both naming the refusal. None for any
     other outcome: its data is ours, and a refusal of it is a bug to look at."""

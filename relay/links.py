@@ -12,9 +12,9 @@ failures it saw), not once per retry, and the ``outbox_relay_db_unavailable`` ga
 which links are waiting: an outage is a state of the relay, not a flood of errors. A relay
 that starts during an outage waits the same way (``wait_for_database``) before it starts.
 
-A statement the server *refused* for what it held (``refused``: a data exception such as
-22P05 for a NUL in jsonb, or a program limit such as 54001, stack depth) is no outage,
-though psycopg raises some of them as ``OperationalError``: the connection is fine, and
+A statement the server *refused* for what it held (``outbox.db.refused``: a data exception
+such as 22P05 for a NUL in jsonb, or a program limit such as 54001, stack depth) is no
+outage, though psycopg raises some of them as ``OperationalError``: the connection is fine, and
 sending the same data again would be refused again. Its owner deals with the data
 (``Link.outage`` tells the two apart).
 
@@ -57,10 +57,6 @@ PREPARE_THRESHOLD = 0  # prepared at once: the first execution runs the generic 
 # Settings of a link that prepares (see Link). JIT off: enable_seqscan = off adds its penalty
 # to the cost of any plan that keeps a scan, and a cost that high makes a server with JIT
 # (PostgreSQL 15 here) compile the statement, for 100 ms and more a claim.
-# SQLSTATE classes of a refusal of the statement's data: 22 data exception (22P05
-# untranslatable character, 22P02 invalid text representation, 22021 a NUL in text),
-# 54 program limit exceeded (54001 statement too complex: stack depth).
-REFUSED_CLASSES = ("22", "54")
 # SQLSTATE class 40, transaction rollback: a deadlock or a serialization failure.
 CONFLICT_CLASS = "40"
 CONFLICT_RETRY_S = 0.05  # the longest random pause before a conflicted transaction is retried
@@ -186,7 +182,7 @@ class Link:
         """Whether ``err`` means the server could not be reached or dropped us (wait,
         reconnect and try again: ``failed``), rather than a refusal of what a statement
         held or a bug, which the same statement would meet again."""
-        if not isinstance(err, psycopg.Error) or refused(err):
+        if not isinstance(err, psycopg.Error) or db.refused(err):
             return False
         conn = self.conn
         broken = conn is None or conn.closed or conn.broken
@@ -212,12 +208,6 @@ class Link:
             with contextlib.suppress(Exception):
                 self.conn.close()
             self.conn = None
-
-
-def refused(err: BaseException) -> bool:
-    """Whether the server refused a statement for the data it held (``REFUSED_CLASSES``)."""
-    sqlstate = getattr(err, "sqlstate", None) or ""
-    return isinstance(err, psycopg.Error) and sqlstate[:2] in REFUSED_CLASSES
 
 
 def conflict(err: BaseException) -> bool:

@@ -11,6 +11,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import psycopg
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -89,6 +90,7 @@ def create_app(
             errors.APIError: errors.api_error,
             threads.ServerBusy: errors.server_busy,
             OutboxError: errors.library_error,
+            psycopg.OperationalError: errors.database_error,
             ValidationError: errors.validation_error,
             HTTPException: http_error,
             Exception: errors.unexpected_error,

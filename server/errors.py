@@ -12,10 +12,12 @@ import math
 import random
 from typing import Any
 
+import psycopg
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from outbox import db
 from outbox.errors import (
     ActiveRunExists,
     BudgetExceeded,
@@ -29,6 +31,7 @@ from outbox.logs import log
 from outbox.server.threads import RETRY_AFTER_MAX_S, ServerBusy
 
 logger = logging.getLogger("server.errors")  # JSON lines as every server log (outbox.logs)
+OUTAGE_RETRY_AFTER_S = 1  # what a 503 for the database gone asks a client to wait, at least
 
 
 class APIError(Exception):
@@ -126,6 +129,40 @@ async def server_busy(request: Request, exc: Exception) -> JSONResponse:
             "retry-after-ms": str(
                 round(min(exc.retry_after_s * random.uniform(1, 2), RETRY_AFTER_MAX_S) * 1000)
             ),
+        },
+    )
+    return await api_error(request, err)
+
+
+async def database_error(request: Request, exc: Exception) -> JSONResponse:
+    """The database could not be reached or dropped the request's connection: a 503 the
+    client sends again (the openai SDK does, after ``Retry-After``), and a check of the
+    pool's other connections. A refusal psycopg raises as ``OperationalError`` (``db.refused``)
+    is a bug's 500, like any other."""
+    assert isinstance(exc, psycopg.OperationalError)
+    if not db.unreachable(exc):
+        return await unexpected_error(request, exc)
+    said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    log(
+        logger,
+        logging.WARNING,
+        "api.database_unavailable",
+        **_identities(request),
+        path=request.url.path,
+        error=said,
+    )
+    request.app.state.config.store.recheck()
+    err = APIError(
+        503,
+        f"The database could not be reached, or went away during this request ({said}). "
+        "Send it again in a second or later: with the same Idempotency-Key, a request whose "
+        "write was stored before the database went away is answered from it, never stored "
+        "twice.",
+        type="server_error",
+        code="database_unavailable",
+        headers={
+            "Retry-After": str(OUTAGE_RETRY_AFTER_S),
+            "retry-after-ms": str(round(OUTAGE_RETRY_AFTER_S * random.uniform(1, 2) * 1000)),
         },
     )
     return await api_error(request, err)

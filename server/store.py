@@ -20,6 +20,7 @@ relay's durable commit. docs/serve.md, "Durability of a waiting create".
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,7 +36,10 @@ from outbox.sql import Queries
 
 Q = Queries(QUERIES / "api.sql")
 Row = dict[str, Any]
-POOL_TIMEOUT_S = 10.0  # seconds a request waits for a free connection before a 503
+# Seconds a call waits for a free connection before a 503 database_unavailable: with one
+# handler thread per connection (server.threads) a call waits only while the pool cannot
+# open one, the database unreachable.
+POOL_TIMEOUT_S = 10.0
 
 
 DB_CONNECTIONS = 10  # a server process's connections, LISTEN's included, unless told otherwise
@@ -53,9 +57,25 @@ class Store:
             open=False,
             kwargs={"connect_timeout": db.CONNECT_TIMEOUT_S},
         )
+        self._checking = threading.Lock()
 
     def open(self) -> None:
         self.pool.open(wait=True)
+
+    def recheck(self) -> None:
+        """After a request met the database gone: test the pool's idle connections in the
+        background (one check at a time), so that the requests after it do not each take
+        a connection the server has already dropped."""
+        if self._checking.acquire(blocking=False):
+            threading.Thread(target=self._check, name="pool-check", daemon=True).start()
+
+    def _check(self) -> None:
+        try:
+            self.pool.check()  # broken ones replaced by the pool's own workers
+        except psycopg.Error:
+            pass  # still down: the next request that meets it asks again
+        finally:
+            self._checking.release()
 
     def close(self) -> None:
         self.pool.close()

@@ -214,3 +214,32 @@ def test_a_refusal_the_database_could_not_make_durable_is_a_503(db_url, sdk, mon
             extra_headers={"Idempotency-Key": "cut-1"},
         )
     assert sdk.responses.retrieve(first.id).id == first.id
+
+
+def test_a_request_meeting_the_database_gone_is_a_503_and_sent_again_is_stored_once(db_url, sdk):
+    """Every backend of the server is terminated between two requests (the pool's idle
+    connections with them): the next request meets a dropped connection. Its answer is a
+    503 the SDK sends again by itself, never a 500; sent again with the same key, it is
+    stored once."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        others = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()"
+        ).fetchall()
+        assert others, "the server holds no connection"
+        for (pid,) in others:
+            assert conn.execute("SELECT pg_terminate_backend(%s, 10000)", [pid]).fetchone()
+    ask = {"model": "scripted-1", "input": "refund 44", "background": True}
+    with pytest.raises(openai.InternalServerError) as gone:
+        sdk.responses.create(**ask, extra_headers={"Idempotency-Key": "gone-1"})
+    assert gone.value.status_code == 503
+    assert gone.value.code == "database_unavailable"
+    assert "Idempotency-Key" in gone.value.message
+    assert gone.value.response.headers["Retry-After"] == "1"
+    first = sdk.with_options(max_retries=5).responses.create(
+        **ask, extra_headers={"Idempotency-Key": "gone-1"}
+    )
+    again = sdk.responses.create(**ask, extra_headers={"Idempotency-Key": "gone-1"})
+    assert again.id == first.id
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox.responses").fetchone() == (1,)

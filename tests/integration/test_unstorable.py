@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from outbox import lifecycle, registry, writer
+from outbox import db, lifecycle, registry, writer
 from outbox.errors import InvalidInput
 from outbox.relay import links
 from outbox.relay.outcomes import Outcome
@@ -233,7 +233,7 @@ def test_a_refused_statement_is_not_an_outage_and_the_link_stays_open(db_url, li
         conn.execute(f"SELECT ({literal})::jsonb")
     conn.rollback()
     assert err.value.sqlstate == sqlstate
-    assert links.refused(err.value)
+    assert db.refused(err.value) and not db.unreachable(err.value)
     assert not link.outage(err.value)
     assert link.get() is conn and conn.execute("SELECT 1").fetchone() == (1,)
     link.close()
