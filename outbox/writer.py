@@ -258,7 +258,25 @@ def lock_runs_then_batches(
     that moves many runs forward in one transaction (the relay's completer) takes every
     lock up front this way; the writer's functions then find them held."""
     conn.execute(Q.lock_runs, {"run_ids": run_ids})
+    lock_batches(conn, batch_ids)
+
+
+def lock_batches(conn: psycopg.Connection[Any], batch_ids: list[int]) -> None:
+    """Lock batches in id order, their runs already locked (``lock_runs_then_batches``)."""
     conn.execute(Q.lock_batches, {"batch_ids": batch_ids})
+
+
+def lock_runs_unless_held(
+    conn: psycopg.Connection[Any], run_ids: list[uuid.UUID]
+) -> set[uuid.UUID]:
+    """Lock, in id order, those of ``run_ids`` that no other transaction holds, without
+    waiting for the others; returns the ids of those held elsewhere (a run that no longer
+    exists is not among them: whoever writes for it finds it gone)."""
+    free = {r for (r,) in conn.execute(Q.lock_free_runs, {"run_ids": run_ids})}
+    missing = [r for r in run_ids if r not in free]
+    if not missing:
+        return set()
+    return {r for (r,) in conn.execute(Q.runs_that_exist, {"run_ids": missing})}
 
 
 def lock_run(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant_id: str | None) -> Row:

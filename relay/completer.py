@@ -95,21 +95,25 @@ class Completer:
     def loop(self, outcomes: queue.Queue[Outcome]) -> None:
         link = self.new_link()
         pending: list[Outcome] = []
+        held = Held()  # outcomes whose runs another transaction holds, tried again later
         while True:
             if not pending:
                 try:
-                    pending.append(outcomes.get(timeout=0.1))
+                    pending.append(outcomes.get(timeout=held.wait_s(0.1)))
                 except queue.Empty:
                     if self.finished.is_set():
+                        held.abandon(outcomes)
                         break
-                    continue
+                    if not held.due():
+                        continue
+            pending.extend(held.take_if_due())
             while len(pending) < self.cfg.completion_batch:
                 try:
                     pending.append(outcomes.get_nowait())
                 except queue.Empty:
                     break
             try:
-                self.write(link, pending)
+                again = self.write(link, pending)
                 link.ok()
             except Exception as err:
                 if link.outage(err):
@@ -125,28 +129,41 @@ class Completer:
                 # Refused data or a bug, not an outage (the connection is fine): one bad
                 # outcome must not stop the others being written.
                 log(logger, logging.ERROR, "complete.batch_failed", error=repr(err), n=len(pending))
-                for outcome in pending:
-                    self._write_alone(link, outcome)
-            for _ in pending:
+                again = [o for outcome in pending for o in self._write_alone(link, outcome)]
+            for _ in range(len(pending) - len(again)):
                 outcomes.task_done()
+            held.keep(again)
             pending = []
         link.close()
 
-    def write(self, link: Link, outcomes: list[Outcome]) -> None:
+    def write(self, link: Link, outcomes: list[Outcome]) -> list[Outcome]:
+        """Write ``outcomes`` in one transaction, but those whose run another transaction
+        holds: they are returned, not written, for a later round. The completer writes the
+        outcomes of many runs of every tenant at once, and one run held by a transaction
+        left open (an application's, a paused process's) must not hold the others back,
+        nor the completer: its runs are locked with SKIP LOCKED, the batches then wait as
+        in every writer path."""
         # One lock order for every completer in every process (batch, then row), so two
         # transactions completing calls of the same batches queue up instead of deadlocking.
         outcomes.sort(key=lambda o: (o.row.batch_id or 0, o.row.id))
+        run_ids = sorted({o.row.run_id for o in outcomes if o.row.run_id is not None})
         conn = link.get()
         with conn.transaction():
-            applied = self.apply_all(conn, outcomes)
+            held = writer.lock_runs_unless_held(conn, run_ids)
+            now = [o for o in outcomes if o.row.run_id not in held]
+            applied = self.apply_all(conn, now, runs_locked=True) if now else []
             failpoints.hit("complete.before_commit")
         failpoints.hit("complete.after_commit")
-        self._after_commit(outcomes, applied)
+        self._after_commit(now, applied)
+        return [o for o in outcomes if o.row.run_id in held]
 
-    def apply_all(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> list[str]:
+    def apply_all(
+        self, conn: psycopg.Connection[Any], outcomes: list[Outcome], *, runs_locked: bool = False
+    ) -> list[str]:
         """Write sorted outcomes in the completer's transaction; what happened to each.
 
-        First the runs, then the batches of the whole transaction are locked, each in id
+        First the runs (unless ``runs_locked``: the caller did), then the batches of the
+        whole transaction are locked, each in id
         order: the one lock order of every writer path (run before batch), so completers,
         cancels and client submissions queue up instead of deadlocking. Terminal tool
         results, batch deliveries and model turns then take set-based paths, a fixed
@@ -163,7 +180,10 @@ class Completer:
         turns = [i for i, o in enumerate(outcomes) if o.action == "turn"]
         run_ids = sorted({o.row.run_id for o in outcomes if o.row.run_id is not None})
         batch_ids = sorted({o.row.batch_id for o in outcomes if o.row.batch_id is not None})
-        writer.lock_runs_then_batches(conn, run_ids, batch_ids)
+        if runs_locked:
+            writer.lock_batches(conn, batch_ids)
+        else:
+            writer.lock_runs_then_batches(conn, run_ids, batch_ids)
         applied: list[str | None] = [None] * len(outcomes)
         for positions, kind, write_all in (
             (results, "tool_call", self._store_results),
@@ -254,15 +274,15 @@ class Completer:
         self.metrics.failed.inc(sum(1 for o in outcomes if o.status == "error"))
         return ["result_" + stored.get(o.row.tool_call_ref or 0, "duplicate") for o in outcomes]
 
-    def _write_alone(self, link: Link, outcome: Outcome) -> None:
-        """Write one outcome on its own. One the database refuses for its data (a result
+    def _write_alone(self, link: Link, outcome: Outcome) -> list[Outcome]:
+        """Write one outcome on its own; returns it if its run is held elsewhere (``write``).
+        One the database refuses for its data (a result
         or a turn it cannot store) is written as what that means instead (``_instead``):
         the effect happened and its answer arrived, so waiting for its lease to run out
         would only have it performed again. If even that fails, the row is left to lease
         expiry."""
         try:
-            self.write(link, [outcome])
-            return
+            return self.write(link, [outcome])
         except Exception as err:
             failure = err
         instead = _instead(outcome, failure) if db.refused(failure) else None
@@ -275,14 +295,14 @@ class Completer:
                 **outcome.row.context(),
             )
             try:
-                self.write(link, [instead])
-                return
+                return self.write(link, [instead])
             except Exception as err:
                 failure = err
         if link.outage(failure):
             link.failed(failure)
         log(logger, logging.ERROR, "complete.failed", error=repr(failure), **outcome.row.context())
         self.written([outcome])
+        return []
 
     def _after_commit(self, outcomes: list[Outcome], applied: list[str]) -> None:
         self.written(outcomes)  # written rows free claim capacity
@@ -521,6 +541,75 @@ class Completer:
         the nominal delay, plus up to as much again."""
         nominal = float(min(self.cfg.retry_cap_s, self.cfg.retry_base_s * 2 ** (failures - 1)))
         return nominal / 2 + random.uniform(0, nominal / 2)
+
+
+class Held:
+    """A completer's outcomes whose runs another transaction holds (``Completer.write``):
+    tried again after 10 ms, then twice as long each round they are still held, up to a
+    second, while the completer writes everything else. Each is logged once when first
+    held (``complete.run_held``), and the count every 30 s while any stays held."""
+
+    FIRST_S = 0.01
+    MOST_S = 1.0
+    LOG_EVERY_S = 30.0
+
+    def __init__(self) -> None:
+        self.outcomes: list[Outcome] = []
+        self.rounds = 0
+        self.due_at = 0.0
+        self.announced: set[int] = set()  # outbox ids logged as held
+        self.logged_at = 0.0
+
+    def keep(self, outcomes: list[Outcome]) -> None:
+        """What the last round could not write: held again (or, with none, the rounds
+        start over once nothing is held)."""
+        if not outcomes:
+            if not self.outcomes:
+                self.rounds = 0
+                self.announced.clear()
+            return
+        self.outcomes.extend(outcomes)
+        self.rounds += 1
+        now = time.monotonic()
+        self.due_at = now + min(self.FIRST_S * 2 ** (self.rounds - 1), self.MOST_S)
+        for outcome in outcomes:
+            if outcome.row.id not in self.announced:
+                self.announced.add(outcome.row.id)
+                log(
+                    logger,
+                    logging.WARNING,
+                    "complete.run_held",
+                    **outcome.row.context(),
+                    hint="another transaction holds this run's row (an application's "
+                    "transaction left open?): its outcome is written once it lets go; "
+                    "pg_locks and pg_stat_activity name the holder",
+                )
+        if now - self.logged_at >= self.LOG_EVERY_S:
+            self.logged_at = now
+            log(logger, logging.WARNING, "complete.runs_held", n=len(self.outcomes))
+
+    def due(self) -> bool:
+        return bool(self.outcomes) and time.monotonic() >= self.due_at
+
+    def take_if_due(self) -> list[Outcome]:
+        if not self.due():
+            return []
+        taken, self.outcomes = self.outcomes, []
+        return taken
+
+    def wait_s(self, most_s: float) -> float:
+        """How long the completer may wait for a new outcome before these are due."""
+        if not self.outcomes:
+            return most_s
+        return max(0.0, min(most_s, self.due_at - time.monotonic()))
+
+    def abandon(self, outcomes: queue.Queue[Outcome]) -> None:
+        """At shutdown: leave them to the release or the rescue, as an outage does."""
+        if self.outcomes:
+            log(logger, logging.WARNING, "complete.abandoned", n=len(self.outcomes))
+        for _ in self.outcomes:
+            outcomes.task_done()
+        self.outcomes = []
 
 
 def uncharged(outcome: Outcome) -> bool:

@@ -62,6 +62,13 @@ SELECT id, run_id FROM {s}.tool_batches WHERE id = ANY(%(batch_ids)s)
 -- Lock runs in id order: the one lock order of every writer path is runs, then batches.
 SELECT * FROM {s}.runs WHERE id = ANY(%(run_ids)s) ORDER BY id FOR UPDATE
 
+-- name: lock_free_runs
+-- Lock those of these runs no other transaction holds, in id order; the ids it locked.
+SELECT id FROM {s}.runs WHERE id = ANY(%(run_ids)s) ORDER BY id FOR UPDATE SKIP LOCKED
+
+-- name: runs_that_exist
+SELECT id FROM {s}.runs WHERE id = ANY(%(run_ids)s)
+
 -- name: lock_batches
 -- Lock batches in id order, after their runs.
 SELECT * FROM {s}.tool_batches WHERE id = ANY(%(batch_ids)s) ORDER BY id FOR UPDATE

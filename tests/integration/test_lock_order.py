@@ -14,7 +14,16 @@ import psycopg
 
 from outbox import lifecycle, registry, writer
 from outbox.schemas import ModelTurnIn, StartRun, ToolCallIn
-from tests.relay_harness import scalar, wait_until
+from outbox.testing.tools import FakeToolService
+from tests.relay_harness import (
+    all_settled,
+    look,
+    register_tool,
+    relay_thread,
+    scalar,
+    seed,
+    wait_until,
+)
 
 OUTPUTS = [{"tool_call_id": "c1", "output": {"ok": True}}]
 
@@ -81,3 +90,42 @@ def test_delivery_and_a_resent_submission_queue_behind_the_run_lock(db_url):
     assert results["deliver"] == "delivered"
     assert results["resubmit"] == "in_progress"  # a no-op that returns the run's status
     assert scalar(db_url, "SELECT count(*) FROM outbox.submissions") == 1
+
+
+def test_a_run_locked_by_an_open_transaction_holds_back_its_own_outcomes_only(db_url):
+    """An application's transaction left open on a run (a submit before a slow call, a
+    leaked session) must not stop the relay's completer, which writes the outcomes of many
+    runs, of every tenant, in one transaction: the other runs' results are written while
+    that run stays locked, and its own once the lock goes. One completer, so an outcome
+    that waited for the lock would hold every other behind it."""
+    with FakeToolService(standard_tools=False) as service:
+        tool = service.add_tool("keyed", "key")
+        with psycopg.connect(db_url) as conn:
+            register_tool(conn, service, "keyed", "key")
+            conn.commit()
+        seed(db_url, ["keyed"], runs=3, calls_per_batch=1, args=lambda n: {"n": n})
+        locked, *free = [r for (r,) in look(db_url, RUNS_OF_CALLS)]
+        with psycopg.connect(db_url) as holder, relay_thread(db_url, completers=1):
+            writer.lock_run(holder, locked, None)
+            wait_until(
+                lambda: results_of(db_url, free) == len(free),
+                what="the results of the runs nobody holds",
+            )
+            wait_until(lambda: len(tool.deliveries) == 3, what="the locked run's call")
+            assert results_of(db_url, [locked]) == 0
+            holder.rollback()
+            wait_until(lambda: all_settled(db_url), what="the locked run's result once let go")
+        assert results_of(db_url, [locked]) == 1
+        assert len(tool.effects) == 3
+
+
+RUNS_OF_CALLS = "SELECT run_id FROM outbox.tool_calls ORDER BY run_id"
+
+
+def results_of(db_url: str, runs: list[Any]) -> int:
+    return scalar(
+        db_url,
+        "SELECT count(*) FROM outbox.tool_results r JOIN outbox.tool_calls c "
+        "ON c.id = r.tool_call_ref WHERE c.run_id = ANY(%s)",
+        [runs],
+    )
