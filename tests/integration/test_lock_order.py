@@ -8,6 +8,7 @@ before the batch).
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -15,6 +16,7 @@ import psycopg
 from outbox import lifecycle, registry, writer
 from outbox.schemas import ModelTurnIn, StartRun, ToolCallIn
 from outbox.testing.tools import FakeToolService
+from tests.helpers import new_run, turn
 from tests.relay_harness import (
     all_settled,
     look,
@@ -129,3 +131,46 @@ def results_of(db_url: str, runs: list[Any]) -> int:
         "ON c.id = r.tool_call_ref WHERE c.run_id = ANY(%s)",
         [runs],
     )
+
+
+def test_a_late_run_held_by_an_open_transaction_does_not_stop_the_heartbeats(db_url):
+    """The relay's maintenance expires runs left waiting for client outputs past their
+    deadline, in the transaction between two heartbeats. A late run held by another
+    transaction must be skipped, not waited for: waiting stops every heartbeat of that
+    relay, and its leases run out under calls still in flight."""
+    with FakeToolService(standard_tools=False) as service:
+        tool = service.add_tool("keyed", "key")
+        tool.stall_after_commit(4.0, n=1)  # a call in flight all along
+        with psycopg.connect(db_url) as conn:
+            register_tool(conn, service, "keyed", "key", timeout_s=10)
+            registry.register(conn, registry.ToolSpec(name="approve", executor="client"))
+            late = new_run(conn, tools=["approve"])
+            writer.record_model_turn(conn, turn(late, 1, ("wait", "approve", {})))
+            conn.execute(
+                "UPDATE outbox.runs SET action_deadline = now() - interval '1 minute' "
+                "WHERE id = %s",
+                [late.id],
+            )
+            conn.commit()
+        seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+        lease = "SELECT lease_expires_at FROM outbox.outbox WHERE kind = 'tool_call'"
+        with relay_thread(db_url, lease_s=2.0):
+            wait_until(lambda: len(tool.deliveries) == 1, what="the call at the tool")
+            with psycopg.connect(db_url) as holder:
+                writer.lock_run(holder, late.id, None)
+                held_at = scalar(db_url, "SELECT now()")
+                # A heartbeat 1.5 s after the hold, past several rounds of the sweep.
+                wait_until(
+                    lambda: (scalar(db_url, lease) or held_at) > held_at + timedelta(seconds=3.5),
+                    what="a heartbeat well after the late run was held",
+                )
+                status = "SELECT status FROM outbox.runs WHERE id = %s"
+                assert scalar(db_url, status, [late.id]) == "requires_action"
+                holder.rollback()
+            wait_until(
+                lambda: scalar(db_url, status, [late.id]) == "expired",
+                what="the late run expired once let go",
+            )
+            wait_until(lambda: all_settled(db_url), what="the call in flight to finish")
+        assert scalar(db_url, "SELECT attempt FROM outbox.tool_results") == 1  # never rescued
+        assert len(tool.effects) == 1
