@@ -15,10 +15,11 @@ import time
 import uuid
 from typing import Any
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from outbox.logs import log
-from outbox.server import threads
+from outbox.server import errors, threads
 
 logger = logging.getLogger("server.access")
 HEADER = b"x-request-id"
@@ -44,10 +45,12 @@ class AccessLog:
         # event and this log line, which names the key's tenant, find each other.
         scope.setdefault("state", {})["request_id"] = request_id
         status = 500
+        begun = False
 
         async def answer(message: Message) -> None:
-            nonlocal status
+            nonlocal status, begun
             if message["type"] == "http.response.start":
+                begun = True
                 status = message["status"]
                 headers = [h for h in message.get("headers", []) if h[0] != HEADER]
                 message["headers"] = [*headers, (HEADER, request_id.encode("latin-1"))]
@@ -55,6 +58,11 @@ class AccessLog:
 
         try:
             await self.app(scope, receive, answer)
+        except Exception as exc:
+            if begun:
+                raise
+            response = await errors.unexpected_error(Request(scope), exc)
+            await response(scope, receive, answer)
         finally:
             threads.end_request(fresh)
             params: dict[str, Any] = scope.get("path_params", {})

@@ -93,7 +93,7 @@ def create_app(
             psycopg.OperationalError: errors.database_error,
             ValidationError: errors.validation_error,
             HTTPException: http_error,
-            Exception: errors.unexpected_error,
+            # Any other error: server.access answers it (a 500), logged once.
         },
     )
     settings = Settings(model_base_url, action_timeout_s)

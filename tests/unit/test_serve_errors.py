@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from typing import Any
 
 import psycopg
+import pytest
 from starlette.requests import Request
 
 from outbox.logs import JsonFormatter
 from outbox.server import errors
+from outbox.server.access import AccessLog
 from tests.helpers import server_logs
 
 
@@ -53,3 +57,50 @@ def test_a_refusal_psycopg_raises_as_an_operational_error_is_no_outage():
         answer = asyncio.run(errors.database_error(Request(scope), refusal))
     assert answer.status_code == 500
     assert [r.msg for r in logged] == ["api.unhandled"]
+
+
+def test_an_error_no_handler_answered_is_a_500_logged_once_and_not_raised_further():
+    """Raised further, Starlette's outermost middleware would have uvicorn log it a second
+    time, as plain text; the 500 carries the request id like any answer."""
+
+    async def broken(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("boom")
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/v1/responses/resp_1",
+        "headers": [(b"x-request-id", b"req_3")],
+        "query_string": b"",
+    }
+    with server_logs() as logged:
+        asyncio.run(AccessLog(broken)(scope, receive, send))
+    start = sent[0]
+    assert start["status"] == 500
+    assert (b"x-request-id", b"req_3") in start["headers"]
+    assert b"boom" not in b"".join(m.get("body", b"") for m in sent)
+    assert [r.msg for r in logged if r.levelno >= logging.WARNING] == ["api.unhandled"]
+
+
+def test_an_error_after_the_answer_began_goes_on_up():
+    async def torn(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise RuntimeError("the stream broke")
+
+    async def send(message: Any) -> None:
+        pass
+
+    async def receive() -> Any:
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "query_string": b""}
+    with pytest.raises(RuntimeError, match="the stream broke"):
+        asyncio.run(AccessLog(torn)(scope, receive, send))
