@@ -22,6 +22,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import psycopg
 
@@ -37,6 +38,10 @@ logger = logging.getLogger("relay.maintenance")
 DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with metrics on)
 RETENTION_ROUND_S = 2.0  # longest retention round, seconds (beyond it: the next round)
 JOURNAL_PARTITIONS_S = 600.0  # how often the journal's days ahead are made (retention or not)
+# Four sweeps a round, each waiting at most a twelfth of the lease for a lock: a round
+# delays the next heartbeat by a third of the lease at most, however the locks fall.
+SWEEPS_SHARE_OF_LEASE = 1 / 12
+T = TypeVar("T")
 
 
 class Maintenance:
@@ -58,6 +63,7 @@ class Maintenance:
         self.cfg = cfg
         self.q = q
         self.metrics = metrics
+        self.sweep_lock_wait_ms = max(1, round(cfg.lease_s * SWEEPS_SHARE_OF_LEASE * 1000))
         self.make_link = make_link
         self.in_flight = in_flight
         self.wake = wake
@@ -192,23 +198,56 @@ class Maintenance:
                 n=len(ids) - len(kept),
             )
 
+    def _sweep(self, link: Link, name: str, work: Callable[[], list[T]]) -> list[T]:
+        """One sweep in a transaction of its own that waits at most ``sweep_lock_wait_s``
+        for a lock. A sweep meets rows other transactions hold (an application's left
+        open, a paused process's), and waiting for them would hold back the next
+        heartbeat of every lease of this worker: it gives up instead, changing nothing
+        (``maintenance.sweep_waits``), the others go on, and the next round tries again."""
+        conn = link.get()
+        try:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = {self.sweep_lock_wait_ms}")
+                return work()
+        except psycopg.errors.LockNotAvailable as err:
+            log(
+                logger,
+                logging.WARNING,
+                "maintenance.sweep_waits",
+                worker=self.cfg.worker_id,
+                sweep=name,
+                error=str(err).strip(),
+                hint="another transaction holds rows this sweep needs; it tries again "
+                "next round (pg_locks and pg_stat_activity name the holder)",
+            )
+            return []
+
     def _rescue(self, link: Link) -> None:
         conn = link.get()
-        with conn.transaction():
-            rescued = conn.execute(
+        rescued = self._sweep(
+            link,
+            "rescue_expired",
+            lambda: conn.execute(
                 self.q.rescue_expired,
                 {
                     "limit": 1000,
                     "worker": self.cfg.worker_id,
                     "max_lost_leases": self.cfg.max_lost_leases,
                 },
-            ).fetchall()
-            stalled = conn.execute(
+            ).fetchall(),
+        )
+        stalled = self._sweep(
+            link,
+            "rescue_stalled_batches",
+            lambda: conn.execute(
                 self.q.rescue_stalled_batches,
                 {"grace_s": self.cfg.stalled_batch_grace_s, "worker": self.cfg.worker_id},
-            ).fetchall()
-            expired = lifecycle.expire_due_runs(conn)
-            denied = approvals.expire_due(conn, self.cfg.worker_id)
+            ).fetchall(),
+        )
+        expired = self._sweep(link, "expire_runs", lambda: lifecycle.expire_due_runs(conn))
+        denied = self._sweep(
+            link, "expire_approvals", lambda: approvals.expire_due(conn, self.cfg.worker_id)
+        )
         for run in expired:
             log(
                 logger,

@@ -174,3 +174,48 @@ def test_a_late_run_held_by_an_open_transaction_does_not_stop_the_heartbeats(db_
             wait_until(lambda: all_settled(db_url), what="the call in flight to finish")
         assert scalar(db_url, "SELECT attempt FROM outbox.tool_results") == 1  # never rescued
         assert len(tool.effects) == 1
+
+
+def test_a_sweep_blocked_by_an_open_transaction_does_not_stop_the_heartbeats(db_url):
+    """A sweep of the maintenance that meets a lock (here the approval sweep, whose call's
+    row an open transaction holds) gives up after a short wait (relay/maintenance.py), and
+    tries again at the next round: waiting for it would stop every heartbeat of the relay,
+    whose leases would run out under the calls in flight."""
+    with FakeToolService(standard_tools=False) as service:
+        tool = service.add_tool("keyed", "key")
+        tool.stall_after_commit(4.0, n=1)  # a call in flight all along
+        risky = service.add_tool("risky", "key")
+        with psycopg.connect(db_url) as conn:
+            register_tool(conn, service, "keyed", "key", timeout_s=10)
+            register_tool(conn, service, "risky", "key", requires_approval=True)
+            waiting = new_run(conn, tools=["risky"])
+            writer.record_model_turn(conn, turn(waiting, 1, ("r1", "risky", {})))
+            conn.commit()
+        seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+        call_of_approval = "SELECT tool_call_ref FROM outbox.approvals"
+        approval = "SELECT status FROM outbox.approvals"
+        lease = "SELECT lease_expires_at FROM outbox.outbox WHERE kind = 'tool_call' AND "
+        lease += "tool_name = 'keyed'"
+        with relay_thread(db_url, lease_s=2.0):
+            wait_until(lambda: len(tool.deliveries) == 1, what="the call at the tool")
+            with psycopg.connect(db_url) as holder:
+                holder.execute(
+                    "SELECT 1 FROM outbox.tool_calls WHERE id = %s FOR UPDATE",
+                    [scalar(db_url, call_of_approval)],
+                )
+                with psycopg.connect(db_url) as conn:  # due now: the next sweep takes it
+                    conn.execute("UPDATE outbox.approvals SET deadline = now()")
+                    conn.commit()
+                held_at = scalar(db_url, "SELECT now()")
+                wait_until(
+                    lambda: (scalar(db_url, lease) or held_at) > held_at + timedelta(seconds=3.5),
+                    what="a heartbeat well after the sweep met the lock",
+                )
+                assert scalar(db_url, approval) == "pending"
+                holder.rollback()
+            wait_until(lambda: scalar(db_url, approval) == "expired", what="the sweep once let go")
+            wait_until(lambda: len(tool.effects) == 1 and all_settled(db_url), what="the call")
+        keyed = "SELECT r.attempt FROM outbox.tool_results r JOIN outbox.tool_calls c "
+        keyed += "ON c.id = r.tool_call_ref WHERE c.tool_name = 'keyed'"
+        assert scalar(db_url, keyed) == 1  # never rescued: its lease was kept all along
+        assert risky.deliveries == []  # denied: nobody approved it in time
