@@ -38,7 +38,9 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        fresh = threads.new_request()  # whatever context its task started in (server.threads)
+        # Whatever context its task started in (server.threads); the app reads its client
+        # through the queue's watch on it.
+        fresh, receive = threads.new_request(receive)
         given = dict(scope["headers"]).get(HEADER, b"").decode("latin-1")[:MAX_REQUEST_ID]
         request_id = given or f"req_{uuid.uuid4().hex}"
         # Handlers journal what they change under this id (routes.request_id): the journal

@@ -89,6 +89,7 @@ def create_app(
         exception_handlers={
             errors.APIError: errors.api_error,
             threads.ServerBusy: errors.server_busy,
+            threads.ClientGone: errors.client_gone,
             OutboxError: errors.library_error,
             psycopg.OperationalError: errors.database_error,
             ValidationError: errors.validation_error,

@@ -28,7 +28,7 @@ from outbox.errors import (
     WrongTenant,
 )
 from outbox.logs import log
-from outbox.server.threads import RETRY_AFTER_MAX_S, ServerBusy
+from outbox.server.threads import RETRY_AFTER_MAX_S, ClientGone, ServerBusy
 
 logger = logging.getLogger("server.errors")  # JSON lines as every server log (outbox.logs)
 OUTAGE_RETRY_AFTER_S = 1  # what a 503 for the database gone asks a client to wait, at least
@@ -165,6 +165,25 @@ async def database_error(request: Request, exc: Exception) -> JSONResponse:
             "retry-after-ms": str(round(OUTAGE_RETRY_AFTER_S * random.uniform(1, 2) * 1000)),
         },
     )
+    return await api_error(request, err)
+
+
+async def client_gone(request: Request, exc: Exception) -> JSONResponse:
+    """A request dropped, nothing of it done, because its client left while it queued
+    (server.threads): logged; the answer (499, as proxies say it) reaches nobody."""
+    assert isinstance(exc, ClientGone)
+    log(
+        logger,
+        logging.WARNING,
+        "api.client_gone",
+        **_identities(request),
+        path=request.url.path,
+        waited_s=round(exc.waited_s, 3),
+        hint="the client gave up before its request had a database connection: its "
+        "timeout is shorter than the queue (outbox serve --queue-timeout), or the "
+        "server needs more --db-connections or --workers",
+    )
+    err = APIError(499, f"{exc}; nothing of it was done.", type="server_error", code="client_gone")
     return await api_error(request, err)
 
 

@@ -54,6 +54,16 @@ SHED_REQUESTS = Counter(
     "Requests refused with 503 because their first call waited past --queue-timeout",
     registry=REGISTRY,
 )
+QUEUED_GONE = Gauge(
+    "outbox_serve_queued_calls_of_gone_clients",
+    "Calls queued for a thread whose client has left: dropped when their turn comes",
+    registry=REGISTRY,
+)
+GONE_REQUESTS = Counter(
+    "outbox_serve_abandoned_requests",
+    "Requests dropped, nothing of them done, because their client left while they queued",
+    registry=REGISTRY,
+)
 
 
 class Observed:

@@ -19,6 +19,13 @@ look-up, ``read_in_thread``, writes nothing), its later calls wait their turn ho
 long: the answer of a request whose run was created is never refused. Without it a burst
 past what the server can store would queue without bound, each request waiting longer
 than its client does.
+
+A request whose client has gone while its first call that may write was queued (a client
+timeout shorter than the queue's: the connection closed) is dropped when the call's turn
+comes, ``ClientGone``, nothing of it done: run then, it would make a run nobody waits for,
+and a client that sent it again without an ``Idempotency-Key`` would get a second one.
+While such a call queues, its request's body read, a watcher waits for the client's
+disconnect (the only message the server can send a request after its body).
 """
 
 from __future__ import annotations
@@ -32,7 +39,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
-from outbox.server.observed import QUEUE_WAIT_SECONDS, QUEUED_CALLS, SHED_REQUESTS
+from starlette.types import Message, Receive
+
+from outbox.server.observed import (
+    GONE_REQUESTS,
+    QUEUE_WAIT_SECONDS,
+    QUEUED_CALLS,
+    QUEUED_GONE,
+    SHED_REQUESTS,
+)
 from outbox.server.store import DB_CONNECTIONS
 
 P = ParamSpec("P")
@@ -67,6 +82,47 @@ class ServerBusy(Exception):
         self.retry_after_s = retry_after_s
 
 
+class ClientGone(Exception):
+    """A request dropped before anything of it was done: its client left while its call
+    waited ``waited_s`` for a thread."""
+
+    def __init__(self, waited_s: float) -> None:
+        super().__init__(f"the client left while its request waited {waited_s:.1f} s")
+        self.waited_s = waited_s
+
+
+class Caller:
+    """A request's client, as the queue sees it: whether the request's body has been read
+    (``received`` is the receive its app is given) and whether the client has gone."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.body_read = False
+        self.gone = threading.Event()  # set on the event loop, read by the pool's threads
+
+    async def received(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            self.body_read = True
+        elif message["type"] == "http.disconnect":
+            self.gone.set()
+        return message
+
+    def watch(self) -> asyncio.Task[Message] | None:
+        """Wait for the client's disconnect while a call queues (a task to cancel once it
+        has its thread); none before the body is read: the next message would be the body."""
+        if not self.body_read or self.gone.is_set():
+            return None
+        return asyncio.get_running_loop().create_task(self.received())
+
+
+_caller: contextvars.ContextVar[Caller | None] = contextvars.ContextVar(
+    "outbox_serve_caller", default=None
+)
+_watched: set[Caller] = set()  # the clients of queued calls that may be dropped (under _lock)
+QUEUED_GONE.set_function(lambda: sum(c.gone.is_set() for c in list(_watched)))
+
+
 def size(threads: int) -> None:
     """Give the pool ``threads`` threads: the connections of the app being made (in a
     process that makes several, the tests', the newest app's count)."""
@@ -92,13 +148,19 @@ def queue_timeout(seconds: float) -> None:
     _queue_timeout_s = seconds
 
 
-def new_request() -> contextvars.Token[bool]:
-    """Before a request is handled (server.access): none of it has begun."""
-    return _begun.set(False)
+Tokens = tuple[contextvars.Token[bool], contextvars.Token[Caller | None]]
 
 
-def end_request(token: contextvars.Token[bool]) -> None:
-    _begun.reset(token)
+def new_request(receive: Receive) -> tuple[Tokens, Receive]:
+    """Before a request is handled (server.access): none of it has begun, and its client
+    is watched through the receive returned, which its app is to be given."""
+    caller = Caller(receive)
+    return (_begun.set(False), _caller.set(caller)), caller.received
+
+
+def end_request(tokens: Tokens) -> None:
+    _begun.reset(tokens[0])
+    _caller.reset(tokens[1])
 
 
 def begun() -> None:
@@ -124,12 +186,19 @@ async def read_in_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) 
 
 async def _run(sheddable: bool, fn: Callable[[], T]) -> T:
     queued, timeout, context = time.monotonic(), _queue_timeout_s, contextvars.copy_context()
+    caller = _caller.get() if sheddable else None
     _queue(+1)
+    if caller is not None:
+        with _lock:
+            _watched.add(caller)
 
     def call() -> T:
         global _held_s
         started = time.monotonic()
         _queue(-1)
+        if caller is not None:
+            with _lock:
+                _watched.discard(caller)
         QUEUE_WAIT_SECONDS.observe(started - queued)
         if sheddable and started - queued > timeout:
             SHED_REQUESTS.inc()
@@ -137,6 +206,9 @@ async def _run(sheddable: bool, fn: Callable[[], T]) -> T:
             # less than the timeout (each client spreads its own resends: server.errors).
             drain_s = _waiting * _held_s / _threads
             raise ServerBusy(started - queued, timeout, min(max(1.0, drain_s), RETRY_AFTER_MAX_S))
+        if caller is not None and caller.gone.is_set():
+            GONE_REQUESTS.inc()
+            raise ClientGone(started - queued)
         try:
             return context.run(fn)
         finally:
@@ -147,9 +219,16 @@ async def _run(sheddable: bool, fn: Callable[[], T]) -> T:
         done = asyncio.get_running_loop().run_in_executor(_pool, call)
     except BaseException:
         _queue(-1)  # not queued after all (a pool shut down with the interpreter)
+        if caller is not None:
+            with _lock:
+                _watched.discard(caller)
         raise
+    watcher = caller.watch() if caller is not None else None
     try:
         return await asyncio.shield(done)
     except asyncio.CancelledError:
         await asyncio.wait({done})  # the call ends first (it may hold a connection)
         raise
+    finally:
+        if watcher is not None:
+            watcher.cancel()

@@ -156,3 +156,47 @@ def test_a_request_whose_run_exists_is_answered_however_long_its_answer_queued(
         other.join(30)
         assert answer == {"result": "hello"}
         assert shed_requests() <= shed + 1  # the other request's read may be shed; not it
+
+
+def abandoned_requests() -> float:
+    return REGISTRY.get_sample_value("outbox_serve_abandoned_requests_total") or 0.0
+
+
+def test_a_create_whose_client_left_while_it_queued_is_dropped_having_stored_nothing(
+    db_url, model, api_keys
+):
+    """A client whose timeout is shorter than the queue's gives up and closes its
+    connection: its create, run when its turn came, would make a run nobody waits for,
+    and a second one when it is sent again without an Idempotency-Key."""
+    key = api_keys[TENANTS[0]]
+    with (
+        serve(db_url, model_base_url=model.url + "/v1", max_connections=2) as url,
+        client(url, key, timeout=60) as sdk,
+        client(url, key, timeout=1.0) as hasty,
+    ):
+        gone = abandoned_requests()
+
+        def create(who: openai.OpenAI, text: str) -> Any:
+            return who.responses.create(model="scripted", input=text, background=True)
+
+        with server_logs() as logged:
+            with keys_locked(db_url):
+                first, first_out = in_thread(lambda: create(sdk, "first"))
+                wait_until(lambda: blocked_on_a_lock(db_url), 20, "the first create to wait")
+                with pytest.raises(openai.APITimeoutError):
+                    create(hasty, "second")  # queued behind the first, then left
+                wait_until(
+                    lambda: REGISTRY.get_sample_value("outbox_serve_queued_calls_of_gone_clients"),
+                    20,
+                    "the server to see the second's client leave",
+                )
+            first.join(30)
+            wait_until(lambda: abandoned_requests() == gone + 1, 20, "the second to be dropped")
+        assert first_out["result"].status == "queued"
+        gone_lines = [json.loads(JsonFormatter().format(r)) for r in logged]
+        [line] = [g for g in gone_lines if g["event"] == "api.client_gone"]
+        assert line["path"] == "/v1/responses" and line["waited_s"] > 1.0
+        assert not [r for r in logged if r.msg == "api.unhandled"]
+        assert runs(db_url) == 1  # the first's only
+        assert create(sdk, "second").status == "queued"  # sent again, it is served
+        assert runs(db_url) == 2

@@ -96,9 +96,13 @@ async def writes(turn: Turn) -> str:
 
 async def wrote_then_a_new_request_writes(turn: Turn) -> str:
     await threads.in_thread(lambda: "wrote")
-    threads.new_request()  # the next request on this task's context (pipelined)
+    threads.new_request(no_message)  # the next request on this task's context (pipelined)
     await turn()
     return await threads.in_thread(lambda: "wrote")
+
+
+async def no_message() -> Any:
+    await asyncio.Event().wait()  # a client that neither sends nor leaves
 
 
 def test_only_a_requests_first_call_that_may_write_is_shed():
@@ -133,3 +137,46 @@ def test_each_request_starts_with_nothing_begun_whatever_its_task_inherited():
 
     assert asyncio.run(one_request_after_another()) is True  # its own, given back after
     assert seen == [False]
+
+
+def test_a_request_whose_client_left_while_it_queued_is_dropped_and_its_call_never_runs():
+    """The client's disconnect, the next message after the body, is seen while the call
+    queues behind a held thread (no timeout: that is another rule)."""
+    threads.queue_timeout(60)
+    ran: list[str] = []
+
+    async def scenario() -> tuple[Any, Any]:
+        messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        await messages.put({"type": "http.request", "body": b"{}", "more_body": False})
+        holding, gate = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            holding.set()
+            gate.wait()
+
+        held = asyncio.ensure_future(threads.in_thread(hold))
+        await _until(holding.is_set)
+        try:
+
+            async def leaving() -> str:
+                _tokens, receive = threads.new_request(messages.get)
+                await receive()  # the body
+                return await threads.in_thread(lambda: ran.append("left") or "ran")
+
+            async def staying() -> str:
+                threads.new_request(no_message)
+                return await threads.in_thread(lambda: ran.append("stayed") or "ran")
+
+            left = asyncio.ensure_future(leaving())
+            stayed = asyncio.ensure_future(staying())
+            await _until(lambda: threads._waiting == 2)
+            await messages.put({"type": "http.disconnect"})
+            await _until(lambda: messages.empty())  # the watcher took it
+        finally:
+            gate.set()
+        await held
+        return tuple(await asyncio.gather(left, stayed, return_exceptions=True))  # type: ignore[return-value]
+
+    left, stayed = asyncio.run(scenario())
+    assert isinstance(left, threads.ClientGone)
+    assert stayed == "ran" and ran == ["stayed"]
