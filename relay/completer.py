@@ -163,17 +163,17 @@ class Completer:
         """Write sorted outcomes in the completer's transaction; what happened to each.
 
         First the runs (unless ``runs_locked``: the caller did), then the batches of the
-        whole transaction are locked, each in id
-        order: the one lock order of every writer path (run before batch), so completers,
-        cancels and client submissions queue up instead of deadlocking. Terminal tool
-        results, batch deliveries and model turns then take set-based paths, a fixed
-        number of statements however many there are: their rows are fenced together
-        (lease holder and attempt per row); ``writer.record_tool_results`` stores them
-        with one call of ``record_tool_results_v1``, the function every path records
-        results with (it also enqueues, once, and journals the delivery of each batch they
-        complete); ``writer.deliver_batches`` delivers every batch at once;
-        ``writer.record_model_turns`` records every turn in one statement. Fenced rows
-        and every other action go through ``_apply``, which journals a refused write.
+        whole transaction are locked, each in id order: the one lock order of every writer
+        path (run before batch), so completers, cancels and client submissions queue up
+        instead of deadlocking. Terminal tool results, batch deliveries and model turns then
+        take set-based paths, a fixed number of statements however many there are: their
+        rows are fenced together (lease holder and attempt per row);
+        ``writer.record_tool_results`` stores them with one call of
+        ``record_tool_results_v1``, the function every path records results with (it also
+        enqueues, once, and journals the delivery of each batch they complete);
+        ``writer.deliver_batches`` delivers every batch at once;
+        ``writer.record_model_turns`` records every turn in one statement. Fenced rows and
+        every other action go through ``_apply``, which journals a refused write.
         """
         results = [i for i, o in enumerate(outcomes) if o.action == "result"]
         deliveries = [i for i, o in enumerate(outcomes) if o.action == "deliver"]
@@ -276,11 +276,10 @@ class Completer:
 
     def _write_alone(self, link: Link, outcome: Outcome) -> list[Outcome]:
         """Write one outcome on its own; returns it if its run is held elsewhere (``write``).
-        One the database refuses for its data (a result
-        or a turn it cannot store) is written as what that means instead (``_instead``):
-        the effect happened and its answer arrived, so waiting for its lease to run out
-        would only have it performed again. If even that fails, the row is left to lease
-        expiry."""
+        One the database refuses for its data (a result or a turn it cannot store) is
+        written as what that means instead (``_instead``): the effect happened and its
+        answer arrived, so waiting for its lease to run out would only have it performed
+        again. If even that fails, the row is left to lease expiry."""
         try:
             return self.write(link, [outcome])
         except Exception as err:
