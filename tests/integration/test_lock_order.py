@@ -140,7 +140,7 @@ def test_a_late_run_held_by_an_open_transaction_does_not_stop_the_heartbeats(db_
     relay, and its leases run out under calls still in flight."""
     with FakeToolService(standard_tools=False) as service:
         tool = service.add_tool("keyed", "key")
-        tool.stall_after_commit(4.0, n=1)  # a call in flight all along
+        tool.stall_after_commit(6.0, n=1)  # in flight all along: 4 s past the checks
         with psycopg.connect(db_url) as conn:
             register_tool(conn, service, "keyed", "key", timeout_s=10)
             registry.register(conn, registry.ToolSpec(name="approve", executor="client"))
@@ -183,7 +183,7 @@ def test_a_sweep_blocked_by_an_open_transaction_does_not_stop_the_heartbeats(db_
     whose leases would run out under the calls in flight."""
     with FakeToolService(standard_tools=False) as service:
         tool = service.add_tool("keyed", "key")
-        tool.stall_after_commit(4.0, n=1)  # a call in flight all along
+        tool.stall_after_commit(6.0, n=1)  # in flight all along: 4 s past the checks
         risky = service.add_tool("risky", "key")
         with psycopg.connect(db_url) as conn:
             register_tool(conn, service, "keyed", "key", timeout_s=10)
