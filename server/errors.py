@@ -98,16 +98,26 @@ def _identities(request: Request) -> dict[str, Any]:
     return {"tenant_id": state.get("tenant_id"), "correlation_id": state.get("request_id")}
 
 
+def _warn(request: Request, event: str, **fields: Any) -> None:
+    """A request answered without being served, logged with its identities and path."""
+    log(logger, logging.WARNING, event, **_identities(request), path=request.url.path, **fields)
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    """What a 503 asks its client to wait: ``Retry-After`` in whole seconds, and
+    ``retry-after-ms``, which OpenAI's SDKs read first, a delay of each client's own
+    between that and twice that, so that resends do not arrive together."""
+    spread = min(seconds * random.uniform(1, 2), RETRY_AFTER_MAX_S)
+    return {"Retry-After": str(math.ceil(seconds)), "retry-after-ms": str(round(spread * 1000))}
+
+
 async def server_busy(request: Request, exc: Exception) -> JSONResponse:
     """A request shed before anything of it was done (server.threads): a 503 its client
     retries (the openai SDK does, after ``Retry-After``), logged with what it waited."""
     assert isinstance(exc, ServerBusy)
-    log(
-        logger,
-        logging.WARNING,
+    _warn(
+        request,
         "api.shed",
-        **_identities(request),
-        path=request.url.path,
         waited_s=round(exc.waited_s, 3),
         queue_timeout_s=exc.timeout_s,
         retry_after_s=round(exc.retry_after_s, 3),
@@ -122,14 +132,7 @@ async def server_busy(request: Request, exc: Exception) -> JSONResponse:
         "timeout).",
         type="server_error",
         code="server_busy",
-        headers={
-            "Retry-After": str(math.ceil(exc.retry_after_s)),
-            # OpenAI's SDKs read this one first: each client a delay of its own between
-            # the queue's drain time and twice that, so resends do not arrive together.
-            "retry-after-ms": str(
-                round(min(exc.retry_after_s * random.uniform(1, 2), RETRY_AFTER_MAX_S) * 1000)
-            ),
-        },
+        headers=_retry_after(exc.retry_after_s),
     )
     return await api_error(request, err)
 
@@ -143,14 +146,7 @@ async def database_error(request: Request, exc: Exception) -> JSONResponse:
     if not db.unreachable(exc):
         return await unexpected_error(request, exc)
     said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    log(
-        logger,
-        logging.WARNING,
-        "api.database_unavailable",
-        **_identities(request),
-        path=request.url.path,
-        error=said,
-    )
+    _warn(request, "api.database_unavailable", error=said)
     request.app.state.config.store.recheck()
     err = APIError(
         503,
@@ -160,10 +156,7 @@ async def database_error(request: Request, exc: Exception) -> JSONResponse:
         "twice.",
         type="server_error",
         code="database_unavailable",
-        headers={
-            "Retry-After": str(OUTAGE_RETRY_AFTER_S),
-            "retry-after-ms": str(round(OUTAGE_RETRY_AFTER_S * random.uniform(1, 2) * 1000)),
-        },
+        headers=_retry_after(OUTAGE_RETRY_AFTER_S),
     )
     return await api_error(request, err)
 
@@ -172,12 +165,9 @@ async def client_gone(request: Request, exc: Exception) -> JSONResponse:
     """A request dropped, nothing of it done, because its client left while it queued
     (server.threads): logged; the answer (499, as proxies say it) reaches nobody."""
     assert isinstance(exc, ClientGone)
-    log(
-        logger,
-        logging.WARNING,
+    _warn(
+        request,
         "api.client_gone",
-        **_identities(request),
-        path=request.url.path,
         waited_s=round(exc.waited_s, 3),
         hint="the client gave up before its request had a database connection: its "
         "timeout is shorter than the queue (outbox serve --queue-timeout), or the "
@@ -204,7 +194,8 @@ async def validation_error(_request: Request, exc: Exception) -> JSONResponse:
 
 
 async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    """A bug or an outage: logged with its traceback, answered without internals."""
+    """A bug: logged with its traceback, answered without internals (an outage is
+    ``database_error``'s)."""
     logger.error(
         "api.unhandled",
         exc_info=exc,

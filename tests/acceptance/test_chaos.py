@@ -142,16 +142,48 @@ def test_kill_9_soak(db_url, service, tmp_path):
     run_chaos(db_url, service, tmp_path, calls=20000, kills=60)
 
 
-def test_worker_paused_past_its_lease_cannot_overwrite_the_new_holder(db_url, service, tmp_path):
+def a_call_answered_late(db_url: str, service: FakeToolService) -> Any:
+    """One intent of a key-mode tool that answers 1.5 s after its effect, with a 3 s
+    timeout: a relay paused mid-call is past its lease (2 s, ``FAST``) before it hears."""
     tool = service.add_tool("keyed", "key")
-    tool.stall_after_commit(1.5, n=1)  # the first holder waits for its answer when paused
+    tool.stall_after_commit(1.5, n=1)
     with psycopg.connect(db_url) as conn:
         register_tool(conn, service, "keyed", "key", timeout_s=3)
         conn.commit()
     seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
-    log = tmp_path / "relays.log"
-    first = start_relay_process(db_url, log, *FAST)
-    relays = [first]
+    return tool
+
+
+def a_second_relay_takes_over(db_url: str, first: Forked) -> None:
+    """With ``first`` paused mid-call: a second relay (a thread: only the paused one must
+    be a process) finishes the call under a claim of its own, after waiting, as a claim of
+    its own, for the paused request to settle; then ``first`` wakes and its late write is
+    fenced off."""
+    with relay_thread(db_url):
+        wait_until(lambda: all_settled(db_url), what="the second relay to finish the call")
+        assert scalar(db_url, "SELECT attempt FROM outbox.tool_results") > 1
+        first.send_signal(signal.SIGCONT)
+        wait_until(
+            lambda: scalar(
+                db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'write.fenced'"
+            ),
+            what="the late write to be fenced off",
+        )
+
+
+def only_the_paused_claim_was_fenced(db_url: str, tool: Any) -> None:
+    """One effect; the result is another claim's; the paused holder's write, whatever it
+    says (its answer, or a timeout when its clock ran out first on waking), is refused:
+    its fencing token is the first claim's."""
+    assert len(tool.effects) == 1
+    assert scalar(db_url, "SELECT attempt FROM outbox.tool_results") > 1
+    fenced = "SELECT array_agg(attempt) FROM outbox.journal WHERE event = 'write.fenced'"
+    assert scalar(db_url, fenced) == [1]
+
+
+def test_worker_paused_past_its_lease_cannot_overwrite_the_new_holder(db_url, service, tmp_path):
+    tool = a_call_answered_late(db_url, service)
+    first = start_relay_process(db_url, tmp_path / "relays.log", *FAST)
     try:
         owner = f"%:{first.pid}:%"
         wait_until(
@@ -164,28 +196,11 @@ def test_worker_paused_past_its_lease_cannot_overwrite_the_new_holder(db_url, se
             what="the first relay to be mid-call",
         )
         first.send_signal(signal.SIGSTOP)
-        # The second relay runs in a thread: only the paused one must be a process.
-        with relay_thread(db_url):
-            wait_until(lambda: all_settled(db_url), what="the second relay to finish the call")
-            # Another claim's: the second relay's (after waiting, as a claim of its own, for
-            # the paused request to settle).
-            assert scalar(db_url, "SELECT attempt FROM outbox.tool_results") > 1
-            first.send_signal(signal.SIGCONT)
-            wait_until(
-                lambda: scalar(
-                    db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'write.fenced'"
-                ),
-                what="the late write to be fenced off",
-            )
+        a_second_relay_takes_over(db_url, first)
     finally:
         first.send_signal(signal.SIGCONT)
-        stop_all(relays)
-    assert len(tool.effects) == 1
-    assert scalar(db_url, "SELECT attempt FROM outbox.tool_results") > 1
-    # The paused holder's write, whatever it says (its answer, or a timeout when its clock
-    # ran out first on waking), is refused: its fencing token is the first claim's.
-    fenced = "SELECT array_agg(attempt) FROM outbox.journal WHERE event = 'write.fenced'"
-    assert scalar(db_url, fenced) == [1]
+        stop_all([first])
+    only_the_paused_claim_was_fenced(db_url, tool)
 
 
 def test_worker_paused_inside_a_transaction_holds_its_rows_no_longer_than_its_lease(
@@ -195,12 +210,7 @@ def test_worker_paused_inside_a_transaction_holds_its_rows_no_longer_than_its_le
     transaction, the row locked. The server ends that session after a lease idle in a
     transaction (relay/links.py), so the rescue can take the row; without that, SKIP LOCKED
     passes it over for as long as the pause lasts."""
-    tool = service.add_tool("keyed", "key")
-    tool.stall_after_commit(1.5, n=1)
-    with psycopg.connect(db_url) as conn:
-        register_tool(conn, service, "keyed", "key", timeout_s=3)
-        conn.commit()
-    seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+    tool = a_call_answered_late(db_url, service)
     log = tmp_path / "relays.log"
     at_the_tool = tmp_path / "the call is at the tool"
     env = {
@@ -215,26 +225,15 @@ def test_worker_paused_inside_a_transaction_holds_its_rows_no_longer_than_its_le
             lambda: psutil.Process(first.pid).status() == psutil.STATUS_STOPPED,
             what="the first relay to stop inside its heartbeat's transaction",
         )
-        with relay_thread(db_url):
-            wait_until(lambda: all_settled(db_url), what="the second relay to finish the call")
-            assert scalar(db_url, "SELECT attempt FROM outbox.tool_results") > 1
-            first.send_signal(signal.SIGCONT)
-            wait_until(
-                lambda: scalar(
-                    db_url, "SELECT count(*) FROM outbox.journal WHERE event = 'write.fenced'"
-                ),
-                what="the late write to be fenced off",
-            )
-            wait_until(
-                lambda: "idle-in-transaction timeout" in log.read_text(),
-                what="the paused relay to find its heartbeat's session ended by the server",
-            )
+        a_second_relay_takes_over(db_url, first)
+        wait_until(
+            lambda: "idle-in-transaction timeout" in log.read_text(),
+            what="the paused relay to find its heartbeat's session ended by the server",
+        )
     finally:
         first.send_signal(signal.SIGCONT)
         stop_all([first])
-    assert len(tool.effects) == 1
-    fenced = "SELECT array_agg(attempt) FROM outbox.journal WHERE event = 'write.fenced'"
-    assert scalar(db_url, fenced) == [1]
+    only_the_paused_claim_was_fenced(db_url, tool)
 
 
 def stalled_keyed_calls(db_url: str, service: Any, stall_s: float, calls: int) -> Any:
