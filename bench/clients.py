@@ -23,8 +23,11 @@ Two measurements, each beside the same work without the server:
   local function tool of ``TOOL_S``, an ``asyncio.sleep``) run N times at once in one
   asyncio process, with ``Runner.run`` in the SDK's default mode, against ``outbox serve``
   and its relay and against the same model directly (``OpenAIResponsesModel`` over one
-  ``AsyncOpenAI`` client each): the wall of each, their ratio (the cost of durability),
-  and the most database connections the server held. Ideal: ``2 MODEL_S + TOOL_S``.
+  ``AsyncOpenAI`` client each, one run of each before the clock): the wall of each,
+  their ratio (the cost of durability), the most database connections the server held,
+  and from the runs' journals where a served run's time went past the work itself: the
+  relay's leg (a response stored to its model turn recorded) and the client's (a tool
+  call intended to its output stored). Ideal: ``2 MODEL_S + TOOL_S``.
 - **shed** (``python -m bench.clients shed [N] [--queue-timeout S]``, 1 s by default): N
   waiting ``responses.create`` at once through the openai SDK with its default retries, to
   a server whose queue timeout the burst outlasts: how many requests it refused (503
@@ -555,7 +558,12 @@ def agents(server: str, n: int, log: Path) -> dict[str, Any]:
                 row = conn.execute(
                     "SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FROM outbox.runs"
                 ).fetchone()
+                legs = _legs(conn)
         stderr(f"  {n} agent runs against outbox serve --with-relay: {served:.2f} s")
+        stderr(
+            f"  past the work, p50: the relay's leg {legs['relay_leg_extra_s_p50']:.3f} s,"
+            f" the client's {legs['client_leg_extra_s_p50']:.3f} s"
+        )
     finally:
         latency.close()
     assert row is not None
@@ -573,6 +581,35 @@ def agents(server: str, n: int, log: Path) -> dict[str, Any]:
         "client_cpu_s_served": round(served_cpu, 2),
         "server_runs_completed": int(row[0]),
         "server_runs": int(row[1]),
+        **legs,
+    }
+
+
+def _legs(conn: psycopg.Connection[Any]) -> dict[str, float]:
+    """Where a served run's time went, p50 over the runs from their journals (seconds past
+    the work itself): from a response stored to the model turn it asked for recorded, less
+    ``MODEL_S`` (the relay's share: claim, dispatch, record), and from the tool call
+    intended to its output stored, less ``TOOL_S`` (the client's share: the answer's way
+    back, the SDK's turn, its next request and the server storing it)."""
+    rows = conn.execute(
+        "SELECT run_id, event, at FROM outbox.journal"
+        " WHERE event IN ('response.created', 'model_turn.recorded',"
+        "                 'tool_call.intended', 'tool_result.stored')"
+        " ORDER BY run_id, at, id"
+    ).fetchall()
+    relay: list[float] = []
+    client: list[float] = []
+    last: dict[tuple[Any, str], Any] = {}
+    for run, event, at in rows:
+        if event == "model_turn.recorded" and (run, "response.created") in last:
+            relay.append((at - last.pop((run, "response.created"))).total_seconds() - MODEL_S)
+        elif event == "tool_result.stored" and (run, "tool_call.intended") in last:
+            client.append((at - last.pop((run, "tool_call.intended"))).total_seconds() - TOOL_S)
+        else:
+            last[(run, event)] = at
+    return {
+        "relay_leg_extra_s_p50": round(statistics.median(relay), 3) if relay else 0.0,
+        "client_leg_extra_s_p50": round(statistics.median(client), 3) if client else 0.0,
     }
 
 
@@ -605,6 +642,9 @@ def _agent_runs(base_url: str, key: str, n: int) -> tuple[float, float]:
         agent = Agent(name="bench", instructions="Use the tool.", tools=[slow], model=model)
         config = RunConfig(tracing_disabled=True)
         try:
+            # Once before the clock: the SDK builds its models' schemas on first use, a
+            # second of CPU on a slow day that no later run pays.
+            await Runner.run(agent, "warm up", run_config=config)
             started, cpu = time.perf_counter(), time.process_time()
             results = await asyncio.gather(
                 *(Runner.run(agent, f"run {i}", run_config=config) for i in range(n))
