@@ -234,10 +234,19 @@ def refused(err: BaseException) -> bool:
     return isinstance(err, psycopg.Error) and sqlstate[:2] in REFUSED_CLASSES
 
 
+# The server ended the session for a timeout of the client's own making, raised by psycopg
+# as other than ``OperationalError``: 25P03 idle_in_transaction_session_timeout (a process
+# paused inside its transaction, its session ended to free its locks).
+SESSION_ENDED = ("25P03",)
+
+
 def unreachable(err: BaseException) -> bool:
     """Whether ``err`` says the server could not be reached or dropped the connection (a
-    pool's wait for a connection that timed out included): the same statements may pass
-    once it is back. Not a refusal of what they held, nor a bug."""
+    pool's wait for a connection that timed out included, and a session the server ended:
+    ``SESSION_ENDED``): the same statements may pass on another connection. Not a refusal
+    of what they held, nor a bug."""
+    if isinstance(err, psycopg.Error) and getattr(err, "sqlstate", None) in SESSION_ENDED:
+        return True
     return isinstance(err, psycopg.OperationalError) and not refused(err)
 
 

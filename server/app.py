@@ -92,6 +92,7 @@ def create_app(
             threads.ClientGone: errors.client_gone,
             OutboxError: errors.library_error,
             psycopg.OperationalError: errors.database_error,
+            psycopg.errors.IdleInTransactionSessionTimeout: errors.database_error,
             ValidationError: errors.validation_error,
             HTTPException: http_error,
             # Any other error: server.access answers it (a 500), logged once.

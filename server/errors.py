@@ -141,8 +141,9 @@ async def database_error(request: Request, exc: Exception) -> JSONResponse:
     """The database could not be reached or dropped the request's connection: a 503 the
     client sends again (the openai SDK does, after ``Retry-After``), and a check of the
     pool's other connections. A refusal psycopg raises as ``OperationalError`` (``db.refused``)
-    is a bug's 500, like any other."""
-    assert isinstance(exc, psycopg.OperationalError)
+    is a bug's 500, like any other; a session the server ended (``db.SESSION_ENDED``: a
+    request paused inside its transaction) is a 503 too."""
+    assert isinstance(exc, psycopg.Error)
     if not db.unreachable(exc):
         return await unexpected_error(request, exc)
     said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -43,12 +43,25 @@ POOL_TIMEOUT_S = 10.0
 
 
 DB_CONNECTIONS = 10  # a server process's connections, LISTEN's included, unless told otherwise
+# Seconds a request's transaction may wait on the server's own Python (it never waits on
+# anything else: bodies are read before, answers written after) before PostgreSQL ends
+# the session: a server paused mid-request (SIGSTOP, a frozen VM) holds its rows' locks no
+# longer. A busy server's thread waits milliseconds for the GIL; the paused request, once
+# woken, finds its connection gone and is answered 503 database_unavailable, nothing of
+# it stored, to be sent again with its Idempotency-Key.
+IDLE_IN_TRANSACTION_S = 10.0
 
 
 class Store:
     """A pool of connections to the outbox database."""
 
-    def __init__(self, database_url: str, *, max_connections: int = DB_CONNECTIONS) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        max_connections: int = DB_CONNECTIONS,
+        idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
+    ) -> None:
         self.pool = ConnectionPool(
             database_url,
             min_size=1,
@@ -58,6 +71,7 @@ class Store:
             kwargs={"connect_timeout": db.CONNECT_TIMEOUT_S},
         )
         self._checking = threading.Lock()
+        self._idle_ms = str(max(1, round(idle_in_transaction_s * 1000)))  # a setting's text
 
     def open(self) -> None:
         self.pool.open(wait=True)
@@ -102,7 +116,7 @@ class Store:
         answer goes out (the module's docstring)."""
         with self.pool.connection() as conn:
             act = Q.act_for_tenant_unanswered if unanswered else Q.act_for_tenant
-            conn.execute(act, {"tenant_id": tenant_id})
+            conn.execute(act, {"tenant_id": tenant_id, "idle_ms": self._idle_ms})
             with self._request(conn, tenant_id, unanswered, durable_reads):
                 yield conn
 
@@ -114,7 +128,7 @@ class Store:
         pipeline mode), where ``tenant`` waits for each."""
         with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             with conn.pipeline():
-                conn.execute(Q.act_for_tenant, {"tenant_id": tenant_id})
+                conn.execute(Q.act_for_tenant, {"tenant_id": tenant_id, "idle_ms": self._idle_ms})
                 cur.execute(query, params)
                 conn.commit()
             return cur.fetchall()
@@ -133,7 +147,8 @@ class Store:
             found = None
             if key.startswith(keys.PREFIX):
                 act = Q.act_for_key_unanswered if unanswered else Q.act_for_key
-                row = conn.execute(act, {"key_hash": keys.digest(key)}).fetchone()
+                scope = {"key_hash": keys.digest(key), "idle_ms": self._idle_ms}
+                row = conn.execute(act, scope).fetchone()
                 found = None if row is None else row[0]
             if found is None:
                 conn.rollback()  # read nothing a client could be told of: keys are durable

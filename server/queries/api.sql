@@ -9,7 +9,11 @@ SET LOCAL ROLE outbox_api
 -- name: act_for_tenant
 -- act_as_api and tenancy's scope in one statement: for the rest of this transaction, act
 -- as the role outbox_api for one tenant (set_config('role', ..., true) is SET LOCAL ROLE).
-SELECT set_config('role', 'outbox_api', true), set_config('outbox.tenant_id', %(tenant_id)s, true)
+-- The server ends the session if the transaction then waits on its client longer than
+-- idle_ms (a server process paused mid-request: its locks go with it). SET LOCAL, as every
+-- setting here: nothing outlives the transaction, through a pooler too.
+SELECT set_config('role', 'outbox_api', true), set_config('outbox.tenant_id', %(tenant_id)s, true),
+       set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true)
 
 -- name: act_for_tenant_unanswered
 -- act_for_tenant, and this transaction commits without waiting for its WAL flush
@@ -17,6 +21,7 @@ SELECT set_config('role', 'outbox_api', true), set_config('outbox.tenant_id', %(
 -- (a waiting responses.create: its client is answered from the relay's later, durable
 -- commit; docs/serve.md, "Durability of a waiting create").
 SELECT set_config('role', 'outbox_api', true), set_config('outbox.tenant_id', %(tenant_id)s, true),
+       set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true),
        set_config('synchronous_commit', 'off', true)
 
 -- name: act_for_key
@@ -25,7 +30,8 @@ SELECT set_config('role', 'outbox_api', true), set_config('outbox.tenant_id', %(
 -- key's lookup and the transaction's scope in one round trip. The lookup runs first (the
 -- subquery in FROM) through api_key_tenant_v1, which outbox_api may call.
 SELECT k.tenant_id, set_config('role', 'outbox_api', true),
-       set_config('outbox.tenant_id', coalesce(k.tenant_id, ''), true)
+       set_config('outbox.tenant_id', coalesce(k.tenant_id, ''), true),
+       set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true)
 FROM (SELECT {s}.api_key_tenant_v1(%(key_hash)s) AS tenant_id) k
 
 -- name: act_for_key_unanswered
@@ -33,6 +39,7 @@ FROM (SELECT {s}.api_key_tenant_v1(%(key_hash)s) AS tenant_id) k
 -- act_for_tenant_unanswered).
 SELECT k.tenant_id, set_config('role', 'outbox_api', true),
        set_config('outbox.tenant_id', coalesce(k.tenant_id, ''), true),
+       set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true),
        set_config('synchronous_commit', 'off', true)
 FROM (SELECT {s}.api_key_tenant_v1(%(key_hash)s) AS tenant_id) k
 

@@ -11,11 +11,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from outbox import keys, tenancy, writer
+from outbox import db, keys, tenancy, writer
 from outbox.errors import ActiveRunExists
 from outbox.schemas import StartRun
 from outbox.server.errors import APIError
-from outbox.server.store import Store, UnknownKey
+from outbox.server.store import IDLE_IN_TRANSACTION_S, Store, UnknownKey
+from tests.relay_harness import wait_until
 
 
 @pytest.fixture
@@ -147,3 +148,45 @@ def test_a_settled_read_acts_for_its_tenant_and_ends_its_transaction(store):
     with store.pool.connection() as conn:  # the same connection: nothing of it outlives it
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert acting(conn)[0] != "outbox_api" and acting(conn)[1] in (None, "")
+
+
+def lockable(db_url: str, thread: Any) -> bool:
+    """Whether another session can lock the thread's row now (without waiting for it)."""
+    with psycopg.connect(db_url) as conn:
+        try:
+            conn.execute("SELECT 1 FROM outbox.threads WHERE id = %s FOR UPDATE NOWAIT", [thread])
+        except psycopg.errors.LockNotAvailable:
+            return False
+    return True
+
+
+def test_a_request_paused_in_its_transaction_holds_its_locks_no_longer_than_the_bound(
+    store, db_url
+):
+    """A server paused mid-request (SIGSTOP, a frozen VM) is, to PostgreSQL, a session idle
+    in its transaction: the server ends the session after ``idle_in_transaction_s`` and the
+    row the request locked is free again; the paused request, once woken, finds its
+    connection gone (a 503 database_unavailable), nothing of it stored. The bound is the
+    transaction's own (SET LOCAL): a healthy request's connection keeps none of it."""
+    with store.tenant("acme") as conn:
+        thread = writer.create_thread(conn, "acme").id
+        assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == (
+            f"{IDLE_IN_TRANSACTION_S:g}s",
+        )
+    with store.pool.connection() as conn:
+        assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("0",)
+    paused = Store(db_url, max_connections=1, idle_in_transaction_s=0.5)
+    paused.open()
+    try:
+        with pytest.raises(psycopg.Error) as ended, paused.tenant("acme") as conn:
+            made = writer.create_thread(conn, "acme").id
+            conn.execute("SELECT 1 FROM outbox.threads WHERE id = %s FOR UPDATE", [thread])
+            assert not lockable(db_url, thread)
+            wait_until(lambda: lockable(db_url, thread), what="the paused request's lock to go")
+            conn.execute("SELECT 1")  # the request wakes
+    finally:
+        paused.close()
+    assert db.unreachable(ended.value)  # answered 503 database_unavailable, to send again
+    with store.tenant("acme") as conn:
+        row = conn.execute("SELECT count(*) FROM outbox.threads WHERE id = %s", [made])
+        assert row.fetchone() == (0,)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -57,6 +58,32 @@ def test_a_refusal_psycopg_raises_as_an_operational_error_is_no_outage():
         answer = asyncio.run(errors.database_error(Request(scope), refusal))
     assert answer.status_code == 500
     assert [r.msg for r in logged] == ["api.unhandled"]
+
+
+def test_a_session_the_server_ended_is_a_503_to_send_again():
+    """25P03 (idle_in_transaction_session_timeout: the request was paused inside its
+    transaction, and the database ended its session to free its locks) is an
+    ``InternalError`` in psycopg, yet nothing of the request was stored: a 503 to send
+    again, and the pool's connections checked, like any connection the database dropped."""
+    checked: list[bool] = []
+    store = SimpleNamespace(recheck=lambda: checked.append(True))
+    app = SimpleNamespace(state=SimpleNamespace(config=SimpleNamespace(store=store)))
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/responses",
+        "headers": [],
+        "query_string": b"",
+        "app": app,
+        "state": {"request_id": "req_3", "tenant_id": "acme"},
+    }
+    ended = psycopg.errors.IdleInTransactionSessionTimeout("terminating connection")
+    assert not isinstance(ended, psycopg.OperationalError)
+    with server_logs() as logged:
+        answer = asyncio.run(errors.database_error(Request(scope), ended))
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+    assert json.loads(answer.body)["error"]["code"] == "database_unavailable"
+    assert [r.msg for r in logged] == ["api.database_unavailable"] and checked == [True]
 
 
 def test_an_error_no_handler_answered_is_a_500_logged_once_and_not_raised_further():
