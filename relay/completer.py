@@ -43,9 +43,9 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import constants, db, store, writer
+from outbox import constants, db, failpoints, store, writer
 from outbox.logs import log
-from outbox.relay import failpoints, spans
+from outbox.relay import spans
 from outbox.relay.config import RelayConfig
 from outbox.relay.links import Link, refusal
 from outbox.relay.metrics import Metrics

@@ -45,8 +45,8 @@ from concurrent.futures import Executor
 import httpx2
 
 from outbox import config as outbox_config
-from outbox import credentials, registry, storable
-from outbox.relay import failpoints, inprocess, spans
+from outbox import credentials, failpoints, registry, storable
+from outbox.relay import inprocess, spans
 from outbox.relay.mcpclient import McpCaller
 from outbox.relay.outcomes import (
     GATEWAY_ANSWERS,

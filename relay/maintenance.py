@@ -26,9 +26,8 @@ from typing import TypeVar
 
 import psycopg
 
-from outbox import approvals, lifecycle, retention, tracing
+from outbox import approvals, failpoints, lifecycle, retention, tracing
 from outbox.logs import log
-from outbox.relay import failpoints
 from outbox.relay.config import RelayConfig
 from outbox.relay.links import Link
 from outbox.relay.metrics import Metrics

@@ -46,9 +46,9 @@ import httpx2
 from pydantic import ValidationError
 
 from outbox import config as outbox_config
-from outbox import providers, storable
+from outbox import failpoints, providers, storable
 from outbox.errors import OutboxError
-from outbox.relay import failpoints, spans
+from outbox.relay import spans
 from outbox.relay.outcomes import Claimed, Outcome, retry, retry_after_s
 from outbox.relay.poster import Poster
 from outbox.relay.preparer import Turn, step_of

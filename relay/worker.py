@@ -48,9 +48,9 @@ from pathlib import Path
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import tracing
+from outbox import failpoints, tracing
 from outbox.logs import log
-from outbox.relay import failpoints, inprocess
+from outbox.relay import inprocess
 from outbox.relay.capacity import Capacity
 from outbox.relay.completer import Completer
 from outbox.relay.config import RelayConfig, open_files_limit, raise_open_files_limit

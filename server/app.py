@@ -27,7 +27,7 @@ from outbox.server.access import AccessLog
 from outbox.server.actions import Settings
 from outbox.server.observed import Observed
 from outbox.server.routes import ROUTES, Config
-from outbox.server.store import DB_CONNECTIONS, Store
+from outbox.server.store import DB_CONNECTIONS, IDLE_IN_TRANSACTION_S, Store
 from outbox.server.wakeups import Wakeups
 
 # The largest request body accepted: room for a message at the library's payload cap,
@@ -53,6 +53,7 @@ def create_app(
     max_connections: int = DB_CONNECTIONS,
     listen: bool = True,
     queue_timeout_s: float = threads.QUEUE_TIMEOUT_S,
+    idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
 ) -> Starlette:
     """The app on ``database_url``; runs it creates call the model at ``model_base_url``
     (default: the relay's ``OPENAI_BASE_URL``) and wait ``action_timeout_s`` for client
@@ -61,9 +62,12 @@ def create_app(
     through a pooler in transaction mode; server.wakeups). ``max_connections``: every
     connection the app holds, its ``LISTEN`` connection included (``handler_connections``).
     ``queue_timeout_s``: how long a request may wait for one before it is refused with a
-    503, nothing of it done (server.threads)."""
+    503, nothing of it done (server.threads). ``idle_in_transaction_s``: how long a request's
+    transaction may wait on the server before the database ends it (server.store)."""
     handlers = handler_connections(max_connections, listen)
-    store = Store(database_url, max_connections=handlers)
+    store = Store(
+        database_url, max_connections=handlers, idle_in_transaction_s=idle_in_transaction_s
+    )
     threads.size(handlers)
     threads.queue_timeout(queue_timeout_s)
     wakeups = Wakeups(database_url, listen=listen)

@@ -29,7 +29,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from outbox import db, keys, tenancy, writer
+from outbox import db, failpoints, keys, tenancy, writer
 from outbox.errors import DatabaseUnavailable
 from outbox.server import QUERIES
 from outbox.sql import Queries
@@ -165,6 +165,7 @@ class Store:
         try:
             with tenancy.bound(conn, tenant_id):
                 yield
+            failpoints.hit("serve.before_commit")
             if durable_reads and not unanswered:
                 conn.execute(Q.durable_reads)
         except Exception as err:

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from outbox import history, writer
-from outbox.relay.failpoints import CRASH_EXIT_CODE, POINTS
+from outbox.failpoints import CRASH_EXIT_CODE, POINTS
 from outbox.schemas import StartRun
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService

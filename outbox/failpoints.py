@@ -1,5 +1,5 @@
-"""Failpoints: named places where a test can make a relay process die like ``kill -9``, or
-stop like ``SIGSTOP``.
+"""Failpoints: named places where a test can make a relay or ``outbox serve`` process die
+like ``kill -9``, or stop like ``SIGSTOP``.
 
 ``OUTBOX_FAILPOINT=name`` makes the process call ``os._exit`` the first time it reaches the
 point of that name (no cleanup, no lease release, no flush: exactly a crash);
@@ -8,7 +8,7 @@ it gets ``SIGCONT`` (a pause at the worst moment: inside a transaction, its lock
 ``OUTBOX_FAILPOINT_WHEN=path`` holds the point back until that file exists, so a test picks
 the moment (e.g. once a call is at the tool). Unset, a failpoint costs one comparison. The
 tests use them to crash a turn at every boundary between its transactions and prove the
-thread still replays, and to pause a relay inside a transaction.
+thread still replays, and to pause a relay or a server inside a transaction.
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ POINTS = (
     "complete.after_commit",  # outcomes committed, leases not yet forgotten in memory
     "claim.after_commit",  # rows leased, not yet handed to a slot
 )
-# Places a test pauses a relay at (``name:stop``), inside a transaction.
-PAUSE_POINTS = ("heartbeat.before_commit",)  # leases extended (rows locked), not committed
+# Places a test pauses a process at (``name:stop``), inside a transaction.
+PAUSE_POINTS = (
+    "heartbeat.before_commit",  # a relay's leases extended (rows locked), not committed
+    "serve.before_commit",  # a server's request done (its rows locked), not committed
+)
 _ARMED, _, _ACTION = os.environ.get("OUTBOX_FAILPOINT", "").partition(":")
 _WHEN = os.environ.get("OUTBOX_FAILPOINT_WHEN")
 CRASH_EXIT_CODE = 137  # what a shell reports for a process killed by SIGKILL
