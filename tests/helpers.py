@@ -186,6 +186,16 @@ def blocked_on_a_lock(db_url: str) -> bool:
     return bool(found[0][0])
 
 
+def thread_lockable(db_url: str, thread: Any) -> bool:
+    """Whether another session can lock the thread's row now (without waiting for it)."""
+    with psycopg.connect(db_url) as conn:
+        try:
+            conn.execute("SELECT 1 FROM outbox.threads WHERE id = %s FOR UPDATE NOWAIT", [thread])
+        except psycopg.errors.LockNotAvailable:
+            return False
+    return True
+
+
 def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
     """Run ``call`` in a thread; its result or error lands in the dict."""
     out: dict[str, Any] = {}

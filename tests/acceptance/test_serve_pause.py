@@ -27,7 +27,7 @@ import pytest
 
 from outbox import keys
 from outbox.testing.model import ScriptedModel
-from tests.helpers import free_port
+from tests.helpers import free_port, thread_lockable
 from tests.relay_harness import REPO, relay_thread, scalar, wait_until
 
 BOUND_S = 1.0  # the paused server's idle_in_transaction_s
@@ -81,16 +81,6 @@ def post(base: str, key: str, body: dict[str, Any], idem: str) -> httpx2.Respons
     return httpx2.post(base + "/responses", json=body, headers=headers, timeout=DEADLINE_S)
 
 
-def lockable(db_url: str, thread: Any) -> bool:
-    """Whether another session can lock the thread's row now (without waiting for it)."""
-    with psycopg.connect(db_url) as conn:
-        try:
-            conn.execute("SELECT 1 FROM outbox.threads WHERE id = %s FOR UPDATE NOWAIT", [thread])
-        except psycopg.errors.LockNotAvailable:
-            return False
-    return True
-
-
 def test_a_server_paused_inside_a_request_holds_its_rows_no_longer_than_its_bound(
     db_url, paused_server
 ):
@@ -111,9 +101,9 @@ def test_a_server_paused_inside_a_request_holds_its_rows_no_longer_than_its_boun
                 what="the server to stop inside the second request's transaction",
             )
             # Paused, it holds the conversation: a writer of the same thread would wait.
-            assert not lockable(db_url, thread)
+            assert not thread_lockable(db_url, thread)
             wait_until(
-                lambda: lockable(db_url, thread),
+                lambda: thread_lockable(db_url, thread),
                 what="the database to end the paused request's session, and its locks",
             )
             assert scalar(db_url, "SELECT count(*) FROM outbox.runs") == 1  # nothing of it

@@ -12,7 +12,6 @@ claim leaves it, after its run was cancelled with the call in flight.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -25,119 +24,95 @@ from tests.relay_harness import REPO
 
 Q = Queries(REPO / "relay" / "queries" / "relay.sql", "outbox")
 WORKER = "relay:1:test"
+RESCUER = "relay:2:test"
 ERROR = "HTTP 500 from keyed"
-CALL_ROW = "SELECT id FROM outbox.outbox WHERE kind = 'tool_call'"
+# What each write is given, and what it leaves of a call whose run is over: the call's
+# last error, the journal's event and its detail.
+WRITES: dict[str, tuple[dict[str, Any], str, str, dict[str, Any]]] = {
+    "retry_later": (
+        {"worker": WORKER, "attempt": 1, "error": ERROR, "delay_s": 1.0, "charge": 1}
+        | {"deadline_in_s": None},
+        f"its run is over: not retried; {ERROR}",
+        "tool_call.dropped",
+        {"reason": "run_over", "instead_of": "retry_later", "error": ERROR, "worker": WORKER},
+    ),
+    "quarantine": (
+        {"worker": WORKER, "attempt": 1, "error": ERROR},
+        f"its run is over: not parked for an operator; {ERROR}",
+        "tool_call.dropped",
+        {"reason": "run_over", "instead_of": "quarantine", "error": ERROR, "worker": WORKER},
+    ),
+    "rescue_expired": (
+        {"limit": 10, "max_lost_leases": 3, "worker": RESCUER},
+        f"lease of {WORKER} expired during attempt 1 after its run was over: not started "
+        "again, its outcome is unknown",
+        "lease.expired.dropped",
+        {"previous_owner": WORKER, "kind": "tool_call", "reason": "run_over", "worker": RESCUER},
+    ),
+}
 
 
-@pytest.fixture
-def in_flight(db_url: str) -> Iterator[tuple[psycopg.Connection[Any], Any]]:
-    """A call leased by ``WORKER`` (attempt 1, its lease run out) whose run was then
-    cancelled; a connection and the run."""
-    with psycopg.connect(db_url) as conn:
-        spec = registry.ToolSpec(
-            name="keyed", executor="http", endpoint="http://127.0.0.1:9/", idempotency_mode="key"
-        )
-        registry.register(conn, spec)
-        run = new_run(conn, tools=["keyed"])
-        writer.record_model_turn(conn, turn(run, 1, ("k1", "keyed", {"order_id": "42"})))
-        conn.execute(
-            "UPDATE outbox.outbox SET status = 'leased', lease_owner = %s, attempts = 1,"
-            " lease_expires_at = now() - interval '1 second', claimed_at = now()"
-            " WHERE kind = 'tool_call'",
-            [WORKER],
-        )
-        conn.execute("UPDATE outbox.tool_calls SET status = 'running', attempts = 1")
-        lifecycle.cancel_run(conn, run.id, TENANT, actor="test")
-        conn.commit()
-    with psycopg.connect(db_url) as conn:
-        yield conn, run
+def a_leased_call(conn: psycopg.Connection[Any], *, lease: str) -> tuple[writer.RunRef, int]:
+    """A run whose call ``WORKER`` leased (attempt 1, its lease ending ``lease`` from now),
+    as the claim leaves it; the run and the call's queue row."""
+    spec = registry.ToolSpec(
+        name="keyed", executor="http", endpoint="http://127.0.0.1:9/", idempotency_mode="key"
+    )
+    registry.register(conn, spec)
+    run = new_run(conn, tools=["keyed"])
+    writer.record_model_turn(conn, turn(run, 1, ("k1", "keyed", {"order_id": "42"})))
+    row = conn.execute(
+        "UPDATE outbox.outbox SET status = 'leased', lease_owner = %s, attempts = 1,"
+        " lease_expires_at = now() + %s::interval, claimed_at = now()"
+        " WHERE kind = 'tool_call' RETURNING id",
+        [WORKER, lease],
+    ).fetchone()
+    conn.execute("UPDATE outbox.tool_calls SET status = 'running', attempts = 1")
+    assert row is not None
+    return run, int(row[0])
 
 
-def queued(conn: psycopg.Connection[Any]) -> int:
-    return conn.execute("SELECT count(*) FROM outbox.outbox WHERE kind = 'tool_call'").fetchone()[0]  # type: ignore[index]
-
-
-def dropped(conn: psycopg.Connection[Any], event: str) -> list[Any]:
-    return conn.execute(
+def journaled(conn: psycopg.Connection[Any], event: str) -> list[Any]:
+    rows = conn.execute(
         "SELECT attempt, worker, detail FROM outbox.journal WHERE event = %s", [event]
     ).fetchall()
+    return [(attempt, detail | {"worker": worker}) for attempt, worker, detail in rows]
 
 
-def the_call(conn: psycopg.Connection[Any]) -> tuple[Any, ...]:
-    row = conn.execute("SELECT status, attempts, last_error FROM outbox.tool_calls").fetchone()
-    assert row is not None
-    return tuple(row)
-
-
-def told_the_model(conn: psycopg.Connection[Any], run: Any) -> str:
-    messages, _ = history.replay(conn, run.thread_id, TENANT, api="chat")
-    [tool] = [m for m in messages if m["role"] == "tool"]
-    return str(json.loads(tool["content"])["error"])
-
-
-def test_a_retry_of_a_call_whose_run_is_over_drops_it(in_flight):
-    conn, run = in_flight
-    params = {"id": None, "worker": WORKER, "attempt": 1, "error": ERROR, "delay_s": 1.0}
-    params |= {"charge": 1, "deadline_in_s": None}
-    params["id"] = conn.execute(CALL_ROW).fetchone()[0]  # type: ignore[index]
-    assert conn.execute(Q.retry_later, params).fetchall() == []  # the worker: not written
-    assert queued(conn) == 0
-    assert the_call(conn) == ("cancelled", 1, f"its run is over: not retried; {ERROR}")
-    detail = {"reason": "run_over", "instead_of": "retry_later", "error": ERROR}
-    assert dropped(conn, "tool_call.dropped") == [(1, WORKER, detail)]
-    assert told_the_model(conn, run).startswith("outcome unknown: ")
-
-
-def test_a_park_of_a_call_whose_run_is_over_drops_it(in_flight):
-    conn, run = in_flight
-    ident = conn.execute(CALL_ROW).fetchone()[0]  # type: ignore[index]
-    params = {"id": ident, "worker": WORKER, "attempt": 1, "error": ERROR}
-    assert conn.execute(Q.quarantine, params).fetchall() == []
-    assert queued(conn) == 0
-    note = f"its run is over: not parked for an operator; {ERROR}"
-    assert the_call(conn) == ("cancelled", 1, note)
-    detail = {"reason": "run_over", "instead_of": "quarantine", "error": ERROR}
-    assert dropped(conn, "tool_call.dropped") == [(1, WORKER, detail)]
-    assert told_the_model(conn, run).startswith("outcome unknown: ")
-
-
-def test_the_rescue_of_an_expired_lease_of_a_call_whose_run_is_over_drops_it(in_flight):
-    conn, run = in_flight
-    ident = conn.execute(CALL_ROW).fetchone()[0]  # type: ignore[index]
-    params = {"limit": 10, "max_lost_leases": 3, "worker": "relay:2:test"}
-    assert conn.execute(Q.rescue_expired, params).fetchall() == [
-        (ident, "tool_call", "dropped", WORKER)
-    ]
-    assert queued(conn) == 0
-    note = (
-        f"lease of {WORKER} expired during attempt 1 after its run was over: not started "
-        "again, its outcome is unknown"
-    )
-    assert the_call(conn) == ("cancelled", 1, note)
-    detail = {"previous_owner": WORKER, "kind": "tool_call", "reason": "run_over"}
-    assert dropped(conn, "lease.expired.dropped") == [(1, "relay:2:test", detail)]
-    assert told_the_model(conn, run).startswith("outcome unknown: ")
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_a_write_that_meets_a_call_whose_run_is_over_drops_it(db_url, write):
+    params, note, event, detail = WRITES[write]
+    with psycopg.connect(db_url) as conn:
+        run, ident = a_leased_call(conn, lease="-1 second")  # run out: the rescue takes it
+        lifecycle.cancel_run(conn, run.id, TENANT, actor="test")  # the call in flight
+        conn.commit()
+        returned = conn.execute(getattr(Q, write), params | {"id": ident}).fetchall()
+        # Nothing for the worker to report as written; the rescue names the row it dropped.
+        assert returned == (
+            [(ident, "tool_call", "dropped", WORKER)] if write == "rescue_expired" else []
+        )
+        assert conn.execute(
+            "SELECT count(*) FROM outbox.outbox WHERE id = %s", [ident]
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT status, attempts, last_error FROM outbox.tool_calls"
+        ).fetchone() == (
+            "cancelled",
+            1,
+            note,
+        )
+        assert journaled(conn, event) == [(1, detail)]
+        messages, _ = history.replay(conn, run.thread_id, TENANT, api="chat")
+        [tool] = [m for m in messages if m["role"] == "tool"]
+        assert json.loads(tool["content"])["error"].startswith("outcome unknown: ")
 
 
 @pytest.mark.parametrize("write", ["retry_later", "quarantine"])
-def test_a_call_whose_run_is_not_over_is_retried_or_parked_as_ever(db_url, write):
-    """The other side of the judgment: the same writes on a live run keep the row."""
+def test_the_same_write_on_a_live_run_retries_or_parks_the_call_as_ever(db_url, write):
+    params = WRITES[write][0]
     with psycopg.connect(db_url) as conn:
-        spec = registry.ToolSpec(
-            name="keyed", executor="http", endpoint="http://127.0.0.1:9/", idempotency_mode="key"
-        )
-        registry.register(conn, spec)
-        run = new_run(conn, tools=["keyed"])
-        writer.record_model_turn(conn, turn(run, 1, ("k1", "keyed", {"order_id": "42"})))
-        ident = conn.execute(
-            "UPDATE outbox.outbox SET status = 'leased', lease_owner = %s, attempts = 1,"
-            " lease_expires_at = now() + interval '1 minute', claimed_at = now()"
-            " WHERE kind = 'tool_call' RETURNING id",
-            [WORKER],
-        ).fetchone()[0]  # type: ignore[index]
-        params = {"id": ident, "worker": WORKER, "attempt": 1, "error": ERROR, "delay_s": 1.0}
-        params |= {"charge": 1, "deadline_in_s": None}
-        assert conn.execute(getattr(Q, write), params).fetchall() == [(ident,)]
+        _, ident = a_leased_call(conn, lease="1 minute")
+        assert conn.execute(getattr(Q, write), params | {"id": ident}).fetchall() == [(ident,)]
         status = conn.execute("SELECT status FROM outbox.outbox WHERE id = %s", [ident]).fetchone()
         assert status == ("ready" if write == "retry_later" else "quarantined",)
-        assert dropped(conn, "tool_call.dropped") == []
+        assert journaled(conn, "tool_call.dropped") == []

@@ -16,6 +16,7 @@ from outbox.errors import ActiveRunExists
 from outbox.schemas import StartRun
 from outbox.server.errors import APIError
 from outbox.server.store import IDLE_IN_TRANSACTION_S, Store, UnknownKey
+from tests.helpers import thread_lockable
 from tests.relay_harness import wait_until
 
 
@@ -150,16 +151,6 @@ def test_a_settled_read_acts_for_its_tenant_and_ends_its_transaction(store):
         assert acting(conn)[0] != "outbox_api" and acting(conn)[1] in (None, "")
 
 
-def lockable(db_url: str, thread: Any) -> bool:
-    """Whether another session can lock the thread's row now (without waiting for it)."""
-    with psycopg.connect(db_url) as conn:
-        try:
-            conn.execute("SELECT 1 FROM outbox.threads WHERE id = %s FOR UPDATE NOWAIT", [thread])
-        except psycopg.errors.LockNotAvailable:
-            return False
-    return True
-
-
 def test_a_request_paused_in_its_transaction_holds_its_locks_no_longer_than_the_bound(
     store, db_url
 ):
@@ -181,8 +172,10 @@ def test_a_request_paused_in_its_transaction_holds_its_locks_no_longer_than_the_
         with pytest.raises(psycopg.Error) as ended, paused.tenant("acme") as conn:
             made = writer.create_thread(conn, "acme").id
             conn.execute("SELECT 1 FROM outbox.threads WHERE id = %s FOR UPDATE", [thread])
-            assert not lockable(db_url, thread)
-            wait_until(lambda: lockable(db_url, thread), what="the paused request's lock to go")
+            assert not thread_lockable(db_url, thread)
+            wait_until(
+                lambda: thread_lockable(db_url, thread), what="the paused request's lock to go"
+            )
             conn.execute("SELECT 1")  # the request wakes
     finally:
         paused.close()

@@ -19,20 +19,28 @@ from outbox.server.access import AccessLog
 from tests.helpers import server_logs
 
 
+def a_request(method: str, request_id: str, **scope: Any) -> Request:
+    """A request of the tenant acme to /v1/responses, as the middlewares leave it."""
+    state = {"request_id": request_id, "tenant_id": "acme"}
+    return Request(
+        {
+            "type": "http",
+            "method": method,
+            "path": "/v1/responses",
+            "headers": [],
+            "query_string": b"",
+            "state": state,
+            **scope,
+        }
+    )
+
+
 def test_an_unexpected_error_is_a_500_logged_with_its_traceback_and_request_id():
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/responses",
-        "headers": [],
-        "query_string": b"",
-        "state": {"request_id": "req_1", "tenant_id": "acme"},
-    }
     with server_logs() as logged:
         try:
             raise RuntimeError("boom")
         except RuntimeError as err:
-            answer = asyncio.run(errors.unexpected_error(Request(scope), err))
+            answer = asyncio.run(errors.unexpected_error(a_request("POST", "req_1"), err))
     assert answer.status_code == 500
     assert b"boom" not in answer.body
     [line] = [json.loads(JsonFormatter().format(r)) for r in logged if r.msg == "api.unhandled"]
@@ -44,18 +52,10 @@ def test_an_unexpected_error_is_a_500_logged_with_its_traceback_and_request_id()
 def test_a_refusal_psycopg_raises_as_an_operational_error_is_no_outage():
     """54001 (statement too complex) is an ``OperationalError`` in psycopg: the same
     statement would be refused again, so it is a bug's 500, not a 503 to send again."""
-    scope = {
-        "type": "http",
-        "method": "GET",
-        "path": "/v1/responses",
-        "headers": [],
-        "query_string": b"",
-        "state": {"request_id": "req_2", "tenant_id": "acme"},
-    }
     refusal = psycopg.errors.StatementTooComplex("stack depth limit exceeded")
     assert isinstance(refusal, psycopg.OperationalError)
     with server_logs() as logged:
-        answer = asyncio.run(errors.database_error(Request(scope), refusal))
+        answer = asyncio.run(errors.database_error(a_request("GET", "req_2"), refusal))
     assert answer.status_code == 500
     assert [r.msg for r in logged] == ["api.unhandled"]
 
@@ -68,19 +68,10 @@ def test_a_session_the_server_ended_is_a_503_to_send_again():
     checked: list[bool] = []
     store = SimpleNamespace(recheck=lambda: checked.append(True))
     app = SimpleNamespace(state=SimpleNamespace(config=SimpleNamespace(store=store)))
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/responses",
-        "headers": [],
-        "query_string": b"",
-        "app": app,
-        "state": {"request_id": "req_3", "tenant_id": "acme"},
-    }
     ended = psycopg.errors.IdleInTransactionSessionTimeout("terminating connection")
     assert not isinstance(ended, psycopg.OperationalError)
     with server_logs() as logged:
-        answer = asyncio.run(errors.database_error(Request(scope), ended))
+        answer = asyncio.run(errors.database_error(a_request("POST", "req_3", app=app), ended))
     assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
     assert json.loads(answer.body)["error"]["code"] == "database_unavailable"
     assert [r.msg for r in logged] == ["api.database_unavailable"] and checked == [True]
