@@ -78,6 +78,44 @@ def queue_stats(window_min: int, as_json: bool) -> None:
     )
 
 
+@queue_group.command("holders")
+@click.option(
+    "--older-than",
+    "older_than",
+    default="10s",
+    show_default=True,
+    help="Only transactions open this long (90s, 5m), besides those others wait on.",
+)
+@json_option
+def queue_holders(older_than: str, as_json: bool) -> None:
+    """Sessions holding a transaction open on the outbox's tables: what holds a run back.
+
+    An application's transaction left open on a run (a slow call before its commit, a
+    session leaked idle in transaction) holds that run's outcomes back (the relay logs
+    complete.run_held) and makes writers of it wait. Listed: each session with a transaction
+    open longer than --older-than, or that another session waits on, with the tables it
+    holds, how many wait on it and its last statement. SELECT pg_terminate_backend(PID)
+    ends one: its transaction rolls back.
+    """
+    with connection() as conn:
+        found = ops.transaction_holders(conn, ops.parse_age(older_than).total_seconds())
+    if as_json:
+        echo_json(found)
+        return
+    sessions = [{**s, "tables": ", ".join(s["tables"])} for s in found["sessions"]]
+    if sessions:
+        columns = ["pid", "user_name", "application_name", "state", "open_s", "in_state_s"]
+        emit(sessions, False, [*columns, "waiting", "tables", "last_query"])
+    else:
+        click.echo(f"no transaction open on the outbox's tables for {older_than} or more")
+    if found["hidden"]:
+        click.echo(
+            f"\n{found['hidden']} session(s) of other roles hold the outbox's tables and "
+            "their times are hidden from you: a superuser, or a member of pg_read_all_stats, "
+            "sees them"
+        )
+
+
 @click.command("requeue")
 @click.argument("ident", metavar="[ID]", required=False)
 @click.option("--tool", help="Bulk: only calls of this tool.")

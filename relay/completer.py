@@ -581,7 +581,7 @@ class Held:
                     **outcome.row.context(),
                     hint="another transaction holds this run's row (an application's "
                     "transaction left open?): its outcome is written once it lets go; "
-                    "pg_locks and pg_stat_activity name the holder",
+                    "`outbox queue holders` names the holder",
                 )
         if now - self.logged_at >= self.LOG_EVERY_S:
             self.logged_at = now

@@ -217,7 +217,7 @@ class Maintenance:
                 sweep=name,
                 error=str(err).strip(),
                 hint="another transaction holds rows this sweep needs; it tries again "
-                "next round (pg_locks and pg_stat_activity name the holder)",
+                "next round (`outbox queue holders` names the holder)",
             )
             return []
 

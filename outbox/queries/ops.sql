@@ -28,6 +28,39 @@ JOIN {s}.tool_calls tc ON tc.id = o.tool_call_ref
 GROUP BY tc.tool_name
 ORDER BY tc.tool_name
 
+-- name: transaction_holders
+-- Sessions of this database with a transaction open on the schema's tables (a lock on one
+-- of them granted: every statement that reads or writes a table takes one) for at least
+-- older_than_s, or that another session waits on: oldest first, after those others wait
+-- on. pg_locks shows every session; pg_stat_activity hides the state, times and query of
+-- another role's session from a user without pg_read_all_stats (``visible`` false).
+WITH touching AS (
+    SELECT l.pid, array_agg(DISTINCT c.relname::text ORDER BY c.relname::text) AS tables
+    FROM pg_locks l
+    JOIN pg_class c ON c.oid = l.relation
+    WHERE l.granted AND l.database = (SELECT oid FROM pg_database
+                                      WHERE datname = current_database())
+      AND c.relnamespace = '{s}'::regnamespace AND c.relkind IN ('r', 'p')
+    GROUP BY l.pid
+), waiting AS (
+    SELECT b.pid, count(*) AS n
+    FROM pg_stat_activity a, unnest(pg_blocking_pids(a.pid)) AS b(pid)
+    WHERE a.datname = current_database()
+    GROUP BY b.pid
+)
+SELECT a.pid, a.usename::text AS user_name, a.application_name, a.state,
+       round(extract(epoch FROM now() - a.xact_start), 1)::float AS open_s,
+       round(extract(epoch FROM now() - a.state_change), 1)::float AS in_state_s,
+       coalesce(w.n, 0)::int AS waiting, t.tables, left(a.query, 100) AS last_query,
+       a.xact_start IS NOT NULL AS visible
+FROM touching t
+JOIN pg_stat_activity a ON a.pid = t.pid
+LEFT JOIN waiting w ON w.pid = t.pid
+WHERE t.pid <> pg_backend_pid()
+  AND (w.n > 0 OR a.xact_start IS NULL
+       OR a.xact_start <= now() - make_interval(secs => %(older_than_s)s))
+ORDER BY coalesce(w.n, 0) DESC, a.xact_start NULLS LAST, a.pid
+
 -- name: claim_to_start
 -- How long due rows waited before a worker claimed them, over a recent window: rows still in
 -- the hot table (claimed_at - available_at) and events the relay journaled with lag_s.
