@@ -88,14 +88,15 @@ def queue_stats(window_min: int, as_json: bool) -> None:
 )
 @json_option
 def queue_holders(older_than: str, as_json: bool) -> None:
-    """Sessions holding a transaction open on the outbox's tables: what holds a run back.
+    """Sessions whose open transaction holds outbox rows: what holds a run back.
 
     An application's transaction left open on a run (a slow call before its commit, a
     session leaked idle in transaction) holds that run's outcomes back (the relay logs
-    complete.run_held) and makes writers of it wait. Listed: each session with a transaction
-    open longer than --older-than, or that another session waits on, with the tables it
-    holds, how many wait on it and its last statement. SELECT pg_terminate_backend(PID)
-    ends one: its transaction rolls back.
+    complete.run_held) and makes writers of it wait. Listed: each session whose transaction,
+    open longer than --older-than, has locked or written rows of the outbox's tables (a
+    transaction that only reads, a pg_dump, holds none back), or that another session waits
+    on; with the tables, how many wait on it and its last statement. SELECT
+    pg_terminate_backend(PID) ends one: its transaction rolls back.
     """
     with connection() as conn:
         found = ops.transaction_holders(conn, ops.parse_age(older_than).total_seconds())
@@ -107,12 +108,12 @@ def queue_holders(older_than: str, as_json: bool) -> None:
         columns = ["pid", "user_name", "application_name", "state", "open_s", "in_state_s"]
         emit(sessions, False, [*columns, "waiting", "tables", "last_query"])
     else:
-        click.echo(f"no transaction open on the outbox's tables for {older_than} or more")
+        click.echo(f"no transaction has held outbox rows for {older_than} or more")
     if found["hidden"]:
         click.echo(
-            f"\n{found['hidden']} session(s) of other roles hold the outbox's tables and "
-            "their times are hidden from you: a superuser, or a member of pg_read_all_stats, "
-            "sees them"
+            f"\n{found['hidden']} session(s) of other roles hold outbox rows now and their "
+            "times are hidden from you: a superuser, or a member of pg_read_all_stats, sees "
+            "them"
         )
 
 

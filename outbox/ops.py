@@ -91,11 +91,12 @@ def queue_stats(conn: psycopg.Connection[Any], window_min: int = 15) -> Row:
 
 
 def transaction_holders(conn: psycopg.Connection[Any], older_than_s: float = 10.0) -> Row:
-    """Sessions holding a transaction open on the outbox's tables for ``older_than_s`` or
-    more, or that another session waits on (``waiting``): what holds back a run the
-    relay's completer skips (``complete.run_held``), a sweep that gives up
-    (``maintenance.sweep_waits``) or a writer that waits. ``hidden`` counts the sessions of
-    other roles whose times the caller may not read (PostgreSQL's ``pg_read_all_stats``)."""
+    """Sessions whose transaction, open ``older_than_s`` or more, holds rows of the outbox's
+    tables (locked or written), or that another session waits on (``waiting``): what holds
+    back a run the relay's completer skips (``complete.run_held``), a sweep that gives up
+    (``maintenance.sweep_waits``) or a writer that waits. ``hidden`` counts the sessions
+    of other roles holding rows whose times the caller may not read (PostgreSQL's
+    ``pg_read_all_stats``)."""
     rows = fetch_all(conn, Q.transaction_holders, {"older_than_s": older_than_s})
     shown = [{k: v for k, v in r.items() if k != "visible"} for r in rows if r["visible"]]
     return {"sessions": shown, "hidden": len(rows) - len(shown), "older_than_s": older_than_s}

@@ -29,13 +29,16 @@ GROUP BY tc.tool_name
 ORDER BY tc.tool_name
 
 -- name: transaction_holders
--- Sessions of this database with a transaction open on the schema's tables (a lock on one
--- of them granted: every statement that reads or writes a table takes one) for at least
--- older_than_s, or that another session waits on: oldest first, after those others wait
--- on. pg_locks shows every session; pg_stat_activity hides the state, times and query of
--- another role's session from a user without pg_read_all_stats (``visible`` false).
+-- Sessions of this database whose transaction holds rows of the schema's tables for at
+-- least older_than_s (a lock on one of them stronger than a plain read's: FOR UPDATE, or a
+-- write), or that another session waits on: those others wait on first, then the oldest.
+-- A transaction that only reads (a pg_dump) holds no row back and is left out, unless
+-- somebody waits on it. pg_locks shows every session; pg_stat_activity hides the state,
+-- times and query of another role's session from a user without pg_read_all_stats
+-- (``visible`` false).
 WITH touching AS (
-    SELECT l.pid, array_agg(DISTINCT c.relname::text ORDER BY c.relname::text) AS tables
+    SELECT l.pid, array_agg(DISTINCT c.relname::text ORDER BY c.relname::text) AS tables,
+           bool_or(l.mode <> 'AccessShareLock') AS holds_rows
     FROM pg_locks l
     JOIN pg_class c ON c.oid = l.relation
     WHERE l.granted AND l.database = (SELECT oid FROM pg_database
@@ -57,8 +60,9 @@ FROM touching t
 JOIN pg_stat_activity a ON a.pid = t.pid
 LEFT JOIN waiting w ON w.pid = t.pid
 WHERE t.pid <> pg_backend_pid()
-  AND (w.n > 0 OR a.xact_start IS NULL
-       OR a.xact_start <= now() - make_interval(secs => %(older_than_s)s))
+  AND (w.n > 0
+       OR t.holds_rows AND (a.xact_start IS NULL
+                            OR a.xact_start <= now() - make_interval(secs => %(older_than_s)s)))
 ORDER BY coalesce(w.n, 0) DESC, a.xact_start NULLS LAST, a.pid
 
 -- name: claim_to_start

@@ -74,6 +74,16 @@ def test_the_holder_of_a_run_is_named_with_those_waiting_on_it(db_url, held):
     assert holders(db_url, "--older-than", "0s")["sessions"] == []
 
 
+def test_a_transaction_that_only_reads_holds_nothing_back(db_url):
+    """A reader's transaction (a report, a pg_dump) takes no row's lock: not listed."""
+    with psycopg.connect(db_url) as reader:
+        reader.execute("SELECT count(*) FROM outbox.runs")
+        assert holders(db_url, "--older-than", "0s")["sessions"] == []
+        reader.execute("SELECT 1 FROM outbox.runs FOR UPDATE")  # now it would hold rows
+        [holder] = holders(db_url, "--older-than", "0s")["sessions"]
+        assert holder["pid"] == reader.info.backend_pid
+
+
 @pytest.mark.usefixtures("held")
 def test_a_user_who_may_not_read_other_sessions_is_told_how_many_are_hidden(db_url):
     login = f"ops_{uuid.uuid4().hex[:8]}"
