@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from prometheus_client import Gauge
 from psycopg.types.json import Jsonb
 
 from outbox import constants, db, failpoints, store, writer
@@ -95,7 +96,7 @@ class Completer:
     def loop(self, outcomes: queue.Queue[Outcome]) -> None:
         link = self.new_link()
         pending: list[Outcome] = []
-        held = Held()  # outcomes whose runs another transaction holds, tried again later
+        held = Held(self.metrics.outcomes_held)  # outcomes whose runs are held elsewhere
         while True:
             if not pending:
                 try:
@@ -552,7 +553,8 @@ class Held:
     MOST_S = 1.0
     LOG_EVERY_S = 30.0
 
-    def __init__(self) -> None:
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge  # the outcomes held, of every completer of the process
         self.outcomes: list[Outcome] = []
         self.rounds = 0
         self.due_at = 0.0
@@ -568,6 +570,7 @@ class Held:
                 self.announced.clear()
             return
         self.outcomes.extend(outcomes)
+        self.gauge.inc(len(outcomes))
         self.rounds += 1
         now = time.monotonic()
         self.due_at = now + min(self.FIRST_S * 2 ** (self.rounds - 1), self.MOST_S)
@@ -594,6 +597,7 @@ class Held:
         if not self.due():
             return []
         taken, self.outcomes = self.outcomes, []
+        self.gauge.dec(len(taken))
         return taken
 
     def wait_s(self, most_s: float) -> float:
@@ -608,6 +612,7 @@ class Held:
             log(logger, logging.WARNING, "complete.abandoned", n=len(self.outcomes))
         for _ in self.outcomes:
             outcomes.task_done()
+        self.gauge.dec(len(self.outcomes))
         self.outcomes = []
 
 

@@ -209,6 +209,7 @@ class Maintenance:
                 conn.execute(f"SET LOCAL lock_timeout = {self.sweep_lock_wait_ms}")
                 return work()
         except psycopg.errors.LockNotAvailable as err:
+            self.metrics.sweeps_deferred.labels(name).inc()
             log(
                 logger,
                 logging.WARNING,

@@ -49,6 +49,17 @@ class Metrics:
             "outbox_relay_fenced_writes", "Completion writes refused: lease lost", registry=r
         )
         self.rescued = Counter("outbox_relay_rescued", "Expired leases taken back", registry=r)
+        self.outcomes_held = Gauge(
+            "outbox_relay_outcomes_held",
+            "Outcomes waiting to be written because another transaction holds their run",
+            registry=r,
+        )
+        self.sweeps_deferred = Counter(
+            "outbox_relay_sweeps_deferred",
+            "Maintenance sweeps that gave up on a lock another transaction holds, by sweep",
+            ["sweep"],
+            registry=r,
+        )
         self.retained = Counter(
             "outbox_relay_retained",
             "Conversations (threads) moved out of the hot tables by retention",

@@ -107,21 +107,31 @@ def test_a_run_locked_by_an_open_transaction_holds_back_its_own_outcomes_only(db
             conn.commit()
         seed(db_url, ["keyed"], runs=3, calls_per_batch=1, args=lambda n: {"n": n})
         locked, *free = [r for (r,) in look(db_url, RUNS_OF_CALLS)]
-        with psycopg.connect(db_url) as holder, relay_thread(db_url, completers=1):
+        with (
+            psycopg.connect(db_url) as holder,
+            relay_thread(db_url, completers=1) as worker,
+        ):
             writer.lock_run(holder, locked, None)
             wait_until(
                 lambda: results_of(db_url, free) == len(free),
                 what="the results of the runs nobody holds",
             )
             wait_until(lambda: len(tool.deliveries) == 3, what="the locked run's call")
+            # Its outcome waits, and says so to an operator's alert.
+            wait_until(lambda: held_outcomes(worker) == 1, what="the outcome counted as held")
             assert results_of(db_url, [locked]) == 0
             holder.rollback()
             wait_until(lambda: all_settled(db_url), what="the locked run's result once let go")
+            assert held_outcomes(worker) == 0
         assert results_of(db_url, [locked]) == 1
         assert len(tool.effects) == 3
 
 
 RUNS_OF_CALLS = "SELECT run_id FROM outbox.tool_calls ORDER BY run_id"
+
+
+def held_outcomes(worker: Any) -> float | None:
+    return worker.metrics.registry.get_sample_value("outbox_relay_outcomes_held")
 
 
 def results_of(db_url: str, runs: list[Any]) -> int:
@@ -196,7 +206,7 @@ def test_a_sweep_blocked_by_an_open_transaction_does_not_stop_the_heartbeats(db_
         approval = "SELECT status FROM outbox.approvals"
         lease = "SELECT lease_expires_at FROM outbox.outbox WHERE kind = 'tool_call' AND "
         lease += "tool_name = 'keyed'"
-        with relay_thread(db_url, lease_s=2.0):
+        with relay_thread(db_url, lease_s=2.0) as worker:
             wait_until(lambda: len(tool.deliveries) == 1, what="the call at the tool")
             with psycopg.connect(db_url) as holder:
                 holder.execute(
@@ -212,6 +222,10 @@ def test_a_sweep_blocked_by_an_open_transaction_does_not_stop_the_heartbeats(db_
                     what="a heartbeat well after the sweep met the lock",
                 )
                 assert scalar(db_url, approval) == "pending"
+                deferred = worker.metrics.registry.get_sample_value(
+                    "outbox_relay_sweeps_deferred_total", {"sweep": "expire_approvals"}
+                )
+                assert deferred is not None and deferred >= 1
                 holder.rollback()
             wait_until(lambda: scalar(db_url, approval) == "expired", what="the sweep once let go")
             wait_until(lambda: len(tool.effects) == 1 and all_settled(db_url), what="the call")
