@@ -10,11 +10,16 @@ overrides one of them with a fixture of the same name that asks for it.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import httpx2
 import openai
 import psycopg
 import pytest
@@ -25,7 +30,7 @@ from outbox.server.app import create_app
 from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.helpers import free_port
-from tests.relay_harness import register_tool, relay_thread
+from tests.relay_harness import REPO, register_tool, relay_thread, wait_until
 
 START_TIMEOUT_S = 20.0  # seconds the server gets to start listening
 TENANTS = ("acme", "globex")  # the two tenants with a key: ``sdk`` acts for the first
@@ -53,6 +58,51 @@ def serve(database_url: str, **options: object) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+# ``outbox serve``'s app in a process of its own, for a test that pauses or kills it (a
+# pause of the test's own process would stop the test), with a short idle bound so the
+# test need not wait out the default 10 s.
+SERVE_PROCESS = """
+import sys, uvicorn
+from outbox.server.app import create_app
+url, model, port, bound = sys.argv[1:]
+app = create_app(url, model_base_url=model, idle_in_transaction_s=float(bound))
+uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning")
+"""
+
+
+def serve_process(
+    database_url: str,
+    model_base_url: str,
+    port: int,
+    log: Path,
+    *,
+    idle_in_transaction_s: float = 1.0,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """The app serving on ``port`` in a process of its own, its output appended to
+    ``log``; returns once it answers."""
+    args = [database_url, model_base_url, str(port), str(idle_in_transaction_s)]
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-c", SERVE_PROCESS, *args],
+            env={**os.environ, **(env or {})},
+            cwd=REPO,
+            stdout=out,
+            stderr=out,
+        )
+    base = f"http://127.0.0.1:{port}/v1"
+    wait_until(lambda: answers(base), timeout_s=START_TIMEOUT_S * 3, what="the server to answer")
+    return process
+
+
+def answers(base_url: str) -> bool:
+    """Whether a server answers on ``base_url`` (anything but a 5xx)."""
+    try:
+        return httpx2.get(base_url + "/models", timeout=5).status_code < 500
+    except httpx2.TransportError:
+        return False
 
 
 def client(base_url: str, key: str, **options: object) -> openai.OpenAI:

@@ -11,10 +11,8 @@ and before its commit: the thread's row locked, the run inserted.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,18 +26,11 @@ import pytest
 from outbox import keys
 from outbox.testing.model import ScriptedModel
 from tests.helpers import free_port, thread_lockable
-from tests.relay_harness import REPO, relay_thread, scalar, wait_until
+from tests.relay_harness import relay_thread, scalar, wait_until
+from tests.serve_harness import serve_process
 
 BOUND_S = 1.0  # the paused server's idle_in_transaction_s
-START_S = 60.0  # seconds the server process gets to answer
 DEADLINE_S = 60.0  # seconds a request waits for its answer
-SERVE = """
-import sys, uvicorn
-from outbox.server.app import create_app
-url, model, port, bound = sys.argv[1:]
-app = create_app(url, model_base_url=model, idle_in_transaction_s=float(bound))
-uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning")
-"""
 
 
 @pytest.fixture
@@ -50,30 +41,22 @@ def paused_server(
     yields exists; its base URL, the process and that file."""
     armed = tmp_path / "pause the next request"
     port = free_port()
-    env = {
-        **os.environ,
-        "OUTBOX_FAILPOINT": "serve.before_commit:stop",
-        "OUTBOX_FAILPOINT_WHEN": str(armed),
-    }
+    env = {"OUTBOX_FAILPOINT": "serve.before_commit:stop", "OUTBOX_FAILPOINT_WHEN": str(armed)}
     with ScriptedModel(default=[{"text": "hello"}]) as model:
-        command = [sys.executable, "-c", SERVE, db_url, model.url + "/v1", str(port), str(BOUND_S)]
-        with open(tmp_path / "serve.log", "wb") as log:
-            process = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=log)
-        base = f"http://127.0.0.1:{port}/v1"
+        process = serve_process(
+            db_url,
+            model.url + "/v1",
+            port,
+            tmp_path / "serve.log",
+            idle_in_transaction_s=BOUND_S,
+            env=env,
+        )
         try:
-            wait_until(lambda: answers(base), timeout_s=START_S, what="the server to answer")
-            yield base, process, armed
+            yield f"http://127.0.0.1:{port}/v1", process, armed
         finally:
             process.send_signal(signal.SIGCONT)
             process.terminate()
             process.wait(timeout=60)
-
-
-def answers(base: str) -> bool:
-    try:
-        return httpx2.get(base + "/models", timeout=5).status_code < 500
-    except httpx2.TransportError:
-        return False
 
 
 def post(base: str, key: str, body: dict[str, Any], idem: str) -> httpx2.Response:
