@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
