@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx2
 import openai
+import psutil
 import psycopg
 import pytest
 import uvicorn
@@ -93,7 +94,18 @@ def serve_process(
             stderr=out,
         )
     base = f"http://127.0.0.1:{port}/v1"
-    wait_until(lambda: answers(base), timeout_s=START_TIMEOUT_S * 3, what="the server to answer")
+
+    def started() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited ({process.returncode}): see {log}")
+        return answers(base)
+
+    try:
+        wait_until(started, timeout_s=START_TIMEOUT_S * 3, what=f"the server to answer on {port}")
+    except TimeoutError as err:  # what the process was doing: running, sleeping, stopped
+        raise TimeoutError(
+            f"{err} (pid {process.pid}: {psutil.Process(process.pid).status()})"
+        ) from None
     return process
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx2
 import psycopg
+import pytest
 
 from outbox import keys
 from outbox.testing.model import ScriptedModel
@@ -31,45 +32,55 @@ from tests.relay_harness import register_tool, relay_thread, scalar
 from tests.serve_harness import ALL_KINDS, EMAIL, serve_process
 
 CLIENTS = 3
-REQUESTS = 3  # a client's at least, one after another: more until the chaos did ROUNDS
+REQUESTS = 2  # a client's at least, one after another: more until the chaos did ROUNDS
 ROUNDS = 3  # stops and kills, the first two one of each (a kill costs a start: seconds)
 DEADLINE_S = 120.0  # seconds a request may take to be answered, resends included
 RESEND_S = 0.2  # a client's pause before it sends a broken request again
 
 
 class Server:
-    """The server process, and the chaos done to it: a stop (up to 2 s) or a kill and a
-    start again, at random, until told to end; the first two are one of each."""
+    """The server process, and the chaos done to it in a thread of its own: a stop (up to
+    2 s) or a kill and a start again, at random, until ``close``; the first two are one of
+    each. ``close`` ends the chaos before the server, so no start outlives the test."""
 
-    def __init__(self, db_url: str, model_url: str, log: Path) -> None:
+    def __init__(self, db_url: str, model_url: str, log: Path, seed: int) -> None:
         self.start = lambda: serve_process(db_url, model_url, self.port, log)
         self.port = free_port()
         self.process = self.start()
         self.done: list[str] = []
+        self.failed: list[BaseException] = []
         self.end = threading.Event()
+        self.chaos = threading.Thread(target=self._chaos, args=(seed,), daemon=True)
+        self.chaos.start()
 
-    def chaos(self, seed: int) -> None:
+    def _chaos(self, seed: int) -> None:
         rng = random.Random(seed)
-        while not self.end.wait(rng.uniform(0.2, 0.8)):
-            what = (
-                ["stop", "kill"][len(self.done)]
-                if len(self.done) < 2
-                else rng.choice(["stop", "stop", "kill"])
-            )
-            if what == "stop":
-                self.process.send_signal(signal.SIGSTOP)
-                self.end.wait(rng.uniform(0.2, 2.0))
-                self.process.send_signal(signal.SIGCONT)
-            else:
-                self.process.kill()
-                self.process.wait(timeout=30)
-                self.process = self.start()
-            self.done.append(what)
+        try:
+            while not self.end.wait(rng.uniform(0.2, 0.8)):
+                what = (
+                    ["stop", "kill"][len(self.done)]
+                    if len(self.done) < 2
+                    else rng.choice(["stop", "stop", "kill"])
+                )
+                if what == "stop":
+                    self.process.send_signal(signal.SIGSTOP)
+                    self.end.wait(rng.uniform(0.2, 2.0))
+                    self.process.send_signal(signal.SIGCONT)
+                else:
+                    self.process.kill()
+                    self.process.wait(timeout=30)
+                    self.process = self.start()
+                self.done.append(what)
+        except BaseException as err:  # reported by close, not lost in this thread
+            self.failed.append(err)
 
     def close(self) -> None:
+        self.end.set()
+        self.chaos.join()  # a start under way ends first (serve_process bounds it)
         self.process.send_signal(signal.SIGCONT)
         self.process.terminate()
         self.process.wait(timeout=60)
+        assert self.failed == [], self.failed
 
 
 def ask(base: str, key: str, body: dict[str, Any], idem: str) -> dict[str, Any]:
@@ -89,6 +100,7 @@ def ask(base: str, key: str, body: dict[str, Any], idem: str) -> dict[str, Any]:
     raise TimeoutError(f"request {idem} was not answered in {DEADLINE_S} s")
 
 
+@pytest.mark.timeout(300)  # a start of the server is seconds on a busy machine
 def test_a_server_stopped_and_killed_at_random_answers_each_request_once(db_url, tmp_path):
     with (
         FakeToolService() as service,
@@ -99,7 +111,9 @@ def test_a_server_stopped_and_killed_at_random_answers_each_request_once(db_url,
             register_tool(conn, service, "send_email", "key")
             key = keys.create_key(conn, "acme", name="test")[1]
             conn.commit()
-        server = Server(db_url, model.url + "/v1", tmp_path / "serve.log")
+        server = Server(
+            db_url, model.url + "/v1", tmp_path / "serve.log", random.randrange(1 << 30)
+        )
         base = f"http://127.0.0.1:{server.port}/v1"
         answers: dict[str, dict[str, Any]] = {}
         errors: list[BaseException] = []
@@ -116,15 +130,11 @@ def test_a_server_stopped_and_killed_at_random_answers_each_request_once(db_url,
 
         try:
             with relay_thread(db_url, kinds=ALL_KINDS):
-                chaos = threading.Thread(target=server.chaos, args=(random.randrange(1 << 30),))
                 clients = [threading.Thread(target=client, args=(c,)) for c in range(CLIENTS)]
-                chaos.start()
                 for thread in clients:
                     thread.start()
                 for thread in clients:
                     thread.join(timeout=DEADLINE_S * (REQUESTS + ROUNDS))
-                server.end.set()
-                chaos.join(timeout=60)
         finally:
             server.close()
     assert errors == []
