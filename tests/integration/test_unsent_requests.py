@@ -143,8 +143,9 @@ def test_a_tool_back_before_the_calls_deadline_gets_the_call_once(db_url):
     seed(db_url, ["blind"], runs=1, calls_per_batch=1, args=args)
     with relay_thread(db_url):
         wait_until(lambda: attempts_made(db_url) >= 3, what="refused attempts, uncharged")
-        with FakeToolService(standard_tools=False, port=port) as back:
-            back.add_tool("blind", "none")
+        back = FakeToolService(standard_tools=False, port=port)
+        back.add_tool("blind", "none")  # before it listens: a call then would be a 404
+        with back:
             wait_until(lambda: all_settled(db_url), what="the call to be made")
             assert tool_call_states(db_url) == {"succeeded": 1}
             assert len(back.tool("blind").effects) == 1
