@@ -372,6 +372,12 @@ class ToolCall(Base):
         "(now() of the database, just before the request was sent); NULL once the tool "
         "answered it",
     )
+    gave_up_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        comment="when the relay stopped waiting for attempt dispatched_attempt (a timeout or a "
+        "broken connection): its request may still act at the tool until the later of "
+        "dispatched_at + the tool's timeout_s and this, plus settle_s",
+    )
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
     updated_at: Mapped[datetime] = _now()
@@ -580,6 +586,13 @@ class Tool(Base):
         comment="seconds after its timeout that a request the relay gave up on may still take "
         "effect at the tool: no lookup and no resend of its call before dispatch + timeout_s "
         "+ settle_s",
+    )
+    refuses_key_in_use: Mapped[bool] = mapped_column(
+        Boolean,
+        server_default=text("false"),
+        comment="the tool answers 409 to a request whose Idempotency-Key belongs to a request it "
+        "is still acting on, and never acts on it: after an ambiguous attempt the relay resends "
+        "at once instead of waiting for the earlier request to settle",
     )
     max_attempts: Mapped[int] = mapped_column(Integer)
     deadline_s: Mapped[float | None] = mapped_column(

@@ -109,6 +109,9 @@ PINNED = {
     "0047_key_checks_find_runs_by_id.py": "6c0fde9e31d10de0",
     "0047_key_checks_find_runs_by_id.sql": "db89b3f7d2acd8dd",
     "0047_key_checks_find_runs_by_id_down.sql": "cbeccbd3f80e107d",
+    "0048_declared_in_flight.py": "c13c17529ebe2f04",
+    "0048_declared_in_flight.sql": "dc833359b3a0bfc3",
+    "0048_declared_in_flight_down.sql": "e97dd542ea16d064",
 }
 
 
