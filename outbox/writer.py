@@ -9,7 +9,7 @@ connection. For asyncio, ``outbox.aio`` offers the backend's calls on an ``Async
 or ``AsyncSession``: starting, cancelling and answering runs are one statement each, built
 in ``outbox.calls`` and run by both, calling the SQL functions of ``sql/``.
 
-Dedup is the database's job (DESIGN invariant 2): repeats meet a unique constraint with
+Dedup is the database's job (docs/guarantees.md, invariant 2): repeats meet a unique constraint with
 ``ON CONFLICT DO NOTHING`` and the function returns what is already stored, so a redelivered
 event or a retried request never raises ``IntegrityError`` at the caller. Writes that move
 one run forward take that run's row lock first, so concurrent writers queue up instead of

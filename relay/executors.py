@@ -10,13 +10,14 @@ classes) or calling a python tool that cannot deduplicate (``lookup``/``none``),
 the executor records, conditional on still holding an unexpired lease, that this attempt
 may reach the tool, and when (the database's clock). A later attempt that finds the mark
 knows the outcome is ambiguous and follows the tool's mode: ``none`` goes to
-``outcome_unknown`` for an operator and is never executed on a guess (DESIGN invariant 5);
-``lookup`` asks the tool what happened and ``key`` resends with the same key, but neither
-before the marked request can no longer take effect: a request outlives the relay that sent
-it (killed, or gave up waiting), and a lookup made while it runs at the tool answers "not
-found". So they wait until the mark's time + the tool's timeout + its ``settle_s``
-(``settling``), however soon the row was rescued. ``outbox.registry.IDEMPOTENCY_MODES`` is
-the table of what each mode does; this module and ``relay.outcomes`` follow it.
+``outcome_unknown`` for an operator and is never executed on a guess (docs/guarantees.md,
+invariant 5); ``lookup`` asks the tool what happened and ``key`` resends with the same key,
+but neither before the marked request can no longer take effect: a request outlives the
+relay that sent it (killed, or gave up waiting), and a lookup made while it runs at the
+tool answers "not found". So they wait until the mark's time + the tool's timeout + its
+``settle_s`` (``settling``), however soon the row was rescued.
+``outbox.registry.IDEMPOTENCY_MODES`` is the table of what each mode does; this module and
+``relay.outcomes`` follow it.
 
 Failure classes for an HTTP tool:
 
