@@ -31,14 +31,11 @@ from psycopg.types.json import Jsonb
 
 from outbox import budgets, calls, constants, registry, storable, store, tenancy
 
-# Moved to outbox.budgets, where a run's limits are; importable from the writer still,
-# where the CLI and backends took them from.
-from outbox.budgets import limit_reached as limit_reached
+# A tenant's budget is part of the writer's face for backends and the CLI; it is defined in
+# outbox.budgets, beside a run's other limits.
 from outbox.budgets import money_text as money_text
-from outbox.budgets import platform_max_steps as platform_max_steps
 from outbox.budgets import set_tenant_budget as set_tenant_budget
 from outbox.budgets import tenant_budget_spent as tenant_budget_spent
-from outbox.budgets import tenant_budgets_spent as tenant_budgets_spent
 from outbox.errors import NotFound
 from outbox.schemas import (
     ModelTurnIn,
@@ -49,15 +46,11 @@ from outbox.schemas import (
     check_size,
 )
 from outbox.sql import queries
+from outbox.store import UNPREPARED, Row, fetch_all, fetch_one, pg
 
-# Moved to outbox.store, the statements of every module; importable from the writer still,
-# where the relay, the server and backends took them from.
-from outbox.store import UNPREPARED as UNPREPARED
-from outbox.store import Row as Row
-from outbox.store import fetch_all as fetch_all
-from outbox.store import fetch_one as fetch_one
+# A backend journals its own events in its transaction through the writer, as it writes the
+# rest; the statement is outbox.store's, shared by every module.
 from outbox.store import journal as journal
-from outbox.store import pg as pg
 
 Q = queries("writer.sql")
 RunRef = calls.RunRef  # what start_run returns (defined beside the calls both writers share)
