@@ -39,7 +39,8 @@ ModeName = Literal["key", "lookup", "none"]
 
 @dataclass(frozen=True)
 class IdempotencyMode:
-    """What a tool's idempotency mode lets the relay do with its calls (DESIGN invariant 5).
+    """What a tool's idempotency mode lets the relay do with its calls (docs/guarantees.md,
+    invariant 5: a non-idempotent tool is never re-run on a guess).
 
     ``dispatch_mark``: a mark is committed, fenced, before each attempt may reach the tool,
     so the next attempt knows the earlier one was ambiguous (an HTTP request is marked in

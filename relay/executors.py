@@ -10,11 +10,12 @@ classes) or calling a python tool that cannot deduplicate (``lookup``/``none``),
 the executor records, conditional on still holding an unexpired lease, that this attempt
 may reach the tool, and when (the database's clock). A later attempt that finds the mark
 knows the outcome is ambiguous and follows the tool's mode: ``none`` goes to
-``outcome_unknown`` for an operator and is never executed on a guess (DESIGN invariant 5);
-``lookup`` asks the tool what happened and ``key`` resends with the same key. A request
-outlives the relay that sent it (killed, or gave up waiting), so what is safe before it can
-no longer act there (``settle_left``: ``settle_s`` past the later of its dispatch + the
-tool's timeout and the moment its relay gave up on it) is what the tool declares:
+``outcome_unknown`` for an operator and is never executed on a guess (docs/guarantees.md,
+invariant 5); ``lookup`` asks the tool what happened and ``key`` resends with the same
+key. A request outlives the relay that sent it (killed, or gave up waiting), so what is safe
+before it can no longer act there (``settle_left``: ``settle_s`` past the later of its
+dispatch + the tool's timeout and the moment its relay gave up on it) is what the tool
+declares:
 
 - a lookup is asked at once: "found" is the result, "in progress" (``in_progress: true``)
   asks again shortly (``still_acting``); only "not found", which a request still on its

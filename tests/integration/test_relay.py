@@ -1,4 +1,4 @@
-"""The relay against a real PostgreSQL and real HTTP tools (invariants 2-6 and 9)."""
+"""The relay on a real PostgreSQL and real HTTP tools (docs/guarantees.md, invariants 2-6, 9)."""
 
 from __future__ import annotations
 
