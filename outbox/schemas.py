@@ -164,10 +164,20 @@ Includable = Literal[
 MAX_IDENTIFIER_CHARS = 64  # OpenAI's cap on safety_identifier; prompt_cache_key alike
 
 
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+Temperature = Annotated[float, Field(ge=0, le=2)]
+TopP = Annotated[float, Field(ge=0, le=1)]
+Tokens = Annotated[int, Field(gt=0)]
+TopLogprobs = Annotated[int, Field(ge=0, le=20)]
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
+Truncation = Literal["auto", "disabled"]
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=MAX_IDENTIFIER_CHARS)]
+
+
 class Reasoning(_In):
     """What a reasoning model is asked: how hard to think, and the summary to give."""
 
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: Effort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
 
 
@@ -182,9 +192,6 @@ class TruncationStrategy(_In):
         if (self.type == "last_messages") != (self.last_messages is not None):
             raise ValueError("'last_messages' is given with type 'last_messages', and only then")
         return self
-
-
-Identifier = Annotated[str, StringConstraints(min_length=1, max_length=MAX_IDENTIFIER_CHARS)]
 
 
 class ModelOptions(_In):
@@ -202,19 +209,19 @@ class ModelOptions(_In):
     parallel_tool_calls: bool | None = None
     format: dict[str, Any] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     reasoning: Reasoning | None = None
-    max_output_tokens: int | None = Field(default=None, gt=0)
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    max_output_tokens: Tokens | None = None
+    service_tier: ServiceTier | None = None
     prompt_cache_key: Identifier | None = None
     safety_identifier: Identifier | None = None
     user: Identifier | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: TopLogprobs | None = None
     include: list[Includable] | None = Field(default=None, max_length=16)
-    max_tool_calls: int | None = Field(default=None, gt=0)
-    truncation: Literal["auto", "disabled"] | None = None
-    max_prompt_tokens: int | None = Field(default=None, gt=0)
+    max_tool_calls: Tokens | None = None
+    truncation: Truncation | None = None
+    max_prompt_tokens: Tokens | None = None
     truncation_strategy: TruncationStrategy | None = None
 
     @field_validator("tool_choice", mode="before")
