@@ -38,6 +38,7 @@ SAME_IN_BOTH = (
     "temperature",
     "top_p",
     "service_tier",
+    "prompt_cache_retention",
     "safety_identifier",
     "user",
     "top_logprobs",

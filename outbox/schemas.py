@@ -171,6 +171,7 @@ Tokens = Annotated[int, Field(gt=0)]
 TopLogprobs = Annotated[int, Field(ge=0, le=20)]
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
 Truncation = Literal["auto", "disabled"]
+CacheRetention = Literal["in-memory", "24h"]
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=MAX_IDENTIFIER_CHARS)]
 
 
@@ -215,6 +216,7 @@ class ModelOptions(_In):
     max_output_tokens: Tokens | None = None
     service_tier: ServiceTier | None = None
     prompt_cache_key: Identifier | None = None
+    prompt_cache_retention: CacheRetention | None = None
     safety_identifier: Identifier | None = None
     user: Identifier | None = None
     top_logprobs: TopLogprobs | None = None

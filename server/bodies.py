@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from outbox.schemas import (
+    CacheRetention,
     Effort,
     Identifier,
     Includable,
@@ -234,6 +235,7 @@ RESPONSES_OPTIONS = {
     "top_logprobs",
     "max_tool_calls",
     "prompt_cache_key",
+    "prompt_cache_retention",
     "safety_identifier",
     "max_output_tokens",
 }
@@ -264,6 +266,7 @@ class ResponseIn(_Body):
     top_logprobs: TopLogprobs | None = None
     max_tool_calls: Tokens | None = None
     prompt_cache_key: Identifier | None = None
+    prompt_cache_retention: CacheRetention | None = None
     safety_identifier: Identifier | None = None
 
     @field_validator("tool_choice")

@@ -580,6 +580,7 @@ ECHOED = (
     "top_logprobs",
     "max_tool_calls",
     "prompt_cache_key",
+    "prompt_cache_retention",
     "safety_identifier",
 )
 

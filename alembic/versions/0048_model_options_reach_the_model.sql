@@ -52,11 +52,12 @@ BEGIN
             IF v_kind <> 'boolean' THEN
                 RETURN 'parallel_tool_calls is true or false';
             END IF;
-        ELSIF v_key IN ('verbosity', 'service_tier', 'truncation') THEN
+        ELSIF v_key IN ('verbosity', 'service_tier', 'truncation', 'prompt_cache_retention') THEN
             IF v_kind <> 'string' OR NOT (v_value #>> '{}') = ANY (CASE v_key
                     WHEN 'verbosity' THEN ARRAY['low', 'medium', 'high']
                     WHEN 'service_tier' THEN ARRAY['auto', 'default', 'flex', 'scale', 'priority']
-                    ELSE ARRAY['auto', 'disabled'] END) THEN
+                    WHEN 'truncation' THEN ARRAY['auto', 'disabled']
+                    ELSE ARRAY['in-memory', '24h'] END) THEN
                 RETURN format('%s %s is not one of its values', v_key, v_value);
             END IF;
         ELSIF v_key IN ('prompt_cache_key', 'safety_identifier', 'user') THEN
