@@ -509,6 +509,9 @@ class ScriptedModel(FakeServer):
         without it the default script answers "done".
     faults:
         Initial ``ModelFaults`` (or a mapping of its fields).
+    prefix_cache:
+        Report the prefix a request shares with its ``prompt_cache_key``'s last one as
+        cached (False: nothing is ever cached, as for requests without a key).
 
     Example
     -------
@@ -522,10 +525,12 @@ class ScriptedModel(FakeServer):
         *,
         default: Sequence[Turn] | None = None,
         faults: ModelFaults | Mapping[str, Any] | None = None,
+        prefix_cache: bool = True,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
         super().__init__(host, port)
+        self.prefix_cache = prefix_cache  # False: a provider that caches nothing
         self._scripts: dict[str, list[TurnSpec | TurnFn]] = {}
         self._faults = ModelFaults.model_validate(faults or {})
         self._requests: list[ModelRequest] = []
@@ -685,7 +690,7 @@ class ScriptedModel(FakeServer):
         """The tokens of ``raw`` its key's last request shared from the start (0 without a
         key); this request becomes the key's last."""
         key = body.get("prompt_cache_key")
-        if not isinstance(key, str):
+        if not isinstance(key, str) or not self.prefix_cache:
             return 0
         with self.lock:
             last, self._cache[key] = self._cache.get(key, b""), raw
