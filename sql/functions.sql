@@ -2552,6 +2552,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
                'span', j.detail->'span', 'step_no', j.detail->'step_no',
                'input_tokens', j.detail->'input_tokens',
                'output_tokens', j.detail->'output_tokens',
+               'cached_tokens', j.detail->'cached_tokens',
                'status', j.detail->'status', 'error', j.detail->'error'))
     FROM {s}.journal j
     WHERE j.run_id = ANY(p_run_ids) AND j.at >= p_since

@@ -9,7 +9,8 @@ model on every turn beside the history (sampling, reasoning, the output cap, the
 tier, the prompt cache key and identifiers, logprobs, ``include``, the tool options,
 ``max_tool_calls`` and the context budget), checked by ``model_options_problem_v1``,
 stored in ``runs.model_options`` in the statement that makes the run and journaled with
-``run.created``; ``start_run_v2`` calls it without them. The SQL is
+``run.created``; ``start_run_v2`` calls it without them. ``run_span_events_v1`` hands
+the trace exporter a turn's cached tokens too, for its ``chat`` span. The SQL is
 ``0048_model_options_reach_the_model.sql`` beside this file, frozen. The downgrade makes
 ``start_run_v2`` again as 0033 made it, then drops what 0048 added.
 """
@@ -24,6 +25,12 @@ branch_labels = None
 depends_on = None
 
 UPGRADE = frozen_sql(__file__, "0048_model_options_reach_the_model.sql")
+
+
+def _span_events_of_0042() -> str:
+    text = frozen_sql(__file__, "0042_spans_from_the_database.sql")
+    first = text.index("-- run_span_events_v1: what the trace exporter")
+    return text[first : text.index("REVOKE ALL ON FUNCTION {s}.run_span_events_v1", first)]
 
 
 def _start_run_v2_of_0033() -> str:
@@ -50,4 +57,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     run_sql(_start_run_v2_of_0033())  # before start_run_v3 goes: v2 calls it until then
+    run_sql(_span_events_of_0042())
     run_sql(DOWNGRADE)

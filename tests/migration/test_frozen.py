@@ -109,8 +109,8 @@ PINNED = {
     "0047_key_checks_find_runs_by_id.py": "6c0fde9e31d10de0",
     "0047_key_checks_find_runs_by_id.sql": "db89b3f7d2acd8dd",
     "0047_key_checks_find_runs_by_id_down.sql": "cbeccbd3f80e107d",
-    "0048_model_options_reach_the_model.py": "530040e3cc8ce7c7",
-    "0048_model_options_reach_the_model.sql": "b562f8f35b2e13ab",
+    "0048_model_options_reach_the_model.py": "b448e86277616406",
+    "0048_model_options_reach_the_model.sql": "29c9bc09b21ea407",
 }
 
 
