@@ -284,6 +284,44 @@ def test_the_agents_sdk_model_settings_reach_the_model_on_every_turn(
     assert first.body["prompt_cache_key"] == second.body["prompt_cache_key"]
 
 
+def test_a_response_of_the_openai_sdk_sends_its_options_and_shows_them(
+    db_url, base_url, api_key, model, relay
+):
+    with openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        first = client.responses.create(
+            model="scripted-1",
+            input="hello",
+            temperature=0.2,
+            top_p=0.8,
+            reasoning={"effort": "minimal", "summary": "concise"},
+            service_tier="flex",
+            safety_identifier="user-7f3a",
+            include=["reasoning.encrypted_content"],
+            prompt_cache_key="desk-42",
+            max_output_tokens=400,
+        )
+        second = client.responses.create(
+            model="scripted-1",
+            input="and again",
+            previous_response_id=first.id,
+            temperature=0.2,
+            prompt_cache_key="desk-42",
+        )
+    sent, then = model.requests
+    assert (sent.body["temperature"], sent.body["top_p"]) == (0.2, 0.8)
+    assert sent.body["reasoning"] == {"effort": "minimal", "summary": "concise"}
+    assert sent.body["include"] == ["reasoning.encrypted_content"]
+    assert sent.body["max_output_tokens"] == 400 and sent.body["service_tier"] == "flex"
+    assert sent.body["prompt_cache_key"] == then.body["prompt_cache_key"] == "desk-42"
+    assert first.temperature == 0.2 and first.top_p == 0.8
+    assert first.reasoning is not None and first.reasoning.effort == "minimal"
+    assert first.service_tier == "flex" and first.prompt_cache_key == "desk-42"
+    # The second request replays the first conversation: read from the cache, and shown.
+    assert then.cached_tokens > 0
+    assert second.usage is not None
+    assert second.usage.input_tokens_details.cached_tokens == then.cached_tokens
+
+
 def test_an_assistants_run_passes_its_sampling_on_and_keeps_its_context_budget(
     db_url, base_url, api_key, model, relay
 ):
