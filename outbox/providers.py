@@ -9,10 +9,15 @@ knows those shapes, in both directions:
   franca, repaired so every call has its result) as the API's input (``as_input``);
 - tools: the registry's tool rows as the API's ``tools`` list (``tool_list``);
 - the request body of a turn (``Adapter.request``), with the run's model options
-  (``tool_choice``, ``parallel_tool_calls``, the answer's format: kept in the Responses
-  API's terms, written in chat completions' where the run speaks it), and the
-  ``ModelTurnIn`` read back from the answer (``Adapter.turn``), for
-  ``writer.record_model_turn``;
+  (sampling, reasoning, the output cap, the tool options, the answer's format...: kept
+  in the Responses API's terms, written in chat completions' names where the run speaks
+  it; docs/models.md has the table) and the conversation's ``prompt_cache_key``
+  (``cache_key``), and the ``ModelTurnIn`` read back from the answer (``Adapter.turn``),
+  for ``writer.record_model_turn``. The body's fields come in a fixed order with the
+  history last, so each turn's body starts with the previous turn's, byte for byte: the
+  prefix a provider's prompt cache can serve;
+- ``max_tool_calls``, the one option enforced here (``calls_left``): calls a turn asks
+  past it are dropped, and a run with none left asks for ``tool_choice: "none"``;
 - the call itself (``call``): the body, plain JSON data, is POSTed as it is by the
   caller's ``post`` and the answer read as JSON for the few fields recorded.
 
