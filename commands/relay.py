@@ -153,6 +153,14 @@ RELAY_DEFAULTS = RelayConfig(database_url="")  # the relay's options default to 
     multiple=True,
     help="Only these kinds (repeatable); default all.",
 )
+@click.option(
+    "--affinity-header",
+    "affinity_headers",
+    multiple=True,
+    help="Send each model request's prompt_cache_key in this header too, for a router "
+    "that keeps a conversation on the replica holding its cache: NAME, or BASE_URL=NAME "
+    "for one model server only (repeatable).",
+)
 @click.option("--metrics-port", type=int, help="Serve Prometheus metrics (port + process index).")
 @click.option(
     "--metrics-host",
@@ -272,6 +280,7 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         rescue_interval_s=opts["rescue_s"],
         retention_interval_s=opts["retention_s"],
         max_model_answer_bytes=opts["max_model_answer_bytes"],
+        affinity_headers=tuple(opts["affinity_headers"]),
         kinds=kinds or ALL_KINDS,
         metrics_port=opts["metrics_port"],
         metrics_host=opts["metrics_host"],

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from outbox import lifecycle, ops, writer
+from outbox import lifecycle, ops, storable, writer
 from outbox.commands.common import (
     OutboxGroup,
     actor_option,
@@ -23,7 +23,21 @@ from outbox.commands.common import (
     json_option,
     read_json_file,
 )
-from outbox.schemas import StartRun
+from outbox.errors import InvalidInput
+from outbox.schemas import ModelOptions, StartRun
+
+# The options of ``runs create`` that are model options under the same name.
+MODEL_OPTIONS = (
+    "temperature",
+    "top_p",
+    "max_output_tokens",
+    "verbosity",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "top_logprobs",
+    "max_tool_calls",
+)
 
 
 @click.group("runs", cls=OutboxGroup)
@@ -112,13 +126,58 @@ def runs_show(run: str, as_json: bool) -> None:
     help="Budget of this run in money, by the model's price (`outbox prices set`).",
 )
 @click.option("--idempotency-key", help="Resending the same turn with this key returns the run.")
+@click.option("--temperature", type=float, help="Sampling temperature, 0-2 (model option).")
+@click.option("--top-p", type=float, help="Nucleus sampling, 0-1 (model option).")
+@click.option("--reasoning-effort", help="none, minimal, low, medium, high or xhigh.")
+@click.option("--reasoning-summary", help="auto, concise or detailed.")
+@click.option("--max-output-tokens", type=int, help="Cap of each turn's output tokens.")
+@click.option("--verbosity", help="low, medium or high.")
+@click.option("--service-tier", help="auto, default, flex, scale or priority.")
+@click.option("--prompt-cache-key", help="The provider's cache key (default: from the thread).")
+@click.option("--safety-identifier", help="A stable hash of the end user, for abuse checks.")
+@click.option("--top-logprobs", type=int, help="Log probabilities of the top N tokens, 0-20.")
+@click.option("--include", "include", multiple=True, help="Extra output data to include.")
+@click.option("--max-tool-calls", type=int, help="Most tool calls of the run (outbox enforces).")
+@click.option(
+    "--model-options",
+    "more_options",
+    help="Any other model options as a JSON object (docs/models.md), e.g. a format.",
+)
 @json_option
 def runs_create(
-    thread_id: uuid.UUID, tenant: str, tools: tuple[str, ...], as_json: bool, **opts: Any
+    thread_id: uuid.UUID,
+    tenant: str,
+    tools: tuple[str, ...],
+    include: tuple[str, ...],
+    more_options: str | None,
+    as_json: bool,
+    **opts: Any,
 ) -> None:
-    """Start a run on a thread: the user message and the first model turn, atomically."""
+    """Start a run on a thread: the user message and the first model turn, atomically.
+    The model options (docs/models.md) reach the model on every turn of the run."""
+    try:
+        options = storable.loads(more_options, "--model-options") if more_options else {}
+    except ValueError as err:
+        raise InvalidInput(f"--model-options is not JSON: {err}") from None
+    if not isinstance(options, dict):
+        raise InvalidInput("--model-options is a JSON object of model options")
+    for name in MODEL_OPTIONS:
+        if opts.get(name) is not None:
+            options[name] = opts.pop(name)
+        opts.pop(name, None)
+    effort, summary = opts.pop("reasoning_effort", None), opts.pop("reasoning_summary", None)
+    if effort is not None or summary is not None:
+        options["reasoning"] = {k: v for k, v in (("effort", effort), ("summary", summary)) if v}
+    if include:
+        options["include"] = list(include)
     fields = {k: v for k, v in opts.items() if v is not None}
-    request = StartRun(tenant_id=tenant, thread_id=thread_id, tools=list(tools), **fields)
+    request = StartRun(
+        tenant_id=tenant,
+        thread_id=thread_id,
+        tools=list(tools),
+        model_options=ModelOptions.model_validate(options),
+        **fields,
+    )
     with connection() as conn:
         run = writer.start_run(conn, request)
     if as_json:

@@ -28,6 +28,13 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     "command for a local setup. In production, run relays as their own processes.",
 )
 @click.option(
+    "--affinity-header",
+    "affinity_headers",
+    multiple=True,
+    help="With --with-relay: the relay's --affinity-header (NAME or BASE_URL=NAME), the "
+    "header that carries each model request's prompt_cache_key.",
+)
+@click.option(
     "--model-base-url",
     help="OpenAI-compatible server the runs created here call (default: the relay's "
     "$OPENAI_BASE_URL).",
@@ -88,6 +95,7 @@ def serve_command(
     host: str,
     port: int,
     with_relay: bool,
+    affinity_headers: tuple[str, ...],
     model_base_url: str | None,
     action_timeout_s: float | None,
     db_connections: int,
@@ -137,7 +145,10 @@ def serve_command(
     relay = None
     if with_relay:
         env = {**os.environ, "OUTBOX_DATABASE_URL": url}
-        relay = subprocess.Popen([sys.executable, "-m", "outbox.commands", "relay"], env=env)
+        affinity = [arg for name in affinity_headers for arg in ("--affinity-header", name)]
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "outbox.commands", "relay", *affinity], env=env
+        )
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the
     # handler it found: this one turns that into a clean exit that stops the relay below
     # (the default action would kill this process and leave the relay running).

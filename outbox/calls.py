@@ -141,10 +141,11 @@ def create_thread(
 
 
 def start_run(request: StartRun) -> Call:
-    """``start_run_v2``; without a ``traceparent``, the run continues the span current here
+    """``start_run_v3``; without a ``traceparent``, the run continues the span current here
     (the backend's), if there is one."""
     params = request.model_dump(exclude={"tenant_id", "thread_id", "tools", "model_options"})
     params.update(tenant_id=request.tenant_id, thread_id=request.thread_id, tools=request.tools)
+    params["model_options"] = Jsonb(request.model_options.stored())
     if request.traceparent is None:
         params["traceparent"], params["tracestate"] = tracing.caller_context()
     return Call(A.start_run, params, scope=request.tenant_id)

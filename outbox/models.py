@@ -138,9 +138,9 @@ class Run(Base):
     model_options: Mapped[dict[str, Any]] = mapped_column(
         JSONB,
         server_default=text("'{}'::jsonb"),
-        comment="what the run passes to its model beside the history and the tools: "
-        "tool_choice, parallel_tool_calls, format, verbosity (Responses API terms; "
-        "outbox/providers.py writes them per API)",
+        comment="what the run passes to its model beside the history and the tools, on "
+        "every turn, in the Responses API's terms (outbox/providers.py writes them per API; "
+        "docs/models.md)",
     )
     step_count: Mapped[int] = mapped_column(Integer)
     max_steps: Mapped[int] = mapped_column(Integer)

@@ -9,10 +9,15 @@ knows those shapes, in both directions:
   franca, repaired so every call has its result) as the API's input (``as_input``);
 - tools: the registry's tool rows as the API's ``tools`` list (``tool_list``);
 - the request body of a turn (``Adapter.request``), with the run's model options
-  (``tool_choice``, ``parallel_tool_calls``, the answer's format: kept in the Responses
-  API's terms, written in chat completions' where the run speaks it), and the
-  ``ModelTurnIn`` read back from the answer (``Adapter.turn``), for
-  ``writer.record_model_turn``;
+  (sampling, reasoning, the output cap, the tool options, the answer's format...: kept
+  in the Responses API's terms, written in chat completions' names where the run speaks
+  it; docs/models.md has the table) and the conversation's ``prompt_cache_key``
+  (``cache_key``), and the ``ModelTurnIn`` read back from the answer (``Adapter.turn``),
+  for ``writer.record_model_turn``. The body's fields come in a fixed order with the
+  history last, so each turn's body starts with the previous turn's, byte for byte: the
+  prefix a provider's prompt cache can serve;
+- ``max_tool_calls``, the one option enforced here (``calls_left``): calls a turn asks
+  past it are dropped, and a run with none left asks for ``tool_choice: "none"``;
 - the call itself (``call``): the body, plain JSON data, is POSTed as it is by the
   caller's ``post`` and the answer read as JSON for the few fields recorded.
 
@@ -25,6 +30,7 @@ the request itself, on the one event loop that holds every turn in flight.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +38,16 @@ from typing import Any
 from outbox.schemas import ModelTurnIn, ToolCallIn
 
 Message = dict[str, Any]
+# Options both APIs take under the same name and in the same shape.
+SAME_IN_BOTH = (
+    "temperature",
+    "top_p",
+    "service_tier",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "user",
+    "top_logprobs",
+)
 Row = Mapping[str, Any]
 # A message's key for the reasoning items that came before it: a client's history gave
 # them, or the model answered them with the message and its calls.
@@ -133,16 +149,22 @@ class Responses(Adapter):
     def request(
         self, run: Row, messages: list[Message], tools: Mapping[str, Row]
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": run["model"], "input": messages}
+        options = run.get("model_options") or {}
+        body: dict[str, Any] = {"model": run["model"]}
         if run["instructions"]:
             body["instructions"] = run["instructions"]
-        options = run.get("model_options") or {}
         if tools:
             body["tools"] = tool_list(tools, self.api)
-            body.update(_tool_options(options))
+            body.update(_tool_options(run, options))
+        body.update({k: options[k] for k in SAME_IN_BOTH if k in options})
+        body.update({k: options[k] for k in ("reasoning", "include") if k in options})
+        if "max_output_tokens" in options:
+            body["max_output_tokens"] = options["max_output_tokens"]
         text = {k: options[k] for k in ("format", "verbosity") if k in options}
         if text:
             body["text"] = text
+        body["prompt_cache_key"] = cache_key(run)
+        body["input"] = messages  # last: what grows turn to turn
         return body
 
     def turn(self, response: dict[str, Any], run: Row, step_no: int) -> ModelTurnIn:
@@ -201,19 +223,28 @@ class Chat(Adapter):
     ) -> dict[str, Any]:
         if run["instructions"]:
             messages = [{"role": "system", "content": run["instructions"]}, *messages]
-        body: dict[str, Any] = {"model": run["model"], "messages": messages}
         options = run.get("model_options") or {}
+        body: dict[str, Any] = {"model": run["model"]}
         if tools:
             body["tools"] = tool_list(tools, self.api)
-            chosen = _tool_options(options)
+            chosen = _tool_options(run, options)
             if isinstance(chosen.get("tool_choice"), dict):
                 name = chosen["tool_choice"]["name"]
                 chosen["tool_choice"] = {"type": "function", "function": {"name": name}}
             body.update(chosen)
+        body.update({k: options[k] for k in SAME_IN_BOTH if k in options})
+        if "effort" in (options.get("reasoning") or {}):
+            body["reasoning_effort"] = options["reasoning"]["effort"]
+        if "max_output_tokens" in options:
+            body["max_completion_tokens"] = options["max_output_tokens"]
+        if "top_logprobs" in options:
+            body["logprobs"] = True
         if "format" in options:
             body["response_format"] = _response_format(options["format"])
         if "verbosity" in options:
             body["verbosity"] = options["verbosity"]
+        body["prompt_cache_key"] = cache_key(run)
+        body["messages"] = messages  # last: what grows turn to turn
         return body
 
     def turn(self, response: dict[str, Any], run: Row, step_no: int) -> ModelTurnIn:
@@ -241,10 +272,35 @@ class Chat(Adapter):
         )
 
 
-def _tool_options(options: Mapping[str, Any]) -> dict[str, Any]:
+def _tool_options(run: Row, options: Mapping[str, Any]) -> dict[str, Any]:
     """A run's ``tool_choice`` and ``parallel_tool_calls``, for a request that has tools:
-    without tools chat completions refuses them, and they mean nothing to either API."""
-    return {k: options[k] for k in ("tool_choice", "parallel_tool_calls") if k in options}
+    without tools chat completions refuses them, and they mean nothing to either API. A
+    run out of tool calls (``max_tool_calls``) asks for none."""
+    chosen = {k: options[k] for k in ("tool_choice", "parallel_tool_calls") if k in options}
+    if calls_left(run) == 0:
+        chosen["tool_choice"] = "none"
+    return chosen
+
+
+def calls_left(run: Row) -> int | None:
+    """How many tool calls ``run`` may still make (``max_tool_calls`` less the calls its
+    turns asked for so far, ``calls_made``), or None without a limit."""
+    limit = (run.get("model_options") or {}).get("max_tool_calls")
+    if limit is None:
+        return None
+    return max(0, int(limit) - int(run.get("calls_made") or 0))
+
+
+def cache_key(run: Row) -> str:
+    """The ``prompt_cache_key`` of every request of ``run``'s conversation: the caller's,
+    else one derived from the tenant and the thread (a hash: the same for every turn and
+    run of a thread, and naming neither), so the provider routes the thread's turns to
+    the cache that holds its prefix."""
+    given = (run.get("model_options") or {}).get("prompt_cache_key")
+    if given:
+        return str(given)
+    seed = f"{run['tenant_id']}\x00{run['thread_id']}".encode()
+    return "outbox-" + hashlib.sha256(seed).hexdigest()[:32]
 
 
 def _response_format(fmt: Mapping[str, Any]) -> dict[str, Any]:
@@ -282,4 +338,9 @@ async def call(
     ``pydantic.ValidationError`` for an answer that cannot be recorded."""
     adapter = ADAPTERS[run["api"]]
     response = await post(adapter.path, adapter.request(run, messages, tools))
-    return adapter.turn(response, run, step_no)
+    turn = adapter.turn(response, run, step_no)
+    left = calls_left(run)
+    if left is not None and len(turn.tool_calls) > left:
+        # Calls past the run's max_tool_calls are not made, as OpenAI ignores them.
+        turn = turn.model_copy(update={"tool_calls": turn.tool_calls[:left]})
+    return turn

@@ -151,17 +151,80 @@ def text_format_of(value: Any) -> dict[str, Any]:
     return {k: value[k] for k in FORMAT_FIELDS if value.get(k) is not None}
 
 
+Includable = Literal[
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "file_search_call.results",
+    "web_search_call.action.sources",
+    "web_search_call.results",
+]
+MAX_IDENTIFIER_CHARS = 64  # OpenAI's cap on safety_identifier; prompt_cache_key alike
+
+
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+Temperature = Annotated[float, Field(ge=0, le=2)]
+TopP = Annotated[float, Field(ge=0, le=1)]
+Tokens = Annotated[int, Field(gt=0)]
+TopLogprobs = Annotated[int, Field(ge=0, le=20)]
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority"]
+Truncation = Literal["auto", "disabled"]
+CacheRetention = Literal["in-memory", "24h"]
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=MAX_IDENTIFIER_CHARS)]
+
+
+class Reasoning(_In):
+    """What a reasoning model is asked: how hard to think, and the summary to give."""
+
+    effort: Effort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class TruncationStrategy(_In):
+    """The Assistants API's ``truncation_strategy``: ``auto``, or the last N messages."""
+
+    type: Literal["auto", "last_messages"]
+    last_messages: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _counted(self) -> TruncationStrategy:
+        if (self.type == "last_messages") != (self.last_messages is not None):
+            raise ValueError("'last_messages' is given with type 'last_messages', and only then")
+        return self
+
+
 class ModelOptions(_In):
     """What a run passes to its model beside the history and the tools, in the Responses
-    API's terms (``outbox.providers`` writes them in each API's shape): ``tool_choice``,
-    ``parallel_tool_calls``, the answer's ``format`` (structured output: a JSON Schema)
-    and ``verbosity``. Passed on as given and never enforced here: the model follows them,
-    as it would called directly. None leaves a field to the model's default."""
+    API's terms (``outbox.providers`` writes them in each API's shape). Sent on every
+    model turn of the run as given and never enforced here: the model follows them, as
+    it would called directly. None leaves a field to the model's default.
+
+    Two kinds are kept but not sent: ``max_tool_calls`` (the relay enforces it: calls a
+    turn asks past it are not made, ``outbox.providers.calls_left``) and the context
+    budget (``truncation``, ``max_prompt_tokens``, ``truncation_strategy``: how much
+    history a turn may carry, the relay's to apply, never the provider's)."""
 
     tool_choice: str | dict[str, str] | None = None
     parallel_tool_calls: bool | None = None
     format: dict[str, Any] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    reasoning: Reasoning | None = None
+    max_output_tokens: Tokens | None = None
+    service_tier: ServiceTier | None = None
+    prompt_cache_key: Identifier | None = None
+    prompt_cache_retention: CacheRetention | None = None
+    safety_identifier: Identifier | None = None
+    user: Identifier | None = None
+    top_logprobs: TopLogprobs | None = None
+    include: list[Includable] | None = Field(default=None, max_length=16)
+    max_tool_calls: Tokens | None = None
+    truncation: Truncation | None = None
+    max_prompt_tokens: Tokens | None = None
+    truncation_strategy: TruncationStrategy | None = None
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -180,6 +243,11 @@ class ModelOptions(_In):
     def stored(self) -> dict[str, Any]:
         """The options as ``runs.model_options`` keeps them (the fields given)."""
         return self.model_dump(exclude_none=True)
+
+    @field_validator("include")
+    @classmethod
+    def _once_each(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else sorted(set(value))
 
     def check_tools(self, tools: list[str]) -> None:
         """ValueError when ``tool_choice`` forces a function that is not one of ``tools``,

@@ -309,6 +309,7 @@ def _attempt_span(
         if event["event"] == "model_turn.recorded":
             attributes["gen_ai.usage.input_tokens"] = detail.get("input_tokens", 0)
             attributes["gen_ai.usage.output_tokens"] = detail.get("output_tokens", 0)
+            attributes["gen_ai.usage.cache_read.input_tokens"] = detail.get("cached_tokens", 0)
             turn = turns.get((run["id"], step))
             if turn is not None and turn["response_id"]:
                 attributes["gen_ai.response.id"] = turn["response_id"]

@@ -178,16 +178,15 @@ def answer_calls(
 def start_run(db: Any, request: StartRun) -> RunRef:
     """Start a run: the user message, the run and its first model turn, all or nothing.
 
-    One call of ``start_run_v2`` (sql/functions.sql), the implementation backends
+    One call of ``start_run_v3`` (sql/functions.sql), the implementation backends
     without Python call too. The same ``idempotency_key`` with the same request again
     returns the existing run (``created=False``), also when two requests race; the key
     with another request (thread, message, model or tools) raises ``IdempotencyKeyReused``
     and changes nothing. A different turn while the thread has an active run raises
     ``ActiveRunExists`` naming that run; unknown tools raise ``NotFound``, a spent tenant
-    budget ``BudgetExceeded``; your transaction stays usable. ``model_options`` (tool
-    choice, parallel tool calls, the answer's format) are kept with a run this call
-    creates, beside ``start_run_v1`` (which has no argument for them: a backend on the SQL
-    API sets ``runs.model_options`` in the same transaction).
+    budget ``BudgetExceeded``; your transaction stays usable. ``model_options``
+    (``outbox.schemas.ModelOptions``, docs/models.md) are kept with a run this call
+    creates and journaled with its ``run.created``; the model gets them on every turn.
     """
     run_id, created = begin_run(db, request)
     (row,) = run_call(db, calls.get_run(run_id, None))
@@ -198,11 +197,6 @@ def begin_run(db: Any, request: StartRun) -> tuple[uuid.UUID, bool]:
     """``start_run`` without reading the run back: (its id, created?), for a caller that
     needs no more of it (``outbox serve``'s create: one statement fewer)."""
     (started,) = run_call(db, calls.start_run(request))
-    options = request.model_options.stored()
-    if options and started["created"]:
-        pg(db).execute(
-            Q.set_model_options, {"run_id": started["run_id"], "model_options": Jsonb(options)}
-        )
     return uuid.UUID(str(started["run_id"])), bool(started["created"])
 
 

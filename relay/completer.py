@@ -344,6 +344,7 @@ class Completer:
                 turn = outcome.output
                 metrics.tokens.labels(model, tenant, "input").inc(turn.input_tokens)
                 metrics.tokens.labels(model, tenant, "output").inc(turn.output_tokens)
+                metrics.tokens.labels(model, tenant, "cached_input").inc(turn.cached_tokens)
         if said in spans.ERRORS:
             metrics.errors.labels(row.kind, tenant, said).inc()
         if ended is not None and row.run_started_at is not None:

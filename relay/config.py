@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import resource
 import socket
 import uuid
@@ -104,6 +105,9 @@ class RelayConfig:
     completers: int = 4  # threads writing outcomes, each with its own connection
     max_lost_leases: int = 10  # a row whose lease was lost this often is quarantined
     max_model_answer_bytes: int = outbox_config.MAX_MODEL_ANSWER_BYTES  # read no further
+    # Headers that carry a request's prompt_cache_key, for routers that pin a conversation
+    # to the replica holding its cache: "NAME" (every base URL) or "BASE_URL=NAME".
+    affinity_headers: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ALL_KINDS
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"  # the address the metrics are served on
@@ -130,6 +134,7 @@ class RelayConfig:
             raise ValueError("max_lost_leases must be at least 1")
         if self.max_model_answer_bytes < 1024:
             raise ValueError("max_model_answer_bytes must be at least 1024 bytes")
+        affinity_headers(self.affinity_headers)  # raises for a malformed one
         if self.retention_interval_s < 0:
             raise ValueError("retention_interval_s must be 0 (off) or more")
         if not 1 <= self.retention_chunk <= 10000:
@@ -139,3 +144,21 @@ class RelayConfig:
         unknown = set(self.kinds) - set(ALL_KINDS)
         if unknown:
             raise ValueError(f"unknown kinds {sorted(unknown)}; known: {ALL_KINDS}")
+
+
+HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP token
+
+
+def affinity_headers(given: tuple[str, ...]) -> dict[str | None, str]:
+    """``--affinity-header`` values as {base URL (None: any other): header name}; a
+    ValueError naming one that is not ``NAME`` or ``BASE_URL=NAME``."""
+    found: dict[str | None, str] = {}
+    for entry in given:
+        url, _, name = entry.rpartition("=")
+        if not HEADER_NAME.match(name) or (url and not url.startswith(("http://", "https://"))):
+            raise ValueError(
+                f"--affinity-header {entry!r}: give a header NAME, or BASE_URL=NAME for the "
+                "model server at BASE_URL only"
+            )
+        found[url.rstrip("/") or None] = name.lower()
+    return found

@@ -55,9 +55,11 @@ class Engine:
         started: Callable[[Claimed], bool],
         *,
         max_model_answer_bytes: int = outbox_config.MAX_MODEL_ANSWER_BYTES,
+        affinity_headers: dict[str | None, str] | None = None,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self.max_model_answer_bytes = max_model_answer_bytes
+        self.affinity_headers = affinity_headers or {}
         self.finished = finished
         self.started = started
         self.tasks: set[asyncio.Task[None]] = set()
@@ -127,7 +129,10 @@ class Engine:
         server = self.models.get(key)
         if server is None:
             url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-            server = ModelServer(self.http, url, api_key, self.max_model_answer_bytes)
+            affinity = self.affinity_headers.get(url.rstrip("/"), self.affinity_headers.get(None))
+            server = ModelServer(
+                self.http, url, api_key, self.max_model_answer_bytes, affinity_header=affinity
+            )
             self.models[key] = server
         return server
 

@@ -138,7 +138,8 @@ class Metrics:
         )
         self.tokens = Counter(
             "outbox_relay_tokens",
-            "Tokens of the model turns recorded, by model, tenant and type (input, output)",
+            "Tokens of the model turns recorded, by model, tenant and type (input, output, "
+            "cached_input: the part of input the provider read from its prompt cache)",
             ["model", "tenant", "type"],
             registry=r,
         )

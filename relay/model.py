@@ -23,6 +23,11 @@ and connection errors retry with backoff, or after what a ``Retry-After`` header
 other 4xx answers fail the run with reason ``model_error`` (sending the same request
 again would not help).
 
+Every request of a conversation carries its ``prompt_cache_key`` (``outbox.providers``);
+a server configured with an affinity header (``--affinity-header``) gets the key in that
+header too, for a self-hosted router that keeps a conversation on the replica holding its
+KV cache.
+
 An answer is read up to ``--max-model-answer`` bytes (``OUTBOX_MAX_MODEL_ANSWER_BYTES``,
 32 MiB: twice the largest turn that can be recorded) and no further, so a server answering
 gigabytes costs the relay the cap, not its memory. An answer past the cap is most likely a
@@ -96,9 +101,11 @@ class ModelServer:
         base_url: str,
         api_key: str,
         max_body: int = outbox_config.MAX_MODEL_ANSWER_BYTES,
+        affinity_header: str | None = None,
     ) -> None:
         self.poster = poster
         self.max_body = max_body
+        self.affinity_header = affinity_header  # carries each request's prompt_cache_key
         self.base_url = base_url.rstrip("/")
         self.headers = {"authorization": f"Bearer {api_key}"}
         for header, variable in (
@@ -116,10 +123,13 @@ class ModelServer:
         HTTP error, ``httpx2.HTTPError`` when no answer came, ``ModelAnswerTooLarge`` past
         the cap, ``storable.NotStorable`` for JSON PostgreSQL cannot store (``ValueError``
         for no JSON at all)."""
+        headers = {**self.headers, **trace} if trace else self.headers
+        if self.affinity_header and isinstance(body.get("prompt_cache_key"), str):
+            headers = {**headers, self.affinity_header: body["prompt_cache_key"]}
         response = await self.poster.post(
             self.base_url + path,
             json=body,
-            headers={**self.headers, **trace} if trace else self.headers,
+            headers=headers,
             timeout=MODEL_TIMEOUT_S,
             max_body=self.max_body,
         )

@@ -196,6 +196,7 @@ def _turn(row: dict[str, Any] | None, step_no: int) -> Turn | str:
         "instructions": row["instructions"],
         "base_url": row["base_url"],
         "model_options": row["model_options"],
+        "calls_made": row["calls_made"],
     }
     return Turn(run, messages, {tool["name"]: tool for tool in row["tools"]})
 

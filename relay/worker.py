@@ -53,7 +53,12 @@ from outbox.logs import log
 from outbox.relay import inprocess
 from outbox.relay.capacity import Capacity
 from outbox.relay.completer import Completer
-from outbox.relay.config import RelayConfig, open_files_limit, raise_open_files_limit
+from outbox.relay.config import (
+    RelayConfig,
+    affinity_headers,
+    open_files_limit,
+    raise_open_files_limit,
+)
 from outbox.relay.engine import Engine
 from outbox.relay.links import Link
 from outbox.relay.listener import listen
@@ -111,6 +116,7 @@ class Worker:
             self._effect_done,
             self._start,
             max_model_answer_bytes=cfg.max_model_answer_bytes,
+            affinity_headers=affinity_headers(cfg.affinity_headers),
         )
         self.completer = Completer(cfg, self.q, self.metrics, self.link, self._written, self.done)
         self.maintenance = Maintenance(

@@ -1,11 +1,11 @@
 """Request bodies of the Assistants protocol, validated at the boundary with pydantic.
 
 An unknown field is refused (OpenAI answered "Unrecognized request argument supplied");
-fields OpenAI knows that we do not implement (sampling, truncation) are accepted and
-ignored, so code written for OpenAI keeps working; docs/serve.md lists them. What a run
-passes to its model beside the history (``tool_choice``, ``parallel_tool_calls``, the
-answer's format) is checked here with ``outbox.schemas.ModelOptions``' rules, so a field
-no model could follow is a 400 naming it.
+the few fields OpenAI knows that cannot apply here are accepted and ignored, so code
+written for OpenAI keeps working; docs/serve.md lists them with the reason. What a run
+passes to its model beside the history (sampling, reasoning, the tool options, the
+answer's format, docs/models.md) is typed here with ``outbox.schemas``' types and becomes
+the run's ``ModelOptions``, so a value no model could take is a 400 naming the field.
 ``metadata`` keeps OpenAI's limits (16 pairs, keys up to 64 characters, values up to 512),
 so what runs here runs on OpenAI too.
 """
@@ -24,7 +24,23 @@ from pydantic import (
     field_validator,
 )
 
-from outbox.schemas import ModelOptions, text_format_of, tool_choice_of
+from outbox.schemas import (
+    CacheRetention,
+    Effort,
+    Identifier,
+    Includable,
+    ModelOptions,
+    Reasoning,
+    ServiceTier,
+    Temperature,
+    Tokens,
+    TopLogprobs,
+    TopP,
+    Truncation,
+    TruncationStrategy,
+    text_format_of,
+    tool_choice_of,
+)
 
 Ignored = Any  # a field OpenAI knows and we accept without acting on it
 MAX_METADATA_PAIRS = 16  # OpenAI's limits on metadata
@@ -145,11 +161,11 @@ class _RunOptions(_Body):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: Any = None
-    temperature: Ignored = None
-    top_p: Ignored = None
-    max_prompt_tokens: Ignored = None
-    truncation_strategy: Ignored = None
-    reasoning_effort: Ignored = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    max_prompt_tokens: Tokens | None = None
+    truncation_strategy: TruncationStrategy | None = None
+    reasoning_effort: Effort | None = None
     tool_resources: Ignored = None
 
     @field_validator("tool_choice")
@@ -169,6 +185,14 @@ class _RunOptions(_Body):
             tool_choice=self.tool_choice,
             parallel_tool_calls=self.parallel_tool_calls,
             format=self.response_format,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            reasoning=None
+            if self.reasoning_effort is None
+            else Reasoning(effort=self.reasoning_effort),
+            max_output_tokens=self.max_completion_tokens,
+            max_prompt_tokens=self.max_prompt_tokens,
+            truncation_strategy=self.truncation_strategy,
         )
 
 
@@ -199,6 +223,24 @@ class NoBody(_Body):
 # -- the Responses protocol ---------------------------------------------------------------
 
 
+# The fields of a Responses request that are model options under the same name.
+RESPONSES_OPTIONS = {
+    "temperature",
+    "top_p",
+    "reasoning",
+    "truncation",
+    "user",
+    "service_tier",
+    "include",
+    "top_logprobs",
+    "max_tool_calls",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "max_output_tokens",
+}
+
+
 class ResponseIn(_Body):
     model: str = Field(min_length=1, max_length=200)
     input: str | list[dict[str, Any]] | None = None
@@ -214,17 +256,18 @@ class ResponseIn(_Body):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
-    temperature: Ignored = None
-    top_p: Ignored = None
-    reasoning: Ignored = None
-    truncation: Ignored = None
-    user: Ignored = None
-    service_tier: Ignored = None
-    include: Ignored = None
-    top_logprobs: Ignored = None
-    max_tool_calls: Ignored = None
-    prompt_cache_key: Ignored = None
-    safety_identifier: Ignored = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    reasoning: Reasoning | None = None
+    truncation: Truncation | None = None
+    user: Identifier | None = None
+    service_tier: ServiceTier | None = None
+    include: list[Includable] | None = Field(default=None, max_length=16)
+    top_logprobs: TopLogprobs | None = None
+    max_tool_calls: Tokens | None = None
+    prompt_cache_key: Identifier | None = None
+    prompt_cache_retention: CacheRetention | None = None
+    safety_identifier: Identifier | None = None
 
     @field_validator("tool_choice")
     @classmethod
@@ -259,6 +302,7 @@ class ResponseIn(_Body):
             tool_choice=self.tool_choice,
             parallel_tool_calls=self.parallel_tool_calls,
             **(self.text or {}),
+            **self.model_dump(include=RESPONSES_OPTIONS, exclude_none=True),
         )
 
     @field_validator("store")

@@ -557,17 +557,32 @@ def _shape(row: Row) -> Row:
             "format": options.get("format", {"type": "text"}),
             **({"verbosity": options["verbosity"]} if "verbosity" in options else {}),
         },
-        "temperature": None,
-        "top_p": None,
+        **{k: options.get(k) for k in ECHOED},
         "max_output_tokens": run.get("max_tokens"),
         "usage": {
             "input_tokens": run["input_tokens"],
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": run.get("cached_tokens", 0)},
             "output_tokens": run["output_tokens"],
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": run["input_tokens"] + run["output_tokens"],
         },
     }
+
+
+# The model options a response shows as it was asked (None: the model's default).
+ECHOED = (
+    "temperature",
+    "top_p",
+    "reasoning",
+    "truncation",
+    "user",
+    "service_tier",
+    "top_logprobs",
+    "max_tool_calls",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+)
 
 
 def _status(run: Row, row: Row, *, superseded: bool) -> tuple[str, Row | None, Row | None]:

@@ -134,11 +134,7 @@ def run(row: Row, pending: list[Row]) -> Row:
         "tools": row["declared_tools"] or [],
         "metadata": row["api_metadata"] or {},
         "usage": usage,
-        "temperature": None,
-        "top_p": None,
-        "max_prompt_tokens": None,
         "max_completion_tokens": row["max_tokens"],
-        "truncation_strategy": {"type": "auto", "last_messages": None},
         **assistants_options(row.get("model_options") or {}),
     }
 
@@ -156,6 +152,14 @@ def assistants_options(options: Row) -> Row:
         "response_format": fmt or "auto",
         "tool_choice": choice,
         "parallel_tool_calls": options.get("parallel_tool_calls", True),
+        "temperature": options.get("temperature"),
+        "top_p": options.get("top_p"),
+        "max_prompt_tokens": options.get("max_prompt_tokens"),
+        "truncation_strategy": {
+            "type": "auto",
+            "last_messages": None,
+            **(options.get("truncation_strategy") or {}),
+        },
     }
 
 

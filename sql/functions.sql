@@ -747,12 +747,97 @@ BEGIN
 END $$;
 
 
--- start_run_v2: "start a run on this thread with this user turn".
+-- model_options_problem_v1: what is wrong with p_model_options of start_run_v3, in words
+-- naming the option, or NULL when nothing is: a JSON object of the options outbox passes on
+-- (docs/models.md), each of its type and range. outbox.schemas.ModelOptions checks the same
+-- for Python callers before they get here.
+CREATE OR REPLACE FUNCTION {s}.model_options_problem_v1(p_options jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_key   text;
+    v_value jsonb;
+    v_kind  text;
+BEGIN
+    IF p_options IS NULL OR jsonb_typeof(p_options) <> 'object' THEN
+        RETURN 'must be a JSON object';
+    END IF;
+    FOR v_key, v_value IN SELECT * FROM jsonb_each(p_options) LOOP
+        v_kind := jsonb_typeof(v_value);
+        IF v_kind = 'null' THEN
+            CONTINUE;
+        ELSIF v_key = 'temperature' THEN
+            IF v_kind <> 'number' OR (v_value::text)::numeric NOT BETWEEN 0 AND 2 THEN
+                RETURN 'temperature is a number from 0 to 2';
+            END IF;
+        ELSIF v_key = 'top_p' THEN
+            IF v_kind <> 'number' OR (v_value::text)::numeric NOT BETWEEN 0 AND 1 THEN
+                RETURN 'top_p is a number from 0 to 1';
+            END IF;
+        ELSIF v_key IN ('max_output_tokens', 'max_tool_calls', 'max_prompt_tokens') THEN
+            IF v_kind <> 'number' OR (v_value::text)::numeric <> trunc((v_value::text)::numeric)
+               OR (v_value::text)::numeric < 1 THEN
+                RETURN format('%s is a whole number over 0', v_key);
+            END IF;
+        ELSIF v_key = 'top_logprobs' THEN
+            IF v_kind <> 'number' OR (v_value::text)::numeric <> trunc((v_value::text)::numeric)
+               OR (v_value::text)::numeric NOT BETWEEN 0 AND 20 THEN
+                RETURN 'top_logprobs is a whole number from 0 to 20';
+            END IF;
+        ELSIF v_key = 'parallel_tool_calls' THEN
+            IF v_kind <> 'boolean' THEN
+                RETURN 'parallel_tool_calls is true or false';
+            END IF;
+        ELSIF v_key IN ('verbosity', 'service_tier', 'truncation', 'prompt_cache_retention') THEN
+            IF v_kind <> 'string' OR NOT (v_value #>> '{}') = ANY (CASE v_key
+                    WHEN 'verbosity' THEN ARRAY['low', 'medium', 'high']
+                    WHEN 'service_tier' THEN ARRAY['auto', 'default', 'flex', 'scale', 'priority']
+                    WHEN 'truncation' THEN ARRAY['auto', 'disabled']
+                    ELSE ARRAY['in-memory', '24h'] END) THEN
+                RETURN format('%s %s is not one of its values', v_key, v_value);
+            END IF;
+        ELSIF v_key IN ('prompt_cache_key', 'safety_identifier', 'user') THEN
+            IF v_kind <> 'string' OR length(v_value #>> '{}') NOT BETWEEN 1 AND 64 THEN
+                RETURN format('%s is text of 1-64 characters', v_key);
+            END IF;
+        ELSIF v_key = 'reasoning' THEN
+            IF v_kind <> 'object'
+               OR EXISTS (SELECT 1 FROM jsonb_object_keys(v_value) k
+                          WHERE k NOT IN ('effort', 'summary'))
+               OR coalesce(v_value ->> 'effort', 'low')
+                      NOT IN ('none', 'minimal', 'low', 'medium', 'high', 'xhigh')
+               OR coalesce(v_value ->> 'summary', 'auto') NOT IN ('auto', 'concise', 'detailed') THEN
+                RETURN 'reasoning is {"effort": none, minimal, low, medium, high or xhigh, "summary": auto, concise or detailed}';
+            END IF;
+        ELSIF v_key = 'include' THEN
+            IF v_kind <> 'array' OR EXISTS (SELECT 1 FROM jsonb_array_elements(v_value) e
+                                            WHERE jsonb_typeof(e) <> 'string') THEN
+                RETURN 'include is an array of names of output data';
+            END IF;
+        ELSIF v_key = 'tool_choice' THEN
+            IF NOT (v_kind = 'string' AND v_value #>> '{}' IN ('none', 'auto', 'required'))
+               AND NOT (v_kind = 'object' AND v_value ->> 'type' = 'function'
+                        AND v_value ->> 'name' ~ '^[a-zA-Z0-9_-]{1,64}$') THEN
+                RETURN 'tool_choice is none, auto, required or {"type": "function", "name": NAME}';
+            END IF;
+        ELSIF v_key IN ('format', 'truncation_strategy') THEN
+            IF v_kind <> 'object' OR NOT v_value ? 'type' THEN
+                RETURN format('%s is an object with a type', v_key);
+            END IF;
+        ELSE
+            RETURN format('%s is not a model option outbox passes on', quote_literal(v_key));
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+
+-- start_run_v3: "start a run on this thread with this user turn".
 --
---   SELECT * FROM outbox.start_run_v2('tenant-a', '5b0c…'::uuid, 'gpt-5',
+--   SELECT * FROM outbox.start_run_v3('tenant-a', '5b0c…'::uuid, 'gpt-5',
 --       p_message => 'Refund order 42', p_tools => ARRAY['lookup_order', 'refund'],
 --       p_idempotency_key => 'request-7f3a',
---       p_traceparent => '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01');
+--       p_traceparent => '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01',
+--       p_model_options => '{"temperature": 0, "reasoning": {"effort": "low"}}');
 --
 -- Returns (run_id, status, created, correlation_id). In one go, all or nothing: the user
 -- message, the run, its first model turn queued for the relay (outbox row
@@ -771,13 +856,17 @@ END $$;
 -- tool calls, recorded by whichever relay works on them) joins that trace, and tools and
 -- models receive it (docs/operations.md, "Traces"). A resend with the same idempotency key
 -- keeps the first request's.
+-- p_model_options: what the run passes to its model on every turn beside the history, in
+-- the Responses API's terms (docs/models.md); model_options_problem_v1 refuses a key or a
+-- value no model could take (22023 naming it). Kept in runs.model_options and journaled
+-- with run.created.
 -- Locks the thread, then the run: a run is inserted only under its thread's lock. Runs
 -- with the caller's rights under the tenant's row-level security (outbox_writer may call
 -- it). p_action_timeout_s, p_max_steps and p_loop_limit default to outbox.run_defaults, the
 -- one source of the defaults of new runs for SQL and the Python writer API alike (`outbox
 -- platform defaults`); the first model turn's attempts to the outbox column's default, as
 -- every later turn's.
-CREATE OR REPLACE FUNCTION {s}.start_run_v2(
+CREATE OR REPLACE FUNCTION {s}.start_run_v3(
     p_tenant_id text,
     p_thread_id uuid,
     p_model text,
@@ -794,7 +883,8 @@ CREATE OR REPLACE FUNCTION {s}.start_run_v2(
     p_correlation_id text DEFAULT NULL,
     p_max_cost numeric DEFAULT NULL,
     p_traceparent text DEFAULT NULL,
-    p_tracestate text DEFAULT NULL
+    p_tracestate text DEFAULT NULL,
+    p_model_options jsonb DEFAULT '{}'
 ) RETURNS TABLE (run_id uuid, status text, created boolean, correlation_id text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -806,6 +896,7 @@ DECLARE
     v_budget  {s}.tenant_budgets;
     v_default {s}.run_defaults;
     v_seq     integer;
+    v_problem text := {s}.model_options_problem_v1(p_model_options);
     v_cap     integer := coalesce(
                   nullif(current_setting('outbox.max_payload_bytes', true), '')::integer, 262144);
 BEGIN
@@ -842,6 +933,13 @@ BEGIN
                   HINT = 'pass the traceparent header of the request that starts the run as it came, or NULL';
     ELSIF p_tracestate IS NOT NULL AND (p_traceparent IS NULL OR length(p_tracestate) > 512) THEN
         RAISE EXCEPTION 'p_tracestate must come with p_traceparent and be at most 512 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'p_model_options: %', v_problem
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'docs/models.md lists the options and their values';
+    ELSIF octet_length(p_model_options::text) > v_cap THEN
+        RAISE EXCEPTION 'p_model_options are over the cap of % bytes', v_cap
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
@@ -918,14 +1016,14 @@ BEGIN
     INSERT INTO {s}.runs AS r (tenant_id, thread_id, model, api, base_url, instructions,
                                tool_names, tool_pins, max_steps, max_tokens, max_cost,
                                loop_limit, action_timeout, idempotency_key, correlation_id,
-                               traceparent, tracestate)
+                               traceparent, tracestate, model_options)
     VALUES (p_tenant_id, p_thread_id, p_model, p_api, p_base_url, p_instructions,
             coalesce(p_tools, '{}'), v_pins, coalesce(p_max_steps, v_default.max_steps),
             p_max_tokens, p_max_cost, coalesce(p_loop_limit, v_default.loop_limit),
             make_interval(secs => coalesce(p_action_timeout_s, v_default.action_timeout_s)),
             p_idempotency_key,
             coalesce(p_correlation_id, replace(gen_random_uuid()::text, '-', '')),
-            p_traceparent, p_tracestate)
+            p_traceparent, p_tracestate, p_model_options)
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING * INTO v_run;
     IF NOT FOUND THEN  -- the same key won a race on another thread of this tenant
@@ -948,9 +1046,37 @@ BEGIN
     INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
     VALUES (p_tenant_id, 'run.created', p_thread_id, v_run.id, v_run.correlation_id,
             jsonb_build_object('model', p_model, 'tools', to_jsonb(coalesce(p_tools, '{}')),
-                               'tool_versions', v_pins));
+                               'tool_versions', v_pins, 'model_options', p_model_options));
     RETURN QUERY SELECT v_run.id, v_run.status, true, v_run.correlation_id;
 END $$;
+
+
+-- start_run_v2: start_run_v3 without model options; kept for callers written against it.
+CREATE OR REPLACE FUNCTION {s}.start_run_v2(
+    p_tenant_id text,
+    p_thread_id uuid,
+    p_model text,
+    p_message text DEFAULT NULL,
+    p_tools text[] DEFAULT '{}',
+    p_idempotency_key text DEFAULT NULL,
+    p_api text DEFAULT 'responses',
+    p_base_url text DEFAULT NULL,
+    p_instructions text DEFAULT NULL,
+    p_max_steps integer DEFAULT NULL,
+    p_max_tokens bigint DEFAULT NULL,
+    p_loop_limit integer DEFAULT NULL,
+    p_action_timeout_s double precision DEFAULT NULL,
+    p_correlation_id text DEFAULT NULL,
+    p_max_cost numeric DEFAULT NULL,
+    p_traceparent text DEFAULT NULL,
+    p_tracestate text DEFAULT NULL
+) RETURNS TABLE (run_id uuid, status text, created boolean, correlation_id text)
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    SELECT * FROM {s}.start_run_v3(p_tenant_id, p_thread_id, p_model, p_message, p_tools,
+                                   p_idempotency_key, p_api, p_base_url, p_instructions,
+                                   p_max_steps, p_max_tokens, p_loop_limit, p_action_timeout_s,
+                                   p_correlation_id, p_max_cost, p_traceparent, p_tracestate)
+$$;
 
 
 -- start_run_v1: start_run_v2 without a trace context (the run starts a trace of its own);
@@ -1180,6 +1306,11 @@ REVOKE ALL ON FUNCTION {s}.start_run_v2(text, uuid, text, text, text[], text, te
                                          integer, bigint, integer, double precision, text,
                                          numeric, text, text)
     FROM PUBLIC;
+REVOKE ALL ON FUNCTION {s}.start_run_v3(text, uuid, text, text, text[], text, text, text, text,
+                                         integer, bigint, integer, double precision, text,
+                                         numeric, text, text, jsonb)
+    FROM PUBLIC;
+REVOKE ALL ON FUNCTION {s}.model_options_problem_v1(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.cancel_run_v1(text, uuid, text) FROM PUBLIC;
 -- The relay enters a tenant (record_model_turns_v1 calls enter_tenant_v1 as its invoker) but
@@ -1192,6 +1323,10 @@ GRANT EXECUTE ON FUNCTION {s}.create_thread_v1(text, text, jsonb, jsonb),
                           {s}.start_run_v2(text, uuid, text, text, text[], text, text, text,
                                            text, integer, bigint, integer, double precision,
                                            text, numeric, text, text),
+                          {s}.start_run_v3(text, uuid, text, text, text[], text, text, text,
+                                           text, integer, bigint, integer, double precision,
+                                           text, numeric, text, text, jsonb),
+                          {s}.model_options_problem_v1(jsonb),
                           {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]),
                           {s}.cancel_run_v1(text, uuid, text)
     TO outbox_writer, outbox_api;  -- outbox_api: migration 0020
@@ -2417,6 +2552,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
                'span', j.detail->'span', 'step_no', j.detail->'step_no',
                'input_tokens', j.detail->'input_tokens',
                'output_tokens', j.detail->'output_tokens',
+               'cached_tokens', j.detail->'cached_tokens',
                'status', j.detail->'status', 'error', j.detail->'error'))
     FROM {s}.journal j
     WHERE j.run_id = ANY(p_run_ids) AND j.at >= p_since

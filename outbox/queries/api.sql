@@ -3,9 +3,9 @@
 SELECT {s}.create_thread_v1(%(tenant_id)s, %(title)s, %(metadata)s, %(messages)s) AS id
 
 -- name: start_run
--- Start a run (start_run_v2): its id, status, correlation id and whether this call made it.
+-- Start a run (start_run_v3): its id, status, correlation id and whether this call made it.
 -- (The run's row is read by another statement: this one's snapshot predates the insert.)
-SELECT * FROM {s}.start_run_v2(
+SELECT * FROM {s}.start_run_v3(
     p_tenant_id => %(tenant_id)s, p_thread_id => %(thread_id)s, p_model => %(model)s,
     p_message => %(message)s, p_tools => %(tools)s::text[],
     p_idempotency_key => %(idempotency_key)s, p_api => %(api)s, p_base_url => %(base_url)s,
@@ -13,7 +13,7 @@ SELECT * FROM {s}.start_run_v2(
     p_max_tokens => %(max_tokens)s, p_loop_limit => %(loop_limit)s,
     p_action_timeout_s => %(action_timeout_s)s, p_correlation_id => %(correlation_id)s,
     p_max_cost => %(max_cost)s, p_traceparent => %(traceparent)s,
-    p_tracestate => %(tracestate)s)
+    p_tracestate => %(tracestate)s, p_model_options => %(model_options)s)
 
 -- name: cancel_run
 -- Cancel a run (cancel_run_v1); returns its row.

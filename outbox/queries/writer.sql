@@ -182,8 +182,3 @@ SELECT id, tool_names, tool_pins FROM {s}.runs WHERE id = ANY(%(run_ids)s)
 -- each, the nth call list the nth turn's: a jsonb[] parameter cost the relay 82 µs of CPU
 -- a turn to send (each element quoted into the array's text), a JSON array 8 µs.
 SELECT * FROM {s}.record_model_turns_v1(%(turns)s, %(calls)s)
-
--- name: set_model_options
--- What a run passes to its model beside the history (tool_choice, parallel_tool_calls,
--- format, verbosity), kept with the run when it starts.
-UPDATE {s}.runs SET model_options = %(model_options)s WHERE id = %(run_id)s

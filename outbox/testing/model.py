@@ -20,6 +20,11 @@ Design choices:
   message and calls; from then on a request that gives one of those calls back without
   that reasoning item, verbatim, before it in the same turn is refused with 400 and
   OpenAI's message, as a strict model would. Chat completions has no reasoning items.
+- **A prefix cache like a provider's.** A request that carries a ``prompt_cache_key``
+  reports as ``cached_tokens`` (``usage.input_tokens_details``, chat completions'
+  ``usage.prompt_tokens_details``) the bytes its body shares from the start with the last
+  request answered under that key, in tokens (``CHARS_PER_TOKEN``), at most its input
+  tokens. A request without a key is never cached: what a run gains from its key shows.
 - **Faults and audit behind one lock**, programmable in-process or over HTTP (``/_script``,
   ``/_faults``, ``/_audit``) for out-of-process tests.
 """
@@ -145,6 +150,9 @@ class ModelRequest:
     tools: list[Any] = field(default_factory=list)  # the request's tool list, as sent
     body: dict[str, Any] = field(default_factory=dict)  # the whole request, as sent
     traceparent: str | None = None  # the W3C trace context the request carried
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names
+    raw: str = ""  # the body's bytes as sent (UTF-8)
+    cached_tokens: int = 0  # what the answer reported as read from the prefix cache
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -170,6 +178,18 @@ def _new_id(prefix: str) -> str:
 
 def _tokens(value: Any) -> int:
     return -(-len(canonical_json(value)) // CHARS_PER_TOKEN)
+
+
+def _shared_prefix(a: bytes, b: bytes) -> int:
+    """How many bytes ``a`` and ``b`` share from the start (a binary search of slices)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _text_of(content: Any) -> str:
@@ -364,7 +384,7 @@ def _reasoning_item(turn: TurnSpec) -> dict[str, Any]:
     }
 
 
-def _responses_answer(body: Mapping[str, Any], turn: TurnSpec) -> dict[str, Any]:
+def _responses_answer(body: Mapping[str, Any], turn: TurnSpec, cached: int = 0) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     if turn.reasoning:
         output.append(_reasoning_item(turn))
@@ -406,7 +426,7 @@ def _responses_answer(body: Mapping[str, Any], turn: TurnSpec) -> dict[str, Any]
         "incomplete_details": None,
         "usage": {
             "input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "input_tokens_details": {"cached_tokens": min(cached, input_tokens)},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": input_tokens + output_tokens,
@@ -414,7 +434,7 @@ def _responses_answer(body: Mapping[str, Any], turn: TurnSpec) -> dict[str, Any]
     }
 
 
-def _chat_answer(body: Mapping[str, Any], turn: TurnSpec) -> dict[str, Any]:
+def _chat_answer(body: Mapping[str, Any], turn: TurnSpec, cached: int = 0) -> dict[str, Any]:
     message: dict[str, Any] = {
         "role": "assistant",
         "content": turn.text,
@@ -447,6 +467,7 @@ def _chat_answer(body: Mapping[str, Any], turn: TurnSpec) -> dict[str, Any]:
         ],
         "usage": {
             "prompt_tokens": prompt_tokens,
+            "prompt_tokens_details": {"cached_tokens": min(cached, prompt_tokens)},
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         },
@@ -488,6 +509,9 @@ class ScriptedModel(FakeServer):
         without it the default script answers "done".
     faults:
         Initial ``ModelFaults`` (or a mapping of its fields).
+    prefix_cache:
+        Report the prefix a request shares with its ``prompt_cache_key``'s last one as
+        cached (False: nothing is ever cached, as for requests without a key).
 
     Example
     -------
@@ -501,15 +525,19 @@ class ScriptedModel(FakeServer):
         *,
         default: Sequence[Turn] | None = None,
         faults: ModelFaults | Mapping[str, Any] | None = None,
+        prefix_cache: bool = True,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
         super().__init__(host, port)
+        self.prefix_cache = prefix_cache  # False: a provider that caches nothing
         self._scripts: dict[str, list[TurnSpec | TurnFn]] = {}
         self._faults = ModelFaults.model_validate(faults or {})
         self._requests: list[ModelRequest] = []
         # The reasoning item answered before each call, by call id: required back with it.
         self._reasoning: dict[str, dict[str, Any]] = {}
+        # The body of the last request answered under each prompt_cache_key.
+        self._cache: dict[str, bytes] = {}
         self.add_script(DEFAULT_SCRIPT, default or [{"text": FALLBACK_TEXT}])
         for name, turns in (scripts or {}).items():
             self.add_script(name, turns)
@@ -598,6 +626,7 @@ class ScriptedModel(FakeServer):
         body: dict[str, Any] = {}
         history: list[HistoryItem] = []
         script = turn_index = None
+        cached = 0
         try:
             body = request.json_object()
             if endpoint == "responses":
@@ -628,8 +657,9 @@ class ScriptedModel(FakeServer):
                     turn_index = sum(1 for m in messages if m.get("role") == "assistant")
                 script = self._script_name(history)
                 turn = self._turn(script, turn_index, history)
+                cached = self._cached_tokens(body, request.body)
                 answer = (_responses_answer if endpoint == "responses" else _chat_answer)(
-                    body, turn
+                    body, turn, cached
                 )
                 if endpoint == "responses":
                     self._keep_reasoning(answer["output"])
@@ -648,10 +678,23 @@ class ScriptedModel(FakeServer):
             tools=list(body.get("tools") or []) if isinstance(body.get("tools"), list) else [],
             body=body,
             traceparent=request.headers.get("traceparent"),
+            headers=dict(request.headers),
+            raw=request.body.decode("utf-8", "replace"),
+            cached_tokens=cached,
         )
         with self.lock:
             self._requests.append(record)
         return reply
+
+    def _cached_tokens(self, body: Mapping[str, Any], raw: bytes) -> int:
+        """The tokens of ``raw`` its key's last request shared from the start (0 without a
+        key); this request becomes the key's last."""
+        key = body.get("prompt_cache_key")
+        if not isinstance(key, str) or not self.prefix_cache:
+            return 0
+        with self.lock:
+            last, self._cache[key] = self._cache.get(key, b""), raw
+        return _shared_prefix(last, raw) // CHARS_PER_TOKEN
 
     def _keep_reasoning(self, output: list[dict[str, Any]]) -> None:
         reasoning = None

@@ -634,12 +634,15 @@ RETURNING tc.id
 -- whether the step is already recorded, the thread's messages but the deleted ones, and
 -- its calls (as outbox.history builds them; a message's reasoning items, kept verbatim), the
 -- run's model options and its tools (the versions it pinned when it started;
--- for a run without pins, the newest visible to the tenant, its own before a shared one).
+-- for a run without pins, the newest visible to the tenant, its own before a shared one);
+-- for a run with a max_tool_calls, the calls its turns asked for so far.
 -- Each lookup goes through an index by run, thread or name.
 SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
        r.instructions, r.base_url, r.model_options,
        EXISTS (SELECT 1 FROM {s}.model_turns mt
                WHERE mt.run_id = w.run_id AND mt.step_no = w.step_no) AS recorded,
+       CASE WHEN r.model_options ? 'max_tool_calls'
+            THEN (SELECT count(*) FROM {s}.tool_calls c WHERE c.run_id = r.id) END AS calls_made,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'id', m.id, 'role', m.role,
                    'content', {s}.resolved_text_v1(m.content, m.tenant_id, m.content_ref),

@@ -178,11 +178,13 @@ SELECT resp.*, next.until_seq,
        (SELECT to_jsonb(run) FROM (
             SELECT r.*, (r.action_deadline < now()) AS deadline_passed,
                    coalesce(u.input_tokens, 0) AS input_tokens,
-                   coalesce(u.output_tokens, 0) AS output_tokens
+                   coalesce(u.output_tokens, 0) AS output_tokens,
+                   coalesce(u.cached_tokens, 0) AS cached_tokens
             FROM {s}.runs r
             LEFT JOIN LATERAL (
                 SELECT sum(mt.input_tokens) AS input_tokens,
-                       sum(mt.output_tokens) AS output_tokens
+                       sum(mt.output_tokens) AS output_tokens,
+                       sum(mt.cached_tokens) AS cached_tokens
                 FROM {s}.model_turns mt WHERE mt.run_id = r.id
             ) u ON true
             WHERE r.id = resp.run_id) run) AS run,

@@ -127,6 +127,9 @@ def test_latency_tokens_errors_and_work_waiting_for_people_by_tool_model_and_ten
     for kind in ("input", "output"):
         tokens = {"model": "scripted-1", "tenant": TENANT, "type": kind}
         assert (value(samples, "outbox_relay_tokens_total", **tokens) or 0) > 0
+    # Counted beside input (the first turns of these runs have no prefix to read yet).
+    cached = {"model": "scripted-1", "tenant": TENANT, "type": "cached_input"}
+    assert value(samples, "outbox_relay_tokens_total", **cached) is not None
     ran = {"tenant": TENANT, "status": "completed"}
     assert value(samples, "outbox_relay_run_seconds_count", **ran) == 1
 

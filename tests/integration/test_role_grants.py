@@ -130,6 +130,17 @@ def start_run_traced(conn: psycopg.Connection[Any], s: Seed) -> None:
     assert status == "queued"
 
 
+def start_run_with_options(conn: psycopg.Connection[Any], s: Seed) -> None:
+    thread = one(conn, "SELECT outbox.create_thread_v1(%s)", [A])
+    status = one(
+        conn,
+        "SELECT status FROM outbox.start_run_v3(%s, %s, 'scripted', p_message => 'hi', "
+        "p_model_options => '{\"temperature\": 0}')",
+        [A, thread],
+    )
+    assert status == "queued"
+
+
 # A valid call of each function, and what it must answer.
 Call = Callable[[psycopg.Connection[Any], Seed], None]
 CALLS: dict[str, Call] = {
@@ -268,6 +279,11 @@ CALLS: dict[str, Call] = {
     ),
     "start_run_v1": start_run,
     "start_run_v2": start_run_traced,
+    "start_run_v3": start_run_with_options,
+    "model_options_problem_v1": lambda c, s: _is(
+        one(c, "SELECT outbox.model_options_problem_v1('{\"top_p\": 2}')"),
+        "top_p is a number from 0 to 1",
+    ),
     "submit_tool_outputs_v1": lambda c, s: _is(
         one(
             c,
@@ -357,6 +373,7 @@ def test_outbox_relay_may_not_start_create_or_cancel(db_url, login_url):
         "create_thread_v1",
         "start_run_v1",
         "start_run_v2",
+        "start_run_v3",
         "same_run_request_v1",
         "cancel_run_v1",
     }

@@ -166,6 +166,11 @@ def test_a_run_with_parallel_tools_is_one_trace_under_the_backends_span(
         assert attributes["outbox.tenant.id"] == TENANT
         assert attributes["outbox.outcome"] == "turn"
     assert [dict(c.attributes or {})["outbox.step"] for c in (first, second)] == [1, 2]
+    # The second turn replays the first's request: the provider's cache read it (the
+    # scripted model's prefix cache, by the conversation's prompt_cache_key).
+    cache_read = "gen_ai.usage.cache_read.input_tokens"
+    assert dict(first.attributes or {})[cache_read] == 0
+    assert dict(second.attributes or {})[cache_read] > 0
 
     calls = {
         r[0]: r[1:]

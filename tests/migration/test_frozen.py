@@ -112,6 +112,8 @@ PINNED = {
     "0048_declared_in_flight.py": "c13c17529ebe2f04",
     "0048_declared_in_flight.sql": "dc833359b3a0bfc3",
     "0048_declared_in_flight_down.sql": "e97dd542ea16d064",
+    "0049_model_options_reach_the_model.py": "0da75395a5cff0d0",
+    "0049_model_options_reach_the_model.sql": "fecc5b4afe714d5f",
 }
 
 

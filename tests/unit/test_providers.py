@@ -10,6 +10,7 @@ from outbox import providers, registry
 RUN = {
     "id": uuid.uuid4(),
     "tenant_id": "acme",
+    "thread_id": uuid.uuid4(),
     "api": "chat",
     "model": "gpt-5",
     "instructions": "Be brief.",
@@ -51,7 +52,11 @@ def test_chat_request_puts_the_instructions_first_and_keeps_the_history():
     assert body["messages"][1:] == CHAT
     assert body["tools"] == providers.tool_list(TOOLS, "chat")
     no_tools = providers.ADAPTERS["chat"].request({**RUN, "instructions": None}, CHAT, {})
-    assert no_tools == {"model": "gpt-5", "messages": CHAT}
+    assert no_tools == {
+        "model": "gpt-5",
+        "prompt_cache_key": providers.cache_key(RUN),
+        "messages": CHAT,
+    }
 
 
 def test_responses_request_sends_items_and_instructions_apart():
@@ -118,3 +123,72 @@ def test_every_idempotency_mode_has_its_row():
     assert [m for m in modes.values() if m.in_chunks] == [modes["key"]]
     assert modes["none"].after_ambiguous == "unknown"
     assert registry.idempotency(None) == registry.NO_MODE
+
+
+OPTIONS = {
+    "temperature": 0.0,
+    "top_p": 0.5,
+    "reasoning": {"effort": "low", "summary": "auto"},
+    "max_output_tokens": 300,
+    "verbosity": "low",
+    "service_tier": "flex",
+    "safety_identifier": "user-hash-1",
+    "user": "u1",
+    "top_logprobs": 2,
+    "include": ["reasoning.encrypted_content"],
+    "max_tool_calls": 5,
+    "truncation": "auto",
+    "max_prompt_tokens": 1000,
+    "prompt_cache_key": "conv-9",
+}
+
+
+def test_model_options_are_written_in_each_apis_terms():
+    run = {**RUN, "model_options": OPTIONS}
+    responses = providers.ADAPTERS["responses"].request(run, [], TOOLS)
+    assert {k: v for k, v in responses.items() if k not in ("model", "instructions", "tools")} == {
+        "temperature": 0.0,
+        "top_p": 0.5,
+        "reasoning": {"effort": "low", "summary": "auto"},
+        "max_output_tokens": 300,
+        "text": {"verbosity": "low"},
+        "service_tier": "flex",
+        "safety_identifier": "user-hash-1",
+        "user": "u1",
+        "top_logprobs": 2,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "conv-9",
+        "input": [],
+    }
+    chat = providers.ADAPTERS["chat"].request(run, [], TOOLS)
+    assert {k: v for k, v in chat.items() if k not in ("model", "tools", "messages")} == {
+        "temperature": 0.0,
+        "top_p": 0.5,
+        "reasoning_effort": "low",  # no summary in chat completions
+        "max_completion_tokens": 300,
+        "verbosity": "low",
+        "service_tier": "flex",
+        "safety_identifier": "user-hash-1",
+        "user": "u1",
+        "logprobs": True,
+        "top_logprobs": 2,
+        "prompt_cache_key": "conv-9",
+    }
+
+
+def test_the_cache_key_is_derived_from_tenant_and_thread_and_the_history_comes_last():
+    body = providers.ADAPTERS["responses"].request(RUN, [{"role": "user", "content": "x"}], TOOLS)
+    again = providers.ADAPTERS["responses"].request({**RUN, "id": uuid.uuid4()}, [], TOOLS)
+    other = providers.ADAPTERS["responses"].request({**RUN, "thread_id": uuid.uuid4()}, [], TOOLS)
+    key = body["prompt_cache_key"]
+    assert key == again["prompt_cache_key"] != other["prompt_cache_key"]
+    assert key.startswith("outbox-") and str(RUN["thread_id"]) not in key
+    assert list(body)[-1] == "input"
+    assert list(providers.ADAPTERS["chat"].request(RUN, [], TOOLS))[-1] == "messages"
+
+
+def test_a_run_out_of_tool_calls_asks_for_none():
+    run = {**RUN, "model_options": {"max_tool_calls": 3, "tool_choice": "auto"}, "calls_made": 3}
+    assert providers.ADAPTERS["chat"].request(run, [], TOOLS)["tool_choice"] == "none"
+    assert providers.calls_left({**run, "calls_made": 1}) == 2
+    assert providers.calls_left(RUN) is None
