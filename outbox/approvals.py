@@ -27,7 +27,7 @@ import psycopg
 
 from outbox import calls, policy, writer
 from outbox.errors import NotFound
-from outbox.store import Row, fetch_all, fetch_one, pg
+from outbox.statements import Row, fetch_all, fetch_one, pg
 
 Q = policy.Q
 STATUSES = ("pending", "approved", "denied", "expired")

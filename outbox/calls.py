@@ -29,7 +29,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import storable, tracing
+from outbox import storable, trace_context
 from outbox.errors import (
     ActiveRunExists,
     BudgetExceeded,
@@ -146,7 +146,7 @@ def start_run(request: StartRun) -> Call:
     params = request.model_dump(exclude={"tenant_id", "thread_id", "tools", "model_options"})
     params.update(tenant_id=request.tenant_id, thread_id=request.thread_id, tools=request.tools)
     if request.traceparent is None:
-        params["traceparent"], params["tracestate"] = tracing.caller_context()
+        params["traceparent"], params["tracestate"] = trace_context.caller_context()
     return Call(A.start_run, params, scope=request.tenant_id)
 
 

@@ -26,7 +26,7 @@ from outbox import calls, history, tenancy
 from outbox.errors import InvalidInput, InvalidTransition, NotFound
 from outbox.schemas import Retarget
 from outbox.sql import queries
-from outbox.store import Row, fetch_all, fetch_one, journal, pg
+from outbox.statements import Row, fetch_all, fetch_one, journal, pg
 from outbox.writer import (
     ThreadRef,
     append_message,

@@ -28,7 +28,7 @@ import psycopg
 
 from outbox.errors import InvalidInput, NotFound, OutboxError
 from outbox.sql import queries
-from outbox.store import fetch_all, fetch_one, journal, pg
+from outbox.statements import fetch_all, fetch_one, journal, pg
 
 Q = queries("retention.sql")
 Row = dict[str, Any]

@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import budgets, calls, constants, registry, storable, store, tenancy
+from outbox import budgets, calls, constants, registry, statements, storable, tenancy
 
 # Moved to outbox.budgets, where a run's limits are; importable from the writer still,
 # where the CLI and backends took them from.
@@ -50,14 +50,14 @@ from outbox.schemas import (
 )
 from outbox.sql import queries
 
-# Moved to outbox.store, the statements of every module; importable from the writer still,
+# Moved to outbox.statements, the statements of every module; importable from the writer still,
 # where the relay, the server and backends took them from.
-from outbox.store import UNPREPARED as UNPREPARED
-from outbox.store import Row as Row
-from outbox.store import fetch_all as fetch_all
-from outbox.store import fetch_one as fetch_one
-from outbox.store import journal as journal
-from outbox.store import pg as pg
+from outbox.statements import UNPREPARED as UNPREPARED
+from outbox.statements import Row as Row
+from outbox.statements import fetch_all as fetch_all
+from outbox.statements import fetch_one as fetch_one
+from outbox.statements import journal as journal
+from outbox.statements import pg as pg
 
 Q = queries("writer.sql")
 RunRef = calls.RunRef  # what start_run returns (defined beside the calls both writers share)
@@ -285,7 +285,7 @@ def lock_run(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant_id: str | 
         if row is None:
             raise NotFound(f"run {run_id} does not exist")
         return row
-    return store.owned(row, "run", run_id, tenant_id)
+    return statements.owned(row, "run", run_id, tenant_id)
 
 
 def get_run(db: Any, run_id: uuid.UUID, tenant_id: str | None = None) -> Row:
@@ -533,7 +533,7 @@ def record_tool_result(db: Any, result: ToolResultIn) -> ResultRecord:
     conn = pg(db)
     tenancy.scope(conn, result.tenant_id)
     call = fetch_one(conn, Q.call_for_result, {"tool_call_ref": result.tool_call_ref})
-    call = store.owned(call, "tool call", result.tool_call_ref, result.tenant_id)
+    call = statements.owned(call, "tool call", result.tool_call_ref, result.tenant_id)
     recorded = record_tool_results(
         conn,
         [

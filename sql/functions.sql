@@ -322,7 +322,7 @@ GRANT EXECUTE ON FUNCTION {s}.lane_loads_v1() TO outbox_relay;
 -- p_results is a JSON array of {ref (tool_calls.id), status ('ok' or 'error'), output,
 -- error, source, attempt, lag_s (optional: how long the row waited, due, before a claim),
 -- span (optional: the attempt's span as the relay timed it, {id, start, end, n}, kept in
--- the journal event for the trace exporter, outbox/traces.py)}, each ref at most once. Returns one row per input, in input order: outcome 'stored',
+-- the journal event for the trace exporter, outbox/trace_export.py)}, each ref at most once. Returns one row per input, in input order: outcome 'stored',
 -- 'duplicate' (the call has its result already; it stays) or 'orphaned' (its batch is
 -- closed: the result is kept in orphaned_results, never in a context), and
 -- completed_batch, the batch this result completed (else null). For each result stored:
@@ -1139,7 +1139,7 @@ GRANT EXECUTE ON FUNCTION {s}.end_run_v1(uuid, text, text, text, text) TO outbox
 -- results land in orphaned_results; every call of an undelivered batch gets a tool message
 -- at once, so the thread is replayable and a new run may start on it (see end_run_v1).
 -- The run is marked agent_span_due (and cancelled_by): the trace exporter builds its
--- invoke_agent span once this commits (outbox/traces.py; every run that ends is marked,
+-- invoke_agent span once this commits (outbox/trace_export.py; every run that ends is marked,
 -- since 0042, by the runs_span_due trigger). A run that does not exist for the tenant
 -- raises P0002; one that already ended raises OB005. Runs as the schema owner (SECURITY
 -- DEFINER: ending a run removes outbox rows, which outbox_writer may not delete) and
@@ -1327,7 +1327,7 @@ GRANT EXECUTE ON FUNCTION {s}.decide_approval_v1(text, bigint, text, text, text,
 -- row, the refused calls' results (record_tool_results_v1), and the run's new status
 -- (completed without calls). A turn's "span" (optional: the attempt's span as the relay
 -- timed it, {id, start, end, n}) is kept in its model_turn.recorded event, for the trace
--- exporter (outbox/traces.py).
+-- exporter (outbox/trace_export.py).
 --
 -- Returns one row per turn, in p_turns' order: the turn, its message and batch, the calls'
 -- ids in order, the run's status, created (false for a turn already recorded at this
@@ -2398,7 +2398,7 @@ $$;
 REVOKE ALL ON FUNCTION {s}.erased_document_v1(jsonb) FROM PUBLIC;
 
 
--- run_span_events_v1: what the trace exporter (outbox/traces.py) builds a run's chat and
+-- run_span_events_v1: what the trace exporter (outbox/trace_export.py) builds a run's chat and
 -- execute_tool spans from: each journal event of the runs that carries an attempt's span
 -- as the relay timed it (model_turn.recorded, tool_result.stored, *.retry_scheduled,
 -- *.quarantined, *.outcome_unknown, write.fenced), and each run's run.created (its absence

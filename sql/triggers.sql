@@ -345,7 +345,7 @@ CREATE OR REPLACE TRIGGER messages_payload BEFORE INSERT OR UPDATE OF content
 
 
 -- A run that ends is marked agent_span_due, whoever ends it (a model's last turn, a failure,
--- the expiry sweep, a cancel): the trace exporter (outbox/traces.py, `outbox traces
+-- the expiry sweep, a cancel): the trace exporter (outbox/trace_export.py, `outbox traces
 -- export`) takes the marked runs once they are committed and builds their spans from what
 -- the database recorded, so no relay records a span. A run ended then continued (a new
 -- turn on it) keeps its mark and is exported once it ends again: its lease is dropped, so

@@ -269,7 +269,7 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
                       WHERE m.name = t.mcp_server AND m.tenant_id = t.tenant_id))
        END AS mcp,
        -- The run's trace context, its start (seconds since the epoch) and model: every span
-       -- of the run hangs under its invoke_agent span (outbox.tracing).
+       -- of the run hangs under its invoke_agent span (outbox.trace_context).
        r.traceparent, r.tracestate, extract(epoch FROM r.created_at)::float8 AS run_started_at,
        r.model,
        -- deadline_in_s: seconds until the call's deadline (its creation + the tool's
@@ -590,7 +590,7 @@ FROM (
 GROUP BY tenant_id
 
 -- name: traces_lag
--- Ended runs whose spans the trace exporter (outbox/traces.py) has not exported yet, and
+-- Ended runs whose spans the trace exporter (outbox/trace_export.py) has not exported yet, and
 -- how long the oldest has waited, in seconds (runs_agent_span_due, a partial index).
 SELECT count(*), extract(epoch FROM now() - min(ended_at))::float8
 FROM {s}.runs WHERE agent_span_due AND ended_at IS NOT NULL

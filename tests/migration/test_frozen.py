@@ -149,7 +149,7 @@ def test_released_migrations_apply_what_they_applied_when_written():
 
 
 def test_migrations_read_no_living_file():
-    """A migration that imported outbox.sql, outbox.models or a query file would apply
+    """A migration that imported outbox.sql, outbox.orm or a query file would apply
     whatever that file says today."""
     readers = []
     for path in sorted(VERSIONS.glob("*.py")):
