@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
 logger = logging.getLogger("outbox.traces")
-Q = queries("traces.sql")
+Q = queries("trace_export.sql")
 
 BATCH = 200  # runs per export (about 5-10 spans each)
 LEASE_S = 120.0  # how long a batch is an exporter's (past an OTLP export's retries)
