@@ -3,12 +3,12 @@
 --
 -- This file is every grant on a table or view and every policy as the newest migration
 -- leaves them (tests/migration/test_history.py checks it, and that nothing the migrations
--- grant or create is missing here). The grants of functions are in functions.sql, beside
--- each function; the roles in roles.sql. Migrations carry frozen copies (0002 made the
+-- grant or create is missing here). The grants of functions are beside each function, in
+-- the function files; the roles in roles.sql. Migrations carry frozen copies (0002 made the
 -- roles, the grants and the policies; later ones add those of the tables they create).
 -- To change one, edit it here and add a migration that carries the change.
 --
--- Applied after roles.sql, functions.sql and views.sql (the policies ask
+-- Applied after roles.sql, the function files and views.sql (the policies ask
 -- current_tenant_v1(), the grants name the views), as the schema owner: CURRENT_USER below
 -- is the role that owns the tables and runs the migrations. Re-applying changes nothing:
 -- GRANT and ENABLE are idempotent, each policy is dropped if present and created again. A
@@ -84,7 +84,7 @@ GRANT SELECT (tenant_id, name, transport, url, command, credential_ref, trusted,
               timeout_s, settle_s, max_attempts, max_concurrency, overrides, synced_at,
               created_at, deadline_s) ON {s}.mcp_servers TO outbox_auditor;
 -- outbox_auditor reads the retention policies and the archive of retained runs (the
--- functions of functions.sql write them; no role is granted more).
+-- functions of retention.sql write them; no role is granted more).
 GRANT SELECT ON {s}.retention_policies, {s}.archived_runs TO outbox_auditor;
 -- The bodies stored by reference (0040): the writer, relay and server roles read them
 -- through resolved_text_v1 and resolved_json_v1, each its tenant's; only the trigger

@@ -10,7 +10,7 @@
 -- journal's partitions). To change
 -- one, edit it here and add a migration that carries the change.
 --
--- Applied after functions.sql (a guard calls run_active_v1). Re-applying changes nothing:
+-- Applied after the function files (a guard calls run_active_v1). Re-applying changes nothing:
 -- the functions are CREATE OR REPLACE, and so are the triggers (PostgreSQL 14), but for the
 -- one constraint trigger, which PostgreSQL cannot replace: it is dropped if present and
 -- created again.
@@ -290,7 +290,7 @@ CREATE OR REPLACE TRIGGER orphaned_results_erased BEFORE INSERT ON {s}.orphaned_
 
 
 -- payload_by_reference (0040): a body above payload_inline_max_v1() bytes is stored once in
--- payloads (payload_put_v1, functions.sql) and its row keeps the reference: a call's raw
+-- payloads (payload_put_v1, payloads.sql) and its row keeps the reference: a call's raw
 -- arguments (when they parse: arguments unparsable stay inline, as the model sent them),
 -- a result's output (tool_results, orphaned_results), a tool message's text. Whoever
 -- writes, the same: the writer API, the relay, the SQL API, an ORM. The WHEN conditions

@@ -669,7 +669,7 @@ WHERE id = %(delivery_id)s
 
 -- name: insert_orphan
 -- Keep a result that may enter no context (its attempt fenced off, its batch closed) with
--- its call's tenant, run and batch (keep_orphaned_results_v1, functions.sql).
+-- its call's tenant, run and batch (keep_orphaned_results_v1, sql/results.sql).
 SELECT id FROM {s}.keep_orphaned_results_v1(jsonb_build_array(jsonb_build_object(
     'ref', %(tool_call_ref)s::bigint, 'status', %(status)s::text, 'output', %(output)s::jsonb,
     'error', %(error)s::text, 'reason', %(reason)s::text, 'source', %(source)s::text,
