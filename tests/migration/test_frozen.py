@@ -109,6 +109,8 @@ PINNED = {
     "0047_key_checks_find_runs_by_id.py": "6c0fde9e31d10de0",
     "0047_key_checks_find_runs_by_id.sql": "db89b3f7d2acd8dd",
     "0047_key_checks_find_runs_by_id_down.sql": "cbeccbd3f80e107d",
+    "0048_run_over_drop_once.py": "0ed858a01eac72b7",
+    "0048_run_over_drop_once.sql": "7bfce531148fa742",
 }
 
 

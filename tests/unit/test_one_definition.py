@@ -1,7 +1,8 @@
 """One rule, one copy, kept by reading the source: no second copy of a status set or a
 dedup-key format, and no path that stores tool results but ``record_tool_results_v1``;
-and "the run is over", the tenant-scope guard, the orphaning of a result and a
-lane's load, each written once as a SQL function the others call.
+and "the run is over", the drop of a leased row whose run is over, the tenant-scope guard,
+the orphaning of a result and a lane's load, each written once as a SQL function the others
+call.
 
 The sets and formats live in ``outbox/constants.py`` and, for SQL, as the functions
 ``run_active_v1``, ``run_ended_v1``, ``deliver_key_v1``, ``tool_call_key_v1`` and
@@ -162,3 +163,15 @@ def test_only_keep_orphaned_results_v1_orphans_results():
 def test_a_lanes_load_is_counted_once():
     count = re.compile(r"status\s*=\s*'leased'\s+AND\s+\w+\.(tenant_id|tool_name)\s*=\s*\w+\.name")
     assert holders(count) == ["claims.sql: lane_loads_v1"]
+
+
+def test_a_leased_row_of_a_run_that_is_over_is_dropped_by_one_function():
+    """retry_later and quarantine put a row back or park it, and both drop it instead when
+    its run is over through drop_if_run_over_v1; the claim (a row not leased yet, its call
+    locked SKIP LOCKED) and rescue_expired (an expired lease, a previous owner) drop rows
+    of their own kind."""
+    drop = re.compile(r"'reason',\s*'run_over',\s*'instead_of'")
+    assert holders(drop) == [
+        "claims.sql: drop_if_run_over_v1",
+        "relay/queries/relay.sql: claim",
+    ]
