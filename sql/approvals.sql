@@ -97,4 +97,4 @@ BEGIN
 END $$;
 REVOKE ALL ON FUNCTION {s}.decide_approval_v1(text, bigint, text, text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.decide_approval_v1(text, bigint, text, text, text, text)
-    TO outbox_writer, outbox_api;  -- outbox_api: migration 0020
+    TO outbox_writer, outbox_api;  -- outbox_api: the requests of `outbox serve`

@@ -19,12 +19,12 @@ REVOKE ALL ON FUNCTION {s}.journal_ddl_lock_v1() FROM PUBLIC;
 --
 --   SELECT outbox.prune_journal(interval '90 days');   -- or: outbox prune --older-than 90d
 --
--- The journal is partitioned by day, or by the width journal_partitions_v1 was given (0036):
+-- The journal is partitioned by day, or by the width journal_partitions_v1 was given:
 -- a partition wholly older than the cut-off (its upper bound at or before it) is dropped
 -- whole (no row deleted, nothing left to vacuum); one that straddles the cut-off stays
 -- whole until it is past it, so an event is kept at most a partition longer than the age. Rows
--- of the default partition (days journal_partitions_v1 had not made) and of the journal
--- from before 0036 (journal_upto_YYYYMMDD) are deleted by row through the journal guard's
+-- of the default partition (days journal_partitions_v1 had not made) and of
+-- journal_upto_YYYYMMDD (every row older than the first day partition) are deleted by row through the journal guard's
 -- door (journal_refuse_change, triggers.sql), which opens on those partitions only: it
 -- marks its transaction with the id of the journal.pruned event it wrote, and the guard
 -- lets through deletions of rows older than that event's cut-off. Runs with its owner's

@@ -296,7 +296,7 @@ BEGIN
             JOIN {s}.tool_calls tc
               ON tc.run_id = p_run_id AND tc.tool_call_id = o->>'tool_call_id'
             -- A resend is a no-op: a call that has its result, or this very output kept (a
-            -- JSON null output is kept as NULL, and was kept as JSON null before 0030).
+            -- JSON null output matches a kept NULL or a kept JSON null).
             WHERE NOT EXISTS (SELECT 1 FROM {s}.tool_results r WHERE r.tool_call_ref = tc.id)
               AND NOT EXISTS (SELECT 1 FROM {s}.orphaned_results x
                               WHERE x.tool_call_ref = tc.id AND x.source = 'client'
@@ -353,4 +353,4 @@ BEGIN
 END $$;
 REVOKE ALL ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.submit_tool_outputs_v1(text, uuid, jsonb)
-    TO outbox_writer, outbox_api;  -- outbox_api: migration 0020
+    TO outbox_writer, outbox_api;  -- outbox_api: the requests of `outbox serve`

@@ -41,7 +41,7 @@ $$;
 REVOKE ALL ON FUNCTION {s}.thread_idle_v1(uuid, timestamptz) FROM PUBLIC;
 
 
--- archived_row_v1 (0040): a row of a conversation as the archive keeps it (run_document_v1,
+-- archived_row_v1: a row of a conversation as the archive keeps it (run_document_v1,
 -- retain_v1): its bodies inline, whether it held them inline or by reference, and no
 -- reference columns (an archived document stands alone: the bodies it references leave
 -- payloads with the row).
@@ -191,7 +191,7 @@ GRANT EXECUTE ON FUNCTION {s}.prune_archive_v1(text) TO outbox_relay;
 --
 --   SELECT * FROM outbox.retain_v1(200);   -- or: outbox retention run
 --
--- p_after, the horizon (0036): candidates are read oldest first from there (threads
+-- p_after, the horizon: candidates are read oldest first from there (threads
 -- created at or after it); every row returned carries the horizon the next chunk of the
 -- same round passes back: the creation time of the last candidate this chunk read. So a
 -- round reads each old thread that is not idle (a run in flight, a message written since)
@@ -240,7 +240,7 @@ BEGIN
         RETURN;
     END IF;
     -- v_since: no event of a conversation is older than its thread, so the journal's days
-    -- before the oldest candidate are not read for their events (0036).
+    -- before the oldest candidate are not read for their events.
     SELECT array_agg(c.id), max(c.created_at), min(c.created_at)
     INTO v_threads, v_horizon, v_since FROM (
         SELECT t.id, t.created_at FROM {s}.threads t
@@ -316,7 +316,7 @@ BEGIN
     WHERE t.id = ANY (v_threads)
     GROUP BY 1, 2 ORDER BY 1, 2;
 
-    -- The bodies these rows reference (0040): swept once the rows are gone, but those
+    -- The bodies these rows reference: swept once the rows are gone, but those
     -- another conversation still references.
     SELECT array_agg(DISTINCT d) INTO v_bodies FROM (
         SELECT c.arguments_ref FROM {s}.tool_calls c
@@ -432,7 +432,7 @@ BEGIN
     UPDATE {s}.threads SET title = NULL, erased_at = now(),
                            deleted_at = coalesce(deleted_at, now())
     WHERE id = p_thread_id;
-    -- The bodies stored by reference (0040) that this thread references: its references
+    -- The bodies stored by reference that this thread references: its references
     -- go with its content, and each body goes too unless another thread references it.
     SELECT array_agg(DISTINCT d) INTO v_bodies FROM (
         SELECT c.arguments_ref FROM {s}.tool_calls c

@@ -1,5 +1,5 @@
 -- The roles the grants of the function files and policies.sql name, as the newest migration
--- leaves them (0002 made the first three, 0020 outbox_api). Applied first: every other file
+-- leaves them. Applied first: every other file
 -- grants to them. tests/migration/test_history.py checks that re-applying changes nothing.
 --
 -- Each is NOLOGIN: give it to your own login roles (GRANT outbox_writer TO app_backend),

@@ -119,8 +119,8 @@ END $$;
 --   * while the thread has an active run (queued, in_progress, requires_action), another
 --     turn raises OB001, whose DETAIL is {"thread_id", "run_id", "status"} (the active run);
 --   * unknown tools raise P0002; a thread that does not exist, that row-level
---     security hides, or that was deleted (deleted_at, 0026) raises P0002; one of another tenant (for roles that see every
---     tenant) raises OB004;
+--     security hides, or that was deleted (deleted_at) raises P0002; one of another
+--     tenant (for roles that see every tenant) raises OB004;
 --   * a tenant whose token budget is spent raises OB003;
 --   * bad arguments raise 22023 naming the argument.
 -- p_traceparent and p_tracestate: the W3C trace context the run continues (the backend's
@@ -496,8 +496,8 @@ GRANT EXECUTE ON FUNCTION {s}.end_run_v1(uuid, text, text, text, text) TO outbox
 -- results land in orphaned_results; every call of an undelivered batch gets a tool message
 -- at once, so the thread is replayable and a new run may start on it (see end_run_v1).
 -- The run is marked agent_span_due (and cancelled_by): the trace exporter builds its
--- invoke_agent span once this commits (outbox/trace_export.py; every run that ends is marked,
--- since 0042, by the runs_span_due trigger). A run that does not exist for the tenant
+-- invoke_agent span once this commits (outbox/trace_export.py; every run that ends is marked
+-- by the runs_span_due trigger). A run that does not exist for the tenant
 -- raises P0002; one that already ended raises OB005. Runs as the schema owner (SECURITY
 -- DEFINER: ending a run removes outbox rows, which outbox_writer may not delete) and
 -- refuses a tenant other than the session's scope.
@@ -548,4 +548,4 @@ GRANT EXECUTE ON FUNCTION {s}.create_thread_v1(text, text, jsonb, jsonb),
                                            text, numeric, text, text),
                           {s}.same_run_request_v1({s}.runs, uuid, text, text, text, text[]),
                           {s}.cancel_run_v1(text, uuid, text)
-    TO outbox_writer, outbox_api;  -- outbox_api: migration 0020
+    TO outbox_writer, outbox_api;  -- outbox_api: the requests of `outbox serve`

@@ -11,9 +11,9 @@
 -- inlining it: each call runs its query, executor set up anew. So the policies ask it as
 -- (SELECT current_tenant_v1()), an init plan run once a statement, not once a row or a
 -- rescan, and enter_tenant_v1 asks it once. It runs as the owner (SECURITY DEFINER, a
--- fixed search_path; migration 0044): tenant_roles is under row-level security, so a plan
--- of its query holds for one user, and as the invoker it was planned again at every call
--- under another user than the last (SET ROLE outbox_api, the SECURITY DEFINER functions).
+-- fixed search_path): tenant_roles is under row-level security, so a plan of its query
+-- holds for one user, and as the invoker it would be planned again at every call under
+-- another user than the last (SET ROLE outbox_api, the SECURITY DEFINER functions).
 -- The owner reads every mapping; the query asks for session_user's only.
 CREATE OR REPLACE FUNCTION {s}.current_tenant_v1() RETURNS text
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

@@ -352,7 +352,7 @@ END $$;
 
 REVOKE ALL ON FUNCTION {s}.record_model_turns_v1(jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.record_model_turns_v1(jsonb, jsonb)
-    TO outbox_writer, outbox_relay;  -- not outbox_api: `outbox serve` records no turns (0030)
+    TO outbox_writer, outbox_relay;  -- not outbox_api: `outbox serve` records no turns
 
 
 -- record_model_turn_v1: record a model's response and the tool calls it asked for.
@@ -378,4 +378,4 @@ $$;
 
 REVOKE ALL ON FUNCTION {s}.record_model_turn_v1(jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.record_model_turn_v1(jsonb, jsonb)
-    TO outbox_writer, outbox_relay;  -- not outbox_api: `outbox serve` records no turns (0030)
+    TO outbox_writer, outbox_relay;  -- not outbox_api: `outbox serve` records no turns

@@ -33,7 +33,7 @@ WHERE id = %(id)s
 RETURNING *
 
 -- name: delete_assistant
--- Delete an assistant; the runs it started keep running, their link is cleared (0022).
+-- Delete an assistant; the runs it started keep running, their link is cleared.
 DELETE FROM {s}.assistants WHERE id = %(id)s RETURNING id
 
 -- name: update_thread_metadata

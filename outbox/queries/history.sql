@@ -6,7 +6,7 @@ SELECT * FROM {s}.threads WHERE id = %(thread_id)s
 
 -- name: thread_messages
 -- A thread's messages in order, each tool message with the call it answers; a deleted
--- message (0026: a plain one, never a call or a result) is no longer replayed.
+-- message (a plain one, never a call or a result) is not replayed.
 SELECT m.seq, m.role, {s}.resolved_text_v1(m.content, m.tenant_id, m.content_ref) AS content,
        m.id, tc.tool_call_id AS answers_call, m.reasoning
 FROM {s}.messages m

@@ -85,7 +85,7 @@ FROM samples
 
 -- name: list_runs
 -- Runs, newest first, optionally filtered by status, tenant and creation time. The last
--- condition holds for every run: it is the predicate of runs_tenant_status (0047), which
+-- condition holds for every run: it is the predicate of runs_tenant_status, which
 -- serves only the statements that state it.
 SELECT id, tenant_id, status, model, step_count, tokens_used, failure_reason, last_error,
        created_at, updated_at

@@ -35,7 +35,7 @@ FROM {s}.retain_v1(%(limit)s, %(actor)s, %(after)s::timestamptz);
 SELECT {s}.archive_partitions_v1(%(days_ahead)s) AS made;
 
 -- name: sweep_payloads
--- Bodies stored by reference that nothing references any more (0040): up to 1000 looked
+-- Bodies stored by reference that nothing references any more: up to 1000 looked
 -- at, from a random digest on.
 SELECT {s}.sweep_payloads_v1(NULL, 1000) AS swept;
 

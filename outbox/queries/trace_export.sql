@@ -3,7 +3,7 @@
 
 -- name: take_due
 -- Ended runs whose spans are not exported yet (runs.agent_span_due, set by the runs_span_due
--- trigger when a run ends, 0042), oldest end first, that no other exporter holds: each
+-- trigger when a run ends), oldest end first, that no other exporter holds: each
 -- leased to this one (spans_taken_until) in a short transaction, so that no row lock is
 -- held while it exports (a completer writing a late result of the run would wait for it).
 -- A lease that runs out (an exporter died, or its export outlasted it) lets another take

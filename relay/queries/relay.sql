@@ -310,7 +310,7 @@ ORDER BY c.available_at, c.id
 -- name: finish
 -- Remove a done row from the hot table, only for the current lease holder (fencing).
 -- The fences test lease_owner, not status = 'leased': the CHECKs outbox_lease_consistent
--- and outbox_lease_holder_is_leased (migration 0006) make one imply the other, and a
+-- and outbox_lease_holder_is_leased make one imply the other, and a
 -- status test would let the planner walk the lease index (whose statistics see it nearly
 -- empty) instead of the primary key.
 DELETE FROM {s}.outbox

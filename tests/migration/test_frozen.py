@@ -111,6 +111,9 @@ PINNED = {
     "0047_key_checks_find_runs_by_id_down.sql": "cbeccbd3f80e107d",
     "0048_run_over_drop_once.py": "0ed858a01eac72b7",
     "0048_run_over_drop_once.sql": "7bfce531148fa742",
+    "0049_function_comments.py": "46aeeead73a8c763",
+    "0049_function_comments.sql": "fa746c274f057687",
+    "0049_function_comments_down.sql": "d2bdfac3622743b1",
 }
 
 
