@@ -109,11 +109,11 @@ PINNED = {
     "0047_key_checks_find_runs_by_id.py": "6c0fde9e31d10de0",
     "0047_key_checks_find_runs_by_id.sql": "db89b3f7d2acd8dd",
     "0047_key_checks_find_runs_by_id_down.sql": "cbeccbd3f80e107d",
-    "0048_run_over_drop_once.py": "0ed858a01eac72b7",
-    "0048_run_over_drop_once.sql": "7bfce531148fa742",
-    "0049_function_comments.py": "46aeeead73a8c763",
-    "0049_function_comments.sql": "fa746c274f057687",
-    "0049_function_comments_down.sql": "d2bdfac3622743b1",
+    "0049_run_over_drop_once.py": "ad41fbef643d5139",
+    "0049_run_over_drop_once.sql": "7bfce531148fa742",
+    "0050_function_comments.py": "afc3094fcc046e01",
+    "0050_function_comments.sql": "fa746c274f057687",
+    "0050_function_comments_down.sql": "d2bdfac3622743b1",
 }
 
 

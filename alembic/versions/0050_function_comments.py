@@ -1,27 +1,27 @@
 """The comments inside three function bodies say what holds, without migration numbers.
 
-Revision ID: 0049
-Revises: 0048
+Revision ID: 0050
+Revises: 0049
 Create Date: 2026-12-07
 
 A function's body is stored with its comments, so ``sql/`` can only say what its bodies
 say. ``submit_tool_outputs_v1``, ``retain_v1`` and ``erase_thread_v1`` are created again
 with the same code and comments that name no migration. The SQL is
-``0049_function_comments.sql`` beside this file, frozen; the downgrade creates them again
-as 0048 left them (``0049_function_comments_down.sql``).
+``0050_function_comments.sql`` beside this file, frozen; the downgrade creates them again
+as 0049 left them (``0050_function_comments_down.sql``).
 """
 
 from __future__ import annotations
 
 from outbox.migrate import frozen_sql, run_sql
 
-revision = "0049"
-down_revision = "0048"
+revision = "0050"
+down_revision = "0049"
 branch_labels = None
 depends_on = None
 
-UPGRADE = frozen_sql(__file__, "0049_function_comments.sql")
-DOWN = frozen_sql(__file__, "0049_function_comments_down.sql")
+UPGRADE = frozen_sql(__file__, "0050_function_comments.sql")
+DOWN = frozen_sql(__file__, "0050_function_comments_down.sql")
 
 
 def upgrade() -> None:
