@@ -4,8 +4,8 @@
 answering after ``T`` seconds) are queued and one relay process is started at its defaults.
 Once a quarter of the backlog is done (the relay's clients and connections are warm), one
 call of tenant ``other`` is queued; its wait is its
-row's ``claimed_at - available_at``, both from the database's clock. Claimed oldest first
-(as before migration 0013), that call would wait for the whole backlog ahead of it to be
+row's ``claimed_at - available_at``, both from the database's clock. Claimed oldest first,
+that call would wait for the whole backlog ahead of it to be
 claimed: about ``BACKLOG / concurrency x T``. The fair claim takes it in the next claim.
 """
 

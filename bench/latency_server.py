@@ -21,7 +21,7 @@ an ``asyncio.Protocol`` (no streams, no coroutine per connection) with a small H
 parser of its own, and a waiting request is one ``loop.call_later`` timer handle, neither a
 coroutine nor a thread. CPU per request, this process's ``user + system`` time (psutil)
 over 4,000 POSTs 400 at once from ``httpx2.AsyncClient``, 2 vCPU: 0.23-0.26 ms with ``h11``
-over asyncio streams as before, 0.11-0.12 ms now (0.15 ms while another benchmark ran
+over asyncio streams, 0.11-0.12 ms with this parser (0.15 ms while another benchmark ran
 beside it). At 10,000 runs of two tool calls (40,000 requests) that is about 5 CPU-seconds
 instead of 10-12. What is left is mostly asyncio's event loop and the kernel's socket calls
 (0.04 ms of system time per request either way), not this module.

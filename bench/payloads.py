@@ -1,15 +1,15 @@
 """``python -m bench.payloads [--calls N] [--bytes B] [--small B]``: what a completed tool
-call costs in table bytes and WAL bytes, with its result inline (as before migration 0040)
-and by reference (0040), for results of ``--bytes`` (64 KiB) that differ per call or are
-the same in every call, and for small results (``--small``, 200 bytes: what it costs them).
+call costs in table bytes and WAL bytes, with its result inline and by reference, for
+results of ``--bytes`` (64 KiB) that differ per call or are the same in every call, and for
+small results (``--small``, 200 bytes: what it costs them).
 
 Each case writes ``--calls`` (200) completed tool calls through the writer API into a fresh
 database: a thread, a run, a model turn asking for one call (small arguments), the call's
 result, the batch's delivery (the tool message), all in one transaction per call, as a
 backend or the relay does. "inline" sets ``outbox.payload_inline_max`` past any body, so
-every body stays in its row as before 0040 (the new reference columns are NULL: they cost
-no byte); "by reference" leaves the default (8192). Reported per call: the growth of every
-table of the schema with its TOAST and indexes (``pg_total_relation_size``), the WAL written
+every body stays in its row (the reference columns are NULL: they cost no byte); "by
+reference" leaves the default (8192). Reported per call: the growth of every table of the
+schema with its TOAST and indexes (``pg_total_relation_size``), the WAL written
 (``pg_current_wal_lsn`` before and after, autovacuum off in the measured database: the
 WAL position is the cluster's, so other work on the server adds to it), and the wall
 time (a figure of this machine, not a target). Prints a markdown table and one JSON line.

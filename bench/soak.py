@@ -76,7 +76,7 @@ WHERE n.nspname = 'outbox' AND c.relkind IN ('r', 'i') AND NOT c.relispartition
 """
 
 
-# A partitioned table (the archive, and the journal since 0036) through its partitions.
+# A partitioned table (the archive, the journal) through its partitions.
 PARTITIONED_SIZE = """
 SELECT coalesce(sum(s.n_live_tup), 0)::bigint, coalesce(sum(s.n_dead_tup), 0)::bigint,
        coalesce(sum(pg_total_relation_size(p.relid)), 0)::bigint,

@@ -130,10 +130,10 @@ def _report(row: dict[str, Any], verb: str, as_json: bool) -> None:
     "--settle",
     "settle_s",
     type=float,
-    default=5.0,
-    show_default=True,
-    help="Seconds after --timeout that a call the relay gave up on may still act at the "
-    "server: no resend before dispatch + timeout + settle (docs/relay.md).",
+    default=None,
+    help="Seconds after the relay gave up on a call (at --timeout, or later) that it may "
+    "still act at the server: no resend before then. Default: as long as --timeout "
+    "(docs/relay.md).",
 )
 @click.option(
     "--deadline",

@@ -63,12 +63,19 @@ def tools_group() -> None:
     "--settle",
     "settle_s",
     type=float,
-    default=5.0,
-    show_default=True,
-    help="Seconds after --timeout that a request the relay gave up on may still take effect "
-    "at the tool (it was sent before its relay died or stopped waiting): the relay makes no "
-    "lookup and no resend of that call before dispatch + timeout + settle. The tool must "
-    "not act on a request later than that (docs/relay.md).",
+    default=None,
+    help="Seconds after the relay gave up on a request (at --timeout, or later) that it may "
+    "still take effect at the tool (it was sent before its relay died or stopped waiting): "
+    "before then the relay resends no such call of a key tool and trusts no 'not found' of "
+    "a lookup. The tool must not act on a request later than that. Default: as long as "
+    "--timeout (docs/relay.md, 'What a tool declares').",
+)
+@click.option(
+    "--refuses-key-in-use",
+    is_flag=True,
+    help="A key tool that answers 409 to a request whose Idempotency-Key belongs to a request "
+    "it is still acting on, and never acts on it (as Stripe and the Idempotency-Key draft "
+    "do): after a timeout the relay resends at once instead of waiting for --settle.",
 )
 @click.option("--max-attempts", type=int, default=5, show_default=True)
 @click.option(
@@ -122,7 +129,9 @@ def tools_register(
     A lookup tool also answers POST LOOKUP_ENDPOINT
       {"idempotency_key": "...", "arguments": {...}}
     with 200 {"found": true, "result": <JSON>} (the effect happened: that result is used,
-    no new call) or 200 {"found": false} (the call is made).
+    no new call), 200 {"found": false, "in_progress": true} (a request is acting there now:
+    asked again shortly) or 200 {"found": false} (the call is made, once an earlier request
+    can no longer act: --settle).
     """
     schema: Any = {"type": "object"}
     if schema_ is not None:
@@ -137,6 +146,7 @@ def tools_register(
         idempotency_mode=opts["idempotency"],
         timeout_s=opts["timeout_s"],
         settle_s=opts["settle_s"],
+        refuses_key_in_use=opts["refuses_key_in_use"],
         deadline_s=opts["deadline_s"],
         max_attempts=opts["max_attempts"],
         risk_tier=opts["risk"],

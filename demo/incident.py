@@ -209,12 +209,25 @@ class Services:
 
     @classmethod
     def start(cls) -> Services:
+        # Each knows the requests it is acting on, as the services it plays do: the lookup
+        # says "in progress", a key in use is refused with 409 (REFUSES_KEY_IN_USE).
         ticketing = FakeToolService(standard_tools=False)
-        ticketing.add_tool("create_ticket", "lookup", _ticket, required=["title"])
+        ticketing.add_tool(
+            "create_ticket", "lookup", _ticket, required=["title"], tracks_in_flight=True
+        )
         email = FakeToolService(standard_tools=False)
-        email.add_tool("send_email", "key", _email, required=["to", "subject"])
+        email.add_tool(
+            "send_email", "key", _email, required=["to", "subject"], tracks_in_flight=True
+        )
         billing = FakeToolService(standard_tools=False)
-        billing.add_tool("charge", "key", _charge, required=["amount"], reject_key_reuse=True)
+        billing.add_tool(
+            "charge",
+            "key",
+            _charge,
+            required=["amount"],
+            reject_key_reuse=True,
+            tracks_in_flight=True,
+        )
         return cls(ticketing.start(), email.start(), billing.start())
 
     def by_name(self) -> dict[str, FakeToolService]:

@@ -219,6 +219,9 @@ def register_tools(url: str, services: Services) -> None:
                     endpoint=services.endpoint(tool),
                     lookup_endpoint=services.lookup_endpoint(tool) if mode == "lookup" else None,
                     idempotency_mode=mode,
+                    # What the services declare of a request they are acting on: a key tool
+                    # refuses a key in use (409), so a resend needs no wait for it to settle.
+                    refuses_key_in_use=mode == "key",
                     timeout_s=TOOL_TIMEOUT_S,
                     max_attempts=TOOL_MAX_ATTEMPTS,
                 ),

@@ -167,8 +167,8 @@ def delete_message(
 ) -> None:
     """Delete a user or assistant message of a thread: the API no longer shows it and no
     later run replays it; the row stays, with ``deleted_at``. Only a message whose removal
-    keeps the history well-formed (DESIGN invariant 7): a tool result, or an assistant
-    message that carries tool calls, raises ``InvalidTransition`` (the database refuses it
+    keeps the history well-formed (docs/guarantees.md, invariant 7): a tool result, or an
+    assistant message that carries tool calls, raises ``InvalidTransition`` (the database refuses it
     too). ``ActiveRunExists`` while a run of the thread is active (the run replays the
     history as it goes); ``NotFound`` for a missing, deleted or hidden message or thread.
     Journaled as ``message.deleted``."""

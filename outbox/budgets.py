@@ -10,13 +10,14 @@ price costs nothing, so a budget in money on a run needs its model's price
 (``start_run_v1`` refuses it otherwise). ``platform_limits.max_steps`` caps every run's
 model turns, whatever the run asked for (``step_cap``). ``limit_reached`` is the one check
 of all these, made by the writer in the transaction that would enqueue the run's next turn
-(DESIGN invariant 11).
+(docs/guarantees.md, invariant 11).
 
 What a new run gets when its caller names no step cap, loop limit or action timeout is one
 row of the database (``run_defaults``), which ``start_run_v1`` reads for SQL callers and the
 Python writer API alike: one source, so the same settings make the same run whichever way
 it is started. ``outbox platform defaults`` sets it; ``outbox db upgrade`` stores there the
-environment variables that used to set the Python API's defaults (``apply_environment``).
+deployment's ``OUTBOX_DEFAULT_MAX_STEPS``, ``OUTBOX_LOOP_LIMIT`` and
+``OUTBOX_ACTION_TIMEOUT_S`` when set (``apply_environment``).
 
 Like the other operator settings, these run in the caller's transaction and are journaled.
 """

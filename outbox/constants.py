@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import uuid
 
-# A run that can still move: the one-active-run-per-thread index (migration 0001) covers
-# exactly these (``orm.Run``'s partial unique index).
+# A run that can still move: the one-active-run-per-thread index covers exactly these
+# (``orm.Run``'s partial unique index).
 ACTIVE: tuple[str, ...] = ("queued", "in_progress", "requires_action")
 # A run that is over: nothing of it is started again, results for it are orphaned.
 ENDED: tuple[str, ...] = ("completed", "failed", "cancelled", "expired")

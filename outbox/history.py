@@ -1,8 +1,8 @@
 """History replay: a thread as provider messages in which every call has its result.
 
-DESIGN invariant 7. Stored history is well-formed by construction (a tool message has a
-foreign key to its call, and outputs enter the history only when their whole batch is
-submitted), but a thread can still hold calls without results: a batch still running, a
+Stored history is well-formed by construction (docs/guarantees.md, invariant 7: a tool
+message has a foreign key to its call, and outputs enter the history only when their whole
+batch is submitted), but a thread can still hold calls without results: a batch still running, a
 run cancelled or expired mid-batch, or history imported from elsewhere. ``repair`` is the
 one place that makes any list of chat-format messages pairable: results that answer no
 earlier call are dropped, calls without a result are closed with an explicit error output,

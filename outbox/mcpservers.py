@@ -71,7 +71,7 @@ class ServerSpec(BaseModel):
     trusted: bool = False
     prefix: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,40}$")
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
-    settle_s: float = Field(default=5.0, ge=0, le=3600)
+    settle_s: float | None = Field(default=None, ge=0, le=3600)  # None: registry.settle_default
     deadline_s: float | None = Field(default=None, gt=0, le=604800)
     max_attempts: int = Field(default=5, gt=0, le=100)
     max_concurrency: int = Field(default=DEFAULT_MAX_CONCURRENCY, gt=0, le=10_000)
@@ -91,6 +91,8 @@ class ServerSpec(BaseModel):
             raise ValueError("env is for a stdio server (--command); an HTTP server has its own")
         if self.headers and self.url is None:
             raise ValueError("headers are for an HTTP server (--url)")
+        if self.settle_s is None:
+            self.settle_s = registry.settle_default(self.timeout_s)
         return self
 
     @property

@@ -14,8 +14,8 @@ from alembic import command
 from outbox import db
 from outbox.revisions import alembic_config
 
-# Read from the history (outbox.revisions), importable from here still: the CLI and the
-# tests took them from this module.
+# The migrations' revisions, read from the history (outbox.revisions), beside the upgrade
+# they name: `outbox db` and the tests ask this module for both.
 from outbox.revisions import head_revision as head_revision
 from outbox.revisions import revisions as revisions
 

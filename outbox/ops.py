@@ -13,7 +13,7 @@ Ids: a run is its uuid or an unambiguous prefix of it; a tool call is its number
 ``call:12``); an outbox row is ``outbox:7``. Requeue and release keep the attempt count (the
 fencing token is never handed out twice) and grant at least one more attempt. A call whose
 outcome is unknown is never put back by requeue or release: only ``reconcile`` settles it,
-with the operator's word on whether the side effect happened (DESIGN invariant 5).
+with the operator's word on whether the side effect happened (docs/guarantees.md, invariant 5).
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ class Run(Base):
         ),
         # idempotency_key first, and runs_tenant_status partial on a predicate every row
         # meets but only a statement that says it proves: no index that starts with
-        # tenant_id serves a lookup of runs by id or by thread (migration 0047).
+        # tenant_id serves a lookup of runs by id or by thread: a plan made on a young table
+        # would read every run of the tenant for one (docs/operations.md).
         UniqueConstraint("idempotency_key", "tenant_id", name="runs_tenant_idempotency_key"),
         UniqueConstraint("id", "tenant_id", name="runs_id_tenant_key"),
         UniqueConstraint("id", "thread_id", "tenant_id", name="runs_id_thread_tenant_key"),
@@ -326,7 +327,7 @@ class ToolCall(Base):
             ["tool_batches.id", "tool_batches.run_id", "tool_batches.tenant_id"],
             name="tool_calls_batch_fk",
         ),
-        # idempotency_key first: no index that starts with tenant_id (migration 0047).
+        # idempotency_key first: no index that starts with tenant_id serves a lookup by run.
         UniqueConstraint("idempotency_key", "tenant_id", name="tool_calls_idempotency_key"),
         ForeignKeyConstraint(
             ["message_id", "thread_id"],
@@ -371,6 +372,12 @@ class ToolCall(Base):
         comment="when attempt dispatched_attempt was marked as possibly reaching the tool "
         "(now() of the database, just before the request was sent); NULL once the tool "
         "answered it",
+    )
+    gave_up_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True),
+        comment="when the relay stopped waiting for attempt dispatched_attempt (a timeout or a "
+        "broken connection): its request may still act at the tool until the later of "
+        "dispatched_at + the tool's timeout_s and this, plus settle_s",
     )
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
@@ -466,7 +473,7 @@ class OrphanedResult(Base):
 
 
 class Payload(Base):
-    """A body stored once per tenant by its digest (0040): arguments, results and tool
+    """A body stored once per tenant by its digest: arguments, results and tool
     messages over ``outbox.payload_inline_max`` bytes; the rows that reference it hold the
     digest. Deleted by ``sweep_payloads_v1`` once nothing references it."""
 
@@ -581,6 +588,13 @@ class Tool(Base):
         "effect at the tool: no lookup and no resend of its call before dispatch + timeout_s "
         "+ settle_s",
     )
+    refuses_key_in_use: Mapped[bool] = mapped_column(
+        Boolean,
+        server_default=text("false"),
+        comment="the tool answers 409 to a request whose Idempotency-Key belongs to a request it "
+        "is still acting on, and never acts on it: after an ambiguous attempt the relay resends "
+        "at once instead of waiting for the earlier request to settle",
+    )
     max_attempts: Mapped[int] = mapped_column(Integer)
     deadline_s: Mapped[float | None] = mapped_column(
         Double,
@@ -626,7 +640,7 @@ class McpServer(Base):
 
 
 class JournalEvent(Base):
-    """Append-only events, partitioned by day of ``at`` (migration 0036): the primary key
+    """Append-only events, partitioned by day of ``at``: the primary key
     holds the partition key, as a partitioned table's must."""
 
     __tablename__ = "journal"
@@ -674,7 +688,7 @@ class TenantBudget(Base):
 
 
 class ModelPrice(Base):
-    """The price of a model's tokens, for budgets in money; see migration 0017."""
+    """The price of a model's tokens, for budgets in money."""
 
     __tablename__ = "model_prices"
     __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
@@ -691,7 +705,7 @@ class ModelPrice(Base):
 
 
 class PlatformLimits(Base):
-    """Limits over every run (one row); see migration 0017."""
+    """Limits over every run (one row)."""
 
     __tablename__ = "platform_limits"
     __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
@@ -706,8 +720,7 @@ class PlatformLimits(Base):
 
 
 class RunDefaults(Base):
-    """The defaults of new runs (one row), for start_run_v1 and the writer API; see
-    migration 0030."""
+    """The defaults of new runs (one row), for start_run_v1 and the writer API."""
 
     __tablename__ = "run_defaults"
     __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
@@ -724,7 +737,7 @@ class RunDefaults(Base):
 
 
 class Lane(Base):
-    """A limit on a tool (across tenants) or a tenant; see migration 0013."""
+    """A limit on a tool (across tenants) or a tenant."""
 
     __tablename__ = "lanes"
     __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
@@ -745,7 +758,7 @@ class Lane(Base):
 
 
 class RiskPolicy(Base):
-    """What a tenant's calls of a risk tier do when recorded; see migration 0016."""
+    """What a tenant's calls of a risk tier do when recorded."""
 
     __tablename__ = "risk_policies"
     __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
@@ -766,7 +779,7 @@ class RiskPolicy(Base):
 
 
 class Approval(Base):
-    """A tool call waiting for a decision, bound to its arguments' digest; migration 0016."""
+    """A tool call waiting for a decision, bound to its arguments' digest."""
 
     __tablename__ = "approvals"
     __table_args__ = (
@@ -807,7 +820,7 @@ class Approval(Base):
 
 
 class ToolSwitch(Base):
-    """A tool switched off for a tenant or for every tenant ('*'); migration 0016."""
+    """A tool switched off for a tenant or for every tenant ('*')."""
 
     __tablename__ = "tool_switches"
     __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
@@ -823,7 +836,7 @@ class ToolSwitch(Base):
 
 
 class TenantPause(Base):
-    """A tenant whose work the relay does not claim; migration 0016."""
+    """A tenant whose work the relay does not claim."""
 
     __tablename__ = "tenant_pauses"
     __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
@@ -838,7 +851,7 @@ class TenantPause(Base):
 
 
 class TenantRole(Base):
-    """A login role bound to one tenant; see migration 0018."""
+    """A login role bound to one tenant."""
 
     __tablename__ = "tenant_roles"
     __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
@@ -853,7 +866,7 @@ class TenantRole(Base):
 
 
 class Credential(Base):
-    """A secret a tool call carries, kept by reference; see migration 0019."""
+    """A secret a tool call carries, kept by reference."""
 
     __tablename__ = "credentials"
     __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
@@ -876,7 +889,7 @@ class Credential(Base):
 
 
 class ApiKey(Base):
-    """An API key of ``outbox serve`` (migration 0020): only its SHA-256 is kept."""
+    """An API key of ``outbox serve``: only its SHA-256 is kept."""
 
     __tablename__ = "api_keys"
     __table_args__ = (
@@ -899,7 +912,7 @@ class ApiKey(Base):
 
 
 class Assistant(Base):
-    """An assistant of the Assistants protocol (migration 0020)."""
+    """An assistant of the Assistants protocol."""
 
     __tablename__ = "assistants"
     __table_args__ = (
@@ -926,7 +939,7 @@ class Assistant(Base):
 
 
 class AssistantRun(Base):
-    """What the Assistants protocol keeps of a run beside it (migrations 0020, 0022)."""
+    """What the Assistants protocol keeps of a run beside it."""
 
     __tablename__ = "assistant_runs"
     __table_args__ = (
@@ -937,7 +950,7 @@ class AssistantRun(Base):
             ["assistant_id", "tenant_id"],
             ["assistants.id", "assistants.tenant_id"],
             name="assistant_runs_assistant_fk",
-            ondelete="SET NULL (assistant_id)",  # a deleted assistant's runs stay (0022)
+            ondelete="SET NULL (assistant_id)",  # a deleted assistant's runs stay
         ),
         {
             "comment": "the assistant, declared tools and metadata of a run started through "
@@ -955,7 +968,7 @@ class AssistantRun(Base):
 
 
 class WebhookEndpoint(Base):
-    """Where a tenant's run events are POSTed, signed (migration 0024)."""
+    """Where a tenant's run events are POSTed, signed."""
 
     __tablename__ = "webhook_endpoints"
     __table_args__ = (
@@ -981,7 +994,7 @@ class WebhookEndpoint(Base):
 
 
 class WebhookDelivery(Base):
-    """One webhook event for one endpoint, delivered once (migration 0024)."""
+    """One webhook event for one endpoint, delivered once."""
 
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
@@ -1009,7 +1022,7 @@ class WebhookDelivery(Base):
 
 
 class Response(Base):
-    """A response of the Responses protocol: a stretch of a run (migration 0025)."""
+    """A response of the Responses protocol: a stretch of a run."""
 
     __tablename__ = "responses"
     __table_args__ = (
@@ -1065,7 +1078,7 @@ class Response(Base):
 
 
 class RetentionPolicy(Base):
-    """How long a tenant's conversations stay in the hot tables; see migration 0034."""
+    """How long a tenant's conversations stay in the hot tables."""
 
     __tablename__ = "retention_policies"
     __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
@@ -1084,7 +1097,7 @@ class RetentionPolicy(Base):
 
 
 class ArchivedRun(Base):
-    """A retained run with its rows as one document, partitioned by day; migration 0034."""
+    """A retained run with its rows as one document, partitioned by day."""
 
     __tablename__ = "archived_runs"
     __table_args__ = (

@@ -37,7 +37,7 @@ Action = Literal["allow", "approve", "deny"]
 ALL_TENANTS = "*"
 TIERS = ("low", "medium", "high")
 ACTIONS = ("allow", "approve", "deny")
-# What a tier does when a database has no rule for it at all (the rows migration 0016 adds).
+# What a tier does when a database has no rule for it at all (the default rules' rows say the same).
 DEFAULT_ACTIONS: dict[str, Action] = {"low": "allow", "medium": "allow", "high": "approve"}
 DEFAULT_APPROVAL_TIMEOUT_S = 24 * 3600.0
 NOT_EXECUTED = "the call was not executed"

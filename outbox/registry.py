@@ -39,7 +39,8 @@ ModeName = Literal["key", "lookup", "none"]
 
 @dataclass(frozen=True)
 class IdempotencyMode:
-    """What a tool's idempotency mode lets the relay do with its calls (DESIGN invariant 5).
+    """What a tool's idempotency mode lets the relay do with its calls (docs/guarantees.md,
+    invariant 5: a non-idempotent tool is never re-run on a guess).
 
     ``dispatch_mark``: a mark is committed, fenced, before each attempt may reach the tool,
     so the next attempt knows the earlier one was ambiguous (an HTTP request is marked in
@@ -74,6 +75,16 @@ def idempotency(mode: str | None) -> IdempotencyMode:
     return NO_MODE if mode is None else IDEMPOTENCY_MODES[mode]
 
 
+def settle_default(timeout_s: float) -> float:
+    """Seconds a request may still act at the tool after the relay gave up on it, when the
+    tool does not say: as long again as the relay waited for it. The timeout is what the
+    tool was given to answer, so its operator's bound on how long it works; a request
+    past it is already a straggler, and one that takes twice its bound is treated as
+    over. A fixed number would be too long for a tool of one second and too short for
+    one of minutes; a tool that knows better registers its own ``settle_s``."""
+    return timeout_s
+
+
 class ToolSpec(BaseModel):
     """A tool version to register."""
 
@@ -92,9 +103,14 @@ class ToolSpec(BaseModel):
     callable: str | None = None
     credential_ref: str | None = None
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
-    # How long after ``timeout_s`` a request the relay gave up on may still act at the tool:
-    # no lookup and no resend of that call before dispatch + timeout_s + settle_s.
-    settle_s: float = Field(default=5.0, ge=0, le=3600)
+    # How long after the relay gave up on a request (its timeout, at the earliest) that
+    # request may still act at the tool: no resend and no trusted "not found" before then
+    # (``SETTLE_DEFAULT``). None: as long as ``timeout_s``.
+    settle_s: float | None = Field(default=None, ge=0, le=3600)
+    # The tool answers 409 to a request whose key belongs to a request it is still acting
+    # on, and never acts on it (a ``key`` tool over HTTP): the relay resends at once after
+    # an ambiguous attempt, where it would otherwise wait for that request to settle.
+    refuses_key_in_use: bool = False
     # How long after the model asked for a call an attempt of it may still be sent (None:
     # no deadline); attempts that never reached the tool are not charged before it
     # (docs/relay.md, "Deadlines").
@@ -129,6 +145,13 @@ class ToolSpec(BaseModel):
                 "idempotency mode 'lookup' needs a lookup_endpoint URL (for a python tool "
                 "without one, use 'key' if it tolerates running twice, else 'none')"
             )
+        if self.refuses_key_in_use and (self.idempotency_mode, self.executor) != ("key", "http"):
+            raise ValueError(
+                "refuses_key_in_use is what a 'key' tool over HTTP may declare (a 409 for a "
+                f"key in use), not a {self.idempotency_mode!r} {self.executor} tool"
+            )
+        if self.settle_s is None:
+            self.settle_s = settle_default(self.timeout_s)
         if self.deadline_s is not None and self.executor not in ("http", "mcp"):
             raise ValueError(
                 f"a deadline is for tools called over the network (http, mcp), not "

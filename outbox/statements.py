@@ -4,9 +4,8 @@ The writer, the registry, the operator actions and the faces all read and write 
 same way: on the caller's connection (a psycopg ``Connection`` or a SQLAlchemy ``Session``,
 checked to be inside a transaction), as dicts, never committing. They journal their changes
 the same way too. These helpers sit at the bottom of the library, below every module that
-uses them and importing none of them, so the writer no longer has to be imported for
-``fetch_one`` and the import graph stays free of circles (the layers contract in
-pyproject.toml).
+uses them and importing none of them, so a module that needs ``fetch_one`` imports no
+writer and the import graph stays free of circles (the layers contract in pyproject.toml).
 """
 
 from __future__ import annotations

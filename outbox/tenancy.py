@@ -1,6 +1,6 @@
 """Tenant scope: which tenant's rows this transaction may see and write.
 
-Row-level security (migration 0002) keys every tenant table on the setting
+Row-level security keys every tenant table on the setting
 ``outbox.tenant_id``. The writer API calls ``scope`` first thing in each public function that
 takes a tenant, so a backend connected as ``outbox_writer`` sees and changes only that
 tenant's rows, whatever its code asks for. The setting is transaction-local
@@ -11,7 +11,7 @@ are unaffected by it, so the relay may call the same functions across tenants.
 That setting guards against bugs, not against a hostile backend, which may set it to any
 tenant. A login role bound to a tenant (``grant_role``, ``outbox tenants grant``) is
 confined by its credential instead: row-level security and the SQL functions ask
-``current_tenant_v1()`` (migration 0018), which is the bound tenant of ``session_user``
+``current_tenant_v1()``, which is the bound tenant of ``session_user``
 whatever the session sets.
 """
 

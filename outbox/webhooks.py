@@ -3,7 +3,7 @@ outbox (docs/webhooks.md).
 
 An endpoint (``add_endpoint``) names a URL and the events it wants (``run.completed``,
 ``run.requires_action``, ...; all run events when none are named). In the transaction that
-changes a run's status, a trigger (migration 0024) records one delivery per endpoint that
+changes a run's status, a trigger records one delivery per endpoint that
 wants the event (``webhook_deliveries``, unique per event) and enqueues an outbox row of
 kind ``webhook``; the relay POSTs it, signed as Standard Webhooks sign (``webhook-id``,
 ``webhook-timestamp``, ``webhook-signature: v1,<base64 HMAC-SHA256>``), retried with

@@ -9,7 +9,7 @@ connection. For asyncio, ``outbox.aio`` offers the backend's calls on an ``Async
 or ``AsyncSession``: starting, cancelling and answering runs are one statement each, built
 in ``outbox.calls`` and run by both, calling the SQL functions of ``sql/``.
 
-Dedup is the database's job (DESIGN invariant 2): repeats meet a unique constraint with
+Dedup is the database's job (docs/guarantees.md, invariant 2): repeats meet a unique constraint with
 ``ON CONFLICT DO NOTHING`` and the function returns what is already stored, so a redelivered
 event or a retried request never raises ``IntegrityError`` at the caller. Writes that move
 one run forward take that run's row lock first, so concurrent writers queue up instead of
@@ -31,14 +31,11 @@ from psycopg.types.json import Jsonb
 
 from outbox import budgets, calls, constants, registry, statements, storable, tenancy
 
-# Moved to outbox.budgets, where a run's limits are; importable from the writer still,
-# where the CLI and backends took them from.
-from outbox.budgets import limit_reached as limit_reached
+# A tenant's budget is part of the writer's face for backends and the CLI; it is defined in
+# outbox.budgets, beside a run's other limits.
 from outbox.budgets import money_text as money_text
-from outbox.budgets import platform_max_steps as platform_max_steps
 from outbox.budgets import set_tenant_budget as set_tenant_budget
 from outbox.budgets import tenant_budget_spent as tenant_budget_spent
-from outbox.budgets import tenant_budgets_spent as tenant_budgets_spent
 from outbox.errors import NotFound
 from outbox.schemas import (
     ModelTurnIn,
@@ -49,15 +46,11 @@ from outbox.schemas import (
     check_size,
 )
 from outbox.sql import queries
+from outbox.statements import UNPREPARED, Row, fetch_all, fetch_one, pg
 
-# Moved to outbox.statements, the statements of every module; importable from the writer still,
-# where the relay, the server and backends took them from.
-from outbox.statements import UNPREPARED as UNPREPARED
-from outbox.statements import Row as Row
-from outbox.statements import fetch_all as fetch_all
-from outbox.statements import fetch_one as fetch_one
+# A backend journals its own events in its transaction through the writer, as it writes the
+# rest; the statement is outbox.statements's, shared by every module.
 from outbox.statements import journal as journal
-from outbox.statements import pg as pg
 
 Q = queries("writer.sql")
 RunRef = calls.RunRef  # what start_run returns (defined beside the calls both writers share)

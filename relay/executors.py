@@ -10,20 +10,30 @@ classes) or calling a python tool that cannot deduplicate (``lookup``/``none``),
 the executor records, conditional on still holding an unexpired lease, that this attempt
 may reach the tool, and when (the database's clock). A later attempt that finds the mark
 knows the outcome is ambiguous and follows the tool's mode: ``none`` goes to
-``outcome_unknown`` for an operator and is never executed on a guess (DESIGN invariant 5);
-``lookup`` asks the tool what happened and ``key`` resends with the same key, but neither
-before the marked request can no longer take effect: a request outlives the relay that sent
-it (killed, or gave up waiting), and a lookup made while it runs at the tool answers "not
-found". So they wait until the mark's time + the tool's timeout + its ``settle_s``
-(``settling``), however soon the row was rescued. ``outbox.registry.IDEMPOTENCY_MODES`` is
-the table of what each mode does; this module and ``relay.outcomes`` follow it.
+``outcome_unknown`` for an operator and is never executed on a guess (docs/guarantees.md,
+invariant 5); ``lookup`` asks the tool what happened and ``key`` resends with the same
+key. A request outlives the relay that sent it (killed, or gave up waiting), so what is safe
+before it can no longer act there (``settle_left``: ``settle_s`` past the later of its
+dispatch + the tool's timeout and the moment its relay gave up on it) is what the tool
+declares:
+
+- a lookup is asked at once: "found" is the result, "in progress" (``in_progress: true``)
+  asks again shortly (``still_acting``); only "not found", which a request still on its
+  way would also get, waits for that bound before the call is made again (``settling``);
+- a ``key`` tool that refuses a key in use (``refuses_key_in_use``: a 409 while the first
+  request acts, never a second effect) is resent at once, a 409 asked again shortly;
+  any other ``key`` tool is resent only after that bound.
+
+``outbox.registry.IDEMPOTENCY_MODES`` is the table of what each mode does; this module and
+``relay.outcomes`` follow it.
 
 Failure classes for an HTTP tool:
 
 - connection refused or connect timeout: the request never left, retry in every mode;
 - 2xx: the result (a body over the size cap, or JSON PostgreSQL cannot store, becomes an
   error result: the tool answered, so it is never called again for it);
-- 4xx other than 408/429: a terminal error result the model will see;
+- 4xx other than 408/429: a terminal error result the model will see (but a 409 of a tool
+  that refuses a key in use: the earlier request still acts, ask again);
 - 408, 429, 503: the tool says it did not process the request, retry;
 
 An attempt of the first and last kinds certainly did not reach the tool: its outcome is
@@ -142,20 +152,28 @@ class ToolExecutor:
                     error=f"outcome unknown: attempt {row.dispatched_attempt} may have reached "
                     f"the tool; {NOT_REPEATED}",
                 )
-            if row.settle_wait_s is not None and row.settle_wait_s > 0:
-                return settling(row, row.settle_wait_s)
             if mode.after_ambiguous == "lookup":
+                # "Found" and "in progress" are facts whenever they are asked; only a "not
+                # found" may be a request still on its way, so only it waits for the bound.
                 found = await self._lookup(row, secret, trace)
                 if found is not None:
                     return found
+                if settle_left(row) > 0:
+                    return settling(row, settle_left(row))
+            elif settle_left(row) > 0 and not row.refuses_key_in_use:
+                return settling(row, settle_left(row))
         if row.executor == "mcp":
             # A request sent over the network may outlive its sender: marked in every mode.
             outcome = await self.mcp.call(row, secret, request_headers(row, secret, trace))
             failpoints.hit("tool.after_call")
             return outcome
         # A request sent over the network may outlive its sender, so its dispatch time is
-        # recorded in every mode; an in-process call dies with its process.
+        # recorded in every mode; an in-process call dies with its process. The resend of a
+        # tool that refuses a key in use keeps the earlier attempt's mark: the tool tells
+        # whether that request still acts, and its mark bounds how long it may say so.
         marked = mode.dispatch_mark or row.executor == "http"
+        if row.refuses_key_in_use and row.dispatched_attempt is not None:
+            marked = False
         if marked and not await self.mark_dispatched(row):
             return Outcome(row, "lost", error="lease lost before dispatch; not called")
         if row.executor == "python":
@@ -195,6 +213,7 @@ class ToolExecutor:
         try:
             body = storable.loads(response.content, "lookup answer")
             found = bool(body["found"])
+            in_progress = not found and body.get("in_progress") is True
         except storable.NotStorable as err:
             # The tool said what happened in a form that cannot be kept: asking again would
             # hear the same, and calling the tool could act twice.
@@ -203,6 +222,8 @@ class ToolExecutor:
             return retry(row, f"lookup answered something unreadable: {preview(response, secret)}")
         if found:
             return result(row, body.get("result"), source="lookup")
+        if in_progress:
+            return still_acting(row, "the lookup answered that a request is in progress there")
         return None
 
     async def _call_http(
@@ -235,6 +256,27 @@ def where_of(row: Claimed) -> str:
     if server:
         return f"MCP server {server.get('name')} ({server.get('url') or 'stdio'})"
     return row.endpoint or row.callable or row.tool_name or "the tool"
+
+
+def settle_left(row: Claimed) -> float:
+    """Seconds until an earlier attempt that may have reached the tool can no longer act
+    there (0: there is none, or it is past that)."""
+    return max(0.0, row.settle_wait_s or 0.0)
+
+
+def still_acting(row: Claimed, said: str) -> Outcome:
+    """The tool says an earlier request of this call is acting there now (a lookup's "in
+    progress", a 409 for the key in use): nothing was done, the call is asked again after
+    the relay's backoff, uncharged while that request may still act (``settle_left``).
+    Past that bound the tool breaks what it declared, so the attempt is charged: a tool
+    that stays "in progress" ends quarantined, not retried forever."""
+    if settle_left(row) > 0:
+        return Outcome(row, "defer", error=f"{said}: asked again shortly, not resent")
+    return retry(
+        row,
+        f"{said}, past the time the tool's request may act there (its timeout and settle "
+        "time): check the tool",
+    )
 
 
 def settling(row: Claimed, wait_s: float) -> Outcome:
@@ -284,6 +326,8 @@ def normalise(
             retry_after_s(response.headers.get("retry-after")),
             unsent=True,
         )
+    if status == 409 and row.refuses_key_in_use:
+        return still_acting(row, f"HTTP 409 from {row.endpoint}: the key is in use")
     if 400 <= status < 500:
         return error_result(row, f"HTTP {status} from {row.tool_name}: {preview(response, secret)}")
     return ambiguous(

@@ -67,6 +67,8 @@ class Claimed(NamedTuple):
     # seconds until an earlier attempt that may have reached the tool can no longer take
     # effect there (None: there is no such attempt); by the database's clock
     settle_wait_s: float | None = None
+    # the tool answers 409 to a key in use and never acts on it (outbox.registry.ToolSpec)
+    refuses_key_in_use: bool = False
     endpoint: str | None = None
     lookup_endpoint: str | None = None
     callable: str | None = None

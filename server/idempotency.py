@@ -1,14 +1,14 @@
 """An ``Idempotency-Key`` covers the whole request, not just the thread it names.
 
-The key of a run is unique per tenant in the database (``runs.idempotency_key``, DESIGN
-invariant 2), which settles races; what the key was *sent with* is kept beside the run it
-made: a digest of the whole normalised request (the endpoint, the ids of its path and every
-field of its body, defaults filled in, ``stream`` apart since it changes how the answer is
-sent, not what runs), journaled as ``run.requested`` in the transaction that creates the
-run. A resend with the same key and the same digest gets the first request's run; any
-difference is a 409 naming the key. Design choice: the journal rather than a new column,
-so no migration; a run made before this (no ``run.requested`` event) answers a resend as
-before, by the key alone.
+The key of a run is unique per tenant in the database (``runs.idempotency_key``;
+docs/guarantees.md, invariant 2), which settles races; what the key was *sent with* is kept
+beside the run it made: a digest of the whole normalised request (the endpoint, the ids of
+its path and every field of its body, defaults filled in, ``stream`` apart since it changes
+how the answer is sent, not what runs), journaled as ``run.requested`` in the transaction
+that creates the run. A resend with the same key and the same digest gets the first
+request's run; any difference is a 409 naming the key. Design choice: the journal rather
+than a new column, so no migration; a run without a ``run.requested`` event answers a
+resend by the key alone.
 
 Requests that start no run of their own (``responses.create``, which may carry a waiting
 run on, and a thread's new message) keep their key in the journal as ``request.keyed``,

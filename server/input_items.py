@@ -4,8 +4,8 @@ Clients that keep their own history (the OpenAI Agents SDK by default) send the 
 conversation on every request: messages, the model's ``function_call`` items, their own
 ``function_call_output`` items, ``reasoning`` items, and references to stored items. This
 module reads such an input into plain items, resolves what names a stored item of ours,
-checks the pairing rules (DESIGN invariant 7, with OpenAI's texts) and turns a history into
-the chat-format messages ``lifecycle.import_thread`` stores.
+checks the pairing rules (docs/guarantees.md, invariant 7, with OpenAI's texts) and turns a
+history into the chat-format messages ``lifecycle.import_thread`` stores.
 
 Design choice: an item is identified as ours only by an id we hand out (``msg_<n>`` for a
 message, ``fc_<n>`` for a client function call): such an id must name a stored item of the
@@ -245,7 +245,7 @@ def is_history(item: Item) -> bool:
 def check_pairs(history: list[Item]) -> None:
     """Every function call answered by exactly one output before the conversation moves
     on, and every output answering a call given before it: 400 with OpenAI's texts
-    otherwise (DESIGN invariant 7: a stored history is always pairable)."""
+    otherwise (docs/guarantees.md, invariant 7: a stored history is always pairable)."""
     open_calls: dict[str, None] = {}  # ordered: the calls of the current turn
     seen: set[str] = set()
     answering = False  # outputs came since the last call

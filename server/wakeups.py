@@ -2,7 +2,7 @@
 
 A waiting ``responses.create``, a ``stream=true`` reader and ``GET /v1/runs/{id}/events``
 read their run again when something changed. What changed is told by the database: every
-change of a run's status sends ``NOTIFY outbox_runs`` with the run's id (migration 0023)
+change of a run's status sends ``NOTIFY outbox_runs`` with the run's id
 when its transaction commits. One ``LISTEN`` connection per server process (``Wakeups``,
 an asyncio task started with the app) fans each notification out to the requests watching
 that run (``watch``), so N waiting requests cost one connection and no polling.
@@ -41,7 +41,7 @@ from outbox import db
 from outbox.logs import log
 
 logger = logging.getLogger("server.wakeups")  # JSON lines as every server log (outbox.logs)
-CHANNEL = "outbox_runs"  # migration 0023's channel
+CHANNEL = "outbox_runs"  # the channel a run's status change notifies
 FALLBACK_S = 5.0  # seconds between reads of a watched run while the listener is connected
 RECONNECT_S = (0.5, 10.0)  # first and longest wait before the listener connects again
 RECENT = 20_000  # runs whose last notified status is kept for watches placed after it came

@@ -1,4 +1,4 @@
-"""The whole data model of DESIGN.md, with its invariants enforced by the database.
+"""The whole data model, with its invariants (docs/guarantees.md) enforced by the database.
 
 Revision ID: 0001
 Revises:

@@ -10,9 +10,9 @@ items; here a delete sets ``deleted_at`` (the API answers 404 from then on) and 
 rows, which are the audit record. ``start_run_v1`` refuses a run on a deleted thread; a
 trigger refuses deleting a thread with an active run; a deleted message leaves every later
 replay, and only a user or assistant message that carries no tool calls and is no tool
-result can be deleted (a CHECK and a trigger: invariant 7). The SQL is ``0026_deletes.sql``
-beside this file, frozen. The downgrade puts back 0021's ``start_run_v1`` and drops the
-columns.
+result can be deleted (a CHECK and a trigger: docs/guarantees.md, invariant 7). The SQL is
+``0026_deletes.sql`` beside this file, frozen. The downgrade puts back 0021's
+``start_run_v1`` and drops the columns.
 """
 
 from __future__ import annotations

@@ -10,6 +10,12 @@ One HTTP server hosts several tools at ``POST /tools/{name}`` (JSON arguments in
   with ``{"idempotency_key", "arguments"}`` tells whether an effect already happened.
 - ``none``: neither; every delivery is a new effect.
 
+A tool built with ``tracks_in_flight`` knows the requests it is acting on, from the moment
+it takes them: a ``key`` tool answers 409 ``idempotency_key_in_use`` to a repeat of a key
+in use (Stripe, the Idempotency-Key draft's concurrent request) and a ``lookup`` tool's
+lookup answers ``{"found": false, "in_progress": true}`` for one. Without it, a repeat or
+a lookup that arrives while the first request acts finds nothing (``act_after``).
+
 Design choice: each tool records every raw delivery and every distinct effect, and the
 "is this key already done?" check, the handler and the record run under the tool's lock, so
 the audit is the ground truth a test compares against (``duplicate_effects``). Faults
@@ -168,12 +174,15 @@ class FakeTool:
         *,
         required: Sequence[str] = (),
         reject_key_reuse: bool = False,
+        tracks_in_flight: bool = False,
     ) -> None:
         self.name = name
         self.mode = mode
         self.handler = handler or _generic_handler(name)
         self.required = tuple(required)
         self.reject_key_reuse = reject_key_reuse
+        self.tracks_in_flight = tracks_in_flight
+        self._acting: list[tuple[str | None, str]] = []  # (key, fingerprint) being acted on
         self._lock = threading.Lock()
         self._deliveries: list[Delivery] = []
         self._effects: list[Effect] = []
@@ -409,6 +418,14 @@ class FakeTool:
         with self._lock:
             late = self._take("act_after")
             stored = self._by_key.get(key) if key is not None else None
+            if stored is None and self._key_in_use(key):
+                self._record_locked(request, key, arguments, 409)
+                error = ToolError(
+                    409,
+                    "idempotency_key_in_use",
+                    "a request with this idempotency key is in progress; retry later",
+                )
+                return json_reply(409, error.body)
             if stored is not None:
                 if self.reject_key_reuse and stored.fingerprint != fingerprint(arguments):
                     self._record_locked(request, key, arguments, 422)
@@ -422,9 +439,29 @@ class FakeTool:
                 return json_reply(200, stored.result)
             if late is None:
                 return self._act_locked(request, key, arguments)
+            acting = (key, fingerprint(arguments))
+            self._acting.append(acting)
         time.sleep(late.seconds)  # the tool's work, before it records the effect and key
         with self._lock:
+            self._acting.remove(acting)
             return self._act_locked(request, key, arguments)
+
+    def _key_in_use(self, key: str | None) -> bool:
+        """A ``tracks_in_flight`` key tool is acting on a request with ``key`` (lock held)."""
+        in_use = self.tracks_in_flight and self.mode == "key" and key is not None
+        return in_use and any(k == key for k, _ in self._acting)
+
+    def _acting_on(self, key: str | None, arguments: Any) -> bool:
+        """A ``tracks_in_flight`` tool is acting on the request a lookup asks about: the same
+        key, or the same arguments when there is no key (lock held; ``find_effect``)."""
+        if not self.tracks_in_flight:
+            return False
+        wanted = None if arguments is None else fingerprint(arguments)
+        return any(
+            (key is not None and k == key)
+            or (wanted is not None and (key is None or k is None) and f == wanted)
+            for k, f in self._acting
+        )
 
     def _act_locked(self, request: Request, key: str | None, arguments: dict[str, Any]) -> Reply:
         """Run the handler and record the effect (lock held)."""
@@ -451,10 +488,14 @@ class FakeTool:
         arrived = time.monotonic()
         body = request.json_object()
         key = body.get("idempotency_key")
-        effect = self.find_effect(key if isinstance(key, str) else None, body.get("arguments"))
+        key = key if isinstance(key, str) else None
+        effect = self.find_effect(key, body.get("arguments"))
         with self._lock:
             self._lookups += 1
             self._lookup_starts.append(arrived)
+            acting = effect is None and self._acting_on(key, body.get("arguments"))
+        if acting:
+            return json_reply(200, {"found": False, "in_progress": True})
         if effect is None:
             return json_reply(200, {"found": False})
         return json_reply(200, {"found": True, "result": effect.result})
@@ -568,9 +609,17 @@ class FakeToolService(FakeServer):
         *,
         required: Sequence[str] = (),
         reject_key_reuse: bool = False,
+        tracks_in_flight: bool = False,
     ) -> FakeTool:
         """Mount (or replace) a tool at ``POST /tools/{name}``; returns it for faults/audit."""
-        tool = FakeTool(name, mode, handler, required=required, reject_key_reuse=reject_key_reuse)
+        tool = FakeTool(
+            name,
+            mode,
+            handler,
+            required=required,
+            reject_key_reuse=reject_key_reuse,
+            tracks_in_flight=tracks_in_flight,
+        )
         with self.lock:
             self._tools[name] = tool
         return tool

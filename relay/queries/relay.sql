@@ -226,13 +226,16 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
        {s}.resolved_json_v1(tc.arguments, tc.tenant_id, tc.arguments_ref) AS arguments, tc.idempotency_key, tc.idempotency_mode,
        tc.executor, tc.dispatched_attempt,
        -- settle_wait_s: how long an earlier attempt that may have reached the tool may still
-       -- take effect there (its dispatch + the tool's timeout + settle_s, by this clock);
-       -- no lookup and no resend before (relay.executors). NULL: no such attempt, or the
-       -- tool answered it (dispatched_at is gone).
+       -- take effect there: settle_s past the later of its dispatch + the tool's timeout and
+       -- the moment its relay gave up on it (a request sent late is given up late), by this
+       -- clock; no resend and no trusted "not found" before (relay.executors). NULL: no
+       -- such attempt, or the tool answered it (dispatched_at is gone).
        CASE WHEN tc.dispatched_attempt < c.attempts THEN extract(epoch FROM
-           tc.dispatched_at
-           + make_interval(secs => coalesce(t.timeout_s, 30) + coalesce(t.settle_s, 5))
+           greatest(tc.dispatched_at + make_interval(secs => coalesce(t.timeout_s, 30)),
+                    tc.gave_up_at)
+           + make_interval(secs => coalesce(t.settle_s, t.timeout_s, 30))
            - now())::float8 END AS settle_wait_s,
+       coalesce(t.refuses_key_in_use, false) AS refuses_key_in_use,
        t.endpoint, t.lookup_endpoint, t.callable, t.timeout_s, t.credential_ref,
        CASE WHEN c.kind = 'tool_call' THEN coalesce(
            (SELECT jsonb_build_object('switch', w.tenant_id, 'by', w.switched_by,
@@ -365,20 +368,25 @@ RETURNING o.id
 -- attempt is a plain call, not an ambiguous one; a mark of an earlier attempt stays. An
 -- attempt the tool answered (answered: a 5xx but a gateway's) stays ambiguous, but is over
 -- at the tool: its dispatch time goes, so the next attempt does not wait for it to settle.
+-- Any other attempt of the mark is one the relay gave up on now (a timeout, a broken
+-- connection): its request may act at the tool until settle_s past now at least.
 UPDATE {s}.tool_calls
 SET status = %(status)s, attempts = %(attempt)s, last_error = %(error)s, updated_at = now(),
     dispatched_attempt = CASE WHEN %(unsent)s AND dispatched_attempt = %(attempt)s THEN NULL
                               ELSE dispatched_attempt END,
     dispatched_at = CASE WHEN (%(unsent)s OR %(answered)s) AND dispatched_attempt = %(attempt)s
-                         THEN NULL ELSE dispatched_at END
+                         THEN NULL ELSE dispatched_at END,
+    gave_up_at = CASE WHEN dispatched_attempt IS DISTINCT FROM %(attempt)s THEN gave_up_at
+                      WHEN %(unsent)s OR %(answered)s THEN NULL
+                      ELSE now() END
 WHERE id = %(tool_call_ref)s
 
 -- name: mark_dispatched
 -- Before a tool that cannot dedup is called: note that this attempt may reach it, but only
 -- while we still hold an unexpired lease (otherwise we must not call it at all).
 UPDATE {s}.tool_calls tc
-SET dispatched_attempt = %(attempt)s, dispatched_at = now(), attempts = %(attempt)s,
-    status = 'running', updated_at = now()
+SET dispatched_attempt = %(attempt)s, dispatched_at = now(), gave_up_at = NULL,
+    attempts = %(attempt)s, status = 'running', updated_at = now()
 WHERE tc.id = %(tool_call_ref)s
   AND EXISTS (SELECT 1 FROM {s}.outbox o
               WHERE o.id = %(id)s AND o.lease_owner = %(worker)s AND o.status = 'leased'
@@ -560,8 +568,8 @@ RETURNING o.id
 -- each call is marked only while this worker holds the unexpired lease of that attempt.
 -- Returns the calls marked; a call not returned must not be called.
 UPDATE {s}.tool_calls tc
-SET dispatched_attempt = m.attempt, dispatched_at = now(), attempts = m.attempt,
-    status = 'running', updated_at = now()
+SET dispatched_attempt = m.attempt, dispatched_at = now(), gave_up_at = NULL,
+    attempts = m.attempt, status = 'running', updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(refs)s::bigint[], %(attempts)s::int[]) AS m(id, ref, attempt)
 WHERE tc.id = m.ref
   AND EXISTS (SELECT 1 FROM {s}.outbox o

@@ -143,7 +143,7 @@ SELECT r.status,
                       j.actor, j.detail
                FROM {s}.journal j
                WHERE j.run_id = r.id AND j.tenant_id = r.tenant_id AND j.id > %(after_id)s
-                 AND j.at >= r.created_at  -- no day before the run's is read
+                 AND j.at >= r.created_at  -- no journal day before the run's is read
                ORDER BY j.id
                LIMIT %(limit)s
            ) e

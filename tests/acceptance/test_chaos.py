@@ -380,9 +380,9 @@ def test_a_request_of_a_killed_worker_is_not_repeated_while_it_may_still_act(
 ):
     """A worker is killed with -9 while its request is at the tool, which acts on it only
     a while later (and records the key only then). The supervisor ends the dead worker's
-    leases at once and another worker takes the row, but it neither asks the lookup
-    endpoint nor resends before the request's dispatch + the tool's timeout (+ settle):
-    asked earlier, the lookup would answer "not found" and a resend would act again."""
+    leases at once and another worker takes the row, but it neither trusts the lookup's
+    "not found" nor resends before the request's dispatch + the tool's timeout (+ settle):
+    asked earlier, the lookup answers "not found" and a resend would act again."""
     timeout_s, settle_s, acts_after_s = 3.0, 1.0, 1.5
     tool = service.add_tool("slow", mode)
     tool.act_after(acts_after_s)
@@ -407,13 +407,53 @@ def test_a_request_of_a_killed_worker_is_not_repeated_while_it_may_still_act(
     first = tool.starts[0]
     if mode == "lookup":
         assert len(tool.starts) == 1  # the lookup found the effect: no second request
-        assert tool.lookup_starts and tool.lookup_starts[0] - first >= timeout_s
+        assert tool.lookup_starts and tool.lookup_starts[-1] - first >= timeout_s
     else:
         assert len(tool.starts) == 2  # the same key again, answered from the tool's record
         assert tool.starts[1] - first >= timeout_s
         assert tool.deliveries[-1].replayed
     waited = "SELECT count(*) FROM outbox.journal WHERE detail->>'error' LIKE '%no resend%'"
     assert scalar(db_url, waited) >= 1
+
+
+@pytest.mark.parametrize("mode", ["lookup", "key"])
+def test_a_killed_workers_request_at_a_tool_that_knows_it_is_asked_about_at_once(
+    db_url, service, tmp_path, mode
+):
+    """The same kill, at tools that know their requests in flight: the ticketing lookup
+    answers "in progress", the key tool refuses a key in use with 409. The next worker asks
+    at once, long before the settle bound, and still makes no second effect."""
+    timeout_s, settle_s, acts_after_s = 3.0, 60.0, 1.5
+    tool = service.add_tool("slow", mode, tracks_in_flight=True)
+    tool.act_after(acts_after_s)
+    declared = {"refuses_key_in_use": True} if mode == "key" else {}
+    with psycopg.connect(db_url) as conn:
+        register_tool(
+            conn, service, "slow", mode, timeout_s=timeout_s, settle_s=settle_s, **declared
+        )
+        conn.commit()
+    supervisor = start_relay_process(db_url, tmp_path / "s.log", "--processes", "2", *FAST)
+    leased = "SELECT lease_owner FROM outbox.outbox WHERE kind = 'tool_call' AND status = 'leased'"
+    try:
+        seed(db_url, ["slow"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+        owner = wait_until(
+            lambda: len(tool.starts) == 1 and scalar(db_url, leased),
+            what="the request at the tool, its row leased",
+        )
+        os.kill(int(owner.split(":")[1]), signal.SIGKILL)
+        # Well inside the settle bound (60 s): only asking at once settles it in time.
+        wait_until(lambda: all_settled(db_url), timeout_s=settle_s / 2, what="the call settled")
+        wait_until(lambda: tool.in_flight == 0, what="the killed worker's request done")
+    finally:
+        stop_all([supervisor])
+    assert tool_call_states(db_url) == {"succeeded": 1}
+    assert len(tool.effects) == 1, tool.effects
+    if mode == "lookup":
+        assert len(tool.starts) == 1  # asked, never called again
+    else:
+        assert tool.deliveries[-1].replayed  # the first request's answer, from its record
+    waited = "SELECT count(*) FROM outbox.journal WHERE detail->>'error' LIKE '%no resend%'"
+    assert scalar(db_url, waited) == 0
 
 
 def test_workers_stop_when_their_supervisor_is_killed(db_url, service, tmp_path):

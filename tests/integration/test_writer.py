@@ -1,4 +1,4 @@
-"""The writer API against a real PostgreSQL: invariants 1, 2, 7 and 8 under attack."""
+"""The writer API on a real PostgreSQL: docs/guarantees.md, invariants 1, 2, 7, 8 under attack."""
 
 from __future__ import annotations
 
