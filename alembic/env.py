@@ -11,7 +11,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool, text
 
-from outbox import db, models
+from outbox import db, orm
 
 config = context.config
 schema: str = config.attributes.get("schema") or db.schema_name()
@@ -25,7 +25,7 @@ def run_migrations_online() -> None:
         connection.commit()
         context.configure(
             connection=connection,
-            target_metadata=models.metadata_for(schema),
+            target_metadata=orm.metadata_for(schema),
             version_table_schema=schema,
             include_schemas=False,
             transaction_per_migration=True,

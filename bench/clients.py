@@ -65,7 +65,7 @@ from bench import db as bdb
 from bench import inflight, seed
 from bench.throughput import REPO, stderr
 from outbox import db, keys
-from outbox.server.store import DB_CONNECTIONS
+from outbox.server.db_pool import DB_CONNECTIONS
 
 MODEL_S = 1.0  # seconds a model turn takes
 TOOL_S = 0.5  # seconds the tool takes

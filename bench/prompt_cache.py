@@ -1,7 +1,7 @@
 """The provider's prompt cache over a long run (``python -m bench.prompt_cache [TURNS]``).
 
 One run of TURNS model turns (a tool call each, then an answer) through an in-process
-relay against the scripted model (``outbox.testing.model``), whose prefix cache reports
+relay against the scripted model (``outbox.testing.scripted_model``), whose prefix cache reports
 as cached the bytes a request shares from the start with the last request under its
 ``prompt_cache_key``, at 4 bytes a token: the same run twice, once on a model that keeps
 the cache (every request carries the thread's key) and once on one that caches nothing
@@ -25,8 +25,8 @@ from outbox import budgets, db, registry, writer
 from outbox.relay.config import RelayConfig
 from outbox.relay.worker import Worker
 from outbox.schemas import StartRun
-from outbox.testing.model import ScriptedModel
 from outbox.testing.relay import wait_until
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 
 TENANT = "bench"

@@ -44,7 +44,7 @@ from outbox.errors import OutboxError
 from outbox.relay.config import RelayConfig
 from outbox.relay.worker import Worker
 from outbox.schemas import StartRun
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 
 TENANTS = ("acme", "globex")  # acme archives, globex deletes

@@ -40,7 +40,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from bench import inflight, report
 from bench.throughput import stderr
-from outbox import db, traces, tracing
+from outbox import db, trace_context, trace_export
 from outbox.relay import spans
 from outbox.relay.outcomes import Claimed, Outcome
 
@@ -187,7 +187,7 @@ def span_cost(on: bool, runs: int = SPAN_COST_RUNS) -> tuple[float, float]:
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"
     else:
         os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    tracing.shutdown()  # forget what was decided under the other setting
+    trace_context.shutdown()  # forget what was decided under the other setting
     try:
         rows = _rows(runs)
         now = time.time()
@@ -196,11 +196,11 @@ def span_cost(on: bool, runs: int = SPAN_COST_RUNS) -> tuple[float, float]:
         relay = (time.process_time() - started) / runs * 1e6
         if not on:
             return relay, 0.0
-        builder, encoder = traces.SpanBuilder(), _Encoding()
+        builder, encoder = trace_export.SpanBuilder(), _Encoding()
         started = time.process_time()
         for (turn_row, tool_row), made in zip(rows, records, strict=True):
             _exporter_side(builder, turn_row, tool_row, made)
-            if len(builder.ended) >= 5 * traces.BATCH:
+            if len(builder.ended) >= 5 * trace_export.BATCH:
                 encoder.export(builder.take())
         encoder.export(builder.take())
         return relay, (time.process_time() - started) / runs * 1e6
@@ -209,11 +209,11 @@ def span_cost(on: bool, runs: int = SPAN_COST_RUNS) -> tuple[float, float]:
             os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
         else:
             os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = saved
-        tracing.shutdown()
+        trace_context.shutdown()
 
 
 def _exporter_side(
-    builder: traces.SpanBuilder,
+    builder: trace_export.SpanBuilder,
     turn_row: Claimed,
     tool_row: Claimed,
     made: list[dict[str, Any] | None],
@@ -242,7 +242,7 @@ def _exporter_side(
         event = "model_turn.recorded" if ref is None else "tool_result.stored"
         events.append({"event": event, "tool_call_ref": ref, "attempt": 1, "detail": detail})
     turns = {(run["id"], s): {"response_id": "resp_1", "content": None} for s in (1, 2)}
-    traces.run_spans(builder, run, events, calls, turns)
+    trace_export.run_spans(builder, run, events, calls, turns)
 
 
 def trigger_cost(server: str, runs: int = 4_000, rounds: int = 6) -> dict[str, float]:

@@ -285,14 +285,14 @@ def relay_command(processes: int, log_level: str, kinds: tuple[str, ...], **opts
         metrics_port=opts["metrics_port"],
         metrics_host=opts["metrics_host"],
     )
-    from outbox import tracing
+    from outbox import trace_context
 
     try:
-        tracing.check_exporters()
+        trace_context.check_exporters()
     except ValueError as err:
         refuse(str(err), "use otlp, console or none", EXIT_CONFIG)
     exporter = None
-    if opts["trace_exporter"] and tracing.wanted():
+    if opts["trace_exporter"] and trace_context.wanted():
         exporter = TraceExporter(url, log_level)
     try:
         if processes > 1:

@@ -1,5 +1,5 @@
 """``outbox traces``: the trace exporter, which builds runs' spans from what the database
-recorded and exports them over OTLP (``outbox.traces``), and how far behind it is."""
+recorded and exports them over OTLP (``outbox.trace_export``), and how far behind it is."""
 
 from __future__ import annotations
 
@@ -58,23 +58,23 @@ def export_cmd(
     `outbox relay` starts one beside itself when the variables ask for traces. SIGTERM or
     Ctrl-C stops it after the batch in hand. See docs/operations.md, "Traces".
     """
-    from outbox import logs, traces, tracing
+    from outbox import logs, trace_context, trace_export
 
     logs.setup(log_level)
-    if not tracing.wanted():
+    if not trace_context.wanted():
         refuse(
             "OpenTelemetry's variables ask for no traces",
             "set OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_TRACES_EXPORTER=console)",
             EXIT_CONFIG,
         )
     try:
-        exporters = tracing.span_exporters()
+        exporters = trace_context.span_exporters()
     except ValueError as err:
         refuse(str(err), "", EXIT_CONFIG)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _signum, _frame: stop.set())
-    traces.run(
+    trace_export.run(
         exporters=exporters,
         interval_s=interval_s,
         limit=batch,
@@ -89,10 +89,10 @@ def export_cmd(
 def status_cmd(as_json: bool) -> None:
     """How many ended runs wait for their spans (due), and how long the oldest has waited
     (lag_s, seconds): the trace exporter's lag."""
-    from outbox import traces
+    from outbox import trace_export
 
     with connection() as conn:
-        lag = traces.lag(conn)
+        lag = trace_export.lag(conn)
     if as_json:
         echo_json(lag)
     else:

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from outbox.testing.model import HistoryItem, ScriptedModel
+from outbox.testing.scripted_model import HistoryItem, ScriptedModel
 from outbox.testing.tools import FakeToolService
 
 TOOL_TIMEOUT_S = 1.0  # seconds: the registry timeout of every HTTP tool, both sides

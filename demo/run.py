@@ -59,7 +59,7 @@ from demo.incident import (
     Services,
 )
 from demo.naive import NaiveCoordinator, error_message, history_problems
-from outbox import constants, db, history, lifecycle, migrate, registry, store, writer
+from outbox import constants, db, history, lifecycle, migrate, registry, statements, writer
 from outbox.errors import OutboxError
 from outbox.schemas import StartRun, ToolResultIn
 from outbox.sql import Queries
@@ -433,7 +433,7 @@ class OurSide:
         with db.connect(self.url) as conn:
             while not self.stop.wait(POLL_S):
                 try:
-                    waiting = store.fetch_all(conn, self.q.waiting_runs, {})
+                    waiting = statements.fetch_all(conn, self.q.waiting_runs, {})
                     conn.commit()
                     for run in waiting:
                         self._approve(conn, run)
@@ -495,8 +495,8 @@ class OurSide:
                 if not (plan.in_window(elapsed) or self._owes_duplicates(plan, elapsed)):
                     continue
                 n = {"n": DUPLICATE_CALLBACKS_PER_TICK}
-                calls = store.fetch_all(conn, self.q.done_calls_sample, n)
-                batches = store.fetch_all(conn, self.q.delivered_batches_sample, n)
+                calls = statements.fetch_all(conn, self.q.done_calls_sample, n)
+                batches = statements.fetch_all(conn, self.q.delivered_batches_sample, n)
                 conn.commit()
                 for call in calls:
                     late = ToolResultIn(

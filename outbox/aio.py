@@ -9,7 +9,7 @@ savepoint taken just before the call, so your transaction stays usable.
 
 Design choice: no second implementation. Each function runs the very statements the sync
 writer runs, built once in ``outbox.calls``, and those call the versioned SQL functions of
-``sql/functions.sql``; only the waiting differs. It covers what a backend calls;
+``sql/runs.sql`` and ``sql/results.sql``; only the waiting differs. It covers what a backend calls;
 recording model turns and tool results stays the relay's (sync) business.
 
     async with await psycopg.AsyncConnection.connect(url) as conn:

@@ -4,7 +4,7 @@ A call waits when its tier's risk policy says ``approve`` or its tool ``requires
 (``outbox.policy``). It is recorded with the status ``awaiting_approval``, one row in
 ``outbox.approvals`` (who may decide, a deadline, the digest of its exact arguments) and an
 outbox row that is due at ``'infinity'``. A decision is one call of ``decide_approval_v1``
-(sql/functions.sql), the same for this module, the CLI and backends in SQL:
+(sql/approvals.sql), the same for this module, the CLI and backends in SQL:
 
 * **approve**: the outbox row becomes due and the relay runs the call once. The approval
   is consumed by its status change: a second decision is refused, and a retry, a rescue
@@ -27,7 +27,7 @@ import psycopg
 
 from outbox import calls, policy, writer
 from outbox.errors import NotFound
-from outbox.store import Row, fetch_all, fetch_one, pg
+from outbox.statements import Row, fetch_all, fetch_one, pg
 
 Q = policy.Q
 STATUSES = ("pending", "approved", "denied", "expired")

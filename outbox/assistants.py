@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from outbox import registry, tenancy
 from outbox.errors import ActiveRunExists, InvalidInput, InvalidTransition, NotFound
 from outbox.sql import queries
-from outbox.store import Row, fetch_all, fetch_one, journal
+from outbox.statements import Row, fetch_all, fetch_one, journal
 
 Q = queries("assistants.sql")
 

@@ -33,7 +33,7 @@ import psycopg
 from outbox import calls, config
 from outbox.errors import InvalidInput, NotFound
 from outbox.sql import queries
-from outbox.store import Row, fetch_all, fetch_one, journal, pg
+from outbox.statements import Row, fetch_all, fetch_one, journal, pg
 
 Q = queries("budgets.sql")
 PLATFORM = "*"  # the journal's tenant for platform-wide settings

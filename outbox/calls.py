@@ -1,12 +1,12 @@
 """The backend's calls as SQL statements, shared by the sync writer and the async one.
 
-A backend starts, steers and ends runs through the versioned SQL functions of
-``sql/functions.sql`` (``create_thread_v1``, ``start_run_v2``, ``cancel_run_v1``,
-``submit_tool_outputs_v1``): they are the one implementation, for Python and for backends
-without it. This module only builds each call (one statement and its parameters), runs
-nothing, and turns the database's refusals (SQLSTATE and message) into our errors. The
-sync writer (``outbox.writer``, ``outbox.lifecycle``) runs a call on a psycopg
-``Connection`` or a SQLAlchemy ``Session``, the async one (``outbox.aio``) on an
+A backend starts, steers and ends runs through the versioned SQL functions
+(``create_thread_v1``, ``start_run_v2`` and ``cancel_run_v1`` of ``sql/runs.sql``,
+``submit_tool_outputs_v1`` of ``sql/results.sql``): they are the one implementation, for
+Python and for backends without it. This module only builds each call (one statement and
+its parameters), runs nothing, and turns the database's refusals (SQLSTATE and message)
+into our errors. The sync writer (``outbox.writer``, ``outbox.lifecycle``) runs a call on a
+psycopg ``Connection`` or a SQLAlchemy ``Session``, the async one (``outbox.aio``) on an
 ``AsyncConnection`` or an ``AsyncSession``: the same statements either way, so the two
 cannot drift apart. Design choice: I/O apart from protocol, as psycopg keeps its
 ``generators.py`` apart from its waiting code, but with one statement per call there is
@@ -29,7 +29,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import storable, tracing
+from outbox import storable, trace_context
 from outbox.errors import (
     ActiveRunExists,
     BudgetExceeded,
@@ -147,7 +147,7 @@ def start_run(request: StartRun) -> Call:
     params.update(tenant_id=request.tenant_id, thread_id=request.thread_id, tools=request.tools)
     params["model_options"] = Jsonb(request.model_options.stored())
     if request.traceparent is None:
-        params["traceparent"], params["tracestate"] = tracing.caller_context()
+        params["traceparent"], params["tracestate"] = trace_context.caller_context()
     return Call(A.start_run, params, scope=request.tenant_id)
 
 

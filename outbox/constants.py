@@ -1,6 +1,6 @@
 """The run status sets and the outbox's dedup-key formats, defined once for Python.
 
-SQL has one twin of each, as functions of ``sql/functions.sql``:
+SQL has one twin of each, as functions of ``sql/runs.sql``:
 ``run_active_v1(status)``, ``run_ended_v1(status)``, ``deliver_key_v1(batch_id)``,
 ``tool_call_key_v1(tool_call_ref)`` and ``model_turn_key_v1(run_id, step_no)``; the relay's
 and the writer's named queries and the SQL functions call those, and
@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 
 # A run that can still move: the one-active-run-per-thread index covers exactly these
-# (``models.Run``'s partial unique index).
+# (``orm.Run``'s partial unique index).
 ACTIVE: tuple[str, ...] = ("queued", "in_progress", "requires_action")
 # A run that is over: nothing of it is started again, results for it are orphaned.
 ENDED: tuple[str, ...] = ("completed", "failed", "cancelled", "expired")

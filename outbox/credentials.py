@@ -41,7 +41,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from outbox import calls
 from outbox.errors import InvalidInput, NotFound
 from outbox.sql import queries
-from outbox.store import fetch_all, fetch_one, journal
+from outbox.statements import fetch_all, fetch_one, journal
 
 Q = queries("credentials.sql")
 Row = dict[str, Any]

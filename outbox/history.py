@@ -23,7 +23,7 @@ from typing import Any
 
 from outbox import providers, tenancy
 from outbox.sql import queries
-from outbox.store import fetch_all, fetch_one, owned, pg
+from outbox.statements import fetch_all, fetch_one, owned, pg
 
 Q = queries("history.sql")
 Message = dict[str, Any]

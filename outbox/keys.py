@@ -20,7 +20,7 @@ import psycopg
 from outbox.calls import check_tenant
 from outbox.errors import InvalidInput, NotFound
 from outbox.sql import queries
-from outbox.store import Row, fetch_all, fetch_one, journal
+from outbox.statements import Row, fetch_all, fetch_one, journal
 
 Q = queries("keys.sql")
 PREFIX = "ob-"

@@ -9,7 +9,7 @@ result, or an explicit error), and whatever is still in flight lands in
 and a new run can start on it.
 
 Cancelling and client outputs have one implementation each, the SQL functions
-``cancel_run_v1`` and ``submit_tool_outputs_v1`` in ``sql/functions.sql``, which
+``cancel_run_v1`` and ``submit_tool_outputs_v1`` in ``sql/runs.sql`` and ``sql/results.sql``, which
 backends without Python call directly; the functions here are calls of ``outbox.calls``.
 """
 
@@ -26,7 +26,7 @@ from outbox import calls, history, tenancy
 from outbox.errors import InvalidInput, InvalidTransition, NotFound
 from outbox.schemas import Retarget
 from outbox.sql import queries
-from outbox.store import Row, fetch_all, fetch_one, journal, pg
+from outbox.statements import Row, fetch_all, fetch_one, journal, pg
 from outbox.writer import (
     ThreadRef,
     append_message,
@@ -46,7 +46,7 @@ def cancel_run(
 ) -> Row:
     """Cancel a run: no new claims; in-flight calls finish and their results are orphaned.
 
-    One call of ``cancel_run_v1`` (sql/functions.sql). Without ``tenant_id`` (an
+    One call of ``cancel_run_v1`` (sql/runs.sql). Without ``tenant_id`` (an
     operator), the run's own tenant. ``InvalidTransition`` when the run already ended.
     """
     if tenant_id is None:

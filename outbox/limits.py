@@ -22,7 +22,7 @@ import psycopg
 from outbox import calls
 from outbox.errors import InvalidInput
 from outbox.sql import queries
-from outbox.store import fetch_all, fetch_one, journal
+from outbox.statements import fetch_all, fetch_one, journal
 
 Q = queries("limits.sql")
 Row = dict[str, Any]

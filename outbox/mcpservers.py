@@ -28,7 +28,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from outbox import registry, store
+from outbox import registry, statements
 from outbox.errors import InvalidInput, NotFound
 from outbox.schemas import url_problem
 from outbox.sql import queries
@@ -238,7 +238,7 @@ def add(
             ) from err
         server = cur.fetchone()
     assert server is not None
-    store.journal(
+    statements.journal(
         conn,
         "mcp.server_added",
         spec.tenant_id,
@@ -298,7 +298,7 @@ def sync(
         "disabled": gone,
         "skipped": skipped,
     }
-    store.journal(
+    statements.journal(
         conn,
         "mcp.synced",
         server["tenant_id"],
@@ -376,7 +376,7 @@ def configure(
         for row in newest_tools(conn, name, tenant_id)
         if row["enabled"]
     ]
-    store.journal(
+    statements.journal(
         conn,
         "mcp.server_configured",
         tenant_id,
@@ -422,7 +422,7 @@ def remove(conn: psycopg.Connection[Any], name: str, tenant_id: str, actor: str)
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(Q.remove_server, {"name": name, "tenant_id": tenant_id})
         disabled = [row["name"] for row in cur.fetchall()]
-    store.journal(
+    statements.journal(
         conn,
         "mcp.server_removed",
         tenant_id,

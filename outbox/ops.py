@@ -33,7 +33,7 @@ from outbox.constants import ENDED
 from outbox.errors import InvalidInput, InvalidTransition, NotFound, OutboxError
 from outbox.schemas import ToolResultIn
 from outbox.sql import queries
-from outbox.store import fetch_all, fetch_one, journal
+from outbox.statements import fetch_all, fetch_one, journal
 from outbox.writer import record_tool_result
 
 Q = queries("ops.sql")

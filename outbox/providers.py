@@ -21,7 +21,7 @@ knows those shapes, in both directions:
 - the call itself (``call``): the body, plain JSON data, is POSTed as it is by the
   caller's ``post`` and the answer read as JSON for the few fields recorded.
 
-The relay's model executor (``relay.model``) owns the HTTP request, retries and holds; it
+The relay's model executor (``relay.model_turns``) owns the HTTP request, retries and holds; it
 calls ``call``. The SDK's typed methods (``responses.create``) first walk the whole request
 against its parameter types, item by item of the history, and build a pydantic object of
 every field of the answer: about 40 ms of CPU for a 30-item history, ten times the cost of

@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 from outbox import tenancy
 from outbox.errors import ActiveRunExists, NotFound
 from outbox.sql import queries
-from outbox.store import Row, fetch_one, journal
+from outbox.statements import Row, fetch_one, journal
 
 Q = queries("responses.sql")
 

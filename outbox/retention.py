@@ -6,9 +6,9 @@ stays after its last activity and whether it is then archived (one JSON document
 in ``archived_runs``, partitioned by day and dropped a day at a time past the archive's
 keep) or deleted. The unit is the thread with everything under it: a conversation being
 continued keeps its whole history, and a run's rows never outlive the messages they pair
-with. The work is done by SQL functions (``sql/functions.sql``: ``retain_v1``,
-``archive_partitions_v1``, ``journal_partitions_v1``, ``prune_archive_v1``,
-``erase_thread_v1``) so that a DBA, the CLI and the relay's maintenance run the same code;
+with. The work is done by SQL functions (``sql/retention.sql``: ``retain_v1``,
+``archive_partitions_v1``, ``prune_archive_v1``, ``erase_thread_v1``; ``sql/journal.sql``:
+``journal_partitions_v1``) so that a DBA, the CLI and the relay's maintenance run the same code;
 this module calls them.
 
 ``run`` commits one bounded chunk per transaction and never waits on a lock the relay or
@@ -28,7 +28,7 @@ import psycopg
 
 from outbox.errors import InvalidInput, NotFound, OutboxError
 from outbox.sql import queries
-from outbox.store import fetch_all, fetch_one, journal, pg
+from outbox.statements import fetch_all, fetch_one, journal, pg
 
 Q = queries("retention.sql")
 Row = dict[str, Any]

@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from outbox import config, storable, tracing
+from outbox import config, storable, trace_context
 from outbox.errors import PayloadTooLarge
 
 TenantId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:@-]{1,128}$")]
@@ -284,10 +284,12 @@ class StartRun(_In):
     idempotency_key: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
     correlation_id: Annotated[str, StringConstraints(max_length=255)] | None = None
     model_options: ModelOptions = Field(default_factory=lambda: ModelOptions())
-    # The W3C trace context the run continues (outbox.tracing). None: the span current
+    # The W3C trace context the run continues (outbox.trace_context). None: the span current
     # where the writer is called, if there is one.
     traceparent: str | None = None
-    tracestate: Annotated[str, StringConstraints(max_length=tracing.MAX_TRACESTATE)] | None = None
+    tracestate: (
+        Annotated[str, StringConstraints(max_length=trace_context.MAX_TRACESTATE)] | None
+    ) = None
 
     @model_validator(mode="after")
     def _followable(self) -> StartRun:
@@ -297,7 +299,7 @@ class StartRun(_In):
     @field_validator("traceparent")
     @classmethod
     def _traceparent(cls, value: str | None) -> str | None:
-        if value is not None and not tracing.TRACEPARENT.fullmatch(value):
+        if value is not None and not trace_context.TRACEPARENT.fullmatch(value):
             raise ValueError(
                 "a W3C traceparent is 00-<32 hex digits, trace id>-<16 hex digits, parent "
                 f"id>-<2 hex digits, flags>, lower case, ids not all zero; not {value!r}"

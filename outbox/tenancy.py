@@ -27,7 +27,7 @@ from psycopg import sql
 from outbox import calls
 from outbox.errors import InvalidInput, NotFound
 from outbox.sql import queries
-from outbox.store import fetch_all, fetch_one, journal
+from outbox.statements import fetch_all, fetch_one, journal
 
 Q = queries("tenancy.sql")
 SETTING = "outbox.tenant_id"

@@ -34,7 +34,7 @@ from outbox.calls import check_tenant
 from outbox.errors import InvalidInput, NotFound
 from outbox.schemas import url_problem
 from outbox.sql import queries
-from outbox.store import Row, fetch_all, fetch_one, journal
+from outbox.statements import Row, fetch_all, fetch_one, journal
 
 Q = queries("webhooks.sql")
 SECRET_PREFIX = "whsec_"

@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import budgets, calls, constants, registry, storable, store, tenancy
+from outbox import budgets, calls, constants, registry, statements, storable, tenancy
 
 # A tenant's budget is part of the writer's face for backends and the CLI; it is defined in
 # outbox.budgets, beside a run's other limits.
@@ -46,11 +46,11 @@ from outbox.schemas import (
     check_size,
 )
 from outbox.sql import queries
-from outbox.store import UNPREPARED, Row, fetch_all, fetch_one, pg
+from outbox.statements import UNPREPARED, Row, fetch_all, fetch_one, pg
 
 # A backend journals its own events in its transaction through the writer, as it writes the
-# rest; the statement is outbox.store's, shared by every module.
-from outbox.store import journal as journal
+# rest; the statement is outbox.statements's, shared by every module.
+from outbox.statements import journal as journal
 
 Q = queries("writer.sql")
 RunRef = calls.RunRef  # what start_run returns (defined beside the calls both writers share)
@@ -72,7 +72,7 @@ def create_thread(
 ) -> ThreadRef:
     """Create a thread, optionally with opening messages (system prompt, earlier turns).
 
-    One call of ``create_thread_v1`` (sql/functions.sql); journals thread.created.
+    One call of ``create_thread_v1`` (sql/runs.sql); journals thread.created.
     """
     (row,) = run_call(db, calls.create_thread(tenant_id, title, metadata, messages))
     return ThreadRef(row["id"], tenant_id)
@@ -178,7 +178,7 @@ def answer_calls(
 def start_run(db: Any, request: StartRun) -> RunRef:
     """Start a run: the user message, the run and its first model turn, all or nothing.
 
-    One call of ``start_run_v3`` (sql/functions.sql), the implementation backends
+    One call of ``start_run_v3`` (sql/runs.sql), the implementation backends
     without Python call too. The same ``idempotency_key`` with the same request again
     returns the existing run (``created=False``), also when two requests race; the key
     with another request (thread, message, model or tools) raises ``IdempotencyKeyReused``
@@ -272,7 +272,7 @@ def lock_run(conn: psycopg.Connection[Any], run_id: uuid.UUID, tenant_id: str | 
         if row is None:
             raise NotFound(f"run {run_id} does not exist")
         return row
-    return store.owned(row, "run", run_id, tenant_id)
+    return statements.owned(row, "run", run_id, tenant_id)
 
 
 def get_run(db: Any, run_id: uuid.UUID, tenant_id: str | None = None) -> Row:
@@ -321,7 +321,7 @@ def record_model_turn(db: Any, turn: ModelTurnIn) -> TurnRecord:
 
     Each call is planned here (``registry.plan_call``: its tool as the run pinned it, its
     JSON Schema, the risk policy); one call of ``record_model_turns_v1``
-    (sql/functions.sql) writes the rest in one round trip.
+    (sql/turns.sql) writes the rest in one round trip.
     """
     (record,) = record_model_turns(db, [turn])
     return record
@@ -514,13 +514,13 @@ def record_tool_result(db: Any, result: ToolResultIn) -> ResultRecord:
     for a batch that is already closed goes to ``orphaned_results`` and never into a
     context. When this result completes its batch, the batch's delivery is enqueued in the
     same transaction (exactly one result sees the batch complete: the batch row is locked).
-    One call of ``record_tool_results_v1`` (sql/functions.sql), the implementation
+    One call of ``record_tool_results_v1`` (sql/results.sql), the implementation
     the relay and ``submit_tool_outputs_v1`` use too, after the tenant's checks here.
     """
     conn = pg(db)
     tenancy.scope(conn, result.tenant_id)
     call = fetch_one(conn, Q.call_for_result, {"tool_call_ref": result.tool_call_ref})
-    call = store.owned(call, "tool call", result.tool_call_ref, result.tenant_id)
+    call = statements.owned(call, "tool call", result.tool_call_ref, result.tenant_id)
     recorded = record_tool_results(
         conn,
         [
@@ -665,7 +665,7 @@ def end_run(
 ) -> Row:
     """End ``run`` (``failed``, ``cancelled`` or ``expired``) and keep its thread replayable.
 
-    One call of ``end_run_v1`` (sql/functions.sql), the one implementation that
+    One call of ``end_run_v1`` (sql/runs.sql), the one implementation that
     ``cancel_run_v1`` uses too. The caller holds the run lock. Rows nobody holds a lease on
     are removed (no new claims); every batch whose outputs did not reach the history is
     closed, and each of its calls gets a tool message right away: its result if it has one,

@@ -44,7 +44,7 @@ import psycopg
 from prometheus_client import Gauge
 from psycopg.types.json import Jsonb
 
-from outbox import constants, db, failpoints, store, writer
+from outbox import constants, db, failpoints, statements, writer
 from outbox.logs import log
 from outbox.relay import spans
 from outbox.relay.config import RelayConfig
@@ -360,7 +360,7 @@ class Completer:
         if conn.execute(query, params).fetchone() is not None:
             return True
         self.metrics.fenced.inc()
-        store.journal(
+        statements.journal(
             conn,
             "write.fenced",
             row.tenant_id,
@@ -439,7 +439,7 @@ class Completer:
                 return "fenced"
             self._call_status(conn, outcome, "pending")
             self.metrics.retried.inc()
-            store.journal(
+            statements.journal(
                 conn,
                 f"{row.kind}.retry_scheduled",
                 row.tenant_id,
@@ -453,7 +453,7 @@ class Completer:
         status = "outcome_unknown" if reason == "outcome_unknown" else "quarantined"
         self._call_status(conn, outcome, status)
         self.metrics.quarantined.labels(reason).inc()
-        store.journal(
+        statements.journal(
             conn,
             f"{row.kind}.{status}",
             row.tenant_id,
@@ -475,8 +475,8 @@ class Completer:
             return "skipped"
         writer.end_run(conn, run, "failed", "model_error", outcome.error)
         span = spans.record(outcome)
-        if span is not None:  # the failed turn's attempt, for its span (outbox.traces)
-            store.journal(
+        if span is not None:  # the failed turn's attempt, for its span (outbox.trace_export)
+            statements.journal(
                 conn,
                 "model_turn.failed",
                 row.tenant_id,
@@ -504,7 +504,7 @@ class Completer:
             },
         )
         self.metrics.succeeded.labels(row.kind).inc()
-        store.journal(
+        statements.journal(
             conn,
             "webhook.delivered" if delivered else "webhook.dropped",
             row.tenant_id,

@@ -30,7 +30,7 @@ from typing import Any
 from outbox import config as outbox_config
 from outbox.logs import log
 from outbox.relay.executors import ToolExecutor
-from outbox.relay.model import DEFAULT_BASE_URL, ModelExecutor, ModelServer
+from outbox.relay.model_turns import DEFAULT_BASE_URL, ModelExecutor, ModelServer
 from outbox.relay.outcomes import Claimed, Outcome, retry
 from outbox.relay.poster import IDLE_S, Poster
 from outbox.relay.preparer import Preparer

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 import psycopg
 
-from outbox import approvals, failpoints, lifecycle, retention, tracing
+from outbox import approvals, failpoints, lifecycle, retention, trace_context
 from outbox.logs import log
 from outbox.relay.config import RelayConfig
 from outbox.relay.links import Link
@@ -171,7 +171,7 @@ class Maintenance:
             self.metrics.runs_parked.labels(tenant).set(parked)
             oldest = max(oldest, float(oldest_s))
         self.metrics.approvals_oldest.set(oldest)
-        if tracing.names_attempts():  # off, nobody exports: the count would only grow
+        if trace_context.names_attempts():  # off, nobody exports: the count would only grow
             with conn.transaction():
                 due, lag_s = conn.execute(self.q.traces_lag).fetchone() or (0, None)
             self.metrics.spans_due.set(due)

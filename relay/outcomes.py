@@ -1,6 +1,6 @@
 """What the relay works on and what an attempt produced: ``Claimed`` rows and ``Outcome``s.
 
-Executors (``relay.executors``, ``relay.inprocess``, ``relay.model``) turn a ``Claimed`` row
+Executors (``relay.executors``, ``relay.inprocess``, ``relay.model_turns``) turn a ``Claimed`` row
 into an ``Outcome``; only the worker's completer writes outcomes, fenced. The helpers below
 name the outcome kinds every executor shares, so a timeout means the same for every tool.
 """
@@ -77,7 +77,7 @@ class Claimed(NamedTuple):
     stop: dict[str, Any] | None = None  # why a tool call must not run (outbox.policy)
     credential: dict[str, Any] | None = None  # where its secret is (outbox.credentials)
     mcp: dict[str, Any] | None = None  # an MCP tool's server and name (relay.mcpclient)
-    traceparent: str | None = None  # the trace context its run continues (outbox.tracing)
+    traceparent: str | None = None  # the trace context its run continues (outbox.trace_context)
     tracestate: str | None = None
     run_started_at: float | None = None  # seconds since the epoch, the database's clock
     model: str | None = None  # its run's

@@ -1,9 +1,9 @@
 """What the relay does for traces: name each attempt's span, and time it into the write it
-already makes. It builds no span: the trace exporter (``outbox.traces``, ``outbox traces
+already makes. It builds no span: the trace exporter (``outbox.trace_export``, ``outbox traces
 export``) builds them later from what the database recorded.
 
 Each attempt of a model turn or tool call has a span id that follows from its outbox row
-and claim number (``outbox.tracing.attempt_span_id``). The tool or model receives the
+and claim number (``outbox.trace_context.attempt_span_id``). The tool or model receives the
 ``traceparent`` naming it (``headers``), the same the exporter gives the ``chat`` or
 ``execute_tool`` span it builds, under the run's ``invoke_agent`` span; with traces not
 wanted here, the run's span, so their own spans still join the run's trace. When they are,
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outbox import tracing
+from outbox import trace_context
 from outbox.relay.outcomes import Claimed, Outcome
 
 # What an outcome's action says, as the value of ``outbox.outcome``; the ones marked as
@@ -28,16 +28,18 @@ TRACED = ("tool_call", "model_turn")  # the kinds whose attempts have spans
 
 
 def span_id(row: Claimed) -> int:
-    return tracing.attempt_span_id(row.id, row.attempt)
+    return trace_context.attempt_span_id(row.id, row.attempt)
 
 
 def headers(row: Claimed) -> dict[str, str]:
     """The ``traceparent``/``tracestate`` a tool or model receives for ``row``: its attempt's
     span's when traces are wanted, else its run's (the same dict for every request of the
     run: never change it)."""
-    if tracing.names_attempts():
-        return tracing.attempt_headers(row.run_id, row.traceparent, row.tracestate, span_id(row))
-    return tracing.run_headers(row.run_id, row.traceparent, row.tracestate)
+    if trace_context.names_attempts():
+        return trace_context.attempt_headers(
+            row.run_id, row.traceparent, row.tracestate, span_id(row)
+        )
+    return trace_context.run_headers(row.run_id, row.traceparent, row.tracestate)
 
 
 def outcome_of(outcome: Outcome) -> str:
@@ -52,9 +54,9 @@ def record(outcome: Outcome) -> dict[str, Any] | None:
     events are as they were (the exporter, if one runs, builds only the runs'
     ``invoke_agent`` spans; a sampled-out run's, not even that)."""
     row = outcome.row
-    if row.kind not in TRACED or not outcome.started_at or not tracing.names_attempts():
+    if row.kind not in TRACED or not outcome.started_at or not trace_context.names_attempts():
         return None
-    if not tracing.sampled(row.run_id, row.traceparent, row.tracestate):
+    if not trace_context.sampled(row.run_id, row.traceparent, row.tracestate):
         return None  # its spans are dropped whole: nothing to keep for them
     span: dict[str, Any] = {
         "id": f"{span_id(row):016x}",

@@ -48,7 +48,7 @@ from pathlib import Path
 import psycopg
 from psycopg.types.json import Jsonb
 
-from outbox import failpoints, tracing
+from outbox import failpoints, trace_context
 from outbox.logs import log
 from outbox.relay import inprocess
 from outbox.relay.capacity import Capacity
@@ -623,10 +623,10 @@ def run_worker(cfg: RelayConfig) -> int:
 def run_traced(worker: Worker) -> int:
     """``worker.run()`` in a process of its own. It records no span: with OpenTelemetry's
     variables asking for traces it names each attempt's span to its tool or model and
-    journals its timing, and the trace exporter (``outbox.traces``, which ``outbox relay``
+    journals its timing, and the trace exporter (``outbox.trace_export``, which ``outbox relay``
     starts beside it) builds the spans. An unsupported ``OTEL_TRACES_EXPORTER`` stops it
     here, before any work is claimed."""
-    tracing.check_exporters()
+    trace_context.check_exporters()
     return worker.run()
 
 

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from outbox.logs import log
-from outbox.server import errors, threads
+from outbox.server import errors, thread_pool
 
 logger = logging.getLogger("server.access")
 HEADER = b"x-request-id"
@@ -28,7 +28,7 @@ MAX_REQUEST_ID = 200  # characters of a caller's request id kept
 
 class AccessLog:
     """ASGI middleware: log each HTTP request once it is answered. The outermost: it also
-    starts each request as one of which nothing has begun (``threads.new_request``)."""
+    starts each request as one of which nothing has begun (``thread_pool.new_request``)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -38,9 +38,9 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        # Whatever context its task started in (server.threads); the app reads its client
+        # Whatever context its task started in (server.thread_pool); the app reads its client
         # through the queue's watch on it.
-        fresh, receive = threads.new_request(receive)
+        fresh, receive = thread_pool.new_request(receive)
         given = dict(scope["headers"]).get(HEADER, b"").decode("latin-1")[:MAX_REQUEST_ID]
         request_id = given or f"req_{uuid.uuid4().hex}"
         # Handlers journal what they change under this id (routes.request_id): the journal
@@ -66,7 +66,7 @@ class AccessLog:
             response = await errors.unexpected_error(Request(scope), exc)
             await response(scope, receive, answer)
         finally:
-            threads.end_request(fresh)
+            thread_pool.end_request(fresh)
             params: dict[str, Any] = scope.get("path_params", {})
             log(
                 logger,

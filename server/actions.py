@@ -26,9 +26,9 @@ from outbox.server.bodies import (
     ThreadAndRunIn,
     ThreadIn,
 )
+from outbox.server.db_pool import Q, Store
 from outbox.server.errors import APIError, not_found
-from outbox.server.store import Q, Store
-from outbox.store import fetch_all, fetch_one
+from outbox.statements import fetch_all, fetch_one
 
 Row = dict[str, Any]
 ACTIVE = constants.ACTIVE

@@ -20,14 +20,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from outbox import config as outbox_config
-from outbox import logs, tracing
+from outbox import logs, trace_context
 from outbox.errors import OutboxError
-from outbox.server import errors, threads
+from outbox.server import errors, thread_pool
 from outbox.server.access import AccessLog
 from outbox.server.actions import Settings
+from outbox.server.db_pool import DB_CONNECTIONS, IDLE_IN_TRANSACTION_S, Store
 from outbox.server.observed import Observed
 from outbox.server.routes import ROUTES, Config
-from outbox.server.store import DB_CONNECTIONS, IDLE_IN_TRANSACTION_S, Store
 from outbox.server.wakeups import Wakeups
 
 # The largest request body accepted: room for a message at the library's payload cap,
@@ -52,7 +52,7 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_connections: int = DB_CONNECTIONS,
     listen: bool = True,
-    queue_timeout_s: float = threads.QUEUE_TIMEOUT_S,
+    queue_timeout_s: float = thread_pool.QUEUE_TIMEOUT_S,
     idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
 ) -> Starlette:
     """The app on ``database_url``; runs it creates call the model at ``model_base_url``
@@ -62,20 +62,20 @@ def create_app(
     through a pooler in transaction mode; server.wakeups). ``max_connections``: every
     connection the app holds, its ``LISTEN`` connection included (``handler_connections``).
     ``queue_timeout_s``: how long a request may wait for one before it is refused with a
-    503, nothing of it done (server.threads). ``idle_in_transaction_s``: how long a request's
-    transaction may wait on the server before the database ends it (server.store)."""
+    503, nothing of it done (server.thread_pool). ``idle_in_transaction_s``: how long a request's
+    transaction may wait on the server before the database ends it (server.db_pool)."""
     handlers = handler_connections(max_connections, listen)
     store = Store(
         database_url, max_connections=handlers, idle_in_transaction_s=idle_in_transaction_s
     )
-    threads.size(handlers)
-    threads.queue_timeout(queue_timeout_s)
+    thread_pool.size(handlers)
+    thread_pool.queue_timeout(queue_timeout_s)
     wakeups = Wakeups(database_url, listen=listen)
 
     @asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        # Spans are recorded when OpenTelemetry's variables ask for them (outbox.tracing).
-        traced = tracing.setup("outbox-serve")
+        # Spans are recorded when OpenTelemetry's variables ask for them (outbox.trace_context).
+        traced = trace_context.setup("outbox-serve")
         store.open()
         await wakeups.start()
         try:
@@ -84,7 +84,7 @@ def create_app(
             await wakeups.stop()
             store.close()
             if traced:
-                tracing.shutdown()
+                trace_context.shutdown()
 
     app = Starlette(
         routes=ROUTES,
@@ -92,8 +92,8 @@ def create_app(
         middleware=[Middleware(AccessLog), Middleware(Observed)],
         exception_handlers={
             errors.APIError: errors.api_error,
-            threads.ServerBusy: errors.server_busy,
-            threads.ClientGone: errors.client_gone,
+            thread_pool.ServerBusy: errors.server_busy,
+            thread_pool.ClientGone: errors.client_gone,
             OutboxError: errors.library_error,
             psycopg.OperationalError: errors.database_error,
             psycopg.errors.IdleInTransactionSessionTimeout: errors.database_error,
@@ -138,5 +138,5 @@ def from_environment() -> Starlette:
         action_timeout_s=float(timeout) if timeout else None,
         max_connections=int(os.environ.get(ENV_DB_CONNECTIONS, DB_CONNECTIONS)),
         listen=os.environ.get(ENV_NO_LISTEN) != "1",
-        queue_timeout_s=float(os.environ.get(ENV_QUEUE_TIMEOUT_S, threads.QUEUE_TIMEOUT_S)),
+        queue_timeout_s=float(os.environ.get(ENV_QUEUE_TIMEOUT_S, thread_pool.QUEUE_TIMEOUT_S)),
     )

@@ -28,7 +28,7 @@ from outbox.errors import (
     WrongTenant,
 )
 from outbox.logs import log
-from outbox.server.threads import RETRY_AFTER_MAX_S, ClientGone, ServerBusy
+from outbox.server.thread_pool import RETRY_AFTER_MAX_S, ClientGone, ServerBusy
 
 logger = logging.getLogger("server.errors")  # JSON lines as every server log (outbox.logs)
 OUTAGE_RETRY_AFTER_S = 1  # what a 503 for the database gone asks a client to wait, at least
@@ -112,7 +112,7 @@ def _retry_after(seconds: float) -> dict[str, str]:
 
 
 async def server_busy(request: Request, exc: Exception) -> JSONResponse:
-    """A request shed before anything of it was done (server.threads): a 503 its client
+    """A request shed before anything of it was done (server.thread_pool): a 503 its client
     retries (the openai SDK does, after ``Retry-After``), logged with what it waited."""
     assert isinstance(exc, ServerBusy)
     _warn(
@@ -164,7 +164,7 @@ async def database_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def client_gone(request: Request, exc: Exception) -> JSONResponse:
     """A request dropped, nothing of it done, because its client left while it queued
-    (server.threads): logged; the answer (499, as proxies say it) reaches nobody."""
+    (server.thread_pool): logged; the answer (499, as proxies say it) reaches nobody."""
     assert isinstance(exc, ClientGone)
     _warn(
         request,

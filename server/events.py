@@ -28,11 +28,11 @@ from typing import Any
 
 from outbox import constants
 from outbox.server import shapes
+from outbox.server.db_pool import Q, Store
 from outbox.server.errors import not_found
-from outbox.server.store import Q, Store
-from outbox.server.threads import in_thread
+from outbox.server.thread_pool import in_thread
 from outbox.server.wakeups import Wakeups, Watch
-from outbox.store import fetch_one
+from outbox.statements import fetch_one
 
 POLL_S = 0.2  # seconds between two reads of the journal
 BATCH = 500  # events read per poll at most

@@ -35,9 +35,9 @@ from typing import Any
 import psycopg
 from pydantic import BaseModel
 
+from outbox.server.db_pool import Q
 from outbox.server.errors import APIError
-from outbox.server.store import Q
-from outbox.store import Row, fetch_one, journal
+from outbox.statements import Row, fetch_one, journal
 
 EVENT = "run.requested"
 KEYED = "request.keyed"  # the key of a request that started no run of its own

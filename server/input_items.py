@@ -23,9 +23,9 @@ from typing import Any
 import psycopg
 
 from outbox.server.bodies import text_of
+from outbox.server.db_pool import Q
 from outbox.server.errors import APIError
-from outbox.server.store import Q
-from outbox.store import fetch_all
+from outbox.statements import fetch_all
 
 Item = dict[str, Any]
 INSTRUCTION_ROLES = ("system", "developer")

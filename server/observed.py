@@ -4,7 +4,7 @@ Metrics, in this process's registry (``REGISTRY``), served by ``outbox serve
 --metrics-port``: ``outbox_serve_request_seconds`` by method, route (the path's template,
 so ids do not make a series each) and status; the database calls waiting for a thread
 (``outbox_serve_queued_calls``), how long each waited (``outbox_serve_queue_wait_seconds``)
-and the requests refused for it (``outbox_serve_shed_requests_total``: server.threads).
+and the requests refused for it (``outbox_serve_shed_requests_total``: server.thread_pool).
 
 Traces: a server span per HTTP request, continuing the caller's trace.
 
@@ -13,7 +13,7 @@ to. The request's span (``{method} {route}``, kind server, with the semantic con
 ``http.*`` attributes) is its child and is current while the request is handled, so a run
 the request starts stores it (``outbox.calls.start_run``) and every span of that run joins
 the caller's trace. With tracing off the caller's context alone is made current: the run
-still continues it. Handlers run on the server's thread pool (``server.threads``), which
+still continues it. Handlers run on the server's thread pool (``server.thread_pool``), which
 carries the context.
 """
 
@@ -25,7 +25,7 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from outbox import tracing
+from outbox import trace_context
 
 CONTEXT_HEADERS = (b"traceparent", b"tracestate")
 METHODS = {"GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"}  # others: "other"
@@ -67,7 +67,7 @@ GONE_REQUESTS = Counter(
 
 
 class Observed:
-    """ASGI middleware: each HTTP request in a span of its own (``outbox.tracing``), and
+    """ASGI middleware: each HTTP request in a span of its own (``outbox.trace_context``), and
     counted with its duration."""
 
     def __init__(self, app: ASGIApp) -> None:
@@ -85,7 +85,7 @@ class Observed:
         started = time.perf_counter()
         method = scope["method"] if scope["method"] in METHODS else "other"
         attributes = {"http.request.method": method, "url.path": scope["path"]}
-        with tracing.server_span(method, carrier, attributes) as span:
+        with trace_context.server_span(method, carrier, attributes) as span:
             status = 500
 
             async def answer(message: Message) -> None:

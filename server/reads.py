@@ -11,7 +11,7 @@ wake-up, not one per request. A read asked later goes in a statement of its own 
 never queued behind one under way (the thread pool may hold it a while under load).
 
 Only reads that answer from a durable commit of the relay go here (``durable_reads=False``
-in server.store): a request's answer once its response settled, and a stream's events.
+in server.db_pool): a request's answer once its response settled, and a stream's events.
 Tenants never share a statement: each turn's reads are grouped by tenant, each group read
 under its own scope.
 """
@@ -24,8 +24,8 @@ from typing import Any
 
 from outbox.errors import NotFound
 from outbox.server import responses
-from outbox.server.store import Store
-from outbox.server.threads import begun, in_thread
+from outbox.server.db_pool import Store
+from outbox.server.thread_pool import begun, in_thread
 
 Row = dict[str, Any]
 Asked = dict[uuid.UUID, list["asyncio.Future[Row | None]"]]  # a response: who waits for it
@@ -68,7 +68,7 @@ class SettledReads:
             waiting = [(i, fs) for i, fs in asked.items() if not all(f.done() for f in fs)]
             if not waiting:
                 return
-            begun()  # these answer requests whose runs exist: never shed (server.threads)
+            begun()  # these answer requests whose runs exist: never shed (server.thread_pool)
             try:
                 shown = await in_thread(
                     responses.get_settled, self.store, tenant, [i for i, _ in waiting]

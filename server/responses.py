@@ -30,9 +30,9 @@ from outbox.schemas import NewMessage, Retarget, StartRun
 from outbox.server import idempotency, input_items, shapes
 from outbox.server.actions import Page, Settings, busy_thread, paginate, remove_message
 from outbox.server.bodies import ConversationIn, ResponseIn
+from outbox.server.db_pool import Q, Store
 from outbox.server.errors import APIError
-from outbox.server.store import Q, Store
-from outbox.store import fetch_all, fetch_one
+from outbox.statements import fetch_all, fetch_one
 
 Row = dict[str, Any]
 INSTRUCTION_ROLES = input_items.INSTRUCTION_ROLES
@@ -118,7 +118,7 @@ def create(
         )
     # A waiting request is answered from its run's settling, a later and durable commit
     # of the relay: its own commit need not wait for the WAL flush. Any other create
-    # writes and commits durably, past all it read (server.store); a resend writes
+    # writes and commits durably, past all it read (server.db_pool); a resend writes
     # nothing, and answers what an earlier create made: durable first.
     waits = not body.background and not body.stream
     with store.for_key(api_key, unanswered=waits, durable_reads=False) as (conn, tenant):
@@ -482,7 +482,7 @@ def get(store: Store, tenant: str, ident: uuid.UUID) -> Row:
 
 def get_settled(store: Store, tenant: str, idents: list[uuid.UUID]) -> dict[uuid.UUID, Row]:
     """Responses of one tenant for reads that answer only once they settled, which a
-    durable commit of the relay did (``server.store``: no wait for durability), in one
+    durable commit of the relay did (``server.db_pool``: no wait for durability), in one
     statement and one round trip (``Store.read_settled``): each found as OpenAI shows it,
     by id (one not found, or another tenant's, is missing)."""
     rows = store.read_settled(tenant, Q.responses_shown, {"ids": idents})

@@ -35,10 +35,10 @@ from outbox.server.bodies import (
     ThreadChangesIn,
     ThreadIn,
 )
+from outbox.server.db_pool import Store, UnknownKey
 from outbox.server.errors import APIError
 from outbox.server.reads import SettledReads
-from outbox.server.store import Store, UnknownKey
-from outbox.server.threads import in_thread, read_in_thread
+from outbox.server.thread_pool import in_thread, read_in_thread
 from outbox.server.wakeups import Wakeups
 
 B = TypeVar("B", bound=BaseModel)
@@ -428,7 +428,7 @@ async def _respond(
 
     async def read() -> dict[str, Any]:
         # What is answered from it: the response once settled, by a durable commit of the
-        # relay (server.store); a stream's opening events, from a durable create or a GET
+        # relay (server.db_pool); a stream's opening events, from a durable create or a GET
         # that read it durably first. Read with the others woken at once (server.reads).
         return await cfg.reads.get(who, ident)
 
@@ -452,7 +452,7 @@ async def _respond(
 
 def lost(ident: Any) -> APIError:
     """The 503 of a waiting request whose response is gone: the database crashed before
-    the create's commit was flushed (server.store), and nobody was told of it."""
+    the create's commit was flushed (server.db_pool), and nobody was told of it."""
     return APIError(
         503,
         f"The database restarted and lost this request's response ({responses.response_id(ident)}) "

@@ -20,8 +20,8 @@ from typing import Any
 
 from outbox.constants import ENDED
 from outbox.server import actions
-from outbox.server.store import Store
-from outbox.server.threads import in_thread
+from outbox.server.db_pool import Store
+from outbox.server.thread_pool import in_thread
 from outbox.server.wakeups import Wakeups, Watch
 
 POLL_S = 0.2  # seconds between two reads of the run

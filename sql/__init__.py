@@ -1,13 +1,15 @@
 """Named SQL queries, kept in ``.sql`` files and loaded once per schema; and the SQL DBAs run.
 
 This package holds the plain SQL a DBA or a backend without Python reads, every live object
-of the schema that is not a table: ``roles.sql`` (the roles), ``functions.sql`` (the
-versioned functions and their grants), ``views.sql`` (the DBA views), ``policies.sql`` (the
-grants on tables and views, row-level security) and ``triggers.sql`` (the triggers and their
-functions), as they stand at the head revision. Each migration applies a frozen copy of what
-it changes; ``tests/migration/test_history.py`` checks that these files equal what the head
-revision creates and that nothing it creates is missing from them. ``sql_file`` reads them;
-``LIVE_FILES`` lists them in the order they apply.
+of the schema that is not a table, as it stands at the head revision: ``roles.sql`` (the
+roles); the versioned functions with their grants, one file a concern (``FUNCTION_FILES``:
+tenancy, runs, payloads, claims, results, turns, approvals, journal, retention, spans);
+``views.sql`` (the DBA views), ``policies.sql`` (the grants on tables and views, row-level
+security) and ``triggers.sql`` (the triggers and their functions). A function's name
+carries a version, so old and new code can overlap during a deploy. Each migration applies
+a frozen copy of what it changes; ``tests/migration/test_history.py`` checks that these
+files equal what the head revision creates and that nothing it creates is missing from
+them. ``sql_file`` reads them; ``LIVE_FILES`` lists them in the order they apply.
 
 Named queries:
 
@@ -30,12 +32,29 @@ from outbox.db import quote_ident, schema_name
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
+# The files of the functions, by concern. A plain SQL function is checked against the
+# functions it calls when it is created, so a file comes after those it calls: claims.sql
+# calls run_over_v1 (runs.sql), retention.sql run_ended_v1 (runs.sql) and the readers of
+# payloads.sql.
+FUNCTION_FILES: tuple[str, ...] = (
+    "tenancy.sql",
+    "runs.sql",
+    "payloads.sql",
+    "claims.sql",
+    "results.sql",
+    "turns.sql",
+    "approvals.sql",
+    "journal.sql",
+    "retention.sql",
+    "spans.sql",
+)
+
 # The files of the schema's live objects, in the order they apply to a database whose tables
 # exist: the roles the grants name, the functions the views and policies call, the views the
 # grants name, then grants and policies, then the triggers.
 LIVE_FILES: tuple[str, ...] = (
     "roles.sql",
-    "functions.sql",
+    *FUNCTION_FILES,
     "views.sql",
     "policies.sql",
     "triggers.sql",

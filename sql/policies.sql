@@ -3,12 +3,12 @@
 --
 -- This file is every grant on a table or view and every policy as the newest migration
 -- leaves them (tests/migration/test_history.py checks it, and that nothing the migrations
--- grant or create is missing here). The grants of functions are in functions.sql, beside
--- each function; the roles in roles.sql. Migrations carry frozen copies (0002 made the
--- roles, the grants and the policies; later ones add those of the tables they create).
--- To change one, edit it here and add a migration that carries the change.
+-- grant or create is missing here). The grants of functions are beside each function, in
+-- the function files; the roles in roles.sql. Each migration carries a frozen copy of what
+-- it grants or creates: to change one, edit it here and add a migration that carries the
+-- change.
 --
--- Applied after roles.sql, functions.sql and views.sql (the policies ask
+-- Applied after roles.sql, the function files and views.sql (the policies ask
 -- current_tenant_v1(), the grants name the views), as the schema owner: CURRENT_USER below
 -- is the role that owns the tables and runs the migrations. Re-applying changes nothing:
 -- GRANT and ENABLE are idempotent, each policy is dropped if present and created again. A
@@ -84,9 +84,9 @@ GRANT SELECT (tenant_id, name, transport, url, command, credential_ref, trusted,
               timeout_s, settle_s, max_attempts, max_concurrency, overrides, synced_at,
               created_at, deadline_s) ON {s}.mcp_servers TO outbox_auditor;
 -- outbox_auditor reads the retention policies and the archive of retained runs (the
--- functions of functions.sql write them; no role is granted more).
+-- functions of retention.sql write them; no role is granted more).
 GRANT SELECT ON {s}.retention_policies, {s}.archived_runs TO outbox_auditor;
--- The bodies stored by reference (0040): the writer, relay and server roles read them
+-- The bodies stored by reference: the writer, relay and server roles read them
 -- through resolved_text_v1 and resolved_json_v1, each its tenant's; only the trigger
 -- functions and the sweep (as the owner) write or delete them. outbox_auditor reads no
 -- body, as it reads no result: the owner resolves the journal's references
@@ -118,10 +118,10 @@ GRANT UPDATE (deleted_at) ON {s}.responses TO outbox_api;
 GRANT SELECT ON {s}.webhook_deliveries TO outbox_api;
 
 -- Every session reads its own row of tenant_roles (the own_mapping policy below).
--- current_tenant_v1(), which row-level security asks, reads it as the owner (0044).
+-- current_tenant_v1(), which row-level security asks, reads it as the owner.
 GRANT SELECT ON {s}.tenant_roles TO PUBLIC;
--- Nobody is granted UPDATE, DELETE or TRUNCATE on the journal, and the triggers of
--- triggers.sql refuse them even to its owner (DESIGN invariant 10).
+-- The journal is append-only: nobody is granted UPDATE, DELETE or TRUNCATE on it, and the
+-- triggers of triggers.sql refuse them even to its owner.
 REVOKE UPDATE, DELETE, TRUNCATE ON {s}.journal FROM PUBLIC;
 
 
@@ -465,7 +465,7 @@ CREATE POLICY all_tenants ON {s}.archived_runs TO outbox_relay, CURRENT_USER
 DROP POLICY IF EXISTS audit_read ON {s}.archived_runs;
 CREATE POLICY audit_read ON {s}.archived_runs FOR SELECT TO outbox_auditor USING (true);
 
--- payloads: a tenant's bodies stored by reference (0040).
+-- payloads: a tenant's bodies stored by reference.
 ALTER TABLE {s}.payloads ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.payloads;
 CREATE POLICY tenant_isolation ON {s}.payloads TO PUBLIC

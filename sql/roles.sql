@@ -1,11 +1,11 @@
--- The roles the grants of functions.sql and policies.sql name, as the newest migration
--- leaves them (0002 made the first three, 0020 outbox_api). Applied first: every other file
+-- The roles the grants of the function files and policies.sql name, as the newest migration
+-- leaves them. Applied first: every other file
 -- grants to them. tests/migration/test_history.py checks that re-applying changes nothing.
 --
 -- Each is NOLOGIN: give it to your own login roles (GRANT outbox_writer TO app_backend),
 -- and bind a backend's login to one tenant with `outbox tenants grant`.
 --
---   outbox_writer   backends (the Python writer API, the SQL API of functions.sql): write
+--   outbox_writer   backends (the Python writer API, the SQL API): write
 --                   intents and read their own tenant's rows; never claim, lease or finish
 --                   outbox rows, never read the journal.
 --   outbox_relay    relay workers: claim, lease and complete outbox rows of every tenant.

@@ -4,25 +4,22 @@
 --
 -- This file is every trigger and trigger function as the newest migration leaves them
 -- (tests/migration/test_history.py checks it, and that nothing the migrations create is
--- missing here). Migrations carry frozen copies (0001 made the journal's guard and the
--- outbox wake-up, 0007 the outbox's tenant check, 0014 the guard's one door for
--- prune_journal, 0023 run notifications, 0024 webhooks, 0026 the delete guards, 0036 the
--- journal's partitions). To change
--- one, edit it here and add a migration that carries the change.
+-- missing here). Each migration carries a frozen copy of what it creates: to change one,
+-- edit it here and add a migration that carries the change.
 --
--- Applied after functions.sql (a guard calls run_active_v1). Re-applying changes nothing:
+-- Applied after the function files (a guard calls run_active_v1). Re-applying changes nothing:
 -- the functions are CREATE OR REPLACE, and so are the triggers (PostgreSQL 14), but for the
 -- one constraint trigger, which PostgreSQL cannot replace: it is dropped if present and
 -- created again.
 
 
--- The journal is append-only, whoever asks (DESIGN invariant 10), on every partition (0036:
--- the row trigger is cloned onto each partition, and each partition has its own TRUNCATE
+-- The journal is append-only, whoever asks, on every partition (the row trigger is cloned
+-- onto each partition, and each partition has its own TRUNCATE
 -- trigger, made with it). journal_refuse_change refuses UPDATE and TRUNCATE, and every
 -- DELETE but through two doors, each opened by an event written earlier in the same
 -- transaction: prune_journal's journal.pruned (its id in outbox.journal_prune) lets
--- through rows older than the event's cut-off, in the default partition and the
--- partition of the journal from before 0036 only (whole days are dropped); retain_v1's
+-- through rows older than the event's cut-off, in the default partition and
+-- journal_upto_YYYYMMDD only (whole days are dropped); retain_v1's
 -- thread.retained (its id in outbox.journal_retain) lets through rows of runs, and
 -- run-less rows of threads, that no longer exist (what it has just retained), but never a
 -- thread.retained or thread.erased event. So no deletion goes unjournaled: a
@@ -248,7 +245,7 @@ CREATE OR REPLACE TRIGGER thread_delete_guard BEFORE UPDATE OF deleted_at ON {s}
 
 
 -- message_delete_guard: a message is deleted (hidden from the API and from every later
--- replay) only when that keeps the history well-formed (DESIGN invariant 7): never the
+-- replay) only when that keeps the history well-formed: never the
 -- assistant turn that asked for tool calls, whose results would be left without their
 -- call (OB007). The CHECK messages_deleted_only_plain refuses the rest (tool results).
 CREATE OR REPLACE FUNCTION {s}.message_delete_guard() RETURNS trigger
@@ -289,8 +286,8 @@ CREATE OR REPLACE TRIGGER orphaned_results_erased BEFORE INSERT ON {s}.orphaned_
     FOR EACH ROW EXECUTE FUNCTION {s}.orphaned_results_erased();
 
 
--- payload_by_reference (0040): a body above payload_inline_max_v1() bytes is stored once in
--- payloads (payload_put_v1, functions.sql) and its row keeps the reference: a call's raw
+-- payload_by_reference: a body above payload_inline_max_v1() bytes is stored once in
+-- payloads (payload_put_v1, payloads.sql) and its row keeps the reference: a call's raw
 -- arguments (when they parse: arguments unparsable stay inline, as the model sent them),
 -- a result's output (tool_results, orphaned_results), a tool message's text. Whoever
 -- writes, the same: the writer API, the relay, the SQL API, an ORM. The WHEN conditions
@@ -345,7 +342,7 @@ CREATE OR REPLACE TRIGGER messages_payload BEFORE INSERT OR UPDATE OF content
 
 
 -- A run that ends is marked agent_span_due, whoever ends it (a model's last turn, a failure,
--- the expiry sweep, a cancel): the trace exporter (outbox/traces.py, `outbox traces
+-- the expiry sweep, a cancel): the trace exporter (outbox/trace_export.py, `outbox traces
 -- export`) takes the marked runs once they are committed and builds their spans from what
 -- the database recorded, so no relay records a span. A run ended then continued (a new
 -- turn on it) keeps its mark and is exported once it ends again: its lease is dropped, so

@@ -1,9 +1,8 @@
 -- DBA views over the outbox schema: plain SQL answers to the questions asked at 3 a.m.
 --
 -- {s} stands for the schema (default "outbox"). This file is every view as the newest
--- migration leaves it (tests/migration/test_history.py checks it). Migrations carry frozen
--- copies: 0002 created the views, later ones replace the views they change. To change a
--- view, edit it here and add a migration carrying the new definition (the views are
+-- migration leaves it (tests/migration/test_history.py checks it). A migration that
+-- creates or changes a view carries a frozen copy of it: to change a view, edit it here and add a migration carrying the new definition (the views are
 -- written as CREATE OR REPLACE VIEW for that reason).
 -- The views run with their owner's rights: the role outbox_auditor may read them (and the
 -- journal) without any right on the tables underneath, and sees every tenant.
@@ -219,7 +218,7 @@ FROM {s}.outbox
 GROUP BY tenant_id, kind;
 
 
--- journal_payloads (0040): "What body does this journal event name?" The journal names a
+-- journal_payloads: "What body does this journal event name?" The journal names a
 -- large argument (tool_call.intended) or result (tool_result.stored) by its reference,
 -- detail.payload = {"digest", "bytes"}, never by its body; this view joins the body while
 -- it is stored (present = false: the conversation was erased or retained since). Bodies

@@ -28,7 +28,7 @@ import uvicorn
 
 from outbox import keys
 from outbox.server.app import create_app
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.helpers import free_port
 from tests.relay_harness import REPO, register_tool, relay_thread, wait_until

@@ -1,5 +1,5 @@
 -- name: create_thread
--- Create a thread with its opening messages (create_thread_v1 in sql/functions.sql).
+-- Create a thread with its opening messages (create_thread_v1 in sql/runs.sql).
 SELECT {s}.create_thread_v1(%(tenant_id)s, %(title)s, %(metadata)s, %(messages)s) AS id
 
 -- name: start_run
@@ -41,5 +41,5 @@ WHERE tc.run_id = %(run_id)s AND tc.executor = 'client' AND tc.status = 'pending
 ORDER BY b.step_no, tc.position
 
 -- name: submit_tool_outputs
--- Client outputs go through the one SQL implementation (sql/functions.sql).
+-- Client outputs go through the one SQL implementation (sql/results.sql).
 SELECT {s}.submit_tool_outputs_v1(%(tenant_id)s, %(run_id)s, %(outputs)s) AS status

@@ -1,7 +1,6 @@
 -- Retention and erasure: the statements outbox.retention runs (the work is done by the SQL
--- functions of sql/functions.sql: retain_v1, archive_partitions_v1, journal_partitions_v1,
--- prune_archive_v1,
--- erase_thread_v1).
+-- functions of sql/retention.sql: retain_v1, archive_partitions_v1, prune_archive_v1,
+-- erase_thread_v1; and journal_partitions_v1 of sql/journal.sql).
 
 -- name: policies
 -- Every retention policy, the default ('*') first.

@@ -41,7 +41,7 @@ FOR UPDATE OF b
 
 -- name: record_tool_results
 -- Record terminal results of tool calls (a JSON array; record_tool_results_v1 in
--- sql/functions.sql): stored once each, counted against their batches, the delivery
+-- sql/results.sql): stored once each, counted against their batches, the delivery
 -- of each batch they complete enqueued once, all journaled. One row per result, in order:
 -- its outcome (stored, duplicate, orphaned) and the batch it completed.
 SELECT ref, outcome, completed_batch
@@ -178,7 +178,7 @@ SELECT id, tool_names, tool_pins FROM {s}.runs WHERE id = ANY(%(run_ids)s)
 
 -- name: record_model_turns
 -- Record model turns with their planned calls, in order (record_model_turns_v1,
--- functions.sql: each table written once for all the turns). Both come as one JSON array
+-- turns.sql: each table written once for all the turns). Both come as one JSON array
 -- each, the nth call list the nth turn's: a jsonb[] parameter cost the relay 82 µs of CPU
 -- a turn to send (each element quoted into the array's text), a JSON array 8 µs.
 SELECT * FROM {s}.record_model_turns_v1(%(turns)s, %(calls)s)

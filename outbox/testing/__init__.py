@@ -10,7 +10,7 @@ A supported module (docs/testing.md), used by this project's own tests and demo 
   wait for a run to end.
 
 They are real local HTTP servers and processes, never patched clients. Design choice:
-names are resolved lazily so that ``python -m outbox.testing.model`` does not import its
+names are resolved lazily so that ``python -m outbox.testing.scripted_model`` does not import its
 own module twice.
 """
 
@@ -20,8 +20,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from outbox.testing.model import ModelFaults, ScriptedModel
     from outbox.testing.relay import relay_process, wait_for_run
+    from outbox.testing.scripted_model import ModelFaults, ScriptedModel
     from outbox.testing.server import FakeServer
     from outbox.testing.tools import FakeTool, FakeToolService, fingerprint
 
@@ -40,8 +40,8 @@ _HOMES = {
     "FakeServer": "outbox.testing.server",
     "FakeTool": "outbox.testing.tools",
     "FakeToolService": "outbox.testing.tools",
-    "ModelFaults": "outbox.testing.model",
-    "ScriptedModel": "outbox.testing.model",
+    "ModelFaults": "outbox.testing.scripted_model",
+    "ScriptedModel": "outbox.testing.scripted_model",
     "fingerprint": "outbox.testing.tools",
     "relay_process": "outbox.testing.relay",
     "wait_for_run": "outbox.testing.relay",

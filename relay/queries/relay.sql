@@ -272,7 +272,7 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
                       WHERE m.name = t.mcp_server AND m.tenant_id = t.tenant_id))
        END AS mcp,
        -- The run's trace context, its start (seconds since the epoch) and model: every span
-       -- of the run hangs under its invoke_agent span (outbox.tracing).
+       -- of the run hangs under its invoke_agent span (outbox.trace_context).
        r.traceparent, r.tracestate, extract(epoch FROM r.created_at)::float8 AS run_started_at,
        r.model,
        -- deadline_in_s: seconds until the call's deadline (its creation + the tool's
@@ -313,7 +313,7 @@ ORDER BY c.available_at, c.id
 -- name: finish
 -- Remove a done row from the hot table, only for the current lease holder (fencing).
 -- The fences test lease_owner, not status = 'leased': the CHECKs outbox_lease_consistent
--- and outbox_lease_holder_is_leased (migration 0006) make one imply the other, and a
+-- and outbox_lease_holder_is_leased make one imply the other, and a
 -- status test would let the planner walk the lease index (whose statistics see it nearly
 -- empty) instead of the primary key.
 DELETE FROM {s}.outbox
@@ -324,37 +324,11 @@ RETURNING id
 -- Put a row back for a later attempt, only for the current lease holder. ``charge`` is 1
 -- when the attempt's effect failed by the tool's or model's doing (it counts against
 -- max_attempts), 0 when it never started (a hold asked for by Retry-After elsewhere).
--- A row whose run is over (ended, or past its requires_action deadline) is never started
--- again nor parked for an operator: it leaves the queue instead, its call keeps the attempt
--- and why (its tool message says what is known: outcome unknown), the drop is journaled,
--- and nothing is returned, so the worker journals its write as refused.
-WITH mine AS (
-    SELECT o.id, o.tool_call_ref,
-           EXISTS (SELECT 1 FROM {s}.runs r
-                   WHERE r.id = o.run_id
-                     AND {s}.run_over_v1(r.status, r.action_deadline)) AS run_over
-    FROM {s}.outbox o
-    WHERE o.id = %(id)s AND o.lease_owner = %(worker)s AND o.attempts = %(attempt)s
-), dropped AS (
-    DELETE FROM {s}.outbox o USING mine
-    WHERE o.id = mine.id AND mine.run_over
-    RETURNING o.*
-), noted AS (
-    UPDATE {s}.tool_calls tc
-    SET status = CASE WHEN tc.status IN ('succeeded', 'failed') THEN tc.status
-                      ELSE 'cancelled' END,
-        attempts = greatest(tc.attempts, d.attempts),
-        last_error = 'its run is over: not retried; ' || %(error)s::text, updated_at = now()
-    FROM dropped d
-    WHERE tc.id = d.tool_call_ref
-), journaled AS (
-    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
-                             outbox_id, correlation_id, attempt, worker, detail)
-    SELECT tenant_id, kind || '.dropped', thread_id, run_id, batch_id, tool_call_ref, id,
-           correlation_id, attempts, %(worker)s,
-           jsonb_build_object('reason', 'run_over', 'instead_of', 'retry_later',
-                              'error', %(error)s::text)
-    FROM dropped
+-- A row whose run is over is dropped instead (drop_if_run_over_v1, sql/claims.sql) and
+-- nothing is returned, so the worker journals its write as refused.
+WITH over AS (
+    SELECT {s}.drop_if_run_over_v1(%(id)s::bigint, %(worker)s::text, %(attempt)s::integer,
+                                   'retry_later', 'not retried', %(error)s::text) AS dropped
 )
 UPDATE {s}.outbox o
 SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
@@ -366,51 +340,26 @@ SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, last_error = 
                                    greatest(now(), o.claimed_at + make_interval(
                                        secs => %(deadline_in_s)s::float8))) END,
     failures = o.failures + %(charge)s
-FROM mine
-WHERE o.id = mine.id AND NOT mine.run_over
+FROM over
+WHERE o.id = %(id)s AND o.lease_owner = %(worker)s AND o.attempts = %(attempt)s
+  AND NOT over.dropped
 RETURNING o.id
 
 -- name: quarantine
 -- Park a row for an operator, only for the current lease holder; the attempt that ended
--- here counts as failed.
--- A row whose run is over (ended, or past its requires_action deadline) is never started
--- again nor parked for an operator: it leaves the queue instead, its call keeps the attempt
--- and why (its tool message says what is known: outcome unknown), the drop is journaled,
--- and nothing is returned, so the worker journals its write as refused.
-WITH mine AS (
-    SELECT o.id, o.tool_call_ref,
-           EXISTS (SELECT 1 FROM {s}.runs r
-                   WHERE r.id = o.run_id
-                     AND {s}.run_over_v1(r.status, r.action_deadline)) AS run_over
-    FROM {s}.outbox o
-    WHERE o.id = %(id)s AND o.lease_owner = %(worker)s AND o.attempts = %(attempt)s
-), dropped AS (
-    DELETE FROM {s}.outbox o USING mine
-    WHERE o.id = mine.id AND mine.run_over
-    RETURNING o.*
-), noted AS (
-    UPDATE {s}.tool_calls tc
-    SET status = CASE WHEN tc.status IN ('succeeded', 'failed') THEN tc.status
-                      ELSE 'cancelled' END,
-        attempts = greatest(tc.attempts, d.attempts),
-        last_error = 'its run is over: not parked for an operator; ' || %(error)s::text,
-        updated_at = now()
-    FROM dropped d
-    WHERE tc.id = d.tool_call_ref
-), journaled AS (
-    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
-                             outbox_id, correlation_id, attempt, worker, detail)
-    SELECT tenant_id, kind || '.dropped', thread_id, run_id, batch_id, tool_call_ref, id,
-           correlation_id, attempts, %(worker)s,
-           jsonb_build_object('reason', 'run_over', 'instead_of', 'quarantine',
-                              'error', %(error)s::text)
-    FROM dropped
+-- here counts as failed. A row whose run is over is dropped instead (drop_if_run_over_v1,
+-- sql/claims.sql) and nothing is returned, so the worker journals its write as refused.
+WITH over AS (
+    SELECT {s}.drop_if_run_over_v1(%(id)s::bigint, %(worker)s::text, %(attempt)s::integer,
+                                   'quarantine', 'not parked for an operator',
+                                   %(error)s::text) AS dropped
 )
 UPDATE {s}.outbox o
 SET status = 'quarantined', lease_owner = NULL, lease_expires_at = NULL,
     last_error = %(error)s, failures = o.failures + 1
-FROM mine
-WHERE o.id = mine.id AND NOT mine.run_over
+FROM over
+WHERE o.id = %(id)s AND o.lease_owner = %(worker)s AND o.attempts = %(attempt)s
+  AND NOT over.dropped
 RETURNING o.id
 
 -- name: call_status
@@ -598,7 +547,7 @@ FROM (
 GROUP BY tenant_id
 
 -- name: traces_lag
--- Ended runs whose spans the trace exporter (outbox/traces.py) has not exported yet, and
+-- Ended runs whose spans the trace exporter (outbox/trace_export.py) has not exported yet, and
 -- how long the oldest has waited, in seconds (runs_agent_span_due, a partial index).
 SELECT count(*), extract(epoch FROM now() - min(ended_at))::float8
 FROM {s}.runs WHERE agent_span_due AND ended_at IS NOT NULL
@@ -680,7 +629,7 @@ WHERE id = %(delivery_id)s
 
 -- name: insert_orphan
 -- Keep a result that may enter no context (its attempt fenced off, its batch closed) with
--- its call's tenant, run and batch (keep_orphaned_results_v1, functions.sql).
+-- its call's tenant, run and batch (keep_orphaned_results_v1, sql/results.sql).
 SELECT id FROM {s}.keep_orphaned_results_v1(jsonb_build_array(jsonb_build_object(
     'ref', %(tool_call_ref)s::bigint, 'status', %(status)s::text, 'output', %(output)s::jsonb,
     'error', %(error)s::text, 'reason', %(reason)s::text, 'source', %(source)s::text,

@@ -21,7 +21,7 @@ import pytest
 
 from outbox import db, migrate, writer
 from outbox.schemas import StartRun
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests import servers
 from tests.helpers import forget

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 from outbox import keys
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.helpers import free_port
 from tests.relay_harness import register_tool, relay_thread, scalar

@@ -15,7 +15,7 @@ import httpx2
 import openai
 import pytest
 
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from tests.helpers import free_port
 from tests.relay_harness import wait_until
 

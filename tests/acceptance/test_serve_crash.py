@@ -14,7 +14,7 @@ started again. ``outbox serve`` runs in-process on it throughout.
   with ``stream=true``), or is refused because of it (its Idempotency-Key with another
   body, its conversation locked), is
   answered only once the create is durable: after the crash the create is still there.
-  Without ``durable_reads`` (server/store.py) the create is lost with these answers given.
+  Without ``durable_reads`` (server/db_pool.py) the create is lost with these answers given.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import psycopg
 import pytest
 
 from outbox import db, keys, lifecycle, migrate
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from tests import servers
 from tests.acceptance.test_db_restart import start_again
 from tests.helpers import forget, look

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from outbox import keys
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from tests.helpers import free_port, thread_lockable
 from tests.relay_harness import relay_thread, scalar, wait_until
 from tests.serve_harness import serve_process

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from outbox import keys
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.relay_harness import register_tool, scalar, start_relay_process, wait_until
 from tests.serve_harness import serve

@@ -19,9 +19,9 @@ import psycopg
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from outbox import tracing, writer
+from outbox import trace_context, writer
 from outbox.schemas import StartRun
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.otlp_receiver import otlp_receiver
 from tests.relay_harness import FAST, register_tool, scalar, start_relay_process, wait_until
@@ -38,9 +38,9 @@ EMAIL = {"name": "send_email", "arguments": {"to": "a@b.c", "subject": "sorry"}}
 @pytest.fixture
 def backend_spans():
     exporter = InMemorySpanExporter()
-    tracing.install(exporter, batch=False)
+    trace_context.install(exporter, batch=False)
     yield exporter
-    tracing.shutdown()
+    trace_context.shutdown()
 
 
 def test_a_relay_killed_mid_run_leaves_one_connected_trace(db_url, tmp_path: Path, backend_spans):
@@ -50,7 +50,7 @@ def test_a_relay_killed_mid_run_leaves_one_connected_trace(db_url, tmp_path: Pat
         with psycopg.connect(db_url) as conn:
             register_tool(conn, service, "create_ticket", "key")
             register_tool(conn, service, "send_email", "key")
-            with tracing.tracer().start_as_current_span("POST /refunds") as backend:
+            with trace_context.tracer().start_as_current_span("POST /refunds") as backend:
                 thread = writer.create_thread(conn, "acme")
                 run = writer.start_run(
                     conn,
@@ -103,7 +103,7 @@ def test_a_relay_killed_mid_run_leaves_one_connected_trace(db_url, tmp_path: Pat
     assert orphans == [], f"spans whose parent is in no exported span: {orphans}"
     (agent,) = [s for s in received if s.name == "invoke_agent"]
     assert agent.parent_span_id == backend.get_span_context().span_id
-    assert agent.span_id == tracing.agent_span_id(run.id)
+    assert agent.span_id == trace_context.agent_span_id(run.id)
     names = sorted(s.name for s in received if s.parent_span_id == agent.span_id)
     # Both turns and both calls: the first turn and the quick call done by the killed relay,
     # the slow call (whose attempt there wrote nothing: no span) and the last turn by the

@@ -16,7 +16,7 @@ import pytest
 from outbox import history, writer
 from outbox.failpoints import CRASH_EXIT_CODE, POINTS
 from outbox.schemas import StartRun
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.relay_harness import (
     FAST,

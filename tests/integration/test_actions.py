@@ -19,7 +19,7 @@ import pytest
 from outbox import approvals, policy, writer
 from outbox.errors import InvalidInput, InvalidTransition, NotFound, NotPermitted
 from outbox.schemas import StartRun
-from outbox.testing.model import HistoryItem, ScriptedModel
+from outbox.testing.scripted_model import HistoryItem, ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.relay_harness import (
     register_tool,

@@ -18,7 +18,7 @@ import pytest
 from outbox import history, lifecycle, registry, writer
 from outbox.errors import InvalidInput
 from outbox.schemas import StartRun
-from outbox.testing.model import HistoryItem, ScriptedModel
+from outbox.testing.scripted_model import HistoryItem, ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
 

@@ -24,7 +24,7 @@ import cli
 from outbox import credentials, ops, registry, writer
 from outbox.logs import JsonFormatter
 from outbox.schemas import StartRun
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService, credential_encodings
 from tests.helpers import new_run, turn
 from tests.integration.test_secrets import CANARY_TAIL, dump_schema, encoded_windows

@@ -30,7 +30,7 @@ from outbox.commands.common import EXIT_CONFIG, EXIT_TEMPFAIL
 from outbox.commands.relay import RELAY_DEFAULTS
 from outbox.relay.links import CONFLICT_RETRY_S, Link
 from outbox.schemas import StartRun
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.relay_harness import (
     register_tool,

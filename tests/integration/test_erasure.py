@@ -23,7 +23,7 @@ import cli
 from outbox import retention, writer
 from outbox.errors import OutboxError
 from outbox.schemas import StartRun
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
 

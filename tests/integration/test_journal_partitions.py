@@ -283,7 +283,7 @@ def test_a_populated_journal_is_converted_without_losing_a_row_and_back(empty_db
 def test_a_runs_event_stream_reads_no_day_before_the_run(conn):
     """The server's run_events read is bounded by the run's creation: days before it are
     pruned at run time, however many there are."""
-    from outbox.server.store import Q
+    from outbox.server.db_pool import Q
 
     old = make_day(conn, today(conn) - timedelta(days=3))
     run = new_run(conn)

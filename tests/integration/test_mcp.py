@@ -31,11 +31,11 @@ import pytest
 from click.testing import CliRunner
 
 import cli
-from outbox import credentials, keys, mcpservers, tracing, writer
+from outbox import credentials, keys, mcpservers, trace_context, writer
 from outbox.commands.mcp import discover
 from outbox.relay.mcpclient import MAX_EVENT_BYTES
 from outbox.schemas import StartRun
-from outbox.testing.model import HistoryItem, ScriptedModel
+from outbox.testing.scripted_model import HistoryItem, ScriptedModel
 from outbox.testing.server import FakeServer, Reply, Request
 from outbox.testing.tools import FakeToolService
 from tests.helpers import free_port, new_run, turn
@@ -536,7 +536,7 @@ def test_a_call_gets_its_result_once_with_our_key_in_meta_and_header(db_url, sha
     assert received["idempotency_key_header"] == row["idempotency_key"]
     # The call's span continues its run's trace (started without one: its own, by its id).
     trace_id = received["meta"]["traceparent"].split("-")[1]
-    assert trace_id == f"{tracing.own_trace_id(row['run_id']):032x}"
+    assert trace_id == f"{trace_context.own_trace_id(row['run_id']):032x}"
     assert scalar(db_url, "SELECT count(*) FROM outbox.submissions") == 1
 
 

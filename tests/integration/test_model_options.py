@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from outbox import lifecycle, registry, writer
 from outbox.errors import InvalidTransition, NotFound
 from outbox.schemas import ModelOptions, Retarget, StartRun
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from tests.helpers import lazy_import
 from tests.relay_harness import relay_thread, scalar, wait_until
 

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 import cli
 from outbox import budgets, providers, writer
 from outbox.schemas import ModelOptions, StartRun
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from tests.helpers import lazy_import, look
 from tests.relay_harness import relay_thread, scalar, wait_until
 from tests.serve_harness import ALL_KINDS, EMAIL, TENANTS

@@ -12,7 +12,7 @@ import pytest
 
 from outbox import config, history, writer
 from outbox.schemas import StartRun
-from outbox.testing.model import HistoryItem, ScriptedModel
+from outbox.testing.scripted_model import HistoryItem, ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.helpers import TENANT, add_tool, new_run, turn
 from tests.relay_harness import register_tool, relay_thread, scalar, wait_until

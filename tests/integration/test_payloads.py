@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 from outbox import config, history, retention, writer
 from outbox.errors import PayloadTooLarge
 from outbox.schemas import StartRun, ToolResultIn
-from outbox.testing.model import HistoryItem, ScriptedModel
+from outbox.testing.scripted_model import HistoryItem, ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.helpers import TENANT, add_tool, new_run, turn
 from tests.relay_harness import register_tool, relay_thread, scalar, wait_until

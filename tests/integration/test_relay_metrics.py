@@ -13,10 +13,10 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from outbox import traces, tracing, writer
+from outbox import trace_context, trace_export, writer
 from outbox.relay import metrics
 from outbox.schemas import StartRun
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.helpers import free_port
 from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
@@ -175,7 +175,7 @@ def test_claim_to_start_is_by_tenant_and_tenants_past_the_cap_share_one_label(
 def test_a_tracing_relay_serves_how_far_behind_the_trace_exporter_is(db_url, model):
     """Runs ended and no exporter ran: a relay with tracing on counts them, and the age
     of the oldest, until an exporter has taken them."""
-    tracing.install(InMemorySpanExporter(), batch=False)  # the relay's tracing is on
+    trace_context.install(InMemorySpanExporter(), batch=False)  # the relay's tracing is on
     try:
         with psycopg.connect(db_url) as conn:
             runs = [start(conn, model, "", tools=()) for _ in range(2)]
@@ -188,11 +188,11 @@ def test_a_tracing_relay_serves_how_far_behind_the_trace_exporter_is(db_url, mod
             )
             assert (value(scrape(port), "outbox_traces_lag_seconds") or 0) > 0
             with psycopg.connect(db_url) as conn:
-                assert traces.export_due(conn, [InMemorySpanExporter()]).runs == len(runs)
+                assert trace_export.export_due(conn, [InMemorySpanExporter()]).runs == len(runs)
             wait_until(
                 lambda: value(scrape(port), "outbox_traces_due_runs") == 0,
                 what="the gauge to drop once they were exported",
             )
             assert value(scrape(port), "outbox_traces_lag_seconds") == 0
     finally:
-        tracing.shutdown()
+        trace_context.shutdown()

@@ -14,7 +14,7 @@ import openai
 import psycopg
 import pytest
 
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from tests.relay_harness import relay_thread, wait_until
 from tests.serve_harness import ALL_KINDS, serve
 

@@ -15,7 +15,7 @@ import openai
 import psycopg
 import pytest
 
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from tests import serve_harness
 from tests.helpers import lazy_import
 from tests.serve_harness import EMAIL

@@ -164,6 +164,11 @@ CALLS: dict[str, Call] = {
         "approved",
     ),
     "deliver_key_v1": lambda c, s: _is(one(c, "SELECT outbox.deliver_key_v1(7)"), "deliver:7"),
+    # A row this worker holds no lease on: nothing dropped (its statements ran, refused nothing).
+    "drop_if_run_over_v1": lambda c, s: _is(
+        one(c, "SELECT outbox.drop_if_run_over_v1(0, 'w', 1, 'retry_later', 'not retried', 'e')"),
+        False,
+    ),
     # Large payloads by reference (0040).
     "payload_inline_max_v1": lambda c, s: _is(
         one(c, "SELECT outbox.payload_inline_max_v1()"), 8192

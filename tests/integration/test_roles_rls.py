@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from outbox import db, migrate, ops, registry, tenancy, traces, writer
+from outbox import db, migrate, ops, registry, tenancy, trace_export, writer
 from outbox.errors import OutboxError
 from outbox.schemas import ToolResultIn
 from outbox.sql import Queries
@@ -463,7 +463,7 @@ def test_the_trace_exporter_takes_every_tenants_ended_runs_once_as_the_relay(con
         (made[B]["run"].id, "run.created"),
     }
     spans = InMemorySpanExporter()
-    assert traces.export_due(conn, [spans]).runs == 2
+    assert trace_export.export_due(conn, [spans]).runs == 2
     conn.commit()
     agents = {s.attributes["outbox.run.id"]: s for s in spans.get_finished_spans()}
     assert set(agents) == {str(made[A]["run"].id), str(made[B]["run"].id)}
@@ -472,7 +472,7 @@ def test_the_trace_exporter_takes_every_tenants_ended_runs_once_as_the_relay(con
         for s in agents.values()
     } == {A: f"ops-{A}", B: f"ops-{B}"}
     as_role(conn, "outbox_relay")
-    assert traces.export_due(conn, [spans]).runs == 0
+    assert trace_export.export_due(conn, [spans]).runs == 0
 
 
 def test_relay_cannot_change_the_journal(conn):

@@ -15,7 +15,7 @@ import pytest
 
 from outbox import lifecycle, registry, writer
 from outbox.schemas import StartRun
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from tests.relay_harness import TENANT, relay_thread
 
 ALL_KINDS = ("model_turn", "tool_call", "deliver_batch")

@@ -22,7 +22,7 @@ from outbox import writer
 from outbox.logs import JsonFormatter
 from outbox.relay.executors import RESPONSE_PREVIEW_CHARS
 from outbox.schemas import StartRun
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService, credential_encodings, echo_body
 from tests.relay_harness import (
     all_settled,

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from outbox import assistants, history
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from tests.helpers import blocked_on_a_lock, in_thread
 from tests.relay_harness import relay_thread, scalar, wait_until
 from tests.serve_harness import ALL_KINDS, APPROVE

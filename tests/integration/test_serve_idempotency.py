@@ -169,7 +169,7 @@ def test_response_twins_sent_at_the_same_moment_get_the_same_response(db_url, sd
 
 
 def test_a_refusal_the_database_could_not_make_durable_is_a_503(db_url, sdk, monkeypatch):
-    """A refusal is answered only once what it rests on is durable (server/store.py): the
+    """A refusal is answered only once what it rests on is durable (server/db_pool.py): the
     refused request rolls back, then commits ``durable_reads``. When the database goes away
     in between, the answer is a 503 the client sends again, never the 409, which could
     rest on a create that a crash then loses. Here the server's backends are terminated

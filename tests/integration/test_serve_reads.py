@@ -17,8 +17,8 @@ from outbox.errors import NotFound
 from outbox.server import responses
 from outbox.server.actions import Settings
 from outbox.server.bodies import ResponseIn
+from outbox.server.db_pool import Store
 from outbox.server.reads import SettledReads
-from outbox.server.store import Store
 
 
 @pytest.fixture

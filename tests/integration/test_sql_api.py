@@ -1,4 +1,4 @@
-"""The SQL API (sql/functions.sql) as a backend without Python calls it.
+"""The SQL API (sql/runs.sql, results.sql, approvals.sql) as a backend without Python calls it.
 
 Every call runs as ``outbox_writer`` (``SET LOCAL ROLE`` from the owner's connection, the
 rights a backend logged in as a member of that role has), with plain SQL only: no writer

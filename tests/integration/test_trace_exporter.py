@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from outbox import lifecycle, traces, tracing
+from outbox import lifecycle, trace_context, trace_export
 from outbox.testing.relay import stop_relay
 from tests.helpers import new_run
 from tests.integration.test_traces import finish, start
@@ -45,9 +45,9 @@ LEASE_S = 2.0  # the killed exporter's lease on its batch
 @pytest.fixture
 def named_attempts() -> Iterator[None]:
     """Tracing installed here: the relay thread names each attempt's span and journals it."""
-    tracing.install(InMemorySpanExporter(), batch=False)
+    trace_context.install(InMemorySpanExporter(), batch=False)
     yield
-    tracing.shutdown()
+    trace_context.shutdown()
 
 
 def cancelled_runs(db_url: str, n: int) -> list[uuid.UUID]:
@@ -75,9 +75,9 @@ KILLED_AFTER_EXPORT = """
 import os, signal, sys
 import psycopg
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from outbox import traces
+from outbox import trace_export
 with psycopg.connect(sys.argv[1]) as conn:
-    traces.export_due(
+    trace_export.export_due(
         conn,
         [OTLPSpanExporter(endpoint=sys.argv[2])],
         after_export=lambda: os.kill(os.getpid(), signal.SIGKILL),
@@ -116,15 +116,15 @@ def test_an_exporter_killed_after_its_export_loses_nothing_and_exports_the_same_
     assert scalar(setup, DUE) == 4  # nothing was committed: every run is still due
     again = InMemorySpanExporter()
     with psycopg.connect(setup) as conn:
-        assert traces.lag(conn)["due"] == 4
+        assert trace_export.lag(conn)["due"] == 4
         leased = scalar(setup, "SELECT count(*) FROM outbox.runs WHERE spans_taken_until > now()")
         if leased:  # the dead exporter's lease still runs: nobody takes its runs yet
-            assert traces.export_due(conn, [again]).runs == 0
+            assert trace_export.export_due(conn, [again]).runs == 0
         wait_until(
-            lambda: traces.export_due(conn, [again]).runs == 4,
+            lambda: trace_export.export_due(conn, [again]).runs == 4,
             what="the dead exporter's lease to run out and its runs to be exported again",
         )
-        assert traces.export_due(conn, [again]).runs == 0
+        assert trace_export.export_due(conn, [again]).runs == 0
     assert ids(again.get_finished_spans()) == ids(first)
     assert {s.attributes["outbox.run.id"] for s in first if s.name == "invoke_agent"} == {
         str(r) for r in [run.id, *cancelled]
@@ -156,7 +156,7 @@ def test_two_exporters_at_once_export_each_run_once(db_url):
     def drain(exporter: Meeting) -> None:
         try:
             with psycopg.connect(db_url) as conn:
-                while traces.export_due(conn, [exporter], limit=5).runs:
+                while trace_export.export_due(conn, [exporter], limit=5).runs:
                     pass
         except BaseException as err:  # reported below, in the test's thread
             failures.append(err)
@@ -198,7 +198,7 @@ def test_an_exporter_started_after_the_runs_ended_exports_them(
         assert done.returncode == 0, done.stderr.decode()
         received = receiver.received()
     for run in (first, second):
-        trace_id = tracing.own_trace_id(run.id)
+        trace_id = trace_context.own_trace_id(run.id)
         mine = [s for s in received if s.trace_id == trace_id]
         assert sorted(s.name for s in mine) == [
             "chat scripted-1",
@@ -208,7 +208,7 @@ def test_an_exporter_started_after_the_runs_ended_exports_them(
             "invoke_agent",
         ]
         assert all(
-            s.parent_span_id == tracing.agent_span_id(run.id)
+            s.parent_span_id == trace_context.agent_span_id(run.id)
             for s in mine
             if s.name != "invoke_agent"
         )
@@ -223,12 +223,12 @@ class Refusing(InMemorySpanExporter):
 
 def test_an_export_that_fails_leaves_the_runs_due(db_url):
     cancelled_runs(db_url, 2)
-    with psycopg.connect(db_url) as conn, pytest.raises(traces.ExportFailed):
-        traces.export_due(conn, [Refusing()])
+    with psycopg.connect(db_url) as conn, pytest.raises(trace_export.ExportFailed):
+        trace_export.export_due(conn, [Refusing()])
     assert scalar(db_url, DUE) == 2
     spans = InMemorySpanExporter()
     with psycopg.connect(db_url) as conn:
-        assert traces.export_due(conn, [spans]).runs == 2
+        assert trace_export.export_due(conn, [spans]).runs == 2
     assert len(spans.get_finished_spans()) == 2
 
 
@@ -248,14 +248,14 @@ def test_a_run_whose_journal_was_pruned_before_export_keeps_its_run_span_and_is_
         conn.commit()
     spans = InMemorySpanExporter()
     with psycopg.connect(setup) as conn:
-        done = traces.export_due(conn, [spans])
+        done = trace_export.export_due(conn, [spans])
     assert (done.runs, done.pruned) == (2, 1)
     by_trace: dict[int, list[str]] = {}
     for s in spans.get_finished_spans():
         assert s.context is not None
         by_trace.setdefault(s.context.trace_id, []).append(s.name)
-    assert by_trace[tracing.own_trace_id(pruned.id)] == ["invoke_agent"]
-    assert len(by_trace[tracing.own_trace_id(kept.id)]) == 5
+    assert by_trace[trace_context.own_trace_id(pruned.id)] == ["invoke_agent"]
+    assert len(by_trace[trace_context.own_trace_id(kept.id)]) == 5
 
 
 class Held(InMemorySpanExporter):
@@ -278,11 +278,11 @@ def test_an_export_in_progress_holds_no_row_of_its_runs(db_url):
     keeps them from a second exporter."""
     (run_id,) = cancelled_runs(db_url, 1)
     slow = Held()
-    done: list[traces.Exported] = []
+    done: list[trace_export.Exported] = []
 
     def export() -> None:
         with psycopg.connect(db_url) as conn:
-            done.append(traces.export_due(conn, [slow]))
+            done.append(trace_export.export_due(conn, [slow]))
 
     exporting = threading.Thread(target=export)
     exporting.start()
@@ -295,7 +295,7 @@ def test_an_export_in_progress_holds_no_row_of_its_runs(db_url):
             ).fetchall()
             assert locked == [(run_id,)]
             conn.rollback()
-            assert traces.export_due(conn, [InMemorySpanExporter()]).runs == 0  # leased
+            assert trace_export.export_due(conn, [InMemorySpanExporter()]).runs == 0  # leased
     finally:
         slow.go.set()
         exporting.join(timeout=30)
@@ -333,7 +333,7 @@ def test_a_relays_exporter_that_dies_is_started_again(db_url, tmp_path: Path):
             runs = cancelled_runs(db_url, 2)
             wait_until(
                 lambda: (
-                    {tracing.own_trace_id(r) for r in runs}
+                    {trace_context.own_trace_id(r) for r in runs}
                     <= {s.trace_id for s in receiver.received() if s.name == "invoke_agent"}
                 ),
                 what="the new exporter to export the runs ended since",

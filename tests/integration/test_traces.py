@@ -2,7 +2,7 @@
 
 The relay runs in this process (a thread); the backend's and the server's spans go to the
 SDK's ``InMemorySpanExporter`` installed here, and so do the spans the trace exporter
-(``outbox.traces``) builds from the database once a run has ended (``exported``: its
+(``outbox.trace_export``) builds from the database once a run has ended (``exported``: its
 passes, run here). The model and tools are real HTTP servers. What the tests read is what
 an OpenTelemetry backend would receive, and what the tool and model servers saw.
 """
@@ -25,10 +25,10 @@ from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
 
 import cli
-from outbox import approvals, keys, lifecycle, registry, traces, tracing, writer
+from outbox import approvals, keys, lifecycle, registry, trace_context, trace_export, writer
 from outbox.schemas import StartRun
 from outbox.server.observed import REGISTRY
-from outbox.testing.model import ScriptedModel
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.helpers import look
 from tests.relay_harness import register_tool, relay_thread, scalar, seed, wait_until
@@ -45,9 +45,9 @@ BACKEND_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    tracing.install(exporter, batch=False)
+    trace_context.install(exporter, batch=False)
     yield exporter
-    tracing.shutdown()
+    trace_context.shutdown()
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def start(db_url: str, model: ScriptedModel, **kw: Any) -> writer.RunRef:
 def exported(db_url: str, spans: InMemorySpanExporter) -> list[ReadableSpan]:
     """Every span ``spans`` has, after the trace exporter's passes exported what is due."""
     with psycopg.connect(db_url) as conn:
-        while traces.export_due(conn, [spans]).runs:
+        while trace_export.export_due(conn, [spans]).runs:
             pass
     return list(spans.get_finished_spans())
 
@@ -127,7 +127,7 @@ def named(found: list[ReadableSpan], name: str) -> list[ReadableSpan]:
 def test_a_run_with_parallel_tools_is_one_trace_under_the_backends_span(
     setup, model, service, spans
 ):
-    with tracing.tracer().start_as_current_span("POST /refunds") as backend:
+    with trace_context.tracer().start_as_current_span("POST /refunds") as backend:
         run = start(setup, model)
     finish(setup, run.id, spans)
 
@@ -140,7 +140,7 @@ def test_a_run_with_parallel_tools_is_one_trace_under_the_backends_span(
     (agent,) = named(found, "invoke_agent")
     assert agent.parent is not None
     assert agent.parent.span_id == backend.get_span_context().span_id
-    assert agent.context.span_id == tracing.agent_span_id(run.id)
+    assert agent.context.span_id == trace_context.agent_span_id(run.id)
     children = sorted(
         s.name for s in found if s.parent and s.parent.span_id == agent.context.span_id
     )
@@ -205,7 +205,7 @@ def test_a_run_with_parallel_tools_is_one_trace_under_the_backends_span(
 def test_with_tracing_off_tools_and_models_still_continue_the_runs_trace(setup, model, service):
     """No SDK recording anything: the run's stored context alone names the trace, and what
     a tool or model receives hangs under the run's invoke_agent span."""
-    assert not tracing.enabled()
+    assert not trace_context.enabled()
     run = start(setup, model, traceparent=BACKEND_TRACEPARENT, tracestate="vendor=abc")
     stored = scalar(setup, "SELECT traceparent || ' ' || tracestate FROM outbox.runs")
     assert stored == f"{BACKEND_TRACEPARENT} vendor=abc"
@@ -215,7 +215,7 @@ def test_with_tracing_off_tools_and_models_still_continue_the_runs_trace(setup, 
     ]
     received += [{"traceparent": r.traceparent} for r in model.requests]
     assert len(received) == 4
-    expected = (ids(BACKEND_TRACEPARENT)[0], tracing.agent_span_id(run.id))
+    expected = (ids(BACKEND_TRACEPARENT)[0], trace_context.agent_span_id(run.id))
     assert {ids(h["traceparent"]) for h in received} == {expected}
     assert all(h.get("tracestate") == "vendor=abc" for h in received[:2])
     # Nor does the relay journal its attempts' spans: its writes are as they were.
@@ -227,7 +227,7 @@ def test_a_run_started_without_a_trace_is_a_trace_of_its_own(setup, model, servi
     run = start(setup, model)
     finish(setup, run.id, spans)
     found = list(spans.get_finished_spans())
-    assert {s.context.trace_id for s in found} == {tracing.own_trace_id(run.id)}
+    assert {s.context.trace_id for s in found} == {trace_context.own_trace_id(run.id)}
     (agent,) = named(found, "invoke_agent")
     assert agent.parent is None
     assert all(
@@ -286,9 +286,9 @@ def test_no_content_and_no_secret_in_spans_unless_content_capture_is_on(
     assert MARKER not in said and canary not in said
     assert "result_ok" in said and "retry" in said  # the outcomes are there, not the words
 
-    monkeypatch.setenv(tracing.CAPTURE_CONTENT, "true")
+    monkeypatch.setenv(trace_context.CAPTURE_CONTENT, "true")
     captured = InMemorySpanExporter()
-    tracing.install(captured, batch=False)
+    trace_context.install(captured, batch=False)
     run = start(setup, model)
     finish(setup, run.id, captured)
     said = dump(captured.get_finished_spans())
@@ -331,8 +331,10 @@ def test_a_python_tool_run_in_a_chunk_has_its_span(db_url, spans):
     found = named(exported(db_url, spans), "execute_tool echo")
     assert len(found) == 2
     for span in found:
-        assert span.context.trace_id == tracing.own_trace_id(run_id)
-        assert span.parent is not None and span.parent.span_id == tracing.agent_span_id(run_id)
+        assert span.context.trace_id == trace_context.own_trace_id(run_id)
+        assert span.parent is not None and span.parent.span_id == trace_context.agent_span_id(
+            run_id
+        )
         assert dict(span.attributes or {})["outbox.outcome"] == "result_ok"
 
 
@@ -413,7 +415,7 @@ def test_a_run_expired_by_the_sweep_gets_its_invoke_agent_span(db_url, model, sp
     (agent,) = named(list(spans.get_finished_spans()), "invoke_agent")
     assert (agent.context.trace_id, agent.context.span_id) == (
         ids(BACKEND_TRACEPARENT)[0],
-        tracing.agent_span_id(run.id),
+        trace_context.agent_span_id(run.id),
     )
     assert agent.parent is not None and agent.parent.span_id == ids(BACKEND_TRACEPARENT)[1]
     assert dict(agent.attributes or {})["outbox.run.status"] == "expired"
@@ -427,7 +429,7 @@ def test_under_a_sampler_a_run_is_kept_or_dropped_whole(setup, model, service, m
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")  # keep no trace of our own
     exporter = InMemorySpanExporter()
-    tracing.install(exporter, batch=False)
+    trace_context.install(exporter, batch=False)
     try:
         dropped = start(setup, model)
         finish(setup, dropped.id)
@@ -445,7 +447,7 @@ def test_under_a_sampler_a_run_is_kept_or_dropped_whole(setup, model, service, m
         assert scalar(setup, journaled, [dropped.id]) == 0
         assert scalar(setup, journaled, [kept.id]) == 4
     finally:
-        tracing.shutdown()
+        trace_context.shutdown()
 
 
 def test_a_call_that_waited_for_approval_says_who_approved_it_and_how_long_it_waited(
@@ -525,7 +527,7 @@ def test_a_run_cancelled_by_its_backend_or_an_operator_gets_its_invoke_agent_spa
         assert cancelled.exit_code == 0, cancelled.output
         wait_until(lambda: len(agent_spans()) == 2, what="the two cancelled runs' spans")
         assert due(by_backend.id) is False and due(by_operator.id) is False  # taken
-        assert tracing.agent_span_id(rolled_back.id) not in agent_spans()
+        assert trace_context.agent_span_id(rolled_back.id) not in agent_spans()
         # Cancelled for real now: a later sweep records it, and the first two not again.
         with psycopg.connect(db_url) as conn:
             lifecycle.cancel_run(conn, rolled_back.id, TENANT, actor="backend-svc")
@@ -533,16 +535,16 @@ def test_a_run_cancelled_by_its_backend_or_an_operator_gets_its_invoke_agent_spa
         wait_until(lambda: len(agent_spans()) == 3, what="the third run's span")
     found = agent_spans()
     assert set(found) == {
-        tracing.agent_span_id(r.id) for r in (by_backend, by_operator, rolled_back)
+        trace_context.agent_span_id(r.id) for r in (by_backend, by_operator, rolled_back)
     }
     for run, actor in ((by_backend, "backend-svc"), (by_operator, "ops@acme")):
-        span = found[tracing.agent_span_id(run.id)]
+        span = found[trace_context.agent_span_id(run.id)]
         attributes = dict(span.attributes or {})
         assert attributes["outbox.run.status"] == "cancelled"
         assert attributes["outbox.outcome"] == "cancelled"
         assert attributes["outbox.run.ended_by"] == actor
         assert span.status.status_code is StatusCode.ERROR
-        assert span.context.trace_id == tracing.own_trace_id(run.id)
+        assert span.context.trace_id == trace_context.own_trace_id(run.id)
         created, ended = look(
             db_url,
             "SELECT extract(epoch FROM created_at)::float8, extract(epoch FROM ended_at)::float8 "

@@ -20,8 +20,8 @@ import cli
 from outbox import credentials, ops, tenancy, webhooks, writer
 from outbox.errors import InvalidInput
 from outbox.schemas import StartRun
-from outbox.testing.model import ScriptedModel
 from outbox.testing.relay import relay_process
+from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.server import Reply
 from outbox.testing.webhooks import WebhookReceiver
 from tests.relay_harness import TENANT, relay_thread, scalar, wait_until

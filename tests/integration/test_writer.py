@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 
-from outbox import db, models, writer
+from outbox import db, orm, writer
 from outbox.errors import (
     ActiveRunExists,
     IdempotencyKeyReused,
@@ -343,11 +343,11 @@ def test_works_through_a_sqlalchemy_session(db_url):
         new_run(session, thread_id=thread.id)
         session.rollback()
     with Session(engine) as session:
-        assert session.scalar(select(func.count()).select_from(models.Run)) == 0
+        assert session.scalar(select(func.count()).select_from(orm.Run)) == 0
         thread = writer.create_thread(session, TENANT)
         run = new_run(session, thread_id=thread.id)
         session.commit()
-        stored = session.get(models.Run, run.id)
+        stored = session.get(orm.Run, run.id)
         assert stored is not None and stored.status == "queued"
     engine.dispose()
 

@@ -114,6 +114,11 @@ PINNED = {
     "0048_declared_in_flight_down.sql": "e97dd542ea16d064",
     "0049_model_options_reach_the_model.py": "0da75395a5cff0d0",
     "0049_model_options_reach_the_model.sql": "fecc5b4afe714d5f",
+    "0050_run_over_drop_once.py": "aedada317ae25a61",
+    "0050_run_over_drop_once.sql": "7bfce531148fa742",
+    "0051_function_comments.py": "073024b67c8820fb",
+    "0051_function_comments.sql": "fa746c274f057687",
+    "0051_function_comments_down.sql": "d2bdfac3622743b1",
 }
 
 
@@ -154,7 +159,7 @@ def test_released_migrations_apply_what_they_applied_when_written():
 
 
 def test_migrations_read_no_living_file():
-    """A migration that imported outbox.sql, outbox.models or a query file would apply
+    """A migration that imported outbox.sql, outbox.orm or a query file would apply
     whatever that file says today."""
     readers = []
     for path in sorted(VERSIONS.glob("*.py")):

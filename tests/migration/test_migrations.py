@@ -9,7 +9,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, pool
 
-from outbox import db, migrate, models
+from outbox import db, migrate, orm
 
 # The journal's partitions (0036): made by the database at runtime, never by the models.
 PARTITION = re.compile(r"^journal_(\d{8}|upto_\d{8}|default)$")
@@ -58,6 +58,6 @@ def _diff(url: str, schema: str) -> list[object]:
                 ),
             },
         )
-        diff = compare_metadata(context, models.metadata_for(schema))
+        diff = compare_metadata(context, orm.metadata_for(schema))
     engine.dispose()
     return [d for d in diff if not (isinstance(d, tuple) and "alembic_version" in str(d))]

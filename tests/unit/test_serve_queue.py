@@ -1,4 +1,4 @@
-"""The server's queue deadline (server.threads), without a database: a request's first
+"""The server's queue deadline (server.thread_pool), without a database: a request's first
 call that may write is refused once it waited past the timeout, never a later one, and
 a key's look-up does not count as a start; each request starts afresh, whatever context
 its task inherited."""
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from outbox.server import threads
+from outbox.server import thread_pool
 from outbox.server.access import AccessLog
-from outbox.server.store import DB_CONNECTIONS
+from outbox.server.db_pool import DB_CONNECTIONS
 
 TIMEOUT_S = 0.05
 
@@ -38,11 +38,11 @@ Request = Callable[[Turn], Awaitable[str]]
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """One thread and a short timeout; the defaults again afterwards."""
-    threads.size(1)
-    threads.queue_timeout(TIMEOUT_S)
+    thread_pool.size(1)
+    thread_pool.queue_timeout(TIMEOUT_S)
     yield
-    threads.size(DB_CONNECTIONS)
-    threads.queue_timeout(threads.QUEUE_TIMEOUT_S)
+    thread_pool.size(DB_CONNECTIONS)
+    thread_pool.queue_timeout(thread_pool.QUEUE_TIMEOUT_S)
 
 
 async def last_calls_held(requests: list[Request]) -> list[Any]:
@@ -59,10 +59,10 @@ async def last_calls_held(requests: list[Request]) -> list[Any]:
     try:
         for turn in turns:
             await turn.prepared.wait()
-        held = asyncio.ensure_future(threads.in_thread(hold))
+        held = asyncio.ensure_future(thread_pool.in_thread(hold))
         await _until(holding.is_set)
         go.set()
-        await _until(lambda: threads._waiting == len(requests))
+        await _until(lambda: thread_pool._waiting == len(requests))
         await asyncio.sleep(TIMEOUT_S * 3)  # the time the feature is about
     finally:
         gate.set()  # never leave the thread held: the interpreter would wait for it
@@ -78,27 +78,27 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 
 async def wrote_then_reads(turn: Turn) -> str:
-    await threads.in_thread(lambda: "wrote")
+    await thread_pool.in_thread(lambda: "wrote")
     await turn()
-    return await threads.in_thread(lambda: "read")
+    return await thread_pool.in_thread(lambda: "read")
 
 
 async def looked_up_then_writes(turn: Turn) -> str:
-    await threads.read_in_thread(lambda: "key")
+    await thread_pool.read_in_thread(lambda: "key")
     await turn()
-    return await threads.in_thread(lambda: "wrote")
+    return await thread_pool.in_thread(lambda: "wrote")
 
 
 async def writes(turn: Turn) -> str:
     await turn()
-    return await threads.in_thread(lambda: "wrote")
+    return await thread_pool.in_thread(lambda: "wrote")
 
 
 async def wrote_then_a_new_request_writes(turn: Turn) -> str:
-    await threads.in_thread(lambda: "wrote")
-    threads.new_request(no_message)  # the next request on this task's context (pipelined)
+    await thread_pool.in_thread(lambda: "wrote")
+    thread_pool.new_request(no_message)  # the next request on this task's context (pipelined)
     await turn()
-    return await threads.in_thread(lambda: "wrote")
+    return await thread_pool.in_thread(lambda: "wrote")
 
 
 async def no_message() -> Any:
@@ -110,7 +110,7 @@ def test_only_a_requests_first_call_that_may_write_is_shed():
     ended = asyncio.run(last_calls_held(requests))
     assert ended[0] == "read"  # it wrote: never refused, however long it waited
     for refused in ended[1:]:
-        assert isinstance(refused, threads.ServerBusy)
+        assert isinstance(refused, thread_pool.ServerBusy)
         assert refused.waited_s > TIMEOUT_S and refused.retry_after_s >= 1.0
 
 
@@ -118,12 +118,12 @@ def test_each_request_starts_with_nothing_begun_whatever_its_task_inherited():
     seen: list[bool] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        seen.append(threads._begun.get())
+        seen.append(thread_pool._begun.get())
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
     async def one_request_after_another() -> bool:
-        threads.begun()  # as the request before on the same connection left it
+        thread_pool.begun()  # as the request before on the same connection left it
 
         async def receive() -> dict[str, Any]:
             return {"type": "http.request"}
@@ -133,7 +133,7 @@ def test_each_request_starts_with_nothing_begun_whatever_its_task_inherited():
 
         scope = {"type": "http", "method": "GET", "path": "/v1/x", "headers": []}
         await AccessLog(app)(scope, receive, send)
-        return threads._begun.get()
+        return thread_pool._begun.get()
 
     assert asyncio.run(one_request_after_another()) is True  # its own, given back after
     assert seen == [False]
@@ -142,7 +142,7 @@ def test_each_request_starts_with_nothing_begun_whatever_its_task_inherited():
 def test_a_request_whose_client_left_while_it_queued_is_dropped_and_its_call_never_runs():
     """The client's disconnect, the next message after the body, is seen while the call
     queues behind a held thread (no timeout: that is another rule)."""
-    threads.queue_timeout(60)
+    thread_pool.queue_timeout(60)
     ran: list[str] = []
 
     async def scenario() -> tuple[Any, Any]:
@@ -154,22 +154,22 @@ def test_a_request_whose_client_left_while_it_queued_is_dropped_and_its_call_nev
             holding.set()
             gate.wait()
 
-        held = asyncio.ensure_future(threads.in_thread(hold))
+        held = asyncio.ensure_future(thread_pool.in_thread(hold))
         await _until(holding.is_set)
         try:
 
             async def leaving() -> str:
-                _tokens, receive = threads.new_request(messages.get)
+                _tokens, receive = thread_pool.new_request(messages.get)
                 await receive()  # the body
-                return await threads.in_thread(lambda: ran.append("left") or "ran")
+                return await thread_pool.in_thread(lambda: ran.append("left") or "ran")
 
             async def staying() -> str:
-                threads.new_request(no_message)
-                return await threads.in_thread(lambda: ran.append("stayed") or "ran")
+                thread_pool.new_request(no_message)
+                return await thread_pool.in_thread(lambda: ran.append("stayed") or "ran")
 
             left = asyncio.ensure_future(leaving())
             stayed = asyncio.ensure_future(staying())
-            await _until(lambda: threads._waiting == 2)
+            await _until(lambda: thread_pool._waiting == 2)
             await messages.put({"type": "http.disconnect"})
             await _until(lambda: messages.empty())  # the watcher took it
         finally:
@@ -178,5 +178,5 @@ def test_a_request_whose_client_left_while_it_queued_is_dropped_and_its_call_nev
         return tuple(await asyncio.gather(left, stayed, return_exceptions=True))  # type: ignore[return-value]
 
     left, stayed = asyncio.run(scenario())
-    assert isinstance(left, threads.ClientGone)
+    assert isinstance(left, thread_pool.ClientGone)
     assert stayed == "ran" and ran == ["stayed"]

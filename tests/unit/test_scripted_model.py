@@ -13,7 +13,7 @@ import httpx2
 import openai
 import pytest
 
-from outbox.testing.model import (
+from outbox.testing.scripted_model import (
     CALL_WITHOUT_OUTPUT,
     CALLS_WITHOUT_TOOL,
     OUTPUT_WITHOUT_CALL,
@@ -278,7 +278,7 @@ def test_http_control_plane(model: ScriptedModel, client: openai.OpenAI) -> None
 
 def test_runs_as_a_process() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "outbox.testing.model", "--port", "0"],
+        [sys.executable, "-m", "outbox.testing.scripted_model", "--port", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -41,6 +41,7 @@ from typing import ParamSpec, TypeVar
 
 from starlette.types import Message, Receive
 
+from outbox.server.db_pool import DB_CONNECTIONS
 from outbox.server.observed import (
     GONE_REQUESTS,
     QUEUE_WAIT_SECONDS,
@@ -48,7 +49,6 @@ from outbox.server.observed import (
     QUEUED_GONE,
     SHED_REQUESTS,
 )
-from outbox.server.store import DB_CONNECTIONS
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -14,8 +14,8 @@ import pytest
 from outbox import db, keys, tenancy, writer
 from outbox.errors import ActiveRunExists
 from outbox.schemas import StartRun
+from outbox.server.db_pool import IDLE_IN_TRANSACTION_S, Store, UnknownKey
 from outbox.server.errors import APIError
-from outbox.server.store import IDLE_IN_TRANSACTION_S, Store, UnknownKey
 from tests.helpers import thread_lockable
 from tests.relay_harness import wait_until
 

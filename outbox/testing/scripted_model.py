@@ -733,7 +733,7 @@ class ScriptedModel(FakeServer):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m outbox.testing.model --port N``: serve until SIGTERM."""
+    """``python -m outbox.testing.scripted_model --port N``: serve until SIGTERM."""
     return serve_main(
         lambda host, port: ScriptedModel(host=host, port=port),
         "Scripted OpenAI-compatible model server (scripts via POST /_script).",

@@ -2,7 +2,7 @@
 
 A run outlives any process that works on it (its turns and calls are claimed by whichever
 relay is free, a killed relay's rows by another), so no process holds its span open, and
-no relay builds a span at all: the trace exporter (``outbox.traces``) builds a run's spans
+no relay builds a span at all: the trace exporter (``outbox.trace_export``) builds a run's spans
 from the database once it has ended. What holds them together is that every id follows
 from what is stored. The run's ``invoke_agent`` span: its trace id is that of the context
 current when a backend started the run (``runs.traceparent``: the backend's span through

@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 from outbox.errors import NeedsTransaction, NotFound, WrongTenant
 from outbox.sql import queries
 
-Q = queries("store.sql")
+Q = queries("statements.sql")
 Row = dict[str, Any]
 
 # A statement that joins another table to an array of ids is never prepared: a prepared

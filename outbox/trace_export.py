@@ -13,7 +13,7 @@ them, clears the marks of the runs it still holds. So:
   no relay ends (cancelled by its backend) needs no relay for its span;
 - export is at least once: an exporter killed after its export and before the clearing
   leaves the marks, and once its lease has run out the next pass exports the same spans
-  again, with the same ids (every id follows from the database: ``outbox.tracing``),
+  again, with the same ids (every id follows from the database: ``outbox.trace_context``),
   which a tracing backend keeps once;
 - an export that fails gives its runs back: they are tried on the next pass.
 
@@ -46,7 +46,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from psycopg.rows import dict_row
 
-from outbox import db, tracing
+from outbox import db, trace_context
 from outbox.logs import log
 from outbox.sql import queries
 
@@ -55,12 +55,12 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
 logger = logging.getLogger("outbox.traces")
-Q = queries("traces.sql")
+Q = queries("trace_export.sql")
 
 BATCH = 200  # runs per export (about 5-10 spans each)
 LEASE_S = 120.0  # how long a batch is an exporter's (past an OTLP export's retries)
 INTERVAL_S = 1.0  # between passes that found nothing more to do
-PROVIDER = "openai"  # the protocol the relay speaks to every model server (relay.model)
+PROVIDER = "openai"  # the protocol the relay speaks to every model server (relay.model_turns)
 ERRORS = {"retry", "unknown", "fail_run", "lost", "result_error"}  # outcomes of error status
 SERVICE = "outbox-relay"  # the spans' service, unless OTEL_SERVICE_NAME says otherwise
 
@@ -105,8 +105,8 @@ class SpanBuilder:
         )
         self.provider: TracerProvider = TracerProvider(resource=resource, id_generator=Told())
         self.provider.add_span_processor(Keep())
-        self.tracer = self.provider.get_tracer(tracing.SCOPE)
-        self.capture = os.environ.get(tracing.CAPTURE_CONTENT, "").strip().lower() == "true"
+        self.tracer = self.provider.get_tracer(trace_context.SCOPE)
+        self.capture = os.environ.get(trace_context.CAPTURE_CONTENT, "").strip().lower() == "true"
 
     def span(
         self,
@@ -211,10 +211,10 @@ def run_spans(
     turns: dict[tuple[Any, int], dict[str, Any]],
 ) -> None:
     run_id, tp, ts = run["id"], run["traceparent"], run["tracestate"]
-    parent = tracing.caller_span(tp, ts)
+    parent = trace_context.caller_span(tp, ts)
     agent_ids = (
-        parent.trace_id if parent else tracing.own_trace_id(run_id),
-        tracing.agent_span_id(run_id),
+        parent.trace_id if parent else trace_context.own_trace_id(run_id),
+        trace_context.agent_span_id(run_id),
     )
     status = run["status"]
     attributes: dict[str, Any] = {
@@ -243,7 +243,7 @@ def run_spans(
         error,
         error,
     )
-    under = tracing.run_context(run_id, tp, ts)
+    under = trace_context.run_context(run_id, tp, ts)
     for event in events:
         span = event["detail"].get("span")
         if span is not None:
@@ -358,7 +358,7 @@ def run(
     is logged and tried again on the next pass. With ``parent_pid``, stop when that
     process is gone (an exporter started by a relay that was killed)."""
     stop = stop or threading.Event()
-    exporters = list(exporters) if exporters is not None else tracing.span_exporters()
+    exporters = list(exporters) if exporters is not None else trace_context.span_exporters()
     builder = SpanBuilder()
     total = Exported()
     conn: psycopg.Connection[Any] | None = None

@@ -1,4 +1,4 @@
-"""outbox.tracing without a database: a run's ids, the headers it hands out, sampling."""
+"""outbox.trace_context without a database: a run's ids, the headers it hands out, sampling."""
 
 from __future__ import annotations
 
@@ -7,19 +7,23 @@ import uuid
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from outbox import traces, tracing
+from outbox import trace_context, trace_export
 
 CALLER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def test_a_runs_context_is_the_same_in_every_call_and_continues_the_callers():
     run = uuid.uuid4()
-    own = tracing.headers(tracing.run_context(run, None, None))["traceparent"]
-    assert own == f"00-{tracing.own_trace_id(run):032x}-{tracing.agent_span_id(run):016x}-01"
-    assert tracing.run_headers(run, None, None)["traceparent"] == own
-    continued = tracing.headers(tracing.run_context(run, CALLER, "k=v"))
+    own = trace_context.headers(trace_context.run_context(run, None, None))["traceparent"]
+    assert (
+        own
+        == f"00-{trace_context.own_trace_id(run):032x}-{trace_context.agent_span_id(run):016x}-01"
+    )
+    assert trace_context.run_headers(run, None, None)["traceparent"] == own
+    continued = trace_context.headers(trace_context.run_context(run, CALLER, "k=v"))
     assert continued == {
-        "traceparent": f"00-4bf92f3577b34da6a3ce929d0e0e4736-{tracing.agent_span_id(run):016x}-01",
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-"
+        f"{trace_context.agent_span_id(run):016x}-01",
         "tracestate": "k=v",
     }
 
@@ -29,14 +33,14 @@ def test_a_ratio_sampler_keeps_about_its_share_of_runs_of_their_own(monkeypatch)
     bits are not: every run would be kept, or none)."""
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
-    tracing.install(InMemorySpanExporter(), batch=False)
+    trace_context.install(InMemorySpanExporter(), batch=False)
     try:
         kept = sum(
-            tracing.run_headers(uuid.uuid4(), None, None)["traceparent"].endswith("1")
+            trace_context.run_headers(uuid.uuid4(), None, None)["traceparent"].endswith("1")
             for _ in range(400)
         )
     finally:
-        tracing.shutdown()
+        trace_context.shutdown()
     assert 120 < kept < 280  # binomial(400, 0.5): outside this once in 10^15
 
 
@@ -51,8 +55,8 @@ def test_a_ratio_sampler_keeps_about_its_share_of_runs_of_their_own(monkeypatch)
     ],
 )
 def test_only_a_w3c_traceparent_of_version_00_is_accepted(value):
-    assert not tracing.TRACEPARENT.fullmatch(value)
-    assert tracing.TRACEPARENT.fullmatch(CALLER)
+    assert not trace_context.TRACEPARENT.fullmatch(value)
+    assert trace_context.TRACEPARENT.fullmatch(CALLER)
 
 
 def test_off_unless_opentelemetrys_variables_ask(monkeypatch):
@@ -63,19 +67,19 @@ def test_off_unless_opentelemetrys_variables_ask(monkeypatch):
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     ):
         monkeypatch.delenv(name, raising=False)
-    assert not tracing.wanted()
+    assert not trace_context.wanted()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
-    assert tracing.wanted()
+    assert trace_context.wanted()
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
-    assert not tracing.wanted()
+    assert not trace_context.wanted()
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
-    assert not tracing.wanted()
+    assert not trace_context.wanted()
     monkeypatch.delenv("OTEL_SDK_DISABLED")
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin")
     with pytest.raises(ValueError, match="OTEL_TRACES_EXPORTER='zipkin' is not supported"):
-        tracing.setup("outbox-relay")
-    assert not tracing.enabled()
+        trace_context.setup("outbox-relay")
+    assert not trace_context.enabled()
 
 
 def test_a_relay_without_the_sdk_names_attempts_as_the_exporter_samples_them(monkeypatch):
@@ -85,15 +89,15 @@ def test_a_relay_without_the_sdk_names_attempts_as_the_exporter_samples_them(mon
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
     monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
-    tracing.shutdown()  # forget what was decided under other variables
+    trace_context.shutdown()  # forget what was decided under other variables
     try:
-        assert tracing.names_attempts() and not tracing.enabled()
-        builder = traces.SpanBuilder()
+        assert trace_context.names_attempts() and not trace_context.enabled()
+        builder = trace_export.SpanBuilder()
         kept = 0
         for _ in range(200):
             run_id = uuid.uuid4()
-            span_id = tracing.attempt_span_id(7, 1)
-            sent = tracing.attempt_headers(run_id, None, None, span_id)["traceparent"]
+            span_id = trace_context.attempt_span_id(7, 1)
+            sent = trace_context.attempt_headers(run_id, None, None, span_id)["traceparent"]
             run = {
                 "id": run_id, "thread_id": uuid.uuid4(), "tenant_id": "acme", "model": "m",
                 "traceparent": None, "tracestate": None, "status": "completed",
@@ -108,16 +112,16 @@ def test_a_relay_without_the_sdk_names_attempts_as_the_exporter_samples_them(mon
                 "tool_call_id": "c", "tool_name": "t", "idempotency_mode": "key",
                 "idempotency_key": "k", "approved_by": None, "approval_wait_s": None,
             }  # fmt: skip
-            traces.run_spans(builder, run, [event], {1: call}, {})
+            trace_export.run_spans(builder, run, [event], {1: call}, {})
             made = builder.take()
             assert sent.endswith("-01") == bool(made)
-            assert sent.split("-")[1] == f"{tracing.own_trace_id(run_id):032x}"
+            assert sent.split("-")[1] == f"{trace_context.own_trace_id(run_id):032x}"
             if made:
                 tool = next(s for s in made if s.name == "execute_tool t")
                 assert tool.context is not None and tool.context.span_id == span_id
                 assert tool.parent is not None
-                assert tool.parent.span_id == tracing.agent_span_id(run_id)
+                assert tool.parent.span_id == trace_context.agent_span_id(run_id)
             kept += bool(made)
         assert 50 < kept < 150
     finally:
-        tracing.shutdown()
+        trace_context.shutdown()

@@ -6,7 +6,7 @@ and accepts that tenant's rows only, whatever a handler asks for. It commits whe
 succeeds and rolls back on any error, so a refused request stores nothing. Keys are looked
 up as ``outbox_api`` too (through ``api_key_tenant_v1``), before any tenant is known: the
 pool's login needs no more than membership in ``outbox_api``. The library is
-synchronous; handlers call these through the server's thread pool (server.threads).
+synchronous; handlers call these through the server's thread pool (server.thread_pool).
 
 Nothing a client is told can be lost in a crash. A waiting ``responses.create`` commits
 without waiting for its WAL flush (``unanswered``): its client is answered from the relay's
@@ -37,7 +37,7 @@ from outbox.sql import Queries
 Q = Queries(QUERIES / "api.sql")
 Row = dict[str, Any]
 # Seconds a call waits for a free connection before a 503 database_unavailable: with one
-# handler thread per connection (server.threads) a call waits only while the pool cannot
+# handler thread per connection (server.thread_pool) a call waits only while the pool cannot
 # open one, the database unreachable.
 POOL_TIMEOUT_S = 10.0
 

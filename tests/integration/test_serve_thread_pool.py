@@ -1,5 +1,5 @@
 """The server runs its handlers' database calls on one thread per database connection
-(server.threads), all its connections but its LISTEN one: more requests than connections
+(server.thread_pool), all its connections but its LISTEN one: more requests than connections
 wait their turn and are all answered, on no more connections than it was given;
 a request that waited past the queue timeout before anything of it was done is refused
 with a 503 and stored nothing, and one whose run exists is answered however long it
@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from outbox.logs import JsonFormatter
-from outbox.server import threads
+from outbox.server import thread_pool
 from outbox.server.app import create_app
 from outbox.server.observed import REGISTRY
 from tests.helpers import blocked_on_a_lock, in_thread, server_logs
@@ -43,7 +43,7 @@ def test_twenty_waiting_requests_on_three_connections_are_answered_by_two_thread
                 answers = list(asking.map(ask, range(20)))
             # The pool keeps the connections it opened for the burst: the most it held.
             assert scalar(db_url, held) == 3
-        pool = threads._pool
+        pool = thread_pool._pool
         assert answers == ["hello"] * 20
         assert pool._max_workers == 2
         assert 1 <= len(pool._threads) <= 2

@@ -1,4 +1,4 @@
--- The journal, appended to by every module that changes state (outbox/store.py).
+-- The journal, appended to by every module that changes state (outbox/statements.py).
 
 -- name: journal
 -- Append one event to the journal.

@@ -1,4 +1,4 @@
--- The trace exporter (outbox/traces.py): the statements it builds a batch of runs' spans
+-- The trace exporter (outbox/trace_export.py): the statements it builds a batch of runs' spans
 -- with. It runs as outbox_relay; the journal is read through run_span_events_v1 only.
 
 -- name: take_due
