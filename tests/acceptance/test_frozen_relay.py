@@ -140,4 +140,3 @@ def test_a_fenced_relay_paused_past_the_timeout_keeps_its_answer_as_an_orphan(
     assert (reason, status, attempt) == ("fenced", "ok", 1)
     assert output == effect.result
     assert scalar(db_url, TIMED_OUT) == 0
-
