@@ -833,3 +833,28 @@ def test_a_whole_answer_not_in_by_total_is_a_read_timeout():
 
     with pytest.raises(httpx2.ReadTimeout, match="whole answer"):
         asyncio.run(main())
+
+
+def test_an_answer_that_reaches_the_socket_as_the_deadline_fires_is_read_not_a_timeout():
+    """The loop, held past the deadline, runs the deadline's timer in the same turn as the
+    server's write of the answer: the answer is in the socket, not yet read, when the timer
+    fires (either order). The timer gives the loop one more I/O pass before a timeout."""
+    body = b'{"ok": true}'
+    writers: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await writers.put(writer)
+        await reader.read()
+        writer.close()
+
+    async def main() -> httpx2.Response:
+        async with served(handler) as (poster, url):
+            sent = asyncio.ensure_future(poster.post(url, json={}, timeout=0.3))
+            writer = await writers.get()
+            loop = asyncio.get_running_loop()
+            loop.call_soon(time.sleep, 0.6)  # the loop held past the deadline, on purpose
+            loop.call_later(0.2, writer.write, answer(body))  # due in the same turn as it
+            return await sent
+
+    assert asyncio.run(main()).content == body
