@@ -15,12 +15,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import psycopg
 import pytest
 
+from outbox import writer
+from outbox.schemas import StartRun
+from outbox.testing.model import ScriptedModel
 from outbox.testing.tools import FakeToolService
 from tests.forked import Forked
-from tests.helpers import look
+from tests.helpers import TENANT, look
 from tests.relay_harness import (
     FAST,
     all_settled,
@@ -139,4 +143,55 @@ def test_a_fenced_relay_paused_past_the_timeout_keeps_its_answer_as_an_orphan(
     [(reason, status, attempt, output)] = look(db_url, orphan)
     assert (reason, status, attempt) == ("fenced", "ok", 1)
     assert output == effect.result
+    assert scalar(db_url, TIMED_OUT) == 0
+
+
+def test_a_relay_paused_past_the_models_timeout_uses_the_answer_that_came_in_time(db_url, tmp_path):
+    """A model turn goes through the same client: the model's answer, in the socket when
+    the paused relay wakes past the timeout, is the turn; the model is not asked again."""
+    with ScriptedModel(default=[{"text": "hello"}]) as model:
+        model.set_faults(latency_s=ANSWER_S)
+        with psycopg.connect(db_url) as conn:
+            thread = writer.create_thread(conn, TENANT)
+            start = StartRun(
+                tenant_id=TENANT,
+                thread_id=thread.id,
+                model="scripted-1",
+                message="hi",
+                tools=[],
+                base_url=model.url + "/v1",
+            )
+            run = writer.start_run(conn, start).id
+            conn.commit()
+        port = int(model.url.rsplit(":", 1)[1])
+        env = {"OUTBOX_MODEL_TIMEOUT_S": str(TIMEOUT_S)}
+        args = ["--kind", "model_turn", *FAST[2:], "--lease", "30"]
+        relay = start_relay_process(db_url, tmp_path / "relay.log", *args, env=env)
+        try:
+            wait_until(
+                lambda: any(
+                    c.raddr and c.raddr.port == port
+                    for c in psutil.Process(relay.pid).net_connections("tcp")
+                ),
+                what="the model request to be sent",
+            )
+            relay.send_signal(signal.SIGSTOP)
+            paused_at = time.time()
+            wait_until(lambda: model.requests, what="the model to answer the paused relay")
+            assert model.requests[0].at > paused_at, "paused after the answer came"
+            wait_until(
+                lambda: time.time() > paused_at + TIMEOUT_S + 1.0,
+                timeout_s=TIMEOUT_S + 10.0,
+                what="the model's timeout to pass",
+            )
+            relay.send_signal(signal.SIGCONT)
+            completed = "SELECT status FROM outbox.runs WHERE id = %s"
+            wait_until(
+                lambda: scalar(db_url, completed, [run]) == "completed", what="the run to end"
+            )
+        finally:
+            relay.send_signal(signal.SIGCONT)
+            relay.terminate()
+            relay.wait(timeout=30)
+        assert len(model.requests) == 1
     assert scalar(db_url, TIMED_OUT) == 0
