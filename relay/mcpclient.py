@@ -50,7 +50,7 @@ import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
 
 import httpx2
 from pydantic import ValidationError
@@ -88,6 +88,10 @@ CLOSE_TIMEOUT_S = 5.0  # longest wait for a session to close (a stdio child is t
 # structured content say the same), with room for the JSON-RPC envelope.
 MAX_EVENT_BYTES = 2 * outbox_config.MAX_PAYLOAD_BYTES + 64 * 1024
 CLIENT_NAME, CLIENT_VERSION = "agent-outbox", "1"  # the clientInfo of ``initialize``
+# Turns of the loop an answer already in a stdio server's pipe is given to reach its call
+# once the call's timeout has passed (``answered_within``): a handful of task hops.
+SETTLE_TURNS = 16
+T = TypeVar("T")
 
 
 # -- servers and their sessions ---------------------------------------------------------
@@ -144,12 +148,18 @@ class Session:
         self.ended = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
-    async def open(self, timeout_s: float = OPEN_TIMEOUT_S) -> None:
+    async def open(self, timeout_s: float = OPEN_TIMEOUT_S, listed: bool = False) -> None:
+        """Open the session; ``listed``: and list its tools once. The SDK checks a call's
+        result against its tool's output schema, and lists the tools first when it has not:
+        an exchange after the answer, which the call's timeout would cut short when the
+        relay was paused past it (``answered_within``)."""
         ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         self.task = asyncio.create_task(self._own(ready), name=f"mcp:{self.server.name}")
         try:
             async with asyncio.timeout(timeout_s):
                 self.client = await asyncio.shield(ready)
+                if listed:
+                    await self.client.list_tools()
         except BaseException:
             await self.close()
             raise
@@ -465,20 +475,21 @@ class HttpSession:
         )
         seen = AnswerSeen(request_id)
         try:
-            # The poster's timeout bounds each wait for bytes; this one the whole answer.
-            async with asyncio.timeout(timeout_s + 1.0):
-                response = await self.poster.post(
-                    self.url,
-                    json=body,
-                    headers=self.headers(call_headers),
-                    timeout=timeout_s,
-                    max_body=MAX_EVENT_BYTES,
-                    enough=seen,
-                )
+            # ``timeout`` bounds each wait for bytes, ``total`` the whole answer; the poster
+            # reads what its socket holds before it declares either passed.
+            response = await self.poster.post(
+                self.url,
+                json=body,
+                headers=self.headers(call_headers),
+                timeout=timeout_s,
+                max_body=MAX_EVENT_BYTES,
+                enough=seen,
+                total=timeout_s + 1.0,
+            )
         except (httpx2.ConnectError, httpx2.ConnectTimeout) as err:
             self.gone = True  # it may have restarted, and forgotten the session with it
             return retry(row, f"could not reach {where}: {describe(err)}", unsent=True)
-        except (TimeoutError, httpx2.TimeoutException):
+        except httpx2.TimeoutException:
             return ambiguous(row, f"no answer from {where} within {timeout_s}s")
         except httpx2.HTTPError as err:
             return ambiguous(row, f"connection to {where} broke: {describe(err)}")
@@ -610,9 +621,10 @@ class Sessions:
         session: AnySession
         if server.transport == "http":
             session = HttpSession(server, secret_headers, self.poster)
+            await session.open()
         else:
             session = Session(server, secret_headers)
-        await session.open()
+            await session.open(listed=True)
         self.open[key] = session
         return session
 
@@ -724,16 +736,17 @@ class McpCaller:
         assert session.client is not None
         timeout_s = row.timeout_s or 30.0
         try:
-            # The SDK's own read timeout, and ours around it should the SDK not end the wait.
-            async with asyncio.timeout(timeout_s + 1.0):
-                answer = await session.client.call_tool(
+            # Bounded here, not by the SDK's read timeout: see ``answered_within``.
+            answer = await answered_within(
+                session.client.call_tool(
                     tool,
                     row.arguments if isinstance(row.arguments, dict) else {},
-                    read_timeout_seconds=timeout_s,
                     meta=cast(
                         mcp_types.RequestParamsMeta, meta(row, headers.get("traceparent", ""))
                     ),
-                )
+                ),
+                timeout_s,
+            )
         except MCPError as err:
             return _error(row, err, where, timeout_s)
         except (RuntimeError, UnexpectedClaimedResult) as err:
@@ -751,6 +764,39 @@ class McpCaller:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as err:
             return ambiguous(row, f"connection to {where} broke: {describe(err)}")
         return normalise(row, answer)
+
+
+async def answered_within(call: Awaitable[T], timeout_s: float) -> T:
+    """What ``call`` (an SDK request) returns, or ``TimeoutError`` when it has not returned
+    ``timeout_s`` seconds from now nor within ``SETTLE_TURNS`` more turns of the loop. A
+    process paused past the timeout (SIGSTOP, a frozen VM) wakes with its timers due and,
+    perhaps, the answer in its pipe; the answer reaches the call through the SDK's reader
+    and dispatcher tasks, a turn of the loop each, so a timer that ended the call at once
+    would lose an answer that came in time (a call that acted, journaled as ambiguous).
+    Each turn waited here is a timer due now, which runs after that turn's I/O pass."""
+    task = asyncio.ensure_future(call)
+    try:
+        await asyncio.wait({task}, timeout=timeout_s)
+        loop = asyncio.get_running_loop()
+        for _ in range(SETTLE_TURNS):
+            if task.done():
+                break
+            turn = loop.create_future()
+            loop.call_at(loop.time(), _settle, turn)
+            await turn
+    except BaseException:
+        task.cancel()
+        raise
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})  # the SDK ends its wait for the answer
+        raise TimeoutError(f"no answer within {timeout_s}s")
+    return task.result()
+
+
+def _settle(turn: asyncio.Future[None]) -> None:
+    if not turn.done():
+        turn.set_result(None)
 
 
 def _error(row: Claimed, err: MCPError, where: str, timeout_s: float) -> Outcome:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json as jsonlib
+import math
 import re
 import select
 import ssl
@@ -261,8 +262,11 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.answer: Answer | None = None
         self.waiter: asyncio.Future[Answer] | None = None
-        self.deadline: asyncio.Timeout | None = None
+        self.timer: asyncio.TimerHandle | None = None  # the request's deadline (``_expire``)
         self.timeout = 0.0
+        self.until = math.inf  # loop time by which the whole answer must be in
+        self.last = 0.0  # loop time of the request's send, then of its latest incomplete bytes
+        self.checked = False  # the deadline passed; a turn of the loop to read what is there
         self.idle_since = 0.0  # monotonic seconds, while kept alive for the next request
         self.grace: asyncio.TimerHandle | None = None  # a sufficient answer's END_GRACE_S
 
@@ -287,9 +291,9 @@ class Connection(asyncio.Protocol):
         if complete:
             waiter.set_result(answer)
             return
-        if self.deadline is not None and self.loop is not None:
-            # the read timeout counts from the latest bytes
-            self.deadline.reschedule(self.loop.time() + self.timeout)
+        if self.loop is not None:  # the read timeout counts from the latest bytes
+            self.last = self.loop.time()
+            self.checked = False
         if answer.sufficient and self.loop is not None and self.grace is None:
             self.grace = self.loop.call_later(END_GRACE_S, self._end_early, answer)
 
@@ -298,6 +302,32 @@ class Connection(asyncio.Protocol):
         if self.answer is answer and self.waiter is not None and not self.waiter.done():
             answer.end_early()
             self.waiter.set_result(answer)
+
+    def _expire(self) -> None:
+        """The request's timer: a timeout only once what the socket holds has been read.
+        Bytes since the timer was set move the deadline; a deadline passed gets one more
+        turn of the loop first (a timer due now runs after that turn's I/O pass, which reads
+        every socket that holds bytes: an answer that came while the process was paused is
+        taken, not lost); bytes read then move it again, none make it a timeout."""
+        self.timer = None
+        waiter, loop = self.waiter, self.loop
+        if waiter is None or waiter.done() or loop is None:
+            return
+        now = loop.time()
+        due = min(self.last + self.timeout, self.until)
+        if due > now:
+            self.timer = loop.call_at(due, self._expire)
+            return
+        if not self.checked:
+            self.checked = True
+            self.timer = loop.call_at(now, self._expire)
+            return
+        if self.transport is not None and self.transport.get_write_buffer_size():
+            self._fail(httpx2.WriteTimeout(f"request not sent within {self.timeout}s"))
+        elif self.last + self.timeout > self.until:
+            self._fail(httpx2.ReadTimeout("no whole answer within the request's time"))
+        else:
+            self._fail(httpx2.ReadTimeout(f"no answer within {self.timeout}s"))
 
     def eof_received(self) -> bool:
         answer, waiter = self.answer, self.waiter
@@ -335,25 +365,28 @@ class Connection(asyncio.Protocol):
         timeout: float,
         max_body: int | None = None,
         enough: Enough | None = None,
+        until: float = math.inf,
     ) -> Answer:
         """Send ``data`` (a whole request) and wait for its whole answer (or the first
         ``max_body`` bytes of its body, or what ``enough`` says is enough: ``Answer``); no
-        bytes may arrive for ``timeout`` seconds."""
+        bytes may arrive for ``timeout`` seconds, and the answer must be in by ``until``
+        (the loop's time). Either passed is a timeout only once what the connection holds
+        has been read (``_expire``)."""
         if self.closed or self.transport is None:  # ended by the server since it was opened
             raise httpx2.ConnectError("the server closed the connection before the request")
-        self.loop = asyncio.get_running_loop()
-        self.answer, self.waiter = Answer(max_body, enough), self.loop.create_future()
-        self.timeout = timeout
+        loop = self.loop = asyncio.get_running_loop()
+        self.answer, self.waiter = Answer(max_body, enough), loop.create_future()
+        self.timeout, self.until, self.checked = timeout, until, False
+        self.last = loop.time()
+        self.timer = loop.call_at(min(self.last + timeout, until), self._expire)
         self.transport.write(data)
         try:
-            async with asyncio.timeout(timeout) as self.deadline:
-                return await self.waiter
-        except TimeoutError as err:
-            if self.transport.get_write_buffer_size():
-                raise httpx2.WriteTimeout(f"request not sent within {timeout}s") from err
-            raise httpx2.ReadTimeout(f"no answer within {timeout}s") from err
+            return await self.waiter
         finally:  # the answer is the caller's now, not the idle connection's to keep
-            self.answer = self.waiter = self.deadline = None
+            self.answer = self.waiter = None
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
             if self.grace is not None:
                 self.grace.cancel()
                 self.grace = None
@@ -453,11 +486,15 @@ class Poster:
         headers: dict[str, str] | None = None,
         max_body: int | None = None,
         enough: Enough | None = None,
+        total: float | None = None,
     ) -> httpx2.Response:
         """``timeout`` (seconds) bounds the connect, the send, and each wait for bytes of
-        the answer. ``json`` is sent as ``application/json`` (compact, as ``httpx2``). An
-        answer whose body passes ``max_body`` bytes comes back cut there, with
-        ``extensions["body_cut_at"] = max_body`` (the module docstring). ``enough``: see
+        the answer; ``total``, if given, the whole request, from its connect to its answer's
+        end (an event stream that trickles). Neither ends a request before what its socket
+        already holds has been read (the module docstring). ``json`` is sent as
+        ``application/json`` (compact, as ``httpx2``). An answer whose body passes
+        ``max_body`` bytes comes back cut there, with ``extensions["body_cut_at"] =
+        max_body`` (the module docstring). ``enough``: see
         ``Answer``; an answer it ended comes back with ``extensions["ended_early"]``, its
         connection closed."""
         origin, line = _target(url)
@@ -467,10 +504,13 @@ class Poster:
             if not any(name.lower() == "content-type" for name in sent):
                 sent["content-type"] = "application/json"
         data = line + _headers(sent, len(content)) + content
-        connection = self._kept(origin) or await self._connect(origin, timeout)
+        until = math.inf if total is None else asyncio.get_running_loop().time() + total
+        connection = self._kept(origin) or await self._connect(
+            origin, min(timeout, total or timeout)
+        )
         self.busy.add(connection)
         try:
-            answer = await connection.request(data, timeout, max_body, enough)
+            answer = await connection.request(data, timeout, max_body, enough, until)
         except BaseException:
             connection.close()
             raise

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -658,6 +659,49 @@ def test_a_server_that_hangs_past_the_timeout_is_ambiguous(db_url, http_server, 
     assert len(http_server.calls(tool)) == (2 if ending == "succeeded" else 1)
     journal = scalar(db_url, "SELECT string_agg(detail::text, ' ') FROM outbox.journal")
     assert "no answer from MCP server tk" in journal
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_a_relay_paused_past_the_timeout_uses_the_answer_that_came_in_time(
+    db_url, forks, tmp_path, transport
+):
+    """The server answers a none-mode call a second after it came; the relay, paused
+    (SIGSTOP) meanwhile, wakes after the call's timeout (and, over HTTP, the bound of its
+    whole answer): the answer in its socket or pipe is read before a timeout is declared,
+    so the call succeeds, sent once, not parked as ``outcome_unknown``."""
+    timeout_s = 2.0
+    server: HttpFixture | None = None
+    if transport == "http":
+        server = HttpFixture(forks, tmp_path)
+        server.start()
+        where: dict[str, Any] = {"url": server.url}
+        audit_path = server.audit_path
+    else:
+        command, audit_path = stdio_command(forks, tmp_path)
+        where = {"command": command}
+    add_server(db_url, name="tk", trusted=True, overrides=LOW, timeout_s=timeout_s, **where)
+    ref = call_once(db_url, "tk__create_ticket", {"title": "t", "hold_s": 1.0})
+    relay = start_relay_process(db_url, tmp_path / "relay.log", *FAST[2:], "--lease", "30")
+    try:
+        wait_until(lambda: audit(audit_path, "create_ticket"), what="the call at the server")
+        relay.send_signal(signal.SIGSTOP)
+        paused_at = time.monotonic()
+        wait_until(  # the answer, the timeout and the bound of the whole answer, all past
+            lambda: time.monotonic() > paused_at + timeout_s + 1.0 + 1.5,
+            what="the call's timeout to pass",
+        )
+        relay.send_signal(signal.SIGCONT)
+        wait_until(lambda: all_settled(db_url), what="the call to finish")
+    finally:
+        relay.send_signal(signal.SIGCONT)
+        relay.kill()
+        relay.wait()
+        if server is not None:
+            server.kill()
+    journal = scalar(db_url, "SELECT string_agg(detail::text, ' ') FROM outbox.journal")
+    assert call_row(db_url, ref)["status"] == "succeeded", journal
+    assert len(audit(audit_path, "create_ticket")) == 1
+    assert "no answer" not in journal
 
 
 def test_calls_of_one_server_in_flight_stay_within_its_limit(db_url, http_server):

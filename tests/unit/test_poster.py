@@ -791,3 +791,70 @@ def test_a_body_that_is_enough_and_then_ends_keeps_its_connection():
     for found in asyncio.run(main()):
         assert found.content == b"data: done\n\n" and "ended_early" not in found.extensions
     assert (requests[0], connections[0]) == (3, 1)
+
+
+@pytest.mark.parametrize(("timeout", "total"), [(0.3, None), (5.0, 0.3)])
+def test_an_answer_in_the_socket_when_the_deadline_passes_is_read_not_a_timeout(timeout, total):
+    """A process paused past a request's deadline (SIGSTOP, a frozen VM) wakes with its
+    timer due and the answer whole in its socket: the answer came in time, and is taken.
+    Here the loop itself is held: the server answers at once, then blocks the loop past
+    the deadline before the poster has read a byte."""
+    body = b'{"ok": true}'
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer(body))  # sent at once: the answer is in the poster's socket
+        time.sleep(0.8)  # the loop held past the deadline, on purpose
+        await reader.read()
+        writer.close()
+
+    async def main() -> httpx2.Response:
+        async with served(handler) as (poster, url):
+            bounds = {"timeout": timeout} if total is None else {"timeout": timeout, "total": total}
+            return await poster.post(url, json={}, **bounds)
+
+    assert asyncio.run(main()).content == body
+
+
+def test_a_whole_answer_not_in_by_total_is_a_read_timeout():
+    """``total`` bounds the whole answer, however steadily its bytes trickle in."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(sse_head())
+        for _ in range(40):
+            writer.write(chunk(b": still here\n\n"))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.close()
+
+    async def main() -> None:
+        await post_once(handler, json={}, timeout=1.0, total=0.5)
+
+    with pytest.raises(httpx2.ReadTimeout, match="whole answer"):
+        asyncio.run(main())
+
+
+def test_an_answer_that_reaches_the_socket_as_the_deadline_fires_is_read_not_a_timeout():
+    """The loop, held past the deadline, runs the deadline's timer in the same turn as the
+    server's write of the answer: the answer is in the socket, not yet read, when the timer
+    fires (either order). The timer gives the loop one more I/O pass before a timeout."""
+    body = b'{"ok": true}'
+    writers: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await writers.put(writer)
+        await reader.read()
+        writer.close()
+
+    async def main() -> httpx2.Response:
+        async with served(handler) as (poster, url):
+            sent = asyncio.ensure_future(poster.post(url, json={}, timeout=0.3))
+            writer = await writers.get()
+            loop = asyncio.get_running_loop()
+            loop.call_soon(time.sleep, 0.6)  # the loop held past the deadline, on purpose
+            loop.call_later(0.2, writer.write, answer(body))  # due in the same turn as it
+            return await sent
+
+    assert asyncio.run(main()).content == body
