@@ -482,7 +482,11 @@ class Completer:
                 f"{row.kind}.retry_scheduled",
                 row.tenant_id,
                 **self._ids(row),
-                detail=_with_span({"error": outcome.error, "delay_s": round(delay, 3)}, outcome),
+                detail=_with_span(
+                    {"error": outcome.error, "delay_s": round(delay, 3)}
+                    | ({"base_url": outcome.server} if outcome.server else {}),
+                    outcome,
+                ),
             )
             return "retry_scheduled"
         reason = "outcome_unknown" if outcome.action == "unknown" else "max_attempts"

@@ -214,15 +214,14 @@ class ModelExecutor:
     ) -> Outcome:
         """One request of the turn to its model: the outcome of its answer (or of none)."""
         base_url = run["base_url"]
-        model = run["model"]
         try:
             turn = await providers.call(post, run, step_no, messages, tools)
         except httpx2.HTTPError as err:  # no answer: refused, timed out, cut
-            error = f"model call to {model} failed: {type(err).__name__}: {err}"
+            error = f"model call failed: {type(err).__name__}: {err}"
             return self._retry(row, base_url, error, err)
         except ModelAnswered as err:
             if err.transient:
-                error = f"model {model} answered HTTP {err.status_code}: {err.message}"
+                error = f"model answered HTTP {err.status_code}: {err.message}"
                 return self._retry(row, base_url, error, err)
             return Outcome(
                 row,
