@@ -5,6 +5,7 @@ servers over HTTP, a real PostgreSQL."""
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -288,3 +289,39 @@ def test_routing_rules_pick_the_model_per_step_and_are_pinned_per_run(setup, pri
     assert {r["version"] for r in routes_journaled(setup, run_id)} == {1}
     assert turns(setup, newer) == [(1, "everything", primary.url + "/v1")]
     assert routes_journaled(setup, newer)[0]["version"] == 2
+
+
+def test_the_cli_sets_fallbacks_circuits_and_routes(db_url, monkeypatch):
+    from click.testing import CliRunner
+
+    import cli
+
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+
+    def outbox(*args: str, code: int = 0) -> str:
+        done = CliRunner().invoke(cli.main, ["models", *args])
+        assert done.exit_code == code, done.output
+        return done.output
+
+    said = outbox(
+        "fallback", "gpt-x", "--to", "small", "--base-url", "http://b/v1", "--api", "chat"
+    )
+    assert "gpt-x falls back to small at http://b/v1 over chat after 2 failures" in said
+    assert "small" in outbox("fallbacks")
+    assert "--to MODEL is required" in outbox("fallback", "gpt-x", code=2)
+    said = outbox("circuit", "http://a/v1/", "--open-after", "3", "--cool-down", "2")
+    assert (
+        said.strip() == "http://a/v1: closed, opens after 3 failures within 10 s, probed after 2 s"
+    )
+    assert json.loads(outbox("circuits", "--json"))[0]["open_after"] == 3
+    rules = '[{"first_turn": true, "model": "big"}, {"after_tool_results": true, "model": "s"}]'
+    assert "acme: routing rules version 1 (2 rules)" in outbox("route", "acme", "--rules", rules)
+    assert "version 2" in outbox("route", "acme", "--rules", "[]")
+    assert "Extra inputs are not permitted" in outbox(
+        "route", "acme", "--rules", '[{"model": "m", "when": 1}]', code=2
+    )
+    assert [r["version"] for r in json.loads(outbox("routes", "--tenant", "acme", "--json"))] == [
+        1,
+        2,
+    ]
+    assert "gpt-x has no fallback" in outbox("fallback", "gpt-x", "--remove")
