@@ -47,7 +47,7 @@ def test_a_relay_killed_mid_fallback_records_each_step_once(db_url, servers, tmp
             conn, "m", "m-backup", to_base_url=backup.url + "/v1", to_api="chat", after_attempts=1
         )
         thread = writer.create_thread(conn, "acme")
-        run = writer.start_run(
+        writer.start_run(
             conn,
             StartRun(
                 tenant_id="acme",
