@@ -228,6 +228,7 @@ class Completer:
         ).fetchall()
         for base_url, state, was, failures in changed:
             row = first[base_url].row
+            self.metrics.circuit_changes.labels(state).inc()
             event = {"open": "opened", "closed": "closed"}.get(state, state)
             store.journal(
                 conn,
