@@ -109,6 +109,9 @@ PINNED = {
     "0047_key_checks_find_runs_by_id.py": "6c0fde9e31d10de0",
     "0047_key_checks_find_runs_by_id.sql": "db89b3f7d2acd8dd",
     "0047_key_checks_find_runs_by_id_down.sql": "cbeccbd3f80e107d",
+    "0048_model_fallback.py": "dc7a7bce6c60ec34",
+    "0048_model_fallback.sql": "7f89d606798fbed0",
+    "0048_model_fallback_down.sql": "8445f4e402563908",
 }
 
 
