@@ -46,7 +46,11 @@ Q = queries("routing.sql")
 API = Literal["responses", "chat"]
 DEFAULT_BASE_URL = "https://api.openai.com/v1"  # the OpenAI SDK's, when nothing names one
 CHAIN_MAX = 4  # links of a fallback chain followed at most (a loop of fallbacks ends there)
-WAIT_MIN_S = 0.2  # the shortest wait of a turn whose every server's circuit is open
+# A turn whose every server's circuit is open waits until the first cool-down ends, but at
+# least WAIT_MIN_S (a turn prepared again costs a claim and a read of its history) and at
+# most WAIT_MAX_S (an operator who closes a circuit by hand sees its turns go soon).
+WAIT_MIN_S = 0.5
+WAIT_MAX_S = 5.0
 
 
 def base_url_of(base_url: str | None) -> str:
@@ -221,7 +225,7 @@ def choose(
             return _choice(target, route, probe=True, dirty=True, skipped=skipped)
         skipped.append(target.base_url)
         waits.append(circuit.wait_s)
-    wait = max(WAIT_MIN_S, min(waits) if waits else WAIT_MIN_S)
+    wait = min(WAIT_MAX_S, max(WAIT_MIN_S, min(waits) if waits else WAIT_MIN_S))
     return Choice(None, {"reason": "circuit_open", "skipped": skipped}, wait_s=wait)
 
 

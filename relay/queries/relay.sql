@@ -666,7 +666,8 @@ JOIN {s}.runs r ON r.id = w.run_id
 -- name: model_routing_state
 -- What routes the turns of a batch besides their runs (outbox/routing.py): every model's
 -- fallback and the circuits that are not clean (open, half-open, or closed with failures
--- counted), each with whether its probe may be taken now and the seconds until it may.
+-- counted), each with whether its probe may be taken now and the seconds until it may
+-- (half-open: its probe is out, a cool-down until it is known).
 -- Both tables hold a row per model or base URL: a few rows, read once per batch.
 SELECT (SELECT coalesce(jsonb_object_agg(f.model, to_jsonb(f)), '{}')
         FROM {s}.model_fallbacks f) AS fallbacks,
@@ -682,6 +683,7 @@ SELECT (SELECT coalesce(jsonb_object_agg(f.model, to_jsonb(f)), '{}')
                         THEN greatest(0, extract(epoch FROM c.opened_at
                                                  + make_interval(secs => c.cool_down_s)
                                                  - now()))
+                        WHEN c.state = 'half_open' THEN c.cool_down_s
                         ELSE 0 END)), '[]')
         FROM {s}.model_circuits c WHERE c.state <> 'closed' OR c.failures > 0) AS circuits
 

@@ -223,6 +223,36 @@ def test_the_circuit_opens_stops_sending_and_a_probe_closes_it(setup, primary, b
     one_turn_per_step(setup)
 
 
+def test_without_a_fallback_turns_wait_unsent_while_the_circuit_is_open(setup, primary):
+    url = primary.url + "/v1"
+    configure(setup, circuit=(url, {"open_after": 1, "cool_down_s": 2}))
+    primary.down(503)
+    with relay_thread(setup, kinds=KINDS):
+        first = start(setup, primary)
+        wait_until(lambda: events(setup, "model.circuit_opened") == 1)
+        sent = len(primary.requests)
+        waiting = start(setup, primary)
+
+        def deferred() -> bool:
+            return bool(
+                scalar(
+                    setup,
+                    "SELECT count(*) FROM outbox.journal WHERE run_id = %s "
+                    "AND event = 'model_turn.retry_scheduled' "
+                    "AND detail->>'error' LIKE 'model servers unavailable (circuit open)%%'",
+                    [waiting],
+                )
+            )
+
+        wait_until(deferred, what="the second run's turn waiting, unsent")
+        assert len(primary.requests) == sent
+        primary.up()  # back: after the cool-down a waiting turn probes and closes it
+        wait_until(lambda: all_completed(setup, [first, waiting]), timeout_s=60)
+    assert events(setup, "model.circuit_closed") == 1
+    assert scalar(setup, "SELECT count(*) FROM outbox.outbox WHERE status = 'quarantined'") == 0
+    one_turn_per_step(setup)
+
+
 def test_a_responses_model_falls_back_to_chat_completions_with_its_history(setup, primary, backup):
     def first_then_down(history: Any) -> dict[str, Any]:
         primary.down(503)  # the provider dies right after its first answer
