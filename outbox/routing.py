@@ -138,6 +138,9 @@ class Choice:
     probe: bool = False
     dirty: bool = False  # its server's circuit had failures: report an answer to it
     skipped: list[str] = field(default_factory=list)
+    # A fallback comes after the target: a Retry-After of the target's server holds the
+    # target's turns, not this one (its next attempt goes to the fallback).
+    fallback_left: bool = False
 
 
 def route_target(
@@ -191,13 +194,15 @@ def choose(
     fallbacks: Mapping[str, Mapping[str, Any]],
     circuits: Mapping[str, Circuit],
     take_probe: Callable[[str], bool],
+    held: Mapping[str, float] | None = None,
 ) -> Choice:
     """Where the turn of ``run`` at ``step`` goes after ``failures`` failed attempts.
 
     The routed target (``route_target``), then down its fallback chain: past each link
     whose ``after_attempts`` the failures reached, and past each whose base URL's circuit
     is open unless this caller takes its probe (``take_probe``, once the cool-down is
-    over). None of them left: wait until the first cool-down ends."""
+    over), or whose server asked this relay to wait (``held``: seconds left of its
+    ``Retry-After``). None of them left: wait until the first of them may be sent."""
     first, rule = route_target(run, rules, step)
     links = chain(first, fallbacks)
     start, used = 0, failures
@@ -211,28 +216,47 @@ def choose(
         route.update(reason="fallback", after_failures=failures, primary=first.model)
     skipped: list[str] = []
     waits: list[float] = []
-    for target, _ in links[start:]:
+    opened = False  # a base URL was skipped for its circuit, not only for a Retry-After
+    for at, (target, _) in enumerate(links[start:], start):
+        more = at < len(links) - 1  # a fallback left after this one
+        if held and held.get(target.base_url, 0.0) > 0:
+            skipped.append(target.base_url)
+            waits.append(held[target.base_url])
+            continue
         circuit = circuits.get(target.base_url)
         if circuit is None or not circuit.open:
             if skipped:
-                route.update(reason="circuit_open", skipped=skipped, primary=first.model)
+                reason = "circuit_open" if opened else "retry_after"
+                route.update(reason=reason, skipped=skipped, primary=first.model)
             dirty = circuit is not None and circuit.failures > 0
-            return _choice(target, route, dirty=dirty, skipped=skipped)
+            return _choice(target, route, dirty=dirty, skipped=skipped, more=more)
         if circuit.probe_due and take_probe(target.base_url):
             route.update(probe=True)
             if skipped:
                 route.update(skipped=skipped)
-            return _choice(target, route, probe=True, dirty=True, skipped=skipped)
+            return _choice(target, route, probe=True, dirty=True, skipped=skipped, more=more)
         skipped.append(target.base_url)
         waits.append(circuit.wait_s)
-    wait = min(WAIT_MAX_S, max(WAIT_MIN_S, min(waits) if waits else WAIT_MIN_S))
-    return Choice(None, {"reason": "circuit_open", "skipped": skipped}, wait_s=wait)
+        opened = True
+    wait = max(WAIT_MIN_S, min(waits) if waits else WAIT_MIN_S)
+    if opened:
+        wait = min(WAIT_MAX_S, wait)
+    reason = "circuit_open" if opened else "retry_after"
+    return Choice(None, {"reason": reason, "skipped": skipped}, wait_s=wait, skipped=skipped)
 
 
 def _choice(
-    target: Target, route: dict[str, Any], *, probe: bool = False, dirty: bool, skipped: list[str]
+    target: Target,
+    route: dict[str, Any],
+    *,
+    probe: bool = False,
+    dirty: bool,
+    skipped: list[str],
+    more: bool,
 ) -> Choice:
-    return Choice(target, route or None, probe=probe, dirty=dirty, skipped=skipped)
+    return Choice(
+        target, route or None, probe=probe, dirty=dirty, skipped=skipped, fallback_left=more
+    )
 
 
 def circuits_of(rows: list[Mapping[str, Any]]) -> dict[str, Circuit]:

@@ -174,18 +174,32 @@ class ModelExecutor:
         run, messages, tools = prepared.run, prepared.messages, prepared.tools
         choice = prepared.choice
         if choice is not None and choice.target is None:  # every server's circuit is open
-            error = f"model servers unavailable (circuit open): {', '.join(choice.skipped)}"
+            why = (choice.route or {}).get("reason", "circuit_open").replace("_", " ")
+            error = f"model servers unavailable ({why}): {', '.join(choice.skipped)}"
             return Outcome(row, "defer", error=error, delay_s=choice.wait_s)
         base_url = run["base_url"]
         hold = self.held_until.get(base_url, 0.0) - time.monotonic()
         if hold > 0:
+            # A probe not sent: its circuit opens again for another cool-down (reported as
+            # a failure: the server asked everyone to wait), rather than staying half-open
+            # until the probe times out.
+            probe = choice is not None and choice.probe
             return Outcome(
-                row, "defer", error=f"{base_url} asked to wait (Retry-After)", delay_s=hold
+                row,
+                "defer",
+                error=f"{base_url} asked to wait (Retry-After)",
+                delay_s=hold,
+                server=base_url if probe else None,
+                circuit="failed" if probe else None,
             )
         started, started_at = time.monotonic(), time.time()
         server = self.servers(base_url)
         post = functools.partial(server.post, trace=spans.headers(row))
         outcome = await self._call(row, post, run, step_no, messages, tools)
+        if outcome.action == "retry" and choice is not None and choice.fallback_left:
+            # The server's Retry-After holds its base URL (``held_until``), and the
+            # routing sends the next attempt elsewhere: the turn need not wait as long.
+            outcome = dataclasses.replace(outcome, delay_s=None)
         if isinstance(outcome.output, ModelTurnIn):
             route = choice.route if choice is not None else None
             outcome = dataclasses.replace(

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +69,10 @@ class Preparer:
         self.worker_id = worker_id
         self.stopped = stopped  # set when the process is done: pending requests are dropped
         self.requests: queue.Queue[_Request] = queue.Queue()
+        # Base URLs whose server asked this process to wait (Retry-After), until when
+        # (monotonic seconds): the model executor's (``relay.model``), read here so a turn
+        # with a fallback goes there instead of waiting.
+        self.held_until: dict[str | None, float] = {}
         self.thread = threading.Thread(target=self._loop, name="preparer", daemon=True)
 
     def start(self) -> None:
@@ -167,6 +172,10 @@ class Preparer:
             state = cur.fetchone()
         fallbacks = state["fallbacks"] if state else {}
         circuits = routing.circuits_of(state["circuits"] if state else [])
+        now = time.monotonic()
+        held = {
+            url: until - now for url, until in list(self.held_until.items()) if url and until > now
+        }
         answers: dict[int, Any] = {}
         for request, step_no in zip(turns, steps, strict=True):
             row = found.get((_uuid(request.row.run_id), step_no))
@@ -175,7 +184,7 @@ class Preparer:
                 return self._take_probe(conn, claimed, base_url)
 
             answers[id(request)] = _turn(
-                row, step_no, request.row.failures, fallbacks, circuits, take_probe
+                row, step_no, request.row.failures, fallbacks, circuits, take_probe, held
             )
         return answers
 
@@ -221,6 +230,7 @@ def _turn(
     fallbacks: dict[str, Any],
     circuits: dict[str, routing.Circuit],
     take_probe: Callable[[str], bool],
+    held: dict[str, float],
 ) -> Turn | str:
     if row is None:
         return "the run does not exist"
@@ -235,7 +245,7 @@ def _turn(
         tokens_left=row["tokens_left"],
     )
     choice = routing.choose(
-        row, step, failures, row["route_rules"], fallbacks, circuits, take_probe
+        row, step, failures, row["route_rules"], fallbacks, circuits, take_probe, held
     )
     target = choice.target
     api = target.api if target is not None else row["api"]

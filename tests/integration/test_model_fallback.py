@@ -162,6 +162,26 @@ def test_a_primary_answering_503_moves_runs_to_the_fallback(setup, primary, back
     assert len(backup.requests) == 6  # one answer per step: nothing sent twice
 
 
+def test_a_retry_after_sends_the_turn_to_the_fallback_instead_of_waiting(setup, primary, backup):
+    configure(
+        setup,
+        fallback=(
+            "primary-1",
+            "backup-1",
+            {"to_base_url": backup.url + "/v1", "after_attempts": 9},
+        ),
+        circuit=(primary.url + "/v1", {"open_after": 1000}),
+    )
+    primary.fail_next(1, status=429, retry_after_s=120)
+    run_id = start(setup, primary)
+    with relay_thread(setup, kinds=KINDS):
+        # Far sooner than the 120 s the primary asked for: the fallback took the turn.
+        wait_until(lambda: status(setup, run_id) == "completed", timeout_s=60)
+    assert [model for _, model, _ in turns(setup, run_id)] == ["backup-1", "backup-1"]
+    assert [r["reason"] for r in routes_journaled(setup, run_id)] == ["retry_after"] * 2
+    assert [r.status for r in primary.requests] == [429]
+
+
 def test_a_bad_request_fails_the_run_without_falling_back(setup, primary, backup):
     configure(
         setup,
@@ -319,6 +339,8 @@ def test_routing_rules_pick_the_model_per_step_and_are_pinned_per_run(setup, pri
     assert {r["version"] for r in routes_journaled(setup, run_id)} == {1}
     assert turns(setup, newer) == [(1, "everything", primary.url + "/v1")]
     assert routes_journaled(setup, newer)[0]["version"] == 2
+    # Servers that only answered have no circuit row: the happy path writes none.
+    assert scalar(setup, "SELECT count(*) FROM outbox.model_circuits") == 0
 
 
 def test_the_cli_sets_fallbacks_circuits_and_routes(db_url, monkeypatch):

@@ -94,3 +94,12 @@ def test_a_loop_of_fallbacks_ends():
         "big",
         "mid",
     ]
+
+
+def test_a_server_that_asked_to_wait_is_skipped_like_an_open_circuit():
+    held = routing.choose(RUN, FIRST, 0, None, FALLBACKS, {}, lambda url: False, {"http://a/v1": 9})
+    assert held.target is not None and held.target.model == "mid"
+    assert held.route == {"reason": "retry_after", "skipped": ["http://a/v1"], "primary": "big"}
+    assert held.fallback_left  # mid has a fallback of its own
+    alone = routing.choose(RUN, FIRST, 0, None, {}, {}, lambda url: False, {"http://a/v1": 9})
+    assert alone.target is None and alone.wait_s == 9  # the whole Retry-After, uncapped
