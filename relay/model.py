@@ -21,7 +21,10 @@ Responses answer are recorded with its turn and given back to the model, verbati
 that turn's text and calls (a reasoning model refuses a call without them). 429, 5xx, timeouts
 and connection errors retry with backoff, or after what a ``Retry-After`` header asks;
 other 4xx answers fail the run with reason ``model_error`` (sending the same request
-again would not help).
+again would not help). Which model, base URL and API a turn goes to is chosen with its
+preparation (``outbox.routing``: routing rules, a fallback after failed attempts, the
+circuit of each base URL); each outcome says what its call showed of its server, for that
+server's circuit (``Outcome.circuit``), and a recorded turn names what answered it.
 
 An answer is read up to ``--max-model-answer`` bytes (``OUTBOX_MAX_MODEL_ANSWER_BYTES``,
 32 MiB: twice the largest turn that can be recorded) and no further, so a server answering

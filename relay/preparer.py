@@ -8,6 +8,11 @@ tasks hand their requests to this one thread, which takes everything waiting and
 it with one statement per kind (``prepare_turns``, ``mark_dispatched_many`` in
 ``relay/queries/relay.sql``), then resolves each task's future on the event loop.
 
+A batch of turns also reads, in one statement more, what routes them: every model's
+fallback and the circuits that are not clean (``outbox.routing``); each turn's target is
+chosen there (a probe taken in the same transaction), and its history written in the
+target's API.
+
 When the database goes away mid-batch, the batch waits and is served again once the link
 is back: a lost connection is not the row's failure and costs it nothing. If the outage
 outlasts a lease, the row's late outcome is fenced and another worker has taken it over.
