@@ -55,9 +55,10 @@ SETTLED_TIME_WAIT = 1000  # a case starts once the host has at most this many so
 class LatencyServer:
     """``bench.latency_server`` in its own process."""
 
-    def __init__(self, model_s: float, tool_s: float, calls: int) -> None:
+    def __init__(self, model_s: float, tool_s: float, calls: int, model_status: int = 200) -> None:
         command = [sys.executable, "-m", "bench.latency_server", "--model-latency", str(model_s)]
         command += ["--tool-latency", str(tool_s), "--calls", str(calls)]
+        command += ["--model-status", str(model_status)]
         self.process = subprocess.Popen(
             command, cwd=REPO, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)}
         )

@@ -9,6 +9,8 @@ one asyncio event loop (HTTP/1.1 with keep-alive, idle connections closed after
   final text. The relay's agent loop is thus model turn -> K tool calls -> model turn;
 - ``POST /tools/<name>``: after ``T`` seconds, ``{"ok": true}``; each ``Idempotency-Key`` is
   counted, so a call performed twice shows up as a duplicate;
+- with ``--model-status 503``, every model request is answered 503 at once, OpenAI's error
+  JSON: a provider that is down (``bench.fallback``);
 - ``GET /_stats``: requests served, the most open at once (per route) and duplicates;
 - anything else: 404 with an OpenAI-style JSON error.
 
@@ -57,7 +59,7 @@ BACKLOG = 4096  # pending connections the kernel may queue (net.core.somaxconn h
 KEEP_ALIVE_S = 5.0
 MAX_HEAD = 65536  # bytes of request line and header fields; more is answered 400
 
-REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}
+REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 503: b"Service Unavailable"}
 Answer = tuple[int, Any]  # status and the JSON payload
 
 
@@ -133,10 +135,11 @@ def parse_head(head: bytes) -> Request:
 class Server:
     """The routes and their statistics; shared by every connection."""
 
-    def __init__(self, model_s: float, tool_s: float, calls: int) -> None:
+    def __init__(self, model_s: float, tool_s: float, calls: int, model_status: int = 200) -> None:
         self.model_s = model_s
         self.tool_s = tool_s
         self.calls = calls
+        self.model_status = model_status
         self.stats = Stats()
         self.loop = asyncio.get_running_loop()
 
@@ -165,6 +168,11 @@ class Server:
             raise BadRequest("the body is not a Responses API request") from e
         s = self.stats
         s.model_requests += 1
+        if self.model_status != 200:  # a provider that is down answers at once
+            message = "The server had an error while processing your request."
+            error = {"error": {"message": message, "type": "server_error"}}
+            self.loop.call_soon(conn.answer, self.model_status, error)
+            return
         s.open_model += 1
         s.max_open_model = max(s.max_open_model, s.open_model)
         # A timer handle, not a sleeping coroutine: cheaper to create and to wake.
@@ -366,7 +374,7 @@ class Connection(asyncio.Protocol):
 
 
 async def serve(args: argparse.Namespace) -> None:
-    server = Server(args.model_latency, args.tool_latency, args.calls)
+    server = Server(args.model_latency, args.tool_latency, args.calls, args.model_status)
     listener = await server.loop.create_server(
         lambda: Connection(server), "127.0.0.1", args.port, backlog=BACKLOG
     )
@@ -381,6 +389,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-latency", type=float, default=2.0, help="seconds per turn")
     parser.add_argument("--tool-latency", type=float, default=0.5, help="seconds per call")
     parser.add_argument("--calls", type=int, default=2, help="parallel tool calls per turn")
+    parser.add_argument(
+        "--model-status",
+        type=int,
+        choices=sorted(REASONS),
+        default=200,
+        help="answer every model request with this status at once (503: a provider down)",
+    )
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -146,6 +146,9 @@ COMMANDS: dict[str, Lazy] = {
     "prices": Lazy(
         "prices", "prices_group", "Model prices per million tokens: what budgets in money count."
     ),
+    "models": Lazy(
+        "models", "models_group", "Model fallbacks, circuits per base URL and routing rules."
+    ),
     "platform": Lazy("platform", "platform_group", "Limits over every run of every tenant."),
     "limits": Lazy(
         "limits",

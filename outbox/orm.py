@@ -166,6 +166,11 @@ class Run(Base):
     tracestate: Mapped[str | None] = mapped_column(
         Text, comment="the W3C tracestate that came with traceparent"
     )
+    route_version: Mapped[int | None] = mapped_column(
+        Integer,
+        comment="the version of its tenant's routing rules (model_routes) the run was started "
+        "with; NULL: none, every turn goes to the run's model",
+    )
     agent_span_due: Mapped[bool] = mapped_column(
         Boolean,
         server_default=text("false"),
@@ -270,6 +275,13 @@ class ModelTurn(Base):
         Numeric,
         comment="what the turn cost by model_prices when it was recorded; "
         "NULL: the model had no price",
+    )
+    model: Mapped[str | None] = mapped_column(
+        Text,
+        comment="the model that answered the turn (a fallback's or a route's, else the run's)",
+    )
+    base_url: Mapped[str | None] = mapped_column(
+        Text, comment="the base URL of the server that answered the turn"
     )
 
 
@@ -702,6 +714,67 @@ class ModelPrice(Base):
     output_per_mtok: Mapped[Decimal] = mapped_column(Numeric)
     updated_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
     updated_at: Mapped[datetime] = _now()
+
+
+class ModelFallback(Base):
+    """Where a model's turns go when its server fails them (``outbox.routing``)."""
+
+    __tablename__ = "model_fallbacks"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "where a model's turns go once after_attempts attempts of a turn failed "
+        "(429, 5xx, a timeout, no connection) or while its base URL's circuit is open: "
+        "another model, base URL (NULL: the run's) or API (NULL: the run's); a fallback's "
+        "own fallback makes a chain"
+    }
+
+    model: Mapped[str] = mapped_column(Text, primary_key=True)
+    to_model: Mapped[str] = mapped_column(Text)
+    to_base_url: Mapped[str | None] = mapped_column(Text)
+    to_api: Mapped[str | None] = mapped_column(Text)
+    after_attempts: Mapped[int] = mapped_column(Integer, server_default=text("2"))
+    updated_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
+    updated_at: Mapped[datetime] = _now()
+
+
+class ModelCircuit(Base):
+    """The circuit of one model base URL, shared by every relay (``outbox.routing``)."""
+
+    __tablename__ = "model_circuits"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "one circuit per model base URL, shared by every relay: open after "
+        "open_after consecutive failures within window_s (turns then go to their "
+        "fallback, or wait, without sending), half-open after cool_down_s (one probe is "
+        "sent), closed by the probe's answer"
+    }
+
+    base_url: Mapped[str] = mapped_column(Text, primary_key=True)
+    state: Mapped[str] = mapped_column(Text, server_default=text("'closed'"))
+    failures: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    first_failure_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    opened_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    probe_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    open_after: Mapped[int] = mapped_column(Integer, server_default=text("5"))
+    window_s: Mapped[float] = mapped_column(Double, server_default=text("10"))
+    cool_down_s: Mapped[float] = mapped_column(Double, server_default=text("5"))
+    probe_timeout_s: Mapped[float] = mapped_column(Double, server_default=text("150"))
+    updated_at: Mapped[datetime] = _now()
+
+
+class ModelRoute(Base):
+    """A tenant's routing rules, one version per row (``outbox.routing``)."""
+
+    __tablename__ = "model_routes"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "a tenant's routing rules, one row per version (never changed): the "
+        "first rule that matches a step picks its model; a run keeps the version it "
+        "started with (runs.route_version)"
+    }
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rules: Mapped[list[Any]] = mapped_column(JSONB)
+    created_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
+    created_at: Mapped[datetime] = _now()
 
 
 class PlatformLimits(Base):

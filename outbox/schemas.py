@@ -402,6 +402,11 @@ class ModelTurnIn(_In):
     input_tokens: int = Field(default=0, ge=0)
     output_tokens: int = Field(default=0, ge=0)
     cached_tokens: int = Field(default=0, ge=0)  # of input_tokens, served from a cache
+    # What answered the turn, when not the run's own model (a fallback's, a routing rule's:
+    # outbox.routing), and why (``route``: journaled with the turn).
+    model: str | None = None
+    base_url: str | None = None
+    route: dict[str, Any] | None = None
 
     @field_validator("content")
     @classmethod

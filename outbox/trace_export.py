@@ -296,13 +296,17 @@ def _attempt_span(
             error_text = error_text or call["error"]
     else:
         step = detail.get("step_no", span.get("step"))
-        name = f"chat {run['model']}"
+        # A recorded turn names the model that answered it (a fallback's, a routing
+        # rule's: outbox.routing); another attempt, the run's.
+        recorded = turns.get((run["id"], step)) if event["event"] == "model_turn.recorded" else None
+        model = (recorded or {}).get("model") or run["model"]
+        name = f"chat {model}"
         kind = trace.SpanKind.CLIENT
         attributes.update(
             {
                 "gen_ai.operation.name": "chat",
                 "gen_ai.provider.name": PROVIDER,
-                "gen_ai.request.model": run["model"] or "",
+                "gen_ai.request.model": model or "",
                 "outbox.step": step if step is not None else 0,
             }
         )

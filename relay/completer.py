@@ -193,10 +193,50 @@ class Completer:
         ):
             if positions:
                 self._set_based(conn, outcomes, positions, applied, kind, write_all)
-        return [
+        done = [
             what if what is not None else self.apply(conn, outcome)
             for outcome, what in zip(outcomes, applied, strict=True)
         ]
+        self._report_circuits(conn, [o for o in outcomes if o.circuit and o.server])
+        return done
+
+    def _report_circuits(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> None:
+        """Report what the model calls of this transaction said about their servers to
+        their circuits (``report_model_calls_v1``: one statement, and none when every call
+        was answered by a server whose circuit is clean), and journal each circuit this
+        opened or closed with the run of a call that made it."""
+        if not outcomes:
+            return
+        counts: dict[str, list[int]] = {}
+        first: dict[str, Outcome] = {}
+        for o in outcomes:
+            assert o.server is not None
+            failed, answered = counts.setdefault(o.server, [0, 0])
+            counts[o.server] = [
+                failed + (o.circuit == "failed"),
+                answered + (o.circuit == "answered"),
+            ]
+            first.setdefault(o.server, o)
+        urls = sorted(counts)
+        changed = conn.execute(
+            self.q.report_model_calls,
+            {
+                "base_urls": urls,
+                "failed": [counts[u][0] for u in urls],
+                "answered": [counts[u][1] for u in urls],
+            },
+        ).fetchall()
+        for base_url, state, was, failures in changed:
+            row = first[base_url].row
+            self.metrics.circuit_changes.labels(state).inc()
+            event = {"open": "opened", "closed": "closed"}.get(state, state)
+            statements.journal(
+                conn,
+                f"model.circuit_{event}",
+                row.tenant_id,
+                **self._ids(row),
+                detail={"base_url": base_url, "from": was, "failures": failures},
+            )
 
     def _fence_many(
         self, conn: psycopg.Connection[Any], outcomes: list[Outcome], positions: list[int]
@@ -444,7 +484,11 @@ class Completer:
                 f"{row.kind}.retry_scheduled",
                 row.tenant_id,
                 **self._ids(row),
-                detail=_with_span({"error": outcome.error, "delay_s": round(delay, 3)}, outcome),
+                detail=_with_span(
+                    {"error": outcome.error, "delay_s": round(delay, 3)}
+                    | ({"base_url": outcome.server} if outcome.server else {}),
+                    outcome,
+                ),
             )
             return "retry_scheduled"
         reason = "outcome_unknown" if outcome.action == "unknown" else "max_attempts"

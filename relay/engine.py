@@ -67,6 +67,7 @@ class Engine:
         self.models: dict[tuple[str | None, str], ModelServer] = {}
         self.tools = ToolExecutor(self.http, preparer.mark, threads)
         model = ModelExecutor(preparer.turn, self._model_server)
+        preparer.held_until = model.held_until  # read by the routing of turns
         self.executors: dict[str, Callable[[Claimed], Coroutine[Any, Any, Outcome]]] = {
             "tool_call": self.tools.run,
             "model_turn": model.run,

@@ -49,6 +49,12 @@ class Metrics:
             "outbox_relay_fenced_writes", "Completion writes refused: lease lost", registry=r
         )
         self.rescued = Counter("outbox_relay_rescued", "Expired leases taken back", registry=r)
+        self.circuit_changes = Counter(
+            "outbox_relay_model_circuit_changes",
+            "Model base URL circuits this relay's completions opened or closed, by new state",
+            ["state"],
+            registry=r,
+        )
         self.outcomes_held = Gauge(
             "outbox_relay_outcomes_held",
             "Outcomes waiting to be written because another transaction holds their run",

@@ -21,7 +21,10 @@ Responses answer are recorded with its turn and given back to the model, verbati
 that turn's text and calls (a reasoning model refuses a call without them). 429, 5xx, timeouts
 and connection errors retry with backoff, or after what a ``Retry-After`` header asks;
 other 4xx answers fail the run with reason ``model_error`` (sending the same request
-again would not help).
+again would not help). Which model, base URL and API a turn goes to is chosen with its
+preparation (``outbox.routing``: routing rules, a fallback after failed attempts, the
+circuit of each base URL); each outcome says what its call showed of its server, for that
+server's circuit (``Outcome.circuit``), and a recorded turn names what answered it.
 
 Every request of a conversation carries its ``prompt_cache_key`` (``outbox.providers``);
 a server configured with an affinity header (``--affinity-header``) gets the key in that
@@ -51,15 +54,16 @@ import httpx2
 from pydantic import ValidationError
 
 from outbox import config as outbox_config
-from outbox import failpoints, providers, storable
+from outbox import failpoints, providers, routing, storable
 from outbox.errors import OutboxError
 from outbox.relay import spans
 from outbox.relay.outcomes import Claimed, Outcome, retry, retry_after_s
 from outbox.relay.poster import Poster
 from outbox.relay.preparer import Turn, step_of
+from outbox.schemas import ModelTurnIn
 
 MODEL_TIMEOUT_S = float(os.environ.get("OUTBOX_MODEL_TIMEOUT_S", "120"))  # per request
-DEFAULT_BASE_URL = "https://api.openai.com/v1"  # the SDK's, when neither run nor env names one
+DEFAULT_BASE_URL = routing.DEFAULT_BASE_URL  # the SDK's, when neither run nor env names one
 PREVIEW_CHARS = 500  # of an error answer that is not OpenAI's error JSON
 
 
@@ -181,17 +185,49 @@ class ModelExecutor:
         if isinstance(prepared, str):
             return Outcome(row, "skip", error=prepared)
         run, messages, tools = prepared.run, prepared.messages, prepared.tools
+        choice = prepared.choice
+        if choice is not None and choice.target is None:  # every server's circuit is open
+            why = (choice.route or {}).get("reason", "circuit_open").replace("_", " ")
+            error = f"model servers unavailable ({why}): {', '.join(choice.skipped)}"
+            return Outcome(row, "defer", error=error, delay_s=choice.wait_s)
         base_url = run["base_url"]
         hold = self.held_until.get(base_url, 0.0) - time.monotonic()
         if hold > 0:
+            # A probe not sent: its circuit opens again for another cool-down (reported as
+            # a failure: the server asked everyone to wait), rather than staying half-open
+            # until the probe times out.
+            probe = choice is not None and choice.probe
             return Outcome(
-                row, "defer", error=f"{base_url} asked to wait (Retry-After)", delay_s=hold
+                row,
+                "defer",
+                error=f"{base_url} asked to wait (Retry-After)",
+                delay_s=hold,
+                server=base_url if probe else None,
+                circuit="failed" if probe else None,
             )
         started, started_at = time.monotonic(), time.time()
-        post = functools.partial(self.servers(base_url).post, trace=spans.headers(row))
+        server = self.servers(base_url)
+        post = functools.partial(server.post, trace=spans.headers(row))
         outcome = await self._call(row, post, run, step_no, messages, tools)
+        if outcome.action == "retry" and choice is not None and choice.fallback_left:
+            # The server's Retry-After holds its base URL (``held_until``), and the
+            # routing sends the next attempt elsewhere: the turn need not wait as long.
+            outcome = dataclasses.replace(outcome, delay_s=None)
+        if isinstance(outcome.output, ModelTurnIn):
+            route = choice.route if choice is not None else None
+            outcome = dataclasses.replace(
+                outcome,
+                output=outcome.output.model_copy(
+                    update={"model": run["model"], "base_url": server.base_url, "route": route}
+                ),
+            )
+        if outcome.circuit == "answered" and not (choice is not None and choice.dirty):
+            outcome = dataclasses.replace(outcome, circuit=None)  # a clean circuit: nothing
         return dataclasses.replace(
-            outcome, duration_s=time.monotonic() - started, started_at=started_at
+            outcome,
+            duration_s=time.monotonic() - started,
+            started_at=started_at,
+            server=server.base_url,
         )
 
     async def _call(
@@ -212,14 +248,18 @@ class ModelExecutor:
             return self._retry(row, base_url, error, err)
         except ModelAnswered as err:
             if err.transient:
-                return self._retry(
-                    row, base_url, f"model answered HTTP {err.status_code}: {err.message}", err
-                )
-            return Outcome(row, "fail_run", error=f"model refused the request: {err.message}")
+                error = f"model answered HTTP {err.status_code}: {err.message}"
+                return self._retry(row, base_url, error, err)
+            return Outcome(
+                row,
+                "fail_run",
+                error=f"model refused the request: {err.message}",
+                circuit="answered",
+            )
         except ModelAnswerTooLarge as err:
             if row.failures + 1 >= row.max_attempts:  # no answer to park for an operator
                 error = f"{err}; the run failed after {row.max_attempts} attempts"
-                return Outcome(row, "fail_run", error=error)
+                return Outcome(row, "fail_run", error=error, circuit="failed")
             return self._retry(row, base_url, str(err), err)
         except storable.NotStorable as err:
             error = f"model response cannot be recorded: {err.args[0]}"
@@ -228,7 +268,7 @@ class ModelExecutor:
             error = f"model response cannot be recorded: {type(err).__name__}: {err}"
             return Outcome(row, "fail_run", error=error)
         failpoints.hit("model.after_call")
-        return Outcome(row, "turn", output=turn)
+        return Outcome(row, "turn", output=turn, circuit="answered")
 
     def _retry(self, row: Claimed, base_url: str | None, error: str, err: Exception) -> Outcome:
         """Try the turn again later; when the server said how long to wait, every turn of
@@ -238,4 +278,4 @@ class ModelExecutor:
             self.held_until[base_url] = max(
                 self.held_until.get(base_url, 0.0), time.monotonic() + delay
             )
-        return retry(row, error, delay)
+        return dataclasses.replace(retry(row, error, delay), circuit="failed")

@@ -133,6 +133,11 @@ class Outcome:
     delay_s: float | None = None
     unsent: bool = False
     answered: bool = False
+    # A model turn's server (its base URL) and what its call says about it, for the
+    # server's circuit (``report_model_calls_v1``): "failed" (429, 5xx, a timeout, no
+    # connection) or "answered" (reported only when its circuit was not clean).
+    server: str | None = None
+    circuit: Literal["failed", "answered"] | None = None
 
     def __post_init__(self) -> None:
         # An error quotes what a tool or model sent (a body's start, an exception's text);

@@ -8,6 +8,11 @@ tasks hand their requests to this one thread, which takes everything waiting and
 it with one statement per kind (``prepare_turns``, ``mark_dispatched_many`` in
 ``relay/queries/relay.sql``), then resolves each task's future on the event loop.
 
+A batch of turns also reads, in one statement more, what routes them: every model's
+fallback and the circuits that are not clean (``outbox.routing``); each turn's target is
+chosen there (a probe taken in the same transaction), and its history written in the
+target's API.
+
 When the database goes away mid-batch, the batch waits and is served again once the link
 is back: a lost connection is not the row's failure and costs it nothing. If the outage
 outlasts a lease, the row's late outcome is fenced and another worker has taken it over.
@@ -20,14 +25,16 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from outbox import constants, history, registry
+from outbox import constants, history, registry, routing, statements
 from outbox.logs import log
 from outbox.relay.links import Link
 from outbox.relay.outcomes import Claimed
@@ -39,12 +46,16 @@ BATCH_MAX = 512  # most requests served by one round of statements
 
 @dataclass(frozen=True)
 class Turn:
-    """What a model call needs: the run, its history in the run's API format, its tools
-    (registry rows by name; ``outbox.providers.tool_list`` makes the API's list of them)."""
+    """What a model call needs: the run (its ``model``, ``base_url`` and ``api`` those of the
+    chosen target), its history in that API's format, its tools (registry rows by name;
+    ``outbox.providers.tool_list`` makes the API's list of them), and the choice of target
+    (``outbox.routing``: no target when every server of the turn's chain is behind an open
+    circuit)."""
 
     run: dict[str, Any]
     messages: list[dict[str, Any]]
     tools: dict[str, dict[str, Any]]
+    choice: routing.Choice | None = None
 
 
 @dataclass
@@ -63,6 +74,10 @@ class Preparer:
         self.worker_id = worker_id
         self.stopped = stopped  # set when the process is done: pending requests are dropped
         self.requests: queue.Queue[_Request] = queue.Queue()
+        # Base URLs whose server asked this process to wait (Retry-After), until when
+        # (monotonic seconds): the model executor's (``relay.model_turns``), read here so a turn
+        # with a fallback goes there instead of waiting.
+        self.held_until: dict[str | None, float] = {}
         self.thread = threading.Thread(target=self._loop, name="preparer", daemon=True)
 
     def start(self) -> None:
@@ -158,11 +173,45 @@ class Preparer:
                 {"run_ids": [r.row.run_id for r in turns], "steps": steps},
             )
             found = {(row["run_id"], row["step_no"]): row for row in cur.fetchall()}
+            cur.execute(self.q.model_routing_state)
+            state = cur.fetchone()
+        fallbacks = state["fallbacks"] if state else {}
+        circuits = routing.circuits_of(state["circuits"] if state else [])
+        now = time.monotonic()
+        held = {
+            url: until - now for url, until in list(self.held_until.items()) if url and until > now
+        }
         answers: dict[int, Any] = {}
         for request, step_no in zip(turns, steps, strict=True):
             row = found.get((_uuid(request.row.run_id), step_no))
-            answers[id(request)] = _turn(row, step_no)
+
+            def take_probe(base_url: str, claimed: Claimed = request.row) -> bool:
+                return self._take_probe(conn, claimed, base_url)
+
+            answers[id(request)] = _turn(
+                row, step_no, request.row.failures, fallbacks, circuits, take_probe, held
+            )
         return answers
+
+    def _take_probe(self, conn: psycopg.Connection[Any], row: Claimed, base_url: str) -> bool:
+        """Take the probe of ``base_url``'s open circuit for ``row``'s turn (journaled
+        ``model.circuit_probe`` with its run), if no one else took it."""
+        (taken,) = conn.execute(self.q.claim_model_probe, {"base_url": base_url}).fetchone() or (
+            False,
+        )
+        if taken:
+            statements.journal(
+                conn,
+                "model.circuit_probe",
+                row.tenant_id,
+                thread_id=row.thread_id,
+                run_id=row.run_id,
+                outbox_id=row.id,
+                attempt=row.attempt,
+                worker=self.worker_id,
+                detail={"base_url": base_url, "step_no": step_of(row)},
+            )
+        return bool(taken)
 
 
 def _must_survive_a_crash(row: Claimed) -> bool:
@@ -179,26 +228,45 @@ def _uuid(value: Any) -> uuid.UUID:
     return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
 
 
-def _turn(row: dict[str, Any] | None, step_no: int) -> Turn | str:
+def _turn(
+    row: dict[str, Any] | None,
+    step_no: int,
+    failures: int,
+    fallbacks: dict[str, Any],
+    circuits: dict[str, routing.Circuit],
+    take_probe: Callable[[str], bool],
+    held: dict[str, float],
+) -> Turn | str:
     if row is None:
         return "the run does not exist"
     if row["status"] in constants.ENDED:
         return f"run is {row['status']}"
     if row["recorded"]:
         return f"step {step_no} is already recorded"
-    messages, _ = history.for_provider(history.from_rows(row["messages"], row["calls"]), row["api"])
+    stored = history.from_rows(row["messages"], row["calls"])
+    step = routing.Step(
+        step_no,
+        after_tools=bool(stored) and stored[-1]["role"] == "tool",
+        tokens_left=row["tokens_left"],
+    )
+    choice = routing.choose(
+        row, step, failures, row["route_rules"], fallbacks, circuits, take_probe, held
+    )
+    target = choice.target
+    api = target.api if target is not None else row["api"]
+    messages, _ = history.for_provider(stored, api)
     run = {
         "id": row["run_id"],
         "tenant_id": row["tenant_id"],
         "thread_id": row["thread_id"],
-        "api": row["api"],
-        "model": row["model"],
+        "api": api,
+        "model": target.model if target is not None else row["model"],
         "instructions": row["instructions"],
-        "base_url": row["base_url"],
+        "base_url": target.base_url if target is not None else row["base_url"],
         "model_options": row["model_options"],
         "calls_made": row["calls_made"],
     }
-    return Turn(run, messages, {tool["name"]: tool for tool in row["tools"]})
+    return Turn(run, messages, {tool["name"]: tool for tool in row["tools"]}, choice)
 
 
 def _resolve(batch: list[_Request], answers: list[Any]) -> None:

@@ -117,6 +117,13 @@ GRANT SELECT, INSERT ON {s}.responses TO outbox_api;
 GRANT UPDATE (deleted_at) ON {s}.responses TO outbox_api;
 GRANT SELECT ON {s}.webhook_deliveries TO outbox_api;
 
+-- Model fallbacks, circuits and routing rules (outbox/routing.py): the relay reads the
+-- fallbacks and the rules it routes turns by, and reads and writes the circuit of each base
+-- URL (report_model_calls_v1, claim_model_probe_v1); operators set the rest as the owner.
+GRANT SELECT ON {s}.model_fallbacks, {s}.model_routes TO outbox_relay, outbox_auditor;
+GRANT SELECT, INSERT, UPDATE ON {s}.model_circuits TO outbox_relay;
+GRANT SELECT ON {s}.model_circuits TO outbox_auditor;
+
 -- Every session reads its own row of tenant_roles (the own_mapping policy below).
 -- current_tenant_v1(), which row-level security asks, reads it as the owner.
 GRANT SELECT ON {s}.tenant_roles TO PUBLIC;
@@ -136,9 +143,9 @@ REVOKE UPDATE, DELETE, TRUNCATE ON {s}.journal FROM PUBLIC;
 --   all_tenants (outbox_relay, and CURRENT_USER: the owner, whom FORCE would otherwise lock
 --     out of its own tables): every row.
 --   audit_read (outbox_auditor, SELECT only): every row.
--- lanes, model_prices, platform_limits and run_defaults hold no tenant's rows (limits and
--- prices over every tenant) and have no row-level security: their grants are the whole
--- rule.
+-- lanes, model_prices, platform_limits, run_defaults, model_fallbacks and model_circuits
+-- hold no tenant's rows (limits, prices, fallbacks and circuits over every tenant) and
+-- have no row-level security: their grants are the whole rule.
 
 -- threads: a tenant's threads (conversations).
 ALTER TABLE {s}.threads ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
@@ -474,6 +481,18 @@ CREATE POLICY tenant_isolation ON {s}.payloads TO PUBLIC
 DROP POLICY IF EXISTS all_tenants ON {s}.payloads;
 CREATE POLICY all_tenants ON {s}.payloads TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
+
+-- model_routes: a tenant's routing rules, by version (outbox/routing.py).
+ALTER TABLE {s}.model_routes ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON {s}.model_routes;
+CREATE POLICY tenant_isolation ON {s}.model_routes TO PUBLIC
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
+DROP POLICY IF EXISTS all_tenants ON {s}.model_routes;
+CREATE POLICY all_tenants ON {s}.model_routes TO outbox_relay, CURRENT_USER
+    USING (true) WITH CHECK (true);
+DROP POLICY IF EXISTS audit_read ON {s}.model_routes;
+CREATE POLICY audit_read ON {s}.model_routes FOR SELECT TO outbox_auditor USING (true);
 
 -- tenant_roles: login roles bound to a tenant. Each session sees its own mapping only (what
 -- current_tenant_v1() reads); the owner (`outbox tenants grant`) sees and changes them all.

@@ -356,3 +356,21 @@ END $$;
 CREATE OR REPLACE TRIGGER runs_span_due BEFORE UPDATE OF ended_at ON {s}.runs
     FOR EACH ROW WHEN (OLD.ended_at IS NULL AND NEW.ended_at IS NOT NULL)
     EXECUTE FUNCTION {s}.runs_mark_span_due();
+
+
+-- A run is pinned when it is created to its tenant's newest routing rules (model_routes,
+-- outbox/routing.py), as it is to its tools' versions: rules changed later never change
+-- which model a running run's turns go to. Every path that starts a run (the writer API,
+-- the SQL API, `outbox serve`) inserts the row, so the pin is taken here. Runs as the schema
+-- owner (SECURITY DEFINER): writers hold no right on model_routes.
+CREATE OR REPLACE FUNCTION {s}.runs_pin_route() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NEW.route_version IS NULL THEN
+        NEW.route_version := (SELECT max(mr.version) FROM {s}.model_routes mr
+                              WHERE mr.tenant_id = NEW.tenant_id);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER runs_pin_route BEFORE INSERT ON {s}.runs
+    FOR EACH ROW EXECUTE FUNCTION {s}.runs_pin_route();

@@ -33,7 +33,10 @@
 -- row, the refused calls' results (record_tool_results_v1), and the run's new status
 -- (completed without calls). A turn's "span" (optional: the attempt's span as the relay
 -- timed it, {id, start, end, n}) is kept in its model_turn.recorded event, for the trace
--- exporter (outbox/trace_export.py).
+-- exporter (outbox/trace_export.py). A turn's "model" and "base_url" (optional) name what
+-- answered it (a fallback's or a routing rule's model, else the run's), kept on the turn
+-- and priced by that model; its "route" (optional: why that model, outbox/routing.py) is
+-- kept in its model_turn.recorded event.
 --
 -- Returns one row per turn, in p_turns' order: the turn, its message and batch, the calls'
 -- ids in order, the run's status, created (false for a turn already recorded at this
@@ -133,7 +136,8 @@ BEGIN
     -- The turns: messages (numbered in their threads), turns with their cost, the
     -- tenants' tokens, journal model_turn.recorded.
     WITH new AS (
-        SELECT t.n, t.turn, r.id AS run_id, r.tenant_id, r.thread_id, r.correlation_id, r.model,
+        SELECT t.n, t.turn, r.id AS run_id, r.tenant_id, r.thread_id, r.correlation_id,
+               coalesce(t.turn->>'model', r.model) AS model, t.turn->>'base_url' AS base_url,
                (t.turn->>'step_no')::integer AS step_no,
                coalesce((t.turn->>'input_tokens')::bigint, 0) AS input,
                coalesce((t.turn->>'output_tokens')::bigint, 0) AS output,
@@ -155,12 +159,14 @@ BEGIN
         RETURNING id, run_id
     ), turn AS (
         INSERT INTO {s}.model_turns (tenant_id, run_id, step_no, message_id, response_id,
-                                     input_tokens, output_tokens, cached_tokens, cost)
+                                     input_tokens, output_tokens, cached_tokens, cost, model,
+                                     base_url)
         SELECT new.tenant_id, new.run_id, new.step_no, message.id, new.turn->>'response_id',
                new.input, new.output, new.cached,
                ((new.input - least(new.cached, new.input)) * p.input_per_mtok
                 + least(new.cached, new.input) * coalesce(p.cached_input_per_mtok, p.input_per_mtok)
-                + new.output * p.output_per_mtok) / 1000000
+                + new.output * p.output_per_mtok) / 1000000,
+               new.model, new.base_url
         FROM new
         JOIN message USING (run_id)
         LEFT JOIN {s}.model_prices p ON p.model = new.model
@@ -179,8 +185,11 @@ BEGIN
     SELECT new.tenant_id, 'model_turn.recorded', new.thread_id, new.run_id, new.correlation_id,
            jsonb_build_object('step_no', new.step_no, 'tool_calls', new.calls,
                               'input_tokens', new.input, 'output_tokens', new.output,
-                              'cached_tokens', new.cached, 'cost', turn.cost::text)
-           || jsonb_strip_nulls(jsonb_build_object('span', new.turn->'span'))
+                              'cached_tokens', new.cached, 'cost', turn.cost::text,
+                              'model', new.model)
+           || jsonb_strip_nulls(jsonb_build_object('span', new.turn->'span',
+                                                   'base_url', new.base_url,
+                                                   'route', new.turn->'route'))
     FROM new JOIN turn USING (run_id)
     ORDER BY new.n;
 
@@ -379,3 +388,108 @@ $$;
 REVOKE ALL ON FUNCTION {s}.record_model_turn_v1(jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.record_model_turn_v1(jsonb, jsonb)
     TO outbox_writer, outbox_relay;  -- not outbox_api: `outbox serve` records no turns
+
+
+-- report_model_calls_v1: what the model calls of a completer's transaction said about
+-- each base URL's server, applied to its circuit (model_circuits, one row per base URL,
+-- shared by every relay); the circuits whose state this changed.
+--
+--   SELECT * FROM outbox.report_model_calls_v1('{http://a/v1}', '{3}', '{0}');
+--
+-- p_failed[n] and p_answered[n] count the calls to p_base_urls[n] that failed (429, 5xx,
+-- a timeout, no connection) and that were answered. A closed circuit counts consecutive
+-- failures within its window_s (an answer starts the count again) and opens at open_after
+-- of them. An open circuit stays open: calls sent before it opened may still fail, and
+-- only the probe (claim_model_probe_v1) decides. A half-open circuit closes on an answer
+-- and opens again, for another cool-down, on a failure. A base URL that never failed has
+-- no row: the happy path writes nothing. URLs are locked in name order, so two completers
+-- reporting the same servers queue instead of deadlocking.
+CREATE OR REPLACE FUNCTION {s}.report_model_calls_v1(
+    p_base_urls text[], p_failed integer[], p_answered integer[]
+) RETURNS TABLE (base_url text, state text, was text, failures integer)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_url      text;
+    v_failed   integer;
+    v_answered integer;
+    v_c        {s}.model_circuits;
+    v_was      text;
+BEGIN
+    FOR v_url, v_failed, v_answered IN
+        SELECT u, sum(f)::integer, sum(a)::integer
+        FROM unnest(p_base_urls, p_failed, p_answered) AS x(u, f, a)
+        GROUP BY u ORDER BY u
+    LOOP
+        IF v_failed > 0 THEN
+            INSERT INTO {s}.model_circuits (base_url) VALUES (v_url)
+            ON CONFLICT (base_url) DO NOTHING;
+        END IF;
+        SELECT * INTO v_c FROM {s}.model_circuits c WHERE c.base_url = v_url FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        v_was := v_c.state;
+        IF v_answered > 0 THEN
+            IF v_c.state = 'half_open' THEN
+                v_c.state := 'closed';
+                v_c.failures := 0;
+                v_c.first_failure_at := NULL;
+                v_c.probe_at := NULL;
+            ELSIF v_c.state = 'closed' AND v_c.failures > 0 THEN
+                v_c.failures := 0;
+                v_c.first_failure_at := NULL;
+            ELSE
+                CONTINUE;
+            END IF;
+        ELSIF v_c.state = 'closed' THEN
+            IF v_c.first_failure_at IS NULL
+               OR v_c.first_failure_at < now() - make_interval(secs => v_c.window_s) THEN
+                v_c.failures := v_failed;
+                v_c.first_failure_at := now();
+            ELSE
+                v_c.failures := v_c.failures + v_failed;
+            END IF;
+            IF v_c.failures >= v_c.open_after THEN
+                v_c.state := 'open';
+                v_c.opened_at := now();
+            END IF;
+        ELSIF v_c.state = 'half_open' THEN
+            v_c.state := 'open';
+            v_c.opened_at := now();
+            v_c.probe_at := NULL;
+            v_c.failures := v_c.failures + v_failed;
+        ELSE
+            v_c.failures := v_c.failures + v_failed;
+        END IF;
+        UPDATE {s}.model_circuits c
+        SET state = v_c.state, failures = v_c.failures, first_failure_at = v_c.first_failure_at,
+            opened_at = v_c.opened_at, probe_at = v_c.probe_at, updated_at = now()
+        WHERE c.base_url = v_url;
+        IF v_c.state <> v_was THEN
+            RETURN QUERY SELECT v_url, v_c.state, v_was, v_c.failures;
+        END IF;
+    END LOOP;
+END $$;
+REVOKE ALL ON FUNCTION {s}.report_model_calls_v1(text[], integer[], integer[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.report_model_calls_v1(text[], integer[], integer[])
+    TO outbox_relay;
+
+
+-- claim_model_probe_v1: take the one probe of an open circuit whose cool-down is over (or
+-- whose probe went unanswered for probe_timeout_s: its relay died); true for the caller
+-- that took it, which then sends its turn to that base URL, and false for everyone else,
+-- whose turns keep going to the fallback. The circuit is half-open until the probe's
+-- outcome is reported (report_model_calls_v1).
+CREATE OR REPLACE FUNCTION {s}.claim_model_probe_v1(p_base_url text) RETURNS boolean
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
+    WITH taken AS (
+        UPDATE {s}.model_circuits c SET state = 'half_open', probe_at = now(), updated_at = now()
+        WHERE c.base_url = p_base_url
+          AND ((c.state = 'open' AND c.opened_at + make_interval(secs => c.cool_down_s) <= now())
+               OR (c.state = 'half_open'
+                   AND c.probe_at + make_interval(secs => c.probe_timeout_s) <= now()))
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM taken)
+$$;
+REVOKE ALL ON FUNCTION {s}.claim_model_probe_v1(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.claim_model_probe_v1(text) TO outbox_relay;

@@ -42,8 +42,9 @@ LEFT JOIN {s}.approvals a ON a.tool_call_ref = tc.id AND a.status = 'approved'
 WHERE tc.id = ANY(%(refs)s);
 
 -- name: turns
--- The model turns the attempts recorded: their response ids (and what the model said).
-SELECT mt.run_id, mt.step_no, mt.response_id,
+-- The model turns the attempts recorded: their response ids, the model that answered
+-- (and what it said).
+SELECT mt.run_id, mt.step_no, mt.response_id, mt.model,
        CASE WHEN %(content)s THEN m.content END AS content
 FROM {s}.model_turns mt
 LEFT JOIN {s}.messages m ON m.id = mt.message_id AND %(content)s

@@ -133,6 +133,9 @@ class ModelFaults(BaseModel):
     fail_status: int = 429
     retry_after_s: float = 1.0  # seconds, sent as ``retry-after`` on 429/503
     drop_next: int = 0  # the next N requests get the connection closed, no answer
+    # A server that is down: while not 0, every model request answers this status (OpenAI's
+    # error JSON, no ``retry-after``), however many come; 0 again: it is back.
+    down_status: int = 0
 
 
 @dataclass(frozen=True)
@@ -489,7 +492,7 @@ def _failure(status: int, retry_after_s: float) -> Reply:
             type_="server_error",
         )
     headers = {}
-    if status in (429, 503):
+    if status in (429, 503) and retry_after_s > 0:
         headers = {
             "retry-after": f"{retry_after_s:g}",
             "retry-after-ms": str(int(retry_after_s * 1000)),
@@ -561,6 +564,14 @@ class ScriptedModel(FakeServer):
         """The next ``n`` model requests answer ``status`` (429 carries ``retry-after``)."""
         self.set_faults(fail_next=n, fail_status=status, retry_after_s=retry_after_s)
 
+    def down(self, status: int = 503) -> None:
+        """Answer every model request ``status`` until ``up`` (a provider that is down)."""
+        self.set_faults(down_status=status)
+
+    def up(self) -> None:
+        """Answer model requests again (after ``down``)."""
+        self.set_faults(down_status=0)
+
     def drop_next(self, n: int) -> None:
         """The next ``n`` model requests get their connection closed without an answer."""
         self.set_faults(drop_next=n)
@@ -617,6 +628,8 @@ class ScriptedModel(FakeServer):
             elif faults.fail_next > 0:
                 faults.fail_next -= 1
                 action = "fail"
+            elif faults.down_status:
+                return delay_s, "fail", faults.down_status, 0.0
             return delay_s, action, faults.fail_status, faults.retry_after_s
 
     def _model_call(self, endpoint: Endpoint, request: Request) -> Reply:

@@ -584,10 +584,14 @@ RETURNING tc.id
 -- its calls (as outbox.history builds them; a message's reasoning items, kept verbatim), the
 -- run's model options and its tools (the versions it pinned when it started;
 -- for a run without pins, the newest visible to the tenant, its own before a shared one);
--- for a run with a max_tool_calls, the calls its turns asked for so far.
+-- for a run with a max_tool_calls, the calls its turns asked for so far; and the routing
+-- rules it was pinned to (outbox/routing.py).
 -- Each lookup goes through an index by run, thread or name.
 SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
-       r.instructions, r.base_url, r.model_options,
+       r.instructions, r.base_url, r.model_options, r.route_version,
+       r.max_tokens - r.tokens_used AS tokens_left,
+       (SELECT mr.rules FROM {s}.model_routes mr
+        WHERE mr.tenant_id = r.tenant_id AND mr.version = r.route_version) AS route_rules,
        EXISTS (SELECT 1 FROM {s}.model_turns mt
                WHERE mt.run_id = w.run_id AND mt.step_no = w.step_no) AS recorded,
        CASE WHEN r.model_options ? 'max_tool_calls'
@@ -618,6 +622,39 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
               ORDER BY tl.name, (tl.tenant_id = '*'), tl.version DESC) t) AS tools
 FROM unnest(%(run_ids)s::uuid[], %(steps)s::int[]) AS w(run_id, step_no)
 JOIN {s}.runs r ON r.id = w.run_id
+
+-- name: model_routing_state
+-- What routes the turns of a batch besides their runs (outbox/routing.py): every model's
+-- fallback and the circuits that are not clean (open, half-open, or closed with failures
+-- counted), each with whether its probe may be taken now and the seconds until it may
+-- (half-open: its probe is out, a cool-down until it is known).
+-- Both tables hold a row per model or base URL: a few rows, read once per batch.
+SELECT (SELECT coalesce(jsonb_object_agg(f.model, to_jsonb(f)), '{}')
+        FROM {s}.model_fallbacks f) AS fallbacks,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'base_url', c.base_url, 'state', c.state, 'failures', c.failures,
+                   'probe_due',
+                   (c.state = 'open'
+                    AND c.opened_at + make_interval(secs => c.cool_down_s) <= now())
+                   OR (c.state = 'half_open'
+                       AND c.probe_at + make_interval(secs => c.probe_timeout_s) <= now()),
+                   'wait_s',
+                   CASE WHEN c.state = 'open'
+                        THEN greatest(0, extract(epoch FROM c.opened_at
+                                                 + make_interval(secs => c.cool_down_s)
+                                                 - now()))
+                        WHEN c.state = 'half_open' THEN c.cool_down_s
+                        ELSE 0 END)), '[]')
+        FROM {s}.model_circuits c WHERE c.state <> 'closed' OR c.failures > 0) AS circuits
+
+-- name: claim_model_probe
+-- Take the probe of an open circuit whose cool-down is over (claim_model_probe_v1).
+SELECT {s}.claim_model_probe_v1(%(base_url)s)
+
+-- name: report_model_calls
+-- The failed and answered model calls of a completer's transaction, per base URL: the
+-- circuits this changed (report_model_calls_v1).
+SELECT * FROM {s}.report_model_calls_v1(%(base_urls)s, %(failed)s, %(answered)s)
 
 -- name: webhook_done
 -- A webhook delivery answered (delivered_at, the receiver's status) or dropped (its

@@ -297,6 +297,16 @@ CALLS: dict[str, Call] = {
         ),
         "in_progress",  # no client call left: the relay's call runs on
     ),
+    "report_model_calls_v1": lambda c, s: _is(
+        c.execute(
+            "SELECT state, was FROM outbox.report_model_calls_v1("
+            "'{http://down.invalid/v1}', '{9}', '{0}')"
+        ).fetchall(),
+        [("open", "closed")],
+    ),
+    "claim_model_probe_v1": lambda c, s: _is(
+        one(c, "SELECT outbox.claim_model_probe_v1('http://never-failed.invalid/v1')"), False
+    ),
     "tool_call_key_v1": lambda c, s: _is(
         one(c, "SELECT outbox.tool_call_key_v1(7)"), "tool_call:7"
     ),

@@ -54,6 +54,7 @@ TENANT_TABLES = [
     "mcp_servers",
     "retention_policies",
     "payloads",  # migration 0040
+    "model_routes",  # migration 0048
 ]
 
 

@@ -25,7 +25,16 @@ from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
 
 import cli
-from outbox import approvals, keys, lifecycle, registry, trace_context, trace_export, writer
+from outbox import (
+    approvals,
+    keys,
+    lifecycle,
+    registry,
+    routing,
+    trace_context,
+    trace_export,
+    writer,
+)
 from outbox.schemas import StartRun
 from outbox.server.observed import REGISTRY
 from outbox.testing.scripted_model import ScriptedModel
@@ -200,6 +209,18 @@ def test_a_run_with_parallel_tools_is_one_trace_under_the_backends_span(
     # The model received the traceparent of each turn's chat span.
     sent = [ids(r.traceparent or "") for r in model.requests]
     assert sent == [(trace_id, first.context.span_id), (trace_id, second.context.span_id)]
+
+
+def test_a_chat_span_names_the_model_that_answered_the_turn(setup, model, spans):
+    with psycopg.connect(setup) as conn:
+        routing.set_routes(conn, TENANT, [{"after_tool_results": True, "model": "routed-1"}])
+        conn.commit()
+    run = start(setup, model)
+    finish(setup, run.id, spans)
+    found = exported(setup, spans)
+    assert [len(named(found, "chat scripted-1")), len(named(found, "chat routed-1"))] == [1, 1]
+    (routed,) = named(found, "chat routed-1")
+    assert dict(routed.attributes or {})["gen_ai.request.model"] == "routed-1"
 
 
 def test_with_tracing_off_tools_and_models_still_continue_the_runs_trace(setup, model, service):

@@ -119,6 +119,9 @@ PINNED = {
     "0051_function_comments.py": "073024b67c8820fb",
     "0051_function_comments.sql": "fa746c274f057687",
     "0051_function_comments_down.sql": "d2bdfac3622743b1",
+    "0052_model_fallback.py": "8e975e291a7fd2bf",
+    "0052_model_fallback.sql": "7f89d606798fbed0",
+    "0052_model_fallback_down.sql": "9dee253e37e51f11",
 }
 
 

@@ -237,6 +237,19 @@ def test_rate_limit_then_server_error_then_ok(client: openai.OpenAI, model: Scri
     assert [r.status for r in model.requests] == [429, 500, 200]
 
 
+def test_a_model_down_answers_every_request_until_up(
+    client: openai.OpenAI, model: ScriptedModel
+) -> None:
+    model.down(503)
+    for _ in range(3):
+        with pytest.raises(openai.InternalServerError) as down:
+            client.responses.create(model="m", input="hi")
+        assert "retry-after" not in down.value.response.headers
+    model.up()
+    assert client.responses.create(model="m", input="hi").output_text == "done"
+    assert [r.status for r in model.requests] == [503, 503, 503, 200]
+
+
 def test_dropped_connection_and_latency(client: openai.OpenAI, model: ScriptedModel) -> None:
     model.drop_next(1)
     with pytest.raises(openai.APIConnectionError):

@@ -1,0 +1,187 @@
+"""``outbox models``: where a model's turns go when it fails, the circuit of each base URL,
+and the routing rules that pick a step's model (``outbox.routing``, docs/models.md).
+
+Fallbacks and circuits are the platform's (every tenant's runs of that model or base URL);
+routing rules are a tenant's, versioned: a run keeps the version it started with.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from outbox import routing
+from outbox.commands.common import OutboxGroup, connection, echo_json, emit, json_option
+
+
+@click.group("models", cls=OutboxGroup)
+def models_group() -> None:
+    """Model fallbacks, circuits per base URL and routing rules."""
+
+
+@models_group.command("fallback")
+@click.argument("model")
+@click.option("--to", "to_model", help="The model its failing turns go to.")
+@click.option("--base-url", help="The fallback's base URL (default: the run's).")
+@click.option(
+    "--api",
+    type=click.Choice(["responses", "chat"]),
+    help="The API the fallback speaks (default: the run's).",
+)
+@click.option(
+    "--after",
+    "after_attempts",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Failed attempts of a turn (429, 5xx, timeouts, no connection) before it falls back.",
+)
+@click.option("--remove", is_flag=True, help="MODEL has no fallback any more.")
+@json_option
+def models_fallback(
+    model: str,
+    to_model: str | None,
+    base_url: str | None,
+    api: str | None,
+    after_attempts: int,
+    remove: bool,
+    as_json: bool,
+) -> None:
+    """Send MODEL's turns to another model (--to), base URL or API after --after failed
+    attempts, and at once while MODEL's base URL's circuit is open. A 4xx that says the
+    request is bad never falls back. The fallback's own fallback makes a chain."""
+    with connection() as conn:
+        if remove:
+            if not routing.remove_fallback(conn, model):
+                raise click.ClickException(f"{model} has no fallback")
+            click.echo(f"{model} has no fallback")
+            return
+        if to_model is None:
+            raise click.UsageError("--to MODEL is required (or --remove)")
+        row = routing.set_fallback(
+            conn,
+            model,
+            to_model,
+            to_base_url=base_url,
+            to_api=api,
+            after_attempts=after_attempts,
+        )
+    if as_json:
+        echo_json(row)
+        return
+    where = f" at {base_url}" if base_url else ""
+    over = f" over {api}" if api else ""
+    click.echo(f"{model} falls back to {to_model}{where}{over} after {after_attempts} failures")
+
+
+@models_group.command("fallbacks")
+@json_option
+def models_fallbacks(as_json: bool) -> None:
+    """Every model's fallback."""
+    with connection() as conn:
+        rows = routing.fallbacks(conn)
+    emit(rows, as_json, ["model", "to_model", "to_base_url", "to_api", "after_attempts"])
+
+
+@models_group.command("circuits")
+@json_option
+def models_circuits(as_json: bool) -> None:
+    """Every base URL's circuit: closed, open (turns go to their fallback, or wait) or
+    half-open (its probe is out); wait_s: seconds until an open one is probed."""
+    with connection() as conn:
+        rows = routing.circuits(conn)
+    emit(
+        rows,
+        as_json,
+        ["base_url", "state", "failures", "opened_at", "wait_s", "open_after", "cool_down_s"],
+    )
+
+
+@models_group.command("circuit")
+@click.argument("base_url")
+@click.option(
+    "--open-after", type=click.IntRange(min=1), help="Consecutive failures that open it (5)."
+)
+@click.option("--window", "window_s", type=float, help="Seconds they must fall within (10).")
+@click.option("--cool-down", "cool_down_s", type=float, help="Seconds open before a probe (5).")
+@click.option(
+    "--probe-timeout",
+    "probe_timeout_s",
+    type=float,
+    help="Seconds after which an unanswered probe is taken again (150).",
+)
+@click.option("--close", is_flag=True, help="Close it now (the server is known to be back).")
+@json_option
+def models_circuit(
+    base_url: str,
+    open_after: int | None,
+    window_s: float | None,
+    cool_down_s: float | None,
+    probe_timeout_s: float | None,
+    close: bool,
+    as_json: bool,
+) -> None:
+    """Set BASE_URL's circuit (shared by every relay); unset options keep their values."""
+    with connection() as conn:
+        row = routing.set_circuit(
+            conn,
+            base_url,
+            open_after=open_after,
+            window_s=window_s,
+            cool_down_s=cool_down_s,
+            probe_timeout_s=probe_timeout_s,
+            close=close,
+        )
+    if as_json:
+        echo_json(row)
+        return
+    click.echo(
+        f"{row['base_url']}: {row['state']}, opens after {row['open_after']} failures within "
+        f"{row['window_s']:g} s, probed after {row['cool_down_s']:g} s"
+    )
+
+
+@models_group.command("route")
+@click.argument("tenant")
+@click.option(
+    "--rules",
+    required=True,
+    help='A JSON list of rules, the first that matches wins, e.g. \'[{"first_turn": true, '
+    '"model": "big"}, {"after_tool_results": true, "model": "small"}]\'; conditions: '
+    "first_turn, after_tool_results, min_turn, max_turn, max_tokens_left; targets: model, "
+    "base_url, api. [] routes nothing.",
+)
+@json_option
+def models_route(tenant: str, rules: str, as_json: bool) -> None:
+    """A new version of TENANT's routing rules: runs created from now on use it, running
+    runs keep the version they started with."""
+    try:
+        parsed = json.loads(rules)
+    except json.JSONDecodeError as err:
+        raise click.BadParameter(f"not JSON: {err}", param_hint="--rules") from err
+    if not isinstance(parsed, list):
+        raise click.BadParameter("a JSON list of rules", param_hint="--rules")
+    try:
+        with connection() as conn:
+            row = routing.set_routes(conn, tenant, parsed)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--rules") from err
+    if as_json:
+        echo_json(row)
+        return
+    click.echo(f"{tenant}: routing rules version {row['version']} ({len(row['rules'])} rules)")
+
+
+@models_group.command("routes")
+@click.option("--tenant", help="Every version of this tenant's rules (default: each newest).")
+@json_option
+def models_routes(tenant: str | None, as_json: bool) -> None:
+    """The routing rules of each tenant (its newest version), or every version of one."""
+    with connection() as conn:
+        rows = routing.routes(conn, tenant)
+    emit(
+        [{**r, "rules": json.dumps(r["rules"])} for r in rows] if not as_json else rows,
+        as_json,
+        ["tenant_id", "version", "rules", "created_by", "created_at"],
+    )
