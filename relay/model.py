@@ -48,7 +48,7 @@ from pydantic import ValidationError
 from outbox import config as outbox_config
 from outbox import failpoints, providers, storable
 from outbox.errors import OutboxError
-from outbox.relay import spans
+from outbox.relay import compaction, spans
 from outbox.relay.outcomes import Claimed, Outcome, retry, retry_after_s
 from outbox.relay.poster import Poster
 from outbox.relay.preparer import Turn, step_of
@@ -170,7 +170,7 @@ class ModelExecutor:
         prepared = await self.prepare(row)
         if isinstance(prepared, str):
             return Outcome(row, "skip", error=prepared)
-        run, messages, tools = prepared.run, prepared.messages, prepared.tools
+        run = prepared.run
         base_url = run["base_url"]
         hold = self.held_until.get(base_url, 0.0) - time.monotonic()
         if hold > 0:
@@ -179,7 +179,7 @@ class ModelExecutor:
             )
         started, started_at = time.monotonic(), time.time()
         post = functools.partial(self.servers(base_url).post, trace=spans.headers(row))
-        outcome = await self._call(row, post, run, step_no, messages, tools)
+        outcome = await self._call(row, post, prepared, step_no)
         return dataclasses.replace(
             outcome, duration_s=time.monotonic() - started, started_at=started_at
         )
@@ -188,15 +188,14 @@ class ModelExecutor:
         self,
         row: Claimed,
         post: providers.Post,
-        run: dict[str, Any],
+        prepared: Turn,
         step_no: int,
-        messages: list[dict[str, Any]],
-        tools: dict[str, dict[str, Any]],
     ) -> Outcome:
-        """One request of the turn to its model: the outcome of its answer (or of none)."""
-        base_url = run["base_url"]
+        """The turn's request to its model (after its compaction when it needs one,
+        ``relay.compaction``): the outcome of its answer (or of none)."""
+        base_url = prepared.run["base_url"]
         try:
-            turn = await providers.call(post, run, step_no, messages, tools)
+            turn, compacted = await compaction.call(post, prepared, step_no)
         except httpx2.HTTPError as err:  # no answer: refused, timed out, cut
             error = f"model call failed: {type(err).__name__}: {err}"
             return self._retry(row, base_url, error, err)
@@ -218,6 +217,10 @@ class ModelExecutor:
             error = f"model response cannot be recorded: {type(err).__name__}: {err}"
             return Outcome(row, "fail_run", error=error)
         failpoints.hit("model.after_call")
+        if compacted is not None:
+            return Outcome(
+                row, "turn", output=turn, compaction=compacted.row(prepared.run, step_no)
+            )
         return Outcome(row, "turn", output=turn)
 
     def _retry(self, row: Claimed, base_url: str | None, error: str, err: Exception) -> Outcome:

@@ -133,6 +133,7 @@ class Outcome:
     delay_s: float | None = None
     unsent: bool = False
     answered: bool = False
+    compaction: dict[str, Any] | None = None  # a turn's summary to record (relay.compaction)
 
     def __post_init__(self) -> None:
         # An error quotes what a tool or model sent (a body's start, an exception's text);

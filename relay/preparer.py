@@ -27,7 +27,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from outbox import constants, history, registry
+from outbox import constants, context, history, registry
 from outbox.logs import log
 from outbox.relay.links import Link
 from outbox.relay.outcomes import Claimed
@@ -45,6 +45,7 @@ class Turn:
     run: dict[str, Any]
     messages: list[dict[str, Any]]
     tools: dict[str, dict[str, Any]]
+    window: context.Window | None = None  # what compacting it needs (outbox.context)
 
 
 @dataclass
@@ -186,7 +187,30 @@ def _turn(row: dict[str, Any] | None, step_no: int) -> Turn | str:
         return f"run is {row['status']}"
     if row["recorded"]:
         return f"step {step_no} is already recorded"
-    messages, _ = history.for_provider(history.from_rows(row["messages"], row["calls"]), row["api"])
+    options = row["model_options"]
+    chat = history.from_rows(row["messages"], row["calls"])
+    seqs = [m["seq"] for m in row["messages"]]
+    mode, count = context.mode(options)
+    if mode == "last_messages":
+        chat = context.last_messages(chat, count)
+        seqs = seqs[len(seqs) - len(chat) :]
+    window = context.Window(
+        budget=context.budget(
+            options,
+            row.get("tenant_prompt_tokens"),
+            row.get("platform_prompt_tokens"),
+            row.get("context_window"),
+            row.get("max_output_tokens"),
+        ),
+        mode=mode,
+        messages=chat,
+        seqs=seqs,
+        summary=row.get("summary"),
+        through_seq=row.get("through_seq") or 0,
+    )
+    if window.summary is not None:
+        chat = [context.summary_item(window.summary), *chat]
+    messages, _ = history.for_provider(chat, row["api"])
     run = {
         "id": row["run_id"],
         "tenant_id": row["tenant_id"],
@@ -197,7 +221,7 @@ def _turn(row: dict[str, Any] | None, step_no: int) -> Turn | str:
         "base_url": row["base_url"],
         "model_options": row["model_options"],
     }
-    return Turn(run, messages, {tool["name"]: tool for tool in row["tools"]})
+    return Turn(run, messages, {tool["name"]: tool for tool in row["tools"]}, window)
 
 
 def _resolve(batch: list[_Request], answers: list[Any]) -> None:

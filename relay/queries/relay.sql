@@ -634,20 +634,27 @@ RETURNING tc.id
 -- whether the step is already recorded, the thread's messages but the deleted ones, and
 -- its calls (as outbox.history builds them; a message's reasoning items, kept verbatim), the
 -- run's model options and its tools (the versions it pinned when it started;
--- for a run without pins, the newest visible to the tenant, its own before a shared one).
+-- for a run without pins, the newest visible to the tenant, its own before a shared one);
+-- what outbox.context needs: the thread's latest summary (and only the messages after
+-- it), the model's window and output from the catalogue, the tenant's and the platform's
+-- prompt budgets.
 -- Each lookup goes through an index by run, thread or name.
 SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
        r.instructions, r.base_url, r.model_options,
+       cp.through_seq, cp.summary, mc.context_window, mc.max_output_tokens,
+       tb.max_prompt_tokens AS tenant_prompt_tokens,
+       rd.max_prompt_tokens AS platform_prompt_tokens,
        EXISTS (SELECT 1 FROM {s}.model_turns mt
                WHERE mt.run_id = w.run_id AND mt.step_no = w.step_no) AS recorded,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'id', m.id, 'role', m.role,
                    'content', {s}.resolved_text_v1(m.content, m.tenant_id, m.content_ref),
-                   'answers_call', tc.tool_call_id, 'reasoning', m.reasoning)
+                   'answers_call', tc.tool_call_id, 'reasoning', m.reasoning, 'seq', m.seq)
                    ORDER BY m.seq), '[]')
         FROM {s}.messages m
         LEFT JOIN {s}.tool_calls tc ON tc.id = m.tool_call_ref
-        WHERE m.thread_id = r.thread_id AND m.deleted_at IS NULL) AS messages,
+        WHERE m.thread_id = r.thread_id AND m.deleted_at IS NULL
+          AND (cp.through_seq IS NULL OR m.seq > cp.through_seq)) AS messages,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'message_id', c.message_id, 'tool_call_id', c.tool_call_id,
                    'tool_name', c.tool_name,
@@ -666,6 +673,12 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
               ORDER BY tl.name, (tl.tenant_id = '*'), tl.version DESC) t) AS tools
 FROM unnest(%(run_ids)s::uuid[], %(steps)s::int[]) AS w(run_id, step_no)
 JOIN {s}.runs r ON r.id = w.run_id
+LEFT JOIN LATERAL (SELECT c.through_seq, c.summary FROM {s}.compactions c
+                   WHERE c.thread_id = r.thread_id
+                   ORDER BY c.through_seq DESC LIMIT 1) cp ON true
+LEFT JOIN {s}.model_catalogue mc ON mc.model = r.model
+LEFT JOIN {s}.tenant_budgets tb ON tb.tenant_id = r.tenant_id
+LEFT JOIN {s}.run_defaults rd ON true
 
 -- name: webhook_done
 -- A webhook delivery answered (delivered_at, the receiver's status) or dropped (its
