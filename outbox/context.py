@@ -226,6 +226,9 @@ def set_prompt_budget(
         params = {"tokens": tokens, "actor": actor or "unknown"}
         fetch_one(conn, Q.set_platform_prompt_budget, params)
         event, tenant = "platform.prompt_budget_set", PLATFORM
+    elif tokens is None:  # a row with no budget left is removed, as tenants without one
+        conn.execute(Q.clear_tenant_prompt_budget, {"tenant_id": tenant_id})
+        event, tenant = "tenant.prompt_budget_set", tenant_id
     else:
         fetch_one(conn, Q.set_tenant_prompt_budget, {"tenant_id": tenant_id, "tokens": tokens})
         event, tenant = "tenant.prompt_budget_set", tenant_id

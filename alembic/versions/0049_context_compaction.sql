@@ -17,7 +17,10 @@ COMMENT ON COLUMN {s}.run_defaults.max_prompt_tokens IS
     'the prompt budget of a run that names none and whose tenant names none (NULL: the '
     'model''s window minus its output)';
 ALTER TABLE {s}.tenant_budgets ADD COLUMN max_prompt_tokens integer
-    CHECK (max_prompt_tokens > 0);
+    CHECK (max_prompt_tokens > 0),
+    DROP CONSTRAINT tenant_budgets_limit_something,
+    ADD CONSTRAINT tenant_budgets_limit_something
+        CHECK (max_tokens IS NOT NULL OR max_cost IS NOT NULL OR max_prompt_tokens IS NOT NULL);
 COMMENT ON COLUMN {s}.tenant_budgets.max_prompt_tokens IS
     'the prompt budget of the tenant''s runs that name none (NULL: the platform''s)';
 

@@ -33,6 +33,14 @@ ON CONFLICT (tenant_id) DO UPDATE
 SET max_prompt_tokens = excluded.max_prompt_tokens, updated_at = now()
 RETURNING tenant_id, max_prompt_tokens
 
+-- name: clear_tenant_prompt_budget
+WITH kept AS (
+    UPDATE {s}.tenant_budgets SET max_prompt_tokens = NULL, updated_at = now()
+    WHERE tenant_id = %(tenant_id)s AND (max_tokens IS NOT NULL OR max_cost IS NOT NULL)
+    RETURNING tenant_id)
+DELETE FROM {s}.tenant_budgets
+WHERE tenant_id = %(tenant_id)s AND max_tokens IS NULL AND max_cost IS NULL
+
 -- name: compactions
 SELECT run_id, step_no, through_seq, tokens_before, tokens_after, input_tokens,
        output_tokens, summary, created_at

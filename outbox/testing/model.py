@@ -20,6 +20,14 @@ Design choices:
   message and calls; from then on a request that gives one of those calls back without
   that reasoning item, verbatim, before it in the same turn is refused with 400 and
   OpenAI's message, as a strict model would. Chat completions has no reasoning items.
+- **A context window.** ``ModelFaults.context_window`` (tokens; 0: none) refuses a request
+  whose tokens (its JSON's characters over ``CHARS_PER_TOKEN``, as ``usage`` counts them)
+  pass it, with 400 and OpenAI's ``context_length_exceeded`` error; every request's
+  tokens are in its audit record (``input_tokens``).
+- **Summaries.** A request whose instructions are ``outbox.context.SUMMARY_INSTRUCTION``
+  is answered with a summary naming the script and the assistant turns it covers; a
+  history that starts with such a summary continues the script where it left off, so a
+  compacted conversation answers as the whole one would.
 - **Faults and audit behind one lock**, programmable in-process or over HTTP (``/_script``,
   ``/_faults``, ``/_audit``) for out-of-process tests.
 """
@@ -35,6 +43,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from outbox import context
 from outbox.testing.server import (
     FakeServer,
     HttpError,
@@ -65,6 +74,11 @@ CALLS_WITHOUT_TOOL = (
 OUTPUT_WITHOUT_CALL = "No tool call found for function call output with call_id {call_id}."
 CALL_WITHOUT_OUTPUT = "No tool output found for function call {call_id}."
 DUPLICATE_OUTPUT = "Duplicate function call output for call_id {call_id}."
+TOO_LONG = (
+    "This model's maximum context length is {window} tokens. However, your messages "
+    "resulted in {tokens} tokens. Please reduce the length of the messages."
+)
+SUMMARY_TURNS = "turns:"  # in a scripted summary: the assistant turns it covers
 CALL_WITHOUT_REASONING = (
     "Item '{call_id}' of type 'function_call' was provided without its required "
     "'reasoning' item: '{reasoning_id}'."
@@ -128,6 +142,7 @@ class ModelFaults(BaseModel):
     fail_status: int = 429
     retry_after_s: float = 1.0  # seconds, sent as ``retry-after`` on 429/503
     drop_next: int = 0  # the next N requests get the connection closed, no answer
+    context_window: int = 0  # tokens a request may hold (0: any); past it, 400
 
 
 @dataclass(frozen=True)
@@ -145,6 +160,7 @@ class ModelRequest:
     tools: list[Any] = field(default_factory=list)  # the request's tool list, as sent
     body: dict[str, Any] = field(default_factory=dict)  # the whole request, as sent
     traceparent: str | None = None  # the W3C trace context the request carried
+    input_tokens: int = 0  # the request's tokens, as its answer's usage counts them
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -593,6 +609,8 @@ class ScriptedModel(FakeServer):
 
     def _model_call(self, endpoint: Endpoint, request: Request) -> Reply:
         delay_s, action, fail_status, retry_after_s = self._take_faults()
+        context_window = self.faults.context_window
+        input_tokens = 0
         if delay_s > 0:
             time.sleep(delay_s)  # simulated model latency
         body: dict[str, Any] = {}
@@ -617,6 +635,14 @@ class ScriptedModel(FakeServer):
                         param="model",
                         code="missing_required_parameter",
                     )
+                input_tokens = _tokens(body)
+                if 0 < context_window < input_tokens:
+                    raise openai_error(
+                        400,
+                        TOO_LONG.format(window=context_window, tokens=input_tokens),
+                        param="input" if endpoint == "responses" else "messages",
+                        code=context.CONTEXT_LENGTH_EXCEEDED,
+                    )
                 if endpoint == "responses":
                     _validate_responses(history)
                     with self.lock:
@@ -626,8 +652,12 @@ class ScriptedModel(FakeServer):
                 else:
                     _validate_chat(messages)
                     turn_index = sum(1 for m in messages if m.get("role") == "assistant")
+                turn_index += _summarised_turns(history)
                 script = self._script_name(history)
-                turn = self._turn(script, turn_index, history)
+                if history and history[0] == HistoryItem("system", context.SUMMARY_INSTRUCTION):
+                    turn = _summary_turn(script, turn_index, history)
+                else:
+                    turn = self._turn(script, turn_index, history)
                 answer = (_responses_answer if endpoint == "responses" else _chat_answer)(
                     body, turn
                 )
@@ -648,6 +678,7 @@ class ScriptedModel(FakeServer):
             tools=list(body.get("tools") or []) if isinstance(body.get("tools"), list) else [],
             body=body,
             traceparent=request.headers.get("traceparent"),
+            input_tokens=input_tokens or (_tokens(body) if body else 0),
         )
         with self.lock:
             self._requests.append(record)
@@ -664,6 +695,7 @@ class ScriptedModel(FakeServer):
 
     def _script_name(self, history: Sequence[HistoryItem]) -> str:
         first_user = next((item.text for item in history if item.kind == "user"), "")
+        first_user = first_user.removeprefix(context.SUMMARY_PREFIX)
         if not first_user.startswith(SCRIPT_PREFIX):
             return DEFAULT_SCRIPT
         words = first_user[len(SCRIPT_PREFIX) :].split(maxsplit=1)
@@ -687,6 +719,27 @@ class ScriptedModel(FakeServer):
             if isinstance(past, TurnSpec) and past.text is not None:
                 return TurnSpec(text=past.text)
         return TurnSpec(text=FALLBACK_TEXT)
+
+
+def _summarised_turns(history: Sequence[HistoryItem]) -> int:
+    """The assistant turns a scripted summary at the head of ``history`` covers."""
+    first_user = next((item.text for item in history if item.kind == "user"), "")
+    if not first_user.startswith(context.SUMMARY_PREFIX):
+        return 0
+    for word in first_user.split():
+        if word.startswith(SUMMARY_TURNS) and word[len(SUMMARY_TURNS) :].isdigit():
+            return int(word[len(SUMMARY_TURNS) :])
+    return 0
+
+
+def _summary_turn(script: str, turns: int, history: Sequence[HistoryItem]) -> TurnSpec:
+    """The answer to a summary request: the script and the assistant turns covered (the
+    request's own trailing user message is not a turn), and the tools called."""
+    called = sorted({item.name or "" for item in history if item.kind == "tool_call"})
+    text = (
+        f"{SCRIPT_PREFIX}{script} {SUMMARY_TURNS}{turns} called {', '.join(called) or 'no tool'}."
+    )
+    return TurnSpec(text=text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
