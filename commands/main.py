@@ -146,6 +146,11 @@ COMMANDS: dict[str, Lazy] = {
     "prices": Lazy(
         "prices", "prices_group", "Model prices per million tokens: what budgets in money count."
     ),
+    "models": Lazy(
+        "models",
+        "models_group",
+        "The model catalogue: context windows, output limits, prices; prompt budgets.",
+    ),
     "platform": Lazy("platform", "platform_group", "Limits over every run of every tenant."),
     "limits": Lazy(
         "limits",

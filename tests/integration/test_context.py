@@ -15,8 +15,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from psycopg.types.json import Jsonb
 
+import cli
 from outbox import context, history, writer
 from outbox.failpoints import CRASH_EXIT_CODE
 from outbox.schemas import StartRun
@@ -285,3 +287,46 @@ def test_a_compaction_killed_midway_is_recorded_once(setup, model, tmp_path):
     assert steps and all(n == 1 for _, n in steps)
     assert len(summary_requests(model)) > crashed_at  # the killed one was asked again
     assert uuid.UUID(str(run.id))
+
+
+def test_the_models_command_keeps_the_catalogue_its_prices_and_the_prompt_budgets(
+    db_url, monkeypatch
+):
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    runner = CliRunner()
+
+    def run_cli(*args: str) -> str:
+        result = runner.invoke(cli.main, list(args), catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    run_cli(
+        "models",
+        "set",
+        "big-1",
+        "--context-window",
+        "200000",
+        "--max-output",
+        "32000",
+        "--input",
+        "2",
+        "--output",
+        "8",
+    )
+    listed = json.loads(run_cli("models", "list", "--json"))
+    assert [(m["model"], m["context_window"], m["max_output_tokens"]) for m in listed] == [
+        ("big-1", 200000, 32000)
+    ]
+    assert scalar(db_url, "SELECT input_per_mtok FROM outbox.model_prices") == 2
+    run_cli("models", "budget", "--tenant", TENANT, "--max-prompt-tokens", "9000")
+    run_cli("models", "budget", "--max-prompt-tokens", "50000")
+    assert scalar(db_url, "SELECT max_prompt_tokens FROM outbox.tenant_budgets") == 9000
+    assert scalar(db_url, "SELECT max_prompt_tokens FROM outbox.run_defaults") == 50000
+    run_cli("models", "budget", "--tenant", TENANT, "--max-prompt-tokens", "none")
+    assert scalar(db_url, "SELECT count(*) FROM outbox.tenant_budgets") == 0
+    bad = runner.invoke(
+        cli.main, ["models", "set", "x", "--context-window", "10", "--max-output", "20"]
+    )
+    assert bad.exit_code != 0 and "under the window" in bad.output
+    run_cli("models", "remove", "big-1")
+    assert json.loads(run_cli("models", "list", "--json")) == []

@@ -112,6 +112,9 @@ PINNED = {
     "0048_declared_in_flight.py": "c13c17529ebe2f04",
     "0048_declared_in_flight.sql": "dc833359b3a0bfc3",
     "0048_declared_in_flight_down.sql": "e97dd542ea16d064",
+    "0049_context_compaction.py": "cf7e3a2147825a18",
+    "0049_context_compaction.sql": "5a298053b9e5343d",
+    "0049_context_compaction_down.sql": "86a0dacaf9215550",
 }
 
 
