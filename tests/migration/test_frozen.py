@@ -113,8 +113,8 @@ PINNED = {
     "0048_declared_in_flight.sql": "dc833359b3a0bfc3",
     "0048_declared_in_flight_down.sql": "e97dd542ea16d064",
     "0049_context_compaction.py": "cf7e3a2147825a18",
-    "0049_context_compaction.sql": "5a298053b9e5343d",
-    "0049_context_compaction_down.sql": "86a0dacaf9215550",
+    "0049_context_compaction.sql": "6814348a41125121",
+    "0049_context_compaction_down.sql": "56aea967c3f32012",
 }
 
 
