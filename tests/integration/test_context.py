@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from psycopg.types.json import Jsonb
 
 import cli
-from outbox import context, history, writer
+from outbox import context, history, retention, writer
 from outbox.failpoints import CRASH_EXIT_CODE
 from outbox.schemas import StartRun
 from outbox.testing.model import HistoryItem, ScriptedModel
@@ -330,3 +330,21 @@ def test_the_models_command_keeps_the_catalogue_its_prices_and_the_prompt_budget
     assert bad.exit_code != 0 and "under the window" in bad.output
     run_cli("models", "remove", "big-1")
     assert json.loads(run_cli("models", "list", "--json")) == []
+
+
+def test_erasing_a_thread_deletes_its_summaries(db_url):
+    with psycopg.connect(db_url) as conn:
+        thread = writer.create_thread(conn, TENANT)
+        run = writer.start_run(
+            conn,
+            StartRun(tenant_id=TENANT, thread_id=thread.id, model=MODEL, message="secret plan"),
+        )
+        conn.execute(
+            "INSERT INTO outbox.compactions (tenant_id, thread_id, run_id, step_no, through_seq,"
+            " summary, tokens_before, tokens_after) VALUES (%s, %s, %s, 2, 1, 'secret', 9, 3)",
+            [TENANT, thread.id, run.id],
+        )
+        conn.commit()
+        retention.erase_thread(conn, thread.id, TENANT, actor="test")
+        conn.commit()
+    assert scalar(db_url, "SELECT count(*) FROM outbox.compactions") == 0
