@@ -157,7 +157,7 @@ def relay_cpu_per_run(server: str, runs: int) -> float:
             after = process.cpu_times()
         finally:
             stop_relay(relay)
-        spent = (after.user - before.user) + (after.system - before.system)
+        spent = float((after.user - before.user) + (after.system - before.system))
         return spent / runs
 
 
@@ -166,7 +166,7 @@ def _idle(process: Any) -> bool:
     first = process.cpu_times()
     time.sleep(0.5)  # the sampling interval of an idle check, not a wait for a condition
     second = process.cpu_times()
-    return (second.user + second.system) - (first.user + first.system) < 0.02
+    return bool((second.user + second.system) - (first.user + first.system) < 0.02)
 
 
 def chart(path: str, series: dict[str, list[dict[str, Any]]], window: int) -> None:
