@@ -11,7 +11,14 @@ from __future__ import annotations
 import click
 
 from outbox import budgets, context
-from outbox.commands.common import OutboxGroup, actor_option, connection, emit, json_option
+from outbox.commands.common import (
+    OutboxGroup,
+    actor_option,
+    connection,
+    echo_json,
+    emit,
+    json_option,
+)
 
 
 @click.group("models", cls=OutboxGroup)
@@ -37,6 +44,7 @@ def models_list(as_json: bool) -> None:
 @click.option("--output", help="Price of a million output tokens (with --input).")
 @click.option("--cached-input", help="Price of a million cached input tokens.")
 @actor_option
+@json_option
 def models_set(
     model: str,
     context_window: int,
@@ -45,12 +53,13 @@ def models_set(
     output: str | None,
     cached_input: str | None,
     actor: str,
+    as_json: bool,
 ) -> None:
     """Put MODEL in the catalogue (and price it when --input and --output are given)."""
     if (input_ is None) != (output is None):
         raise click.UsageError("--input and --output go together")
     with connection() as conn:
-        context.set_model(
+        row = context.set_model(
             conn, model, context_window=context_window, max_output=max_output, actor=actor
         )
         if input_ is not None and output is not None:
@@ -62,16 +71,23 @@ def models_set(
                 cached_input_per_mtok=cached_input,
                 actor=actor,
             )
+    if as_json:
+        echo_json(row)
+        return
     click.echo(f"{model}: window {context_window} tokens, output up to {max_output}")
 
 
 @models_group.command("remove")
 @click.argument("model")
 @actor_option
-def models_remove(model: str, actor: str) -> None:
+@json_option
+def models_remove(model: str, actor: str, as_json: bool) -> None:
     """Take MODEL out of the catalogue (its runs get the default window)."""
     with connection() as conn:
         context.remove_model(conn, model, actor=actor)
+    if as_json:
+        echo_json({"model": model, "removed": True})
+        return
     click.echo(f"removed {model} from the catalogue")
 
 
@@ -83,9 +99,15 @@ def models_remove(model: str, actor: str) -> None:
     help="Tokens a request of a run that names none may hold, or 'none'.",
 )
 @actor_option
-def models_budget(tenant: str | None, max_prompt_tokens: str, actor: str) -> None:
+@json_option
+def models_budget(tenant: str | None, max_prompt_tokens: str, actor: str, as_json: bool) -> None:
     """The prompt budget of runs that name none: a tenant's, or the platform's."""
+    if max_prompt_tokens != "none" and not max_prompt_tokens.isdigit():
+        raise click.BadParameter("a number of tokens, or 'none'", param_hint="--max-prompt-tokens")
     tokens = None if max_prompt_tokens == "none" else int(max_prompt_tokens)
     with connection() as conn:
         context.set_prompt_budget(conn, tokens, tenant_id=tenant, actor=actor)
+    if as_json:
+        echo_json({"tenant_id": tenant or "*", "max_prompt_tokens": tokens})
+        return
     click.echo(f"prompt budget of {tenant or 'the platform'}: {max_prompt_tokens}")
