@@ -173,6 +173,18 @@ def test_a_long_run_completes_inside_the_window_and_keeps_its_thread(setup, mode
         any(i.text.startswith(context.SUMMARY_PREFIX) for i in r.history) for r in later
     )
     assert max(r.input_tokens for r in later) < WINDOW
+    # the summaries' tokens count in the run's budget, with its turns'
+    answered = [r for r in model.requests if r.status == 200]
+    usage = sum((r.response["usage"].get("total_tokens") or 0) for r in answered)
+    used = scalar(db_url, "SELECT tokens_used FROM outbox.runs WHERE id = %s", [run.id])
+    assert used == usage
+    kept = scalar(
+        db_url,
+        "SELECT sum(input_tokens + output_tokens) FROM outbox.compactions WHERE run_id = %s",
+        [run.id],
+    )
+    summarised = sum(r.response["usage"]["total_tokens"] for r in summary_requests(model))
+    assert kept == summarised
 
 
 @pytest.mark.parametrize("api", ["responses", "chat"])
