@@ -10,7 +10,10 @@ database, no HTTP: the relay's preparer and its model executor call it):
   output tokens (``DEFAULT_WINDOW`` and ``DEFAULT_MAX_OUTPUT`` for a model not in it);
 - **the estimate** (``estimate``): a request's tokens as its JSON's characters over
   ``CHARS_PER_TOKEN``, the usual rough count. A cheap bound (the text of the messages)
-  comes first, so a run far inside its budget never serialises its request to know it;
+  comes first, so a run far inside its budget never serialises its request to know it.
+  The model's own count of the previous turn plus the items since (``reported``) is the
+  other estimate, for a model whose tokens are shorter than four characters; the larger
+  of the two counts;
 - **the mode** (``mode``): ``compact`` (the default; Responses' ``truncation: "auto"``)
   summarises the oldest turns when the next request would pass the budget; ``disabled``
   (``truncation: "disabled"``) sends the whole thread and a request past the window fails
@@ -74,6 +77,7 @@ class Window:
     seqs: list[int] = field(default_factory=list)
     summary: str | None = None
     through_seq: int = 0
+    last_input_tokens: int | None = None  # the model's count for the previous turn
 
 
 def budget(
@@ -140,6 +144,23 @@ def estimate(body: dict[str, Any]) -> int:
     """A request body's tokens: its compact JSON's characters over ``CHARS_PER_TOKEN``."""
     text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
     return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def reported(messages: list[Message], last_input_tokens: int | None) -> int | None:
+    """The request's tokens by the model's own count of the previous turn's request plus
+    the items since its answer (the results delivered since the last assistant message or
+    call, at ``CHARS_PER_TOKEN``); None without a count."""
+    if not last_input_tokens:
+        return None
+    since = len(messages)
+    while since > 0 and not _answered(messages[since - 1]):
+        since -= 1
+    return last_input_tokens + math.ceil(text_chars(messages[since:]) / CHARS_PER_TOKEN)
+
+
+def _answered(item: Message) -> bool:
+    """A message or item of the model's answer: an assistant message or a call."""
+    return item.get("role") == "assistant" or item.get("type") == "function_call"
 
 
 def surely_within(messages: list[Message], budget_tokens: int) -> bool:

@@ -1,9 +1,10 @@
 """Compaction: the model turn that keeps a long run inside its model's window.
 
-Before a turn's request, its size is estimated (``outbox.context.estimate``; a cheap bound
-first, so a run far inside its budget pays nothing). When it would pass the run's budget,
-or when the model answers OpenAI's ``context_length_exceeded`` anyway, and the run
-compacts (``outbox.context.mode``), the oldest turns are summarised by the run's own
+Before a turn's request, its size is estimated (``outbox.context.estimate``, and the
+model's own count of the previous turn plus what came since, ``context.reported``; a
+cheap bound first, so a run far inside its budget pays nothing). When it would pass the
+run's budget, or when the model answers OpenAI's ``context_length_exceeded`` anyway, and
+the run compacts (``outbox.context.mode``), the oldest turns are summarised by the run's own
 model: a request with ``context.SUMMARY_INSTRUCTION`` as its instructions, the previous
 summary and the turns to replace, and no tools. The turn's request then carries the run's
 instructions, the new summary and the latest turns, cut at a turn boundary so a call and
@@ -76,10 +77,13 @@ async def call(
     run, messages, tools, window = turn.run, turn.messages, turn.tools, turn.window
     compacts = window is not None and window.mode == "compact"
     compacted = None
-    if compacts and window is not None and not context.surely_within(messages, window.budget):
-        before = context.estimate(providers.ADAPTERS[run["api"]].request(run, messages, tools))
-        if before > window.budget:
-            messages, compacted = await _compact(post, turn, step_no, before)
+    if compacts and window is not None:
+        counted = context.reported(messages, window.last_input_tokens) or 0
+        if counted > window.budget or not context.surely_within(messages, window.budget):
+            body = providers.ADAPTERS[run["api"]].request(run, messages, tools)
+            before = max(counted, context.estimate(body))
+            if before > window.budget:
+                messages, compacted = await _compact(post, turn, step_no, before)
     try:
         answer = await providers.call(post, run, step_no, messages, tools)
     except Exception as err:

@@ -207,6 +207,7 @@ def _turn(row: dict[str, Any] | None, step_no: int) -> Turn | str:
         seqs=seqs,
         summary=row.get("summary"),
         through_seq=row.get("through_seq") or 0,
+        last_input_tokens=row.get("last_input_tokens"),
     )
     if window.summary is not None:
         chat = [context.summary_item(window.summary), *chat]

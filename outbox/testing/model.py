@@ -21,9 +21,9 @@ Design choices:
   that reasoning item, verbatim, before it in the same turn is refused with 400 and
   OpenAI's message, as a strict model would. Chat completions has no reasoning items.
 - **A context window.** ``ModelFaults.context_window`` (tokens; 0: none) refuses a request
-  whose tokens (its JSON's characters over ``CHARS_PER_TOKEN``, as ``usage`` counts them)
-  pass it, with 400 and OpenAI's ``context_length_exceeded`` error; every request's
-  tokens are in its audit record (``input_tokens``).
+  whose tokens (its JSON's characters over ``ModelFaults.chars_per_token``, 4 unless set,
+  as ``usage`` counts them) pass it, with 400 and OpenAI's ``context_length_exceeded``
+  error; every request's tokens are in its audit record (``input_tokens``).
 - **Summaries.** A request whose instructions are ``outbox.context.SUMMARY_INSTRUCTION``
   is answered with a summary naming the script and the assistant turns it covers; a
   history that starts with such a summary continues the script where it left off, so a
@@ -35,6 +35,7 @@ Design choices:
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -143,6 +144,7 @@ class ModelFaults(BaseModel):
     retry_after_s: float = 1.0  # seconds, sent as ``retry-after`` on 429/503
     drop_next: int = 0  # the next N requests get the connection closed, no answer
     context_window: int = 0  # tokens a request may hold (0: any); past it, 400
+    chars_per_token: float = CHARS_PER_TOKEN  # of a request's JSON, for its input tokens
 
 
 @dataclass(frozen=True)
@@ -609,7 +611,8 @@ class ScriptedModel(FakeServer):
 
     def _model_call(self, endpoint: Endpoint, request: Request) -> Reply:
         delay_s, action, fail_status, retry_after_s = self._take_faults()
-        context_window = self.faults.context_window
+        faults = self.faults
+        context_window, chars_per_token = faults.context_window, faults.chars_per_token
         input_tokens = 0
         if delay_s > 0:
             time.sleep(delay_s)  # simulated model latency
@@ -635,7 +638,7 @@ class ScriptedModel(FakeServer):
                         param="model",
                         code="missing_required_parameter",
                     )
-                input_tokens = _tokens(body)
+                input_tokens = math.ceil(len(canonical_json(body)) / chars_per_token)
                 if 0 < context_window < input_tokens:
                     raise openai_error(
                         400,
@@ -663,6 +666,7 @@ class ScriptedModel(FakeServer):
                 )
                 if endpoint == "responses":
                     self._keep_reasoning(answer["output"])
+                _count_input(answer, input_tokens)
                 reply = json_reply(200, answer)
         except HttpError as exc:
             reply = Reply(exc.status, exc.body, exc.headers)
@@ -719,6 +723,14 @@ class ScriptedModel(FakeServer):
             if isinstance(past, TurnSpec) and past.text is not None:
                 return TurnSpec(text=past.text)
         return TurnSpec(text=FALLBACK_TEXT)
+
+
+def _count_input(answer: dict[str, Any], input_tokens: int) -> None:
+    """Put the request's input tokens, as counted with ``chars_per_token``, in the usage."""
+    usage = answer["usage"]
+    key = "input_tokens" if "input_tokens" in usage else "prompt_tokens"
+    usage["total_tokens"] += input_tokens - usage[key]
+    usage[key] = input_tokens
 
 
 def _summarised_turns(history: Sequence[HistoryItem]) -> int:

@@ -637,13 +637,19 @@ RETURNING tc.id
 -- for a run without pins, the newest visible to the tenant, its own before a shared one);
 -- what outbox.context needs: the thread's latest summary (and only the messages after
 -- it), the model's window and output from the catalogue, the tenant's and the platform's
--- prompt budgets.
+-- prompt budgets, and the input tokens the model reported for the run's previous turn
+-- (NULL when that turn compacted: its usage counts its summary requests too).
 -- Each lookup goes through an index by run, thread or name.
 SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
        r.instructions, r.base_url, r.model_options,
        cp.through_seq, cp.summary, mc.context_window, mc.max_output_tokens,
        tb.max_prompt_tokens AS tenant_prompt_tokens,
        rd.max_prompt_tokens AS platform_prompt_tokens,
+       (SELECT mt.input_tokens FROM {s}.model_turns mt
+        WHERE mt.run_id = w.run_id AND mt.step_no = w.step_no - 1
+          AND NOT EXISTS (SELECT 1 FROM {s}.compactions k
+                          WHERE k.run_id = w.run_id AND k.step_no = w.step_no - 1))
+           AS last_input_tokens,
        EXISTS (SELECT 1 FROM {s}.model_turns mt
                WHERE mt.run_id = w.run_id AND mt.step_no = w.step_no) AS recorded,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(

@@ -360,3 +360,17 @@ def test_erasing_a_thread_deletes_its_summaries(db_url):
         retention.erase_thread(conn, thread.id, TENANT, actor="test")
         conn.commit()
     assert scalar(db_url, "SELECT count(*) FROM outbox.compactions") == 0
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_the_models_own_count_of_the_last_turn_keeps_a_dense_tokenizer_inside(setup, model, api):
+    """A model whose tokens are 3 characters: chars/4 alone would underestimate every
+    request by a quarter and send requests past its window; its reported count of the
+    previous turn keeps every request inside."""
+    db_url, _ = setup
+    model.set_faults(chars_per_token=3)
+    run = start(db_url, model, "long", api)
+    with relay_thread(db_url, kinds=KINDS):
+        assert finish(db_url, run) == "completed"
+    assert [r.status for r in model.requests if r.status != 200] == []
+    assert max(r.input_tokens for r in model.requests) <= WINDOW
