@@ -147,7 +147,10 @@ COMMANDS: dict[str, Lazy] = {
         "prices", "prices_group", "Model prices per million tokens: what budgets in money count."
     ),
     "models": Lazy(
-        "models", "models_group", "Model fallbacks, circuits per base URL and routing rules."
+        "models",
+        "models_group",
+        "Models: the catalogue (windows, output limits, prices), prompt budgets, fallbacks, "
+        "circuits per base URL and routing rules.",
     ),
     "platform": Lazy("platform", "platform_group", "Limits over every run of every tenant."),
     "limits": Lazy(

@@ -25,6 +25,8 @@ POINTS = (
     "complete.after_commit",  # outcomes committed, leases not yet forgotten in memory
     "claim.after_commit",  # rows leased, not yet handed to a slot
 )
+# Inside a turn that compacts (relay.compaction): the summary answered, nothing recorded.
+COMPACTION_POINTS = ("compaction.after_summary",)
 # Places a test pauses a process at (``name:stop``), inside a transaction.
 PAUSE_POINTS = (
     "heartbeat.before_commit",  # a relay's leases extended (rows locked), not committed

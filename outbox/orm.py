@@ -697,6 +697,10 @@ class TenantBudget(Base):
     updated_at: Mapped[datetime] = _now()
     max_cost: Mapped[Decimal | None] = mapped_column(Numeric)
     cost_used: Mapped[Decimal] = mapped_column(Numeric, server_default=text("0"))
+    max_prompt_tokens: Mapped[int | None] = mapped_column(
+        Integer,
+        comment="the prompt budget of the tenant's runs that name none (NULL: the platform's)",
+    )
 
 
 class ModelPrice(Base):
@@ -732,6 +736,23 @@ class ModelFallback(Base):
     to_base_url: Mapped[str | None] = mapped_column(Text)
     to_api: Mapped[str | None] = mapped_column(Text)
     after_attempts: Mapped[int] = mapped_column(Integer, server_default=text("2"))
+    updated_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
+    updated_at: Mapped[datetime] = _now()
+
+
+class ModelCatalogue(Base):
+    """What a model can take: its context window and its most output tokens."""
+
+    __tablename__ = "model_catalogue"
+    __table_args__ = {  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+        "comment": "what each model can take: its context window and the most output tokens "
+        "it answers, in tokens; a run's prompt budget is the window minus the output unless "
+        "the run, its tenant or the platform names one"
+    }
+
+    model: Mapped[str] = mapped_column(Text, primary_key=True)
+    context_window: Mapped[int] = mapped_column(Integer)
+    max_output_tokens: Mapped[int] = mapped_column(Integer)
     updated_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
     updated_at: Mapped[datetime] = _now()
 
@@ -777,6 +798,40 @@ class ModelRoute(Base):
     created_at: Mapped[datetime] = _now()
 
 
+class Compaction(Base):
+    """The summary of a thread's oldest messages that the model sees in their place."""
+
+    __tablename__ = "compactions"
+    __table_args__ = (
+        UniqueConstraint("run_id", "step_no", name="compactions_one_per_step"),
+        ForeignKeyConstraint(
+            ["run_id", "thread_id", "tenant_id"],
+            ["runs.id", "runs.thread_id", "runs.tenant_id"],
+            name="compactions_run_fk",
+            ondelete="CASCADE",
+        ),
+        Index("compactions_thread", "thread_id", "through_seq"),
+        {
+            "comment": "summaries of a thread's oldest messages (seq up to through_seq) that "
+            "the model sees in their place; the messages themselves stay in the thread. One "
+            "per (run, step): the turn that compacted records it with itself"
+        },
+    )
+
+    id: Mapped[int] = _pk()
+    tenant_id: Mapped[str] = mapped_column(Text)
+    thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    step_no: Mapped[int] = mapped_column(Integer)
+    through_seq: Mapped[int] = mapped_column(BigInteger)
+    summary: Mapped[str] = mapped_column(Text)
+    tokens_before: Mapped[int] = mapped_column(Integer)
+    tokens_after: Mapped[int] = mapped_column(Integer)
+    input_tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    output_tokens: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    created_at: Mapped[datetime] = _now()
+
+
 class PlatformLimits(Base):
     """Limits over every run (one row)."""
 
@@ -807,6 +862,11 @@ class RunDefaults(Base):
     action_timeout_s: Mapped[float] = mapped_column(Double, server_default=text("600"))
     updated_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
     updated_at: Mapped[datetime] = _now()
+    max_prompt_tokens: Mapped[int | None] = mapped_column(
+        Integer,
+        comment="the prompt budget of a run that names none and whose tenant names none "
+        "(NULL: the model's window minus its output)",
+    )
 
 
 class Lane(Base):

@@ -44,7 +44,7 @@ import psycopg
 from prometheus_client import Gauge
 from psycopg.types.json import Jsonb
 
-from outbox import constants, db, failpoints, statements, writer
+from outbox import constants, context, db, failpoints, statements, writer
 from outbox.logs import log
 from outbox.relay import spans
 from outbox.relay.config import RelayConfig
@@ -289,6 +289,9 @@ class Completer:
         records = writer.record_model_turns(
             conn, [o.output for o in outcomes], spans=[spans.record(o) for o in outcomes]
         )
+        compacted = [o.compaction for o in outcomes if o.compaction is not None]
+        if compacted:
+            context.record_compactions(conn, compacted)
         return [f"recorded_{r.run_status}" if r.created else "already_recorded" for r in records]
 
     def _store_results(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> list[str]:

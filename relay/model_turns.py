@@ -56,7 +56,7 @@ from pydantic import ValidationError
 from outbox import config as outbox_config
 from outbox import failpoints, providers, routing, storable
 from outbox.errors import OutboxError
-from outbox.relay import spans
+from outbox.relay import compaction, spans
 from outbox.relay.outcomes import Claimed, Outcome, retry, retry_after_s
 from outbox.relay.poster import Poster
 from outbox.relay.preparer import Turn, step_of
@@ -184,8 +184,7 @@ class ModelExecutor:
         prepared = await self.prepare(row)
         if isinstance(prepared, str):
             return Outcome(row, "skip", error=prepared)
-        run, messages, tools = prepared.run, prepared.messages, prepared.tools
-        choice = prepared.choice
+        run, choice = prepared.run, prepared.choice
         if choice is not None and choice.target is None:  # every server's circuit is open
             why = (choice.route or {}).get("reason", "circuit_open").replace("_", " ")
             error = f"model servers unavailable ({why}): {', '.join(choice.skipped)}"
@@ -208,7 +207,7 @@ class ModelExecutor:
         started, started_at = time.monotonic(), time.time()
         server = self.servers(base_url)
         post = functools.partial(server.post, trace=spans.headers(row))
-        outcome = await self._call(row, post, run, step_no, messages, tools)
+        outcome = await self._call(row, post, prepared, step_no)
         if outcome.action == "retry" and choice is not None and choice.fallback_left:
             # The server's Retry-After holds its base URL (``held_until``), and the
             # routing sends the next attempt elsewhere: the turn need not wait as long.
@@ -234,15 +233,14 @@ class ModelExecutor:
         self,
         row: Claimed,
         post: providers.Post,
-        run: dict[str, Any],
+        prepared: Turn,
         step_no: int,
-        messages: list[dict[str, Any]],
-        tools: dict[str, dict[str, Any]],
     ) -> Outcome:
-        """One request of the turn to its model: the outcome of its answer (or of none)."""
-        base_url = run["base_url"]
+        """The turn's request to its model (after its compaction when it needs one,
+        ``relay.compaction``): the outcome of its answer (or of none)."""
+        base_url = prepared.run["base_url"]
         try:
-            turn = await providers.call(post, run, step_no, messages, tools)
+            turn, compacted = await compaction.call(post, prepared, step_no)
         except httpx2.HTTPError as err:  # no answer: refused, timed out, cut
             error = f"model call failed: {type(err).__name__}: {err}"
             return self._retry(row, base_url, error, err)
@@ -268,7 +266,8 @@ class ModelExecutor:
             error = f"model response cannot be recorded: {type(err).__name__}: {err}"
             return Outcome(row, "fail_run", error=error)
         failpoints.hit("model.after_call")
-        return Outcome(row, "turn", output=turn, circuit="answered")
+        compaction_row = compacted.row(prepared.run, step_no) if compacted is not None else None
+        return Outcome(row, "turn", output=turn, circuit="answered", compaction=compaction_row)
 
     def _retry(self, row: Claimed, base_url: str | None, error: str, err: Exception) -> Outcome:
         """Try the turn again later; when the server said how long to wait, every turn of

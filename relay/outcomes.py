@@ -138,6 +138,7 @@ class Outcome:
     # connection) or "answered" (reported only when its circuit was not clean).
     server: str | None = None
     circuit: Literal["failed", "answered"] | None = None
+    compaction: dict[str, Any] | None = None  # a turn's summary to record (relay.compaction)
 
     def __post_init__(self) -> None:
         # An error quotes what a tool or model sent (a body's start, an exception's text);

@@ -34,7 +34,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from outbox import constants, history, registry, routing, statements
+from outbox import constants, context, history, registry, routing, statements
 from outbox.logs import log
 from outbox.relay.links import Link
 from outbox.relay.outcomes import Claimed
@@ -56,6 +56,7 @@ class Turn:
     messages: list[dict[str, Any]]
     tools: dict[str, dict[str, Any]]
     choice: routing.Choice | None = None
+    window: context.Window | None = None  # what compacting it needs (outbox.context)
 
 
 @dataclass
@@ -243,10 +244,11 @@ def _turn(
         return f"run is {row['status']}"
     if row["recorded"]:
         return f"step {step_no} is already recorded"
-    stored = history.from_rows(row["messages"], row["calls"])
+    options = row["model_options"]
+    chat = history.from_rows(row["messages"], row["calls"])
     step = routing.Step(
         step_no,
-        after_tools=bool(stored) and stored[-1]["role"] == "tool",
+        after_tools=bool(chat) and chat[-1]["role"] == "tool",
         tokens_left=row["tokens_left"],
     )
     choice = routing.choose(
@@ -254,7 +256,29 @@ def _turn(
     )
     target = choice.target
     api = target.api if target is not None else row["api"]
-    messages, _ = history.for_provider(stored, api)
+    seqs = [m["seq"] for m in row["messages"]]
+    mode, count = context.mode(options)
+    if mode == "last_messages":
+        chat = context.last_messages(chat, count)
+        seqs = seqs[len(seqs) - len(chat) :]
+    window = context.Window(
+        budget=context.budget(
+            options,
+            row.get("tenant_prompt_tokens"),
+            row.get("platform_prompt_tokens"),
+            row.get("context_window"),
+            row.get("max_output_tokens"),
+        ),
+        mode=mode,
+        messages=chat,
+        seqs=seqs,
+        summary=row.get("summary"),
+        through_seq=row.get("through_seq") or 0,
+        last_input_tokens=row.get("last_input_tokens"),
+    )
+    if window.summary is not None:
+        chat = [context.summary_item(window.summary), *chat]
+    messages, _ = history.for_provider(chat, api)
     run = {
         "id": row["run_id"],
         "tenant_id": row["tenant_id"],
@@ -266,7 +290,7 @@ def _turn(
         "model_options": row["model_options"],
         "calls_made": row["calls_made"],
     }
-    return Turn(run, messages, {tool["name"]: tool for tool in row["tools"]}, choice)
+    return Turn(run, messages, {tool["name"]: tool for tool in row["tools"]}, choice, window)
 
 
 def _resolve(batch: list[_Request], answers: list[Any]) -> None:

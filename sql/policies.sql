@@ -123,6 +123,12 @@ GRANT SELECT ON {s}.webhook_deliveries TO outbox_api;
 GRANT SELECT ON {s}.model_fallbacks, {s}.model_routes TO outbox_relay, outbox_auditor;
 GRANT SELECT, INSERT, UPDATE ON {s}.model_circuits TO outbox_relay;
 GRANT SELECT ON {s}.model_circuits TO outbox_auditor;
+-- The model catalogue (windows and output limits) is read by every role that starts runs
+-- or prepares turns; the summaries of compacted threads are written by the relay, which
+-- records them with the turn that compacted, and read by the tenant's own roles.
+GRANT SELECT ON {s}.model_catalogue TO outbox_writer, outbox_relay, outbox_auditor, outbox_api;
+GRANT SELECT, INSERT ON {s}.compactions TO outbox_relay;
+GRANT SELECT ON {s}.compactions TO outbox_writer, outbox_api;
 
 -- Every session reads its own row of tenant_roles (the own_mapping policy below).
 -- current_tenant_v1(), which row-level security asks, reads it as the owner.
@@ -143,9 +149,9 @@ REVOKE UPDATE, DELETE, TRUNCATE ON {s}.journal FROM PUBLIC;
 --   all_tenants (outbox_relay, and CURRENT_USER: the owner, whom FORCE would otherwise lock
 --     out of its own tables): every row.
 --   audit_read (outbox_auditor, SELECT only): every row.
--- lanes, model_prices, platform_limits, run_defaults, model_fallbacks and model_circuits
--- hold no tenant's rows (limits, prices, fallbacks and circuits over every tenant) and
--- have no row-level security: their grants are the whole rule.
+-- lanes, model_prices, model_catalogue, platform_limits, run_defaults, model_fallbacks and
+-- model_circuits hold no tenant's rows (limits, prices, windows, fallbacks and circuits
+-- over every tenant) and have no row-level security: their grants are the whole rule.
 
 -- threads: a tenant's threads (conversations).
 ALTER TABLE {s}.threads ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
@@ -302,6 +308,18 @@ CREATE POLICY all_tenants ON {s}.journal TO outbox_relay, CURRENT_USER
     USING (true) WITH CHECK (true);
 DROP POLICY IF EXISTS audit_read ON {s}.journal;
 CREATE POLICY audit_read ON {s}.journal FOR SELECT TO outbox_auditor USING (true);
+
+-- compactions: the summaries of a tenant's compacted threads.
+ALTER TABLE {s}.compactions ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON {s}.compactions;
+CREATE POLICY tenant_isolation ON {s}.compactions TO PUBLIC
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
+DROP POLICY IF EXISTS all_tenants ON {s}.compactions;
+CREATE POLICY all_tenants ON {s}.compactions TO outbox_relay, CURRENT_USER
+    USING (true) WITH CHECK (true);
+DROP POLICY IF EXISTS audit_read ON {s}.compactions;
+CREATE POLICY audit_read ON {s}.compactions FOR SELECT TO outbox_auditor USING (true);
 
 -- tenant_budgets: a tenant's budget (tokens and money) and what it used.
 ALTER TABLE {s}.tenant_budgets ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;

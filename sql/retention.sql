@@ -347,6 +347,7 @@ BEGIN
     WHERE x.tool_call_ref IN (SELECT c.id FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs));
     DELETE FROM {s}.messages m WHERE m.thread_id = ANY (v_threads) AND m.tool_call_ref IS NOT NULL;
     DELETE FROM {s}.model_turns t WHERE t.run_id = ANY (v_runs);
+    DELETE FROM {s}.compactions k WHERE k.run_id = ANY (v_runs);
     DELETE FROM {s}.tool_calls c WHERE c.run_id = ANY (v_runs);
     DELETE FROM {s}.tool_batches b WHERE b.run_id = ANY (v_runs);
     DELETE FROM {s}.assistant_runs a WHERE a.run_id = ANY (v_runs);
@@ -454,6 +455,8 @@ BEGIN
     WHERE thread_id = p_thread_id
       AND (content IS NOT NULL OR reasoning IS NOT NULL OR content_ref IS NOT NULL);
     GET DIAGNOSTICS n_messages = ROW_COUNT;
+    -- A summary of the thread is its content too: the model sees the erased thread whole.
+    DELETE FROM {s}.compactions k WHERE k.thread_id = p_thread_id;
     UPDATE {s}.tool_calls SET arguments = NULL, arguments_raw = '', arguments_ref = NULL
     WHERE run_id = ANY (v_runs)
       AND (arguments IS NOT NULL OR arguments_raw <> '' OR arguments_ref IS NOT NULL);

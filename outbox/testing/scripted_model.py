@@ -25,6 +25,14 @@ Design choices:
   ``usage.prompt_tokens_details``) the bytes its body shares from the start with the last
   request answered under that key, in tokens (``CHARS_PER_TOKEN``), at most its input
   tokens. A request without a key is never cached: what a run gains from its key shows.
+- **A context window.** ``ModelFaults.context_window`` (tokens; 0: none) refuses a request
+  whose tokens (its JSON's characters over ``ModelFaults.chars_per_token``, 4 unless set,
+  as ``usage`` counts them) pass it, with 400 and OpenAI's ``context_length_exceeded``
+  error; every request's tokens are in its audit record (``input_tokens``).
+- **Summaries.** A request whose instructions are ``outbox.context.SUMMARY_INSTRUCTION``
+  is answered with a summary naming the script and the assistant turns it covers; a
+  history that starts with such a summary continues the script where it left off, so a
+  compacted conversation answers as the whole one would.
 - **Faults and audit behind one lock**, programmable in-process or over HTTP (``/_script``,
   ``/_faults``, ``/_audit``) for out-of-process tests.
 """
@@ -32,6 +40,7 @@ Design choices:
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +49,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from outbox import context
 from outbox.testing.server import (
     FakeServer,
     HttpError,
@@ -70,6 +80,11 @@ CALLS_WITHOUT_TOOL = (
 OUTPUT_WITHOUT_CALL = "No tool call found for function call output with call_id {call_id}."
 CALL_WITHOUT_OUTPUT = "No tool output found for function call {call_id}."
 DUPLICATE_OUTPUT = "Duplicate function call output for call_id {call_id}."
+TOO_LONG = (
+    "This model's maximum context length is {window} tokens. However, your messages "
+    "resulted in {tokens} tokens. Please reduce the length of the messages."
+)
+SUMMARY_TURNS = "turns:"  # in a scripted summary: the assistant turns it covers
 CALL_WITHOUT_REASONING = (
     "Item '{call_id}' of type 'function_call' was provided without its required "
     "'reasoning' item: '{reasoning_id}'."
@@ -136,6 +151,8 @@ class ModelFaults(BaseModel):
     # A server that is down: while not 0, every model request answers this status (OpenAI's
     # error JSON, no ``retry-after``), however many come; 0 again: it is back.
     down_status: int = 0
+    context_window: int = 0  # tokens a request may hold (0: any); past it, 400
+    chars_per_token: float = CHARS_PER_TOKEN  # of a request's JSON, for its input tokens
 
 
 @dataclass(frozen=True)
@@ -156,6 +173,7 @@ class ModelRequest:
     headers: dict[str, str] = field(default_factory=dict)  # lower-case names
     raw: str = ""  # the body's bytes as sent (UTF-8)
     cached_tokens: int = 0  # what the answer reported as read from the prefix cache
+    input_tokens: int = 0  # the request's tokens, as its answer's usage counts them
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -634,6 +652,9 @@ class ScriptedModel(FakeServer):
 
     def _model_call(self, endpoint: Endpoint, request: Request) -> Reply:
         delay_s, action, fail_status, retry_after_s = self._take_faults()
+        faults = self.faults
+        context_window, chars_per_token = faults.context_window, faults.chars_per_token
+        input_tokens = 0
         if delay_s > 0:
             time.sleep(delay_s)  # simulated model latency
         body: dict[str, Any] = {}
@@ -659,6 +680,14 @@ class ScriptedModel(FakeServer):
                         param="model",
                         code="missing_required_parameter",
                     )
+                input_tokens = math.ceil(len(canonical_json(body)) / chars_per_token)
+                if 0 < context_window < input_tokens:
+                    raise openai_error(
+                        400,
+                        TOO_LONG.format(window=context_window, tokens=input_tokens),
+                        param="input" if endpoint == "responses" else "messages",
+                        code=context.CONTEXT_LENGTH_EXCEEDED,
+                    )
                 if endpoint == "responses":
                     _validate_responses(history)
                     with self.lock:
@@ -668,14 +697,19 @@ class ScriptedModel(FakeServer):
                 else:
                     _validate_chat(messages)
                     turn_index = sum(1 for m in messages if m.get("role") == "assistant")
+                turn_index += _summarised_turns(history)
                 script = self._script_name(history)
-                turn = self._turn(script, turn_index, history)
+                if history and history[0] == HistoryItem("system", context.SUMMARY_INSTRUCTION):
+                    turn = _summary_turn(script, turn_index, history)
+                else:
+                    turn = self._turn(script, turn_index, history)
                 cached = self._cached_tokens(body, request.body)
                 answer = (_responses_answer if endpoint == "responses" else _chat_answer)(
                     body, turn, cached
                 )
                 if endpoint == "responses":
                     self._keep_reasoning(answer["output"])
+                _count_input(answer, input_tokens)
                 reply = json_reply(200, answer)
         except HttpError as exc:
             reply = Reply(exc.status, exc.body, exc.headers)
@@ -694,6 +728,7 @@ class ScriptedModel(FakeServer):
             headers=dict(request.headers),
             raw=request.body.decode("utf-8", "replace"),
             cached_tokens=cached,
+            input_tokens=input_tokens or (_tokens(body) if body else 0),
         )
         with self.lock:
             self._requests.append(record)
@@ -720,6 +755,7 @@ class ScriptedModel(FakeServer):
 
     def _script_name(self, history: Sequence[HistoryItem]) -> str:
         first_user = next((item.text for item in history if item.kind == "user"), "")
+        first_user = first_user.removeprefix(context.SUMMARY_PREFIX)
         if not first_user.startswith(SCRIPT_PREFIX):
             return DEFAULT_SCRIPT
         words = first_user[len(SCRIPT_PREFIX) :].split(maxsplit=1)
@@ -743,6 +779,35 @@ class ScriptedModel(FakeServer):
             if isinstance(past, TurnSpec) and past.text is not None:
                 return TurnSpec(text=past.text)
         return TurnSpec(text=FALLBACK_TEXT)
+
+
+def _count_input(answer: dict[str, Any], input_tokens: int) -> None:
+    """Put the request's input tokens, as counted with ``chars_per_token``, in the usage."""
+    usage = answer["usage"]
+    key = "input_tokens" if "input_tokens" in usage else "prompt_tokens"
+    usage["total_tokens"] += input_tokens - usage[key]
+    usage[key] = input_tokens
+
+
+def _summarised_turns(history: Sequence[HistoryItem]) -> int:
+    """The assistant turns a scripted summary at the head of ``history`` covers."""
+    first_user = next((item.text for item in history if item.kind == "user"), "")
+    if not first_user.startswith(context.SUMMARY_PREFIX):
+        return 0
+    for word in first_user.split():
+        if word.startswith(SUMMARY_TURNS) and word[len(SUMMARY_TURNS) :].isdigit():
+            return int(word[len(SUMMARY_TURNS) :])
+    return 0
+
+
+def _summary_turn(script: str, turns: int, history: Sequence[HistoryItem]) -> TurnSpec:
+    """The answer to a summary request: the script and the assistant turns covered (the
+    request's own trailing user message is not a turn), and the tools called."""
+    called = sorted({item.name or "" for item in history if item.kind == "tool_call"})
+    text = (
+        f"{SCRIPT_PREFIX}{script} {SUMMARY_TURNS}{turns} called {', '.join(called) or 'no tool'}."
+    )
+    return TurnSpec(text=text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -584,14 +584,26 @@ RETURNING tc.id
 -- its calls (as outbox.history builds them; a message's reasoning items, kept verbatim), the
 -- run's model options and its tools (the versions it pinned when it started;
 -- for a run without pins, the newest visible to the tenant, its own before a shared one);
--- for a run with a max_tool_calls, the calls its turns asked for so far; and the routing
--- rules it was pinned to (outbox/routing.py).
+-- for a run with a max_tool_calls, the calls its turns asked for so far; the routing rules it
+-- was pinned to (outbox/routing.py); and what outbox.context needs: the thread's latest
+-- summary (and only the messages after it), the model's window and output from the
+-- catalogue, the tenant's and the platform's prompt budgets, and the input tokens the model
+-- reported for the run's previous turn (NULL when that turn compacted: its usage counts its
+-- summary requests too).
 -- Each lookup goes through an index by run, thread or name.
 SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
        r.instructions, r.base_url, r.model_options, r.route_version,
        r.max_tokens - r.tokens_used AS tokens_left,
        (SELECT mr.rules FROM {s}.model_routes mr
         WHERE mr.tenant_id = r.tenant_id AND mr.version = r.route_version) AS route_rules,
+       cp.through_seq, cp.summary, mc.context_window, mc.max_output_tokens,
+       tb.max_prompt_tokens AS tenant_prompt_tokens,
+       rd.max_prompt_tokens AS platform_prompt_tokens,
+       (SELECT mt.input_tokens FROM {s}.model_turns mt
+        WHERE mt.run_id = w.run_id AND mt.step_no = w.step_no - 1
+          AND NOT EXISTS (SELECT 1 FROM {s}.compactions k
+                          WHERE k.run_id = w.run_id AND k.step_no = w.step_no - 1))
+           AS last_input_tokens,
        EXISTS (SELECT 1 FROM {s}.model_turns mt
                WHERE mt.run_id = w.run_id AND mt.step_no = w.step_no) AS recorded,
        CASE WHEN r.model_options ? 'max_tool_calls'
@@ -599,11 +611,12 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'id', m.id, 'role', m.role,
                    'content', {s}.resolved_text_v1(m.content, m.tenant_id, m.content_ref),
-                   'answers_call', tc.tool_call_id, 'reasoning', m.reasoning)
+                   'answers_call', tc.tool_call_id, 'reasoning', m.reasoning, 'seq', m.seq)
                    ORDER BY m.seq), '[]')
         FROM {s}.messages m
         LEFT JOIN {s}.tool_calls tc ON tc.id = m.tool_call_ref
-        WHERE m.thread_id = r.thread_id AND m.deleted_at IS NULL) AS messages,
+        WHERE m.thread_id = r.thread_id AND m.deleted_at IS NULL
+          AND (cp.through_seq IS NULL OR m.seq > cp.through_seq)) AS messages,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'message_id', c.message_id, 'tool_call_id', c.tool_call_id,
                    'tool_name', c.tool_name,
@@ -622,6 +635,12 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
               ORDER BY tl.name, (tl.tenant_id = '*'), tl.version DESC) t) AS tools
 FROM unnest(%(run_ids)s::uuid[], %(steps)s::int[]) AS w(run_id, step_no)
 JOIN {s}.runs r ON r.id = w.run_id
+LEFT JOIN LATERAL (SELECT c.through_seq, c.summary FROM {s}.compactions c
+                   WHERE c.thread_id = r.thread_id
+                   ORDER BY c.through_seq DESC LIMIT 1) cp ON true
+LEFT JOIN {s}.model_catalogue mc ON mc.model = r.model
+LEFT JOIN {s}.tenant_budgets tb ON tb.tenant_id = r.tenant_id
+LEFT JOIN {s}.run_defaults rd ON true
 
 -- name: model_routing_state
 -- What routes the turns of a batch besides their runs (outbox/routing.py): every model's

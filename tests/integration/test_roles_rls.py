@@ -25,6 +25,7 @@ from tests.helpers import add_tool, new_run, turn
 A, B = "tenant-a", "tenant-b"
 RELAY_Q = Queries(Path(__file__).parents[2] / "relay" / "queries" / "relay.sql", "outbox")
 TENANT_TABLES = [
+    "compactions",
     "threads",
     "runs",
     "messages",

@@ -122,6 +122,9 @@ PINNED = {
     "0052_model_fallback.py": "8e975e291a7fd2bf",
     "0052_model_fallback.sql": "7f89d606798fbed0",
     "0052_model_fallback_down.sql": "9dee253e37e51f11",
+    "0053_context_compaction.py": "2e938a87f7586b94",
+    "0053_context_compaction.sql": "e8365d4467ebda2e",
+    "0053_context_compaction_down.sql": "6698606ab87db2ac",
 }
 
 
