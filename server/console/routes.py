@@ -1,0 +1,327 @@
+"""The console's pages, forms and live streams, mounted at ``/console`` (``MOUNT``).
+
+Pages: the sign-in, the approvals inbox (``/console/approvals``) and a run's timeline
+(``/console/runs/{id}``). Each list is also served alone as a fragment (``.../list``,
+``.../timeline``) that the page's script fetches again when the page's event stream says
+something changed (``.../events``); without the script a reload shows the same truth.
+
+Rules: a GET without a session is sent to the sign-in; a POST without one, or without the
+session's CSRF token, is refused (403). A person sees and acts in their own tenant only,
+through the server's tenant-scoped transactions (row-level security): another tenant's
+approval or run is a 404, as in the API. A viewer decides nothing (403). Decisions go
+through ``outbox.approvals.decide`` with the person's name as the decider, journaled as the
+CLI's are. A platform operator (tenant ``*``) acts through the pool's own login, which sees
+every tenant.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from sse_starlette.sse import EventSourceResponse
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from outbox import accounts, approvals
+from outbox.accounts import Person
+from outbox.errors import NotFound, OutboxError
+from outbox.server import QUERIES, events
+from outbox.server.console import STATIC, TEMPLATES, auth
+from outbox.server.errors import APIError
+from outbox.server.routes import Config, config
+from outbox.server.store import Row, Store
+from outbox.server.threads import in_thread, read_in_thread
+from outbox.sql import Queries
+
+Q = Queries(QUERIES / "console.sql")
+
+INBOX_LIMIT = 200  # waiting approvals a page shows at most
+LISTENED_S = 30.0  # an inbox stream's longest quiet wait while the listener is connected
+UNLISTENED_S = 2.0  # how often an inbox is told to look again while it is not
+SIGN_IN_S = 600  # how long a sign-in form's token lives
+
+ENV = Environment(
+    loader=FileSystemLoader(str(TEMPLATES)),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+ENV.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def page(name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    return HTMLResponse(ENV.get_template(name).render(**context), status_code=status)
+
+
+def problem(status: int, message: str, person: Person | None = None) -> HTMLResponse:
+    return page("problem.html", status, message=message, person=person)
+
+
+async def signed_in(request: Request) -> Person | None:
+    token = request.cookies.get(auth.COOKIE)
+    return await read_in_thread(auth.person_of, config(request).store, token)
+
+
+def to_sign_in() -> RedirectResponse:
+    return RedirectResponse("/console/sign-in", status_code=303)
+
+
+# -- sign-in ------------------------------------------------------------------------------
+
+
+async def sign_in_page(request: Request) -> Response:
+    return _sign_in_form(request, 200, "")
+
+
+def _sign_in_form(request: Request, status: int, message: str) -> Response:
+    token = secrets.token_urlsafe(32)
+    response = page("sign_in.html", status, csrf_token=token, message=message, person=None)
+    auth.set_cookie(request, response, auth.SIGN_IN_COOKIE, token, SIGN_IN_S)
+    return response
+
+
+async def sign_in(request: Request) -> Response:
+    fields = await auth.form(request)
+    if not auth.csrf_ok(request.cookies.get(auth.SIGN_IN_COOKIE), fields.get("csrf_token")):
+        return problem(403, "This form has expired or did not come from this console.")
+    name, password = fields.get("name", ""), fields.get("password", "")
+    outcome = await in_thread(_sign_in, config(request).store, name, password)
+    if outcome.token is None:
+        if outcome.locked:
+            message = "This account is locked after repeated failed sign-ins; try again later."
+            return _sign_in_form(request, 429, message)
+        return _sign_in_form(request, 401, "Wrong name or password.")
+    response = RedirectResponse("/console/approvals", status_code=303)
+    auth.set_cookie(request, response, auth.COOKIE, outcome.token, accounts.SESSION_S)
+    auth.clear_cookie(request, response, auth.SIGN_IN_COOKIE)
+    return response
+
+
+def _sign_in(store: Store, name: str, password: str) -> accounts.SignIn:
+    with auth.as_api(store) as conn:
+        return accounts.sign_in(conn, name, password)
+
+
+async def sign_out(request: Request) -> Response:
+    person = await signed_in(request)
+    fields = await auth.form(request)
+    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
+        return problem(403, "This form did not come from your session.")
+    await in_thread(_sign_out, config(request).store, request.cookies[auth.COOKIE])
+    response = to_sign_in()
+    auth.clear_cookie(request, response, auth.COOKIE)
+    return response
+
+
+def _sign_out(store: Store, token: str) -> None:
+    with auth.as_api(store) as conn:
+        accounts.sign_out(conn, token)
+
+
+# -- the approvals inbox ------------------------------------------------------------------
+
+
+def waiting(store: Store, person: Person) -> list[Row]:
+    """The approvals waiting in the person's tenant (every tenant's for ``*``)."""
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            return approvals.list_approvals(conn, "pending", None, INBOX_LIMIT)
+    with store.tenant(person.tenant_id) as conn:
+        return approvals.list_approvals(conn, "pending", person.tenant_id, INBOX_LIMIT)
+
+
+async def inbox(request: Request) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return to_sign_in()
+    rows = await read_in_thread(waiting, config(request).store, person)
+    return page("approvals.html", person=person, approvals=rows, message="")
+
+
+async def inbox_list(request: Request) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return problem(401, "Sign in again.")
+    rows = await read_in_thread(waiting, config(request).store, person)
+    return page("_approvals.html", person=person, approvals=rows)
+
+
+async def inbox_events(request: Request) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return problem(401, "Sign in again.")
+    return EventSourceResponse(_inbox_changes(config(request), person.tenant_id))
+
+
+async def _inbox_changes(cfg: Config, tenant_id: str) -> AsyncIterator[dict[str, Any]]:
+    """``changed`` whenever an approval of the tenant is requested or decided (the server's
+    listener on ``outbox_approvals``): the page fetches its list again. ``ready`` first, so
+    a page also catches what changed between its load and this stream's start."""
+    with cfg.wakeups.watch_tenant(tenant_id) as watch:
+        yield {"event": "ready", "data": ""}
+        while True:
+            watch.clear()
+            await watch.changed(UNLISTENED_S, listened_s=LISTENED_S)
+            if watch.flag.is_set() or not cfg.wakeups.listening:
+                yield {"event": "changed", "data": ""}
+
+
+async def decide(request: Request) -> Response:
+    person = await signed_in(request)
+    fields = await auth.form(request)
+    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
+        return problem(403, "This form did not come from your session.")
+    if not person.may_decide:
+        return problem(403, "A viewer decides nothing.", person)
+    decision = fields.get("decision", "")
+    if decision not in ("approve", "deny"):
+        return problem(400, "Choose approve or deny.", person)
+    approval_id = int(request.path_params["approval_id"])
+    store = config(request).store
+    try:
+        await in_thread(
+            _decide,
+            store,
+            person,
+            approval_id,
+            decision,
+            fields.get("reason", ""),
+            fields.get("digest") or None,
+        )
+    except NotFound:
+        return problem(404, f"No waiting approval {approval_id} in your tenant.", person)
+    except OutboxError as err:
+        rows = await read_in_thread(waiting, store, person)
+        message = err.args[0] if err.args else str(err)
+        return page("approvals.html", 409, person=person, approvals=rows, message=message)
+    return RedirectResponse("/console/approvals", status_code=303)
+
+
+def _decide(
+    store: Store,
+    person: Person,
+    approval_id: int,
+    decision: str,
+    reason: str,
+    digest: str | None,
+) -> Row:
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            return approvals.decide(
+                conn, approval_id, decision, actor=person.name, reason=reason, digest=digest
+            )
+    with store.tenant(person.tenant_id) as conn:
+        approvals.get(conn, approval_id)  # another tenant's is not seen: NotFound
+        return approvals.decide(
+            conn,
+            approval_id,
+            decision,
+            actor=person.name,
+            reason=reason,
+            digest=digest,
+            tenant_id=person.tenant_id,
+        )
+
+
+# -- a run's timeline ---------------------------------------------------------------------
+
+
+def timeline(store: Store, person: Person, run_id: uuid.UUID) -> tuple[str, events.Poll]:
+    """The run's tenant and its status and journal events (the first ``events.BATCH``)."""
+    tenant = person.tenant_id
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            row = conn.execute(Q.run_tenant, {"run_id": run_id}).fetchone()
+        if row is None:
+            raise NotFound(f"run {run_id} does not exist")
+        tenant = str(row[0])
+    try:
+        return tenant, events.read(store, tenant, run_id, 0)
+    except APIError as err:
+        raise NotFound(f"run {run_id} does not exist") from err
+
+
+def _run_id(request: Request) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(request.path_params["run_id"])
+    except ValueError:
+        return None
+
+
+async def run_page(request: Request, fragment: bool = False) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return problem(401, "Sign in again.") if fragment else to_sign_in()
+    run_id = _run_id(request)
+    if run_id is None:
+        return problem(404, "No such run.", person)
+    try:
+        tenant, poll = await read_in_thread(timeline, config(request).store, person, run_id)
+    except NotFound:
+        return problem(404, f"No run {run_id} in your tenant.", person)
+    name = "_timeline.html" if fragment else "run.html"
+    return page(name, person=person, run_id=run_id, tenant=tenant, poll=poll)
+
+
+async def run_fragment(request: Request) -> Response:
+    return await run_page(request, fragment=True)
+
+
+async def run_events(request: Request) -> Response:
+    person = await signed_in(request)
+    run_id = _run_id(request)
+    if person is None or run_id is None:
+        return problem(401, "Sign in again.")
+    store = config(request).store
+    try:
+        tenant, _poll = await read_in_thread(timeline, store, person, run_id)
+    except NotFound:
+        return problem(404, f"No run {run_id} in your tenant.", person)
+    after = request.query_params.get("after", "0")
+    after_id = int(after) if after.isdigit() else 0
+    return EventSourceResponse(_run_changes(config(request), tenant, run_id, after_id))
+
+
+async def _run_changes(
+    cfg: Config, tenant: str, run_id: uuid.UUID, after_id: int
+) -> AsyncIterator[dict[str, Any]]:
+    """``changed`` for each new journal event of the run (the API's run event stream,
+    server.events), ``end`` once it ended."""
+    async for event in events.stream(cfg.store, tenant, run_id, after_id, cfg.wakeups):
+        if event["event"] == "end":
+            yield {"event": "end", "data": ""}
+            return
+        yield {"event": "changed", "id": event["id"], "data": ""}
+
+
+async def home(_request: Request) -> Response:
+    return RedirectResponse("/console/approvals", status_code=303)
+
+
+MOUNT = Mount(
+    "/console",
+    routes=[
+        Route("/", home),
+        Route("/sign-in", sign_in_page, methods=["GET"]),
+        Route("/sign-in", sign_in, methods=["POST"]),
+        Route("/sign-out", sign_out, methods=["POST"]),
+        Route("/approvals", inbox, methods=["GET"]),
+        Route("/approvals/list", inbox_list, methods=["GET"]),
+        Route("/approvals/events", inbox_events, methods=["GET"]),
+        Route("/approvals/{approval_id:int}/decide", decide, methods=["POST"]),
+        Route("/runs/{run_id}", run_page, methods=["GET"]),
+        Route("/runs/{run_id}/timeline", run_fragment, methods=["GET"]),
+        Route("/runs/{run_id}/events", run_events, methods=["GET"]),
+        Mount("/static", app=StaticFiles(directory=str(STATIC)), name="console-static"),
+    ],
+)
+# Outside the routing, so its errors carry the headers too (server.app adds it).
+MIDDLEWARE = Middleware(auth.SecurityHeaders)
