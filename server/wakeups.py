@@ -175,8 +175,8 @@ class Wakeups:
                     self.database_url, autocommit=True, connect_timeout=db.CONNECT_TIMEOUT_S
                 )
                 async with conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
                     await conn.execute(f"LISTEN {APPROVALS}")
+                    await conn.execute(f"LISTEN {CHANNEL}")
                     self.epoch += 1
                     self.recent.clear()  # a watch primed by an earlier epoch is refused anyway
                     self.listening, pause = True, RECONNECT_S[0]

@@ -51,8 +51,9 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    expect.set_options(timeout=TIMEOUT_MS)  # every expect below waits as long as the pages
     with sync_playwright() as driver:
         launched = driver.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
@@ -132,16 +133,23 @@ def test_a_reviewer_sees_a_call_arrive_live_approves_it_and_the_run_completes(
             expect(card).to_contain_text(str(run.id))
             shoot(page, "inbox.png")
 
+            # The run's timeline, open before the decision, follows it without a reload.
+            timeline = browser.new_page()
+            timeline.set_default_timeout(TIMEOUT_MS)
+            timeline.context.add_cookies(page.context.cookies())  # rita's session
+            timeline.goto(f"{console}/runs/{run.id}")
+            expect(timeline.locator('tr[data-event="approval.requested"]')).to_have_count(1)
+            expect(timeline.locator('tr[data-event="approval.approved"]')).to_have_count(0)
+            timeline.evaluate("window.notReloaded = true")
+
             card.get_by_label("Reason").fill("invoice checked")
             card.get_by_role("button", name="Approve").click()
             expect(page.get_by_text("No call is waiting for a decision.")).to_be_visible()
 
-            timeline = browser.new_page()
-            timeline.set_default_timeout(TIMEOUT_MS)
-            timeline.context.add_cookies(page.context.cookies())
-            timeline.goto(f"{console}/runs/{run.id}")
             expect(timeline.locator(".status")).to_have_text("completed")
             expect(timeline.locator('tr[data-event="approval.approved"]')).to_contain_text("rita")
+            expect(timeline.locator('tr[data-event="run.completed"]')).to_have_count(1)
+            assert timeline.evaluate("window.notReloaded") is True
             shoot(timeline, "timeline.png")
             assert len(service.tool("send_email").effects) == 1
 

@@ -87,6 +87,9 @@ def test_a_reviewer_sees_and_decides_only_their_tenants_approvals(db_url, consol
     other_inbox = theirs.get("/approvals").text
     assert "approval-" not in other_inbox and str(run.id) not in other_inbox
     assert theirs.get(f"/runs/{run.id}").status_code == 404
+    assert theirs.get(f"/runs/{run.id}/timeline").status_code == 404
+    assert theirs.get(f"/runs/{run.id}/events").status_code == 404
+    assert httpx2.get(console + "/approvals/events").status_code == 401
 
     # Another tenant's reviewer, with a valid token of their own session: not found.
     refused = theirs.post(
