@@ -7,6 +7,7 @@ browser's view of the same rules is tests/acceptance/test_console_browser.py.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import httpx2
@@ -17,6 +18,8 @@ from outbox.server.console.auth import CSP
 from tests.console_harness import PASSWORD, add_user, csrf_of, sign_in, waiting_call
 from tests.helpers import look
 from tests.serve_harness import serve
+
+OPEN = 50  # inboxes open at once
 
 
 @pytest.fixture
@@ -209,3 +212,44 @@ def test_users_add_from_the_command_line(db_url, monkeypatch):
     with psycopg.connect(db_url) as conn:
         (stored,) = conn.execute("SELECT password_hash FROM outbox.console_users").fetchone()
     assert stored.startswith("$argon2id$") and PASSWORD not in stored
+
+
+def test_fifty_open_inboxes_share_the_one_listening_connection(db_url, console):
+    """Each open inbox is woken by the server's one LISTEN connection when an approval of
+    its tenant is requested: no connection and no query more per inbox while it waits."""
+    add_user(db_url, "rita", "acme", "reviewer")
+    client, _ = sign_in(console, "rita")
+    cookies = dict(client.cookies)
+    ready, told = threading.Barrier(OPEN + 1), threading.Semaphore(0)
+    stop = threading.Event()
+
+    def inbox() -> None:
+        with (
+            httpx2.Client(base_url=console, cookies=cookies, timeout=60) as own,
+            own.stream("GET", "/approvals/events") as stream,
+        ):
+            lines = stream.iter_lines()
+            while next(lines) != "event: ready":
+                pass
+            ready.wait()
+            while next(lines) != "event: changed":
+                pass
+            told.release()
+            stop.wait()
+
+    threads = [threading.Thread(target=inbox, daemon=True) for _ in range(OPEN)]
+    for thread in threads:
+        thread.start()
+    ready.wait(timeout=60)
+    listening = look(
+        db_url,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND query LIKE 'LISTEN outbox\\_%%'",
+    )
+    waiting_call(db_url, {"amount": 1})
+    try:
+        for _ in range(OPEN):
+            assert told.acquire(timeout=60), "an open inbox was not told of the new approval"
+    finally:
+        stop.set()
+    assert listening == [(1,)]
