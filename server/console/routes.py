@@ -20,7 +20,9 @@ import json
 import secrets
 import uuid
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from sse_starlette.sse import EventSourceResponse
@@ -30,7 +32,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from outbox import accounts, approvals
+from outbox import accounts, approvals, constants
 from outbox.accounts import Person
 from outbox.errors import NotFound, OutboxError
 from outbox.server import QUERIES, events
@@ -40,10 +42,13 @@ from outbox.server.routes import Config, config
 from outbox.server.store import Row, Store
 from outbox.server.threads import in_thread, read_in_thread
 from outbox.sql import Queries
+from outbox.store import fetch_all
 
 Q = Queries(QUERIES / "console.sql")
 
 INBOX_LIMIT = 200  # waiting approvals a page shows at most
+RUNS_PAGE = 50  # runs a page of the list shows
+RUN_STATUSES = (*constants.ACTIVE, *constants.ENDED)
 LISTENED_S = 30.0  # an inbox stream's longest quiet wait while the listener is connected
 UNLISTENED_S = 2.0  # how often an inbox is told to look again while it is not
 SIGN_IN_S = 600  # how long a sign-in form's token lives
@@ -231,6 +236,67 @@ def _decide(
         )
 
 
+# -- the runs list ------------------------------------------------------------------------
+
+
+def _filters(request: Request) -> dict[str, Any] | None:
+    """The list's filters and keyset cursor from the query string; None when one is not
+    valid."""
+    query = request.query_params
+    params: dict[str, Any] = {
+        "status": query.get("status") or None,
+        "model": query.get("model") or None,
+        "tenant_id": query.get("tenant") or None,
+        "since": None,
+        "before_at": None,
+        "before_id": None,
+    }
+    try:
+        if since := query.get("since"):
+            params["since"] = datetime.fromisoformat(since)
+        if before := query.get("before"):
+            at, _, ident = before.partition("|")
+            params["before_at"], params["before_id"] = datetime.fromisoformat(at), uuid.UUID(ident)
+    except ValueError:
+        return None
+    if params["status"] is not None and params["status"] not in RUN_STATUSES:
+        return None
+    return params
+
+
+def runs_page(store: Store, person: Person, params: dict[str, Any]) -> list[Row]:
+    """One page of runs (``RUNS_PAGE``) of the person's tenant (any for ``*``)."""
+    params = {**params, "limit": RUNS_PAGE}
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            return fetch_all(conn, Q.runs_page, params)
+    with store.tenant(person.tenant_id) as conn:
+        return fetch_all(conn, Q.runs_page, {**params, "tenant_id": person.tenant_id})
+
+
+async def runs(request: Request) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return to_sign_in()
+    params = _filters(request)
+    if params is None:
+        return problem(400, "A filter of this list is not valid.", person)
+    rows = await read_in_thread(runs_page, config(request).store, person, params)
+    older = None
+    if len(rows) == RUNS_PAGE:
+        last = rows[-1]
+        kept = {k: v for k, v in request.query_params.items() if k != "before" and v}
+        older = urlencode({**kept, "before": f"{last['created_at'].isoformat()}|{last['id']}"})
+    return page(
+        "runs.html",
+        person=person,
+        runs=rows,
+        older=older,
+        statuses=RUN_STATUSES,
+        chosen=request.query_params,
+    )
+
+
 # -- a run's timeline ---------------------------------------------------------------------
 
 
@@ -317,6 +383,7 @@ MOUNT = Mount(
         Route("/approvals/list", inbox_list, methods=["GET"]),
         Route("/approvals/events", inbox_events, methods=["GET"]),
         Route("/approvals/{approval_id:int}/decide", decide, methods=["POST"]),
+        Route("/runs", runs, methods=["GET"]),
         Route("/runs/{run_id}", run_page, methods=["GET"]),
         Route("/runs/{run_id}/timeline", run_fragment, methods=["GET"]),
         Route("/runs/{run_id}/events", run_events, methods=["GET"]),

@@ -1,3 +1,21 @@
 -- name: run_tenant
 -- The tenant of a run, for a platform operator (the pool's own login: every tenant's runs).
 SELECT tenant_id FROM {s}.runs WHERE id = %(run_id)s
+
+-- name: runs_page
+-- One page of runs, newest first, optionally of one tenant, status and model and created
+-- since a time. Keyset-paginated: the page after the one that ended at (before_at,
+-- before_id) holds the rows below that key, so a page costs its own rows, however deep.
+-- The last condition holds for every run: it is the predicate of runs_tenant_status.
+SELECT id, tenant_id, status, model, step_count, tokens_used, failure_reason, created_at,
+       updated_at
+FROM {s}.runs
+WHERE (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(model)s::text IS NULL OR model = %(model)s)
+  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+  AND created_at > '-infinity'
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s

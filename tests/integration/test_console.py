@@ -7,6 +7,8 @@ browser's view of the same rules is tests/acceptance/test_console_browser.py.
 
 from __future__ import annotations
 
+import html
+import re
 import threading
 from collections.abc import Iterator
 
@@ -253,3 +255,26 @@ def test_fifty_open_inboxes_share_the_one_listening_connection(db_url, console):
     finally:
         stop.set()
     assert listening == [(1,)]
+
+
+def test_the_runs_list_filters_and_pages_by_keyset(db_url, console, monkeypatch):
+    from outbox.server.console import routes
+
+    monkeypatch.setattr(routes, "RUNS_PAGE", 3)
+    add_user(db_url, "rita", "acme", "reviewer")
+    made = [waiting_call(db_url, {"n": n})[0].id for n in range(7)]
+    theirs = waiting_call(db_url, {"n": 99}, tenant="globex")[0].id
+    client, _ = sign_in(console, "rita")
+    seen: list[str] = []
+    path = "/runs?status=in_progress"
+    while path:
+        page = client.get(path)
+        assert page.status_code == 200
+        seen += re.findall(r'data-run="([^"]+)"', page.text)
+        older = re.search(r'href="/console(/runs\?[^"]+)" rel="next"', page.text)
+        path = html.unescape(older.group(1)) if older else ""
+    assert seen == [str(r) for r in reversed(made)]  # newest first, each once
+    assert str(theirs) not in seen
+    assert "No run matches" in client.get("/runs?status=completed").text
+    assert client.get("/runs?status=nonsense").status_code == 400
+    assert client.get("/runs?before=yesterday").status_code == 400
