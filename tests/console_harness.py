@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 import psycopg
 
-from outbox import accounts, writer
+from outbox import accounts, ops, writer
 from tests.helpers import add_tool, new_run, turn
 
 PASSWORD = "correct horse battery staple"
@@ -57,3 +57,18 @@ def waiting_call(
             "SELECT id FROM outbox.approvals WHERE run_id = %s", [run.id]
         ).fetchone()
     return run, approval_id
+
+
+def quarantined_call(db_url: str, *, tenant: str = "acme") -> int:
+    """A call of a low-risk tool of a run of ``tenant``, quarantined by an operator; its
+    reference (``tool_calls.id``)."""
+    with psycopg.connect(db_url) as conn:
+        exists = conn.execute("SELECT 1 FROM outbox.tools WHERE name = 'lookup_order'").fetchone()
+        if exists is None:
+            add_tool(conn, "lookup_order")
+        run = new_run(conn, tenant=tenant, tools=["lookup_order"])
+        (ref,) = writer.record_model_turn(
+            conn, turn(run, 1, ("call_1", "lookup_order", {"order_id": "7"}))
+        ).tool_call_refs
+        ops.quarantine(conn, f"call:{ref}", reason="the tool misbehaves", actor="ops")
+    return int(ref)

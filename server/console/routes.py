@@ -32,7 +32,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from outbox import accounts, approvals, constants
+from outbox import accounts, approvals, constants, ops
 from outbox.accounts import Person
 from outbox.errors import NotFound, OutboxError
 from outbox.server import QUERIES, events
@@ -42,7 +42,7 @@ from outbox.server.routes import Config, config
 from outbox.server.store import Row, Store
 from outbox.server.threads import in_thread, read_in_thread
 from outbox.sql import Queries
-from outbox.store import fetch_all
+from outbox.store import fetch_all, fetch_one
 
 Q = Queries(QUERIES / "console.sql")
 
@@ -297,6 +297,66 @@ async def runs(request: Request) -> Response:
     )
 
 
+# -- parked calls -------------------------------------------------------------------------
+
+
+def parked_calls(store: Store, person: Person) -> list[Row]:
+    """The person's tenant's calls parked for an operator (every tenant's for ``*``)."""
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            return fetch_all(conn, Q.parked_calls, {"tenant_id": None, "limit": INBOX_LIMIT})
+    with store.tenant(person.tenant_id) as conn:
+        params = {"tenant_id": person.tenant_id, "limit": INBOX_LIMIT}
+        return fetch_all(conn, Q.parked_calls, params)
+
+
+async def parked(request: Request) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return to_sign_in()
+    rows = await read_in_thread(parked_calls, config(request).store, person)
+    return page("parked.html", person=person, calls=rows, message="")
+
+
+async def act_on_call(request: Request) -> Response:
+    person = await signed_in(request)
+    fields = await auth.form(request)
+    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
+        return problem(403, "This form did not come from your session.")
+    if person.role != "operator":
+        return problem(403, "Only an operator acts on calls.", person)
+    action = request.path_params["action"]
+    if action not in OPERATOR_ACTIONS:
+        return problem(404, "No such action.", person)
+    ref = int(request.path_params["ref"])
+    store = config(request).store
+    try:
+        await in_thread(_act_on_call, store, person, ref, action)
+    except NotFound:
+        return problem(404, f"No tool call {ref} in your tenant.", person)
+    except OutboxError as err:
+        rows = await read_in_thread(parked_calls, store, person)
+        message = err.args[0] if err.args else str(err)
+        return page("parked.html", 409, person=person, calls=rows, message=message)
+    return RedirectResponse("/console/parked", status_code=303)
+
+
+def _act_on_call(store: Store, person: Person, ref: int, action: str) -> None:
+    """``ops.requeue`` or ``ops.release`` of the call, journaled with the person as actor.
+    The call must be the person's tenant's (read under its row-level security); the action
+    then runs as the pool's own login, as the command line's (``outbox_api`` may not change
+    the queue)."""
+    if not person.every_tenant:
+        with store.tenant(person.tenant_id) as conn:
+            if fetch_one(conn, Q.call_tenant, {"id": ref}) is None:
+                raise NotFound(f"tool call {ref} does not exist")
+    with store.pool.connection() as conn:
+        OPERATOR_ACTIONS[action](conn, f"call:{ref}", actor=person.name)
+
+
+OPERATOR_ACTIONS: dict[str, Any] = {"requeue": ops.requeue, "release": ops.release}
+
+
 # -- a run's timeline ---------------------------------------------------------------------
 
 
@@ -383,6 +443,8 @@ MOUNT = Mount(
         Route("/approvals/list", inbox_list, methods=["GET"]),
         Route("/approvals/events", inbox_events, methods=["GET"]),
         Route("/approvals/{approval_id:int}/decide", decide, methods=["POST"]),
+        Route("/parked", parked, methods=["GET"]),
+        Route("/parked/{ref:int}/{action}", act_on_call, methods=["POST"]),
         Route("/runs", runs, methods=["GET"]),
         Route("/runs/{run_id}", run_page, methods=["GET"]),
         Route("/runs/{run_id}/timeline", run_fragment, methods=["GET"]),

@@ -19,3 +19,18 @@ WHERE (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
   AND created_at > '-infinity'
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
+
+-- name: parked_calls
+-- Tool calls parked for an operator, oldest first: quarantined (no worker claims them until
+-- released) or outcome_unknown (the relay cannot tell whether the tool acted).
+SELECT tc.id, tc.tenant_id, tc.run_id, tc.tool_call_id, tc.tool_name, tc.status, tc.attempts,
+       tc.last_error, tc.updated_at
+FROM {s}.tool_calls tc
+WHERE tc.status IN ('quarantined', 'outcome_unknown')
+  AND (%(tenant_id)s::text IS NULL OR tc.tenant_id = %(tenant_id)s)
+ORDER BY tc.id
+LIMIT %(limit)s
+
+-- name: call_tenant
+-- The tenant of a tool call (under row-level security: none for another tenant's).
+SELECT tenant_id FROM {s}.tool_calls WHERE id = %(id)s

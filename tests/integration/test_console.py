@@ -17,7 +17,14 @@ import psycopg
 import pytest
 
 from outbox.server.console.auth import CSP
-from tests.console_harness import PASSWORD, add_user, csrf_of, sign_in, waiting_call
+from tests.console_harness import (
+    PASSWORD,
+    add_user,
+    csrf_of,
+    quarantined_call,
+    sign_in,
+    waiting_call,
+)
 from tests.helpers import look
 from tests.serve_harness import serve
 
@@ -278,3 +285,36 @@ def test_the_runs_list_filters_and_pages_by_keyset(db_url, console, monkeypatch)
     assert "No run matches" in client.get("/runs?status=completed").text
     assert client.get("/runs?status=nonsense").status_code == 400
     assert client.get("/runs?before=yesterday").status_code == 400
+
+
+def test_an_operator_releases_a_parked_call_of_their_tenant_only(db_url, console):
+    add_user(db_url, "otto", "acme", "operator")
+    add_user(db_url, "rita", "acme", "reviewer")
+    add_user(db_url, "gina", "globex", "operator")
+    ref = quarantined_call(db_url)
+    operator, _ = sign_in(console, "otto")
+    reviewer, _ = sign_in(console, "rita")
+    other, _ = sign_in(console, "gina")
+
+    listed = operator.get("/parked").text
+    assert f'data-call="{ref}"' in listed and "Release</button>" in listed
+    seen = reviewer.get("/parked").text
+    assert f'data-call="{ref}"' in seen and "Release</button>" not in seen
+    theirs = other.get("/parked").text
+    assert f'data-call="{ref}"' not in theirs
+
+    def post(client, action: str, page: str) -> int:
+        data = {"csrf_token": csrf_of(page)}
+        return client.post(f"/parked/{ref}/{action}", data=data).status_code
+
+    assert post(reviewer, "release", seen) == 403  # a reviewer acts on no call
+    assert post(other, "release", theirs) == 404  # another tenant's call is not seen
+    assert operator.post(f"/parked/{ref}/release", data={}).status_code == 403  # no token
+    assert look(db_url, "SELECT status FROM outbox.tool_calls") == [("quarantined",)]
+    assert post(operator, "release", listed) == 303
+    assert look(db_url, "SELECT status FROM outbox.tool_calls") == [("pending",)]
+    assert look(
+        db_url, "SELECT tenant_id, actor FROM outbox.journal WHERE event = 'operator.release'"
+    ) == [("acme", "otto")]
+    assert post(operator, "release", listed) == 409  # not quarantined any more
+    assert "No call is parked" in operator.get("/parked").text
