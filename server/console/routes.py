@@ -48,6 +48,7 @@ Q = Queries(QUERIES / "console.sql")
 
 INBOX_LIMIT = 200  # waiting approvals a page shows at most
 RUNS_PAGE = 50  # runs a page of the list shows
+BULK_CHUNK = 200  # calls a bulk action changes in one transaction
 RUN_STATUSES = (*constants.ACTIVE, *constants.ENDED)
 LISTENED_S = 30.0  # an inbox stream's longest quiet wait while the listener is connected
 UNLISTENED_S = 2.0  # how often an inbox is told to look again while it is not
@@ -357,6 +358,67 @@ def _act_on_call(store: Store, person: Person, ref: int, action: str) -> None:
 OPERATOR_ACTIONS: dict[str, Any] = {"requeue": ops.requeue, "release": ops.release}
 
 
+async def bulk_requeue(request: Request) -> Response:
+    """Requeue every quarantined call of the tenant (of one tool, when given). The first
+    post answers the count to confirm; a post that confirms the count the server counts
+    again now runs, in chunks (``BULK_CHUNK`` calls a transaction), each call through
+    ``ops.requeue`` (journaled with the person), each once."""
+    person = await signed_in(request)
+    fields = await auth.form(request)
+    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
+        return problem(403, "This form did not come from your session.")
+    if person.role != "operator":
+        return problem(403, "Only an operator acts on calls.", person)
+    tool = fields.get("tool") or None
+    store = config(request).store
+    count = await read_in_thread(_count_quarantined, store, person, tool)
+    if fields.get("confirm") != str(count) or count == 0:
+        return page("bulk.html", person=person, tool=tool, count=count)
+    done, skipped = await in_thread(_requeue_all, store, person, tool)
+    rows = await read_in_thread(parked_calls, store, person)
+    message = f"Requeued {done} calls" + (f"; {skipped} could not be requeued." if skipped else ".")
+    return page("parked.html", person=person, calls=rows, message="", done=message)
+
+
+def _scope(person: Person) -> str | None:
+    return None if person.every_tenant else person.tenant_id
+
+
+def _count_quarantined(store: Store, person: Person, tool: str | None) -> int:
+    params = {"tenant_id": _scope(person), "tool": tool}
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            row = fetch_one(conn, Q.count_quarantined, params)
+    else:
+        with store.tenant(person.tenant_id) as conn:
+            row = fetch_one(conn, Q.count_quarantined, params)
+    return int(row["n"]) if row else 0
+
+
+def _requeue_all(store: Store, person: Person, tool: str | None) -> tuple[int, int]:
+    """Requeue the quarantined calls in chunks of ``BULK_CHUNK``, one transaction each, in
+    the order of their references: (requeued, skipped)."""
+    done = skipped = after = 0
+    while True:
+        params = {"tenant_id": _scope(person), "tool": tool, "after": after, "limit": BULK_CHUNK}
+        if person.every_tenant:
+            with store.pool.connection() as conn:
+                chunk = [r["id"] for r in fetch_all(conn, Q.quarantined_chunk, params)]
+        else:
+            with store.tenant(person.tenant_id) as conn:  # only the tenant's calls
+                chunk = [r["id"] for r in fetch_all(conn, Q.quarantined_chunk, params)]
+        if not chunk:
+            return done, skipped
+        with store.pool.connection() as conn:
+            for ref in chunk:
+                try:
+                    ops.requeue(conn, f"call:{ref}", actor=person.name)
+                    done += 1
+                except OutboxError:
+                    skipped += 1  # no longer quarantined, or its run ended meanwhile
+        after = chunk[-1]
+
+
 # -- a run's timeline ---------------------------------------------------------------------
 
 
@@ -444,6 +506,7 @@ MOUNT = Mount(
         Route("/approvals/events", inbox_events, methods=["GET"]),
         Route("/approvals/{approval_id:int}/decide", decide, methods=["POST"]),
         Route("/parked", parked, methods=["GET"]),
+        Route("/parked/bulk-requeue", bulk_requeue, methods=["POST"]),
         Route("/parked/{ref:int}/{action}", act_on_call, methods=["POST"]),
         Route("/runs", runs, methods=["GET"]),
         Route("/runs/{run_id}", run_page, methods=["GET"]),

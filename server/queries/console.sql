@@ -34,3 +34,20 @@ LIMIT %(limit)s
 -- name: call_tenant
 -- The tenant of a tool call (under row-level security: none for another tenant's).
 SELECT tenant_id FROM {s}.tool_calls WHERE id = %(id)s
+
+-- name: count_quarantined
+-- How many calls a bulk requeue of quarantined calls (optionally of one tool) would take.
+SELECT count(*) AS n FROM {s}.tool_calls tc
+WHERE tc.status = 'quarantined'
+  AND (%(tenant_id)s::text IS NULL OR tc.tenant_id = %(tenant_id)s)
+  AND (%(tool)s::text IS NULL OR tc.tool_name = %(tool)s)
+
+-- name: quarantined_chunk
+-- The next chunk of a bulk requeue: quarantined calls (optionally of one tool) above the
+-- last reference done, in order, so each is taken once.
+SELECT tc.id FROM {s}.tool_calls tc
+WHERE tc.status = 'quarantined' AND tc.id > %(after)s
+  AND (%(tenant_id)s::text IS NULL OR tc.tenant_id = %(tenant_id)s)
+  AND (%(tool)s::text IS NULL OR tc.tool_name = %(tool)s)
+ORDER BY tc.id
+LIMIT %(limit)s

@@ -16,6 +16,7 @@ import httpx2
 import psycopg
 import pytest
 
+from outbox import ops
 from outbox.server.console.auth import CSP
 from tests.console_harness import (
     PASSWORD,
@@ -25,7 +26,8 @@ from tests.console_harness import (
     sign_in,
     waiting_call,
 )
-from tests.helpers import look
+from tests.helpers import add_tool, look
+from tests.relay_harness import seed
 from tests.serve_harness import serve
 
 OPEN = 50  # inboxes open at once
@@ -318,3 +320,35 @@ def test_an_operator_releases_a_parked_call_of_their_tenant_only(db_url, console
     ) == [("acme", "otto")]
     assert post(operator, "release", listed) == 409  # not quarantined any more
     assert "No call is parked" in operator.get("/parked").text
+
+
+def test_a_bulk_requeue_of_a_thousand_parked_calls_acts_on_each_once(db_url, console):
+    add_user(db_url, "otto", "acme", "operator")
+    with psycopg.connect(db_url) as conn:
+        add_tool(conn, "lookup_order")
+    refs = seed(db_url, ["lookup_order"], 20, 50, lambda n: {"order_id": str(n)})
+    with psycopg.connect(db_url) as conn:
+        for ref in refs:
+            ops.quarantine(conn, f"call:{ref}", reason="incident", actor="ops")
+    theirs = quarantined_call(db_url, tenant="globex")
+    operator, _ = sign_in(console, "otto")
+    token = csrf_of(operator.get("/parked").text)
+
+    asked = operator.post("/parked/bulk-requeue", data={"csrf_token": token})
+    assert asked.status_code == 200 and "<strong>1000</strong> quarantined calls" in asked.text
+    assert look(db_url, "SELECT count(*) FROM outbox.tool_calls WHERE status = 'pending'") == [(0,)]
+    stale = operator.post("/parked/bulk-requeue", data={"csrf_token": token, "confirm": "999"})
+    assert "<strong>1000</strong>" in stale.text  # a count that is not today's asks again
+    done = operator.post("/parked/bulk-requeue", data={"csrf_token": token, "confirm": "1000"})
+    assert done.status_code == 200 and "Requeued 1000 calls." in done.text
+    assert look(
+        db_url,
+        "SELECT count(*), count(DISTINCT tool_call_ref) FROM outbox.journal "
+        "WHERE event = 'operator.requeue' AND actor = 'otto' AND tenant_id = 'acme'",
+    ) == [(1000, 1000)]
+    assert look(
+        db_url, "SELECT tenant_id, status, count(*) FROM outbox.tool_calls GROUP BY 1, 2 ORDER BY 1"
+    ) == [("acme", "pending", 1000), ("globex", "quarantined", 1)]
+    assert look(db_url, "SELECT status FROM outbox.tool_calls WHERE id = %s", [theirs]) == [
+        ("quarantined",)
+    ]
