@@ -1,6 +1,7 @@
 // The console's only script: it makes pages live and changes nothing else. An element with
 // data-live-src and data-live-events fetches its fragment again whenever its event stream
-// (Server-Sent Events from `outbox serve`) says something changed; deadlines count down.
+// (Server-Sent Events from `outbox serve`) says something changed; deadlines count down
+// (aria-live="off" on them: a screen reader is not told every second).
 // Without it every page still works: a reload shows the truth.
 "use strict";
 
