@@ -109,6 +109,7 @@ class Run(Base):
             postgresql_where=text("created_at > '-infinity'"),
         ),
         Index("runs_thread", "thread_id"),
+        Index("runs_tenant_created", "tenant_id", "created_at", "id"),
         Index(
             "runs_action_deadline",
             "action_deadline",

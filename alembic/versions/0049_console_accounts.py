@@ -11,7 +11,8 @@ of its forms. The server reads them before any tenant is known through four SECU
 functions granted to ``outbox_api`` (as ``api_key_tenant_v1`` reads keys); no tenant role
 reads the tables. The SQL is ``0049_console_accounts.sql`` beside this file, frozen;
 ``approval_notify`` tells the console of every approval requested or decided
-(``NOTIFY outbox_approvals``). ``0049_console_accounts_down.sql`` drops what it made.
+(``NOTIFY outbox_approvals``); ``runs_tenant_created`` serves the console's runs list, a
+page at a time. ``0049_console_accounts_down.sql`` drops what it made.
 """
 
 from __future__ import annotations

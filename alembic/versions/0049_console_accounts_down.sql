@@ -1,3 +1,4 @@
+DROP INDEX {s}.runs_tenant_created;
 DROP TRIGGER approval_notify_update ON {s}.approvals;
 DROP TRIGGER approval_notify_insert ON {s}.approvals;
 DROP FUNCTION {s}.approval_notify();

@@ -113,8 +113,8 @@ PINNED = {
     "0048_declared_in_flight.sql": "dc833359b3a0bfc3",
     "0048_declared_in_flight_down.sql": "e97dd542ea16d064",
     "0049_console_accounts.py": "0cce3e1a4a67d546",
-    "0049_console_accounts.sql": "ae4d0505f662ad46",
-    "0049_console_accounts_down.sql": "d02ae0f62c3bf23a",
+    "0049_console_accounts.sql": "bc7a0d4349879f1f",
+    "0049_console_accounts_down.sql": "f2413759f89de1cb",
 }
 
 
