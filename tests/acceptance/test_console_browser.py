@@ -129,6 +129,19 @@ def test_a_reviewer_sees_a_call_arrive_live_approves_it_and_the_run_completes(
             run = start_paying_run(db_url, model)  # after the page loaded: arrives live
             card = page.locator("article.approval")
             expect(card).to_have_count(1)
+            approval = card.get_attribute("data-approval")
+            # The other tenant's reviewer posts the form with their own session's token.
+            token = other.locator('input[name="csrf_token"]').first.get_attribute("value")
+            refused = other.request.post(
+                f"{console}/approvals/{approval}/decide",
+                form={"csrf_token": token or "", "decision": "approve"},
+            )
+            assert refused.status == 404
+            # The reviewer's own session, without the form's token.
+            tokenless = page.request.post(
+                f"{console}/approvals/{approval}/decide", form={"decision": "approve"}
+            )
+            assert tokenless.status == 403
             expect(card.locator("pre.arguments")).to_contain_text('"subject": "refund 42"')
             expect(card).to_contain_text(str(run.id))
             shoot(page, "inbox.png")
