@@ -12,9 +12,12 @@ either.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qs
 
+import psycopg
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -63,23 +66,13 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
-def as_api(store: Store) -> Any:
+@contextmanager
+def as_api(store: Store) -> Iterator[psycopg.Connection[Any]]:
     """A connection of the pool acting as ``outbox_api`` for one transaction (committed on
     success): what the account functions need, before any tenant is known."""
-    return _AsApi(store)
-
-
-class _AsApi:
-    def __init__(self, store: Store) -> None:
-        self.cm = store.pool.connection()
-
-    def __enter__(self) -> Any:
-        conn = self.cm.__enter__()
+    with store.pool.connection() as conn:
         conn.execute(Q.act_as_api)
-        return conn
-
-    def __exit__(self, *exc: Any) -> None:
-        self.cm.__exit__(*exc)
+        yield conn
 
 
 def person_of(store: Store, token: str | None) -> Person | None:
