@@ -352,3 +352,13 @@ def test_a_bulk_requeue_of_a_thousand_parked_calls_acts_on_each_once(db_url, con
     assert look(db_url, "SELECT status FROM outbox.tool_calls WHERE id = %s", [theirs]) == [
         ("quarantined",)
     ]
+
+
+def test_an_expired_session_opens_nothing(db_url, console):
+    add_user(db_url, "rita", "acme", "reviewer")
+    client, _ = sign_in(console, "rita")
+    assert client.get("/approvals").status_code == 200
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE outbox.console_sessions SET expires_at = now()")
+    assert client.get("/approvals").status_code == 303  # to the sign-in
+    assert client.get("/approvals/list").status_code == 401
