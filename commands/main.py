@@ -96,6 +96,7 @@ COMMANDS: dict[str, Lazy] = {
         "Serve OpenAI's Assistants protocol and the run event stream over HTTP.",
     ),
     "keys": Lazy("keys", "keys_group", "API keys of `outbox serve`: each acts for one tenant."),
+    "console": Lazy("console", "console_group", "The web console of `outbox serve`: its users."),
     "webhooks": Lazy(
         "webhooks",
         "webhooks_group",

@@ -90,6 +90,11 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     show_default=True,
     help="Address the metrics are served on (0.0.0.0: every interface).",
 )
+@click.option(
+    "--no-console",
+    is_flag=True,
+    help="Do not serve the web console at /console (docs/console.md).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve_command(
     host: str,
@@ -104,6 +109,7 @@ def serve_command(
     no_listen: bool,
     metrics_port: int | None,
     metrics_host: str,
+    no_console: bool,
     log_level: str,
 ) -> None:
     """Serve OpenAI's Assistants protocol and the run event stream over HTTP.
@@ -162,6 +168,7 @@ def serve_command(
                 max_connections=db_connections,
                 listen=not no_listen,
                 queue_timeout_s=queue_timeout_s,
+                console=not no_console,
             )
             logs.setup(log_level, "server")
             if metrics_port is not None:
@@ -182,6 +189,7 @@ def serve_command(
                     server_app.ENV_LOG_LEVEL: log_level,
                     server_app.ENV_NO_LISTEN: "1" if no_listen else "",
                     server_app.ENV_QUEUE_TIMEOUT_S: str(queue_timeout_s),
+                    server_app.ENV_NO_CONSOLE: "1" if no_console else "",
                 }
             )
             uvicorn.run(

@@ -109,6 +109,7 @@ class Run(Base):
             postgresql_where=text("created_at > '-infinity'"),
         ),
         Index("runs_thread", "thread_id"),
+        Index("runs_tenant_created", "tenant_id", "created_at", "id"),
         Index(
             "runs_action_deadline",
             "action_deadline",
@@ -1042,6 +1043,54 @@ class ApiKey(Base):
     key_prefix: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ConsoleUser(Base):
+    """A person who signs in to the console of ``outbox serve``: only the argon2 hash of the
+    password is kept; failed sign-ins are counted and lock the account."""
+
+    __tablename__ = "console_users"
+    __table_args__ = (
+        {
+            "comment": "people who sign in to the console of outbox serve: a role in one "
+            "tenant, or operator of every tenant (*); only the argon2 hash of a password is "
+            "kept; failed_attempts and locked_until count failed sign-ins and lock the account"
+        },
+    )
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(Text)
+    role: Mapped[str] = mapped_column(Text)
+    password_hash: Mapped[str] = mapped_column(Text)
+    failed_attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    locked_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _now()
+
+
+class ConsoleSession(Base):
+    """A signed-in browser of the console: only the SHA-256 of its cookie token is kept."""
+
+    __tablename__ = "console_sessions"
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["user_name"],
+            ["console_users.name"],
+            name="console_sessions_user_name_fkey",
+            ondelete="CASCADE",
+        ),
+        Index("console_sessions_user", "user_name"),
+        {
+            "comment": "signed-in sessions of the console: the SHA-256 of the cookie token, "
+            "the CSRF token of its forms, when it expires"
+        },
+    )
+
+    token_hash: Mapped[str] = mapped_column(Text, primary_key=True)
+    user_name: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text)
+    csrf_token: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _now()
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 class Assistant(Base):

@@ -25,6 +25,7 @@ from outbox.errors import OutboxError
 from outbox.server import errors, thread_pool
 from outbox.server.access import AccessLog
 from outbox.server.actions import Settings
+from outbox.server.console import routes as console_routes
 from outbox.server.db_pool import DB_CONNECTIONS, IDLE_IN_TRANSACTION_S, Store
 from outbox.server.observed import Observed
 from outbox.server.routes import ROUTES, Config
@@ -54,6 +55,7 @@ def create_app(
     listen: bool = True,
     queue_timeout_s: float = thread_pool.QUEUE_TIMEOUT_S,
     idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
+    console: bool = True,
 ) -> Starlette:
     """The app on ``database_url``; runs it creates call the model at ``model_base_url``
     (default: the relay's ``OPENAI_BASE_URL``) and wait ``action_timeout_s`` for client
@@ -63,7 +65,8 @@ def create_app(
     connection the app holds, its ``LISTEN`` connection included (``handler_connections``).
     ``queue_timeout_s``: how long a request may wait for one before it is refused with a
     503, nothing of it done (server.thread_pool). ``idle_in_transaction_s``: how long a request's
-    transaction may wait on the server before the database ends it (server.db_pool)."""
+    transaction may wait on the server before the database ends it (server.db_pool).
+    ``console``: serve the web console at ``/console`` (server.console)."""
     handlers = handler_connections(max_connections, listen)
     store = Store(
         database_url, max_connections=handlers, idle_in_transaction_s=idle_in_transaction_s
@@ -87,9 +90,13 @@ def create_app(
                 trace_context.shutdown()
 
     app = Starlette(
-        routes=ROUTES,
+        routes=[*ROUTES, console_routes.MOUNT] if console else ROUTES,
         lifespan=lifespan,
-        middleware=[Middleware(AccessLog), Middleware(Observed)],
+        middleware=[
+            Middleware(AccessLog),
+            Middleware(Observed),
+            *([console_routes.MIDDLEWARE] if console else []),
+        ],
         exception_handlers={
             errors.APIError: errors.api_error,
             thread_pool.ServerBusy: errors.server_busy,
@@ -126,6 +133,7 @@ ENV_DB_CONNECTIONS = "OUTBOX_SERVE_DB_CONNECTIONS"
 ENV_LOG_LEVEL = "OUTBOX_SERVE_LOG_LEVEL"
 ENV_NO_LISTEN = "OUTBOX_SERVE_NO_LISTEN"  # "1": poll waited-on runs (server.wakeups)
 ENV_QUEUE_TIMEOUT_S = "OUTBOX_SERVE_QUEUE_TIMEOUT_S"
+ENV_NO_CONSOLE = "OUTBOX_SERVE_NO_CONSOLE"  # "1": no web console at /console
 
 
 def from_environment() -> Starlette:
@@ -139,4 +147,5 @@ def from_environment() -> Starlette:
         max_connections=int(os.environ.get(ENV_DB_CONNECTIONS, DB_CONNECTIONS)),
         listen=os.environ.get(ENV_NO_LISTEN) != "1",
         queue_timeout_s=float(os.environ.get(ENV_QUEUE_TIMEOUT_S, thread_pool.QUEUE_TIMEOUT_S)),
+        console=os.environ.get(ENV_NO_CONSOLE) != "1",
     )

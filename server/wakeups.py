@@ -23,6 +23,10 @@ connected from before that commit until its watch was in place (``mark`` before 
 create, ``watch(..., since=mark)`` after it: ``Watch.primed``). Every notification of the
 run then reached this process: those that came before the watch are kept (``recent``,
 the last ``RECENT`` runs' statuses) and wake it at once, the later ones wake it as any.
+
+The same connection listens on ``outbox_approvals`` (an approval requested or decided):
+the console's inbox watches a tenant (``watch_tenant``; ``*``: every tenant), and each such
+notification wakes the watchers of its tenant, so N open inboxes cost no more connections.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from outbox.logs import log
 
 logger = logging.getLogger("server.wakeups")  # JSON lines as every server log (outbox.logs)
 CHANNEL = "outbox_runs"  # the channel a run's status change notifies
+APPROVALS = "outbox_approvals"  # the channel an approval requested or decided notifies
 FALLBACK_S = 5.0  # seconds between reads of a watched run while the listener is connected
 RECONNECT_S = (0.5, 10.0)  # first and longest wait before the listener connects again
 RECENT = 20_000  # runs whose last notified status is kept for watches placed after it came
@@ -81,6 +86,7 @@ class Wakeups:
         self.listening = False  # connected and listening now
         self.epoch = 0  # how many times the listener connected
         self.watchers: dict[uuid.UUID, set[Watch]] = {}
+        self.tenants: dict[str, set[Watch]] = {}  # watchers of a tenant's approvals
         self.recent: OrderedDict[uuid.UUID, str | None] = OrderedDict()
         self.task: asyncio.Task[None] | None = None
 
@@ -122,6 +128,29 @@ class Wakeups:
             if not watchers:
                 self.watchers.pop(run_id, None)
 
+    @contextlib.contextmanager
+    def watch_tenant(self, tenant_id: str) -> Iterator[Watch]:
+        """Watch the approvals of ``tenant_id`` (``*``: of every tenant) for the block."""
+        watch = Watch(self)
+        self.tenants.setdefault(tenant_id, set()).add(watch)
+        try:
+            yield watch
+        finally:
+            watchers = self.tenants.get(tenant_id, set())
+            watchers.discard(watch)
+            if not watchers:
+                self.tenants.pop(tenant_id, None)
+
+    def wake_tenant(self, tenant_id: str | None) -> None:
+        """Wake the watchers of ``tenant_id``'s approvals and of every tenant's (None: every
+        watcher: the tenant is not known)."""
+        if tenant_id is None:
+            targets = [w for ws in self.tenants.values() for w in ws]
+        else:
+            targets = [*self.tenants.get(tenant_id, ()), *self.tenants.get("*", ())]
+        for watch in targets:
+            watch.flag.set()
+
     def wake(self, run_id: uuid.UUID | None, status: str | None = None) -> None:
         """Wake the watchers of ``run_id`` (every watcher for None) that care for its new
         ``status`` (None: any watcher, the status is not known)."""
@@ -146,13 +175,18 @@ class Wakeups:
                     self.database_url, autocommit=True, connect_timeout=db.CONNECT_TIMEOUT_S
                 )
                 async with conn:
+                    await conn.execute(f"LISTEN {APPROVALS}")
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self.epoch += 1
                     self.recent.clear()  # a watch primed by an earlier epoch is refused anyway
                     self.listening, pause = True, RECONNECT_S[0]
                     self.wake(None)  # what changed while nobody listened was not told
+                    self.wake_tenant(None)
                     async for note in conn.notifies():
-                        self.wake(*_run_of(note.payload))
+                        if note.channel == APPROVALS:
+                            self.wake_tenant(_tenant_of(note.payload))
+                        else:
+                            self.wake(*_run_of(note.payload))
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # any failure of the connection: poll, then reconnect
@@ -172,3 +206,13 @@ def _run_of(payload: str) -> tuple[uuid.UUID | None, str | None]:
         return uuid.UUID(told["run_id"]), status if isinstance(status, str) else None
     except (ValueError, KeyError, TypeError, AttributeError):
         return None, None
+
+
+def _tenant_of(payload: str) -> str | None:
+    """The tenant an approval's notification names; None, wake every tenant's watchers,
+    when it cannot be read."""
+    try:
+        tenant = json.loads(payload)["tenant_id"]
+        return tenant if isinstance(tenant, str) else None
+    except (ValueError, KeyError, TypeError):
+        return None

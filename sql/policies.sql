@@ -405,6 +405,29 @@ CREATE POLICY all_tenants ON {s}.api_keys TO CURRENT_USER
 DROP POLICY IF EXISTS audit_read ON {s}.api_keys;
 CREATE POLICY audit_read ON {s}.api_keys FOR SELECT TO outbox_auditor USING (true);
 
+-- console_users, console_sessions: the console's accounts and sessions; the owner only (the
+-- server reads them through the console_*_v1 functions); outbox_auditor reads who may sign
+-- in, not their password hashes or sessions.
+ALTER TABLE {s}.console_users ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON {s}.console_users;
+CREATE POLICY tenant_isolation ON {s}.console_users TO PUBLIC
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
+DROP POLICY IF EXISTS all_tenants ON {s}.console_users;
+CREATE POLICY all_tenants ON {s}.console_users TO CURRENT_USER USING (true) WITH CHECK (true);
+DROP POLICY IF EXISTS audit_read ON {s}.console_users;
+CREATE POLICY audit_read ON {s}.console_users FOR SELECT TO outbox_auditor USING (true);
+ALTER TABLE {s}.console_sessions ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON {s}.console_sessions;
+CREATE POLICY tenant_isolation ON {s}.console_sessions TO PUBLIC
+    USING (tenant_id = (SELECT {s}.current_tenant_v1()))
+    WITH CHECK (tenant_id = (SELECT {s}.current_tenant_v1()));
+DROP POLICY IF EXISTS all_tenants ON {s}.console_sessions;
+CREATE POLICY all_tenants ON {s}.console_sessions TO CURRENT_USER
+    USING (true) WITH CHECK (true);
+GRANT SELECT (name, tenant_id, role, failed_attempts, locked_until, created_at)
+    ON {s}.console_users TO outbox_auditor;
+
 -- assistants: a tenant's assistants (Assistants protocol).
 ALTER TABLE {s}.assistants ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.assistants;

@@ -89,3 +89,76 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$;
 REVOKE ALL ON FUNCTION {s}.api_key_tenant_v1(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {s}.api_key_tenant_v1(text) TO outbox_api;
+
+
+
+-- console_account_v1: "who is this name, and may they try a password now?" The console
+-- looks a person up before any tenant is known (SECURITY DEFINER, as api_key_tenant_v1):
+-- the account's tenant, role and password hash, and whether it is locked now.
+CREATE OR REPLACE FUNCTION {s}.console_account_v1(p_name text)
+RETURNS TABLE (name text, tenant_id text, role text, password_hash text, locked boolean)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT u.name, u.tenant_id, u.role, u.password_hash,
+           coalesce(u.locked_until > now(), false)
+    FROM {s}.console_users u WHERE u.name = p_name
+$$;
+REVOKE ALL ON FUNCTION {s}.console_account_v1(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.console_account_v1(text) TO outbox_api;
+
+-- console_signed_in_v1: the outcome of a sign-in the console checked. A right password
+-- (p_token_hash given) clears the count of failures and opens a session until p_ttl from
+-- now; a wrong one (p_token_hash NULL) counts a failure, and the p_max_failures-th in a row
+-- locks the account for p_lockout and starts the count again. A locked account opens no
+-- session whatever it is given. Returns whether a session was opened.
+CREATE OR REPLACE FUNCTION {s}.console_signed_in_v1(
+    p_name text, p_token_hash text, p_csrf_token text, p_ttl interval,
+    p_max_failures integer DEFAULT 5, p_lockout interval DEFAULT '15 minutes'
+) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_user {s}.console_users;
+BEGIN
+    SELECT * INTO v_user FROM {s}.console_users u WHERE u.name = p_name FOR UPDATE;
+    IF NOT FOUND OR coalesce(v_user.locked_until > now(), false) THEN
+        RETURN false;
+    END IF;
+    IF p_token_hash IS NULL THEN
+        UPDATE {s}.console_users u
+        SET failed_attempts = CASE WHEN v_user.failed_attempts + 1 >= p_max_failures THEN 0
+                                   ELSE v_user.failed_attempts + 1 END,
+            locked_until = CASE WHEN v_user.failed_attempts + 1 >= p_max_failures
+                                THEN now() + p_lockout ELSE u.locked_until END
+        WHERE u.name = p_name;
+        RETURN false;
+    END IF;
+    UPDATE {s}.console_users u SET failed_attempts = 0, locked_until = NULL
+    WHERE u.name = p_name;
+    INSERT INTO {s}.console_sessions (token_hash, user_name, tenant_id, csrf_token, expires_at)
+    VALUES (p_token_hash, p_name, v_user.tenant_id, p_csrf_token, now() + p_ttl);
+    RETURN true;
+END $$;
+REVOKE ALL ON FUNCTION {s}.console_signed_in_v1(text, text, text, interval, integer, interval)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.console_signed_in_v1(text, text, text, interval, integer, interval)
+    TO outbox_api;
+
+-- console_session_v1: "who holds this cookie?" The person of an unexpired session (by the
+-- SHA-256 of its token), with the session's CSRF token; no row otherwise.
+CREATE OR REPLACE FUNCTION {s}.console_session_v1(p_token_hash text)
+RETURNS TABLE (name text, tenant_id text, role text, csrf_token text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT u.name, u.tenant_id, u.role, s.csrf_token
+    FROM {s}.console_sessions s JOIN {s}.console_users u ON u.name = s.user_name
+    WHERE s.token_hash = p_token_hash AND s.expires_at > now()
+$$;
+REVOKE ALL ON FUNCTION {s}.console_session_v1(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.console_session_v1(text) TO outbox_api;
+
+-- console_signed_out_v1: end a session (by the SHA-256 of its token), and any expired one.
+CREATE OR REPLACE FUNCTION {s}.console_signed_out_v1(p_token_hash text) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    DELETE FROM {s}.console_sessions s
+    WHERE s.token_hash = p_token_hash OR s.expires_at <= now()
+$$;
+REVOKE ALL ON FUNCTION {s}.console_signed_out_v1(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.console_signed_out_v1(text) TO outbox_api;

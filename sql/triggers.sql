@@ -160,6 +160,33 @@ CREATE OR REPLACE TRIGGER run_notify_update AFTER UPDATE OF status ON {s}.runs
     EXECUTE FUNCTION {s}.run_notify();
 
 
+-- approval_notify: every approval requested or decided (inserted, or its status changed)
+-- sends a NOTIFY on the channel outbox_approvals from the transaction that made it
+-- (delivered when it commits). The payload is ids and the status, never arguments:
+--   {"schema": "outbox", "tenant_id": "...", "run_id": "...", "approval_id": 42,
+--    "status": "pending"}
+-- The console's inbox wakes on it (one LISTEN per server process). SET outbox.run_notify
+-- = 'off' switches it off with run_notify.
+CREATE OR REPLACE FUNCTION {s}.approval_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(current_setting('outbox.run_notify', true), '') <> 'off' THEN
+        PERFORM pg_notify('outbox_approvals', json_build_object(
+            'schema', TG_TABLE_SCHEMA,
+            'tenant_id', NEW.tenant_id,
+            'run_id', NEW.run_id,
+            'approval_id', NEW.id,
+            'status', NEW.status)::text);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER approval_notify_insert AFTER INSERT ON {s}.approvals
+    FOR EACH ROW EXECUTE FUNCTION {s}.approval_notify();
+CREATE OR REPLACE TRIGGER approval_notify_update AFTER UPDATE OF status ON {s}.approvals
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION {s}.approval_notify();
+
+
 -- webhook_enqueue: in the transaction that changes a run's status, one delivery per
 -- endpoint of the run's tenant that wants the event ('run.' || status), each an outbox row
 -- of kind webhook, deduplicated by its event key. The outbox row carries no run_id (ending

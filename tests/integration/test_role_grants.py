@@ -147,6 +147,19 @@ CALLS: dict[str, Call] = {
     "api_key_tenant_v1": lambda c, s: _is(
         one(c, "SELECT outbox.api_key_tenant_v1(%s)", [s.key_hash]), A
     ),
+    "console_account_v1": lambda c, s: _is(
+        one(c, "SELECT count(*) FROM outbox.console_account_v1('nobody')"), 0
+    ),
+    "console_session_v1": lambda c, s: _is(
+        one(c, "SELECT count(*) FROM outbox.console_session_v1(repeat('0', 64))"), 0
+    ),
+    "console_signed_in_v1": lambda c, s: _is(
+        one(c, "SELECT outbox.console_signed_in_v1('nobody', NULL, 'x', interval '1 hour')"),
+        False,
+    ),
+    "console_signed_out_v1": lambda c, s: one(
+        c, "SELECT outbox.console_signed_out_v1(repeat('0', 64))"
+    ),
     "cancel_run_v1": lambda c, s: _is(
         one(c, "SELECT status FROM outbox.cancel_run_v1(%s, %s)", [A, s.waiting.id]),
         "cancelled",

@@ -47,6 +47,8 @@ TENANT_TABLES = [
     "tenant_roles",
     "credentials",
     "api_keys",  # migration 0020 (outbox serve)
+    "console_users",  # the console's accounts and sessions
+    "console_sessions",
     "assistants",
     "assistant_runs",
     "webhook_endpoints",  # migration 0024

@@ -1,0 +1,179 @@
+"""Console accounts of ``outbox serve``: who may sign in, with which role, in which tenant.
+
+A person has a name, a tenant (``*``: an operator of every tenant, a platform operator) and a
+role: ``reviewer`` (sees and decides their tenant's approvals), ``operator`` (acts on
+their tenant's runs) or ``viewer`` (changes nothing). Only the argon2id hash of a password
+is stored (argon2-cffi, its default parameters), and only the SHA-256 of a session's cookie
+token, so a database dump opens no session and reveals no password.
+
+Signing in happens before any tenant is known, so the server reads accounts and sessions
+through SECURITY DEFINER functions (``console_account_v1`` and its siblings) that
+``outbox_api`` may call, as it reads API keys; the count of failed sign-ins and the lockout
+live in the database, so every server process counts the same failures. Like the writer,
+these functions run on the caller's connection and never commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+from outbox.calls import check_tenant
+from outbox.errors import InvalidInput, NotFound
+from outbox.sql import queries
+from outbox.statements import Row, fetch_all, fetch_one, journal
+
+Q = queries("accounts.sql")
+ROLES = ("reviewer", "operator", "viewer")
+EVERY_TENANT = "*"
+SESSION_S = 8 * 3600  # how long a session lasts after its sign-in
+MIN_PASSWORD = 12  # characters a password needs at least
+_HASHER = PasswordHasher()
+# Checked when a name is unknown, so that an unknown name costs a sign-in as long as a
+# wrong password and does not tell itself apart by its answer's time.
+_DUMMY_HASH = _HASHER.hash(secrets.token_urlsafe(16))
+
+
+@dataclass(frozen=True)
+class Person:
+    """Who holds a session: their name, tenant, role and the session's CSRF token."""
+
+    name: str
+    tenant_id: str
+    role: str
+    csrf_token: str
+
+    @property
+    def every_tenant(self) -> bool:
+        return self.tenant_id == EVERY_TENANT
+
+    @property
+    def may_decide(self) -> bool:
+        """Reviewers and operators decide approvals; viewers change nothing."""
+        return self.role in ("reviewer", "operator")
+
+
+def digest(token: str) -> str:
+    """The SHA-256 (hex) a session token is stored and looked up by."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def add_user(
+    conn: psycopg.Connection[Any],
+    name: str,
+    *,
+    tenant_id: str,
+    role: str,
+    password: str,
+    actor: str = "",
+) -> Row:
+    """A new console account; journaled as ``console.user_added``. ``*`` as the tenant is
+    for operators only (a platform operator)."""
+    if role not in ROLES:
+        raise InvalidInput(f"role {role!r} is not one of {', '.join(ROLES)}")
+    if tenant_id == EVERY_TENANT:
+        if role != "operator":
+            raise InvalidInput(
+                "only an operator may act for every tenant ('*')",
+                hint="give --role operator, or name one tenant",
+            )
+    else:
+        check_tenant(tenant_id)
+    if len(password) < MIN_PASSWORD:
+        raise InvalidInput(f"a console password needs at least {MIN_PASSWORD} characters")
+    try:
+        row = fetch_one(
+            conn,
+            Q.insert_user,
+            {
+                "name": name,
+                "tenant_id": tenant_id,
+                "role": role,
+                "password_hash": _HASHER.hash(password),
+            },
+        )
+    except psycopg.errors.UniqueViolation:
+        raise InvalidInput(f"console user {name} exists already") from None
+    except psycopg.errors.CheckViolation:
+        raise InvalidInput(
+            f"console user name {name!r} is not valid", hint="use 1-128 letters, digits or _.@-"
+        ) from None
+    assert row is not None
+    journal(conn, "console.user_added", tenant_id, actor=actor, detail={"name": name, "role": role})
+    return row
+
+
+def list_users(conn: psycopg.Connection[Any], tenant_id: str | None = None) -> list[Row]:
+    return fetch_all(conn, Q.list_users, {"tenant_id": tenant_id})
+
+
+def remove_user(conn: psycopg.Connection[Any], name: str, *, actor: str = "") -> Row:
+    """Remove an account and end its sessions; journaled as ``console.user_removed``."""
+    row = fetch_one(conn, Q.delete_user, {"name": name})
+    if row is None:
+        raise NotFound(f"console user {name} does not exist", hint="`outbox console users list`")
+    journal(conn, "console.user_removed", row["tenant_id"], actor=actor, detail={"name": name})
+    return row
+
+
+@dataclass(frozen=True)
+class SignIn:
+    """A sign-in's outcome: the session token for the cookie (None when refused) and
+    whether the account is locked."""
+
+    token: str | None
+    locked: bool = False
+
+
+def sign_in(conn: psycopg.Connection[Any], name: str, password: str) -> SignIn:
+    """Check ``password`` for ``name``: a session when it is right and the account is not
+    locked; a failure counted otherwise (``console_signed_in_v1`` locks the account after
+    five in a row). An unknown name is refused as a wrong password is."""
+    account = fetch_one(conn, Q.account, {"name": name})
+    if account is None:
+        _verify(_DUMMY_HASH, password)
+        return SignIn(None)
+    if account["locked"]:
+        return SignIn(None, locked=True)
+    right = _verify(account["password_hash"], password)
+    token = secrets.token_urlsafe(32) if right else None
+    row = fetch_one(
+        conn,
+        Q.signed_in,
+        {
+            "name": name,
+            "token_hash": digest(token) if token else None,
+            "csrf_token": secrets.token_urlsafe(32),
+            "ttl_s": SESSION_S,
+        },
+    )
+    opened = bool(row and row["opened"])
+    if opened:
+        return SignIn(token)
+    locked = fetch_one(conn, Q.account, {"name": name})
+    return SignIn(None, locked=bool(locked and locked["locked"]))
+
+
+def _verify(password_hash: str, password: str) -> bool:
+    try:
+        return _HASHER.verify(password_hash, password)
+    except (VerificationError, InvalidHashError):
+        return False
+
+
+def session(conn: psycopg.Connection[Any], token: str) -> Person | None:
+    """The person a session token belongs to; None when unknown or expired."""
+    row = fetch_one(conn, Q.session, {"token_hash": digest(token)})
+    if row is None:
+        return None
+    return Person(row["name"], row["tenant_id"], row["role"], row["csrf_token"])
+
+
+def sign_out(conn: psycopg.Connection[Any], token: str) -> None:
+    conn.execute(Q.signed_out, {"token_hash": digest(token)})

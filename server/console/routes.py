@@ -1,0 +1,523 @@
+"""The console's pages, forms and live streams, mounted at ``/console`` (``MOUNT``).
+
+Pages: the sign-in, the approvals inbox (``/console/approvals``), the runs list
+(``/console/runs``, keyset-paginated), a run's timeline (``/console/runs/{id}``) and the
+parked calls (``/console/parked``, with release, requeue and a bulk requeue). The inbox and
+the timeline are also served alone as fragments (``.../list``, ``.../timeline``) that the
+page's script fetches again when the page's event stream says something changed
+(``.../events``); without the script a reload shows the same truth.
+
+Rules: a GET without a session is sent to the sign-in; a POST without one, or without the
+session's CSRF token, is refused (403). A person sees and acts in their own tenant only,
+through the server's tenant-scoped transactions (row-level security): another tenant's
+approval, run or call is a 404, as in the API. A viewer decides nothing, only operators act
+on calls (403). Decisions go through ``outbox.approvals.decide`` and call actions through
+``outbox.ops`` with the person's name as the actor, journaled as the CLI's are. A platform
+operator (tenant ``*``) reads and acts through the pool's own login, which sees every
+tenant; so do call actions once the call is found in the person's tenant (``outbox_api``
+may not change the queue).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from sse_starlette.sse import EventSourceResponse
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from outbox import accounts, approvals, constants, ops
+from outbox.accounts import Person
+from outbox.errors import NotFound, OutboxError
+from outbox.server import QUERIES, events
+from outbox.server.console import STATIC, TEMPLATES, auth
+from outbox.server.db_pool import Row, Store
+from outbox.server.errors import APIError
+from outbox.server.routes import Config, config
+from outbox.server.thread_pool import in_thread, read_in_thread
+from outbox.sql import Queries
+from outbox.statements import fetch_all, fetch_one
+
+Q = Queries(QUERIES / "console.sql")
+
+INBOX_LIMIT = 200  # waiting approvals a page shows at most
+RUNS_PAGE = 50  # runs a page of the list shows
+BULK_CHUNK = 200  # calls a bulk action changes in one transaction
+RUN_STATUSES = (*constants.ACTIVE, *constants.ENDED)
+LISTENED_S = 30.0  # an inbox stream's longest quiet wait while the listener is connected
+UNLISTENED_S = 2.0  # how often an inbox is told to look again while it is not
+SIGN_IN_S = 600  # how long a sign-in form's token lives
+
+ENV = Environment(
+    loader=FileSystemLoader(str(TEMPLATES)),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+ENV.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def page(name: str, status: int = 200, **context: Any) -> HTMLResponse:
+    return HTMLResponse(ENV.get_template(name).render(**context), status_code=status)
+
+
+def problem(status: int, message: str, person: Person | None = None) -> HTMLResponse:
+    return page("problem.html", status, message=message, person=person)
+
+
+async def signed_in(request: Request) -> Person | None:
+    token = request.cookies.get(auth.COOKIE)
+    return await read_in_thread(auth.person_of, config(request).store, token)
+
+
+def to_sign_in() -> RedirectResponse:
+    return RedirectResponse("/console/sign-in", status_code=303)
+
+
+# -- sign-in ------------------------------------------------------------------------------
+
+
+async def sign_in_page(request: Request) -> Response:
+    return _sign_in_form(request, 200, "")
+
+
+def _sign_in_form(request: Request, status: int, message: str) -> Response:
+    token = secrets.token_urlsafe(32)
+    response = page("sign_in.html", status, csrf_token=token, message=message, person=None)
+    auth.set_cookie(request, response, auth.SIGN_IN_COOKIE, token, SIGN_IN_S)
+    return response
+
+
+async def sign_in(request: Request) -> Response:
+    fields = await auth.form(request)
+    if not auth.csrf_ok(request.cookies.get(auth.SIGN_IN_COOKIE), fields.get("csrf_token")):
+        return problem(403, "This form has expired or did not come from this console.")
+    name, password = fields.get("name", ""), fields.get("password", "")
+    outcome = await in_thread(_sign_in, config(request).store, name, password)
+    if outcome.token is None:
+        if outcome.locked:
+            message = "This account is locked after repeated failed sign-ins; try again later."
+            return _sign_in_form(request, 429, message)
+        return _sign_in_form(request, 401, "Wrong name or password.")
+    response = RedirectResponse("/console/approvals", status_code=303)
+    auth.set_cookie(request, response, auth.COOKIE, outcome.token, accounts.SESSION_S)
+    auth.clear_cookie(request, response, auth.SIGN_IN_COOKIE)
+    return response
+
+
+def _sign_in(store: Store, name: str, password: str) -> accounts.SignIn:
+    with auth.as_api(store) as conn:
+        return accounts.sign_in(conn, name, password)
+
+
+async def sign_out(request: Request) -> Response:
+    person = await signed_in(request)
+    fields = await auth.form(request)
+    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
+        return problem(403, "This form did not come from your session.")
+    await in_thread(_sign_out, config(request).store, request.cookies[auth.COOKIE])
+    response = to_sign_in()
+    auth.clear_cookie(request, response, auth.COOKIE)
+    return response
+
+
+def _sign_out(store: Store, token: str) -> None:
+    with auth.as_api(store) as conn:
+        accounts.sign_out(conn, token)
+
+
+# -- the approvals inbox ------------------------------------------------------------------
+
+
+def waiting(store: Store, person: Person) -> list[Row]:
+    """The approvals waiting in the person's tenant (every tenant's for ``*``)."""
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            return approvals.list_approvals(conn, "pending", None, INBOX_LIMIT)
+    with store.tenant(person.tenant_id) as conn:
+        return approvals.list_approvals(conn, "pending", person.tenant_id, INBOX_LIMIT)
+
+
+async def inbox(request: Request) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return to_sign_in()
+    rows = await read_in_thread(waiting, config(request).store, person)
+    return page("approvals.html", person=person, approvals=rows, message="")
+
+
+async def inbox_list(request: Request) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return problem(401, "Sign in again.")
+    rows = await read_in_thread(waiting, config(request).store, person)
+    return page("_approvals.html", person=person, approvals=rows)
+
+
+async def inbox_events(request: Request) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return problem(401, "Sign in again.")
+    return EventSourceResponse(_inbox_changes(config(request), person.tenant_id))
+
+
+async def _inbox_changes(cfg: Config, tenant_id: str) -> AsyncIterator[dict[str, Any]]:
+    """``changed`` whenever an approval of the tenant is requested or decided (the server's
+    listener on ``outbox_approvals``): the page fetches its list again. ``ready`` first, so
+    a page also catches what changed between its load and this stream's start."""
+    with cfg.wakeups.watch_tenant(tenant_id) as watch:
+        yield {"event": "ready", "data": ""}
+        while True:
+            watch.clear()
+            await watch.changed(UNLISTENED_S, listened_s=LISTENED_S)
+            if watch.flag.is_set() or not cfg.wakeups.listening:
+                yield {"event": "changed", "data": ""}
+
+
+async def decide(request: Request) -> Response:
+    person = await signed_in(request)
+    fields = await auth.form(request)
+    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
+        return problem(403, "This form did not come from your session.")
+    if not person.may_decide:
+        return problem(403, "A viewer decides nothing.", person)
+    decision = fields.get("decision", "")
+    if decision not in ("approve", "deny"):
+        return problem(400, "Choose approve or deny.", person)
+    approval_id = int(request.path_params["approval_id"])
+    store = config(request).store
+    try:
+        await in_thread(
+            _decide,
+            store,
+            person,
+            approval_id,
+            decision,
+            fields.get("reason", ""),
+            fields.get("digest") or None,
+        )
+    except NotFound:
+        return problem(404, f"No waiting approval {approval_id} in your tenant.", person)
+    except OutboxError as err:
+        rows = await read_in_thread(waiting, store, person)
+        message = err.args[0] if err.args else str(err)
+        return page("approvals.html", 409, person=person, approvals=rows, message=message)
+    return RedirectResponse("/console/approvals", status_code=303)
+
+
+def _decide(
+    store: Store,
+    person: Person,
+    approval_id: int,
+    decision: str,
+    reason: str,
+    digest: str | None,
+) -> Row:
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            return approvals.decide(
+                conn, approval_id, decision, actor=person.name, reason=reason, digest=digest
+            )
+    with store.tenant(person.tenant_id) as conn:
+        approvals.get(conn, approval_id)  # another tenant's is not seen: NotFound
+        return approvals.decide(
+            conn,
+            approval_id,
+            decision,
+            actor=person.name,
+            reason=reason,
+            digest=digest,
+            tenant_id=person.tenant_id,
+        )
+
+
+# -- the runs list ------------------------------------------------------------------------
+
+
+def _filters(request: Request) -> dict[str, Any] | None:
+    """The list's filters and keyset cursor from the query string; None when one is not
+    valid."""
+    query = request.query_params
+    params: dict[str, Any] = {
+        "status": query.get("status") or None,
+        "model": query.get("model") or None,
+        "tenant_id": query.get("tenant") or None,
+        "since": None,
+        "before_at": None,
+        "before_id": None,
+    }
+    try:
+        if since := query.get("since"):
+            params["since"] = datetime.fromisoformat(since)
+        if before := query.get("before"):
+            at, _, ident = before.partition("|")
+            params["before_at"], params["before_id"] = datetime.fromisoformat(at), uuid.UUID(ident)
+    except ValueError:
+        return None
+    if params["status"] is not None and params["status"] not in RUN_STATUSES:
+        return None
+    return params
+
+
+def runs_page(store: Store, person: Person, params: dict[str, Any]) -> list[Row]:
+    """One page of runs (``RUNS_PAGE``) of the person's tenant (any for ``*``)."""
+    params = {**params, "limit": RUNS_PAGE}
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            return fetch_all(conn, Q.runs_page, params)
+    with store.tenant(person.tenant_id) as conn:
+        return fetch_all(conn, Q.runs_page, {**params, "tenant_id": person.tenant_id})
+
+
+async def runs(request: Request) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return to_sign_in()
+    params = _filters(request)
+    if params is None:
+        return problem(400, "A filter of this list is not valid.", person)
+    rows = await read_in_thread(runs_page, config(request).store, person, params)
+    older = None
+    if len(rows) == RUNS_PAGE:
+        last = rows[-1]
+        kept = {k: v for k, v in request.query_params.items() if k != "before" and v}
+        older = urlencode({**kept, "before": f"{last['created_at'].isoformat()}|{last['id']}"})
+    return page(
+        "runs.html",
+        person=person,
+        runs=rows,
+        older=older,
+        statuses=RUN_STATUSES,
+        chosen=request.query_params,
+    )
+
+
+# -- parked calls -------------------------------------------------------------------------
+
+
+def parked_calls(store: Store, person: Person) -> list[Row]:
+    """The person's tenant's calls parked for an operator (every tenant's for ``*``)."""
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            return fetch_all(conn, Q.parked_calls, {"tenant_id": None, "limit": INBOX_LIMIT})
+    with store.tenant(person.tenant_id) as conn:
+        params = {"tenant_id": person.tenant_id, "limit": INBOX_LIMIT}
+        return fetch_all(conn, Q.parked_calls, params)
+
+
+async def parked(request: Request) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return to_sign_in()
+    rows = await read_in_thread(parked_calls, config(request).store, person)
+    return page("parked.html", person=person, calls=rows, message="")
+
+
+async def act_on_call(request: Request) -> Response:
+    person = await signed_in(request)
+    fields = await auth.form(request)
+    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
+        return problem(403, "This form did not come from your session.")
+    if person.role != "operator":
+        return problem(403, "Only an operator acts on calls.", person)
+    action = request.path_params["action"]
+    if action not in OPERATOR_ACTIONS:
+        return problem(404, "No such action.", person)
+    ref = int(request.path_params["ref"])
+    store = config(request).store
+    try:
+        await in_thread(_act_on_call, store, person, ref, action)
+    except NotFound:
+        return problem(404, f"No tool call {ref} in your tenant.", person)
+    except OutboxError as err:
+        rows = await read_in_thread(parked_calls, store, person)
+        message = err.args[0] if err.args else str(err)
+        return page("parked.html", 409, person=person, calls=rows, message=message)
+    return RedirectResponse("/console/parked", status_code=303)
+
+
+def _act_on_call(store: Store, person: Person, ref: int, action: str) -> None:
+    """``ops.requeue`` or ``ops.release`` of the call, journaled with the person as actor.
+    The call must be the person's tenant's (read under its row-level security); the action
+    then runs as the pool's own login, as the command line's (``outbox_api`` may not change
+    the queue)."""
+    if not person.every_tenant:
+        with store.tenant(person.tenant_id) as conn:
+            if fetch_one(conn, Q.call_tenant, {"id": ref}) is None:
+                raise NotFound(f"tool call {ref} does not exist")
+    with store.pool.connection() as conn:
+        OPERATOR_ACTIONS[action](conn, f"call:{ref}", actor=person.name)
+
+
+OPERATOR_ACTIONS: dict[str, Any] = {"requeue": ops.requeue, "release": ops.release}
+
+
+async def bulk_requeue(request: Request) -> Response:
+    """Requeue every quarantined call of the tenant (of one tool, when given). The first
+    post answers the count to confirm; a post that confirms the count the server counts
+    again now runs, in chunks (``BULK_CHUNK`` calls a transaction), each call through
+    ``ops.requeue`` (journaled with the person), each once."""
+    person = await signed_in(request)
+    fields = await auth.form(request)
+    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
+        return problem(403, "This form did not come from your session.")
+    if person.role != "operator":
+        return problem(403, "Only an operator acts on calls.", person)
+    tool = fields.get("tool") or None
+    store = config(request).store
+    count = await read_in_thread(_count_quarantined, store, person, tool)
+    if fields.get("confirm") != str(count) or count == 0:
+        return page("bulk.html", person=person, tool=tool, count=count)
+    done, skipped = await in_thread(_requeue_all, store, person, tool)
+    rows = await read_in_thread(parked_calls, store, person)
+    message = f"Requeued {done} calls" + (f"; {skipped} could not be requeued." if skipped else ".")
+    return page("parked.html", person=person, calls=rows, message="", done=message)
+
+
+def _scope(person: Person) -> str | None:
+    return None if person.every_tenant else person.tenant_id
+
+
+def _count_quarantined(store: Store, person: Person, tool: str | None) -> int:
+    params = {"tenant_id": _scope(person), "tool": tool}
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            row = fetch_one(conn, Q.count_quarantined, params)
+    else:
+        with store.tenant(person.tenant_id) as conn:
+            row = fetch_one(conn, Q.count_quarantined, params)
+    return int(row["n"]) if row else 0
+
+
+def _requeue_all(store: Store, person: Person, tool: str | None) -> tuple[int, int]:
+    """Requeue the quarantined calls in chunks of ``BULK_CHUNK``, one transaction each, in
+    the order of their references: (requeued, skipped)."""
+    done = skipped = after = 0
+    while True:
+        params = {"tenant_id": _scope(person), "tool": tool, "after": after, "limit": BULK_CHUNK}
+        if person.every_tenant:
+            with store.pool.connection() as conn:
+                chunk = [r["id"] for r in fetch_all(conn, Q.quarantined_chunk, params)]
+        else:
+            with store.tenant(person.tenant_id) as conn:  # only the tenant's calls
+                chunk = [r["id"] for r in fetch_all(conn, Q.quarantined_chunk, params)]
+        if not chunk:
+            return done, skipped
+        with store.pool.connection() as conn:
+            for ref in chunk:
+                try:
+                    ops.requeue(conn, f"call:{ref}", actor=person.name)
+                    done += 1
+                except OutboxError:
+                    skipped += 1  # no longer quarantined, or its run ended meanwhile
+        after = chunk[-1]
+
+
+# -- a run's timeline ---------------------------------------------------------------------
+
+
+def timeline(store: Store, person: Person, run_id: uuid.UUID) -> tuple[str, events.Poll]:
+    """The run's tenant and its status and journal events (the first ``events.BATCH``)."""
+    tenant = person.tenant_id
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            row = conn.execute(Q.run_tenant, {"run_id": run_id}).fetchone()
+        if row is None:
+            raise NotFound(f"run {run_id} does not exist")
+        tenant = str(row[0])
+    try:
+        return tenant, events.read(store, tenant, run_id, 0)
+    except APIError as err:
+        raise NotFound(f"run {run_id} does not exist") from err
+
+
+def _run_id(request: Request) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(request.path_params["run_id"])
+    except ValueError:
+        return None
+
+
+async def run_page(request: Request, fragment: bool = False) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return problem(401, "Sign in again.") if fragment else to_sign_in()
+    run_id = _run_id(request)
+    if run_id is None:
+        return problem(404, "No such run.", person)
+    try:
+        tenant, poll = await read_in_thread(timeline, config(request).store, person, run_id)
+    except NotFound:
+        return problem(404, f"No run {run_id} in your tenant.", person)
+    name = "_timeline.html" if fragment else "run.html"
+    return page(name, person=person, run_id=run_id, tenant=tenant, poll=poll)
+
+
+async def run_fragment(request: Request) -> Response:
+    return await run_page(request, fragment=True)
+
+
+async def run_events(request: Request) -> Response:
+    person = await signed_in(request)
+    run_id = _run_id(request)
+    if person is None or run_id is None:
+        return problem(401, "Sign in again.")
+    store = config(request).store
+    try:
+        tenant, _poll = await read_in_thread(timeline, store, person, run_id)
+    except NotFound:
+        return problem(404, f"No run {run_id} in your tenant.", person)
+    after = request.query_params.get("after", "0")
+    after_id = int(after) if after.isdigit() else 0
+    return EventSourceResponse(_run_changes(config(request), tenant, run_id, after_id))
+
+
+async def _run_changes(
+    cfg: Config, tenant: str, run_id: uuid.UUID, after_id: int
+) -> AsyncIterator[dict[str, Any]]:
+    """``changed`` for each new journal event of the run (the API's run event stream,
+    server.events), ``end`` once it ended."""
+    async for event in events.stream(cfg.store, tenant, run_id, after_id, cfg.wakeups):
+        if event["event"] == "end":
+            yield {"event": "end", "data": ""}
+            return
+        yield {"event": "changed", "id": event["id"], "data": ""}
+
+
+async def home(_request: Request) -> Response:
+    return RedirectResponse("/console/approvals", status_code=303)
+
+
+MOUNT = Mount(
+    "/console",
+    routes=[
+        Route("/", home),
+        Route("/sign-in", sign_in_page, methods=["GET"]),
+        Route("/sign-in", sign_in, methods=["POST"]),
+        Route("/sign-out", sign_out, methods=["POST"]),
+        Route("/approvals", inbox, methods=["GET"]),
+        Route("/approvals/list", inbox_list, methods=["GET"]),
+        Route("/approvals/events", inbox_events, methods=["GET"]),
+        Route("/approvals/{approval_id:int}/decide", decide, methods=["POST"]),
+        Route("/parked", parked, methods=["GET"]),
+        Route("/parked/bulk-requeue", bulk_requeue, methods=["POST"]),
+        Route("/parked/{ref:int}/{action}", act_on_call, methods=["POST"]),
+        Route("/runs", runs, methods=["GET"]),
+        Route("/runs/{run_id}", run_page, methods=["GET"]),
+        Route("/runs/{run_id}/timeline", run_fragment, methods=["GET"]),
+        Route("/runs/{run_id}/events", run_events, methods=["GET"]),
+        Mount("/static", app=StaticFiles(directory=str(STATIC)), name="console-static"),
+    ],
+)
+# Outside the routing, so its errors carry the headers too (server.app adds it).
+MIDDLEWARE = Middleware(auth.SecurityHeaders)

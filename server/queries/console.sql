@@ -1,0 +1,53 @@
+-- name: run_tenant
+-- The tenant of a run, for a platform operator (the pool's own login: every tenant's runs).
+SELECT tenant_id FROM {s}.runs WHERE id = %(run_id)s
+
+-- name: runs_page
+-- One page of runs, newest first, optionally of one tenant, status and model and created
+-- since a time. Keyset-paginated: the page after the one that ended at (before_at,
+-- before_id) holds the rows below that key, so a page costs its own rows, however deep.
+-- The last condition holds for every run: it is the predicate of runs_tenant_status.
+SELECT id, tenant_id, status, model, step_count, tokens_used, failure_reason, created_at,
+       updated_at
+FROM {s}.runs
+WHERE (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(model)s::text IS NULL OR model = %(model)s)
+  AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+  AND created_at > '-infinity'
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s
+
+-- name: parked_calls
+-- Tool calls parked for an operator, oldest first: quarantined (no worker claims them until
+-- released) or outcome_unknown (the relay cannot tell whether the tool acted).
+SELECT tc.id, tc.tenant_id, tc.run_id, tc.tool_call_id, tc.tool_name, tc.status, tc.attempts,
+       tc.last_error, tc.updated_at
+FROM {s}.tool_calls tc
+WHERE tc.status IN ('quarantined', 'outcome_unknown')
+  AND (%(tenant_id)s::text IS NULL OR tc.tenant_id = %(tenant_id)s)
+ORDER BY tc.id
+LIMIT %(limit)s
+
+-- name: call_tenant
+-- The tenant of a tool call (under row-level security: none for another tenant's).
+SELECT tenant_id FROM {s}.tool_calls WHERE id = %(id)s
+
+-- name: count_quarantined
+-- How many calls a bulk requeue of quarantined calls (optionally of one tool) would take.
+SELECT count(*) AS n FROM {s}.tool_calls tc
+WHERE tc.status = 'quarantined'
+  AND (%(tenant_id)s::text IS NULL OR tc.tenant_id = %(tenant_id)s)
+  AND (%(tool)s::text IS NULL OR tc.tool_name = %(tool)s)
+
+-- name: quarantined_chunk
+-- The next chunk of a bulk requeue: quarantined calls (optionally of one tool) above the
+-- last reference done, in order, so each is taken once.
+SELECT tc.id FROM {s}.tool_calls tc
+WHERE tc.status = 'quarantined' AND tc.id > %(after)s
+  AND (%(tenant_id)s::text IS NULL OR tc.tenant_id = %(tenant_id)s)
+  AND (%(tool)s::text IS NULL OR tc.tool_name = %(tool)s)
+ORDER BY tc.id
+LIMIT %(limit)s

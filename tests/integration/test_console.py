@@ -1,0 +1,364 @@
+"""The web console over real HTTP: sign-in and its lockout, sessions, CSRF, tenancy, the
+security headers, the inbox and a run's timeline (docs/console.md).
+
+``outbox serve``'s app on uvicorn (tests/serve_harness.py) against a real PostgreSQL; the
+browser's view of the same rules is tests/acceptance/test_console_browser.py.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import threading
+from collections.abc import Iterator
+
+import httpx2
+import psycopg
+import pytest
+
+from outbox import ops
+from outbox.server.console.auth import CSP
+from tests.console_harness import (
+    PASSWORD,
+    add_user,
+    csrf_of,
+    quarantined_call,
+    sign_in,
+    waiting_call,
+)
+from tests.helpers import add_tool, look
+from tests.relay_harness import seed
+from tests.serve_harness import serve
+
+OPEN = 50  # inboxes open at once
+
+
+@pytest.fixture
+def console(db_url: str) -> Iterator[str]:
+    with serve(db_url) as base:
+        yield base.removesuffix("/v1") + "/console"
+
+
+def test_sign_in_refuses_a_wrong_password_and_locks_after_five_failures(db_url, console):
+    add_user(db_url, "rita", "acme", "reviewer")
+    for _ in range(4):
+        assert sign_in(console, "rita", "wrong password!")[1] == 401
+    assert sign_in(console, "nobody", "wrong password!")[1] == 401  # unknown: the same answer
+    assert sign_in(console, "rita", "wrong password!")[1] == 429  # the fifth locks
+    client, status = sign_in(console, "rita", PASSWORD)  # the right one, too late
+    assert status == 429
+    assert client.get("/approvals").status_code == 303  # no session: to the sign-in
+    (locked,) = look(db_url, "SELECT locked_until > now() + interval '14 minutes' "
+                     "FROM outbox.console_users WHERE name = 'rita'")  # fmt: skip
+    assert locked == (True,)
+    assert look(db_url, "SELECT count(*) FROM outbox.console_sessions") == [(0,)]
+
+
+def test_a_session_opens_the_inbox_and_sign_out_ends_it(db_url, console):
+    add_user(db_url, "rita", "acme", "reviewer")
+    anonymous = httpx2.Client(base_url=console)
+    assert anonymous.get("/approvals").status_code == 303  # to the sign-in
+    client, status = sign_in(console, "rita")
+    assert status == 303
+    page = client.get("/approvals")
+    assert page.status_code == 200 and "No call is waiting" in page.text
+    (token_hash,) = look(db_url, "SELECT token_hash FROM outbox.console_sessions")[0]
+    assert token_hash not in page.text and client.cookies["outbox_console"] != token_hash
+    client.post("/sign-out", data={"csrf_token": csrf_of(page.text)})
+    assert client.get("/approvals").status_code == 303
+    assert look(db_url, "SELECT count(*) FROM outbox.console_sessions") == [(0,)]
+
+
+def test_every_console_answer_carries_the_security_headers(db_url, console):
+    add_user(db_url, "rita", "acme", "reviewer")
+    client, _ = sign_in(console, "rita")
+    for path in ("/sign-in", "/approvals", "/approvals/list", "/static/console.js", "/nothing"):
+        answer = client.get(path)
+        assert answer.headers["content-security-policy"] == CSP, path
+        assert answer.headers["x-content-type-options"] == "nosniff", path
+    cookie = client.cookies.jar._cookies  # type: ignore[attr-defined]
+    (session,) = [c for d in cookie.values() for p in d.values() for c in p.values()
+                  if c.name == "outbox_console"]  # fmt: skip
+    assert session.path == "/console" and session.has_nonstandard_attr("HttpOnly")
+
+
+def test_no_console_serves_none(db_url):
+    with serve(db_url, console=False) as base:
+        assert httpx2.get(base.removesuffix("/v1") + "/console/sign-in").status_code == 404
+
+
+def test_a_reviewer_sees_and_decides_only_their_tenants_approvals(db_url, console):
+    add_user(db_url, "rita", "acme", "reviewer")
+    add_user(db_url, "gus", "globex", "reviewer")
+    add_user(db_url, "vic", "acme", "viewer")
+    run, approval = waiting_call(db_url, {"amount": 42, "to": "<b>bob</b>"})
+    mine, _ = sign_in(console, "rita")
+    theirs, _ = sign_in(console, "gus")
+    viewer, _ = sign_in(console, "vic")
+
+    inbox = mine.get("/approvals").text
+    assert f'id="approval-{approval}"' in inbox and "&lt;b&gt;bob&lt;/b&gt;" in inbox
+    other_inbox = theirs.get("/approvals").text
+    assert "approval-" not in other_inbox and str(run.id) not in other_inbox
+    assert theirs.get(f"/runs/{run.id}").status_code == 404
+    assert theirs.get(f"/runs/{run.id}/timeline").status_code == 404
+    assert theirs.get(f"/runs/{run.id}/events").status_code == 404
+    assert httpx2.get(console + "/approvals/events").status_code == 401
+
+    # Another tenant's reviewer, with a valid token of their own session: not found.
+    refused = theirs.post(
+        f"/approvals/{approval}/decide",
+        data={"csrf_token": csrf_of(other_inbox), "decision": "approve"},
+    )
+    assert refused.status_code == 404
+    # A viewer decides nothing; a form without its session's token is refused.
+    seen = viewer.get("/approvals").text
+    assert "Approve</button>" not in seen
+    viewed = viewer.post(
+        f"/approvals/{approval}/decide", data={"csrf_token": csrf_of(seen), "decision": "approve"}
+    )
+    assert viewed.status_code == 403
+    tokenless = mine.post(f"/approvals/{approval}/decide", data={"decision": "approve"})
+    assert tokenless.status_code == 403
+    forged = mine.post(
+        f"/approvals/{approval}/decide", data={"csrf_token": "x" * 43, "decision": "approve"}
+    )
+    assert forged.status_code == 403
+    assert look(db_url, "SELECT status FROM outbox.approvals") == [("pending",)]
+
+    decided = mine.post(
+        f"/approvals/{approval}/decide",
+        data={"csrf_token": csrf_of(inbox), "decision": "approve", "reason": "looks right"},
+    )
+    assert decided.status_code == 303
+    assert look(db_url, "SELECT status, decided_by, reason FROM outbox.approvals") == [
+        ("approved", "rita", "looks right")
+    ]
+    assert look(
+        db_url, "SELECT tenant_id, actor FROM outbox.journal WHERE event = 'approval.approved'"
+    ) == [("acme", "rita")]
+    assert "No call is waiting" in mine.get("/approvals/list").text
+    again = mine.post(
+        f"/approvals/{approval}/decide",
+        data={"csrf_token": csrf_of(inbox), "decision": "deny"},
+    )
+    assert again.status_code == 409 and "already decided" in again.text
+
+
+def test_a_digest_other_than_the_one_shown_decides_nothing(db_url, console):
+    add_user(db_url, "rita", "acme", "reviewer")
+    _run, approval = waiting_call(db_url, {"amount": 42})
+    client, _ = sign_in(console, "rita")
+    token = csrf_of(client.get("/approvals").text)
+    refused = client.post(
+        f"/approvals/{approval}/decide",
+        data={"csrf_token": token, "decision": "approve", "digest": "sha256:" + "0" * 64},
+    )
+    assert refused.status_code == 409
+    assert look(db_url, "SELECT status FROM outbox.approvals") == [("pending",)]
+
+
+def test_a_platform_operator_sees_every_tenant(db_url, console):
+    add_user(db_url, "olga", "*", "operator")
+    waiting_call(db_url, {"amount": 1}, tenant="acme")
+    run, approval = waiting_call(db_url, {"amount": 2}, tenant="globex")
+    client, _ = sign_in(console, "olga")
+    inbox = client.get("/approvals").text
+    assert inbox.count('class="approval"') == 2
+    timeline = client.get(f"/runs/{run.id}")
+    assert timeline.status_code == 200 and "approval.requested" in timeline.text
+    decided = client.post(
+        f"/approvals/{approval}/decide", data={"csrf_token": csrf_of(inbox), "decision": "deny"}
+    )
+    assert decided.status_code == 303
+    assert look(
+        db_url, "SELECT tenant_id, actor FROM outbox.journal WHERE event = 'approval.denied'"
+    ) == [("globex", "olga")]
+
+
+def test_a_runs_timeline_lists_its_journal_in_order(db_url, console):
+    add_user(db_url, "rita", "acme", "reviewer")
+    run, _approval = waiting_call(db_url, {"note": "<script>alert(1)</script>"})
+    client, _ = sign_in(console, "rita")
+    page = client.get(f"/runs/{run.id}")
+    assert page.status_code == 200
+    events = [e for (e,) in look(
+        db_url, "SELECT event FROM outbox.journal WHERE run_id = %s ORDER BY id", [run.id]
+    )]  # fmt: skip
+    positions = [page.text.index(f'data-event="{e}"') for e in events]
+    assert positions == sorted(positions) and "approval.requested" in events
+    assert "<script>alert" not in page.text
+    assert client.get(f"/runs/{run.id}/timeline").text.count('class="event"') == len(events)
+    assert client.get("/runs/not-a-uuid").status_code == 404
+
+
+def test_users_add_from_the_command_line(db_url, monkeypatch):
+    from click.testing import CliRunner
+
+    import cli
+
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    runner = CliRunner()
+    done = runner.invoke(
+        cli.main,
+        ["console", "users", "add", "rita", "--tenant", "acme", "--role", "reviewer",
+         "--password-stdin"],
+        input=PASSWORD + "\n",
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    short = runner.invoke(
+        cli.main,
+        ["console", "users", "add", "sam", "--tenant", "acme", "--role", "reviewer",
+         "--password-stdin"],
+        input="short\n",
+    )  # fmt: skip
+    assert short.exit_code != 0 and "12 characters" in short.output
+    star = runner.invoke(
+        cli.main,
+        ["console", "users", "add", "sam", "--tenant", "*", "--role", "reviewer",
+         "--password-stdin"],
+        input=PASSWORD + "\n",
+    )  # fmt: skip
+    assert star.exit_code != 0 and "only an operator" in star.output
+    with psycopg.connect(db_url) as conn:
+        (stored,) = conn.execute("SELECT password_hash FROM outbox.console_users").fetchone()
+    assert stored.startswith("$argon2id$") and PASSWORD not in stored
+
+
+def test_fifty_open_inboxes_share_the_one_listening_connection(db_url, console):
+    """Each open inbox is woken by the server's one LISTEN connection when an approval of
+    its tenant is requested: no connection and no query more per inbox while it waits."""
+    add_user(db_url, "rita", "acme", "reviewer")
+    client, _ = sign_in(console, "rita")
+    cookies = dict(client.cookies)
+    ready, told = threading.Barrier(OPEN + 1), threading.Semaphore(0)
+    stop = threading.Event()
+
+    def inbox() -> None:
+        with (
+            httpx2.Client(base_url=console, cookies=cookies, timeout=60) as own,
+            own.stream("GET", "/approvals/events") as stream,
+        ):
+            lines = stream.iter_lines()
+            while next(lines) != "event: ready":
+                pass
+            ready.wait()
+            while next(lines) != "event: changed":
+                pass
+            told.release()
+            stop.wait()
+
+    threads = [threading.Thread(target=inbox, daemon=True) for _ in range(OPEN)]
+    for thread in threads:
+        thread.start()
+    ready.wait(timeout=60)
+    listening = look(
+        db_url,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND query LIKE 'LISTEN outbox\\_%%'",
+    )
+    waiting_call(db_url, {"amount": 1})
+    try:
+        for _ in range(OPEN):
+            assert told.acquire(timeout=60), "an open inbox was not told of the new approval"
+    finally:
+        stop.set()
+    assert listening == [(1,)]
+
+
+def test_the_runs_list_filters_and_pages_by_keyset(db_url, console, monkeypatch):
+    from outbox.server.console import routes
+
+    monkeypatch.setattr(routes, "RUNS_PAGE", 3)
+    add_user(db_url, "rita", "acme", "reviewer")
+    made = [waiting_call(db_url, {"n": n})[0].id for n in range(7)]
+    theirs = waiting_call(db_url, {"n": 99}, tenant="globex")[0].id
+    client, _ = sign_in(console, "rita")
+    seen: list[str] = []
+    path = "/runs?status=in_progress"
+    while path:
+        page = client.get(path)
+        assert page.status_code == 200
+        seen += re.findall(r'data-run="([^"]+)"', page.text)
+        older = re.search(r'href="/console(/runs\?[^"]+)" rel="next"', page.text)
+        path = html.unescape(older.group(1)) if older else ""
+    assert seen == [str(r) for r in reversed(made)]  # newest first, each once
+    assert str(theirs) not in seen
+    assert "No run matches" in client.get("/runs?status=completed").text
+    assert client.get("/runs?status=nonsense").status_code == 400
+    assert client.get("/runs?before=yesterday").status_code == 400
+
+
+def test_an_operator_releases_a_parked_call_of_their_tenant_only(db_url, console):
+    add_user(db_url, "otto", "acme", "operator")
+    add_user(db_url, "rita", "acme", "reviewer")
+    add_user(db_url, "gina", "globex", "operator")
+    ref = quarantined_call(db_url)
+    operator, _ = sign_in(console, "otto")
+    reviewer, _ = sign_in(console, "rita")
+    other, _ = sign_in(console, "gina")
+
+    listed = operator.get("/parked").text
+    assert f'data-call="{ref}"' in listed and "Release</button>" in listed
+    seen = reviewer.get("/parked").text
+    assert f'data-call="{ref}"' in seen and "Release</button>" not in seen
+    theirs = other.get("/parked").text
+    assert f'data-call="{ref}"' not in theirs
+
+    def post(client, action: str, page: str) -> int:
+        data = {"csrf_token": csrf_of(page)}
+        return client.post(f"/parked/{ref}/{action}", data=data).status_code
+
+    assert post(reviewer, "release", seen) == 403  # a reviewer acts on no call
+    assert post(other, "release", theirs) == 404  # another tenant's call is not seen
+    assert operator.post(f"/parked/{ref}/release", data={}).status_code == 403  # no token
+    assert look(db_url, "SELECT status FROM outbox.tool_calls") == [("quarantined",)]
+    assert post(operator, "release", listed) == 303
+    assert look(db_url, "SELECT status FROM outbox.tool_calls") == [("pending",)]
+    assert look(
+        db_url, "SELECT tenant_id, actor FROM outbox.journal WHERE event = 'operator.release'"
+    ) == [("acme", "otto")]
+    assert post(operator, "release", listed) == 409  # not quarantined any more
+    assert "No call is parked" in operator.get("/parked").text
+
+
+def test_a_bulk_requeue_of_a_thousand_parked_calls_acts_on_each_once(db_url, console):
+    add_user(db_url, "otto", "acme", "operator")
+    with psycopg.connect(db_url) as conn:
+        add_tool(conn, "lookup_order")
+    refs = seed(db_url, ["lookup_order"], 20, 50, lambda n: {"order_id": str(n)})
+    with psycopg.connect(db_url) as conn:
+        for ref in refs:
+            ops.quarantine(conn, f"call:{ref}", reason="incident", actor="ops")
+    theirs = quarantined_call(db_url, tenant="globex")
+    operator, _ = sign_in(console, "otto")
+    token = csrf_of(operator.get("/parked").text)
+
+    asked = operator.post("/parked/bulk-requeue", data={"csrf_token": token})
+    assert asked.status_code == 200 and "<strong>1000</strong> quarantined calls" in asked.text
+    assert look(db_url, "SELECT count(*) FROM outbox.tool_calls WHERE status = 'pending'") == [(0,)]
+    stale = operator.post("/parked/bulk-requeue", data={"csrf_token": token, "confirm": "999"})
+    assert "<strong>1000</strong>" in stale.text  # a count that is not today's asks again
+    done = operator.post("/parked/bulk-requeue", data={"csrf_token": token, "confirm": "1000"})
+    assert done.status_code == 200 and "Requeued 1000 calls." in done.text
+    assert look(
+        db_url,
+        "SELECT count(*), count(DISTINCT tool_call_ref) FROM outbox.journal "
+        "WHERE event = 'operator.requeue' AND actor = 'otto' AND tenant_id = 'acme'",
+    ) == [(1000, 1000)]
+    assert look(
+        db_url, "SELECT tenant_id, status, count(*) FROM outbox.tool_calls GROUP BY 1, 2 ORDER BY 1"
+    ) == [("acme", "pending", 1000), ("globex", "quarantined", 1)]
+    assert look(db_url, "SELECT status FROM outbox.tool_calls WHERE id = %s", [theirs]) == [
+        ("quarantined",)
+    ]
+
+
+def test_an_expired_session_opens_nothing(db_url, console):
+    add_user(db_url, "rita", "acme", "reviewer")
+    client, _ = sign_in(console, "rita")
+    assert client.get("/approvals").status_code == 200
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE outbox.console_sessions SET expires_at = now()")
+    assert client.get("/approvals").status_code == 303  # to the sign-in
+    assert client.get("/approvals/list").status_code == 401
