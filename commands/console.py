@@ -80,10 +80,14 @@ def users_list(tenant: str | None, as_json: bool) -> None:
 @users_group.command("remove")
 @click.argument("name")
 @actor_option
-def users_remove(name: str, actor: str) -> None:
+@json_option
+def users_remove(name: str, actor: str, as_json: bool) -> None:
     """Remove NAME and end their sessions."""
     from outbox import accounts
 
     with connection() as conn:
         row = accounts.remove_user(conn, name, actor=actor)
+    if as_json:
+        echo_json(row)
+        return
     click.echo(f"removed console user {row['name']} of tenant {row['tenant_id']}")

@@ -109,7 +109,15 @@ class Run(Base):
             postgresql_where=text("created_at > '-infinity'"),
         ),
         Index("runs_thread", "thread_id"),
-        Index("runs_tenant_created", "tenant_id", "created_at", "id"),
+        # Partial like runs_tenant_status: only the console's list, which states the
+        # predicate, may take it, never a lookup by id under row-level security.
+        Index(
+            "runs_tenant_created",
+            "tenant_id",
+            "created_at",
+            "id",
+            postgresql_where=text("created_at > '-infinity'"),
+        ),
         Index(
             "runs_action_deadline",
             "action_deadline",

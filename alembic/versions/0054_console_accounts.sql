@@ -51,7 +51,8 @@ GRANT SELECT (name, tenant_id, role, failed_attempts, locked_until, created_at)
 
 -- The console's runs list: a tenant's runs newest first, a page at a time by the keyset
 -- (created_at, id), read from the index instead of sorting every run of the tenant.
-CREATE INDEX runs_tenant_created ON {s}.runs (tenant_id, created_at, id);
+CREATE INDEX runs_tenant_created ON {s}.runs (tenant_id, created_at, id)
+    WHERE created_at > '-infinity';
 
 -- console_account_v1: "who is this name, and may they try a password now?" The console
 -- looks a person up before any tenant is known (SECURITY DEFINER, as api_key_tenant_v1):

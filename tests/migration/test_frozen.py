@@ -126,7 +126,7 @@ PINNED = {
     "0053_context_compaction.sql": "e8365d4467ebda2e",
     "0053_context_compaction_down.sql": "6698606ab87db2ac",
     "0054_console_accounts.py": "96a1eafa62a0f43d",
-    "0054_console_accounts.sql": "cc8e7b1c0e24c2e5",
+    "0054_console_accounts.sql": "37a10d93b73236f1",
     "0054_console_accounts_down.sql": "f2413759f89de1cb",
 }
 
