@@ -98,11 +98,13 @@ def label(query: str, known: dict[str, str]) -> str:
 def snapshot(url: str) -> Iterator[tuple[str, bool, int, int, int, int, float]]:
     with psycopg.connect(url, autocommit=True) as conn:
         for row in conn.execute(STATS):
-            yield (str(row[0]), bool(row[1]), *(int(x or 0) for x in row[2:6]), float(row[6]))
+            calls, blocks, returned, wal = (int(x or 0) for x in row[2:6])
+            yield str(row[0]), bool(row[1]), calls, blocks, returned, wal, float(row[6])
 
 
-def measure_case(server_url: str, runs: int, model_s: float, tool_s: float, calls: int,
-                 log: Path) -> dict[str, Any]:
+def measure_case(
+    server_url: str, runs: int, model_s: float, tool_s: float, calls: int, log: Path
+) -> dict[str, Any]:
     """One case of bench.inflight; its figures and its statements' costs."""
     watch = inflight._watch
     taken: list[tuple[str, bool, int, int, int, int, float]] = []
@@ -111,7 +113,9 @@ def measure_case(server_url: str, runs: int, model_s: float, tool_s: float, call
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             inflight._until(
-                conn, "EXISTS (SELECT 1 FROM outbox.outbox WHERE status = 'leased')", relay,
+                conn,
+                "EXISTS (SELECT 1 FROM outbox.outbox WHERE status = 'leased')",
+                relay,
                 log,
             )
             conn.execute("SELECT pg_stat_statements_reset()")
@@ -119,12 +123,12 @@ def measure_case(server_url: str, runs: int, model_s: float, tool_s: float, call
         taken.extend(snapshot(url))
         return figures
 
-    inflight._watch = watched  # type: ignore[assignment]
+    inflight._watch = watched
     try:
         concurrency = inflight.concurrency_for(runs, calls)
         figures = inflight.measure(server_url, runs, model_s, tool_s, calls, concurrency, log)
     finally:
-        inflight._watch = watch  # type: ignore[assignment]
+        inflight._watch = watch
     known = names()
     rows: dict[tuple[str, bool], list[float]] = {}
     for query, toplevel, n, blocks, returned, wal, ms in taken:
@@ -144,7 +148,7 @@ def measure_case(server_url: str, runs: int, model_s: float, tool_s: float, call
         }
         for (name, toplevel), (n, blocks, returned, wal, ms) in rows.items()
     ]
-    statements.sort(key=lambda s: -s["buffers_per_call"] * s["calls_per_run"])
+    statements.sort(key=lambda s: -float(s["buffers_per_call"]) * float(s["calls_per_run"]))
     return {"figures": figures, "statements": statements}
 
 
@@ -164,17 +168,23 @@ def main(argv: list[str] | None = None) -> int:
         result = measure_case(url, int(runs), float(model_s), float(tool_s), int(calls), log)
         out.append({"case": case, **result})
         figures = result["figures"]
-        print(f"\n{case}: wall {figures['wall_s']} s ({figures['vs_ideal']}x), "
-              f"relay {figures['cpu_ms_per_run']} ms/run, "
-              f"{figures['kb_per_run_in_flight']} kB/run in flight, "
-              f"{figures['duplicates']} duplicates")
-        print(f"{'statement':<44} {'top':>3} {'calls/run':>9} {'buf/call':>9} "
-              f"{'rows/call':>9} {'WAL B/run':>9} {'buf/run':>9}")
+        print(
+            f"\n{case}: wall {figures['wall_s']} s ({figures['vs_ideal']}x), "
+            f"relay {figures['cpu_ms_per_run']} ms/run, "
+            f"{figures['kb_per_run_in_flight']} kB/run in flight, "
+            f"{figures['duplicates']} duplicates"
+        )
+        print(
+            f"{'statement':<44} {'top':>3} {'calls/run':>9} {'buf/call':>9} "
+            f"{'rows/call':>9} {'WAL B/run':>9} {'buf/run':>9}"
+        )
         for s in result["statements"][: args.top]:
-            print(f"{s['statement'][:44]:<44} {'y' if s['toplevel'] else 'n':>3} "
-                  f"{s['calls_per_run']:>9} {s['buffers_per_call']:>9} {s['rows_per_call']:>9} "
-                  f"{s['wal_bytes_per_run']:>9} "
-                  f"{round(s['buffers_per_call'] * s['calls_per_run'], 1):>9}")
+            print(
+                f"{s['statement'][:44]:<44} {'y' if s['toplevel'] else 'n':>3} "
+                f"{s['calls_per_run']:>9} {s['buffers_per_call']:>9} {s['rows_per_call']:>9} "
+                f"{s['wal_bytes_per_run']:>9} "
+                f"{round(s['buffers_per_call'] * s['calls_per_run'], 1):>9}"
+            )
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

@@ -394,11 +394,17 @@ WHERE tc.id = %(tool_call_ref)s
 RETURNING tc.id
 
 -- name: heartbeat
--- Extend the leases this worker still holds. Rows locked by a completion in progress are
--- skipped, not waited for: waiting here deadlocks with the completer's transaction.
+-- Extend the leases this worker still holds that have less than renew_below_s left (two
+-- thirds of the term and one round, relay.maintenance), not every lease at every round:
+-- an extension writes a new version of the row, with an entry in each of its indexes
+-- (lease_expires_at is a key of outbox_leased, so the update is never HOT) and a dead one
+-- the rescue's walk of outbox_leased passes until vacuum. Rows locked by a completion in
+-- progress are skipped, not waited for: waiting here deadlocks with the completer's
+-- transaction.
 WITH mine AS (
     SELECT id FROM {s}.outbox
     WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'leased'
+      AND lease_expires_at < now() + make_interval(secs => %(renew_below_s)s)
     ORDER BY id
     FOR UPDATE SKIP LOCKED
 )

@@ -509,3 +509,46 @@ def test_log_lines_carry_every_identity(db_url, tools, tmp_path):
     for line in results:
         assert set(IDENTITY_FIELDS) <= set(line)
         assert all(line[f] is not None for f in IDENTITY_FIELDS), line
+
+
+def test_a_heartbeat_extends_only_the_leases_a_third_of_their_term_into_it(db_url, tools):
+    """Each extension writes a new version of the row (an entry in every index of the
+    outbox): a lease with more than two thirds of its term and a round left is left as it
+    is, and extended once it has less."""
+    seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=args)
+    from outbox.relay.worker import Worker
+    from tests.relay_harness import config
+
+    worker = Worker(config(db_url, worker_id="w1"))
+    lease_s = worker.cfg.lease_s
+    row_id = scalar(db_url, "SELECT id FROM outbox.outbox WHERE kind = 'tool_call'")
+    version = "SELECT xmin::text, lease_expires_at - now() FROM outbox.outbox WHERE id = %s"
+
+    def lease_for(seconds: float) -> None:
+        with psycopg.connect(db_url) as conn:
+            conn.execute(
+                "UPDATE outbox.outbox SET status = 'leased', attempts = 1, lease_owner = 'w1',"
+                " lease_expires_at = now() + make_interval(secs => %s) WHERE id = %s",
+                [seconds, row_id],
+            )
+
+    def heartbeat() -> tuple[str, Any]:
+        link = worker.link("maintenance", prepare=False)
+        try:
+            worker.maintenance.in_flight = lambda: [row_id]
+            worker.maintenance._heartbeat(link)
+        finally:
+            link.close()
+        with psycopg.connect(db_url) as conn:
+            row = conn.execute(version, [row_id]).fetchone()
+        assert row is not None
+        return row[0], row[1].total_seconds()
+
+    lease_for(lease_s)
+    with psycopg.connect(db_url) as conn:
+        before = conn.execute(version, [row_id]).fetchone()
+    assert before is not None
+    assert heartbeat()[0] == before[0]  # fresh: not rewritten
+    lease_for(lease_s / 2)
+    written, left = heartbeat()
+    assert written != before[0] and left > lease_s * 0.9  # half spent: extended
