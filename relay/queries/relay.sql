@@ -592,7 +592,9 @@ RETURNING tc.id
 -- for a run without pins, the newest visible to the tenant, its own before a shared one);
 -- for a run with a max_tool_calls, the calls its turns asked for so far; and the routing
 -- rules it was pinned to (outbox/routing.py).
--- Each lookup goes through an index by run, thread or name.
+-- Each lookup goes through an index by run, thread or name; the runs too, one by primary
+-- key per turn (OFFSET 0 keeps the planner from hashing the whole runs table, a cost per
+-- call that grows with every run the table holds rather than with the turns asked for).
 SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
        r.instructions, r.base_url, r.model_options, r.route_version,
        r.max_tokens - r.tokens_used AS tokens_left,
@@ -627,7 +629,7 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
                          AND tl.version = (r.tool_pins -> tl.name ->> 'version')::int))
               ORDER BY tl.name, (tl.tenant_id = '*'), tl.version DESC) t) AS tools
 FROM unnest(%(run_ids)s::uuid[], %(steps)s::int[]) AS w(run_id, step_no)
-JOIN {s}.runs r ON r.id = w.run_id
+JOIN LATERAL (SELECT * FROM {s}.runs WHERE id = w.run_id OFFSET 0) r ON true
 
 -- name: model_routing_state
 -- What routes the turns of a batch besides their runs (outbox/routing.py): every model's
