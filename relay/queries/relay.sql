@@ -592,9 +592,11 @@ RETURNING tc.id
 -- for a run without pins, the newest visible to the tenant, its own before a shared one);
 -- for a run with a max_tool_calls, the calls its turns asked for so far; and the routing
 -- rules it was pinned to (outbox/routing.py).
--- Each lookup goes through an index by run, thread or name; the runs too, one by primary
--- key per turn (OFFSET 0 keeps the planner from hashing the whole runs table, a cost per
--- call that grows with every run the table holds rather than with the turns asked for).
+-- Each lookup goes through an index by run, thread or name, so a batch costs what its turns
+-- read, however many runs and calls the tables hold: a thread's calls through its messages
+-- (tool_calls_message_fk keeps a call in its message's thread; tool_calls has no index by
+-- thread), and the runs one by primary key a turn (OFFSET 0 keeps the planner from hashing
+-- the whole runs table).
 SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
        r.instructions, r.base_url, r.model_options, r.route_version,
        r.max_tokens - r.tokens_used AS tokens_left,
@@ -618,7 +620,8 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
                    'arguments_raw', {s}.resolved_text_v1(c.arguments_raw, c.tenant_id,
                                                          c.arguments_ref))
                    ORDER BY c.message_id, c.position), '[]')
-        FROM {s}.tool_calls c WHERE c.thread_id = r.thread_id) AS calls,
+        FROM {s}.messages cm JOIN {s}.tool_calls c ON c.message_id = cm.id
+        WHERE cm.thread_id = r.thread_id) AS calls,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'name', t.name, 'description', t.description,
                    'json_schema', t.json_schema) ORDER BY t.name), '[]')
