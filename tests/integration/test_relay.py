@@ -6,6 +6,7 @@ import contextlib
 import re
 import socket
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -608,4 +609,23 @@ def test_every_lookup_of_prepare_turns_goes_through_an_index(db_url):
         conn.rollback()
     assert "Seq Scan" not in plan, plan
     # (id, thread_id) searched by thread_id alone: a skip scan, one search per call stored
+    assert "using tool_calls_id_thread_key" not in plan, plan
+
+
+def test_a_threads_calls_are_read_through_an_index_it_leads(db_url):
+    """The history of a thread (outbox.history) reads its calls through its messages, not
+    by thread_id, which leads no index of tool_calls: searched alone it reads every call
+    stored."""
+    from outbox.history import Q
+
+    with psycopg.connect(db_url) as conn:
+        conn.execute("SET enable_seqscan = off")
+        plan = "\n".join(
+            row[0]
+            for row in conn.execute(
+                "EXPLAIN (COSTS OFF) " + Q.thread_calls, {"thread_id": uuid.uuid4()}
+            )
+        )
+        conn.rollback()
+    assert "Seq Scan" not in plan, plan
     assert "using tool_calls_id_thread_key" not in plan, plan
