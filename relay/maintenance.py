@@ -1,7 +1,8 @@
 """Maintenance: the side thread that keeps leases alive and takes back what others lost.
 
 Every ``min(lease / 3, rescue interval)`` it heartbeats the leases of every row this worker
-holds in one statement (rows a completion holds are skipped, not waited for), and every
+holds in one statement, extending those with less than two thirds of their term and one
+round left (rows a completion holds are skipped, not waited for), and every
 rescue interval it takes back expired leases of any worker (``rescue_expired``: ready
 again with no attempt charged, or quarantined once leases of a row were lost
 ``max_lost_leases`` times), re-enqueues deliveries of complete batches that never happened,
@@ -40,6 +41,11 @@ JOURNAL_PARTITIONS_S = 600.0  # how often the journal's days ahead are made (ret
 # Four sweeps a round, each waiting at most a twelfth of the lease for a lock: a round
 # delays the next heartbeat by a third of the lease at most, however the locks fall.
 SWEEPS_SHARE_OF_LEASE = 1 / 12
+# A lease is extended once less than this share of its term and one round are left, not at
+# every round: each extension rewrites the row (a new entry in each of its indexes). A round
+# is late by a third of the lease at most (the sweeps above), so the next one comes with at
+# least a third of the term left.
+RENEW_BELOW_SHARE_OF_LEASE = 2 / 3
 T = TypeVar("T")
 
 
@@ -63,6 +69,10 @@ class Maintenance:
         self.q = q
         self.metrics = metrics
         self.sweep_lock_wait_ms = max(1, round(cfg.lease_s * SWEEPS_SHARE_OF_LEASE * 1000))
+        self.interval = min(cfg.lease_s / 3, cfg.rescue_interval_s)
+        self.renew_below_s = min(
+            cfg.lease_s, cfg.lease_s * RENEW_BELOW_SHARE_OF_LEASE + self.interval
+        )
         self.make_link = make_link
         self.in_flight = in_flight
         self.wake = wake
@@ -71,12 +81,11 @@ class Maintenance:
 
     def loop(self) -> None:
         link = self.make_link("maintenance", prepare=False)
-        interval = min(self.cfg.lease_s / 3, self.cfg.rescue_interval_s)
         # The first round does everything: time.monotonic() counts from the machine's boot,
         # so a start of 0.0 would hold back every task whose interval is longer than the
         # uptime (the journal's days ahead for the first ten minutes after a boot).
         last_rescue = last_depth = last_retention = last_journal = -math.inf
-        while not self.finished.wait(interval):
+        while not self.finished.wait(self.interval):
             self.tick()
             try:
                 self._heartbeat(link)
@@ -183,19 +192,16 @@ class Maintenance:
             return
         conn = link.get()
         with conn.transaction():
-            kept = conn.execute(
+            conn.execute(
                 self.q.heartbeat,
-                {"ids": ids, "worker": self.cfg.worker_id, "lease_s": self.cfg.lease_s},
-            ).fetchall()
-            failpoints.hit("heartbeat.before_commit")
-        if len(kept) < len(ids):
-            log(
-                logger,
-                logging.DEBUG,
-                "lease.not_extended",
-                worker=self.cfg.worker_id,
-                n=len(ids) - len(kept),
+                {
+                    "ids": ids,
+                    "worker": self.cfg.worker_id,
+                    "lease_s": self.cfg.lease_s,
+                    "renew_below_s": self.renew_below_s,
+                },
             )
+            failpoints.hit("heartbeat.before_commit")
 
     def _sweep(self, link: Link, name: str, work: Callable[[], list[T]]) -> list[T]:
         """One sweep in a transaction of its own that waits at most ``sweep_lock_wait_s``

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -130,10 +131,17 @@ class ModelServer:
         headers = {**self.headers, **trace} if trace else self.headers
         if self.affinity_header and isinstance(body.get("prompt_cache_key"), str):
             headers = {**headers, self.affinity_header: body["prompt_cache_key"]}
+        # Sent as bytes, and the body let go before the answer is awaited: a turn waits for
+        # seconds to minutes, and its request's dict (the history it posts) is the largest
+        # thing a waiting turn would keep.
+        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        del body
         response = await self.poster.post(
             self.base_url + path,
-            json=body,
-            headers=headers,
+            content=content,
+            headers=headers
+            if any(name.lower() == "content-type" for name in headers)
+            else {**headers, "content-type": "application/json"},
             timeout=MODEL_TIMEOUT_S,
             max_body=self.max_body,
         )

@@ -361,13 +361,14 @@ class Connection(asyncio.Protocol):
 
     async def request(
         self,
-        data: bytes,
+        data: list[bytes],
         timeout: float,
         max_body: int | None = None,
         enough: Enough | None = None,
         until: float = math.inf,
     ) -> Answer:
-        """Send ``data`` (a whole request) and wait for its whole answer (or the first
+        """Send ``data`` (a whole request, taken out of the list so that nothing keeps it
+        while the answer is awaited) and wait for its whole answer (or the first
         ``max_body`` bytes of its body, or what ``enough`` says is enough: ``Answer``); no
         bytes may arrive for ``timeout`` seconds, and the answer must be in by ``until``
         (the loop's time). Either passed is a timeout only once what the connection holds
@@ -379,7 +380,7 @@ class Connection(asyncio.Protocol):
         self.timeout, self.until, self.checked = timeout, until, False
         self.last = loop.time()
         self.timer = loop.call_at(min(self.last + timeout, until), self._expire)
-        self.transport.write(data)
+        self.transport.write(data.pop())  # the transport copies what it cannot send at once
         try:
             return await self.waiter
         finally:  # the answer is the caller's now, not the idle connection's to keep
@@ -503,7 +504,11 @@ class Poster:
             content = jsonlib.dumps(json, separators=(",", ":"), ensure_ascii=False).encode()
             if not any(name.lower() == "content-type" for name in sent):
                 sent["content-type"] = "application/json"
-        data = line + _headers(sent, len(content)) + content
+        # The request's bytes are held by the connection only until they are written:
+        # while a request waits for its answer (a model turn: seconds to minutes), neither
+        # its encoded body nor the whole request stays alive in this frame.
+        data = [line + _headers(sent, len(content)) + content]
+        del content, json
         until = math.inf if total is None else asyncio.get_running_loop().time() + total
         connection = self._kept(origin) or await self._connect(
             origin, min(timeout, total or timeout)

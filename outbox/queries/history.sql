@@ -15,9 +15,11 @@ WHERE m.thread_id = %(thread_id)s AND m.deleted_at IS NULL
 ORDER BY m.seq
 
 -- name: thread_calls
--- Every tool call asked for in a thread, by assistant message and position.
-SELECT message_id, tool_call_id, tool_name,
-       {s}.resolved_text_v1(arguments_raw, tenant_id, arguments_ref) AS arguments_raw
-FROM {s}.tool_calls
-WHERE thread_id = %(thread_id)s
-ORDER BY message_id, position
+-- Every tool call asked for in a thread, by assistant message and position. Through the
+-- thread's messages: tool_calls has no index led by thread_id (tool_calls_message_fk keeps
+-- a call in its message's thread), and a search by it alone reads every call stored.
+SELECT c.message_id, c.tool_call_id, c.tool_name,
+       {s}.resolved_text_v1(c.arguments_raw, c.tenant_id, c.arguments_ref) AS arguments_raw
+FROM {s}.messages m JOIN {s}.tool_calls c ON c.message_id = m.id
+WHERE m.thread_id = %(thread_id)s
+ORDER BY c.message_id, c.position

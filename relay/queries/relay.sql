@@ -394,11 +394,17 @@ WHERE tc.id = %(tool_call_ref)s
 RETURNING tc.id
 
 -- name: heartbeat
--- Extend the leases this worker still holds. Rows locked by a completion in progress are
--- skipped, not waited for: waiting here deadlocks with the completer's transaction.
+-- Extend the leases this worker still holds that have less than renew_below_s left (two
+-- thirds of the term and one round, relay.maintenance), not every lease at every round:
+-- an extension writes a new version of the row, with an entry in each of its indexes
+-- (lease_expires_at is a key of outbox_leased, so the update is never HOT) and a dead one
+-- the rescue's walk of outbox_leased passes until vacuum. Rows locked by a completion in
+-- progress are skipped, not waited for: waiting here deadlocks with the completer's
+-- transaction.
 WITH mine AS (
     SELECT id FROM {s}.outbox
     WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'leased'
+      AND lease_expires_at < now() + make_interval(secs => %(renew_below_s)s)
     ORDER BY id
     FOR UPDATE SKIP LOCKED
 )
@@ -590,7 +596,11 @@ RETURNING tc.id
 -- catalogue, the tenant's and the platform's prompt budgets, and the input tokens the model
 -- reported for the run's previous turn (NULL when that turn compacted: its usage counts its
 -- summary requests too).
--- Each lookup goes through an index by run, thread or name.
+-- Each lookup goes through an index by run, thread or name, so a batch costs what its turns
+-- read, however many runs and calls the tables hold: a thread's calls through its messages
+-- (tool_calls_message_fk keeps a call in its message's thread; tool_calls has no index by
+-- thread), and the runs one by primary key a turn (OFFSET 0 keeps the planner from hashing
+-- the whole runs table).
 SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
        r.instructions, r.base_url, r.model_options, r.route_version,
        r.max_tokens - r.tokens_used AS tokens_left,
@@ -623,7 +633,8 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
                    'arguments_raw', {s}.resolved_text_v1(c.arguments_raw, c.tenant_id,
                                                          c.arguments_ref))
                    ORDER BY c.message_id, c.position), '[]')
-        FROM {s}.tool_calls c WHERE c.thread_id = r.thread_id) AS calls,
+        FROM {s}.messages cm JOIN {s}.tool_calls c ON c.message_id = cm.id
+        WHERE cm.thread_id = r.thread_id) AS calls,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'name', t.name, 'description', t.description,
                    'json_schema', t.json_schema) ORDER BY t.name), '[]')
@@ -634,7 +645,7 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
                          AND tl.version = (r.tool_pins -> tl.name ->> 'version')::int))
               ORDER BY tl.name, (tl.tenant_id = '*'), tl.version DESC) t) AS tools
 FROM unnest(%(run_ids)s::uuid[], %(steps)s::int[]) AS w(run_id, step_no)
-JOIN {s}.runs r ON r.id = w.run_id
+JOIN LATERAL (SELECT * FROM {s}.runs WHERE id = w.run_id OFFSET 0) r ON true
 LEFT JOIN LATERAL (SELECT c.through_seq, c.summary FROM {s}.compactions c
                    WHERE c.thread_id = r.thread_id
                    ORDER BY c.through_seq DESC LIMIT 1) cp ON true
