@@ -607,7 +607,10 @@ def test_every_lookup_of_prepare_turns_goes_through_an_index(db_url):
             )
         )
         conn.rollback()
-    assert "Seq Scan" not in plan, plan
+    # run_defaults holds one row by construction (the platform's defaults): its scan is
+    # one page, whatever the tables around it hold.
+    scans = [line for line in plan.splitlines() if "Seq Scan" in line]
+    assert all("on run_defaults" in line for line in scans), plan
     # (id, thread_id) searched by thread_id alone: a skip scan, one search per call stored
     assert "using tool_calls_id_thread_key" not in plan, plan
 
