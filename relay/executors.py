@@ -158,10 +158,10 @@ class ToolExecutor:
                 found = await self._lookup(row, secret, trace)
                 if found is not None:
                     return found
-                if settle_left(row) > 0:
-                    return settling(row, settle_left(row))
-            elif settle_left(row) > 0 and not row.refuses_key_in_use:
-                return settling(row, settle_left(row))
+            # A tool that refuses a key in use (never a lookup tool) cannot act twice.
+            wait_s = settle_left(row)
+            if wait_s > 0 and not row.refuses_key_in_use:
+                return settling(row, wait_s)
         if row.executor == "mcp":
             # A request sent over the network may outlive its sender: marked in every mode.
             outcome = await self.mcp.call(row, secret, request_headers(row, secret, trace))

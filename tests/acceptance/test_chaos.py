@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from outbox.testing.relay import relay_workers
-from outbox.testing.tools import FakeToolService
+from outbox.testing.tools import FakeTool, FakeToolService
 from tests.forked import Forked
 from tests.relay_harness import (
     FAST,
@@ -374,6 +374,50 @@ def test_supervisor_ends_a_killed_workers_leases_at_once(db_url, service, tmp_pa
     )
 
 
+ACTING_TIMEOUT_S = 3.0  # seconds: the tool's timeout in kill_the_worker_of_an_acting_request
+
+
+def kill_the_worker_of_an_acting_request(
+    db_url: str,
+    service: FakeToolService,
+    tmp_path: Path,
+    tool: FakeTool,
+    *,
+    settle_s: float,
+    settled_within_s: float = 30.0,
+    **declared: Any,
+) -> None:
+    """One call of ``tool`` (it acts 1.5 s after taking a request) through a
+    supervised relay of two workers; the worker holding the call is killed with -9 while
+    its request is at the tool. Returns once the call settled (within
+    ``settled_within_s``) and the killed worker's request is done at the tool."""
+    tool.act_after(1.5)
+    with psycopg.connect(db_url) as conn:
+        register_tool(
+            conn,
+            service,
+            tool.name,
+            tool.mode,
+            timeout_s=ACTING_TIMEOUT_S,
+            settle_s=settle_s,
+            **declared,
+        )
+        conn.commit()
+    supervisor = start_relay_process(db_url, tmp_path / "s.log", "--processes", "2", *FAST)
+    leased = "SELECT lease_owner FROM outbox.outbox WHERE kind = 'tool_call' AND status = 'leased'"
+    try:
+        seed(db_url, [tool.name], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
+        owner = wait_until(
+            lambda: len(tool.starts) == 1 and scalar(db_url, leased),
+            what="the request at the tool, its row leased",
+        )
+        os.kill(int(owner.split(":")[1]), signal.SIGKILL)
+        wait_until(lambda: all_settled(db_url), timeout_s=settled_within_s, what="the call settled")
+        wait_until(lambda: tool.in_flight == 0, what="the killed worker's request done")
+    finally:
+        stop_all([supervisor])
+
+
 @pytest.mark.parametrize("mode", ["lookup", "key"])
 def test_a_request_of_a_killed_worker_is_not_repeated_while_it_may_still_act(
     db_url, service, tmp_path, mode
@@ -383,25 +427,9 @@ def test_a_request_of_a_killed_worker_is_not_repeated_while_it_may_still_act(
     leases at once and another worker takes the row, but it neither trusts the lookup's
     "not found" nor resends before the request's dispatch + the tool's timeout (+ settle):
     asked earlier, the lookup answers "not found" and a resend would act again."""
-    timeout_s, settle_s, acts_after_s = 3.0, 1.0, 1.5
+    timeout_s = ACTING_TIMEOUT_S
     tool = service.add_tool("slow", mode)
-    tool.act_after(acts_after_s)
-    with psycopg.connect(db_url) as conn:
-        register_tool(conn, service, "slow", mode, timeout_s=timeout_s, settle_s=settle_s)
-        conn.commit()
-    supervisor = start_relay_process(db_url, tmp_path / "s.log", "--processes", "2", *FAST)
-    leased = "SELECT lease_owner FROM outbox.outbox WHERE kind = 'tool_call' AND status = 'leased'"
-    try:
-        seed(db_url, ["slow"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
-        owner = wait_until(
-            lambda: len(tool.starts) == 1 and scalar(db_url, leased),
-            what="the request at the tool, its row leased",
-        )
-        os.kill(int(owner.split(":")[1]), signal.SIGKILL)
-        wait_until(lambda: all_settled(db_url), what="the call settled by another worker")
-        wait_until(lambda: tool.in_flight == 0, what="the killed worker's request done")
-    finally:
-        stop_all([supervisor])
+    kill_the_worker_of_an_acting_request(db_url, service, tmp_path, tool, settle_s=1.0)
     assert tool_call_states(db_url) == {"succeeded": 1}
     assert len(tool.effects) == 1, tool.effects
     first = tool.starts[0]
@@ -423,29 +451,19 @@ def test_a_killed_workers_request_at_a_tool_that_knows_it_is_asked_about_at_once
     """The same kill, at tools that know their requests in flight: the ticketing lookup
     answers "in progress", the key tool refuses a key in use with 409. The next worker asks
     at once, long before the settle bound, and still makes no second effect."""
-    timeout_s, settle_s, acts_after_s = 3.0, 60.0, 1.5
+    settle_s = 60.0
     tool = service.add_tool("slow", mode, tracks_in_flight=True)
-    tool.act_after(acts_after_s)
     declared = {"refuses_key_in_use": True} if mode == "key" else {}
-    with psycopg.connect(db_url) as conn:
-        register_tool(
-            conn, service, "slow", mode, timeout_s=timeout_s, settle_s=settle_s, **declared
-        )
-        conn.commit()
-    supervisor = start_relay_process(db_url, tmp_path / "s.log", "--processes", "2", *FAST)
-    leased = "SELECT lease_owner FROM outbox.outbox WHERE kind = 'tool_call' AND status = 'leased'"
-    try:
-        seed(db_url, ["slow"], runs=1, calls_per_batch=1, args=lambda n: {"n": n})
-        owner = wait_until(
-            lambda: len(tool.starts) == 1 and scalar(db_url, leased),
-            what="the request at the tool, its row leased",
-        )
-        os.kill(int(owner.split(":")[1]), signal.SIGKILL)
-        # Well inside the settle bound (60 s): only asking at once settles it in time.
-        wait_until(lambda: all_settled(db_url), timeout_s=settle_s / 2, what="the call settled")
-        wait_until(lambda: tool.in_flight == 0, what="the killed worker's request done")
-    finally:
-        stop_all([supervisor])
+    # Settled well inside the settle bound: only asking at once settles it in time.
+    kill_the_worker_of_an_acting_request(
+        db_url,
+        service,
+        tmp_path,
+        tool,
+        settle_s=settle_s,
+        settled_within_s=settle_s / 2,
+        **declared,
+    )
     assert tool_call_states(db_url) == {"succeeded": 1}
     assert len(tool.effects) == 1, tool.effects
     if mode == "lookup":
