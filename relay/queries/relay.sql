@@ -592,7 +592,9 @@ RETURNING tc.id
 -- for a run without pins, the newest visible to the tenant, its own before a shared one);
 -- for a run with a max_tool_calls, the calls its turns asked for so far; the routing rules it
 -- was pinned to (outbox/routing.py); and what outbox.context needs: the thread's latest
--- summary (and only the messages after it), the model's window and output from the
+-- summary (and only the messages after it) when the run compacts (outbox.context.mode: a
+-- run whose truncation is disabled or last_messages sees the whole thread, whatever an
+-- earlier run of the thread summarised), the model's window and output from the
 -- catalogue, the tenant's and the platform's prompt budgets, and the input tokens the model
 -- reported for the run's previous turn (NULL when that turn compacted: its usage counts its
 -- summary requests too).
@@ -648,6 +650,9 @@ FROM unnest(%(run_ids)s::uuid[], %(steps)s::int[]) AS w(run_id, step_no)
 JOIN LATERAL (SELECT * FROM {s}.runs WHERE id = w.run_id OFFSET 0) r ON true
 LEFT JOIN LATERAL (SELECT c.through_seq, c.summary FROM {s}.compactions c
                    WHERE c.thread_id = r.thread_id
+                     AND r.model_options ->> 'truncation' IS DISTINCT FROM 'disabled'
+                     AND r.model_options -> 'truncation_strategy' ->> 'type'
+                         IS DISTINCT FROM 'last_messages'
                    ORDER BY c.through_seq DESC LIMIT 1) cp ON true
 LEFT JOIN {s}.model_catalogue mc ON mc.model = r.model
 LEFT JOIN {s}.tenant_budgets tb ON tb.tenant_id = r.tenant_id

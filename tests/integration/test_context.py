@@ -374,3 +374,65 @@ def test_the_models_own_count_of_the_last_turn_keeps_a_dense_tokenizer_inside(se
         assert finish(db_url, run) == "completed"
     assert [r.status for r in model.requests if r.status != 200] == []
     assert max(r.input_tokens for r in model.requests) <= WINDOW
+
+
+@pytest.mark.parametrize(
+    ("options", "sees_summary"),
+    [
+        (None, True),
+        ({"truncation": "auto"}, True),
+        ({"truncation": "disabled"}, False),
+        ({"truncation_strategy": {"type": "last_messages", "last_messages": 4}}, False),
+    ],
+    ids=["default", "auto", "disabled", "last_messages"],
+)
+def test_a_later_run_of_the_thread_reads_its_summary_only_when_it_compacts(
+    setup, model, options, sees_summary
+):
+    """A thread an earlier run compacted: a run that compacts sees the summary and what
+    follows it; a run whose truncation is disabled sees the whole thread, one with
+    last_messages a plain window of the thread, neither the summary."""
+    db_url, _ = setup
+    first = start(db_url, model, "short", "chat")
+    with relay_thread(db_url, kinds=KINDS):
+        assert finish(db_url, first) == "completed"
+    with psycopg.connect(db_url) as conn:
+        (through,) = conn.execute(
+            "SELECT max(seq) FROM outbox.messages WHERE thread_id = %s", [first.thread_id]
+        ).fetchone() or (0,)
+        conn.execute(
+            "INSERT INTO outbox.compactions (tenant_id, thread_id, run_id, step_no, through_seq,"
+            " summary, tokens_before, tokens_after) VALUES (%s, %s, %s, 9, %s, 'earlier', 9, 3)",
+            [TENANT, first.thread_id, first.id, through],
+        )
+        second = writer.start_run(
+            conn,
+            StartRun(
+                tenant_id=TENANT,
+                thread_id=first.thread_id,
+                model=MODEL,
+                message="and once more",
+                base_url=model.url + "/v1",
+                api="chat",
+            ),
+        )
+        if options:
+            conn.execute(
+                "UPDATE outbox.runs SET model_options = model_options || %s WHERE id = %s",
+                [Jsonb(options), second.id],
+            )
+        conn.commit()
+    before = len(model.requests)
+    with relay_thread(db_url, kinds=KINDS):
+        assert finish(db_url, second) == "completed"
+    sent = model.requests[before].body["messages"]
+    texts = [m.get("content") or "" for m in sent]
+    summarised = [t for t in texts if t.startswith(context.SUMMARY_PREFIX)]
+    assert bool(summarised) is sees_summary, texts
+    assert texts[-1] == "and once more"
+    if sees_summary:
+        assert summarised == [context.SUMMARY_PREFIX + "earlier"] and len(sent) == 2
+    elif options and "truncation_strategy" in options:
+        assert len(sent) == 4 and not any(t.startswith("script:") for t in texts)
+    else:
+        assert texts[0].startswith("script:short") and len(sent) == 5  # the whole thread
