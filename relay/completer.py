@@ -381,7 +381,7 @@ class Completer:
                 outcome.duration_s
             )
         elif row.kind == "model_turn" and outcome.action != "skip":
-            model = row.model or ""
+            model = outcome.model or row.model or ""  # the model that answered, or failed
             metrics.model_turn_seconds.labels(model, tenant, said).observe(outcome.duration_s)
             if what.startswith("recorded_") and isinstance(outcome.output, ModelTurnIn):
                 turn = outcome.output

@@ -235,6 +235,7 @@ class ModelExecutor:
             duration_s=time.monotonic() - started,
             started_at=started_at,
             server=server.base_url,
+            model=run["model"],
         )
 
     async def _call(

@@ -139,6 +139,9 @@ class Outcome:
     server: str | None = None
     circuit: Literal["failed", "answered"] | None = None
     compaction: dict[str, Any] | None = None  # a turn's summary to record (relay.compaction)
+    # The model a model turn's call went to (a fallback's, a routing rule's: not always the
+    # run's), for the metrics of the model that answered or failed.
+    model: str | None = None
 
     def __post_init__(self) -> None:
         # An error quotes what a tool or model sent (a body's start, an exception's text);

@@ -10,13 +10,16 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx2
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from outbox import lifecycle, registry, routing, writer
 from outbox.schemas import StartRun
 from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
+from tests.helpers import free_port
 from tests.relay_harness import look, register_tool, relay_thread, scalar, wait_until
 
 TENANT = "acme"
@@ -160,6 +163,41 @@ def test_a_primary_answering_503_moves_runs_to_the_fallback(setup, primary, back
             assert route["after_failures"] >= 2
     assert all(r.status == 503 for r in primary.requests)
     assert len(backup.requests) == 6  # one answer per step: nothing sent twice
+
+
+def test_metrics_name_the_model_that_answered_after_a_fallback(setup, primary, backup):
+    """Tokens, cached tokens and turn latencies are labelled by the model each call went
+    to: the fallback's answers as the fallback's, the primary's 503s as the primary's."""
+    configure(
+        setup,
+        fallback=("primary-1", "backup-1", {"to_base_url": backup.url + "/v1"}),
+        circuit=(primary.url + "/v1", {"open_after": 1000}),
+    )
+    primary.down(503)
+    run_id = start(setup, primary)
+    port = free_port()
+    with relay_thread(setup, kinds=KINDS, metrics_port=port):
+        wait_until(lambda: all_completed(setup, [run_id]), what="the run on the fallback")
+        text = httpx2.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def sample(name: str, **labels: str) -> float | None:
+        return samples.get((name, tuple(sorted({"tenant": TENANT, **labels}.items()))))
+
+    answered = [r for r in backup.requests if r.status == 200]
+    sent = sum(r.response["usage"]["input_tokens"] for r in answered)
+    assert sample("outbox_relay_tokens_total", model="backup-1", type="input") == sent
+    for kind in ("input", "output", "cached_input"):
+        assert sample("outbox_relay_tokens_total", model="primary-1", type=kind) is None
+    assert sample("outbox_relay_tokens_total", model="backup-1", type="cached_input") is not None
+    turn = "outbox_relay_model_turn_seconds_count"
+    assert sample(turn, model="backup-1", outcome="turn") == 2
+    assert sample(turn, model="primary-1", outcome="turn") is None
+    assert (sample(turn, model="primary-1", outcome="retry") or 0) >= 2
 
 
 def test_a_retry_after_sends_the_turn_to_the_fallback_instead_of_waiting(setup, primary, backup):
