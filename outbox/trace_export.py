@@ -317,6 +317,12 @@ def _attempt_span(
             turn = turns.get((run["id"], step))
             if turn is not None and turn["response_id"]:
                 attributes["gen_ai.response.id"] = turn["response_id"]
+            if turn is not None and turn["through_seq"] is not None:
+                # The turn summarised the oldest turns before its request (outbox.context).
+                attributes["outbox.context.compacted"] = True
+                attributes["outbox.context.through_seq"] = turn["through_seq"]
+                attributes["outbox.context.tokens_before"] = turn["tokens_before"]
+                attributes["outbox.context.tokens_after"] = turn["tokens_after"]
             if builder.capture and turn is not None:
                 attributes["gen_ai.output.messages"] = json.dumps({"content": turn["content"]})
     error = None

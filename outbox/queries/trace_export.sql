@@ -43,11 +43,15 @@ WHERE tc.id = ANY(%(refs)s);
 
 -- name: turns
 -- The model turns the attempts recorded: their response ids, the model that answered
--- (and what it said).
+-- (and what it said), and the compaction a turn made before its request (outbox/context.py):
+-- the last message its summary stands for and the request's estimated tokens before and
+-- after (NULL: the turn did not compact).
 SELECT mt.run_id, mt.step_no, mt.response_id, mt.model,
-       CASE WHEN %(content)s THEN m.content END AS content
+       CASE WHEN %(content)s THEN m.content END AS content,
+       k.through_seq, k.tokens_before, k.tokens_after
 FROM {s}.model_turns mt
 LEFT JOIN {s}.messages m ON m.id = mt.message_id AND %(content)s
+LEFT JOIN {s}.compactions k ON k.run_id = mt.run_id AND k.step_no = mt.step_no
 WHERE mt.run_id = ANY(%(run_ids)s);
 
 -- name: clear

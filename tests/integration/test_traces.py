@@ -223,6 +223,51 @@ def test_a_chat_span_names_the_model_that_answered_the_turn(setup, model, spans)
     assert dict(routed.attributes or {})["gen_ai.request.model"] == "routed-1"
 
 
+def test_the_chat_span_of_a_turn_that_compacted_says_so(setup, model, spans):
+    """A run whose prompt budget its thread outgrows: the chat span of each turn that
+    summarised the oldest turns carries what the compaction recorded; the others none."""
+    tickets = [
+        {"tool_calls": [{"name": "create_ticket", "arguments": {"title": f"{i} " + "x" * 600}}]}
+        for i in range(6)
+    ]
+    model.add_script("long", [*tickets, {"text": "done"}])
+    run = start(setup, model, message="script:long go", tools=["create_ticket"])
+    with psycopg.connect(setup) as conn:
+        conn.execute(
+            "UPDATE outbox.runs SET model_options = model_options || %s WHERE id = %s",
+            [json.dumps({"max_prompt_tokens": 700}), run.id],
+        )
+        conn.commit()
+    finish(setup, run.id, spans)
+    compacted = {
+        int(r[0]): (int(r[1]), int(r[2]), int(r[3]))
+        for r in look(
+            setup,
+            "SELECT step_no, through_seq, tokens_before, tokens_after FROM outbox.compactions "
+            "WHERE run_id = %s",
+            [run.id],
+        )
+    }
+    assert compacted, "the run outgrew its budget"
+    chats = [
+        dict(s.attributes or {})
+        for s in named(exported(setup, spans), "chat scripted-1")
+        if (s.attributes or {}).get("outbox.outcome") == "turn"
+    ]
+    assert len(chats) == 7
+    for attributes in chats:
+        step = attributes["outbox.step"]
+        if step in compacted:
+            through, before, after = compacted[step]
+            assert attributes["outbox.context.compacted"] is True
+            assert attributes["outbox.context.through_seq"] == through
+            assert attributes["outbox.context.tokens_before"] == before
+            assert attributes["outbox.context.tokens_after"] == after
+            assert before > after
+        else:
+            assert not any(k.startswith("outbox.context.") for k in attributes), attributes
+
+
 def test_with_tracing_off_tools_and_models_still_continue_the_runs_trace(setup, model, service):
     """No SDK recording anything: the run's stored context alone names the trace, and what
     a tool or model receives hangs under the run's invoke_agent span."""
