@@ -105,6 +105,14 @@ def tools_group() -> None:
     "--credential-ref",
     help="The credential the relay sends this tool (`outbox credentials set NAME`).",
 )
+@click.option(
+    "--model-result-cap",
+    metavar="BYTES",
+    help="The most bytes of a result the model is given: past it, the model sees the "
+    "result's first BYTES, a handle and a note, and reads on with the built-in read_result "
+    "tool (the stored result is whole). 0 or 'none': no cap. Default: 65536 "
+    "(docs/context.md, 'Results past a cap').",
+)
 @click.option("--description", default="")
 @click.option("--tenant", default="*", show_default=True, help="'*' = shared by all tenants.")
 @click.option("--disabled", is_flag=True, help="Register the version disabled.")
@@ -136,6 +144,9 @@ def tools_register(
     schema: Any = {"type": "object"}
     if schema_ is not None:
         schema = inline_or_file(schema_, "--schema")
+    cap = opts["model_result_cap"]
+    if cap is not None and cap != "none" and not cap.isdigit():
+        raise click.BadParameter("a number of bytes, 0 or 'none'", param_hint="--model-result-cap")
     spec = registry.ToolSpec(
         name=name,
         json_schema=schema,
@@ -155,6 +166,7 @@ def tools_register(
         description=opts["description"],
         tenant_id=opts["tenant"],
         enabled=not opts["disabled"],
+        model_result_cap=None if cap is None else 0 if cap == "none" else int(cap),
     )
     with connection() as conn:
         row = registry.register(conn, spec)

@@ -20,7 +20,12 @@ database, no HTTP: the relay's preparer and its model executor call it):
   the run with the model's own error, as OpenAI does; ``last_messages`` (an Assistants
   run's ``truncation_strategy``) sends the last N messages and no summary;
 - **the cut** (``cut``): where the oldest turns end. Only at a turn boundary, before a
-  message that is not a tool result, so a call and its result are never parted.
+  message that is not a tool result, so a call and its result are never parted;
+- **results past a cap** (``cap_results``): a tool result longer than its tool's
+  ``model_result_cap`` (``RESULT_CAP_BYTES`` unless the registry says otherwise, 0: no
+  cap) reaches the model as its first part, a handle and a note saying how to read the
+  rest; the built-in ``read_result`` tool (``READ_RESULT_TOOL``, run by the relay itself)
+  pages the stored result (``page``). Only what is sent is cut: the stored result is whole.
 
 The summary is a model turn's answer to ``SUMMARY_INSTRUCTION`` over the turns it
 replaces (``relay.compaction`` asks it); the model then sees the run's instructions, the
@@ -60,6 +65,32 @@ SUMMARY_INSTRUCTION = (
 )
 SUMMARY_REQUEST = "Summarise the conversation above, as your instructions say."
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's error code past the window
+RESULT_CAP_BYTES = 65_536  # of a tool result the model is given, for a tool that names none
+READ_RESULT = "read_result"  # the built-in tool that pages a result past its cap
+READ_PAGE_BYTES = 65_536  # the most one read_result call returns
+HANDLE_PREFIX = "result-"  # a handle: this and the result's message id
+READ_RESULT_TOOL: dict[str, Any] = {
+    "name": READ_RESULT,
+    "description": (
+        "Read part of a tool result that was too long to give you whole. Its handle and "
+        "the offset to read from are in the note at the end of the part you were given."
+    ),
+    "json_schema": {
+        "type": "object",
+        "properties": {
+            "handle": {"type": "string", "description": "the result's handle, from the note"},
+            "offset": {"type": "integer", "minimum": 0, "description": "the byte to read from"},
+            "max_bytes": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": READ_PAGE_BYTES,
+                "description": f"the most bytes to read (default and most: {READ_PAGE_BYTES})",
+            },
+        },
+        "required": ["handle", "offset"],
+        "additionalProperties": False,
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -187,6 +218,85 @@ def cut(messages: list[Message], keep_chars: int) -> int:
         if i in starts:
             chosen = i
     return chosen
+
+
+# -- results past a cap ------------------------------------------------------------------
+
+
+def result_cap(tool: dict[str, Any] | None) -> int:
+    """The most bytes of a result of ``tool`` (a registry row; None: not one of the run's
+    tools) the model is given; 0: no cap. ``read_result``'s own pages are never cut."""
+    if tool is None:
+        return RESULT_CAP_BYTES
+    if tool["name"] == READ_RESULT:
+        return 0
+    cap = tool.get("model_result_cap")
+    return RESULT_CAP_BYTES if cap is None else int(cap)
+
+
+def handle(message_id: int) -> str:
+    return f"{HANDLE_PREFIX}{message_id}"
+
+
+def message_of(given: str) -> int | None:
+    """The message id a handle names, or None when it is not a handle."""
+    digits = given[len(HANDLE_PREFIX) :] if given.startswith(HANDLE_PREFIX) else ""
+    return int(digits) if digits.isdigit() and len(digits) < 19 else None
+
+
+def cap_results(
+    messages: list[Message],
+    message_rows: list[dict[str, Any]],
+    call_rows: list[dict[str, Any]],
+    tools: dict[str, dict[str, Any]],
+) -> list[int]:
+    """Cut, in ``messages`` (``outbox.history.from_rows`` of ``message_rows``, in the same
+    order), each tool result past its tool's cap to its head and a note with its handle;
+    the positions cut. The tool of a result is its call's (``call_rows``)."""
+    names = {c["tool_call_id"]: c["tool_name"] for c in call_rows}
+    cut: list[int] = []
+    for i, (message, row) in enumerate(zip(messages, message_rows, strict=True)):
+        content = message.get("content")
+        if message.get("role") != "tool" or not isinstance(content, str):
+            continue
+        name = names.get(message.get("tool_call_id"))
+        cap = result_cap(tools.get(name) if name else None)
+        if name == READ_RESULT or not cap or len(content) <= cap // 4:
+            continue  # (a character is at most 4 bytes: no need to encode a short one)
+        data = content.encode()
+        if len(data) <= cap:
+            continue
+        head = data[:cap].decode(errors="ignore")
+        read = len(head.encode())
+        page = min(cap, READ_PAGE_BYTES)
+        call = json.dumps({"handle": handle(row["id"]), "offset": read, "max_bytes": page})
+        note = (
+            f"\n\n[This result is {len(data)} bytes; you were given its first {read}. "
+            f"To read on, call {READ_RESULT} with {call}.]"
+        )
+        messages[i] = {**message, "content": head + note}
+        cut.append(i)
+    return cut
+
+
+def page(text: str, offset: int, max_bytes: int) -> dict[str, Any]:
+    """The part of a stored result ``read_result`` answers: up to ``max_bytes`` bytes from
+    ``offset`` (moved to whole characters), and where the next part starts (None: the end)."""
+    data = text.encode()
+    start = min(offset, len(data))
+    while start < len(data) and data[start] & 0xC0 == 0x80:
+        start += 1
+    end = min(len(data), start + max(1, min(max_bytes, READ_PAGE_BYTES)))
+    while start < end < len(data) and data[end] & 0xC0 == 0x80:
+        end -= 1
+    while end == start < len(data) or (end < len(data) and data[end] & 0xC0 == 0x80):
+        end += 1  # a page too small for one character: that character
+    return {
+        "offset": start,
+        "text": data[start:end].decode(),
+        "next_offset": end if end < len(data) else None,
+        "total_bytes": len(data),
+    }
 
 
 # -- the catalogue and the budgets ------------------------------------------------------

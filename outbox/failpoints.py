@@ -27,6 +27,8 @@ POINTS = (
 )
 # Inside a turn that compacts (relay.compaction): the summary answered, nothing recorded.
 COMPACTION_POINTS = ("compaction.after_summary",)
+# Inside a read_result call (relay.executors): the stored result read, nothing recorded.
+READ_RESULT_POINTS = ("read_result.after_read",)
 # Places a test pauses a process at (``name:stop``), inside a transaction.
 PAUSE_POINTS = (
     "heartbeat.before_commit",  # a relay's leases extended (rows locked), not committed

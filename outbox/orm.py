@@ -631,6 +631,12 @@ class Tool(Base):
     mcp_server: Mapped[str | None] = mapped_column(Text)
     mcp_tool: Mapped[str | None] = mapped_column(Text)
     annotations: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    model_result_cap: Mapped[int | None] = mapped_column(
+        Integer,
+        comment="the most bytes of a result of this tool the model is given: past it, the "
+        "model sees its first part and a handle that read_result pages (NULL: the platform's "
+        "default, 0: no cap); the stored result is whole",
+    )
 
 
 class McpServer(Base):
@@ -764,6 +770,13 @@ class ModelCatalogue(Base):
     max_output_tokens: Mapped[int] = mapped_column(Integer)
     updated_by: Mapped[str] = mapped_column(Text, server_default=text("SESSION_USER"))
     updated_at: Mapped[datetime] = _now()
+    prompt_cache_key: Mapped[str] = mapped_column(
+        Text,
+        server_default=text("'derived'"),
+        comment="the prompt_cache_key the model's requests carry: derived (the caller's, else "
+        "one derived from the tenant and the thread), caller (only a caller's), never (none: "
+        "for a server that refuses the field)",
+    )
 
 
 class ModelCircuit(Base):

@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from outbox import config, policy, storable
+from outbox import config, context, policy, storable
 from outbox.errors import InvalidInput, NotFound
 from outbox.schemas import ToolCallIn, ToolName, url_problem
 from outbox.sql import queries
@@ -121,6 +121,9 @@ class ToolSpec(BaseModel):
     requires_approval: bool = False
     enabled: bool = True
     version: int | None = Field(default=None, gt=0)
+    # The most bytes of a result the model is given; past it, its head and a handle that
+    # read_result pages (None: the platform's default, ``context.RESULT_CAP_BYTES``; 0: none).
+    model_result_cap: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
     @model_validator(mode="after")
     def _consistent(self) -> ToolSpec:
@@ -258,6 +261,17 @@ class CallPlan:
         return None
 
 
+# ``read_result`` (``outbox.context``) as the plan of a call reads a registry row.
+READ_RESULT_ROW: Row = {
+    "name": context.READ_RESULT,
+    "version": None,
+    "json_schema": context.READ_RESULT_TOOL["json_schema"],
+    "enabled": True,
+    "executor": "builtin",
+    "max_attempts": 5,
+}
+
+
 def plan_call(call: ToolCallIn, tool: Row | None, allowed: list[str]) -> CallPlan:
     """``tool`` is a row of ``resolve`` (it carries the switches and the policy of its tier
     for the run's tenant)."""
@@ -268,8 +282,12 @@ def plan_call(call: ToolCallIn, tool: Row | None, allowed: list[str]) -> CallPla
         version = tool["version"] if tool else None
         return CallPlan("none", version, None, arguments, 1, error, decision)
 
+    if tool is None and call.name == context.READ_RESULT:
+        tool = READ_RESULT_ROW  # built in, unless the registry has a tool of that name
     if tool is None:
         return refuse(f"unknown tool {call.name!r}: it is not in the tool registry")
+    if tool is READ_RESULT_ROW:
+        allowed = []  # offered to any run whose model is given a result past its cap
     if allowed and call.name not in allowed:
         return refuse(f"tool {call.name!r} is not available in this run (allowed: {allowed})")
     if tool.get("switched_by") is not None:
@@ -299,6 +317,10 @@ def plan_call(call: ToolCallIn, tool: Row | None, allowed: list[str]) -> CallPla
             f"arguments for {call.name!r} v{tool['version']} do not match its schema: {problem}",
             arguments,
         )
+    if tool is READ_RESULT_ROW:
+        # A read of the call's own thread by the relay: no side effect, nothing to approve.
+        decision = policy.Decision("allow", "built-in read-only tool")
+        return CallPlan("builtin", None, "key", arguments, tool["max_attempts"], None, decision)
     decision = policy.decide(tool)
     if decision.action == "deny":
         return refuse(policy.denied_text(call.name, decision), arguments, decision)

@@ -65,7 +65,7 @@ class Engine:
         self.tasks: set[asyncio.Task[None]] = set()
         self.http = Poster()
         self.models: dict[tuple[str | None, str], ModelServer] = {}
-        self.tools = ToolExecutor(self.http, preparer.mark, threads)
+        self.tools = ToolExecutor(self.http, preparer.mark, threads, preparer.read)
         model = ModelExecutor(preparer.turn, self._model_server)
         preparer.held_until = model.held_until  # read by the routing of turns
         self.executors: dict[str, Callable[[Claimed], Coroutine[Any, Any, Outcome]]] = {

@@ -55,7 +55,7 @@ from concurrent.futures import Executor
 import httpx2
 
 from outbox import config as outbox_config
-from outbox import credentials, failpoints, registry, storable
+from outbox import context, credentials, failpoints, registry, storable
 from outbox.relay import inprocess, spans
 from outbox.relay.mcpclient import McpCaller
 from outbox.relay.outcomes import (
@@ -102,6 +102,7 @@ def request_headers(
 
 
 MarkDispatched = Callable[[Claimed], Awaitable[bool]]
+ReadStored = Callable[[Claimed, int], Awaitable[str | None]]  # (call, message id) -> result
 
 
 class ToolExecutor:
@@ -115,14 +116,27 @@ class ToolExecutor:
     that mark (a chunk of one, ``relay.inprocess``) off the event loop.
     """
 
-    def __init__(self, http: Poster, mark_dispatched: MarkDispatched, threads: Executor) -> None:
+    def __init__(
+        self,
+        http: Poster,
+        mark_dispatched: MarkDispatched,
+        threads: Executor,
+        read_stored: ReadStored,
+    ) -> None:
         self.http = http
         self.mark_dispatched = mark_dispatched
+        self.read_stored = read_stored
         self.threads = threads
         self.mcp = McpCaller(mark_dispatched, http)
 
     async def run(self, row: Claimed) -> Outcome:
         started, started_at = time.monotonic(), time.time()
+        if row.executor == "builtin":  # read_result: a read of the thread, run here
+            outcome = await self._read_result(row)
+            failpoints.hit("read_result.after_read")
+            return dataclasses.replace(
+                outcome, duration_s=time.monotonic() - started, started_at=started_at
+            )
         try:
             secret = secret_of(row)
         except credentials.CredentialRevoked as err:
@@ -183,6 +197,26 @@ class ToolExecutor:
             outcome = await self._call_http(row, secret, trace)
         failpoints.hit("tool.after_call")
         return outcome
+
+    async def _read_result(self, row: Claimed) -> Outcome:
+        """A page of a stored result past its cap (``outbox.context.page``), read in the
+        call's own thread and tenant: no side effect, so no dispatch mark and no key; a
+        handle that names nothing there is an error result the model sees."""
+        arguments = row.arguments if isinstance(row.arguments, dict) else {}
+        given = str(arguments.get("handle", ""))
+        message_id = context.message_of(given)
+        stored = None if message_id is None else await self.read_stored(row, message_id)
+        if stored is None:
+            return error_result(
+                row,
+                f"{given!r} is not the handle of a result of this conversation: use the "
+                "handle the note at the end of a cut result gives",
+            )
+        offset = int(arguments.get("offset", 0))
+        page = context.page(
+            stored, offset, int(arguments.get("max_bytes", context.READ_PAGE_BYTES))
+        )
+        return result(row, {"handle": given, **page})
 
     async def _lookup(
         self, row: Claimed, secret: credentials.Secret | None, trace: dict[str, str]

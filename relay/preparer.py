@@ -1,8 +1,9 @@
 """The database work effects need before they start, batched on one connection.
 
-Two kinds of rows need the database between their claim and their effect: a model turn
+Three kinds of rows need the database between their claim and their effect: a model turn
 reads its run, the thread's history and its tools; a call of a tool that cannot dedup
-(``lookup``/``none``) commits its dispatch mark. Thousands of such rows may be in flight
+(``lookup``/``none``) commits its dispatch mark; a ``read_result`` call reads the stored
+result it pages (``outbox.context``). Thousands of such rows may be in flight
 (``relay.engine``), and a connection each is what PostgreSQL cannot give. So the engine's
 tasks hand their requests to this one thread, which takes everything waiting and serves
 it with one statement per kind (``prepare_turns``, ``mark_dispatched_many`` in
@@ -61,13 +62,14 @@ class Turn:
 
 @dataclass
 class _Request:
-    kind: str  # "mark" or "turn"
+    kind: str  # "mark", "turn" or "read"
     row: Claimed
     future: asyncio.Future[Any]
+    message_id: int | None = None  # of "read": the stored result to read
 
 
 class Preparer:
-    """Serves ``mark`` and ``turn`` for the engine's tasks, batched, on one link."""
+    """Serves ``mark``, ``turn`` and ``read`` for the engine's tasks, batched, on one link."""
 
     def __init__(self, link: Link, q: Queries, worker_id: str, stopped: threading.Event) -> None:
         self.link = link
@@ -98,9 +100,15 @@ class Preparer:
         result: Turn | str = await self._ask("turn", row)
         return result
 
-    async def _ask(self, kind: str, row: Claimed) -> Any:
+    async def read(self, row: Claimed, message_id: int) -> str | None:
+        """The stored tool result of message ``message_id`` if it is in the thread and
+        tenant of ``row`` (a ``read_result`` call), else None."""
+        result: str | None = await self._ask("read", row, message_id)
+        return result
+
+    async def _ask(self, kind: str, row: Claimed, message_id: int | None = None) -> Any:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.requests.put(_Request(kind, row, future))
+        self.requests.put(_Request(kind, row, future, message_id))
         return await future
 
     # -- the thread ---------------------------------------------------------------------
@@ -164,6 +172,20 @@ class Preparer:
                     answers[id(r)] = r.row.tool_call_ref in marked
             if turns:
                 answers.update(self._turns(conn, turns))
+            reads = [r for r in batch if r.kind == "read"]
+            if reads:
+                found = dict(
+                    conn.execute(
+                        self.q.read_results,
+                        {
+                            "ids": [r.message_id for r in reads],
+                            "tenants": [r.row.tenant_id for r in reads],
+                            "threads": [r.row.thread_id for r in reads],
+                        },
+                    ).fetchall()
+                )
+                for i, r in enumerate(reads, start=1):
+                    answers[id(r)] = found.get(i)
         return [answers[id(r)] for r in batch]
 
     def _turns(self, conn: psycopg.Connection[Any], turns: list[_Request]) -> dict[int, Any]:
@@ -245,7 +267,10 @@ def _turn(
     if row["recorded"]:
         return f"step {step_no} is already recorded"
     options = row["model_options"]
+    tools = {tool["name"]: tool for tool in row["tools"]}
     chat = history.from_rows(row["messages"], row["calls"])
+    cut = context.cap_results(chat, row["messages"], row["calls"], tools)
+    everything = len(chat)
     step = routing.Step(
         step_no,
         after_tools=bool(chat) and chat[-1]["role"] == "tool",
@@ -278,6 +303,11 @@ def _turn(
     )
     if window.summary is not None:
         chat = [context.summary_item(window.summary), *chat]
+    # read_result is offered while what the model is sent holds a result cut at its cap
+    # or a call of read_result (the model's own history stays answerable).
+    sent_cut = any(i >= everything - len(window.messages) for i in cut)
+    if context.READ_RESULT not in tools and (sent_cut or _calls_read_result(chat)):
+        tools[context.READ_RESULT] = context.READ_RESULT_TOOL
     messages, _ = history.for_provider(chat, api)
     run = {
         "id": row["run_id"],
@@ -290,7 +320,15 @@ def _turn(
         "model_options": row["model_options"],
         "calls_made": row["calls_made"],
     }
-    return Turn(run, messages, {tool["name"]: tool for tool in row["tools"]}, choice, window)
+    return Turn(run, messages, tools, choice, window)
+
+
+def _calls_read_result(chat: list[dict[str, Any]]) -> bool:
+    return any(
+        call["function"]["name"] == context.READ_RESULT
+        for message in chat
+        for call in message.get("tool_calls") or ()
+    )
 
 
 def _resolve(batch: list[_Request], answers: list[Any]) -> None:

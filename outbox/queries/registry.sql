@@ -8,11 +8,12 @@ FROM {s}.tools WHERE tenant_id = %(tenant_id)s AND name = %(name)s
 INSERT INTO {s}.tools (tenant_id, name, version, description, json_schema, executor, endpoint,
                        lookup_endpoint, callable, credential_ref, timeout_s, settle_s,
                        deadline_s, max_attempts, idempotency_mode, risk_tier, requires_approval, enabled,
-                       mcp_server, mcp_tool, annotations, refuses_key_in_use)
+                       mcp_server, mcp_tool, annotations, refuses_key_in_use, model_result_cap)
 VALUES (%(tenant_id)s, %(name)s, %(version)s, %(description)s, %(json_schema)s, %(executor)s,
         %(endpoint)s, %(lookup_endpoint)s, %(callable)s, %(credential_ref)s, %(timeout_s)s,
         %(settle_s)s, %(deadline_s)s, %(max_attempts)s, %(idempotency_mode)s, %(risk_tier)s, %(requires_approval)s,
-        %(enabled)s, %(mcp_server)s, %(mcp_tool)s, %(annotations)s, %(refuses_key_in_use)s)
+        %(enabled)s, %(mcp_server)s, %(mcp_tool)s, %(annotations)s, %(refuses_key_in_use)s,
+        %(model_result_cap)s)
 RETURNING *
 
 -- name: list_tools

@@ -588,7 +588,8 @@ RETURNING tc.id
 -- What each model turn needs before its call, for many turns in one statement: the run,
 -- whether the step is already recorded, the thread's messages but the deleted ones, and
 -- its calls (as outbox.history builds them; a message's reasoning items, kept verbatim), the
--- run's model options and its tools (the versions it pinned when it started;
+-- run's model options and its tools (the versions it pinned when it started, each with the
+-- cap of its results the model is given;
 -- for a run without pins, the newest visible to the tenant, its own before a shared one);
 -- for a run with a max_tool_calls, the calls its turns asked for so far; the routing rules it
 -- was pinned to (outbox/routing.py); and what outbox.context needs: the thread's latest
@@ -639,7 +640,8 @@ SELECT w.run_id, w.step_no, r.status, r.tenant_id, r.thread_id, r.api, r.model,
         WHERE cm.thread_id = r.thread_id) AS calls,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'name', t.name, 'description', t.description,
-                   'json_schema', t.json_schema) ORDER BY t.name), '[]')
+                   'json_schema', t.json_schema, 'model_result_cap', t.model_result_cap)
+                   ORDER BY t.name), '[]')
         FROM (SELECT DISTINCT ON (tl.name) * FROM {s}.tools tl
               WHERE tl.name = ANY(r.tool_names) AND tl.tenant_id IN (r.tenant_id, '*')
                 AND (NOT r.tool_pins ? tl.name
@@ -706,3 +708,13 @@ SELECT id FROM {s}.keep_orphaned_results_v1(jsonb_build_array(jsonb_build_object
     'ref', %(tool_call_ref)s::bigint, 'status', %(status)s::text, 'output', %(output)s::jsonb,
     'error', %(error)s::text, 'reason', %(reason)s::text, 'source', %(source)s::text,
     'attempt', %(attempt)s::integer)))
+
+-- name: read_results
+-- The stored tool results read_result pages (outbox/context.py), each by its message id and
+-- only in the thread and tenant of the call that asks: a handle of another thread or tenant
+-- finds nothing.
+SELECT w.i, {s}.resolved_text_v1(m.content, m.tenant_id, m.content_ref) AS content
+FROM unnest(%(ids)s::bigint[], %(tenants)s::text[], %(threads)s::uuid[])
+     WITH ORDINALITY AS w(id, tenant_id, thread_id, i)
+JOIN {s}.messages m ON m.id = w.id AND m.tenant_id = w.tenant_id AND m.thread_id = w.thread_id
+WHERE m.role = 'tool' AND m.deleted_at IS NULL

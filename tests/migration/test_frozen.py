@@ -128,6 +128,9 @@ PINNED = {
     "0054_console_accounts.py": "96a1eafa62a0f43d",
     "0054_console_accounts.sql": "37a10d93b73236f1",
     "0054_console_accounts_down.sql": "f2413759f89de1cb",
+    "0055_result_caps_and_cache_keys.py": "acd0dfd79ebbfa11",
+    "0055_result_caps_and_cache_keys.sql": "015d9a6267ff3099",
+    "0055_result_caps_and_cache_keys_down.sql": "01594121cb40c721",
 }
 
 
