@@ -39,7 +39,7 @@ def models_list(as_json: bool) -> None:
     """Every model in the catalogue, with its prices when it has them."""
     with connection() as conn:
         rows = context.models(conn)
-    columns = ["model", "context_window", "max_output_tokens", "input_per_mtok"]
+    columns = ["model", "context_window", "max_output_tokens", "prompt_cache_key", "input_per_mtok"]
     emit(rows, as_json, [*columns, "output_per_mtok", "updated_by"])
 
 
@@ -50,6 +50,20 @@ def models_list(as_json: bool) -> None:
 @click.option("--input", "input_", help="Price of a million input tokens (with --output).")
 @click.option("--output", help="Price of a million output tokens (with --input).")
 @click.option("--cached-input", help="Price of a million cached input tokens.")
+@click.option(
+    "--prompt-cache-key",
+    type=click.Choice(context.CACHE_KEY_SWITCHES),
+    default="derived",
+    show_default=True,
+    help="Which prompt_cache_key MODEL's requests carry: the caller's, else one derived from "
+    "the thread (derived); only a caller's (caller); none, not even a caller's (never), for a "
+    "server that refuses the field.",
+)
+@click.option(
+    "--no-prompt-cache-key",
+    is_flag=True,
+    help="The same as --prompt-cache-key caller: no derived key.",
+)
 @actor_option
 @json_option
 def models_set(
@@ -59,15 +73,24 @@ def models_set(
     input_: str | None,
     output: str | None,
     cached_input: str | None,
+    prompt_cache_key: str,
+    no_prompt_cache_key: bool,
     actor: str,
     as_json: bool,
 ) -> None:
     """Put MODEL in the catalogue (and price it when --input and --output are given)."""
     if (input_ is None) != (output is None):
         raise click.UsageError("--input and --output go together")
+    if no_prompt_cache_key and prompt_cache_key != "derived":
+        raise click.UsageError("--no-prompt-cache-key is --prompt-cache-key caller: give one")
     with connection() as conn:
         row = context.set_model(
-            conn, model, context_window=context_window, max_output=max_output, actor=actor
+            conn,
+            model,
+            context_window=context_window,
+            max_output=max_output,
+            prompt_cache_key="caller" if no_prompt_cache_key else prompt_cache_key,
+            actor=actor,
         )
         if input_ is not None and output is not None:
             budgets.set_price(

@@ -65,6 +65,9 @@ SUMMARY_INSTRUCTION = (
 )
 SUMMARY_REQUEST = "Summarise the conversation above, as your instructions say."
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's error code past the window
+# Which prompt_cache_key a model's requests carry: the caller's, else one derived from the
+# thread; only a caller's; none (a server that refuses the field).
+CACHE_KEY_SWITCHES = ("derived", "caller", "never")
 RESULT_CAP_BYTES = 65_536  # of a tool result the model is given, for a tool that names none
 READ_RESULT = "read_result"  # the built-in tool that pages a result past its cap
 READ_PAGE_BYTES = 65_536  # the most one read_result call returns
@@ -313,11 +316,18 @@ def set_model(
     *,
     context_window: int,
     max_output: int,
+    prompt_cache_key: str = "derived",
     actor: str | None = None,
 ) -> Row:
-    """Put ``model`` in the catalogue: its window and its most output tokens."""
+    """Put ``model`` in the catalogue: its window, its most output tokens and which
+    ``prompt_cache_key`` its requests carry (``CACHE_KEY_SWITCHES``)."""
     if not model or len(model) > 200:
         raise InvalidInput("a model name is 1-200 characters")
+    if prompt_cache_key not in CACHE_KEY_SWITCHES:
+        raise InvalidInput(
+            f"--prompt-cache-key is one of {', '.join(CACHE_KEY_SWITCHES)}, "
+            f"not {prompt_cache_key!r}"
+        )
     if context_window <= 0 or max_output <= 0 or max_output >= context_window:
         raise InvalidInput(
             "--context-window and --max-output must be positive, the output under the window"
@@ -326,11 +336,17 @@ def set_model(
         "model": model,
         "context_window": context_window,
         "max_output": max_output,
+        "prompt_cache_key": prompt_cache_key,
         "actor": actor or "unknown",
     }
     row = fetch_one(conn, Q.set_model, params)
     assert row is not None
-    detail = {"model": model, "context_window": context_window, "max_output": max_output}
+    detail = {
+        "model": model,
+        "context_window": context_window,
+        "max_output": max_output,
+        "prompt_cache_key": prompt_cache_key,
+    }
     journal(conn, "model.set", PLATFORM, actor=actor, detail=detail)
     return row
 

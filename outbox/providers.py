@@ -163,7 +163,9 @@ class Responses(Adapter):
         text = {k: options[k] for k in ("format", "verbosity") if k in options}
         if text:
             body["text"] = text
-        body["prompt_cache_key"] = cache_key(run)
+        key = cache_key(run)
+        if key is not None:
+            body["prompt_cache_key"] = key
         body["input"] = messages  # last: what grows turn to turn
         return body
 
@@ -243,7 +245,9 @@ class Chat(Adapter):
             body["response_format"] = _response_format(options["format"])
         if "verbosity" in options:
             body["verbosity"] = options["verbosity"]
-        body["prompt_cache_key"] = cache_key(run)
+        key = cache_key(run)
+        if key is not None:
+            body["prompt_cache_key"] = key
         body["messages"] = messages  # last: what grows turn to turn
         return body
 
@@ -291,14 +295,21 @@ def calls_left(run: Row) -> int | None:
     return max(0, int(limit) - int(run.get("calls_made") or 0))
 
 
-def cache_key(run: Row) -> str:
+def cache_key(run: Row) -> str | None:
     """The ``prompt_cache_key`` of every request of ``run``'s conversation: the caller's,
     else one derived from the tenant and the thread (a hash: the same for every turn and
     run of a thread, and naming neither), so the provider routes the thread's turns to
-    the cache that holds its prefix."""
+    the cache that holds its prefix. The model's catalogue row may say otherwise
+    (``run["prompt_cache_key"]``): ``caller``, only the caller's; ``never``, none (None:
+    the request carries no key, for a server that refuses the field)."""
+    switch = run.get("prompt_cache_key", "derived")
     given = (run.get("model_options") or {}).get("prompt_cache_key")
+    if switch == "never":
+        return None
     if given:
         return str(given)
+    if switch == "caller":
+        return None
     seed = f"{run['tenant_id']}\x00{run['thread_id']}".encode()
     return "outbox-" + hashlib.sha256(seed).hexdigest()[:32]
 

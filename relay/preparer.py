@@ -200,6 +200,7 @@ class Preparer:
             state = cur.fetchone()
         fallbacks = state["fallbacks"] if state else {}
         circuits = routing.circuits_of(state["circuits"] if state else [])
+        cache_keys = state["cache_keys"] if state else {}
         now = time.monotonic()
         held = {
             url: until - now for url, until in list(self.held_until.items()) if url and until > now
@@ -212,7 +213,14 @@ class Preparer:
                 return self._take_probe(conn, claimed, base_url)
 
             answers[id(request)] = _turn(
-                row, step_no, request.row.failures, fallbacks, circuits, take_probe, held
+                row,
+                step_no,
+                request.row.failures,
+                fallbacks,
+                circuits,
+                take_probe,
+                held,
+                cache_keys,
             )
         return answers
 
@@ -259,6 +267,7 @@ def _turn(
     circuits: dict[str, routing.Circuit],
     take_probe: Callable[[str], bool],
     held: dict[str, float],
+    cache_keys: dict[str, str],
 ) -> Turn | str:
     if row is None:
         return "the run does not exist"
@@ -309,12 +318,15 @@ def _turn(
     if context.READ_RESULT not in tools and (sent_cut or _calls_read_result(chat)):
         tools[context.READ_RESULT] = context.READ_RESULT_TOOL
     messages, _ = history.for_provider(chat, api)
+    model = target.model if target is not None else row["model"]
     run = {
         "id": row["run_id"],
         "tenant_id": row["tenant_id"],
         "thread_id": row["thread_id"],
         "api": api,
-        "model": target.model if target is not None else row["model"],
+        "model": model,
+        # which prompt_cache_key its requests carry (outbox.providers.cache_key)
+        "prompt_cache_key": cache_keys.get(model, "derived"),
         "instructions": row["instructions"],
         "base_url": target.base_url if target is not None else row["base_url"],
         "model_options": row["model_options"],

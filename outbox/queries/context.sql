@@ -1,19 +1,21 @@
 -- The model catalogue and the prompt budgets (outbox.context).
 
 -- name: models
-SELECT c.model, c.context_window, c.max_output_tokens,
+SELECT c.model, c.context_window, c.max_output_tokens, c.prompt_cache_key,
        p.input_per_mtok, p.cached_input_per_mtok, p.output_per_mtok, c.updated_by
 FROM {s}.model_catalogue c
 LEFT JOIN {s}.model_prices p ON p.model = c.model
 ORDER BY c.model
 
 -- name: set_model
-INSERT INTO {s}.model_catalogue AS c (model, context_window, max_output_tokens, updated_by)
-VALUES (%(model)s, %(context_window)s, %(max_output)s, %(actor)s)
+INSERT INTO {s}.model_catalogue AS c (model, context_window, max_output_tokens,
+                                       prompt_cache_key, updated_by)
+VALUES (%(model)s, %(context_window)s, %(max_output)s, %(prompt_cache_key)s, %(actor)s)
 ON CONFLICT (model) DO UPDATE
 SET context_window = excluded.context_window, max_output_tokens = excluded.max_output_tokens,
+    prompt_cache_key = excluded.prompt_cache_key,
     updated_by = excluded.updated_by, updated_at = now()
-RETURNING model, context_window, max_output_tokens, updated_by, updated_at
+RETURNING model, context_window, max_output_tokens, prompt_cache_key, updated_by, updated_at
 
 -- name: remove_model
 DELETE FROM {s}.model_catalogue WHERE model = %(model)s RETURNING model

@@ -664,8 +664,10 @@ LEFT JOIN {s}.run_defaults rd ON true
 -- What routes the turns of a batch besides their runs (outbox/routing.py): every model's
 -- fallback and the circuits that are not clean (open, half-open, or closed with failures
 -- counted), each with whether its probe may be taken now and the seconds until it may
--- (half-open: its probe is out, a cool-down until it is known).
--- Both tables hold a row per model or base URL: a few rows, read once per batch.
+-- (half-open: its probe is out, a cool-down until it is known); and the models whose
+-- requests carry no derived prompt_cache_key (outbox/providers.py), whichever model a
+-- turn goes to.
+-- These tables hold a row per model or base URL: a few rows, read once per batch.
 SELECT (SELECT coalesce(jsonb_object_agg(f.model, to_jsonb(f)), '{}')
         FROM {s}.model_fallbacks f) AS fallbacks,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
@@ -682,7 +684,9 @@ SELECT (SELECT coalesce(jsonb_object_agg(f.model, to_jsonb(f)), '{}')
                                                  - now()))
                         WHEN c.state = 'half_open' THEN c.cool_down_s
                         ELSE 0 END)), '[]')
-        FROM {s}.model_circuits c WHERE c.state <> 'closed' OR c.failures > 0) AS circuits
+        FROM {s}.model_circuits c WHERE c.state <> 'closed' OR c.failures > 0) AS circuits,
+       (SELECT coalesce(jsonb_object_agg(mc.model, mc.prompt_cache_key), '{}')
+        FROM {s}.model_catalogue mc WHERE mc.prompt_cache_key <> 'derived') AS cache_keys
 
 -- name: claim_model_probe
 -- Take the probe of an open circuit whose cool-down is over (claim_model_probe_v1).

@@ -422,6 +422,57 @@ def test_the_affinity_header_carries_the_cache_key_where_configured(db_url, api_
     assert "x-session-affinity" not in other.headers
 
 
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_a_model_set_without_the_derived_key_sends_only_a_callers_or_none(
+    db_url, api_keys, model, api, monkeypatch
+):
+    """For a server that refuses fields it does not know: --no-prompt-cache-key sends no
+    derived key (a caller's still goes), --prompt-cache-key never sends none at all."""
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+
+    def models_set(*switch: str) -> dict[str, Any]:
+        window = ["--context-window", "32768", "--max-output", "4096", "--json"]
+        done = CliRunner().invoke(cli.main, ["models", "set", "scripted-1", *window, *switch])
+        assert done.exit_code == 0, done.output
+        return dict(json.loads(done.output))
+
+    def keys_sent() -> list[str | None]:
+        plain = start(db_url, model, "hello", api=api)
+        finish(db_url, plain.id, affinity_headers=("X-Session-Affinity",))
+        own = start(
+            db_url, model, "hi", api=api, model_options=ModelOptions(prompt_cache_key="c-9")
+        )
+        finish(db_url, own.id, affinity_headers=("X-Session-Affinity",))
+        sent = model.requests[-2:]
+        for request in sent:
+            assert request.headers.get("x-session-affinity") == request.body.get("prompt_cache_key")
+        return [request.body.get("prompt_cache_key") for request in sent]
+
+    assert models_set("--no-prompt-cache-key")["prompt_cache_key"] == "caller"
+    assert keys_sent() == [None, "c-9"]
+    assert models_set("--prompt-cache-key", "never")["prompt_cache_key"] == "never"
+    assert keys_sent() == [None, None]
+    assert models_set()["prompt_cache_key"] == "derived"
+    derived, given = keys_sent()
+    assert derived is not None and derived.startswith("outbox-") and given == "c-9"
+    both = CliRunner().invoke(
+        cli.main,
+        [
+            "models",
+            "set",
+            "m",
+            "--context-window",
+            "9",
+            "--max-output",
+            "1",
+            "--no-prompt-cache-key",
+            "--prompt-cache-key",
+            "never",
+        ],
+    )
+    assert both.exit_code == 2 and "--no-prompt-cache-key" in both.output
+
+
 def long_run(db_url: str, model: ScriptedModel, turns: int, **options: Any) -> uuid.UUID:
     mails = [
         {"tool_calls": [{"name": "send_email", "arguments": {"to": f"{n}@b.c", "subject": "hi"}}]}
