@@ -108,7 +108,8 @@ ReadStored = Callable[[Claimed, int], Awaitable[str | None]]  # (call, message i
 class ToolExecutor:
     """Runs ``tool_call`` rows: HTTP tools through the engine's poster, MCP tools through
     ``relay.mcpclient`` (which opens the session and takes a slot before it marks), python
-    tools in-process.
+    tools in-process, and the built-in ``read_result`` (``executor`` ``builtin``: a page of
+    a stored result, read through ``read_stored``, ``relay.preparer``).
 
     ``mark_dispatched`` is the fenced write of the module docstring, batched with other
     rows' by ``relay.preparer``; it returns False when this worker no longer holds the lease,
