@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from outbox import lifecycle, registry, routing, writer
+from outbox import context, lifecycle, registry, routing, writer
 from outbox.schemas import StartRun
 from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
@@ -198,6 +198,30 @@ def test_metrics_name_the_model_that_answered_after_a_fallback(setup, primary, b
     assert sample(turn, model="backup-1", outcome="turn") == 2
     assert sample(turn, model="primary-1", outcome="turn") is None
     assert (sample(turn, model="primary-1", outcome="retry") or 0) >= 2
+
+
+def test_the_prompt_cache_key_switch_is_the_model_the_turn_goes_to(setup, primary, backup):
+    """A fallback whose server refuses the field (its catalogue row says ``never``) gets no
+    prompt_cache_key, while the primary's requests carried the derived one."""
+    configure(
+        setup,
+        fallback=("primary-1", "backup-1", {"to_base_url": backup.url + "/v1"}),
+        circuit=(primary.url + "/v1", {"open_after": 1000}),
+    )
+    with psycopg.connect(setup) as conn:
+        context.set_model(
+            conn, "backup-1", context_window=32_768, max_output=4096, prompt_cache_key="never"
+        )
+        conn.commit()
+    primary.down(503)
+    run_id = start(setup, primary)
+    with relay_thread(setup, kinds=KINDS):
+        wait_until(lambda: all_completed(setup, [run_id]), what="the run on the fallback")
+    assert primary.requests and all(
+        str(r.body["prompt_cache_key"]).startswith("outbox-") for r in primary.requests
+    )
+    assert len(backup.requests) == 2
+    assert all("prompt_cache_key" not in r.body for r in backup.requests)
 
 
 def test_a_retry_after_sends_the_turn_to_the_fallback_instead_of_waiting(setup, primary, backup):
