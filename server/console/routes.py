@@ -54,8 +54,8 @@ INBOX_LIMIT = 200  # waiting approvals a page shows at most
 RUNS_PAGE = 50  # runs a page of the list shows
 BULK_CHUNK = 200  # calls a bulk action changes in one transaction
 RUN_STATUSES = (*constants.ACTIVE, *constants.ENDED)
-LISTENED_S = 30.0  # an inbox stream's longest quiet wait while the listener is connected
-UNLISTENED_S = 2.0  # how often an inbox is told to look again while it is not
+SESSION_CHECK_S = 15.0  # a stream's longest quiet wait before it checks its session again
+UNLISTENED_S = 2.0  # how often a page is told to look again while the listener is down
 SIGN_IN_S = 600  # how long a sign-in form's token lives
 
 ENV = Environment(
@@ -168,20 +168,31 @@ async def inbox_events(request: Request) -> Response:
     person = await signed_in(request)
     if person is None:
         return problem(401, "Sign in again.")
-    return EventSourceResponse(_inbox_changes(config(request), person.tenant_id))
+    token = request.cookies[auth.COOKIE]
+    return EventSourceResponse(_inbox_changes(config(request), token, person.tenant_id))
 
 
-async def _inbox_changes(cfg: Config, tenant_id: str) -> AsyncIterator[dict[str, Any]]:
+async def _inbox_changes(cfg: Config, token: str, tenant_id: str) -> AsyncIterator[dict[str, Any]]:
     """``changed`` whenever an approval of the tenant is requested or decided (the server's
     listener on ``outbox_approvals``): the page fetches its list again. ``ready`` first, so
-    a page also catches what changed between its load and this stream's start."""
+    a page also catches what changed between its load and this stream's start;
+    ``signed_out`` and the end once the session has (``SIGNED_OUT``)."""
     with cfg.wakeups.watch_tenant(tenant_id) as watch:
         yield {"event": "ready", "data": ""}
         while True:
             watch.clear()
-            await watch.changed(UNLISTENED_S, listened_s=LISTENED_S)
+            await watch.changed(UNLISTENED_S, listened_s=SESSION_CHECK_S)
+            if await read_in_thread(auth.person_of, cfg.store, token) is None:
+                yield SIGNED_OUT
+                return
             if watch.flag.is_set() or not cfg.wakeups.listening:
                 yield {"event": "changed", "data": ""}
+
+
+# A stream checks its session on every change and at least every ``SESSION_CHECK_S``: one
+# whose session expired or signed out tells the page so and ends (the page's script then
+# loads the page again, which leads to the sign-in).
+SIGNED_OUT = {"event": "signed_out", "data": ""}
 
 
 async def decide(request: Request) -> Response:
@@ -426,15 +437,24 @@ def _requeue_all(store: Store, person: Person, tool: str | None) -> tuple[int, i
 # -- a run's timeline ---------------------------------------------------------------------
 
 
+def run_state(store: Store, person: Person, run_id: uuid.UUID) -> tuple[str, str]:
+    """The run's tenant and status, if the person may see the run (NotFound otherwise)."""
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            row = fetch_one(conn, Q.run_state, {"run_id": run_id})
+    else:
+        with store.tenant(person.tenant_id) as conn:
+            row = fetch_one(conn, Q.run_state, {"run_id": run_id})
+    if row is None:
+        raise NotFound(f"run {run_id} does not exist")
+    return str(row["tenant_id"]), str(row["status"])
+
+
 def timeline(store: Store, person: Person, run_id: uuid.UUID) -> tuple[str, events.Poll]:
     """The run's tenant and its status and journal events (the first ``events.BATCH``)."""
     tenant = person.tenant_id
     if person.every_tenant:
-        with store.pool.connection() as conn:
-            row = conn.execute(Q.run_tenant, {"run_id": run_id}).fetchone()
-        if row is None:
-            raise NotFound(f"run {run_id} does not exist")
-        tenant = str(row[0])
+        tenant, _status = run_state(store, person, run_id)
     try:
         return tenant, events.read(store, tenant, run_id, 0)
     except APIError as err:
@@ -472,26 +492,40 @@ async def run_events(request: Request) -> Response:
     run_id = _run_id(request)
     if person is None or run_id is None:
         return problem(401, "Sign in again.")
-    store = config(request).store
     try:
-        tenant, _poll = await read_in_thread(timeline, store, person, run_id)
+        await read_in_thread(run_state, config(request).store, person, run_id)
     except NotFound:
         return problem(404, f"No run {run_id} in your tenant.", person)
-    after = request.query_params.get("after", "0")
-    after_id = int(after) if after.isdigit() else 0
-    return EventSourceResponse(_run_changes(config(request), tenant, run_id, after_id))
+    token = request.cookies[auth.COOKIE]
+    return EventSourceResponse(_run_changes(config(request), token, run_id))
 
 
-async def _run_changes(
-    cfg: Config, tenant: str, run_id: uuid.UUID, after_id: int
-) -> AsyncIterator[dict[str, Any]]:
-    """``changed`` for each new journal event of the run (the API's run event stream,
-    server.events), ``end`` once it ended."""
-    async for event in events.stream(cfg.store, tenant, run_id, after_id, cfg.wakeups):
-        if event["event"] == "end":
-            yield {"event": "end", "data": ""}
-            return
-        yield {"event": "changed", "id": event["id"], "data": ""}
+async def _run_changes(cfg: Config, token: str, run_id: uuid.UUID) -> AsyncIterator[dict[str, Any]]:
+    """``changed`` whenever a journal event of the run or a change of its status commits
+    (the server's listener on ``outbox_journal`` and ``outbox_runs``, server.wakeups): the
+    page fetches its timeline again. ``end`` once the run ended, ``signed_out`` once the
+    session did. It never reads the journal itself: a change costs a read of the run's
+    status and of the session, and a quiet run only the session's every
+    ``SESSION_CHECK_S``."""
+    with cfg.wakeups.watch(run_id, journal=True) as watch:
+        yield {"event": "ready", "data": ""}
+        while True:
+            watch.clear()  # before the reads: a change during them wakes the wait below
+            person = await read_in_thread(auth.person_of, cfg.store, token)
+            if person is None:
+                yield SIGNED_OUT
+                return
+            try:
+                _tenant, status = await read_in_thread(run_state, cfg.store, person, run_id)
+            except NotFound:  # its thread deleted meanwhile
+                yield {"event": "end", "data": ""}
+                return
+            if status in constants.ENDED:
+                yield {"event": "end", "data": ""}
+                return
+            await watch.changed(UNLISTENED_S, listened_s=SESSION_CHECK_S)
+            if watch.flag.is_set() or not cfg.wakeups.listening:
+                yield {"event": "changed", "data": ""}
 
 
 async def home(_request: Request) -> Response:

@@ -1,6 +1,7 @@
--- name: run_tenant
--- The tenant of a run, for a platform operator (the pool's own login: every tenant's runs).
-SELECT tenant_id FROM {s}.runs WHERE id = %(run_id)s
+-- name: run_state
+-- The tenant and status of a run (under row-level security: none for another tenant's; as
+-- the pool's own login, for a platform operator, every tenant's).
+SELECT tenant_id, status FROM {s}.runs WHERE id = %(run_id)s
 
 -- name: runs_page
 -- One page of runs, newest first, optionally of one tenant, status and model and created

@@ -11,6 +11,7 @@ import html
 import re
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import httpx2
 import psycopg
@@ -18,6 +19,7 @@ import pytest
 
 from outbox import ops
 from outbox.server.console.auth import CSP
+from outbox.statements import journal
 from tests.console_harness import (
     PASSWORD,
     add_user,
@@ -26,8 +28,8 @@ from tests.console_harness import (
     sign_in,
     waiting_call,
 )
-from tests.helpers import add_tool, look
-from tests.relay_harness import seed
+from tests.helpers import add_tool, in_thread, look
+from tests.relay_harness import seed, wait_until
 from tests.serve_harness import serve
 
 OPEN = 50  # inboxes open at once
@@ -362,3 +364,81 @@ def test_an_expired_session_opens_nothing(db_url, console):
         conn.execute("UPDATE outbox.console_sessions SET expires_at = now()")
     assert client.get("/approvals").status_code == 303  # to the sign-in
     assert client.get("/approvals/list").status_code == 401
+
+
+class Statements:
+    """Every statement this process sends to PostgreSQL (the server under test runs in it),
+    counted by what it reads: ``journal`` those that name the journal."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.journal = 0
+        self.sessions = 0
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        execute = psycopg.Cursor.execute
+
+        def counted(cursor: psycopg.Cursor, query: Any, *args: Any, **kwargs: Any) -> Any:
+            text = query.as_string(cursor) if hasattr(query, "as_string") else str(query)
+            with self.lock:
+                self.journal += ".journal" in text
+                self.sessions += "console_session_v1" in text
+            return execute(cursor, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+
+
+def events_of(stream: httpx2.Response) -> Iterator[str]:
+    """The names of the events of an open SSE answer, as they come."""
+    for line in stream.iter_lines():
+        if line.startswith("event: "):
+            yield line.removeprefix("event: ")
+
+
+def test_a_timeline_follows_its_run_on_notifications_and_reads_no_journal_while_idle(
+    db_url, console, monkeypatch
+):
+    """An open timeline is told of each journal event of its run by the server's listener
+    (``NOTIFY outbox_journal``): while the run is quiet its stream checks the session and
+    reads nothing of the journal; an event written then reaches it at once."""
+    from outbox.server.console import routes
+
+    add_user(db_url, "rita", "acme", "reviewer")
+    run, _approval = waiting_call(db_url, {"amount": 1})
+    client, _ = sign_in(console, "rita")
+    monkeypatch.setattr(routes, "SESSION_CHECK_S", 0.2)
+    counter = Statements()
+    with client.stream("GET", f"/runs/{run.id}/events") as stream:
+        names = events_of(stream)
+        assert next(names) == "ready"
+        counter.install(monkeypatch)
+        wait_until(lambda: counter.sessions >= 5, timeout_s=30, what="five session checks")
+        assert counter.journal == 0  # a quiet run: no read of its journal
+        with psycopg.connect(db_url) as conn:  # an event that changes no status
+            journal(conn, "test.noted", "acme", run_id=run.id, actor="test")
+        # A session check's wait ends with nothing to tell: only a notification says this.
+        reader, told = in_thread(lambda: next(names))
+        reader.join(timeout=30)
+        assert told.get("result") == "changed", "the journal event did not wake the timeline"
+    assert counter.journal == 1  # the test's own insert: the stream read none
+
+
+def test_an_ended_session_ends_its_open_streams(db_url, console, monkeypatch):
+    """A stream checks its session: once it expired (or was signed out), the inbox's and
+    the timeline's streams say ``signed_out`` and end."""
+    from outbox.server.console import routes
+
+    add_user(db_url, "rita", "acme", "reviewer")
+    run, _approval = waiting_call(db_url, {"amount": 1})
+    client, _ = sign_in(console, "rita")
+    monkeypatch.setattr(routes, "SESSION_CHECK_S", 0.2)
+    with (
+        client.stream("GET", f"/runs/{run.id}/events") as timeline,
+        client.stream("GET", "/approvals/events") as inbox,
+    ):
+        opened = [events_of(timeline), events_of(inbox)]
+        assert [next(names) for names in opened] == ["ready", "ready"]
+        with psycopg.connect(db_url) as conn:
+            conn.execute("UPDATE outbox.console_sessions SET expires_at = now()")
+        for names in opened:
+            assert list(names) == ["signed_out"]  # and the answer ends

@@ -128,6 +128,9 @@ PINNED = {
     "0054_console_accounts.py": "96a1eafa62a0f43d",
     "0054_console_accounts.sql": "37a10d93b73236f1",
     "0054_console_accounts_down.sql": "f2413759f89de1cb",
+    "0057_journal_notify.py": "ec6e7017e4f110d2",
+    "0057_journal_notify.sql": "297a7aae23d1fe01",
+    "0057_journal_notify_down.sql": "92329652aafdc052",
 }
 
 
