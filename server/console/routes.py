@@ -40,7 +40,7 @@ from outbox import accounts, approvals, constants, ops
 from outbox.accounts import Person
 from outbox.errors import NotFound, OutboxError
 from outbox.server import QUERIES, events
-from outbox.server.console import STATIC, TEMPLATES, auth
+from outbox.server.console import STATIC, TEMPLATES, auth, redact
 from outbox.server.db_pool import Row, Store
 from outbox.server.errors import APIError
 from outbox.server.routes import Config, config
@@ -51,6 +51,8 @@ from outbox.statements import fetch_all, fetch_one
 Q = Queries(QUERIES / "console.sql")
 
 INBOX_LIMIT = 200  # waiting approvals a page shows at most
+CONTEXT_MESSAGES = 6  # messages of the run's thread an approval shows, up to the call's
+CONTEXT_CHARS = 2000  # characters of each of them
 RUNS_PAGE = 50  # runs a page of the list shows
 BULK_CHUNK = 200  # calls a bulk action changes in one transaction
 RUN_STATUSES = (*constants.ACTIVE, *constants.ENDED)
@@ -140,12 +142,31 @@ def _sign_out(store: Store, token: str) -> None:
 
 
 def waiting(store: Store, person: Person) -> list[Row]:
-    """The approvals waiting in the person's tenant (every tenant's for ``*``)."""
+    """The approvals waiting in the person's tenant (every tenant's for ``*``), each with
+    its ``context``: the turns that led to the call."""
     if person.every_tenant:
         with store.pool.connection() as conn:
-            return approvals.list_approvals(conn, "pending", None, INBOX_LIMIT)
+            rows = approvals.list_approvals(conn, "pending", None, INBOX_LIMIT)
+            return with_context(conn, rows)
     with store.tenant(person.tenant_id) as conn:
-        return approvals.list_approvals(conn, "pending", person.tenant_id, INBOX_LIMIT)
+        rows = approvals.list_approvals(conn, "pending", person.tenant_id, INBOX_LIMIT)
+        return with_context(conn, rows)
+
+
+def with_context(conn: Any, rows: list[Row]) -> list[Row]:
+    """``rows`` (approvals), each given ``context``: the last ``CONTEXT_MESSAGES`` messages
+    of its thread up to the one that asked for the call, each cut to ``CONTEXT_CHARS``
+    characters and then of what looks like a secret (``redact.cut_secrets``)."""
+    params = {
+        "refs": [r["tool_call_ref"] for r in rows],
+        "messages": CONTEXT_MESSAGES,
+        "chars": CONTEXT_CHARS,
+    }
+    turns: dict[int, list[Row]] = {}
+    for turn in fetch_all(conn, Q.approval_context, params) if rows else []:
+        turn["content"] = redact.cut_secrets(turn["content"] or "")
+        turns.setdefault(turn["tool_call_ref"], []).append(turn)
+    return [{**row, "context": turns.get(row["tool_call_ref"], [])} for row in rows]
 
 
 async def inbox(request: Request) -> Response:

@@ -52,3 +52,23 @@ WHERE tc.status = 'quarantined' AND tc.id > %(after)s
   AND (%(tool)s::text IS NULL OR tc.tool_name = %(tool)s)
 ORDER BY tc.id
 LIMIT %(limit)s
+
+-- name: approval_context
+-- The turns that led to each of these calls: the last %(messages)s messages of the call's
+-- thread up to the assistant message that asked for it (no system prompt, no deleted
+-- message), each cut to %(chars)s characters, oldest first. Each thread is read through
+-- messages_thread_seq_key from the asking message down, however long the thread.
+SELECT tc.id AS tool_call_ref, ctx.seq, ctx.role, ctx.content
+FROM {s}.tool_calls tc
+JOIN {s}.messages asked ON asked.id = tc.message_id
+CROSS JOIN LATERAL (
+    SELECT m.seq, m.role,
+           left({s}.resolved_text_v1(m.content, m.tenant_id, m.content_ref), %(chars)s) AS content
+    FROM {s}.messages m
+    WHERE m.thread_id = asked.thread_id AND m.seq <= asked.seq
+      AND m.role <> 'system' AND m.deleted_at IS NULL
+    ORDER BY m.seq DESC
+    LIMIT %(messages)s
+) ctx
+WHERE tc.id = ANY(%(refs)s)
+ORDER BY tc.id, ctx.seq

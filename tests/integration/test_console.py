@@ -17,7 +17,8 @@ import httpx2
 import psycopg
 import pytest
 
-from outbox import ops
+from outbox import ops, writer
+from outbox.schemas import StartRun
 from outbox.server.console.auth import CSP
 from outbox.statements import journal
 from tests.console_harness import (
@@ -28,7 +29,7 @@ from tests.console_harness import (
     sign_in,
     waiting_call,
 )
-from tests.helpers import add_tool, in_thread, look
+from tests.helpers import add_tool, in_thread, look, turn
 from tests.relay_harness import seed, wait_until
 from tests.serve_harness import serve
 
@@ -145,6 +146,42 @@ def test_a_reviewer_sees_and_decides_only_their_tenants_approvals(db_url, consol
         data={"csrf_token": csrf_of(inbox), "decision": "deny"},
     )
     assert again.status_code == 409 and "already decided" in again.text
+
+
+def test_an_approval_shows_the_turns_that_led_to_it_as_text_with_secrets_cut(db_url, console):
+    """The inbox shows the last messages of the call's thread, up to the model's turn that
+    asked for it: markup as text, what looks like a secret cut, nothing of another run."""
+    add_user(db_url, "rita", "acme", "reviewer")
+    _other, _ = waiting_call(db_url, {"amount": 1})  # another run's messages are not shown
+    with psycopg.connect(db_url) as conn:
+        thread = writer.create_thread(conn, "acme").id
+        run = writer.start_run(
+            conn,
+            StartRun(
+                tenant_id="acme",
+                thread_id=thread,
+                model="scripted",
+                message="Refund order 42 <script>alert(1)</script>, my password: hunter2hunter2",
+                tools=["send_money"],
+            ),
+        )
+        said = "Refunding it <img src=x onerror=alert(1)> with key sk-proj-abcdefghijklmnop1234"
+        writer.record_model_turn(
+            conn, turn(run, 1, ("call_1", "send_money", {"amount": 42}), text=said)
+        )
+        (approval,) = conn.execute(
+            "SELECT id FROM outbox.approvals WHERE run_id = %s", [run.id]
+        ).fetchone()
+    client, _ = sign_in(console, "rita")
+    page = client.get("/approvals").text
+    card = page[page.index(f'id="approval-{approval}"') :]
+    card = card[: card.index("</article>")]
+    assert re.findall(r'data-role="(\w+)"', card) == ["user", "assistant"]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in card and "<script>alert" not in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in card and "<img" not in page
+    assert "hunter2hunter2" not in page and "sk-proj-abcdefghijklmnop1234" not in page
+    assert card.count("[secret cut]") == 2
+    assert client.get("/approvals/list").text.count('class="turn"') == 4  # both runs' two
 
 
 def test_a_digest_other_than_the_one_shown_decides_nothing(db_url, console):
