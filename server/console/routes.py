@@ -36,7 +36,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from outbox import accounts, approvals, constants, ops
+from outbox import accounts, approvals, constants, limits, ops, policy, registry
 from outbox.accounts import Person
 from outbox.errors import NotFound, OutboxError
 from outbox.server import QUERIES, events
@@ -455,6 +455,117 @@ def _requeue_all(store: Store, person: Person, tool: str | None) -> tuple[int, i
         after = chunk[-1]
 
 
+# -- operations ---------------------------------------------------------------------------
+
+
+def operations_view(store: Store, person: Person) -> dict[str, Any]:
+    """What an operator watches, of the person's tenant (every tenant's for ``*``): stuck
+    runs, the queue, the tools with their switches and limits, the tenants with their
+    pauses and budgets. Read as the pool's own login, as the command line reads them (the
+    views run with their owner's rights; no tenant role is granted them), each filtered to
+    the person's tenant; the budgets under the tenant's row-level security."""
+    scope = _scope(person)
+
+    def mine(tenant_id: str) -> bool:
+        return scope is None or tenant_id in (scope, policy.ALL_TENANTS)
+
+    with store.pool.connection() as conn:
+        stuck = fetch_all(conn, Q.stuck_runs, {"tenant_id": scope, "limit": INBOX_LIMIT})
+        queue = fetch_all(conn, Q.queue_health, {"tenant_id": scope})
+        tools = [t for t in registry.list_tools(conn) if mine(t["tenant_id"])]
+        switched = [s for s in policy.switches(conn) if mine(s["tenant_id"])]
+        pauses = [p for p in policy.pauses(conn) if mine(p["tenant_id"])]
+        lanes = {(lane["scope"], lane["name"]): lane for lane in limits.in_flight(conn)}
+        claims = ops.queue_stats(conn)["claim_to_start"] if scope is None else None
+        if scope is None:
+            tenant_budgets = fetch_all(conn, Q.tenant_budgets, {"tenant_id": None})
+    if scope is not None:
+        with store.tenant(scope) as conn:
+            tenant_budgets = fetch_all(conn, Q.tenant_budgets, {"tenant_id": scope})
+    tenants = sorted(
+        {*(p["tenant_id"] for p in pauses), *(b["tenant_id"] for b in tenant_budgets)}
+        | {name for kind, name in lanes if kind == "tenant" and mine(name)}
+        | ({scope} if scope is not None else set())
+    )
+    return {
+        "stuck": stuck,
+        "queue": queue,
+        "claims": claims,
+        "tools": [
+            {
+                **tool,
+                "switches": [s for s in switched if s["tool_name"] == tool["name"]],
+                "lane": lanes.get(("tool", tool["name"])),
+            }
+            for tool in tools
+        ],
+        "tenants": [
+            {
+                "tenant_id": tenant,
+                "pause": next((p for p in pauses if p["tenant_id"] == tenant), None),
+                "budget": next((b for b in tenant_budgets if b["tenant_id"] == tenant), None),
+                "lane": lanes.get(("tenant", tenant)),
+            }
+            for tenant in tenants
+        ],
+    }
+
+
+async def operations(request: Request) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return to_sign_in()
+    view = await read_in_thread(operations_view, config(request).store, person)
+    return page("operations.html", person=person, message="", **view)
+
+
+async def operate(request: Request) -> Response:
+    """A tool's kill switch (``disable``, ``enable``) or a tenant's pause (``pause``,
+    ``resume``): ``outbox.policy``'s functions, as ``outbox tools disable`` and ``outbox
+    tenants pause`` call them, journaled with the person as the actor. Only an operator
+    acts, a tenant's operator only on their tenant (a tool: for their tenant only)."""
+    person = await signed_in(request)
+    fields = await auth.form(request)
+    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
+        return problem(403, "This form did not come from your session.")
+    if person.role != "operator":
+        return problem(403, "Only an operator changes switches and pauses.", person)
+    action = request.path_params["action"]
+    if action not in OPERATIONS:
+        return problem(404, "No such action.", person)
+    tenant = fields.get("tenant") or person.tenant_id
+    if not person.every_tenant and tenant != person.tenant_id:
+        return problem(403, f"You act on tenant {person.tenant_id} only.", person)
+    if action in ("pause", "resume") and tenant == policy.ALL_TENANTS:
+        return problem(400, "Name the tenant to pause or resume.", person)
+    store = config(request).store
+    try:
+        await in_thread(_operate, store, person, action, tenant, fields)
+    except OutboxError as err:
+        view = await read_in_thread(operations_view, store, person)
+        message = err.args[0] if err.args else str(err)
+        return page("operations.html", 409, person=person, message=message, **view)
+    return RedirectResponse("/console/operations", status_code=303)
+
+
+def _operate(
+    store: Store, person: Person, action: str, tenant: str, fields: dict[str, str]
+) -> None:
+    reason, tool = fields.get("reason", ""), fields.get("tool", "")
+    with store.pool.connection() as conn:
+        if action == "disable":
+            policy.disable_tool(conn, tool, tenant, actor=person.name, reason=reason)
+        elif action == "enable":
+            policy.enable_tool(conn, tool, tenant, actor=person.name)
+        elif action == "pause":
+            policy.pause_tenant(conn, tenant, actor=person.name, reason=reason)
+        else:
+            policy.resume_tenant(conn, tenant, actor=person.name)
+
+
+OPERATIONS = ("disable", "enable", "pause", "resume")
+
+
 # -- a run's timeline ---------------------------------------------------------------------
 
 
@@ -567,6 +678,8 @@ MOUNT = Mount(
         Route("/parked", parked, methods=["GET"]),
         Route("/parked/bulk-requeue", bulk_requeue, methods=["POST"]),
         Route("/parked/{ref:int}/{action}", act_on_call, methods=["POST"]),
+        Route("/operations", operations, methods=["GET"]),
+        Route("/operations/{action}", operate, methods=["POST"]),
         Route("/runs", runs, methods=["GET"]),
         Route("/runs/{run_id}", run_page, methods=["GET"]),
         Route("/runs/{run_id}/timeline", run_fragment, methods=["GET"]),

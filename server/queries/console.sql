@@ -72,3 +72,27 @@ CROSS JOIN LATERAL (
 ) ctx
 WHERE tc.id = ANY(%(refs)s)
 ORDER BY tc.id, ctx.seq
+
+-- name: stuck_runs
+-- The runs that cannot move on and why (views.sql's stuck_runs), of one tenant or of every
+-- tenant, stuck longest first.
+SELECT run_id, tenant_id, status, reason, since, stuck_for, detail
+FROM {s}.stuck_runs
+WHERE (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+ORDER BY since NULLS LAST
+LIMIT %(limit)s
+
+-- name: queue_health
+-- The queue per tenant and kind of work (views.sql's queue_lag): due, delayed, in flight,
+-- quarantined, expired leases and the oldest due row's lag.
+SELECT tenant_id, kind, due, delayed, in_flight, quarantined, expired_leases, lag_s
+FROM {s}.queue_lag
+WHERE (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+ORDER BY tenant_id, kind
+
+-- name: tenant_budgets
+-- The tenants' budgets and what their runs used of them.
+SELECT tenant_id, max_tokens, tokens_used, max_cost, cost_used, updated_at
+FROM {s}.tenant_budgets
+WHERE (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
+ORDER BY tenant_id

@@ -479,3 +479,73 @@ def test_an_ended_session_ends_its_open_streams(db_url, console, monkeypatch):
             conn.execute("UPDATE outbox.console_sessions SET expires_at = now()")
         for names in opened:
             assert list(names) == ["signed_out"]  # and the answer ends
+
+
+def test_operations_show_stuck_runs_and_switch_tools_and_pause_tenants_by_role(db_url, console):
+    """Stuck runs and the queue of the person's tenant only; a tool's kill switch and a
+    tenant's pause through ``outbox.policy``, journaled with the person; a tenant's operator
+    acts on their tenant only, a viewer on nothing, a form without its token is refused."""
+    for name, tenant, role in [
+        ("olga", "*", "operator"),
+        ("otto", "acme", "operator"),
+        ("gus", "globex", "operator"),
+        ("vic", "acme", "viewer"),
+    ]:
+        add_user(db_url, name, tenant, role)
+    ref = quarantined_call(db_url, tenant="acme")  # its run is stuck on a parked call
+    (run_id,) = look(db_url, "SELECT run_id FROM outbox.tool_calls WHERE id = %s", [ref])[0]
+    otto, _ = sign_in(console, "otto")
+    page = otto.get("/operations").text
+    assert f'data-run="{run_id}" data-reason="parked_call"' in page
+    assert 'data-tool="lookup_order"' in page and 'data-tenant="acme"' in page
+    gus, _ = sign_in(console, "gus")
+    assert str(run_id) not in gus.get("/operations").text
+    token = csrf_of(page)
+
+    def act(client: httpx2.Client, action: str, token: str, **fields: str) -> int:
+        return client.post(
+            f"/operations/{action}", data={"csrf_token": token, **fields}
+        ).status_code
+
+    assert act(otto, "disable", token, tool="lookup_order", tenant="globex") == 403
+    assert act(otto, "disable", token, tool="lookup_order", tenant="*") == 403
+    assert act(otto, "disable", "x" * 43, tool="lookup_order", tenant="acme") == 403
+    vic, _ = sign_in(console, "vic")
+    seen = vic.get("/operations").text
+    assert "Disable</button>" not in seen and "Pause</button>" not in seen
+    assert act(vic, "pause", csrf_of(seen), tenant="acme") == 403
+    assert look(db_url, "SELECT count(*) FROM outbox.tool_switches") == [(0,)]
+    assert look(db_url, "SELECT count(*) FROM outbox.tenant_pauses") == [(0,)]
+
+    assert (
+        act(otto, "disable", token, tool="lookup_order", tenant="acme", reason="misbehaves") == 303
+    )
+    assert act(otto, "pause", token, tenant="acme", reason="incident") == 303
+    assert look(db_url, "SELECT tenant_id, switched_by, reason FROM outbox.tool_switches") == [
+        ("acme", "otto", "misbehaves")
+    ]
+    assert look(db_url, "SELECT tenant_id, paused_by FROM outbox.tenant_pauses") == [
+        ("acme", "otto")
+    ]
+    page = otto.get("/operations").text
+    assert 'data-scope="acme"' in page and 'data-tenant="acme" data-paused="yes"' in page
+    assert act(otto, "disable", token, tool="no_such_tool", tenant="acme") == 409
+    olga, _ = sign_in(console, "olga")
+    everything = olga.get("/operations").text
+    assert act(olga, "disable", csrf_of(everything), tool="lookup_order", tenant="*") == 303
+    assert act(otto, "enable", token, tool="lookup_order", tenant="*") == 403  # not theirs
+    assert act(otto, "enable", token, tool="lookup_order", tenant="acme") == 303
+    assert act(otto, "resume", token, tenant="acme") == 303
+    assert look(db_url, "SELECT tenant_id FROM outbox.tool_switches") == [("*",)]
+    assert look(db_url, "SELECT count(*) FROM outbox.tenant_pauses") == [(0,)]
+    assert look(
+        db_url,
+        "SELECT event, tenant_id, actor FROM outbox.journal WHERE event LIKE 'tool.%%' "
+        "OR event LIKE 'tenant.%%' ORDER BY id",
+    ) == [
+        ("tool.disabled", "acme", "otto"),
+        ("tenant.paused", "acme", "otto"),
+        ("tool.disabled", "*", "olga"),
+        ("tool.enabled", "acme", "otto"),
+        ("tenant.resumed", "acme", "otto"),
+    ]
