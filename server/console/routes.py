@@ -20,6 +20,7 @@ may not change the queue).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import uuid
@@ -78,8 +79,20 @@ def problem(status: int, message: str, person: Person | None = None) -> HTMLResp
 
 
 async def signed_in(request: Request) -> Person | None:
+    """The person of the request's session; read-only on a console served read-only
+    (``outbox serve --console-read-only``), whatever their role."""
     token = request.cookies.get(auth.COOKIE)
-    return await read_in_thread(auth.person_of, config(request).store, token)
+    person = await read_in_thread(auth.person_of, config(request).store, token)
+    if person is not None and getattr(request.app.state, "console_read_only", False):
+        return dataclasses.replace(person, read_only=True)
+    return person
+
+
+def refused(person: Person, what: str) -> HTMLResponse:
+    """403 for a person who may not do ``what``: read-only, or not in that role."""
+    if person.read_only:
+        return problem(403, "This console is read-only: it changes nothing.", person)
+    return problem(403, what, person)
 
 
 def to_sign_in() -> RedirectResponse:
@@ -222,7 +235,7 @@ async def decide(request: Request) -> Response:
     if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
         return problem(403, "This form did not come from your session.")
     if not person.may_decide:
-        return problem(403, "A viewer decides nothing.", person)
+        return refused(person, "A viewer decides nothing.")
     decision = fields.get("decision", "")
     if decision not in ("approve", "deny"):
         return problem(400, "Choose approve or deny.", person)
@@ -360,15 +373,24 @@ async def act_on_call(request: Request) -> Response:
     fields = await auth.form(request)
     if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
         return problem(403, "This form did not come from your session.")
-    if person.role != "operator":
-        return problem(403, "Only an operator acts on calls.", person)
+    if not person.may_operate:
+        return refused(person, "Only an operator acts on calls.")
     action = request.path_params["action"]
-    if action not in OPERATOR_ACTIONS:
+    if action not in (*OPERATOR_ACTIONS, "reconcile"):
         return problem(404, "No such action.", person)
     ref = int(request.path_params["ref"])
+    settled: tuple[bool, Any] | None = None
+    if action == "reconcile":
+        settled = _settlement(fields)
+        if settled is None:
+            message = (
+                "Say whether the call's side effect happened and, if it did, give what the "
+                'tool answered as JSON (for example {"refund_id": "r-7"}).'
+            )
+            return problem(400, message, person)
     store = config(request).store
     try:
-        await in_thread(_act_on_call, store, person, ref, action)
+        await in_thread(_act_on_call, store, person, ref, action, settled)
     except NotFound:
         return problem(404, f"No tool call {ref} in your tenant.", person)
     except OutboxError as err:
@@ -378,17 +400,37 @@ async def act_on_call(request: Request) -> Response:
     return RedirectResponse("/console/parked", status_code=303)
 
 
-def _act_on_call(store: Store, person: Person, ref: int, action: str) -> None:
-    """``ops.requeue`` or ``ops.release`` of the call, journaled with the person as actor.
-    The call must be the person's tenant's (read under its row-level security); the action
-    then runs as the pool's own login, as the command line's (``outbox_api`` may not change
-    the queue)."""
+def _settlement(fields: dict[str, str]) -> tuple[bool, Any] | None:
+    """A reconcile form's word: (happened, the call's output); None when it is not valid."""
+    happened = fields.get("happened")
+    if happened == "no":
+        return False, None
+    if happened != "yes":
+        return None
+    try:
+        return True, json.loads(fields.get("result", ""))
+    except ValueError:
+        return None
+
+
+def _act_on_call(
+    store: Store, person: Person, ref: int, action: str, settled: tuple[bool, Any] | None
+) -> None:
+    """``ops.requeue``, ``ops.release`` or ``ops.reconcile`` (``settled``: whether the side
+    effect happened, and its output) of the call, journaled with the person as actor, as
+    ``outbox requeue``, ``release`` and ``reconcile``. The call must be the person's
+    tenant's (read under its row-level security); the action then runs as the pool's own
+    login, as the command line's (``outbox_api`` may not change the queue)."""
     if not person.every_tenant:
         with store.tenant(person.tenant_id) as conn:
             if fetch_one(conn, Q.call_tenant, {"id": ref}) is None:
                 raise NotFound(f"tool call {ref} does not exist")
     with store.pool.connection() as conn:
-        OPERATOR_ACTIONS[action](conn, f"call:{ref}", actor=person.name)
+        if settled is not None:
+            happened, result = settled
+            ops.reconcile(conn, f"call:{ref}", happened=happened, result=result, actor=person.name)
+        else:
+            OPERATOR_ACTIONS[action](conn, f"call:{ref}", actor=person.name)
 
 
 OPERATOR_ACTIONS: dict[str, Any] = {"requeue": ops.requeue, "release": ops.release}
@@ -403,8 +445,8 @@ async def bulk_requeue(request: Request) -> Response:
     fields = await auth.form(request)
     if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
         return problem(403, "This form did not come from your session.")
-    if person.role != "operator":
-        return problem(403, "Only an operator acts on calls.", person)
+    if not person.may_operate:
+        return refused(person, "Only an operator acts on calls.")
     tool = fields.get("tool") or None
     store = config(request).store
     count = await read_in_thread(_count_quarantined, store, person, tool)
@@ -528,8 +570,8 @@ async def operate(request: Request) -> Response:
     fields = await auth.form(request)
     if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
         return problem(403, "This form did not come from your session.")
-    if person.role != "operator":
-        return problem(403, "Only an operator changes switches and pauses.", person)
+    if not person.may_operate:
+        return refused(person, "Only an operator changes switches and pauses.")
     action = request.path_params["action"]
     if action not in OPERATIONS:
         return problem(404, "No such action.", person)

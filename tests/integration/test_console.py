@@ -27,6 +27,7 @@ from tests.console_harness import (
     csrf_of,
     quarantined_call,
     sign_in,
+    unknown_call,
     waiting_call,
 )
 from tests.helpers import add_tool, in_thread, look, turn
@@ -549,3 +550,92 @@ def test_operations_show_stuck_runs_and_switch_tools_and_pause_tenants_by_role(d
         ("tool.enabled", "acme", "otto"),
         ("tenant.resumed", "acme", "otto"),
     ]
+
+
+def test_an_operator_reconciles_an_unknown_outcome_from_the_page(db_url, console):
+    """``ops.reconcile`` on the operator's word, as ``outbox reconcile``: the output given
+    is recorded (JSON, refused otherwise), journaled with the person; another tenant's
+    operator cannot reach the call."""
+    add_user(db_url, "otto", "acme", "operator")
+    add_user(db_url, "gus", "globex", "operator")
+    happened, again = unknown_call(db_url), unknown_call(db_url)
+    otto, _ = sign_in(console, "otto")
+    page = otto.get("/parked").text
+    assert f'action="/console/parked/{happened}/reconcile"' in page
+    token = csrf_of(page)
+    gus, _ = sign_in(console, "gus")
+    theirs = csrf_of(gus.get("/parked").text)
+
+    def reconcile(client: httpx2.Client, token: str, ref: int, **fields: str) -> int:
+        answer = client.post(f"/parked/{ref}/reconcile", data={"csrf_token": token, **fields})
+        return answer.status_code
+
+    assert reconcile(gus, theirs, happened, happened="no") == 404
+    assert reconcile(otto, token, happened, happened="yes", result="refunded") == 400
+    assert reconcile(otto, token, happened, happened="maybe") == 400
+    assert reconcile(otto, token, happened, happened="yes", result='{"refund_id": "r-7"}') == 303
+    assert reconcile(otto, token, again, happened="no") == 303
+    assert look(db_url, "SELECT output, source FROM outbox.tool_results") == [
+        ({"refund_id": "r-7"}, "operator")
+    ]
+    assert look(db_url, "SELECT id, status FROM outbox.tool_calls ORDER BY id") == [
+        (happened, "succeeded"),
+        (again, "pending"),
+    ]
+    assert look(
+        db_url,
+        "SELECT tool_call_ref, actor FROM outbox.journal WHERE event = 'operator.reconcile' "
+        "ORDER BY id",
+    ) == [(happened, "otto"), (again, "otto")]
+    assert reconcile(otto, token, happened, happened="no") == 409  # settled already
+
+
+def test_a_read_only_console_changes_nothing(db_url):
+    """``outbox serve --console-read-only``: every person reads, nobody decides or acts,
+    also by posting a form by hand."""
+    add_user(db_url, "olga", "*", "operator")
+    _run, approval = waiting_call(db_url, {"amount": 1})
+    ref = quarantined_call(db_url)
+    with serve(db_url, console_read_only=True) as base:
+        olga, _ = sign_in(base.removesuffix("/v1") + "/console", "olga")
+        inbox = olga.get("/approvals").text
+        assert f'id="approval-{approval}"' in inbox and "read-only console" in inbox
+        assert "Approve</button>" not in inbox
+        assert "Release</button>" not in olga.get("/parked").text
+        assert "Pause</button>" not in olga.get("/operations").text
+        token = csrf_of(inbox)
+        posts = [
+            (f"/approvals/{approval}/decide", {"decision": "approve"}),
+            (f"/parked/{ref}/release", {}),
+            ("/parked/bulk-requeue", {}),
+            ("/operations/pause", {"tenant": "acme"}),
+        ]
+        for path, fields in posts:
+            answer = olga.post(path, data={"csrf_token": token, **fields})
+            assert answer.status_code == 403 and "read-only" in answer.text, path
+    assert look(db_url, "SELECT status FROM outbox.approvals") == [("pending",)]
+    assert look(db_url, "SELECT status FROM outbox.tool_calls WHERE id = %s", [ref]) == [
+        ("quarantined",)
+    ]
+    assert look(db_url, "SELECT count(*) FROM outbox.tenant_pauses") == [(0,)]
+
+
+def test_users_unlock_lets_a_locked_account_sign_in_again(db_url, console, monkeypatch):
+    from click.testing import CliRunner
+
+    import cli
+
+    add_user(db_url, "rita", "acme", "reviewer")
+    for _ in range(5):
+        sign_in(console, "rita", "wrong password!")
+    assert sign_in(console, "rita")[1] == 429
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", db_url)
+    runner = CliRunner()
+    done = runner.invoke(cli.main, ["console", "users", "unlock", "rita", "--actor", "olga"])
+    assert done.exit_code == 0 and "was locked until" in done.output, done.output
+    assert sign_in(console, "rita")[1] == 303
+    missing = runner.invoke(cli.main, ["console", "users", "unlock", "nobody"])
+    assert missing.exit_code != 0 and "does not exist" in missing.output
+    assert look(
+        db_url, "SELECT tenant_id, actor FROM outbox.journal WHERE event = 'console.user_unlocked'"
+    ) == [("acme", "olga")]
