@@ -29,7 +29,9 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
+import psycopg
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from psycopg.types.json import Jsonb
 from sse_starlette.sse import EventSourceResponse
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -55,6 +57,8 @@ INBOX_LIMIT = 200  # waiting approvals a page shows at most
 CONTEXT_MESSAGES = 6  # messages of the run's thread an approval shows, up to the call's
 CONTEXT_CHARS = 2000  # characters of each of them
 RUNS_PAGE = 50  # runs a page of the list shows
+EXACT_COUNT = 10_000  # the most runs counted exactly; the planner's estimate above
+COUNT_TIMEOUT = "SET LOCAL statement_timeout = '100ms'"  # an exact count's longest time
 BULK_CHUNK = 200  # calls a bulk action changes in one transaction
 RUN_STATUSES = (*constants.ACTIVE, *constants.ENDED)
 SESSION_CHECK_S = 15.0  # a stream's longest quiet wait before it checks its session again
@@ -297,10 +301,17 @@ def _filters(request: Request) -> dict[str, Any] | None:
         "status": query.get("status") or None,
         "model": query.get("model") or None,
         "tenant_id": query.get("tenant") or None,
+        "tool": query.get("tool") or None,
+        "metadata": None,
         "since": None,
         "before_at": None,
         "before_id": None,
     }
+    if wanted := query.get("metadata", "").strip():
+        pairs = [pair.partition("=") for pair in wanted.split(",")]
+        if any(not key.strip() or not sep for key, sep, _ in pairs):
+            return None
+        params["metadata"] = Jsonb({key.strip(): value.strip() for key, _, value in pairs})
     try:
         if since := query.get("since"):
             params["since"] = datetime.fromisoformat(since)
@@ -314,14 +325,36 @@ def _filters(request: Request) -> dict[str, Any] | None:
     return params
 
 
-def runs_page(store: Store, person: Person, params: dict[str, Any]) -> list[Row]:
-    """One page of runs (``RUNS_PAGE``) of the person's tenant (any for ``*``)."""
-    params = {**params, "limit": RUNS_PAGE}
-    if person.every_tenant:
-        with store.pool.connection() as conn:
-            return fetch_all(conn, Q.runs_page, params)
-    with store.tenant(person.tenant_id) as conn:
-        return fetch_all(conn, Q.runs_page, {**params, "tenant_id": person.tenant_id})
+def runs_page(
+    store: Store, person: Person, params: dict[str, Any]
+) -> tuple[list[Row], tuple[int, bool]]:
+    """One page of runs (``RUNS_PAGE``) of the person's tenant (any for ``*``), and how many
+    runs the filters match (``runs_matched``)."""
+    if not person.every_tenant:
+        params = {**params, "tenant_id": person.tenant_id}
+    with store.pool.connection() if person.every_tenant else store.tenant(person.tenant_id) as conn:
+        rows = fetch_all(conn, Q.runs_page, {**params, "limit": RUNS_PAGE})
+        return rows, runs_matched(conn, params)
+
+
+def runs_matched(conn: Any, params: dict[str, Any]) -> tuple[int, bool]:
+    """How many runs the filters match, and whether exactly: the planner's estimate of
+    the whole list (no scan), then an exact count when the estimate is ``EXACT_COUNT`` or
+    fewer; a count of more would read that many rows on every page. The planner guesses
+    a tool's or metadata's share, so a count it thought small can still read every run:
+    it gives up after ``COUNT_TIMEOUT`` and the estimate stands."""
+    every = {**params, "before_at": None, "before_id": None, "limit": None}
+    (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + Q.runs_page, every).fetchone()
+    estimate = int(plan[0]["Plan"]["Plan Rows"])
+    if estimate > EXACT_COUNT:
+        return estimate, False
+    try:
+        with conn.transaction():  # a savepoint: a count cut short leaves the page's read
+            conn.execute(COUNT_TIMEOUT)
+            row = fetch_one(conn, "SELECT count(*) AS n FROM (" + Q.runs_page + ") m", every)
+    except psycopg.errors.QueryCanceled:
+        return estimate, False
+    return (int(row["n"]) if row else 0), True
 
 
 async def runs(request: Request) -> Response:
@@ -330,8 +363,12 @@ async def runs(request: Request) -> Response:
         return to_sign_in()
     params = _filters(request)
     if params is None:
-        return problem(400, "A filter of this list is not valid.", person)
-    rows = await read_in_thread(runs_page, config(request).store, person, params)
+        message = (
+            "A filter of this list is not valid: a status of the list, a time as "
+            "2026-12-01T00:00:00+00:00, metadata as key=value pairs separated by commas."
+        )
+        return problem(400, message, person)
+    rows, (matched, exact) = await read_in_thread(runs_page, config(request).store, person, params)
     older = None
     if len(rows) == RUNS_PAGE:
         last = rows[-1]
@@ -341,6 +378,8 @@ async def runs(request: Request) -> Response:
         "runs.html",
         person=person,
         runs=rows,
+        matched=matched,
+        exact=exact,
         older=older,
         statuses=RUN_STATUSES,
         chosen=request.query_params,

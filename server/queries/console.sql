@@ -4,10 +4,13 @@
 SELECT tenant_id, status FROM {s}.runs WHERE id = %(run_id)s
 
 -- name: runs_page
--- One page of runs, newest first, optionally of one tenant, status and model and created
--- since a time. Keyset-paginated: the page after the one that ended at (before_at,
--- before_id) holds the rows below that key, so a page costs its own rows, however deep.
--- The last condition holds for every run: it is the predicate of runs_tenant_status.
+-- One page of runs, newest first, optionally of one tenant, status and model, created
+-- since a time, that called a tool, whose thread's metadata holds some keys and values.
+-- Keyset-paginated: the page after the one that ended at (before_at, before_id) holds the
+-- rows below that key, so a page costs its own rows, however deep (a rare tool or metadata
+-- costs the runs read until a page is found). LIMIT NULL: every run that matches (the
+-- count and its estimate). The last condition holds for every run: it is the predicate of
+-- runs_tenant_created.
 SELECT id, tenant_id, status, model, step_count, tokens_used, failure_reason, created_at,
        updated_at
 FROM {s}.runs
@@ -15,6 +18,11 @@ WHERE (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(model)s::text IS NULL OR model = %(model)s)
   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
+  AND (%(tool)s::text IS NULL OR EXISTS (
+          SELECT 1 FROM {s}.tool_calls tc WHERE tc.run_id = runs.id AND tc.tool_name = %(tool)s))
+  AND (%(metadata)s::jsonb IS NULL OR EXISTS (
+          SELECT 1 FROM {s}.threads t
+          WHERE t.id = runs.thread_id AND t.metadata @> %(metadata)s::jsonb))
   AND (%(before_at)s::timestamptz IS NULL
        OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
   AND created_at > '-infinity'

@@ -329,6 +329,51 @@ def test_the_runs_list_filters_and_pages_by_keyset(db_url, console, monkeypatch)
     assert client.get("/runs?before=yesterday").status_code == 400
 
 
+def test_the_runs_list_filters_on_tool_and_metadata_and_counts_what_matches(
+    db_url, console, monkeypatch
+):
+    """Runs that called a tool, runs whose thread's metadata holds key=value pairs, of the
+    person's tenant only; the count is exact while the planner expects few runs, its
+    estimate (marked so) above."""
+    from outbox.server.console import routes
+
+    add_user(db_url, "rita", "acme", "reviewer")
+    sent = [waiting_call(db_url, {"n": n})[0] for n in range(3)]
+    wired = [waiting_call(db_url, {"n": n}, tool="wire_money")[0] for n in range(2)]
+    waiting_call(db_url, {"n": 9}, tool="wire_money", tenant="globex")
+    with psycopg.connect(db_url) as conn:
+        for run in (sent[0], wired[1]):
+            conn.execute(
+                'UPDATE outbox.threads SET metadata = \'{"customer": "c-7", "tier": "gold"}\' '
+                "WHERE id = %s",
+                [run.thread_id],
+            )
+    client, _ = sign_in(console, "rita")
+
+    def listed(query: str) -> tuple[set[str], str, str]:
+        page = client.get(f"/runs?{query}")
+        assert page.status_code == 200, page.text
+        found = re.search(r'data-matched="(\d+)" data-exact="(\w+)"', page.text)
+        assert found, page.text
+        return set(re.findall(r'data-run="([^"]+)"', page.text)), found[1], found[2]
+
+    assert listed("tool=wire_money") == ({str(r.id) for r in wired}, "2", "yes")
+    assert listed("metadata=customer%3Dc-7") == ({str(sent[0].id), str(wired[1].id)}, "2", "yes")
+    both = "tool=wire_money&metadata=customer%3Dc-7,tier%3Dgold"
+    assert listed(both) == ({str(wired[1].id)}, "1", "yes")
+    assert listed("metadata=customer%3Dc-8")[1:] == ("0", "yes")
+    assert listed("")[1:] == ("5", "yes")
+    assert client.get("/runs?metadata=customer").status_code == 400
+    # A count cut short by its time limit leaves the page whole, with the estimate.
+    slow = "SET LOCAL statement_timeout = '1ms'; SELECT pg_sleep(0.05)"
+    monkeypatch.setattr(routes, "COUNT_TIMEOUT", slow)
+    runs, matched, exact = listed("tool=wire_money")
+    assert len(runs) == 2 and exact == "no" and int(matched) >= 1
+    monkeypatch.setattr(routes, "EXACT_COUNT", 0)
+    runs, matched, exact = listed("")
+    assert len(runs) == 5 and exact == "no" and int(matched) >= 1  # the planner's guess
+
+
 def test_an_operator_releases_a_parked_call_of_their_tenant_only(db_url, console):
     add_user(db_url, "otto", "acme", "operator")
     add_user(db_url, "rita", "acme", "reviewer")
