@@ -24,7 +24,8 @@ import dataclasses
 import json
 import secrets
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -39,7 +40,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from outbox import accounts, approvals, constants, limits, ops, policy, registry
+from outbox import accounts, approvals, constants, lifecycle, limits, ops, policy, registry
 from outbox.accounts import Person
 from outbox.errors import NotFound, OutboxError
 from outbox.server import QUERIES, events
@@ -293,10 +294,9 @@ def _decide(
 # -- the runs list ------------------------------------------------------------------------
 
 
-def _filters(request: Request) -> dict[str, Any] | None:
-    """The list's filters and keyset cursor from the query string; None when one is not
-    valid."""
-    query = request.query_params
+def _filters(query: Mapping[str, str]) -> dict[str, Any] | None:
+    """The list's filters and keyset cursor from a query string or a form; None when one is
+    not valid."""
     params: dict[str, Any] = {
         "status": query.get("status") or None,
         "model": query.get("model") or None,
@@ -330,11 +330,21 @@ def runs_page(
 ) -> tuple[list[Row], tuple[int, bool]]:
     """One page of runs (``RUNS_PAGE``) of the person's tenant (any for ``*``), and how many
     runs the filters match (``runs_matched``)."""
-    if not person.every_tenant:
-        params = {**params, "tenant_id": person.tenant_id}
-    with store.pool.connection() if person.every_tenant else store.tenant(person.tenant_id) as conn:
+    params = _in_scope(person, params)
+    with _reading(store, person) as conn:
         rows = fetch_all(conn, Q.runs_page, {**params, "limit": RUNS_PAGE})
         return rows, runs_matched(conn, params)
+
+
+def _in_scope(person: Person, params: dict[str, Any]) -> dict[str, Any]:
+    """The list's filters, of the person's tenant only (any tenant for ``*``)."""
+    return params if person.every_tenant else {**params, "tenant_id": person.tenant_id}
+
+
+def _reading(store: Store, person: Person) -> AbstractContextManager[Any]:
+    """A transaction that reads what the person may see: the pool's own login for ``*``,
+    their tenant's row-level security otherwise."""
+    return store.pool.connection() if person.every_tenant else store.tenant(person.tenant_id)
 
 
 def runs_matched(conn: Any, params: dict[str, Any]) -> tuple[int, bool]:
@@ -361,7 +371,7 @@ async def runs(request: Request) -> Response:
     person = await signed_in(request)
     if person is None:
         return to_sign_in()
-    params = _filters(request)
+    params = _filters(request.query_params)
     if params is None:
         message = (
             "A filter of this list is not valid: a status of the list, a time as "
@@ -384,6 +394,101 @@ async def runs(request: Request) -> Response:
         statuses=RUN_STATUSES,
         chosen=request.query_params,
     )
+
+
+# -- bulk cancel of runs ------------------------------------------------------------------
+
+
+async def bulk_cancel(request: Request) -> Response:
+    """Cancel the active runs of a selection (``scope=selection``: the ``run`` checkboxes)
+    or of everything the list's filters match (``scope=filter``). The first post answers the
+    count to confirm; a post that confirms the count the server counts again now runs, in
+    chunks (``BULK_CHUNK`` runs a transaction), each run through ``lifecycle.cancel_run``
+    with the person as actor (journaled as ``outbox runs cancel``), each once."""
+    person = await signed_in(request)
+    values = await auth.form_values(request)
+    fields = {name: given[0] for name, given in values.items()}
+    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
+        return problem(403, "This form did not come from your session.")
+    if not person.may_operate:
+        return refused(person, "Only an operator cancels runs.")
+    selected: list[uuid.UUID] | None = None
+    params: dict[str, Any] | None = None
+    if fields.get("scope") == "selection":
+        try:
+            selected = sorted({uuid.UUID(v) for v in values.get("run", [])})
+        except ValueError:
+            return problem(400, "A selected run is not a run id.", person)
+        if not selected:
+            return problem(400, "Select the runs to cancel first.", person)
+    else:
+        params = _filters(fields)
+        if params is None:
+            return problem(400, "A filter of this list is not valid.", person)
+        params = _in_scope(person, params)
+    store = config(request).store
+    count = await read_in_thread(_count_cancellable, store, person, params, selected)
+    context: dict[str, Any] = {"person": person, "count": count, "selected": selected}
+    context["fields"] = fields
+    if fields.get("confirm") != str(count) or count == 0:
+        return page("bulk_cancel.html", **context)
+    done, skipped = await in_thread(_cancel_all, store, person, params, selected)
+    message = f"Cancelled {done} runs" + (f"; {skipped} had ended meanwhile." if skipped else ".")
+    return page("bulk_cancel.html", **context, done=message)
+
+
+def _count_cancellable(
+    store: Store, person: Person, params: dict[str, Any] | None, selected: list[uuid.UUID] | None
+) -> int:
+    """How many active runs the selection or the filters take (that the person may see)."""
+    with _reading(store, person) as conn:
+        if selected is not None:
+            row = fetch_one(conn, Q.active_runs_count, {"ids": selected, "active": ACTIVE})
+        else:
+            every = {**(params or {}), "before_at": None, "before_id": None, "limit": None}
+            query = (
+                "SELECT count(*) AS n FROM (" + Q.runs_page + ") m WHERE m.status = ANY(%(active)s)"
+            )
+            row = fetch_one(conn, query, {**every, "active": ACTIVE})
+    return int(row["n"]) if row else 0
+
+
+def _cancel_all(
+    store: Store, person: Person, params: dict[str, Any] | None, selected: list[uuid.UUID] | None
+) -> tuple[int, int]:
+    """Cancel in chunks of ``BULK_CHUNK`` runs, one transaction each: a selection in the
+    order of its ids, a filter newest first by its keyset (a cancel changes neither key, so
+    each run is taken once). The runs are read as the person may see them; the cancel runs
+    as the pool's own login, as the command line's. (cancelled, skipped)."""
+    done = skipped = position = 0
+    cursor: tuple[Any, Any] = (None, None)
+    while True:
+        with _reading(store, person) as conn:
+            if selected is not None:
+                chunk = selected[position : position + BULK_CHUNK]
+                position += BULK_CHUNK
+                rows = fetch_all(conn, Q.active_runs_of, {"ids": chunk, "active": ACTIVE})
+                more = bool(chunk)
+            else:
+                keyset = {"before_at": cursor[0], "before_id": cursor[1], "limit": BULK_CHUNK}
+                rows = fetch_all(conn, Q.runs_page, {**(params or {}), **keyset})
+                more = bool(rows)
+                if rows:
+                    cursor = (rows[-1]["created_at"], rows[-1]["id"])
+        if not more:
+            return done, skipped
+        with store.pool.connection() as conn:
+            for row in rows:
+                if row["status"] not in ACTIVE:
+                    continue
+                try:
+                    lifecycle.cancel_run(conn, row["id"], row["tenant_id"], actor=person.name)
+                    done += 1
+                except OutboxError:
+                    skipped += 1  # it ended meanwhile
+
+
+ACTIVE = list(constants.ACTIVE)
 
 
 # -- parked calls -------------------------------------------------------------------------
@@ -762,6 +867,7 @@ MOUNT = Mount(
         Route("/operations", operations, methods=["GET"]),
         Route("/operations/{action}", operate, methods=["POST"]),
         Route("/runs", runs, methods=["GET"]),
+        Route("/runs/bulk-cancel", bulk_cancel, methods=["POST"]),
         Route("/runs/{run_id}", run_page, methods=["GET"]),
         Route("/runs/{run_id}/timeline", run_fragment, methods=["GET"]),
         Route("/runs/{run_id}/events", run_events, methods=["GET"]),

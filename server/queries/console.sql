@@ -104,3 +104,13 @@ SELECT tenant_id, max_tokens, tokens_used, max_cost, cost_used, updated_at
 FROM {s}.tenant_budgets
 WHERE (%(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s)
 ORDER BY tenant_id
+
+-- name: active_runs_count
+-- How many of these runs are active (a bulk cancel's count to confirm).
+SELECT count(*) AS n FROM {s}.runs WHERE id = ANY(%(ids)s) AND status = ANY(%(active)s)
+
+-- name: active_runs_of
+-- The active runs among these ids, in the order of their ids (a chunk of a bulk cancel).
+SELECT id, tenant_id, status FROM {s}.runs
+WHERE id = ANY(%(ids)s) AND status = ANY(%(active)s)
+ORDER BY id

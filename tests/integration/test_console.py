@@ -12,6 +12,7 @@ import re
 import threading
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx2
 import psycopg
@@ -684,3 +685,56 @@ def test_users_unlock_lets_a_locked_account_sign_in_again(db_url, console, monke
     assert look(
         db_url, "SELECT tenant_id, actor FROM outbox.journal WHERE event = 'console.user_unlocked'"
     ) == [("acme", "olga")]
+
+
+def test_a_bulk_cancel_of_a_filter_or_a_selection_confirms_its_count_and_cancels_each_once(
+    db_url, console, monkeypatch
+):
+    """Everything a filter matches, or the runs selected, of the person's tenant only:
+    first the count to confirm, then, once the count confirmed is the server's, each active
+    run cancelled once through ``lifecycle.cancel_run`` with the person, in chunks."""
+    from outbox.server.console import routes
+
+    monkeypatch.setattr(routes, "BULK_CHUNK", 3)
+    add_user(db_url, "otto", "acme", "operator")
+    add_user(db_url, "vic", "acme", "viewer")
+    wired = [waiting_call(db_url, {"n": n}, tool="wire_money")[0].id for n in range(7)]
+    sent = [waiting_call(db_url, {"n": n})[0].id for n in range(2)]
+    theirs = waiting_call(db_url, {"n": 9}, tool="wire_money", tenant="globex")[0].id
+    otto, _ = sign_in(console, "otto")
+    page = otto.get("/runs?tool=wire_money").text
+    assert 'name="run" value=' in page and "Cancel every active run" in page
+    token = csrf_of(page)
+    by_filter = {"csrf_token": token, "scope": "filter", "tool": "wire_money"}
+    asked = otto.post("/runs/bulk-cancel", data=by_filter)
+    assert asked.status_code == 200 and "Cancel 7 runs</button>" in asked.text
+    stale = otto.post("/runs/bulk-cancel", data={**by_filter, "confirm": "6"})
+    assert "Cancel 7 runs</button>" in stale.text  # a count that is not the server's: asked again
+    assert look(db_url, "SELECT count(*) FROM outbox.runs WHERE status = 'cancelled'") == [(0,)]
+    done = otto.post("/runs/bulk-cancel", data={**by_filter, "confirm": "7"})
+    assert "Cancelled 7 runs." in done.text
+
+    selection = [("run", str(r)) for r in [*sent, wired[0], theirs]]
+    picked = [("csrf_token", token), ("scope", "selection"), *selection]
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    asked = otto.post("/runs/bulk-cancel", content=urlencode(picked), headers=form)
+    assert "Cancel 2 runs</button>" in asked.text  # one ended, one not theirs
+    confirmed = urlencode([*picked, ("confirm", "2")])
+    done = otto.post("/runs/bulk-cancel", content=confirmed, headers=form)
+    assert "Cancelled 2 runs." in done.text
+    vic, _ = sign_in(console, "vic")
+    refused = vic.post(
+        "/runs/bulk-cancel", data={**by_filter, "csrf_token": csrf_of(vic.get("/runs").text)}
+    )
+    assert refused.status_code == 403
+
+    assert sorted(
+        look(db_url, "SELECT id, cancelled_by FROM outbox.runs WHERE status = 'cancelled'")
+    ) == sorted((r, "otto") for r in [*wired, *sent])
+    assert look(db_url, "SELECT status FROM outbox.runs WHERE id = %s", [theirs]) != [
+        ("cancelled",)
+    ]
+    assert look(
+        db_url,
+        "SELECT count(*), count(DISTINCT run_id) FROM outbox.journal WHERE event = 'run.cancelled'",
+    ) == [(9, 9)]
