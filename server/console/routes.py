@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractContextManager
@@ -207,30 +208,47 @@ async def inbox_events(request: Request) -> Response:
     person = await signed_in(request)
     if person is None:
         return problem(401, "Sign in again.")
-    token = request.cookies[auth.COOKIE]
-    return EventSourceResponse(_inbox_changes(config(request), token, person.tenant_id))
+    session = Session(config(request).store, request.cookies[auth.COOKIE], person)
+    return EventSourceResponse(_inbox_changes(config(request), session, person.tenant_id))
 
 
-async def _inbox_changes(cfg: Config, token: str, tenant_id: str) -> AsyncIterator[dict[str, Any]]:
+async def _inbox_changes(
+    cfg: Config, session: Session, tenant_id: str
+) -> AsyncIterator[dict[str, Any]]:
     """``changed`` whenever an approval of the tenant is requested or decided (the server's
     listener on ``outbox_approvals``): the page fetches its list again. ``ready`` first, so
     a page also catches what changed between its load and this stream's start;
-    ``signed_out`` and the end once the session has (``SIGNED_OUT``)."""
+    ``signed_out`` and the end once the session has (``Session``)."""
     with cfg.wakeups.watch_tenant(tenant_id) as watch:
         yield {"event": "ready", "data": ""}
         while True:
             watch.clear()
             await watch.changed(UNLISTENED_S, listened_s=SESSION_CHECK_S)
-            if await read_in_thread(auth.person_of, cfg.store, token) is None:
+            if await session.current() is None:
                 yield SIGNED_OUT
                 return
             if watch.flag.is_set() or not cfg.wakeups.listening:
                 yield {"event": "changed", "data": ""}
 
 
-# A stream checks its session on every change and at least every ``SESSION_CHECK_S``: one
-# whose session expired or signed out tells the page so and ends (the page's script then
-# loads the page again, which leads to the sign-in).
+class Session:
+    """An open stream's session, checked again once ``SESSION_CHECK_S`` passed since the
+    last check: a stream whose session expired or signed out says ``signed_out`` and ends
+    (the page's script then loads the page again, which leads to the sign-in). Not at
+    every change: each change sends the page to read its list, which checks it anyway."""
+
+    def __init__(self, store: Store, token: str, person: Person) -> None:
+        self.store, self.token = store, token
+        self.person: Person | None = person
+        self.checked = time.monotonic()
+
+    async def current(self) -> Person | None:
+        if time.monotonic() - self.checked >= SESSION_CHECK_S:
+            self.person = await read_in_thread(auth.person_of, self.store, self.token)
+            self.checked = time.monotonic()
+        return self.person
+
+
 SIGNED_OUT = {"event": "signed_out", "data": ""}
 
 
@@ -814,22 +832,23 @@ async def run_events(request: Request) -> Response:
         await read_in_thread(run_state, config(request).store, person, run_id)
     except NotFound:
         return problem(404, f"No run {run_id} in your tenant.", person)
-    token = request.cookies[auth.COOKIE]
-    return EventSourceResponse(_run_changes(config(request), token, run_id))
+    session = Session(config(request).store, request.cookies[auth.COOKIE], person)
+    return EventSourceResponse(_run_changes(config(request), session, run_id))
 
 
-async def _run_changes(cfg: Config, token: str, run_id: uuid.UUID) -> AsyncIterator[dict[str, Any]]:
+async def _run_changes(
+    cfg: Config, session: Session, run_id: uuid.UUID
+) -> AsyncIterator[dict[str, Any]]:
     """``changed`` whenever a journal event of the run or a change of its status commits
     (the server's listener on ``outbox_journal`` and ``outbox_runs``, server.wakeups): the
     page fetches its timeline again. ``end`` once the run ended, ``signed_out`` once the
-    session did. It never reads the journal itself: a change costs a read of the run's
-    status and of the session, and a quiet run only the session's every
-    ``SESSION_CHECK_S``."""
+    session did (``Session``). It never reads the journal itself: a change costs a read of
+    the run's status, and a quiet run only the session's every ``SESSION_CHECK_S``."""
     with cfg.wakeups.watch(run_id, journal=True) as watch:
         yield {"event": "ready", "data": ""}
         while True:
             watch.clear()  # before the reads: a change during them wakes the wait below
-            person = await read_in_thread(auth.person_of, cfg.store, token)
+            person = await session.current()
             if person is None:
                 yield SIGNED_OUT
                 return
