@@ -18,7 +18,7 @@ The stream reads the journal when the run's events change: every journal event o
 sends ``NOTIFY outbox_journal`` at its commit, and the server's one ``LISTEN`` connection
 wakes the streams of that run (server.wakeups). It reads again after ``POLL_S`` only while
 some event it saw is not final yet, or its run's end is not, or the listener is
-disconnected; otherwise, once every ``IDLE_S`` (a notification switched off with
+disconnected; otherwise, once every ``wakeups.FALLBACK_S`` (a notification switched off with
 ``outbox.run_notify = 'off'`` is then late, not lost).
 
 The stream ends with an ``end`` event once the run has ended and its events up to its end
@@ -38,11 +38,10 @@ from outbox.server import shapes
 from outbox.server.db_pool import Q, Store
 from outbox.server.errors import not_found
 from outbox.server.thread_pool import in_thread
-from outbox.server.wakeups import Wakeups, Watch
+from outbox.server.wakeups import FALLBACK_S, Wakeups, Watch
 from outbox.statements import fetch_one
 
 POLL_S = 0.2  # seconds between two reads of the journal while not woken by notifications
-IDLE_S = 5.0  # seconds between two reads of a quiet run's journal while the listener listens
 BATCH = 500  # events read per poll at most
 ENDED = constants.ENDED
 
@@ -126,4 +125,4 @@ async def _events(
             return
         if len(poll.events) < BATCH or sent == 0:  # a full batch sent: read on at once
             settling = bool(cursor.seen) or cursor.end_xmax is not None
-            await watch.changed(POLL_S, listened_s=None if settling else IDLE_S)
+            await watch.changed(POLL_S, listened_s=None if settling else FALLBACK_S)
