@@ -91,3 +91,21 @@ def users_remove(name: str, actor: str, as_json: bool) -> None:
         echo_json(row)
         return
     click.echo(f"removed console user {row['name']} of tenant {row['tenant_id']}")
+
+
+@users_group.command("unlock")
+@click.argument("name")
+@actor_option
+@json_option
+def users_unlock(name: str, actor: str, as_json: bool) -> None:
+    """Let NAME sign in again at once after repeated failed sign-ins locked the account."""
+    from outbox import accounts
+
+    with connection() as conn:
+        row = accounts.unlock_user(conn, name, actor=actor)
+    if as_json:
+        echo_json(row)
+        return
+    was = row["was_locked_until"]
+    state = f"was locked until {was.isoformat()}" if was is not None else "was not locked"
+    click.echo(f"unlocked console user {row['name']} of tenant {row['tenant_id']} ({state})")

@@ -95,6 +95,12 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     is_flag=True,
     help="Do not serve the web console at /console (docs/console.md).",
 )
+@click.option(
+    "--console-read-only",
+    is_flag=True,
+    help="Serve a console where nobody approves, denies or changes anything, whatever "
+    "their role: people read (docs/console.md).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve_command(
     host: str,
@@ -110,6 +116,7 @@ def serve_command(
     metrics_port: int | None,
     metrics_host: str,
     no_console: bool,
+    console_read_only: bool,
     log_level: str,
 ) -> None:
     """Serve OpenAI's Assistants protocol and the run event stream over HTTP.
@@ -169,6 +176,7 @@ def serve_command(
                 listen=not no_listen,
                 queue_timeout_s=queue_timeout_s,
                 console=not no_console,
+                console_read_only=console_read_only,
             )
             logs.setup(log_level, "server")
             if metrics_port is not None:
@@ -190,6 +198,7 @@ def serve_command(
                     server_app.ENV_NO_LISTEN: "1" if no_listen else "",
                     server_app.ENV_QUEUE_TIMEOUT_S: str(queue_timeout_s),
                     server_app.ENV_NO_CONSOLE: "1" if no_console else "",
+                    server_app.ENV_CONSOLE_READ_ONLY: "1" if console_read_only else "",
                 }
             )
             uvicorn.run(

@@ -48,6 +48,7 @@ class Person:
     tenant_id: str
     role: str
     csrf_token: str
+    read_only: bool = False  # a console served read-only: nobody changes anything
 
     @property
     def every_tenant(self) -> bool:
@@ -56,7 +57,12 @@ class Person:
     @property
     def may_decide(self) -> bool:
         """Reviewers and operators decide approvals; viewers change nothing."""
-        return self.role in ("reviewer", "operator")
+        return self.role in ("reviewer", "operator") and not self.read_only
+
+    @property
+    def may_operate(self) -> bool:
+        """Operators act on calls, tools and tenants."""
+        return self.role == "operator" and not self.read_only
 
 
 def digest(token: str) -> str:
@@ -119,6 +125,18 @@ def remove_user(conn: psycopg.Connection[Any], name: str, *, actor: str = "") ->
     if row is None:
         raise NotFound(f"console user {name} does not exist", hint="`outbox console users list`")
     journal(conn, "console.user_removed", row["tenant_id"], actor=actor, detail={"name": name})
+    return row
+
+
+def unlock_user(conn: psycopg.Connection[Any], name: str, *, actor: str = "") -> Row:
+    """Lift ``name``'s lockout after failed sign-ins (and forget the failures counted so
+    far); journaled as ``console.user_unlocked`` with the lock it had."""
+    row = fetch_one(conn, Q.unlock_user, {"name": name})
+    if row is None:
+        raise NotFound(f"console user {name} does not exist", hint="`outbox console users list`")
+    was = row["was_locked_until"]
+    detail = {"name": name, "was_locked_until": None if was is None else was.isoformat()}
+    journal(conn, "console.user_unlocked", row["tenant_id"], actor=actor, detail=detail)
     return row
 
 

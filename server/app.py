@@ -56,6 +56,7 @@ def create_app(
     queue_timeout_s: float = thread_pool.QUEUE_TIMEOUT_S,
     idle_in_transaction_s: float = IDLE_IN_TRANSACTION_S,
     console: bool = True,
+    console_read_only: bool = False,
 ) -> Starlette:
     """The app on ``database_url``; runs it creates call the model at ``model_base_url``
     (default: the relay's ``OPENAI_BASE_URL``) and wait ``action_timeout_s`` for client
@@ -66,7 +67,8 @@ def create_app(
     ``queue_timeout_s``: how long a request may wait for one before it is refused with a
     503, nothing of it done (server.thread_pool). ``idle_in_transaction_s``: how long a request's
     transaction may wait on the server before the database ends it (server.db_pool).
-    ``console``: serve the web console at ``/console`` (server.console)."""
+    ``console``: serve the web console at ``/console`` (server.console);
+    ``console_read_only``: one where nobody changes anything, whatever their role."""
     handlers = handler_connections(max_connections, listen)
     store = Store(
         database_url, max_connections=handlers, idle_in_transaction_s=idle_in_transaction_s
@@ -111,6 +113,7 @@ def create_app(
     )
     settings = Settings(model_base_url, action_timeout_s)
     app.state.config = Config(store, settings, max_body_bytes, wakeups)
+    app.state.console_read_only = console_read_only
     return app
 
 
@@ -134,6 +137,7 @@ ENV_LOG_LEVEL = "OUTBOX_SERVE_LOG_LEVEL"
 ENV_NO_LISTEN = "OUTBOX_SERVE_NO_LISTEN"  # "1": poll waited-on runs (server.wakeups)
 ENV_QUEUE_TIMEOUT_S = "OUTBOX_SERVE_QUEUE_TIMEOUT_S"
 ENV_NO_CONSOLE = "OUTBOX_SERVE_NO_CONSOLE"  # "1": no web console at /console
+ENV_CONSOLE_READ_ONLY = "OUTBOX_SERVE_CONSOLE_READ_ONLY"  # "1": a console that changes nothing
 
 
 def from_environment() -> Starlette:
@@ -148,4 +152,5 @@ def from_environment() -> Starlette:
         listen=os.environ.get(ENV_NO_LISTEN) != "1",
         queue_timeout_s=float(os.environ.get(ENV_QUEUE_TIMEOUT_S, thread_pool.QUEUE_TIMEOUT_S)),
         console=os.environ.get(ENV_NO_CONSOLE) != "1",
+        console_read_only=os.environ.get(ENV_CONSOLE_READ_ONLY) == "1",
     )

@@ -14,6 +14,13 @@ up to that id is final: it is sent, in id order, and the cursor moves on. The pr
 poll interval of delay, and a write transaction left open anywhere on the server holds the
 stream back until it ends (reads never do: they take no transaction id).
 
+The stream reads the journal when the run's events change: every journal event of a run
+sends ``NOTIFY outbox_journal`` at its commit, and the server's one ``LISTEN`` connection
+wakes the streams of that run (server.wakeups). It reads again after ``POLL_S`` only while
+some event it saw is not final yet, or its run's end is not, or the listener is
+disconnected; otherwise, once every ``wakeups.FALLBACK_S`` (a notification switched off with
+``outbox.run_notify = 'off'`` is then late, not lost).
+
 The stream ends with an ``end`` event once the run has ended and its events up to its end
 are sent; events that arrive later (a result of a call still in flight when the run was
 cancelled) are there for the next request.
@@ -31,10 +38,10 @@ from outbox.server import shapes
 from outbox.server.db_pool import Q, Store
 from outbox.server.errors import not_found
 from outbox.server.thread_pool import in_thread
-from outbox.server.wakeups import Wakeups, Watch
+from outbox.server.wakeups import FALLBACK_S, Wakeups, Watch
 from outbox.statements import fetch_one
 
-POLL_S = 0.2  # seconds between two reads of the journal
+POLL_S = 0.2  # seconds between two reads of the journal while not woken by notifications
 BATCH = 500  # events read per poll at most
 ENDED = constants.ENDED
 
@@ -82,9 +89,8 @@ async def stream(
     store: Store, tenant: str, run_id: uuid.UUID, after_id: int, hub: Wakeups
 ) -> AsyncIterator[dict[str, Any]]:
     """The SSE events of a run after ``after_id`` (see the module's docstring). Reads
-    again every ``POLL_S``, at once when the run's status changes (``hub``,
-    server.wakeups): most events come without one, so the poll stays."""
-    with hub.watch(run_id) as watch:
+    again at once when the run's journal or status changes (``hub``, server.wakeups)."""
+    with hub.watch(run_id, journal=True) as watch:
         async for event in _events(store, tenant, run_id, after_id, watch):
             yield event
 
@@ -118,4 +124,5 @@ async def _events(
             }
             return
         if len(poll.events) < BATCH or sent == 0:  # a full batch sent: read on at once
-            await watch.changed(POLL_S)
+            settling = bool(cursor.seen) or cursor.end_xmax is not None
+            await watch.changed(POLL_S, listened_s=None if settling else FALLBACK_S)

@@ -27,6 +27,10 @@ the last ``RECENT`` runs' statuses) and wake it at once, the later ones wake it 
 The same connection listens on ``outbox_approvals`` (an approval requested or decided):
 the console's inbox watches a tenant (``watch_tenant``; ``*``: every tenant), and each such
 notification wakes the watchers of its tenant, so N open inboxes cost no more connections.
+
+And on ``outbox_journal`` (a journal event of a run committed): it wakes the watchers of
+that run that follow its journal (``watch(..., journal=True)``: a run's timeline, the run
+event stream), not those that wait for its status alone.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from outbox.logs import log
 logger = logging.getLogger("server.wakeups")  # JSON lines as every server log (outbox.logs)
 CHANNEL = "outbox_runs"  # the channel a run's status change notifies
 APPROVALS = "outbox_approvals"  # the channel an approval requested or decided notifies
+JOURNAL = "outbox_journal"  # the channel a journal event of a run notifies
 FALLBACK_S = 5.0  # seconds between reads of a watched run while the listener is connected
 RECONNECT_S = (0.5, 10.0)  # first and longest wait before the listener connects again
 RECENT = 20_000  # runs whose last notified status is kept for watches placed after it came
@@ -55,11 +60,15 @@ RECENT = 20_000  # runs whose last notified status is kept for watches placed af
 class Watch:
     """One request's view of one run: ``changed`` returns when the run changed (or the
     fallback poll is due). ``quiet``: statuses whose notification does not wake it (a
-    request waiting for its response to settle has nothing to read at ``in_progress``)."""
+    request waiting for its response to settle has nothing to read at ``in_progress``).
+    ``journal``: every journal event of the run wakes it too."""
 
-    def __init__(self, hub: Wakeups, quiet: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, hub: Wakeups, quiet: frozenset[str] = frozenset(), *, journal: bool = False
+    ) -> None:
         self.hub = hub
         self.quiet = quiet
+        self.journal = journal
         self.flag = asyncio.Event()
         # Every notification of the run since its maker's commit wakes this watch: no read
         # is needed before the first wait (the module's docstring).
@@ -78,7 +87,8 @@ class Watch:
 
 
 class Wakeups:
-    """The process's one ``LISTEN outbox_runs`` connection and the watchers per run."""
+    """The process's one ``LISTEN`` connection (``outbox_runs``, ``outbox_approvals``,
+    ``outbox_journal``) and the watchers per run and per tenant."""
 
     def __init__(self, database_url: str, *, listen: bool = True) -> None:
         self.database_url = database_url
@@ -106,13 +116,18 @@ class Wakeups:
 
     @contextlib.contextmanager
     def watch(
-        self, run_id: uuid.UUID, quiet: frozenset[str] = frozenset(), *, since: int | None = None
+        self,
+        run_id: uuid.UUID,
+        quiet: frozenset[str] = frozenset(),
+        *,
+        since: int | None = None,
+        journal: bool = False,
     ) -> Iterator[Watch]:
         """Watch ``run_id`` for the block; a change to a status in ``quiet`` wakes nobody.
         ``since``: ``mark()`` taken before the run was made; when the listener has been
         connected since, the watch is ``primed`` and the run's notifications that came
-        before it wake it at once."""
-        watch = Watch(self, quiet)
+        before it wake it at once. ``journal``: each journal event of the run wakes it."""
+        watch = Watch(self, quiet, journal=journal)
         if since is not None and self.listening and self.epoch == since:
             watch.primed = True
             if run_id in self.recent:
@@ -151,6 +166,17 @@ class Wakeups:
         for watch in targets:
             watch.flag.set()
 
+    def wake_journal(self, run_id: uuid.UUID | None) -> None:
+        """Wake the watchers of ``run_id`` that follow its journal (every such watcher for
+        None: the run is not known)."""
+        if run_id is None:
+            targets = [w for ws in self.watchers.values() for w in ws]
+        else:
+            targets = list(self.watchers.get(run_id, ()))
+        for watch in targets:
+            if watch.journal:
+                watch.flag.set()
+
     def wake(self, run_id: uuid.UUID | None, status: str | None = None) -> None:
         """Wake the watchers of ``run_id`` (every watcher for None) that care for its new
         ``status`` (None: any watcher, the status is not known)."""
@@ -176,7 +202,8 @@ class Wakeups:
                 )
                 async with conn:
                     await conn.execute(f"LISTEN {APPROVALS}")
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                    await conn.execute(f"LISTEN {JOURNAL}")
+                    await conn.execute(f"LISTEN {CHANNEL}")  # last: what pg_stat_activity shows
                     self.epoch += 1
                     self.recent.clear()  # a watch primed by an earlier epoch is refused anyway
                     self.listening, pause = True, RECONNECT_S[0]
@@ -185,6 +212,8 @@ class Wakeups:
                     async for note in conn.notifies():
                         if note.channel == APPROVALS:
                             self.wake_tenant(_tenant_of(note.payload))
+                        elif note.channel == JOURNAL:
+                            self.wake_journal(_run_of(note.payload)[0])
                         else:
                             self.wake(*_run_of(note.payload))
             except asyncio.CancelledError:

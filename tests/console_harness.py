@@ -72,3 +72,21 @@ def quarantined_call(db_url: str, *, tenant: str = "acme") -> int:
         ).tool_call_refs
         ops.quarantine(conn, f"call:{ref}", reason="the tool misbehaves", actor="ops")
     return int(ref)
+
+
+def unknown_call(db_url: str, *, tenant: str = "acme") -> int:
+    """A call of a run of ``tenant`` whose outcome is unknown, as the relay leaves one whose
+    attempt may have acted (tests/integration/test_ops.py); its reference."""
+    ref = quarantined_call(db_url, tenant=tenant)
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            "UPDATE outbox.outbox SET attempts = 1, failures = 1, last_error = 'HTTP 502' "
+            "WHERE tool_call_ref = %s",
+            [ref],
+        )
+        conn.execute(
+            "UPDATE outbox.tool_calls SET status = 'outcome_unknown', attempts = 1, "
+            "last_error = 'HTTP 502', dispatched_attempt = 1 WHERE id = %s",
+            [ref],
+        )
+    return ref

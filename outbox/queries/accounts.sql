@@ -32,3 +32,10 @@ SELECT name, tenant_id, role, csrf_token FROM {s}.console_session_v1(%(token_has
 -- name: signed_out
 -- End a session (and every expired one).
 SELECT {s}.console_signed_out_v1(%(token_hash)s)
+
+-- name: unlock_user
+-- Lift an account's lockout and forget its failed sign-ins; the lock it had, if any.
+UPDATE {s}.console_users u SET failed_attempts = 0, locked_until = NULL
+FROM (SELECT name, locked_until FROM {s}.console_users WHERE name = %(name)s FOR UPDATE) old
+WHERE u.name = old.name
+RETURNING u.name, u.tenant_id, u.role, old.locked_until AS was_locked_until

@@ -85,13 +85,18 @@ def person_of(store: Store, token: str | None) -> Person | None:
 
 async def form(request: Request) -> dict[str, str]:
     """An urlencoded form's fields (the first value of each); empty past the size cap."""
+    return {name: values[0] for name, values in (await form_values(request)).items()}
+
+
+async def form_values(request: Request) -> dict[str, list[str]]:
+    """An urlencoded form's fields, every value of each (checkboxes of one name); empty
+    past the size cap."""
     body = b""
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_FORM_BYTES:
             return {}
-    fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
-    return {name: values[0] for name, values in fields.items()}
+    return parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
 
 
 def csrf_ok(expected: str | None, given: str | None) -> bool:

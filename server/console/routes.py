@@ -20,15 +20,20 @@ may not change the queue).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
+import psycopg
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from psycopg.types.json import Jsonb
 from sse_starlette.sse import EventSourceResponse
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -36,11 +41,11 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from outbox import accounts, approvals, constants, ops
+from outbox import accounts, approvals, constants, lifecycle, limits, ops, policy, registry
 from outbox.accounts import Person
 from outbox.errors import NotFound, OutboxError
 from outbox.server import QUERIES, events
-from outbox.server.console import STATIC, TEMPLATES, auth
+from outbox.server.console import STATIC, TEMPLATES, auth, redact
 from outbox.server.db_pool import Row, Store
 from outbox.server.errors import APIError
 from outbox.server.routes import Config, config
@@ -51,11 +56,15 @@ from outbox.statements import fetch_all, fetch_one
 Q = Queries(QUERIES / "console.sql")
 
 INBOX_LIMIT = 200  # waiting approvals a page shows at most
+CONTEXT_MESSAGES = 6  # messages of the run's thread an approval shows, up to the call's
+CONTEXT_CHARS = 2000  # characters of each of them
 RUNS_PAGE = 50  # runs a page of the list shows
+EXACT_COUNT = 10_000  # the most runs counted exactly; the planner's estimate above
+COUNT_TIMEOUT = "SET LOCAL statement_timeout = '100ms'"  # an exact count's longest time
 BULK_CHUNK = 200  # calls a bulk action changes in one transaction
 RUN_STATUSES = (*constants.ACTIVE, *constants.ENDED)
-LISTENED_S = 30.0  # an inbox stream's longest quiet wait while the listener is connected
-UNLISTENED_S = 2.0  # how often an inbox is told to look again while it is not
+SESSION_CHECK_S = 15.0  # a stream's longest quiet wait before it checks its session again
+UNLISTENED_S = 2.0  # how often a page is told to look again while the listener is down
 SIGN_IN_S = 600  # how long a sign-in form's token lives
 
 ENV = Environment(
@@ -76,8 +85,20 @@ def problem(status: int, message: str, person: Person | None = None) -> HTMLResp
 
 
 async def signed_in(request: Request) -> Person | None:
+    """The person of the request's session; read-only on a console served read-only
+    (``outbox serve --console-read-only``), whatever their role."""
     token = request.cookies.get(auth.COOKIE)
-    return await read_in_thread(auth.person_of, config(request).store, token)
+    person = await read_in_thread(auth.person_of, config(request).store, token)
+    if person is not None and getattr(request.app.state, "console_read_only", False):
+        return dataclasses.replace(person, read_only=True)
+    return person
+
+
+def refused(person: Person, what: str) -> HTMLResponse:
+    """403 for a person who may not do ``what``: read-only, or not in that role."""
+    if person.read_only:
+        return problem(403, "This console is read-only: it changes nothing.", person)
+    return problem(403, what, person)
 
 
 def to_sign_in() -> RedirectResponse:
@@ -140,12 +161,31 @@ def _sign_out(store: Store, token: str) -> None:
 
 
 def waiting(store: Store, person: Person) -> list[Row]:
-    """The approvals waiting in the person's tenant (every tenant's for ``*``)."""
+    """The approvals waiting in the person's tenant (every tenant's for ``*``), each with
+    its ``context``: the turns that led to the call."""
     if person.every_tenant:
         with store.pool.connection() as conn:
-            return approvals.list_approvals(conn, "pending", None, INBOX_LIMIT)
+            rows = approvals.list_approvals(conn, "pending", None, INBOX_LIMIT)
+            return with_context(conn, rows)
     with store.tenant(person.tenant_id) as conn:
-        return approvals.list_approvals(conn, "pending", person.tenant_id, INBOX_LIMIT)
+        rows = approvals.list_approvals(conn, "pending", person.tenant_id, INBOX_LIMIT)
+        return with_context(conn, rows)
+
+
+def with_context(conn: Any, rows: list[Row]) -> list[Row]:
+    """``rows`` (approvals), each given ``context``: the last ``CONTEXT_MESSAGES`` messages
+    of its thread up to the one that asked for the call, each cut to ``CONTEXT_CHARS``
+    characters and then of what looks like a secret (``redact.cut_secrets``)."""
+    params = {
+        "refs": [r["tool_call_ref"] for r in rows],
+        "messages": CONTEXT_MESSAGES,
+        "chars": CONTEXT_CHARS,
+    }
+    turns: dict[int, list[Row]] = {}
+    for turn in fetch_all(conn, Q.approval_context, params) if rows else []:
+        turn["content"] = redact.cut_secrets(turn["content"] or "")
+        turns.setdefault(turn["tool_call_ref"], []).append(turn)
+    return [{**row, "context": turns.get(row["tool_call_ref"], [])} for row in rows]
 
 
 async def inbox(request: Request) -> Response:
@@ -168,20 +208,48 @@ async def inbox_events(request: Request) -> Response:
     person = await signed_in(request)
     if person is None:
         return problem(401, "Sign in again.")
-    return EventSourceResponse(_inbox_changes(config(request), person.tenant_id))
+    session = Session(config(request).store, request.cookies[auth.COOKIE], person)
+    return EventSourceResponse(_inbox_changes(config(request), session, person.tenant_id))
 
 
-async def _inbox_changes(cfg: Config, tenant_id: str) -> AsyncIterator[dict[str, Any]]:
+async def _inbox_changes(
+    cfg: Config, session: Session, tenant_id: str
+) -> AsyncIterator[dict[str, Any]]:
     """``changed`` whenever an approval of the tenant is requested or decided (the server's
     listener on ``outbox_approvals``): the page fetches its list again. ``ready`` first, so
-    a page also catches what changed between its load and this stream's start."""
+    a page also catches what changed between its load and this stream's start;
+    ``signed_out`` and the end once the session has (``Session``)."""
     with cfg.wakeups.watch_tenant(tenant_id) as watch:
         yield {"event": "ready", "data": ""}
         while True:
             watch.clear()
-            await watch.changed(UNLISTENED_S, listened_s=LISTENED_S)
+            await watch.changed(UNLISTENED_S, listened_s=SESSION_CHECK_S)
+            if await session.current() is None:
+                yield SIGNED_OUT
+                return
             if watch.flag.is_set() or not cfg.wakeups.listening:
                 yield {"event": "changed", "data": ""}
+
+
+class Session:
+    """An open stream's session, checked again once ``SESSION_CHECK_S`` passed since the
+    last check: a stream whose session expired or signed out says ``signed_out`` and ends
+    (the page's script then loads the page again, which leads to the sign-in). Not at
+    every change: each change sends the page to read its list, which checks it anyway."""
+
+    def __init__(self, store: Store, token: str, person: Person) -> None:
+        self.store, self.token = store, token
+        self.person: Person | None = person
+        self.checked = time.monotonic()
+
+    async def current(self) -> Person | None:
+        if time.monotonic() - self.checked >= SESSION_CHECK_S:
+            self.person = await read_in_thread(auth.person_of, self.store, self.token)
+            self.checked = time.monotonic()
+        return self.person
+
+
+SIGNED_OUT = {"event": "signed_out", "data": ""}
 
 
 async def decide(request: Request) -> Response:
@@ -190,7 +258,7 @@ async def decide(request: Request) -> Response:
     if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
         return problem(403, "This form did not come from your session.")
     if not person.may_decide:
-        return problem(403, "A viewer decides nothing.", person)
+        return refused(person, "A viewer decides nothing.")
     decision = fields.get("decision", "")
     if decision not in ("approve", "deny"):
         return problem(400, "Choose approve or deny.", person)
@@ -244,18 +312,24 @@ def _decide(
 # -- the runs list ------------------------------------------------------------------------
 
 
-def _filters(request: Request) -> dict[str, Any] | None:
-    """The list's filters and keyset cursor from the query string; None when one is not
-    valid."""
-    query = request.query_params
+def _filters(query: Mapping[str, str]) -> dict[str, Any] | None:
+    """The list's filters and keyset cursor from a query string or a form; None when one is
+    not valid."""
     params: dict[str, Any] = {
         "status": query.get("status") or None,
         "model": query.get("model") or None,
         "tenant_id": query.get("tenant") or None,
+        "tool": query.get("tool") or None,
+        "metadata": None,
         "since": None,
         "before_at": None,
         "before_id": None,
     }
+    if wanted := query.get("metadata", "").strip():
+        pairs = [pair.partition("=") for pair in wanted.split(",")]
+        if any(not key.strip() or not sep for key, sep, _ in pairs):
+            return None
+        params["metadata"] = Jsonb({key.strip(): value.strip() for key, _, value in pairs})
     try:
         if since := query.get("since"):
             params["since"] = datetime.fromisoformat(since)
@@ -269,24 +343,60 @@ def _filters(request: Request) -> dict[str, Any] | None:
     return params
 
 
-def runs_page(store: Store, person: Person, params: dict[str, Any]) -> list[Row]:
-    """One page of runs (``RUNS_PAGE``) of the person's tenant (any for ``*``)."""
-    params = {**params, "limit": RUNS_PAGE}
-    if person.every_tenant:
-        with store.pool.connection() as conn:
-            return fetch_all(conn, Q.runs_page, params)
-    with store.tenant(person.tenant_id) as conn:
-        return fetch_all(conn, Q.runs_page, {**params, "tenant_id": person.tenant_id})
+def runs_page(
+    store: Store, person: Person, params: dict[str, Any]
+) -> tuple[list[Row], tuple[int, bool]]:
+    """One page of runs (``RUNS_PAGE``) of the person's tenant (any for ``*``), and how many
+    runs the filters match (``runs_matched``)."""
+    params = _in_scope(person, params)
+    with _reading(store, person) as conn:
+        rows = fetch_all(conn, Q.runs_page, {**params, "limit": RUNS_PAGE})
+        return rows, runs_matched(conn, params)
+
+
+def _in_scope(person: Person, params: dict[str, Any]) -> dict[str, Any]:
+    """The list's filters, of the person's tenant only (any tenant for ``*``)."""
+    return params if person.every_tenant else {**params, "tenant_id": person.tenant_id}
+
+
+def _reading(store: Store, person: Person) -> AbstractContextManager[Any]:
+    """A transaction that reads what the person may see: the pool's own login for ``*``,
+    their tenant's row-level security otherwise."""
+    return store.pool.connection() if person.every_tenant else store.tenant(person.tenant_id)
+
+
+def runs_matched(conn: Any, params: dict[str, Any]) -> tuple[int, bool]:
+    """How many runs the filters match, and whether exactly: the planner's estimate of
+    the whole list (no scan), then an exact count when the estimate is ``EXACT_COUNT`` or
+    fewer; a count of more would read that many rows on every page. The planner guesses
+    a tool's or metadata's share, so a count it thought small can still read every run:
+    it gives up after ``COUNT_TIMEOUT`` and the estimate stands."""
+    every = {**params, "before_at": None, "before_id": None, "limit": None}
+    (plan,) = conn.execute("EXPLAIN (FORMAT JSON) " + Q.runs_page, every).fetchone()
+    estimate = int(plan[0]["Plan"]["Plan Rows"])
+    if estimate > EXACT_COUNT:
+        return estimate, False
+    try:
+        with conn.transaction():  # a savepoint: a count cut short leaves the page's read
+            conn.execute(COUNT_TIMEOUT)
+            row = fetch_one(conn, "SELECT count(*) AS n FROM (" + Q.runs_page + ") m", every)
+    except psycopg.errors.QueryCanceled:
+        return estimate, False
+    return (int(row["n"]) if row else 0), True
 
 
 async def runs(request: Request) -> Response:
     person = await signed_in(request)
     if person is None:
         return to_sign_in()
-    params = _filters(request)
+    params = _filters(request.query_params)
     if params is None:
-        return problem(400, "A filter of this list is not valid.", person)
-    rows = await read_in_thread(runs_page, config(request).store, person, params)
+        message = (
+            "A filter of this list is not valid: a status of the list, a time as "
+            "2026-12-01T00:00:00+00:00, metadata as key=value pairs separated by commas."
+        )
+        return problem(400, message, person)
+    rows, (matched, exact) = await read_in_thread(runs_page, config(request).store, person, params)
     older = None
     if len(rows) == RUNS_PAGE:
         last = rows[-1]
@@ -296,10 +406,107 @@ async def runs(request: Request) -> Response:
         "runs.html",
         person=person,
         runs=rows,
+        matched=matched,
+        exact=exact,
         older=older,
         statuses=RUN_STATUSES,
         chosen=request.query_params,
     )
+
+
+# -- bulk cancel of runs ------------------------------------------------------------------
+
+
+async def bulk_cancel(request: Request) -> Response:
+    """Cancel the active runs of a selection (``scope=selection``: the ``run`` checkboxes)
+    or of everything the list's filters match (``scope=filter``). The first post answers the
+    count to confirm; a post that confirms the count the server counts again now runs, in
+    chunks (``BULK_CHUNK`` runs a transaction), each run through ``lifecycle.cancel_run``
+    with the person as actor (journaled as ``outbox runs cancel``), each once."""
+    person = await signed_in(request)
+    values = await auth.form_values(request)
+    fields = {name: given[0] for name, given in values.items()}
+    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
+        return problem(403, "This form did not come from your session.")
+    if not person.may_operate:
+        return refused(person, "Only an operator cancels runs.")
+    selected: list[uuid.UUID] | None = None
+    params: dict[str, Any] | None = None
+    if fields.get("scope") == "selection":
+        try:
+            selected = sorted({uuid.UUID(v) for v in values.get("run", [])})
+        except ValueError:
+            return problem(400, "A selected run is not a run id.", person)
+        if not selected:
+            return problem(400, "Select the runs to cancel first.", person)
+    else:
+        params = _filters(fields)
+        if params is None:
+            return problem(400, "A filter of this list is not valid.", person)
+        params = _in_scope(person, params)
+    store = config(request).store
+    count = await read_in_thread(_count_cancellable, store, person, params, selected)
+    context: dict[str, Any] = {"person": person, "count": count, "selected": selected}
+    context["fields"] = fields
+    if fields.get("confirm") != str(count) or count == 0:
+        return page("bulk_cancel.html", **context)
+    done, skipped = await in_thread(_cancel_all, store, person, params, selected)
+    message = f"Cancelled {done} runs" + (f"; {skipped} had ended meanwhile." if skipped else ".")
+    return page("bulk_cancel.html", **context, done=message)
+
+
+def _count_cancellable(
+    store: Store, person: Person, params: dict[str, Any] | None, selected: list[uuid.UUID] | None
+) -> int:
+    """How many active runs the selection or the filters take (that the person may see)."""
+    with _reading(store, person) as conn:
+        if selected is not None:
+            row = fetch_one(conn, Q.active_runs_count, {"ids": selected, "active": ACTIVE})
+        else:
+            every = {**(params or {}), "before_at": None, "before_id": None, "limit": None}
+            query = (
+                "SELECT count(*) AS n FROM (" + Q.runs_page + ") m WHERE m.status = ANY(%(active)s)"
+            )
+            row = fetch_one(conn, query, {**every, "active": ACTIVE})
+    return int(row["n"]) if row else 0
+
+
+def _cancel_all(
+    store: Store, person: Person, params: dict[str, Any] | None, selected: list[uuid.UUID] | None
+) -> tuple[int, int]:
+    """Cancel in chunks of ``BULK_CHUNK`` runs, one transaction each: a selection in the
+    order of its ids, a filter newest first by its keyset (a cancel changes neither key, so
+    each run is taken once). The runs are read as the person may see them; the cancel runs
+    as the pool's own login, as the command line's. (cancelled, skipped)."""
+    done = skipped = position = 0
+    cursor: tuple[Any, Any] = (None, None)
+    while True:
+        with _reading(store, person) as conn:
+            if selected is not None:
+                chunk = selected[position : position + BULK_CHUNK]
+                position += BULK_CHUNK
+                rows = fetch_all(conn, Q.active_runs_of, {"ids": chunk, "active": ACTIVE})
+                more = bool(chunk)
+            else:
+                keyset = {"before_at": cursor[0], "before_id": cursor[1], "limit": BULK_CHUNK}
+                rows = fetch_all(conn, Q.runs_page, {**(params or {}), **keyset})
+                more = bool(rows)
+                if rows:
+                    cursor = (rows[-1]["created_at"], rows[-1]["id"])
+        if not more:
+            return done, skipped
+        with store.pool.connection() as conn:
+            for row in rows:
+                if row["status"] not in ACTIVE:
+                    continue
+                try:
+                    lifecycle.cancel_run(conn, row["id"], row["tenant_id"], actor=person.name)
+                    done += 1
+                except OutboxError:
+                    skipped += 1  # it ended meanwhile
+
+
+ACTIVE = list(constants.ACTIVE)
 
 
 # -- parked calls -------------------------------------------------------------------------
@@ -328,15 +535,24 @@ async def act_on_call(request: Request) -> Response:
     fields = await auth.form(request)
     if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
         return problem(403, "This form did not come from your session.")
-    if person.role != "operator":
-        return problem(403, "Only an operator acts on calls.", person)
+    if not person.may_operate:
+        return refused(person, "Only an operator acts on calls.")
     action = request.path_params["action"]
-    if action not in OPERATOR_ACTIONS:
+    if action not in (*OPERATOR_ACTIONS, "reconcile"):
         return problem(404, "No such action.", person)
     ref = int(request.path_params["ref"])
+    settled: tuple[bool, Any] | None = None
+    if action == "reconcile":
+        settled = _settlement(fields)
+        if settled is None:
+            message = (
+                "Say whether the call's side effect happened and, if it did, give what the "
+                'tool answered as JSON (for example {"refund_id": "r-7"}).'
+            )
+            return problem(400, message, person)
     store = config(request).store
     try:
-        await in_thread(_act_on_call, store, person, ref, action)
+        await in_thread(_act_on_call, store, person, ref, action, settled)
     except NotFound:
         return problem(404, f"No tool call {ref} in your tenant.", person)
     except OutboxError as err:
@@ -346,17 +562,37 @@ async def act_on_call(request: Request) -> Response:
     return RedirectResponse("/console/parked", status_code=303)
 
 
-def _act_on_call(store: Store, person: Person, ref: int, action: str) -> None:
-    """``ops.requeue`` or ``ops.release`` of the call, journaled with the person as actor.
-    The call must be the person's tenant's (read under its row-level security); the action
-    then runs as the pool's own login, as the command line's (``outbox_api`` may not change
-    the queue)."""
+def _settlement(fields: dict[str, str]) -> tuple[bool, Any] | None:
+    """A reconcile form's word: (happened, the call's output); None when it is not valid."""
+    happened = fields.get("happened")
+    if happened == "no":
+        return False, None
+    if happened != "yes":
+        return None
+    try:
+        return True, json.loads(fields.get("result", ""))
+    except ValueError:
+        return None
+
+
+def _act_on_call(
+    store: Store, person: Person, ref: int, action: str, settled: tuple[bool, Any] | None
+) -> None:
+    """``ops.requeue``, ``ops.release`` or ``ops.reconcile`` (``settled``: whether the side
+    effect happened, and its output) of the call, journaled with the person as actor, as
+    ``outbox requeue``, ``release`` and ``reconcile``. The call must be the person's
+    tenant's (read under its row-level security); the action then runs as the pool's own
+    login, as the command line's (``outbox_api`` may not change the queue)."""
     if not person.every_tenant:
         with store.tenant(person.tenant_id) as conn:
             if fetch_one(conn, Q.call_tenant, {"id": ref}) is None:
                 raise NotFound(f"tool call {ref} does not exist")
     with store.pool.connection() as conn:
-        OPERATOR_ACTIONS[action](conn, f"call:{ref}", actor=person.name)
+        if settled is not None:
+            happened, result = settled
+            ops.reconcile(conn, f"call:{ref}", happened=happened, result=result, actor=person.name)
+        else:
+            OPERATOR_ACTIONS[action](conn, f"call:{ref}", actor=person.name)
 
 
 OPERATOR_ACTIONS: dict[str, Any] = {"requeue": ops.requeue, "release": ops.release}
@@ -371,8 +607,8 @@ async def bulk_requeue(request: Request) -> Response:
     fields = await auth.form(request)
     if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
         return problem(403, "This form did not come from your session.")
-    if person.role != "operator":
-        return problem(403, "Only an operator acts on calls.", person)
+    if not person.may_operate:
+        return refused(person, "Only an operator acts on calls.")
     tool = fields.get("tool") or None
     store = config(request).store
     count = await read_in_thread(_count_quarantined, store, person, tool)
@@ -423,18 +659,138 @@ def _requeue_all(store: Store, person: Person, tool: str | None) -> tuple[int, i
         after = chunk[-1]
 
 
+# -- operations ---------------------------------------------------------------------------
+
+
+def operations_view(store: Store, person: Person) -> dict[str, Any]:
+    """What an operator watches, of the person's tenant (every tenant's for ``*``): stuck
+    runs, the queue, the tools with their switches and limits, the tenants with their
+    pauses and budgets. Read as the pool's own login, as the command line reads them (the
+    views run with their owner's rights; no tenant role is granted them), each filtered to
+    the person's tenant; the budgets under the tenant's row-level security."""
+    scope = _scope(person)
+
+    def mine(tenant_id: str) -> bool:
+        return scope is None or tenant_id in (scope, policy.ALL_TENANTS)
+
+    with store.pool.connection() as conn:
+        stuck = fetch_all(conn, Q.stuck_runs, {"tenant_id": scope, "limit": INBOX_LIMIT})
+        queue = fetch_all(conn, Q.queue_health, {"tenant_id": scope})
+        tools = [t for t in registry.list_tools(conn) if mine(t["tenant_id"])]
+        switched = [s for s in policy.switches(conn) if mine(s["tenant_id"])]
+        pauses = [p for p in policy.pauses(conn) if mine(p["tenant_id"])]
+        lanes = {(lane["scope"], lane["name"]): lane for lane in limits.in_flight(conn)}
+        claims = ops.queue_stats(conn)["claim_to_start"] if scope is None else None
+        if scope is None:
+            tenant_budgets = fetch_all(conn, Q.tenant_budgets, {"tenant_id": None})
+    if scope is not None:
+        with store.tenant(scope) as conn:
+            tenant_budgets = fetch_all(conn, Q.tenant_budgets, {"tenant_id": scope})
+    tenants = sorted(
+        {*(p["tenant_id"] for p in pauses), *(b["tenant_id"] for b in tenant_budgets)}
+        | {name for kind, name in lanes if kind == "tenant" and mine(name)}
+        | ({scope} if scope is not None else set())
+    )
+    return {
+        "stuck": stuck,
+        "queue": queue,
+        "claims": claims,
+        "tools": [
+            {
+                **tool,
+                "switches": [s for s in switched if s["tool_name"] == tool["name"]],
+                "lane": lanes.get(("tool", tool["name"])),
+            }
+            for tool in tools
+        ],
+        "tenants": [
+            {
+                "tenant_id": tenant,
+                "pause": next((p for p in pauses if p["tenant_id"] == tenant), None),
+                "budget": next((b for b in tenant_budgets if b["tenant_id"] == tenant), None),
+                "lane": lanes.get(("tenant", tenant)),
+            }
+            for tenant in tenants
+        ],
+    }
+
+
+async def operations(request: Request) -> Response:
+    person = await signed_in(request)
+    if person is None:
+        return to_sign_in()
+    view = await read_in_thread(operations_view, config(request).store, person)
+    return page("operations.html", person=person, message="", **view)
+
+
+async def operate(request: Request) -> Response:
+    """A tool's kill switch (``disable``, ``enable``) or a tenant's pause (``pause``,
+    ``resume``): ``outbox.policy``'s functions, as ``outbox tools disable`` and ``outbox
+    tenants pause`` call them, journaled with the person as the actor. Only an operator
+    acts, a tenant's operator only on their tenant (a tool: for their tenant only)."""
+    person = await signed_in(request)
+    fields = await auth.form(request)
+    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
+        return problem(403, "This form did not come from your session.")
+    if not person.may_operate:
+        return refused(person, "Only an operator changes switches and pauses.")
+    action = request.path_params["action"]
+    if action not in OPERATIONS:
+        return problem(404, "No such action.", person)
+    tenant = fields.get("tenant") or person.tenant_id
+    if not person.every_tenant and tenant != person.tenant_id:
+        return problem(403, f"You act on tenant {person.tenant_id} only.", person)
+    if action in ("pause", "resume") and tenant == policy.ALL_TENANTS:
+        return problem(400, "Name the tenant to pause or resume.", person)
+    store = config(request).store
+    try:
+        await in_thread(_operate, store, person, action, tenant, fields)
+    except OutboxError as err:
+        view = await read_in_thread(operations_view, store, person)
+        message = err.args[0] if err.args else str(err)
+        return page("operations.html", 409, person=person, message=message, **view)
+    return RedirectResponse("/console/operations", status_code=303)
+
+
+def _operate(
+    store: Store, person: Person, action: str, tenant: str, fields: dict[str, str]
+) -> None:
+    reason, tool = fields.get("reason", ""), fields.get("tool", "")
+    with store.pool.connection() as conn:
+        if action == "disable":
+            policy.disable_tool(conn, tool, tenant, actor=person.name, reason=reason)
+        elif action == "enable":
+            policy.enable_tool(conn, tool, tenant, actor=person.name)
+        elif action == "pause":
+            policy.pause_tenant(conn, tenant, actor=person.name, reason=reason)
+        else:
+            policy.resume_tenant(conn, tenant, actor=person.name)
+
+
+OPERATIONS = ("disable", "enable", "pause", "resume")
+
+
 # -- a run's timeline ---------------------------------------------------------------------
+
+
+def run_state(store: Store, person: Person, run_id: uuid.UUID) -> tuple[str, str]:
+    """The run's tenant and status, if the person may see the run (NotFound otherwise)."""
+    if person.every_tenant:
+        with store.pool.connection() as conn:
+            row = fetch_one(conn, Q.run_state, {"run_id": run_id})
+    else:
+        with store.tenant(person.tenant_id) as conn:
+            row = fetch_one(conn, Q.run_state, {"run_id": run_id})
+    if row is None:
+        raise NotFound(f"run {run_id} does not exist")
+    return str(row["tenant_id"]), str(row["status"])
 
 
 def timeline(store: Store, person: Person, run_id: uuid.UUID) -> tuple[str, events.Poll]:
     """The run's tenant and its status and journal events (the first ``events.BATCH``)."""
     tenant = person.tenant_id
     if person.every_tenant:
-        with store.pool.connection() as conn:
-            row = conn.execute(Q.run_tenant, {"run_id": run_id}).fetchone()
-        if row is None:
-            raise NotFound(f"run {run_id} does not exist")
-        tenant = str(row[0])
+        tenant, _status = run_state(store, person, run_id)
     try:
         return tenant, events.read(store, tenant, run_id, 0)
     except APIError as err:
@@ -472,26 +828,41 @@ async def run_events(request: Request) -> Response:
     run_id = _run_id(request)
     if person is None or run_id is None:
         return problem(401, "Sign in again.")
-    store = config(request).store
     try:
-        tenant, _poll = await read_in_thread(timeline, store, person, run_id)
+        await read_in_thread(run_state, config(request).store, person, run_id)
     except NotFound:
         return problem(404, f"No run {run_id} in your tenant.", person)
-    after = request.query_params.get("after", "0")
-    after_id = int(after) if after.isdigit() else 0
-    return EventSourceResponse(_run_changes(config(request), tenant, run_id, after_id))
+    session = Session(config(request).store, request.cookies[auth.COOKIE], person)
+    return EventSourceResponse(_run_changes(config(request), session, run_id))
 
 
 async def _run_changes(
-    cfg: Config, tenant: str, run_id: uuid.UUID, after_id: int
+    cfg: Config, session: Session, run_id: uuid.UUID
 ) -> AsyncIterator[dict[str, Any]]:
-    """``changed`` for each new journal event of the run (the API's run event stream,
-    server.events), ``end`` once it ended."""
-    async for event in events.stream(cfg.store, tenant, run_id, after_id, cfg.wakeups):
-        if event["event"] == "end":
-            yield {"event": "end", "data": ""}
-            return
-        yield {"event": "changed", "id": event["id"], "data": ""}
+    """``changed`` whenever a journal event of the run or a change of its status commits
+    (the server's listener on ``outbox_journal`` and ``outbox_runs``, server.wakeups): the
+    page fetches its timeline again. ``end`` once the run ended, ``signed_out`` once the
+    session did (``Session``). It never reads the journal itself: a change costs a read of
+    the run's status, and a quiet run only the session's every ``SESSION_CHECK_S``."""
+    with cfg.wakeups.watch(run_id, journal=True) as watch:
+        yield {"event": "ready", "data": ""}
+        while True:
+            watch.clear()  # before the reads: a change during them wakes the wait below
+            person = await session.current()
+            if person is None:
+                yield SIGNED_OUT
+                return
+            try:
+                _tenant, status = await read_in_thread(run_state, cfg.store, person, run_id)
+            except NotFound:  # its thread deleted meanwhile
+                yield {"event": "end", "data": ""}
+                return
+            if status in constants.ENDED:
+                yield {"event": "end", "data": ""}
+                return
+            await watch.changed(UNLISTENED_S, listened_s=SESSION_CHECK_S)
+            if watch.flag.is_set() or not cfg.wakeups.listening:
+                yield {"event": "changed", "data": ""}
 
 
 async def home(_request: Request) -> Response:
@@ -512,7 +883,10 @@ MOUNT = Mount(
         Route("/parked", parked, methods=["GET"]),
         Route("/parked/bulk-requeue", bulk_requeue, methods=["POST"]),
         Route("/parked/{ref:int}/{action}", act_on_call, methods=["POST"]),
+        Route("/operations", operations, methods=["GET"]),
+        Route("/operations/{action}", operate, methods=["POST"]),
         Route("/runs", runs, methods=["GET"]),
+        Route("/runs/bulk-cancel", bulk_cancel, methods=["POST"]),
         Route("/runs/{run_id}", run_page, methods=["GET"]),
         Route("/runs/{run_id}/timeline", run_fragment, methods=["GET"]),
         Route("/runs/{run_id}/events", run_events, methods=["GET"]),

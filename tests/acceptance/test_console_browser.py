@@ -144,6 +144,8 @@ def test_a_reviewer_sees_a_call_arrive_live_approves_it_and_the_run_completes(
             assert tokenless.status == 403
             expect(card.locator("pre.arguments")).to_contain_text('"subject": "refund 42"')
             expect(card).to_contain_text(str(run.id))
+            # The turns that led to the call, as text: the user's message first.
+            expect(card.locator('li.turn[data-role="user"]')).to_contain_text("pay bob")
             shoot(page, "inbox.png")
 
             # The run's timeline, open before the decision, follows it without a reload.
@@ -165,6 +167,10 @@ def test_a_reviewer_sees_a_call_arrive_live_approves_it_and_the_run_completes(
             assert timeline.evaluate("window.notReloaded") is True
             shoot(timeline, "timeline.png")
             assert len(service.tool("send_email").effects) == 1
+            timeline.goto(f"{console}/operations")
+            expect(timeline.get_by_role("heading", name="Stuck runs")).to_be_visible()
+            expect(timeline.locator('tr[data-tool="send_email"]')).to_have_count(1)
+            shoot(timeline, "operations.png")
 
         # The other tenant's reviewer saw nothing of it, live or on a reload.
         other.reload()

@@ -15,6 +15,7 @@ import pytest
 
 from outbox import lifecycle, registry, writer
 from outbox.schemas import StartRun
+from outbox.statements import journal
 from outbox.testing.scripted_model import ScriptedModel
 from tests.relay_harness import TENANT, relay_thread
 
@@ -117,3 +118,33 @@ def test_run_notify_off_tells_nothing(db_url, model, listener):
     assert all(
         json.loads(n.payload)["run_id"] != str(quiet.id) for n in listener.notifies(timeout=0.5)
     )
+
+
+def test_a_runs_journal_events_are_told_once_a_transaction_after_commit(db_url, model, listener):
+    """NOTIFY outbox_journal: a transaction that journals events of a run tells it once,
+    when it commits; nothing for one rolled back, for an event of no run, or under
+    ``outbox.run_notify = 'off'``."""
+    with psycopg.connect(db_url) as conn:
+        run, other = start(conn, model, "approve"), start(conn, model, "approve")
+        conn.commit()
+        listener.execute("LISTEN outbox_journal")  # from here on: not the starts' own
+        for n in range(3):
+            journal(conn, f"test.step_{n}", TENANT, run_id=run.id)
+        journal(conn, "test.of_no_run", TENANT)
+        conn.commit()
+        journal(conn, "test.rolled_back", TENANT, run_id=run.id)
+        conn.rollback()
+        conn.execute("SET outbox.run_notify = 'off'")
+        journal(conn, "test.unnoticed", TENANT, run_id=run.id)
+        conn.commit()
+        conn.execute("SET outbox.run_notify = 'on'")
+        journal(conn, "test.last", TENANT, run_id=other.id)
+        conn.commit()
+    seen = []
+    for note in listener.notifies(timeout=WAIT_S):
+        if note.channel == "outbox_journal":
+            seen.append(json.loads(note.payload))
+        if len(seen) == 2:
+            break
+    told = [{"schema": "outbox", "tenant_id": TENANT, "run_id": str(r.id)} for r in (run, other)]
+    assert seen == told  # the three of one transaction, then the other run's, nothing between

@@ -16,7 +16,8 @@ import psycopg
 import pytest
 
 from outbox import keys
-from tests.helpers import server_logs
+from outbox.statements import journal
+from tests.helpers import in_thread, server_logs
 from tests.relay_harness import scalar, wait_until
 from tests.serve_harness import client, serve
 
@@ -388,6 +389,40 @@ def test_run_events_stream_the_journal_and_resume_from_last_event_id(
         headers={"Authorization": f"Bearer {api_keys['acme']}", "Last-Event-ID": "x"},
     )
     assert refused.status_code == 400
+    sdk.close()
+
+
+def test_run_events_wake_on_a_journal_event_not_on_a_timer(db_url, base_url, api_keys, monkeypatch):
+    """An open run event stream reads the journal again when the run's journal notifies
+    (``NOTIFY outbox_journal``), not on a timer: with the quiet run's reread pushed out of
+    the test's reach, a journal event that changes no status still reaches it."""
+    from outbox.server import events
+
+    monkeypatch.setattr(events, "FALLBACK_S", 600.0)
+    reads = []
+    read = events.read
+    monkeypatch.setattr(events, "read", lambda *args: reads.append(1) or read(*args))
+    sdk = client(base_url, api_keys["acme"])
+    assistant = sdk.beta.assistants.create(model="scripted-1")
+    run = sdk.beta.threads.create_and_run(
+        assistant_id=assistant.id,
+        thread={"messages": [{"role": "user", "content": "hello"}]},
+    )  # no relay: it stays queued
+    headers = {"Authorization": f"Bearer {api_keys['acme']}"}
+    with httpx2.stream(
+        "GET", f"{base_url}/runs/{run.id}/events", headers=headers, timeout=60
+    ) as response:
+        received = sse(response)
+        assert next(received)["event"] == "run.created"
+        # The route's read (the run exists), then the stream's: it reads, reads again to
+        # send the event once final, reads once more: nothing pending, so it now waits for
+        # a notification (or the pushed-out reread).
+        wait_until(lambda: len(reads) >= 4, timeout_s=30, what="the stream's third read")
+        with psycopg.connect(db_url) as conn:
+            journal(conn, "test.noted", "acme", run_id=run.id)
+        reader, told = in_thread(lambda: next(received))
+        reader.join(timeout=30)
+        assert told.get("result", {}).get("event") == "test.noted", told
     sdk.close()
 
 

@@ -28,6 +28,8 @@ function live(section) {
   stream.addEventListener("ready", refresh);
   stream.addEventListener("changed", refresh);
   stream.addEventListener("end", () => { stream.close(); refresh(); });
+  // The session expired or was signed out: the page again, which leads to the sign-in.
+  stream.addEventListener("signed_out", () => { stream.close(); window.location.reload(); });
 }
 
 function countdowns(root) {

@@ -1,0 +1,2 @@
+DROP TRIGGER journal_notify ON {s}.journal;
+DROP FUNCTION {s}.journal_notify();
