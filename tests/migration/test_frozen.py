@@ -128,6 +128,9 @@ PINNED = {
     "0054_console_accounts.py": "96a1eafa62a0f43d",
     "0054_console_accounts.sql": "37a10d93b73236f1",
     "0054_console_accounts_down.sql": "f2413759f89de1cb",
+    "0056_tenant_keys.py": "8de11dee8c2afd22",
+    "0056_tenant_keys.sql": "f5fd913d74d13e8f",
+    "0056_tenant_keys_down.sql": "ee174ef8705dce4a",
 }
 
 
