@@ -13,8 +13,9 @@ back; each in a transaction of its own, so one refusal does not hide the next.
 distribute a table with triggers without it); ``--direct-policies`` first rewrites the
 row-level security policies to call ``current_tenant_v1()`` directly rather than through a
 subquery (Citus refuses subqueries in the policies of its tables). Then the claim is tried
-across tenants and for one tenant. Prints a line per table, foreign key and probe, with the
-error of each refusal; ``--json PATH`` writes them too.
+across tenants and for one tenant. ``--exercise`` then walks one run through the writer API
+and the relay's statements (``exercise``). Prints a line per table, foreign key, probe and
+step, with the error of each refusal; ``--json PATH`` writes them too.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ import re
 from typing import Any
 
 import psycopg
+
+from bench import seed
+from outbox import tenancy, writer
+from outbox.relay.config import RelayConfig
+from outbox.relay.worker import Worker
+from outbox.schemas import ModelTurnIn, StartRun, ToolCallIn, ToolResultIn
 
 SCHEMA = "outbox"
 
@@ -171,26 +178,97 @@ def probe(url: str) -> list[dict[str, Any]]:
     return rows
 
 
+def exercise(url: str) -> list[dict[str, Any]]:
+    """One run of tenant-a, step by step as a backend and a relay write it, and the reads
+    of a tenant's role under row-level security; each step in a transaction of its own."""
+    rows: list[dict[str, Any]] = []
+    made: dict[str, Any] = {}
+
+    def step(name: str, body: Any) -> None:
+        try:
+            with psycopg.connect(url) as conn:
+                body(conn)
+                conn.commit()
+        except Exception as error:  # every refusal is a finding: report it and go on
+            rows.append({"step": name, "refused": " ".join(str(error).split())[:300]})
+            return
+        rows.append({"step": name, "refused": None})
+
+    def start(conn: psycopg.Connection[Any]) -> None:
+        thread = writer.create_thread(conn, "tenant-a")
+        made["run"] = writer.start_run(
+            conn,
+            StartRun(tenant_id="tenant-a", thread_id=thread.id, model="m", tools=["echo"]),
+        )
+
+    def model_turn(conn: psycopg.Connection[Any]) -> None:
+        call = ToolCallIn(tool_call_id="call_1", name="echo", arguments={"n": 1})
+        turn = ModelTurnIn(
+            tenant_id="tenant-a", run_id=made["run"].id, step_no=1, tool_calls=[call]
+        )
+        made["call"] = writer.record_model_turn(conn, turn).tool_call_refs[0]
+
+    def relay_claim(conn: psycopg.Connection[Any]) -> None:
+        worker = Worker(RelayConfig(database_url=url))
+        link = worker.claim_link()
+        try:
+            worker._claim(link, 10, ["tool_call"])
+        finally:
+            link.close()
+
+    def result(conn: psycopg.Connection[Any]) -> None:
+        writer.record_tool_result(
+            conn,
+            ToolResultIn(tenant_id="tenant-a", tool_call_ref=made["call"], status="ok", output={}),
+        )
+
+    def scoped_read(conn: psycopg.Connection[Any]) -> None:
+        conn.execute("SET LOCAL ROLE outbox_writer")
+        tenancy.scope(conn, "tenant-a")
+        seen = conn.execute(f"SELECT count(*) FROM {SCHEMA}.runs").fetchone()
+        if not seen or seen[0] == 0:
+            raise RuntimeError("tenant-a's role sees none of its runs")
+
+    step(
+        "register a tool (reference table)",
+        lambda conn: seed.register_python_tool(url, "echo", "bench.tools:noop"),
+    )
+    step("create_thread + start_run", start)
+    step("record_model_turn with a call", model_turn)
+    step("the relay's claim", relay_claim)
+    step("record_tool_result", result)
+    step("a tenant's role reads its runs (RLS)", scoped_read)
+    step(
+        "the operators' view stuck_runs",
+        lambda conn: conn.execute(f"SELECT * FROM {SCHEMA}.stuck_runs").fetchall(),
+    )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.citus", description=__doc__)
     parser.add_argument("url", help="the coordinator's database, migrated, with citus")
     parser.add_argument("--unsafe-triggers", action="store_true")
     parser.add_argument("--direct-policies", action="store_true")
+    parser.add_argument("--exercise", action="store_true")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     tables = distribute(args.url, args.unsafe_triggers, args.direct_policies)
     probes = probe(args.url)
+    steps = exercise(args.url) if args.exercise else []
     for row in tables:
         print(f"{row['table']:<22} {row['as']:<12} {row['refused'] or 'ok'}")
     for row in probes:
         print(f"{row['probe']:<35} {row['refused'] or 'ok'}")
+    for row in steps:
+        print(f"{row['step']:<40} {row['refused'] or 'ok'}")
     refused = sum(1 for row in tables if row["refused"])
     print(
         f"{len(tables) - refused} of {len(tables)} tables and foreign keys made; {refused} refused"
     )
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"tables": tables, "probes": probes}, out, indent=2)
+            json.dump({"tables": tables, "probes": probes, "steps": steps}, out, indent=2)
 
 
 if __name__ == "__main__":
