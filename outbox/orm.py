@@ -56,7 +56,7 @@ def _pk() -> Any:
 
 class Thread(Base):
     __tablename__ = "threads"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (Index("threads_created", "created_at"),)
 
     id: Mapped[uuid.UUID] = mapped_column(
@@ -81,7 +81,7 @@ class Thread(Base):
 
 class Run(Base):
     __tablename__ = "runs"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         ForeignKeyConstraint(
             ["thread_id", "tenant_id"],
@@ -201,7 +201,7 @@ class Run(Base):
 
 class Message(Base):
     __tablename__ = "messages"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         ForeignKeyConstraint(
             ["thread_id", "tenant_id"],
@@ -259,7 +259,7 @@ class Message(Base):
 
 class ModelTurn(Base):
     __tablename__ = "model_turns"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         UniqueConstraint("run_id", "step_no", "tenant_id", name="model_turns_run_step_key"),
         ForeignKeyConstraint(
@@ -299,7 +299,7 @@ class ModelTurn(Base):
 
 class ToolBatch(Base):
     __tablename__ = "tool_batches"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         UniqueConstraint("run_id", "step_no", "tenant_id", name="tool_batches_run_step_key"),
         ForeignKeyConstraint(
@@ -336,7 +336,7 @@ class ToolBatch(Base):
 
 class ToolCall(Base):
     __tablename__ = "tool_calls"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         UniqueConstraint("run_id", "tool_call_id", "tenant_id", name="tool_calls_run_call_key"),
         UniqueConstraint("batch_id", "position", "tenant_id", name="tool_calls_batch_position_key"),
@@ -414,7 +414,7 @@ class ToolCall(Base):
 
 class ToolResult(Base):
     __tablename__ = "tool_results"
-    __mapper_args__ = {"primary_key": ["tool_call_ref"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["tool_call_ref"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         ForeignKeyConstraint(
             ["tool_call_ref", "tenant_id"],
@@ -455,7 +455,7 @@ class ToolResult(Base):
 
 class OrphanedResult(Base):
     __tablename__ = "orphaned_results"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         ForeignKeyConstraint(
             ["tool_call_ref", "tenant_id"],
@@ -514,7 +514,7 @@ class Payload(Base):
 
 class Submission(Base):
     __tablename__ = "submissions"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         UniqueConstraint("batch_id", "tenant_id", name="submissions_one_per_batch"),
         ForeignKeyConstraint(
@@ -538,7 +538,7 @@ class Submission(Base):
 
 class OutboxRow(Base):
     __tablename__ = "outbox"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         UniqueConstraint("dedup_key", "tenant_id", name="outbox_dedup_key"),
         Index("outbox_ready", "available_at", "id", postgresql_where=text("status = 'ready'")),
@@ -672,7 +672,7 @@ class JournalEvent(Base):
     holds the partition key, as a partitioned table's must."""
 
     __tablename__ = "journal"
-    __mapper_args__ = {"primary_key": ["id", "at"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id", "at"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         Index("journal_run", "run_id", "id"),
         Index("journal_at", "at"),
@@ -819,7 +819,7 @@ class Compaction(Base):
     """The summary of a thread's oldest messages that the model sees in their place."""
 
     __tablename__ = "compactions"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         UniqueConstraint("run_id", "step_no", "tenant_id", name="compactions_one_per_step"),
         ForeignKeyConstraint(
@@ -933,7 +933,7 @@ class Approval(Base):
     """A tool call waiting for a decision, bound to its arguments' digest."""
 
     __tablename__ = "approvals"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         UniqueConstraint("tool_call_ref", "tenant_id", name="approvals_one_per_call"),
         ForeignKeyConstraint(
@@ -1115,7 +1115,7 @@ class Assistant(Base):
     """An assistant of the Assistants protocol."""
 
     __tablename__ = "assistants"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         {
             "comment": "assistants of the Assistants protocol (outbox serve): model, "
@@ -1142,7 +1142,7 @@ class AssistantRun(Base):
     """What the Assistants protocol keeps of a run beside it."""
 
     __tablename__ = "assistant_runs"
-    __mapper_args__ = {"primary_key": ["run_id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["run_id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         ForeignKeyConstraint(
             ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="assistant_runs_run_fk"
@@ -1172,7 +1172,7 @@ class WebhookEndpoint(Base):
     """Where a tenant's run events are POSTed, signed."""
 
     __tablename__ = "webhook_endpoints"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         Index("webhook_endpoints_tenant", "tenant_id", postgresql_where=text("removed_at IS NULL")),
         {
@@ -1199,7 +1199,7 @@ class WebhookDelivery(Base):
     """One webhook event for one endpoint, delivered once."""
 
     __tablename__ = "webhook_deliveries"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         UniqueConstraint("endpoint_id", "event_key", "tenant_id", name="webhook_deliveries_once"),
         ForeignKeyConstraint(
@@ -1230,7 +1230,7 @@ class Response(Base):
     """A response of the Responses protocol: a stretch of a run."""
 
     __tablename__ = "responses"
-    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         ForeignKeyConstraint(
             ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="responses_run_fk"
@@ -1306,7 +1306,7 @@ class ArchivedRun(Base):
     """A retained run with its rows as one document, partitioned by day."""
 
     __tablename__ = "archived_runs"
-    __mapper_args__ = {"primary_key": ["id", "archived_at"]}  # noqa: RUF012 (identity: _pk)
+    __mapper_args__ = {"primary_key": ["id", "archived_at"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         Index("archived_runs_run", "run_id"),
         Index("archived_runs_thread", "thread_id"),
