@@ -47,21 +47,22 @@ def _now() -> Any:
     return mapped_column(DateTime(timezone=True), nullable=False, server_default=text("now()"))
 
 
+# A tenant's table has a primary key that ends with tenant_id, so the tables can be
+# distributed by tenant (docs/scale.md); its rows keep the ORM identity of the id alone
+# (``__mapper_args__``), which the database makes unique: ``session.get(Run, run_id)``.
 def _pk() -> Any:
     return mapped_column(BigInteger, Identity(always=True), primary_key=True)
 
 
 class Thread(Base):
     __tablename__ = "threads"
-    __table_args__ = (
-        UniqueConstraint("id", "tenant_id", name="threads_id_tenant_key"),
-        Index("threads_created", "created_at"),
-    )
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
+    __table_args__ = (Index("threads_created", "created_at"),)
 
     id: Mapped[uuid.UUID] = mapped_column(
         UUID, primary_key=True, server_default=text("gen_random_uuid()")
     )
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     title: Mapped[str | None] = mapped_column(Text)
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSONB)
     next_seq: Mapped[int] = mapped_column(Integer, server_default=text("1"))
@@ -80,6 +81,7 @@ class Thread(Base):
 
 class Run(Base):
     __tablename__ = "runs"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         ForeignKeyConstraint(
             ["thread_id", "tenant_id"],
@@ -91,11 +93,11 @@ class Run(Base):
         # tenant_id serves a lookup of runs by id or by thread: a plan made on a young table
         # would read every run of the tenant for one (docs/operations.md).
         UniqueConstraint("idempotency_key", "tenant_id", name="runs_tenant_idempotency_key"),
-        UniqueConstraint("id", "tenant_id", name="runs_id_tenant_key"),
         UniqueConstraint("id", "thread_id", "tenant_id", name="runs_id_thread_tenant_key"),
         Index(
             "runs_one_active_per_thread",
             "thread_id",
+            "tenant_id",
             unique=True,
             postgresql_where=text(
                 "status IN (" + ", ".join(f"'{s}'" for s in ACTIVE_RUN_STATUSES) + ")"
@@ -129,7 +131,7 @@ class Run(Base):
     id: Mapped[uuid.UUID] = mapped_column(
         UUID, primary_key=True, server_default=text("gen_random_uuid()")
     )
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
     status: Mapped[str] = mapped_column(Text, server_default=text("'queued'"))
     model: Mapped[str] = mapped_column(Text)
@@ -199,6 +201,7 @@ class Run(Base):
 
 class Message(Base):
     __tablename__ = "messages"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         ForeignKeyConstraint(
             ["thread_id", "tenant_id"],
@@ -206,20 +209,19 @@ class Message(Base):
             name="messages_thread_fk",
         ),
         ForeignKeyConstraint(
-            ["tool_call_ref", "thread_id"],
-            ["tool_calls.id", "tool_calls.thread_id"],
+            ["tool_call_ref", "thread_id", "tenant_id"],
+            ["tool_calls.id", "tool_calls.thread_id", "tool_calls.tenant_id"],
             name="messages_tool_call_fk",
             use_alter=True,
         ),
-        UniqueConstraint("thread_id", "seq", name="messages_thread_seq_key"),
+        UniqueConstraint("thread_id", "seq", "tenant_id", name="messages_thread_seq_key"),
         ForeignKeyConstraint(
             ["run_id", "thread_id", "tenant_id"],
             ["runs.id", "runs.thread_id", "runs.tenant_id"],
             name="messages_run_fk",
         ),
-        UniqueConstraint("id", "thread_id", name="messages_id_thread_key"),
-        UniqueConstraint("id", "tenant_id", name="messages_id_tenant_key"),
-        UniqueConstraint("tool_call_ref", name="messages_one_per_tool_call"),
+        UniqueConstraint("id", "thread_id", "tenant_id", name="messages_id_thread_key"),
+        UniqueConstraint("tool_call_ref", "tenant_id", name="messages_one_per_tool_call"),
         Index("messages_run", "run_id", postgresql_where=text("run_id IS NOT NULL")),
         ForeignKeyConstraint(
             ["content_ref", "tenant_id"],
@@ -232,7 +234,7 @@ class Message(Base):
     )
 
     id: Mapped[int] = _pk()
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
     seq: Mapped[int] = mapped_column(Integer)
     role: Mapped[str] = mapped_column(Text)
@@ -257,8 +259,9 @@ class Message(Base):
 
 class ModelTurn(Base):
     __tablename__ = "model_turns"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
-        UniqueConstraint("run_id", "step_no", name="model_turns_run_step_key"),
+        UniqueConstraint("run_id", "step_no", "tenant_id", name="model_turns_run_step_key"),
         ForeignKeyConstraint(
             ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="model_turns_run_fk"
         ),
@@ -271,7 +274,7 @@ class ModelTurn(Base):
     )
 
     id: Mapped[int] = _pk()
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     run_id: Mapped[uuid.UUID] = mapped_column(UUID)
     step_no: Mapped[int] = mapped_column(Integer)
     message_id: Mapped[int] = mapped_column(BigInteger)
@@ -296,17 +299,17 @@ class ModelTurn(Base):
 
 class ToolBatch(Base):
     __tablename__ = "tool_batches"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
-        UniqueConstraint("run_id", "step_no", name="tool_batches_run_step_key"),
-        UniqueConstraint("id", "run_id", "tenant_id", name="tool_batches_id_run_tenant_key"),
+        UniqueConstraint("run_id", "step_no", "tenant_id", name="tool_batches_run_step_key"),
         ForeignKeyConstraint(
             ["run_id", "thread_id", "tenant_id"],
             ["runs.id", "runs.thread_id", "runs.tenant_id"],
             name="tool_batches_run_fk",
         ),
         ForeignKeyConstraint(
-            ["message_id", "thread_id"],
-            ["messages.id", "messages.thread_id"],
+            ["message_id", "thread_id", "tenant_id"],
+            ["messages.id", "messages.thread_id", "messages.tenant_id"],
             name="tool_batches_message_fk",
         ),
         Index(
@@ -318,8 +321,8 @@ class ToolBatch(Base):
     )
 
     id: Mapped[int] = _pk()
-    tenant_id: Mapped[str] = mapped_column(Text)
-    run_id: Mapped[uuid.UUID] = mapped_column(UUID)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    run_id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True)
     thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
     step_no: Mapped[int] = mapped_column(Integer)
     message_id: Mapped[int] = mapped_column(BigInteger)
@@ -333,11 +336,11 @@ class ToolBatch(Base):
 
 class ToolCall(Base):
     __tablename__ = "tool_calls"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
-        UniqueConstraint("run_id", "tool_call_id", name="tool_calls_run_call_key"),
-        UniqueConstraint("batch_id", "position", name="tool_calls_batch_position_key"),
-        UniqueConstraint("id", "thread_id", name="tool_calls_id_thread_key"),
-        UniqueConstraint("id", "tenant_id", name="tool_calls_id_tenant_key"),
+        UniqueConstraint("run_id", "tool_call_id", "tenant_id", name="tool_calls_run_call_key"),
+        UniqueConstraint("batch_id", "position", "tenant_id", name="tool_calls_batch_position_key"),
+        UniqueConstraint("id", "thread_id", "tenant_id", name="tool_calls_id_thread_key"),
         ForeignKeyConstraint(
             ["run_id", "thread_id", "tenant_id"],
             ["runs.id", "runs.thread_id", "runs.tenant_id"],
@@ -351,8 +354,8 @@ class ToolCall(Base):
         # idempotency_key first: no index that starts with tenant_id serves a lookup by run.
         UniqueConstraint("idempotency_key", "tenant_id", name="tool_calls_idempotency_key"),
         ForeignKeyConstraint(
-            ["message_id", "thread_id"],
-            ["messages.id", "messages.thread_id"],
+            ["message_id", "thread_id", "tenant_id"],
+            ["messages.id", "messages.thread_id", "messages.tenant_id"],
             name="tool_calls_message_fk",
         ),
         Index("tool_calls_batch", "batch_id"),
@@ -370,7 +373,7 @@ class ToolCall(Base):
     )
 
     id: Mapped[int] = _pk()
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     run_id: Mapped[uuid.UUID] = mapped_column(UUID)
     thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
     batch_id: Mapped[int] = mapped_column(BigInteger)
@@ -411,6 +414,7 @@ class ToolCall(Base):
 
 class ToolResult(Base):
     __tablename__ = "tool_results"
+    __mapper_args__ = {"primary_key": ["tool_call_ref"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         ForeignKeyConstraint(
             ["tool_call_ref", "tenant_id"],
@@ -434,7 +438,7 @@ class ToolResult(Base):
     )
 
     tool_call_ref: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     run_id: Mapped[uuid.UUID] = mapped_column(UUID)
     batch_id: Mapped[int] = mapped_column(BigInteger)
     status: Mapped[str] = mapped_column(Text)
@@ -451,6 +455,7 @@ class ToolResult(Base):
 
 class OrphanedResult(Base):
     __tablename__ = "orphaned_results"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         ForeignKeyConstraint(
             ["tool_call_ref", "tenant_id"],
@@ -476,7 +481,7 @@ class OrphanedResult(Base):
     )
 
     id: Mapped[int] = _pk()
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     run_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
     batch_id: Mapped[int | None] = mapped_column(BigInteger)
     tool_call_ref: Mapped[int | None] = mapped_column(BigInteger)
@@ -509,8 +514,9 @@ class Payload(Base):
 
 class Submission(Base):
     __tablename__ = "submissions"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
-        UniqueConstraint("batch_id", name="submissions_one_per_batch"),
+        UniqueConstraint("batch_id", "tenant_id", name="submissions_one_per_batch"),
         ForeignKeyConstraint(
             ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="submissions_run_fk"
         ),
@@ -523,7 +529,7 @@ class Submission(Base):
     )
 
     id: Mapped[int] = _pk()
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     run_id: Mapped[uuid.UUID] = mapped_column(UUID)
     batch_id: Mapped[int] = mapped_column(BigInteger)
     outputs_count: Mapped[int] = mapped_column(Integer)
@@ -532,8 +538,9 @@ class Submission(Base):
 
 class OutboxRow(Base):
     __tablename__ = "outbox"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
-        UniqueConstraint("dedup_key", name="outbox_dedup_key"),
+        UniqueConstraint("dedup_key", "tenant_id", name="outbox_dedup_key"),
         Index("outbox_ready", "available_at", "id", postgresql_where=text("status = 'ready'")),
         Index(
             "outbox_ready_tenant",
@@ -553,7 +560,7 @@ class OutboxRow(Base):
     )
 
     id: Mapped[int] = _pk()
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     kind: Mapped[str] = mapped_column(Text)
     dedup_key: Mapped[str] = mapped_column(Text)
     thread_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
@@ -671,6 +678,7 @@ class JournalEvent(Base):
     holds the partition key, as a partitioned table's must."""
 
     __tablename__ = "journal"
+    __mapper_args__ = {"primary_key": ["id", "at"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         Index("journal_run", "run_id", "id"),
         Index("journal_at", "at"),
@@ -688,7 +696,7 @@ class JournalEvent(Base):
     at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), primary_key=True, server_default=text("clock_timestamp()")
     )
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     event: Mapped[str] = mapped_column(Text)
     thread_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
     run_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
@@ -824,8 +832,9 @@ class Compaction(Base):
     """The summary of a thread's oldest messages that the model sees in their place."""
 
     __tablename__ = "compactions"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
-        UniqueConstraint("run_id", "step_no", name="compactions_one_per_step"),
+        UniqueConstraint("run_id", "step_no", "tenant_id", name="compactions_one_per_step"),
         ForeignKeyConstraint(
             ["run_id", "thread_id", "tenant_id"],
             ["runs.id", "runs.thread_id", "runs.tenant_id"],
@@ -841,7 +850,7 @@ class Compaction(Base):
     )
 
     id: Mapped[int] = _pk()
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
     run_id: Mapped[uuid.UUID] = mapped_column(UUID)
     step_no: Mapped[int] = mapped_column(Integer)
@@ -937,8 +946,9 @@ class Approval(Base):
     """A tool call waiting for a decision, bound to its arguments' digest."""
 
     __tablename__ = "approvals"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
-        UniqueConstraint("tool_call_ref", name="approvals_one_per_call"),
+        UniqueConstraint("tool_call_ref", "tenant_id", name="approvals_one_per_call"),
         ForeignKeyConstraint(
             ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="approvals_run_fk"
         ),
@@ -956,7 +966,7 @@ class Approval(Base):
     )
 
     id: Mapped[int] = _pk()
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     run_id: Mapped[uuid.UUID] = mapped_column(UUID)
     thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
     batch_id: Mapped[int] = mapped_column(BigInteger)
@@ -1118,8 +1128,8 @@ class Assistant(Base):
     """An assistant of the Assistants protocol."""
 
     __tablename__ = "assistants"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
-        UniqueConstraint("id", "tenant_id", name="assistants_id_tenant_key"),
         {
             "comment": "assistants of the Assistants protocol (outbox serve): model, "
             "instructions and tools a run starts from"
@@ -1129,7 +1139,7 @@ class Assistant(Base):
     id: Mapped[uuid.UUID] = mapped_column(
         UUID, primary_key=True, server_default=text("gen_random_uuid()")
     )
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     name: Mapped[str | None] = mapped_column(Text)
     description: Mapped[str | None] = mapped_column(Text)
     model: Mapped[str] = mapped_column(Text)
@@ -1145,6 +1155,7 @@ class AssistantRun(Base):
     """What the Assistants protocol keeps of a run beside it."""
 
     __tablename__ = "assistant_runs"
+    __mapper_args__ = {"primary_key": ["run_id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         ForeignKeyConstraint(
             ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="assistant_runs_run_fk"
@@ -1162,7 +1173,7 @@ class AssistantRun(Base):
     )
 
     run_id: Mapped[uuid.UUID] = mapped_column(UUID, primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     assistant_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
     tools: Mapped[list[Any]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
     metadata_: Mapped[dict[str, Any]] = mapped_column(
@@ -1174,6 +1185,7 @@ class WebhookEndpoint(Base):
     """Where a tenant's run events are POSTed, signed."""
 
     __tablename__ = "webhook_endpoints"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         Index("webhook_endpoints_tenant", "tenant_id", postgresql_where=text("removed_at IS NULL")),
         {
@@ -1186,7 +1198,7 @@ class WebhookEndpoint(Base):
     id: Mapped[uuid.UUID] = mapped_column(
         UUID, primary_key=True, server_default=text("gen_random_uuid()")
     )
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     url: Mapped[str] = mapped_column(Text)
     events: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'"))
     ciphertext: Mapped[str] = mapped_column(Text)
@@ -1200,10 +1212,13 @@ class WebhookDelivery(Base):
     """One webhook event for one endpoint, delivered once."""
 
     __tablename__ = "webhook_deliveries"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
-        UniqueConstraint("endpoint_id", "event_key", name="webhook_deliveries_once"),
+        UniqueConstraint("endpoint_id", "event_key", "tenant_id", name="webhook_deliveries_once"),
         ForeignKeyConstraint(
-            ["endpoint_id"], ["webhook_endpoints.id"], name="webhook_deliveries_endpoint_id_fkey"
+            ["endpoint_id", "tenant_id"],
+            ["webhook_endpoints.id", "webhook_endpoints.tenant_id"],
+            name="webhook_deliveries_endpoint_fk",
         ),
         Index("webhook_deliveries_run", "run_id"),
         {
@@ -1214,7 +1229,7 @@ class WebhookDelivery(Base):
 
     id: Mapped[int] = _pk()
     endpoint_id: Mapped[uuid.UUID] = mapped_column(UUID)
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     run_id: Mapped[uuid.UUID] = mapped_column(UUID)
     event: Mapped[str] = mapped_column(Text)
     event_key: Mapped[str] = mapped_column(Text)
@@ -1228,6 +1243,7 @@ class Response(Base):
     """A response of the Responses protocol: a stretch of a run."""
 
     __tablename__ = "responses"
+    __mapper_args__ = {"primary_key": ["id"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         ForeignKeyConstraint(
             ["run_id", "tenant_id"], ["runs.id", "runs.tenant_id"], name="responses_run_fk"
@@ -1238,9 +1254,9 @@ class Response(Base):
             name="responses_thread_fk",
         ),
         ForeignKeyConstraint(
-            ["previous_response_id"],
-            ["responses.id"],
-            name="responses_previous_response_id_fkey",
+            ["previous_response_id", "tenant_id"],
+            ["responses.id", "responses.tenant_id"],
+            name="responses_previous_fk",
         ),
         Index("responses_run", "run_id", "output_from_seq"),
         Index("responses_thread", "thread_id", "created_at"),
@@ -1258,7 +1274,7 @@ class Response(Base):
     id: Mapped[uuid.UUID] = mapped_column(
         UUID, primary_key=True, server_default=text("gen_random_uuid()")
     )
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     run_id: Mapped[uuid.UUID] = mapped_column(UUID)
     thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
     previous_response_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
@@ -1303,6 +1319,7 @@ class ArchivedRun(Base):
     """A retained run with its rows as one document, partitioned by day."""
 
     __tablename__ = "archived_runs"
+    __mapper_args__ = {"primary_key": ["id", "archived_at"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
         Index("archived_runs_run", "run_id"),
         Index("archived_runs_thread", "thread_id"),
@@ -1320,7 +1337,7 @@ class ArchivedRun(Base):
     archived_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), primary_key=True, server_default=text("now()")
     )
-    tenant_id: Mapped[str] = mapped_column(Text)
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     thread_id: Mapped[uuid.UUID] = mapped_column(UUID)
     run_id: Mapped[uuid.UUID | None] = mapped_column(UUID)
     status: Mapped[str | None] = mapped_column(Text)

@@ -100,7 +100,7 @@ BEGIN
         SELECT c.ref, c.tenant_id, c.run_id, c.batch_id, c.status, c.output, c.error,
                c.attempt, c.source, p_worker
         FROM calls c WHERE NOT c.repeat AND c.batch_status = 'open'
-        ON CONFLICT (tool_call_ref) DO NOTHING
+        ON CONFLICT (tool_call_ref, tenant_id) DO NOTHING
         RETURNING tool_call_ref, batch_id, status, error
     ), orphaned AS (
         -- The journal's insert reads it for every input row not stored, so it runs whenever
@@ -179,7 +179,7 @@ BEGIN
             SELECT i.tenant_id, 'deliver_batch', {s}.deliver_key_v1(i.batch_id), i.thread_id,
                    i.run_id, i.batch_id, i.correlation_id
             FROM info i ORDER BY i.batch_id
-            ON CONFLICT (dedup_key) DO NOTHING
+            ON CONFLICT (dedup_key, tenant_id) DO NOTHING
         )
         INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_id,
                                  correlation_id, attempt, worker)

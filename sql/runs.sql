@@ -399,7 +399,7 @@ BEGIN
                             payload)
     VALUES (p_tenant_id, 'model_turn', {s}.model_turn_key_v1(v_run.id, 1), p_thread_id, v_run.id,
             v_run.correlation_id, '{"step_no": 1}')
-    ON CONFLICT (dedup_key) DO NOTHING;
+    ON CONFLICT (dedup_key, tenant_id) DO NOTHING;
     INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, correlation_id, detail)
     VALUES (p_tenant_id, 'run.created', p_thread_id, v_run.id, v_run.correlation_id,
             jsonb_build_object('model', p_model, 'tools', to_jsonb(coalesce(p_tools, '{}')),

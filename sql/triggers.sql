@@ -11,6 +11,10 @@
 -- the functions are CREATE OR REPLACE, and so are the triggers (PostgreSQL 14), but for the
 -- one constraint trigger, which PostgreSQL cannot replace: it is dropped if present and
 -- created again.
+--
+-- A trigger that reads or writes another table names the row's tenant there: on one server
+-- an equality on a key's column, on a cluster distributed by tenant a statement of one
+-- shard, on the node that holds the row (docs/scale.md, "Triggers under Citus").
 
 
 -- The journal is append-only, whoever asks, on every partition (the row trigger is cloned
@@ -233,7 +237,8 @@ BEGIN
     LOOP
         v_key := NEW.id || ':' || v_event || ':' || (1 + (
             SELECT count(*) FROM {s}.webhook_deliveries d
-            WHERE d.endpoint_id = v_endpoint.id AND d.run_id = NEW.id AND d.event = v_event));
+            WHERE d.endpoint_id = v_endpoint.id AND d.run_id = NEW.id AND d.event = v_event
+              AND d.tenant_id = NEW.tenant_id));
         INSERT INTO {s}.webhook_deliveries (endpoint_id, tenant_id, run_id, event, event_key)
         VALUES (v_endpoint.id, NEW.tenant_id, NEW.id, v_event, v_key)
         ON CONFLICT ON CONSTRAINT webhook_deliveries_once DO NOTHING
@@ -279,7 +284,7 @@ DECLARE
     v_active {s}.runs;
 BEGIN
     SELECT * INTO v_active FROM {s}.runs r
-    WHERE r.thread_id = NEW.id AND {s}.run_active_v1(r.status);
+    WHERE r.thread_id = NEW.id AND r.tenant_id = NEW.tenant_id AND {s}.run_active_v1(r.status);
     IF FOUND THEN
         RAISE EXCEPTION 'thread % has active run % (%): it cannot be deleted',
                         NEW.id, v_active.id, v_active.status
@@ -305,7 +310,7 @@ BEGIN
     -- A model turn's calls carry its run: by the run's index; a message of no run
     -- (imported or added through the API) by its thread.
     IF EXISTS (SELECT 1 FROM {s}.tool_calls tc
-               WHERE tc.message_id = NEW.id
+               WHERE tc.message_id = NEW.id AND tc.tenant_id = NEW.tenant_id
                  AND (CASE WHEN NEW.run_id IS NULL THEN tc.thread_id = NEW.thread_id
                            ELSE tc.run_id = NEW.run_id END)) THEN
         RAISE EXCEPTION 'message % carries tool calls: it cannot be deleted', NEW.id
@@ -324,10 +329,14 @@ CREATE OR REPLACE TRIGGER message_delete_guard BEFORE UPDATE OF deleted_at ON {s
 -- output removed, an error text replaced by 'erased'.
 CREATE OR REPLACE FUNCTION {s}.orphaned_results_erased() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT 1 FROM {s}.runs r JOIN {s}.threads t ON t.id = r.thread_id
-               WHERE r.id = NEW.run_id AND t.erased_at IS NOT NULL)
-       OR EXISTS (SELECT 1 FROM {s}.tool_calls c JOIN {s}.threads t ON t.id = c.thread_id
-                  WHERE c.id = NEW.tool_call_ref AND t.erased_at IS NOT NULL) THEN
+    IF EXISTS (SELECT 1 FROM {s}.runs r
+               JOIN {s}.threads t ON t.id = r.thread_id AND t.tenant_id = r.tenant_id
+               WHERE r.id = NEW.run_id AND r.tenant_id = NEW.tenant_id
+                 AND t.erased_at IS NOT NULL)
+       OR EXISTS (SELECT 1 FROM {s}.tool_calls c
+                  JOIN {s}.threads t ON t.id = c.thread_id AND t.tenant_id = c.tenant_id
+                  WHERE c.id = NEW.tool_call_ref AND c.tenant_id = NEW.tenant_id
+                    AND t.erased_at IS NOT NULL) THEN
         NEW.output := NULL;
         NEW.error := CASE WHEN NEW.error IS NOT NULL THEN 'erased' END;
     END IF;

@@ -293,7 +293,7 @@ BEGIN
         JOIN {s}.tool_calls tc ON tc.id = q.ref
         JOIN {s}.runs r ON r.id = tc.run_id AND r.id = ANY(v_run_ids)
         ORDER BY tc.id
-        ON CONFLICT (dedup_key) DO NOTHING;
+        ON CONFLICT (dedup_key, tenant_id) DO NOTHING;
     END IF;
     IF v_refused IS NOT NULL THEN
         -- The one rule for results: stored, counted down, and the batch's delivery

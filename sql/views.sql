@@ -131,7 +131,7 @@ WITH executions AS (
            max(e.created_at) AS last_at
     FROM executions e
     JOIN {s}.tool_calls tc ON tc.id = e.tool_call_ref
-    GROUP BY tc.id
+    GROUP BY tc.id, tc.tenant_id, tc.run_id, tc.tool_name, tc.arguments_hash, tc.idempotency_key
 )
 SELECT 'idempotency_key' AS kind, tenant_id, tool_name, arguments_hash, idempotency_key,
        executions, ARRAY[id] AS tool_call_refs, ARRAY[run_id] AS run_ids, first_at, last_at

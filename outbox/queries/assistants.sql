@@ -17,7 +17,7 @@ SELECT * FROM {s}.assistants ORDER BY created_at, id
 -- Keep a run's assistant, declared tools and metadata beside it (once per run).
 INSERT INTO {s}.assistant_runs (run_id, tenant_id, assistant_id, tools, metadata)
 VALUES (%(run_id)s, %(tenant_id)s, %(assistant_id)s, %(tools)s, %(metadata)s)
-ON CONFLICT (run_id) DO NOTHING
+ON CONFLICT (run_id, tenant_id) DO NOTHING
 
 -- name: update_assistant
 -- Change the fields given (a NULL parameter keeps the field; metadata replaces the whole

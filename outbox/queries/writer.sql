@@ -25,7 +25,7 @@ INSERT INTO {s}.outbox (tenant_id, kind, dedup_key, thread_id, run_id, batch_id,
 VALUES (%(tenant_id)s, %(kind)s, %(dedup_key)s, %(thread_id)s, %(run_id)s, %(batch_id)s,
         %(tool_call_ref)s, %(tool_name)s, %(correlation_id)s, %(max_attempts)s, %(payload)s,
         CASE WHEN %(held)s THEN 'infinity'::timestamptz ELSE now() END)
-ON CONFLICT (dedup_key) DO NOTHING
+ON CONFLICT (dedup_key, tenant_id) DO NOTHING
 RETURNING id
 
 -- name: call_for_result
@@ -78,7 +78,7 @@ SELECT * FROM {s}.tool_batches WHERE id = ANY(%(batch_ids)s) ORDER BY id FOR UPD
 INSERT INTO {s}.submissions (tenant_id, run_id, batch_id, outputs_count)
 SELECT tenant_id, run_id, id, size FROM {s}.tool_batches WHERE id = ANY(%(batch_ids)s)
 ORDER BY id
-ON CONFLICT (batch_id) DO NOTHING
+ON CONFLICT (batch_id, tenant_id) DO NOTHING
 RETURNING batch_id
 
 -- name: answer_calls
@@ -161,7 +161,7 @@ WITH next AS (
            r.id, r.correlation_id, jsonb_build_object('step_no', n.step_no)
     FROM next n JOIN {s}.runs r ON r.id = n.run_id
     ORDER BY r.id
-    ON CONFLICT (dedup_key) DO NOTHING
+    ON CONFLICT (dedup_key, tenant_id) DO NOTHING
 )
 UPDATE {s}.runs r
 SET status = 'in_progress', failure_reason = NULL, action_deadline = NULL, ended_at = NULL,

@@ -515,7 +515,7 @@ WITH stalled AS (
     WHERE b.status = 'complete'
       AND b.completed_at < now() - make_interval(secs => %(grace_s)s)
       AND NOT EXISTS (SELECT 1 FROM {s}.outbox o WHERE o.dedup_key = {s}.deliver_key_v1(b.id))
-    ON CONFLICT (dedup_key) DO NOTHING
+    ON CONFLICT (dedup_key, tenant_id) DO NOTHING
     RETURNING *
 ), journaled AS (
     INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, outbox_id,

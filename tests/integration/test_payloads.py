@@ -397,7 +397,7 @@ def test_the_retention_run_sweeps_a_body_nothing_references(conn, db_url):
     conn.execute(
         "INSERT INTO outbox.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status, "
         "output, source) SELECT id, tenant_id, run_id, batch_id, 'ok', %s, 'operator' "
-        "FROM outbox.tool_calls ON CONFLICT (tool_call_ref) DO NOTHING",
+        "FROM outbox.tool_calls ON CONFLICT (tool_call_ref, tenant_id) DO NOTHING",
         [Jsonb({"report": big("refused")})],
     )
     conn.commit()

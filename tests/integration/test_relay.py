@@ -611,8 +611,12 @@ def test_every_lookup_of_prepare_turns_goes_through_an_index(db_url):
     # one page, whatever the tables around it hold.
     scans = [line for line in plan.splitlines() if "Seq Scan" in line]
     assert all("on run_defaults" in line for line in scans), plan
-    # (id, thread_id) searched by thread_id alone: a skip scan, one search per call stored
-    assert "using tool_calls_id_thread_key" not in plan, plan
+    # (id, thread_id, tenant_id) searched by thread_id alone: a skip scan, one search per
+    # call stored; searched by its id (a message's call), one search
+    lines = plan.splitlines()
+    for at, line in enumerate(lines):
+        if "using tool_calls_id_thread_key" in line:
+            assert re.search(r"Index Cond: \(+id = ", lines[at + 1]), plan
 
 
 def test_a_threads_calls_are_read_through_an_index_it_leads(db_url):

@@ -134,6 +134,9 @@ PINNED = {
     "0056_journal_notify.py": "bbc0836d2c50c3aa",
     "0056_journal_notify.sql": "297a7aae23d1fe01",
     "0056_journal_notify_down.sql": "92329652aafdc052",
+    "0057_tenant_keys.py": "a4a405997b656e64",
+    "0057_tenant_keys.sql": "f5fd913d74d13e8f",
+    "0057_tenant_keys_down.sql": "ee174ef8705dce4a",
 }
 
 
