@@ -150,14 +150,19 @@ WITH RECURSIVE loads AS (
     LIMIT %(limit)s
 ), judged AS (
     -- A tool call whose run is over (ended, or past its requires_action deadline: a retry
-    -- that came due before a sweep recorded the expiry) is never started. A scalar
-    -- subquery: one lookup by primary key per call chosen, where an EXISTS may be planned
-    -- as a hash of every run that is over.
-    SELECT c.id,
-           c.kind = 'tool_call'
-           AND coalesce((SELECT {s}.run_over_v1(r.status, r.action_deadline)
-                         FROM {s}.runs r WHERE r.id = c.run_id), false) AS run_over
+    -- that came due before a sweep recorded the expiry) is never started. Each row's run
+    -- is read here once, by primary key (OFFSET 0: one probe per row chosen, where a join
+    -- may be planned as a hash of every run), for this and for what the claim returns of
+    -- it below.
+    SELECT c.id, r.traceparent, r.tracestate, r.created_at, r.model,
+           c.kind = 'tool_call' AND r.id IS NOT NULL
+           AND coalesce({s}.run_over_v1(r.status, r.action_deadline), false) AS run_over
     FROM chosen c
+    LEFT JOIN LATERAL (
+        SELECT r.id, r.status, r.action_deadline, r.traceparent, r.tracestate, r.created_at,
+               r.model
+        FROM {s}.runs r WHERE r.id = c.run_id OFFSET 0
+    ) r ON true
 ), claimed AS (
     UPDATE {s}.outbox o
     SET status = 'leased', attempts = o.attempts + 1, lease_owner = %(worker)s,
@@ -297,10 +302,7 @@ LEFT JOIN LATERAL (
            a.decided_at, a.created_at
     FROM {s}.approvals a WHERE a.tool_call_ref = tc.id OFFSET 0
 ) a ON true
-LEFT JOIN LATERAL (
-    SELECT r.traceparent, r.tracestate, r.created_at, r.model
-    FROM {s}.runs r WHERE r.id = c.run_id OFFSET 0
-) r ON true
+JOIN judged r ON r.id = c.id  -- the row's run, as judged read it
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tools t
     WHERE t.name = tc.tool_name AND t.version = tc.tool_version

@@ -128,6 +128,9 @@ PINNED = {
     "0054_console_accounts.py": "96a1eafa62a0f43d",
     "0054_console_accounts.sql": "37a10d93b73236f1",
     "0054_console_accounts_down.sql": "f2413759f89de1cb",
+    "0058_results_read_batches_once.py": "6b6ebb2d5b09f943",
+    "0058_results_read_batches_once.sql": "9f7aa197f66d9abc",
+    "0058_results_read_batches_once_down.sql": "a013ef075dfd08c8",
 }
 
 
