@@ -272,7 +272,9 @@ def _describe(err: BaseException) -> str:
 
 
 def _judge(row: Claimed, ok: bool, value: Any, seconds: float) -> Outcome:
-    """The outcome of one finished call: its result, or the error the model will see."""
+    """The outcome of one finished call: its result, or the error the model will see,
+    timed for its span as long as it took, ending now (its chunk has just ended)."""
+    started_at = time.time() - seconds
     error = None if ok else str(value)
     if ok:
         try:
@@ -284,5 +286,5 @@ def _judge(row: Claimed, ok: bool, value: Any, seconds: float) -> Outcome:
                 cap = outbox_config.MAX_PAYLOAD_BYTES
                 error = f"tool result is {size} bytes, over the cap of {cap}"
     if error is None:
-        return Outcome(row, "result", "ok", value, None, "relay", seconds)
-    return Outcome(row, "result", "error", None, error, "relay", seconds)
+        return Outcome(row, "result", "ok", value, None, "relay", seconds, started_at)
+    return Outcome(row, "result", "error", None, error, "relay", seconds, started_at)

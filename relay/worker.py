@@ -426,8 +426,9 @@ class Worker:
                 self.claims_inprocess = any(runs_in_chunks(row) for row in effects)
         for kind, n in collections.Counter(row.kind for row in rows).items():
             self.metrics.claimed.labels(kind).inc(n)
-        for row in rows:
-            self.metrics.queue_lag.observe(max(0.0, row.lag_s))
+        if self.cfg.metrics_port is not None:  # relay.metrics: only when served
+            for row in rows:
+                self.metrics.queue_lag.observe(max(0.0, row.lag_s))
         return rows
 
     def _idle_wait(self, link: Link, empty: int = 0) -> float:
@@ -503,9 +504,10 @@ class Worker:
                 ]
             ended = time.time()
             for outcome in outcomes:
-                # Timed for its span: as long as it took, ending as the chunk ended (the
-                # chunk's calls share one clock reading: near enough for a trace).
-                outcome = dataclasses.replace(outcome, started_at=ended - outcome.duration_s)
+                if not outcome.started_at:
+                    # Timed for its span: as long as it took, ending as the chunk ended (a
+                    # call that ran is timed when it was judged: inprocess._judge).
+                    outcome = dataclasses.replace(outcome, started_at=ended - outcome.duration_s)
                 self._queue(outcome)  # before finished: see _execute
         finally:
             self._finished(len(rows), 0)

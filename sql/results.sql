@@ -68,15 +68,23 @@ CREATE OR REPLACE FUNCTION {s}.record_tool_results_v1(p_results jsonb, p_worker 
 RETURNS TABLE (ref bigint, outcome text, completed_batch bigint)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_refs      bigint[];
-    v_outcomes  text[];
-    v_completed bigint[];
-    v_attempts  integer[];
+    v_refs         bigint[];
+    v_outcomes     text[];
+    v_completed    bigint[];
+    v_attempts     integer[];
+    v_batches      bigint[];
+    v_statuses     text[];
+    v_correlations text[];
 BEGIN
     v_refs := ARRAY(SELECT (e->>'ref')::bigint FROM jsonb_array_elements(p_results) e);
-    PERFORM 1 FROM {s}.tool_batches b
-    WHERE b.id IN (SELECT tc.batch_id FROM {s}.tool_calls tc WHERE tc.id = ANY(v_refs))
-    ORDER BY b.id FOR UPDATE;
+    -- The batches locked, each with its status and its run's correlation id: read once a
+    -- batch here, not once a result below (a completion writes tens of results a batch).
+    SELECT array_agg(b.id), array_agg(b.status), array_agg(r.correlation_id)
+    INTO v_batches, v_statuses, v_correlations
+    FROM (SELECT b.id, b.status, b.run_id FROM {s}.tool_batches b
+          WHERE b.id IN (SELECT tc.batch_id FROM {s}.tool_calls tc WHERE tc.id = ANY(v_refs))
+          ORDER BY b.id FOR UPDATE) b
+    JOIN {s}.runs r ON r.id = b.run_id;
 
     -- Every lookup is by primary key or a unique index, whatever the size of the tables.
     WITH input AS (
@@ -85,15 +93,17 @@ BEGIN
             AS i(ref bigint, status text, output jsonb, error text, source text,
                  attempt int, lag_s float8, span jsonb)
     ), calls AS (
+        -- repeat: the call has its result already. Asked only where the batch is not open:
+        -- in an open batch the insert's ON CONFLICT tells a repeat, at no lookup more.
         SELECT i.*, tc.tenant_id, tc.run_id, tc.thread_id, tc.batch_id, tc.tool_call_id,
-               (SELECT b.status FROM {s}.tool_batches b WHERE b.id = tc.batch_id)
-                   AS batch_status,
-               (SELECT r.correlation_id FROM {s}.runs r WHERE r.id = tc.run_id)
-                   AS correlation_id,
-               EXISTS (SELECT 1 FROM {s}.tool_results x WHERE x.tool_call_ref = i.ref)
+               b.status AS batch_status, b.correlation_id,
+               b.status IS DISTINCT FROM 'open'
+               AND EXISTS (SELECT 1 FROM {s}.tool_results x WHERE x.tool_call_ref = i.ref)
                    AS repeat
         FROM input i
         JOIN {s}.tool_calls tc ON tc.id = i.ref AND tc.id = ANY(v_refs)
+        LEFT JOIN unnest(v_batches, v_statuses, v_correlations)
+            AS b(id, status, correlation_id) ON b.id = tc.batch_id
     ), stored AS (
         INSERT INTO {s}.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status,
                                       output, error, attempt, source, worker)

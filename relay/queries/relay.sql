@@ -148,16 +148,20 @@ WITH RECURSIVE loads AS (
                                                       AND r.name = c.tool_name), 0))
     ORDER BY c.stage, c.turn, c.available_at, c.id
     LIMIT %(limit)s
+), chosen_runs AS MATERIALIZED (
+    -- The runs of the rows chosen, each read once by primary key (one scan of the runs'
+    -- ids, however many rows a run has here; never a hash of every run), for judged and
+    -- for what the claim returns of them below.
+    SELECT r.id, r.status, r.action_deadline, r.traceparent, r.tracestate, r.created_at,
+           r.model
+    FROM {s}.runs r WHERE r.id = ANY(ARRAY(SELECT DISTINCT run_id FROM chosen))
 ), judged AS (
     -- A tool call whose run is over (ended, or past its requires_action deadline: a retry
-    -- that came due before a sweep recorded the expiry) is never started. A scalar
-    -- subquery: one lookup by primary key per call chosen, where an EXISTS may be planned
-    -- as a hash of every run that is over.
-    SELECT c.id,
-           c.kind = 'tool_call'
-           AND coalesce((SELECT {s}.run_over_v1(r.status, r.action_deadline)
-                         FROM {s}.runs r WHERE r.id = c.run_id), false) AS run_over
-    FROM chosen c
+    -- that came due before a sweep recorded the expiry) is never started.
+    SELECT c.id, r.traceparent, r.tracestate, r.created_at, r.model,
+           c.kind = 'tool_call' AND r.id IS NOT NULL
+           AND coalesce({s}.run_over_v1(r.status, r.action_deadline), false) AS run_over
+    FROM chosen c LEFT JOIN chosen_runs r ON r.id = c.run_id
 ), claimed AS (
     UPDATE {s}.outbox o
     SET status = 'leased', attempts = o.attempts + 1, lease_owner = %(worker)s,
@@ -287,9 +291,12 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
        CASE WHEN a.status = 'approved' THEN
            extract(epoch FROM a.decided_at - a.created_at)::float8 END AS approval_wait_s
 FROM claimed c
-LEFT JOIN LATERAL (
-    SELECT * FROM {s}.tool_calls WHERE id = c.tool_call_ref OFFSET 0
-) tc ON true
+LEFT JOIN (
+    -- The calls claimed, in one scan of their ids (OFFSET 0: not a probe per row).
+    SELECT * FROM {s}.tool_calls
+    WHERE id = ANY(ARRAY(SELECT tool_call_ref FROM claimed WHERE tool_call_ref IS NOT NULL))
+    OFFSET 0
+) tc ON tc.id = c.tool_call_ref
 LEFT JOIN LATERAL (
     -- The call's approval, if it needed one (one lookup by the unique tool_call_ref: read by
     -- stop and by the approval columns).
@@ -297,10 +304,7 @@ LEFT JOIN LATERAL (
            a.decided_at, a.created_at
     FROM {s}.approvals a WHERE a.tool_call_ref = tc.id OFFSET 0
 ) a ON true
-LEFT JOIN LATERAL (
-    SELECT r.traceparent, r.tracestate, r.created_at, r.model
-    FROM {s}.runs r WHERE r.id = c.run_id OFFSET 0
-) r ON true
+JOIN judged r ON r.id = c.id  -- the row's run, as judged read it
 LEFT JOIN LATERAL (
     SELECT * FROM {s}.tools t
     WHERE t.name = tc.tool_name AND t.version = tc.tool_version

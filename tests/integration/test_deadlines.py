@@ -17,6 +17,8 @@ import psycopg
 import pytest
 
 from outbox import history, lifecycle, registry, writer
+from outbox.relay.config import RelayConfig
+from outbox.relay.worker import Worker
 from outbox.testing.tools import FakeToolService
 from tests.helpers import TENANT, new_run, turn
 from tests.relay_harness import register_tool, relay_thread, scalar, wait_until
@@ -179,3 +181,33 @@ def test_outputs_after_the_deadline_are_refused_without_a_sweep(db_url, path):
     assert scalar(db_url, "SELECT count(*) FROM outbox.tool_results") == 0
     assert scalar(db_url, "SELECT reason FROM outbox.orphaned_results") == "deadline_passed"
     assert scalar(db_url, "SELECT count(*) FROM outbox.outbox WHERE kind = 'deliver_batch'") == 0
+
+
+def test_one_claim_judges_each_call_by_its_own_run(db_url, tools):
+    """A claim over the calls of several runs reads each run once for all of its rows: the
+    call of the run past its deadline is dropped, those of the live runs are taken, each
+    with its own run's start (what its span hangs under)."""
+    over = start_batch(db_url, APPROVE, KEYED, action_timeout_s=0.2)
+    live = [start_batch(db_url, APPROVE, KEYED) for _ in range(2)]
+    wait_until(
+        lambda: scalar(
+            db_url, "SELECT action_deadline < now() FROM outbox.runs WHERE id = %s", [over.id]
+        ),
+        what="the database clock to pass the first run's deadline",
+    )
+    worker = Worker(RelayConfig(database_url=db_url))
+    link = worker.claim_link()
+    try:
+        rows = worker._claim(link, 10, ["tool_call"])
+    finally:
+        link.close()
+    with psycopg.connect(db_url) as conn:
+        started = dict(
+            conn.execute("SELECT id, extract(epoch FROM created_at)::float8 FROM outbox.runs")
+        )
+        dropped = conn.execute(
+            "SELECT run_id FROM outbox.journal WHERE event = 'tool_call.dropped'"
+        ).fetchall()
+    assert sorted(str(r.run_id) for r in rows) == sorted(str(r.id) for r in live)
+    assert {r.run_id: r.run_started_at for r in rows} == {r.id: started[r.id] for r in live}
+    assert dropped == [(over.id,)]

@@ -124,3 +124,50 @@ def test_results_for_a_closed_batch_are_orphaned_never_stored(conn):
         [refs[0]],
     ).fetchone()
     assert (stored, kept) == (0, 1)
+
+
+def test_results_of_several_batches_each_meet_their_own_batch_and_run(conn):
+    # One call with the results of three runs' batches, interleaved: an open batch, a
+    # closed one, and one its results complete. Each result is judged by its own batch's
+    # status and journaled with its own run's correlation id (both are read once a batch).
+    add_tool(conn)
+    runs = [new_run(conn, tools=["lookup_order"]) for _ in range(3)]
+    refs = [
+        writer.record_model_turn(
+            conn, turn(run, 1, *[(f"c{i}", "lookup_order", {"order_id": str(i)}) for i in (1, 2)])
+        ).tool_call_refs
+        for run in runs
+    ]
+    writer.end_run(conn, writer.lock_run(conn, runs[1].id, TENANT), "cancelled", "cancelled")
+    result = {"status": "ok", "output": {"n": 1}, "error": None, "source": "relay", "attempt": 1}
+    writer.record_tool_results(conn, [{"ref": refs[2][0], **result}], "w1")
+    order = [refs[2][1], refs[1][0], refs[0][0], refs[2][0], refs[1][1]]
+    rows = writer.record_tool_results(conn, [{"ref": r, **result} for r in order], "w2")
+    (completed,) = conn.execute(
+        "SELECT id FROM outbox.tool_batches WHERE run_id = %s", [runs[2].id]
+    ).fetchone()
+    assert rows == [
+        (refs[2][1], "stored", completed),
+        (refs[1][0], "orphaned", None),
+        (refs[0][0], "stored", None),
+        (refs[2][0], "duplicate", None),
+        (refs[1][1], "orphaned", None),
+    ]
+    journaled = conn.execute(
+        "SELECT j.tool_call_ref, j.event, j.correlation_id = r.correlation_id"
+        " FROM outbox.journal j JOIN outbox.runs r ON r.id = j.run_id"
+        " WHERE j.worker = 'w2' AND j.event LIKE 'tool_result.%%' ORDER BY j.tool_call_ref"
+    ).fetchall()
+    assert journaled == sorted(
+        [
+            (refs[0][0], "tool_result.stored", True),
+            (refs[1][0], "tool_result.orphaned", True),
+            (refs[1][1], "tool_result.orphaned", True),
+            (refs[2][1], "tool_result.stored", True),
+        ]
+    )
+    correlations = conn.execute(
+        "SELECT count(DISTINCT correlation_id) FROM outbox.runs WHERE id = ANY(%s)",
+        [[run.id for run in runs]],
+    ).fetchone()
+    assert correlations == (3,)  # each run its own, so a mix-up would show above

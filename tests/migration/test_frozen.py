@@ -137,6 +137,9 @@ PINNED = {
     "0057_tenant_keys.py": "a4a405997b656e64",
     "0057_tenant_keys.sql": "f5fd913d74d13e8f",
     "0057_tenant_keys_down.sql": "ee174ef8705dce4a",
+    "0058_results_read_batches_once.py": "e1c43b4ad103819a",
+    "0058_results_read_batches_once.sql": "efa7e460c3ac7ce6",
+    "0058_results_read_batches_once_down.sql": "b7181158a010a7bc",
 }
 
 
