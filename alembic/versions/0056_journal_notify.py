@@ -4,7 +4,7 @@ Revision ID: 0056
 Revises: 0055
 Create Date: 2026-12-07
 
-``journal_notify``: a row trigger on the journal that sends the run's id (and tenant) on
+``journal_notify``: a statement trigger on the journal that sends the run's id (and tenant) on
 the channel ``outbox_journal`` when the event's transaction commits, so a run's timeline
 follows the run on the server's one ``LISTEN`` connection instead of reading the journal
 on a timer. The SQL is ``0056_journal_notify.sql`` beside this file, frozen;

@@ -132,7 +132,7 @@ PINNED = {
     "0055_result_caps_and_cache_keys.sql": "015d9a6267ff3099",
     "0055_result_caps_and_cache_keys_down.sql": "01594121cb40c721",
     "0056_journal_notify.py": "bbc0836d2c50c3aa",
-    "0056_journal_notify.sql": "297a7aae23d1fe01",
+    "0056_journal_notify.sql": "f5d084786ca5e777",
     "0056_journal_notify_down.sql": "92329652aafdc052",
     "0057_tenant_keys.py": "a4a405997b656e64",
     "0057_tenant_keys.sql": "f5fd913d74d13e8f",
