@@ -44,7 +44,7 @@ logger = logging.getLogger("relay.preparer")
 BATCH_MAX = 512  # most requests served by one round of statements
 
 
-@dataclass(frozen=True)
+@dataclass
 class Turn:
     """What a model call needs: the run (its ``model``, ``base_url`` and ``api`` those of the
     chosen target), its history in that API's format, its tools (registry rows by name;
@@ -57,6 +57,12 @@ class Turn:
     tools: dict[str, dict[str, Any]]
     choice: routing.Choice | None = None
     window: context.Window | None = None  # what compacting it needs (outbox.context)
+
+    def take_history(self) -> list[dict[str, Any]]:
+        """The messages, no longer held here (nor the window's copy of the chat): for a
+        turn sent once, whose history need not outlive its request."""
+        messages, self.messages, self.window = self.messages, [], None
+        return messages
 
 
 @dataclass
