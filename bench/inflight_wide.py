@@ -114,10 +114,13 @@ class Fakes:
             total += times.user + times.system
         return total
 
-    def stats(self) -> dict[str, int]:
-        summed: dict[str, int] = {}
+    def stats(self) -> dict[str, Any]:
+        """Each fake's counters summed, and the model requests each fake served."""
+        summed: dict[str, Any] = {"model_requests_per_fake": []}
         for server in self.servers:
-            for name, value in server.stats().items():
+            stats = server.stats()
+            summed["model_requests_per_fake"].append(stats["model_requests"])
+            for name, value in stats.items():
                 summed[name] = summed.get(name, 0) + int(value)
         return summed
 
@@ -233,6 +236,7 @@ def measure(
         duplicates=stats["duplicate_effects"],
         model_requests=stats["model_requests"],
         tool_requests=stats["tool_requests"],
+        model_requests_per_fake=stats["model_requests_per_fake"],
     )
     return figures
 
