@@ -129,10 +129,12 @@ class Fakes:
             server.close()
 
 
-def start_runs(url: str, runs: int, fakes: Fakes) -> None:
+def start_runs(url: str, runs: int, fakes: Fakes, message_kb: float = 0) -> None:
     """``runs`` runs, run ``i`` on fake ``i % len(fakes)``, their first model turns queued
-    (``SEED_CONNECTIONS`` threads, a transaction per ``inflight.SEED_COMMIT_EVERY`` runs)."""
+    (``SEED_CONNECTIONS`` threads, a transaction per ``inflight.SEED_COMMIT_EVERY`` runs);
+    each user message ``message_kb`` kB long (the history every model turn posts)."""
     urls = [server.url for server in fakes.servers]
+    padding = " " + "x" * int(1024 * message_kb) if message_kb else ""
     printer = seed.progress_printer("starting runs", runs)
     done = [0]
     lock = threading.Lock()
@@ -153,7 +155,7 @@ def start_runs(url: str, runs: int, fakes: Fakes) -> None:
                             thread_id=thread.id,
                             model="bench",
                             base_url=urls[shard] + "/v1",
-                            message=f"run {i}",
+                            message=f"run {i}{padding}",
                             tools=[tool_of(shard)],
                         ),
                     )
@@ -195,6 +197,7 @@ def measure(
     model_s: float,
     tool_s: float,
     log_path: Path,
+    message_kb: float = 0,
 ) -> dict[str, Any]:
     """One case; its figures (the module docstring)."""
     ideal = 2 * model_s + tool_s
@@ -206,7 +209,7 @@ def measure(
             for shard, fake in enumerate(fakes.servers):
                 endpoint = f"{fake.url}/tools/{tool_of(shard)}"
                 seed.register_http_tool(url, tool_of(shard), endpoint, timeout_s=120)
-            start_runs(url, runs, fakes)
+            start_runs(url, runs, fakes, message_kb)
             processes = start_relays(url, relays, concurrency, log_path)
             try:
                 figures = watch(url, processes, fakes, runs, ideal, log_path)
@@ -231,6 +234,7 @@ def measure(
         concurrency=concurrency,
         model_s=model_s,
         tool_s=tool_s,
+        message_kb=message_kb,
         ideal_s=ideal,
         vs_ideal=round(ideal / figures["wall_s"], 3),
         duplicates=stats["duplicate_effects"],
@@ -380,6 +384,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--tool-s", type=float, help="tool latency, seconds (default: by runs, 0.2 to 5)"
     )
+    parser.add_argument(
+        "--message-kb",
+        type=float,
+        default=0,
+        help="kB of each run's user message, the history its turns post (default: a few bytes)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--chart", type=Path, help="the PNG of --curve (bench/results/...)")
     args = parser.parse_args(argv)
@@ -408,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{runs:,} runs in flight: M={model_s:g} s, T={tool_s:g} s, {relays} relay(s), "
             f"{fakes} fake(s); relay log {log}"
         )
-        figures = measure(server, runs, relays, fakes, model_s, tool_s, log)
+        figures = measure(server, runs, relays, fakes, model_s, tool_s, log, args.message_kb)
         stderr(
             f"  {figures['vs_ideal']}x ideal, CPU per run: relay "
             f"{figures['relay_cpu_ms_per_run']} ms, PostgreSQL "
