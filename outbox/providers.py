@@ -338,9 +338,9 @@ async def call(
     ``pydantic.ValidationError`` for an answer that cannot be recorded."""
     adapter = ADAPTERS[run["api"]]
     sending = post(adapter.path, adapter.request(run, messages, tools))
-    # The request holds what it needs of the history, and lets go of it once encoded: a
-    # turn waits seconds to minutes for its answer, with thousands of others.
-    del messages
+    # The request holds what it needs of the history and the tools, and lets go of them
+    # once encoded: a turn waits seconds to minutes for its answer, with thousands of others.
+    del messages, tools
     response = await sending
     turn = adapter.turn(response, run, step_no)
     left = calls_left(run)

@@ -75,12 +75,11 @@ async def call(
     """The turn's model call (``providers.call``), compacted first when it would pass its
     budget, or again once when the model says it is too long; the compaction made.
 
-    A turn that is not compacted is sent once: its history is taken out of ``turn``
-    (``Turn.take_history``), so that nothing holds it while the answer is awaited (the
-    largest part of what a run in flight would keep, for seconds to minutes)."""
+    A turn that is not compacted is sent once: its history and tools are taken out of
+    ``turn`` (``Turn.take_request``), so that nothing holds them while the answer is
+    awaited (the largest part of what a run in flight would keep, for seconds to minutes)."""
     if turn.window is None or turn.window.mode != "compact":
-        run, tools = turn.run, turn.tools
-        return await providers.call(post, run, step_no, turn.take_history(), tools), None
+        return await providers.call(post, turn.run, step_no, *turn.take_request()), None
     run, messages, tools, window = turn.run, turn.messages, turn.tools, turn.window
     compacted = None
     counted = context.reported(messages, window.last_input_tokens) or 0

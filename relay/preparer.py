@@ -58,11 +58,12 @@ class Turn:
     choice: routing.Choice | None = None
     window: context.Window | None = None  # what compacting it needs (outbox.context)
 
-    def take_history(self) -> list[dict[str, Any]]:
-        """The messages, no longer held here (nor the window's copy of the chat): for a
-        turn sent once, whose history need not outlive its request."""
-        messages, self.messages, self.window = self.messages, [], None
-        return messages
+    def take_request(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The messages and the tools, no longer held here (nor the window's copy of the
+        chat): for a turn sent once, whose request need not outlive its sending."""
+        messages, tools = self.messages, self.tools
+        self.messages, self.tools, self.window = [], {}, None
+        return messages, tools
 
 
 @dataclass

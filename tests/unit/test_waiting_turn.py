@@ -1,9 +1,10 @@
 """What a model turn keeps while it waits for its answer, against a real server on loopback.
 
 A run in flight spends most of its life waiting for its model (seconds to minutes, with
-thousands of others), so the history it posted must not be held by anything once its
-request is encoded: not the prepared turn, not the frames awaiting the answer. A turn whose
-run compacts keeps its history (a context-length refusal compacts it and sends it again).
+thousands of others), so the history and the tools it posted must not be held by anything
+once its request is encoded: not the prepared turn, not the frames awaiting the answer. A
+turn whose run compacts keeps them (a context-length refusal compacts it and sends it
+again).
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ ANSWER = {
 }
 
 
-class Message(dict[str, Any]):
-    """A history message that can be watched with a weak reference (a dict cannot)."""
+class Watched(dict[str, Any]):
+    """A history message or a tool that can be watched with a weak reference (a dict
+    cannot)."""
 
 
-async def held_while_waiting(window: context.Window | None) -> bool:
-    """Whether the turn's history is still alive while its model holds the answer back."""
+async def held_while_waiting(window: context.Window | None) -> list[bool]:
+    """Whether the turn's history or its tools are still alive while its model holds the
+    answer back."""
     received = asyncio.Event()
     release = asyncio.Event()
 
@@ -67,15 +70,17 @@ async def held_while_waiting(window: context.Window | None) -> bool:
     port = server.sockets[0].getsockname()[1]
     poster = Poster()
     try:
-        message = Message(role="user", content="hi")
-        watched = weakref.ref(message)
-        turn = Turn({**RUN, "base_url": f"http://127.0.0.1:{port}/v1"}, [message], {}, None, window)
-        del message
+        message = Watched(role="user", content="hi")
+        tool = Watched(name="lookup", description="finds", json_schema={"type": "object"})
+        watched = [weakref.ref(message), weakref.ref(tool)]
+        run = {**RUN, "base_url": f"http://127.0.0.1:{port}/v1"}
+        turn = Turn(run, [message], {"lookup": tool}, None, window)
+        del message, tool
         models = ModelServer(poster, f"http://127.0.0.1:{port}/v1", "key")
         call = asyncio.create_task(compaction.call(models.post, turn, 1))
         await asyncio.wait_for(received.wait(), 10)
         gc.collect()
-        held = watched() is not None
+        held = [ref() is not None for ref in watched]
         release.set()
         answer, compacted = await asyncio.wait_for(call, 10)
         assert (answer.content, compacted) == ("done", None)
@@ -85,12 +90,12 @@ async def held_while_waiting(window: context.Window | None) -> bool:
         server.close()
 
 
-def test_a_waiting_turn_holds_no_history():
-    assert not asyncio.run(held_while_waiting(None))
+def test_a_waiting_turn_holds_neither_its_history_nor_its_tools():
+    assert asyncio.run(held_while_waiting(None)) == [False, False]
     window = context.Window(budget=100_000, mode="last_messages")
-    assert not asyncio.run(held_while_waiting(window))
+    assert asyncio.run(held_while_waiting(window)) == [False, False]
 
 
-def test_a_turn_that_may_be_compacted_keeps_its_history_to_send_again():
+def test_a_turn_that_may_be_compacted_keeps_them_to_send_again():
     window = context.Window(budget=100_000, mode="compact")
-    assert asyncio.run(held_while_waiting(window))
+    assert asyncio.run(held_while_waiting(window)) == [True, True]
