@@ -47,7 +47,7 @@ from bench import db as bdb
 from bench import inflight, report, seed
 from bench.throughput import REPO, stderr
 from outbox import writer
-from outbox.schemas import StartRun
+from outbox.schemas import ModelOptions, StartRun
 
 CALLS = 2  # parallel tool calls of a run's first turn
 RUNS_PER_RELAY = 10_000  # the default --relays: one process per this many runs
@@ -129,10 +129,14 @@ class Fakes:
             server.close()
 
 
-def start_runs(url: str, runs: int, fakes: Fakes, message_kb: float = 0) -> None:
+def start_runs(
+    url: str, runs: int, fakes: Fakes, message_kb: float = 0, truncation: str = "auto"
+) -> None:
     """``runs`` runs, run ``i`` on fake ``i % len(fakes)``, their first model turns queued
     (``SEED_CONNECTIONS`` threads, a transaction per ``inflight.SEED_COMMIT_EVERY`` runs);
-    each user message ``message_kb`` kB long (the history every model turn posts)."""
+    each user message ``message_kb`` kB long (the history every model turn posts), their
+    ``truncation`` model option ``truncation`` (``auto``: compacted when over the window)."""
+    options = ModelOptions(truncation="disabled") if truncation == "disabled" else ModelOptions()
     urls = [server.url for server in fakes.servers]
     padding = " " + "x" * int(1024 * message_kb) if message_kb else ""
     printer = seed.progress_printer("starting runs", runs)
@@ -157,6 +161,7 @@ def start_runs(url: str, runs: int, fakes: Fakes, message_kb: float = 0) -> None
                             base_url=urls[shard] + "/v1",
                             message=f"run {i}{padding}",
                             tools=[tool_of(shard)],
+                            model_options=options,
                         ),
                     )
                     batch += 1
@@ -198,6 +203,7 @@ def measure(
     tool_s: float,
     log_path: Path,
     message_kb: float = 0,
+    truncation: str = "auto",
 ) -> dict[str, Any]:
     """One case; its figures (the module docstring)."""
     ideal = 2 * model_s + tool_s
@@ -209,7 +215,7 @@ def measure(
             for shard, fake in enumerate(fakes.servers):
                 endpoint = f"{fake.url}/tools/{tool_of(shard)}"
                 seed.register_http_tool(url, tool_of(shard), endpoint, timeout_s=120)
-            start_runs(url, runs, fakes, message_kb)
+            start_runs(url, runs, fakes, message_kb, truncation)
             processes = start_relays(url, relays, concurrency, log_path)
             try:
                 figures = watch(url, processes, fakes, runs, ideal, log_path)
@@ -235,6 +241,7 @@ def measure(
         model_s=model_s,
         tool_s=tool_s,
         message_kb=message_kb,
+        truncation=truncation,
         ideal_s=ideal,
         vs_ideal=round(ideal / figures["wall_s"], 3),
         duplicates=stats["duplicate_effects"],
@@ -390,6 +397,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="kB of each run's user message, the history its turns post (default: a few bytes)",
     )
+    parser.add_argument(
+        "--truncation",
+        choices=["auto", "disabled"],
+        default="auto",
+        help="the runs' truncation option (auto: compacted when over the window, and a "
+        "waiting turn keeps its history to send again; disabled: it lets go of it)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--chart", type=Path, help="the PNG of --curve (bench/results/...)")
     args = parser.parse_args(argv)
@@ -418,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{runs:,} runs in flight: M={model_s:g} s, T={tool_s:g} s, {relays} relay(s), "
             f"{fakes} fake(s); relay log {log}"
         )
-        figures = measure(server, runs, relays, fakes, model_s, tool_s, log, args.message_kb)
+        figures = measure(
+            server, runs, relays, fakes, model_s, tool_s, log, args.message_kb, args.truncation
+        )
         stderr(
             f"  {figures['vs_ideal']}x ideal, CPU per run: relay "
             f"{figures['relay_cpu_ms_per_run']} ms, PostgreSQL "
