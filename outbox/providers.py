@@ -348,7 +348,11 @@ async def call(
     ``post`` raises, and ``KeyError``/``TypeError``/``ValueError``/
     ``pydantic.ValidationError`` for an answer that cannot be recorded."""
     adapter = ADAPTERS[run["api"]]
-    response = await post(adapter.path, adapter.request(run, messages, tools))
+    sending = post(adapter.path, adapter.request(run, messages, tools))
+    # The request holds what it needs of the history and the tools, and lets go of them
+    # once encoded: a turn waits seconds to minutes for its answer, with thousands of others.
+    del messages, tools
+    response = await sending
     turn = adapter.turn(response, run, step_no)
     left = calls_left(run)
     if left is not None and len(turn.tool_calls) > left:

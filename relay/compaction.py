@@ -73,21 +73,25 @@ async def call(
     post: providers.Post, turn: Turn, step_no: int
 ) -> tuple[ModelTurnIn, Compacted | None]:
     """The turn's model call (``providers.call``), compacted first when it would pass its
-    budget, or again once when the model says it is too long; the compaction made."""
+    budget, or again once when the model says it is too long; the compaction made.
+
+    A turn that is not compacted is sent once: its history and tools are taken out of
+    ``turn`` (``Turn.take_request``), so that nothing holds them while the answer is
+    awaited (the largest part of what a run in flight would keep, for seconds to minutes)."""
+    if turn.window is None or turn.window.mode != "compact":
+        return await providers.call(post, turn.run, step_no, *turn.take_request()), None
     run, messages, tools, window = turn.run, turn.messages, turn.tools, turn.window
-    compacts = window is not None and window.mode == "compact"
     compacted = None
-    if compacts and window is not None:
-        counted = context.reported(messages, window.last_input_tokens) or 0
-        if counted > window.budget or not context.surely_within(messages, window.budget):
-            body = providers.ADAPTERS[run["api"]].request(run, messages, tools)
-            before = max(counted, context.estimate(body))
-            if before > window.budget:
-                messages, compacted = await _compact(post, turn, step_no, before)
+    counted = context.reported(messages, window.last_input_tokens) or 0
+    if counted > window.budget or not context.surely_within(messages, window.budget):
+        body = providers.ADAPTERS[run["api"]].request(run, messages, tools)
+        before = max(counted, context.estimate(body))
+        if before > window.budget:
+            messages, compacted = await _compact(post, turn, step_no, before)
     try:
         answer = await providers.call(post, run, step_no, messages, tools)
     except Exception as err:
-        if not (compacts and compacted is None and too_long(err)):
+        if not (compacted is None and too_long(err)):
             raise
         before = context.estimate(providers.ADAPTERS[run["api"]].request(run, messages, tools))
         messages, compacted = await _compact(post, turn, step_no, before)

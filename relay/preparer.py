@@ -45,7 +45,7 @@ logger = logging.getLogger("relay.preparer")
 BATCH_MAX = 512  # most requests served by one round of statements
 
 
-@dataclass(frozen=True)
+@dataclass
 class Turn:
     """What a model call needs: the run (its ``model``, ``base_url`` and ``api`` those of the
     chosen target), its history in that API's format, its tools (registry rows by name;
@@ -58,6 +58,13 @@ class Turn:
     tools: dict[str, dict[str, Any]]
     choice: routing.Choice | None = None
     window: context.Window | None = None  # what compacting it needs (outbox.context)
+
+    def take_request(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The messages and the tools, no longer held here (nor the window's copy of the
+        chat): for a turn sent once, whose request need not outlive its sending."""
+        messages, tools = self.messages, self.tools
+        self.messages, self.tools, self.window = [], {}, None
+        return messages, tools
 
 
 @dataclass
