@@ -141,6 +141,8 @@ class Choice:
     # A fallback comes after the target: a Retry-After of the target's server holds the
     # target's turns, not this one (its next attempt goes to the fallback).
     fallback_left: bool = False
+    # One more failure reaches the target's after_attempts: the next attempt goes past it.
+    last_here: bool = False
 
 
 def route_target(
@@ -229,7 +231,8 @@ def choose(
                 reason = "circuit_open" if opened else "retry_after"
                 route.update(reason=reason, skipped=skipped, primary=first.model)
             dirty = circuit is not None and circuit.failures > 0
-            return _choice(target, route, dirty=dirty, skipped=skipped, more=more)
+            last = more and at == start and used + 1 >= links[at][1]
+            return _choice(target, route, dirty=dirty, skipped=skipped, more=more, last=last)
         if circuit.probe_due and take_probe(target.base_url):
             route.update(probe=True)
             if skipped:
@@ -253,9 +256,16 @@ def _choice(
     dirty: bool,
     skipped: list[str],
     more: bool,
+    last: bool = False,
 ) -> Choice:
     return Choice(
-        target, route or None, probe=probe, dirty=dirty, skipped=skipped, fallback_left=more
+        target,
+        route or None,
+        probe=probe,
+        dirty=dirty,
+        skipped=skipped,
+        fallback_left=more,
+        last_here=last,
     )
 
 

@@ -17,9 +17,10 @@ what is queued (up to ``completion_batch``) and writes it in one transaction:
   backends call (one call of ``record_model_turns_v1`` writes every turn);
 - a failed attempt is retried after exponential backoff with jitter (or what the tool or
   model asked with ``Retry-After``) while ``failures`` stays under ``max_attempts``, then
-  quarantined; a deferred one (never started) is put back uncharged, and so is a tool call
-  whose attempt never reached the tool when the call has a deadline (``uncharged``): a
-  retry is never due after the call's deadline.
+  quarantined; a model turn whose next attempt goes to its fallback is retried at once; a
+  deferred one (never started) is put back uncharged, and so is a tool call whose attempt
+  never reached the tool when the call has a deadline (``uncharged``): a retry is
+  never due after the call's deadline.
 
 When the database goes away the outcomes are kept and written once it is back (if the
 leases expired meanwhile the fence refuses them, as it should). When it refuses a
@@ -32,6 +33,7 @@ written at all (a bug) is logged and left to lease expiry.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import random
@@ -193,12 +195,37 @@ class Completer:
         ):
             if positions:
                 self._set_based(conn, outcomes, positions, applied, kind, write_all)
-        done = [
+        self._report_circuits(conn, [o for o in outcomes if o.circuit and o.server])
+        outcomes = self._to_fallbacks_at_once(conn, outcomes)
+        return [
             what if what is not None else self.apply(conn, outcome)
             for outcome, what in zip(outcomes, applied, strict=True)
         ]
-        self._report_circuits(conn, [o for o in outcomes if o.circuit and o.server])
-        return done
+
+    def _to_fallbacks_at_once(
+        self, conn: psycopg.Connection[Any], outcomes: list[Outcome]
+    ) -> list[Outcome]:
+        """A failed model turn whose next attempt goes to its fallback is retried at once:
+        the backoff spares a failing server, and that attempt is not sent to it. Its
+        attempts on the server are used up (``fallback == "next"``), or the server's circuit
+        is open as this transaction's reports left it (``"if_open"``: one read, only when
+        such a turn failed). A circuit that closes before the attempt is prepared sends it
+        back to its server, which has just answered a probe."""
+        maybe = {o.server for o in outcomes if o.action == "retry" and o.fallback == "if_open"} - {
+            None
+        }
+        opened = (
+            {r[0] for r in conn.execute(self.q.circuits_not_closed, {"base_urls": sorted(maybe)})}
+            if maybe
+            else set()
+        )
+        return [
+            dataclasses.replace(o, delay_s=0.0)
+            if o.action == "retry"
+            and (o.fallback == "next" or (o.fallback == "if_open" and o.server in opened))
+            else o
+            for o in outcomes
+        ]
 
     def _report_circuits(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> None:
         """Report what the model calls of this transaction said about their servers to

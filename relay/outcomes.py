@@ -142,6 +142,10 @@ class Outcome:
     # The model a model turn's call went to (a fallback's, a routing rule's: not always the
     # run's), for the metrics of the model that answered or failed.
     model: str | None = None
+    # A failed model turn with a fallback after its server: its next attempt goes past that
+    # server ("next": its attempts there are used up) or does while the server's circuit is
+    # open ("if_open"). Such a retry is not backed off (Completer.apply_all).
+    fallback: Literal["next", "if_open"] | None = None
 
     def __post_init__(self) -> None:
         # An error quotes what a tool or model sent (a body's start, an exception's text);

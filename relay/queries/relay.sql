@@ -701,6 +701,12 @@ SELECT {s}.claim_model_probe_v1(%(base_url)s)
 -- circuits this changed (report_model_calls_v1).
 SELECT * FROM {s}.report_model_calls_v1(%(base_urls)s, %(failed)s, %(answered)s)
 
+-- name: circuits_not_closed
+-- Of these base URLs, those whose circuit is open or half-open, as this transaction's
+-- reports left them: a failed turn's next attempt goes past them to its fallback.
+SELECT c.base_url FROM {s}.model_circuits c
+WHERE c.base_url = ANY(%(base_urls)s) AND c.state <> 'closed'
+
 -- name: webhook_done
 -- A webhook delivery answered (delivered_at, the receiver's status) or dropped (its
 -- endpoint removed: delivered_at stays NULL); attempts: how many it took.

@@ -244,6 +244,64 @@ def test_a_retry_after_sends_the_turn_to_the_fallback_instead_of_waiting(setup, 
     assert [r.status for r in primary.requests] == [429]
 
 
+def retry_delays(db_url: str, run_id: uuid.UUID) -> list[float]:
+    """The delay of each retry of the run's turns, as journaled."""
+    return [
+        float(r[0])
+        for r in look(
+            db_url,
+            "SELECT (detail->>'delay_s')::float8 FROM outbox.journal WHERE run_id = %s "
+            "AND event = 'model_turn.retry_scheduled' ORDER BY id",
+            [run_id],
+        )
+    ]
+
+
+@pytest.mark.parametrize("moved_by", ["attempts", "circuit"])
+def test_a_turn_whose_next_attempt_goes_to_the_fallback_is_retried_at_once(
+    setup, primary, backup, moved_by
+):
+    after, open_after = (1, 1000) if moved_by == "attempts" else (1000, 1)
+    configure(
+        setup,
+        fallback=(
+            "primary-1",
+            "backup-1",
+            {"to_base_url": backup.url + "/v1", "after_attempts": after},
+        ),
+        circuit=(primary.url + "/v1", {"open_after": open_after, "cool_down_s": 3600}),
+    )
+    primary.down(503)
+    run_id = start(setup, primary)
+    # A backoff of an hour: the run completes only if its retries skip it.
+    with relay_thread(setup, kinds=KINDS, retry_base_s=3600, retry_cap_s=3600):
+        wait_until(lambda: status(setup, run_id) == "completed", what="the run on the fallback")
+    delays = retry_delays(setup, run_id)
+    assert delays and set(delays) == {0.0}
+    assert [model for _, model, _ in turns(setup, run_id)] == ["backup-1", "backup-1"]
+    one_turn_per_step(setup)
+
+
+def test_a_turn_whose_next_attempt_may_go_back_to_its_server_backs_off(setup, primary, backup):
+    configure(
+        setup,
+        fallback=(
+            "primary-1",
+            "backup-1",
+            {"to_base_url": backup.url + "/v1", "after_attempts": 3},
+        ),
+        circuit=(primary.url + "/v1", {"open_after": 1000}),
+    )
+    primary.fail_next(1, status=503, retry_after_s=0)  # no Retry-After to honour
+    run_id = start(setup, primary)
+    with relay_thread(setup, kinds=KINDS, retry_base_s=0.2):
+        wait_until(lambda: status(setup, run_id) == "completed")
+    delays = retry_delays(setup, run_id)
+    assert len(delays) == 1 and delays[0] > 0  # the primary gets its backoff to recover
+    assert [model for _, model, _ in turns(setup, run_id)] == ["primary-1", "primary-1"]
+    assert backup.requests == []
+
+
 def test_a_bad_request_fails_the_run_without_falling_back(setup, primary, backup):
     configure(
         setup,

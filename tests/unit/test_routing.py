@@ -103,3 +103,23 @@ def test_a_server_that_asked_to_wait_is_skipped_like_an_open_circuit():
     assert held.fallback_left  # mid has a fallback of its own
     alone = routing.choose(RUN, FIRST, 0, None, {}, {}, lambda url: False, {"http://a/v1": 9})
     assert alone.target is None and alone.wait_s == 9  # the whole Retry-After, uncapped
+
+
+@pytest.mark.parametrize(
+    ("failures", "last_here"),
+    [
+        (0, False),  # big takes two failures: one more still comes back to it
+        (1, True),  # its second: the next attempt goes to mid
+        (2, True),  # mid takes one
+        (3, False),  # small is the last link: nothing after it
+    ],
+)
+def test_a_choice_says_when_one_more_failure_moves_the_turn_on(failures, last_here):
+    assert choose(failures).last_here is last_here
+
+
+def test_a_target_reached_past_an_open_circuit_is_not_its_last_attempt_there():
+    circuits = {"http://a/v1": Circuit("open", 5, probe_due=False)}
+    choice = choose(0, circuits)
+    assert choice.target is not None and choice.target.model == "mid"
+    assert not choice.last_here  # mid's own count starts when the turn is moved to it
