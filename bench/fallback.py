@@ -14,7 +14,9 @@ after 5 s); then ``outbox relay`` starts. Read from the database when every run 
 - the requests the primary received: what the outage cost before the circuit opened, and
   the probes after;
 - the time from the first failed call (the first ``model_turn.retry_scheduled`` naming the
-  primary) to the circuit's ``model.circuit_opened``, both by the database's clock;
+  primary) to the circuit's ``model.circuit_opened``, both by the database's clock; 0 when
+  the transaction that records the first failures opens the circuit (it journals the
+  opening before the failures' retries);
 - the turn latency: from the message a turn answers (the user's, or the tool result; for
   the first turns, queued before the relay started, from the relay's first failed call) to
   the turn's assistant message, p50/p95/max over every turn of the outage.
@@ -58,11 +60,11 @@ SELECT (SELECT count(*) FROM outbox.runs WHERE status = 'completed') AS complete
            AS on_primary,
        (SELECT count(*) FROM (SELECT 1 FROM outbox.model_turns GROUP BY run_id, step_no
                               HAVING count(*) > 1) d) AS recorded_twice,
-       (SELECT extract(epoch FROM
-                  (SELECT min(at) FROM outbox.journal WHERE event = 'model.circuit_opened')
-                  - (SELECT min(at) FROM outbox.journal
-                     WHERE event = 'model_turn.retry_scheduled'
-                       AND detail->>'base_url' = %(primary)s))) AS open_after_s,
+       (SELECT extract(epoch FROM o.at - least(o.at, f.at))
+        FROM (SELECT min(at) AS at FROM outbox.journal WHERE event = 'model.circuit_opened') o,
+             (SELECT min(at) AS at FROM outbox.journal
+              WHERE event = 'model_turn.retry_scheduled'
+                AND detail->>'base_url' = %(primary)s) f) AS open_after_s,
        (SELECT count(*) FROM outbox.journal WHERE event = 'model.circuit_probe') AS probes,
        (SELECT extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY gap))
         FROM gaps WHERE role = 'assistant') AS turn_p50_s,

@@ -211,8 +211,10 @@ class Completer:
         is open as this transaction's reports left it (``"if_open"``: one read, only when
         such a turn failed). A circuit that closes before the attempt is prepared sends it
         back to its server, which has just answered a probe."""
-        maybe = {o.server for o in outcomes if o.action == "retry" and o.fallback == "if_open"} - {
-            None
+        maybe = {
+            o.server
+            for o in outcomes
+            if o.action == "retry" and o.fallback == "if_open" and o.server is not None
         }
         opened = (
             {r[0] for r in conn.execute(self.q.circuits_not_closed, {"base_urls": sorted(maybe)})}

@@ -219,8 +219,9 @@ class ModelExecutor:
         if outcome.action == "retry" and choice is not None and choice.fallback_left:
             # The server's Retry-After holds its base URL (``held_until``), and the
             # routing sends the next attempt elsewhere: the turn need not wait as long.
-            fallback = "next" if choice.last_here else "if_open"
-            outcome = dataclasses.replace(outcome, delay_s=None, fallback=fallback)
+            outcome = dataclasses.replace(
+                outcome, delay_s=None, fallback="next" if choice.last_here else "if_open"
+            )
         if isinstance(outcome.output, ModelTurnIn):
             route = choice.route if choice is not None else None
             outcome = dataclasses.replace(
