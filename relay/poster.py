@@ -44,7 +44,12 @@ from urllib.parse import quote, urlsplit
 import httpx2
 
 CONNECTING = 64  # connections being opened at once per process (Poster says why)
-IDLE_S = 30.0  # a kept-alive connection unused for this long is closed
+# A kept-alive connection unused for this long is closed, never reused: servers end idle
+# connections after as little as 2 s (gunicorn; uvicorn and Node after 5 s), and a request
+# sent as the server ends its connection (its idle timer firing, its loop late under load)
+# may or may not have been read: an ambiguous outcome, which a tool without a lookup waits
+# out for its settle time. A new connection costs a handshake.
+IDLE_S = 1.0
 MAX_HEAD = 64 * 1024  # bytes of status line and headers (or of a chunk line) an answer may have
 # How long a body that holds all its caller needs (``Answer.enough``) may take to end before
 # it is ended here: the connection is kept for the next request when the server ends it at
@@ -601,10 +606,10 @@ class Poster:
             connection.close()
 
     def _kept(self, origin: tuple[str, int, bool]) -> Connection | None:
-        idle = self.idle.get(origin)
+        idle, now = self.idle.get(origin), time.monotonic()
         while idle:
             connection = idle.pop()
-            if connection.usable():
+            if now - connection.idle_since < IDLE_S and connection.usable():
                 return connection
             connection.close()
         return None

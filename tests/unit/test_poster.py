@@ -465,6 +465,37 @@ def test_keep_alive_connections_are_reused_until_the_server_says_close():
     assert asyncio.run(main()) == [3, 2]
 
 
+def test_a_connection_idle_for_idle_s_is_not_reused():
+    """A kept-alive connection unused for ``IDLE_S`` is closed rather than sent the next
+    request: its server may be ending it right then, and a request it ends unread is an
+    ambiguous outcome."""
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            writer.write(answer(b'{"ok": true}'))
+            await writer.drain()
+        writer.close()
+
+    async def main() -> tuple[int, int]:
+        async with served(handler) as (poster, url):
+            await poster.post(url, json={}, timeout=5)
+            await poster.post(url, json={}, timeout=5)  # at once: the same connection
+            reused = connections
+            [kept] = [c for idle in poster.idle.values() for c in idle]
+            kept.idle_since -= poster_module.IDLE_S  # as if unused since then
+            await poster.post(url, json={}, timeout=5)
+            return reused, connections
+
+    assert asyncio.run(main()) == (1, 2)
+
+
 def test_the_read_timeout_counts_from_the_latest_bytes():
     """``timeout`` bounds each wait for bytes, as ``httpx2``'s read timeout: an answer
     trickling in for longer than the timeout, but never silent for that long, is read."""
