@@ -1,8 +1,8 @@
 """A scripted model and a tool that take their time: thousands of requests open at once.
 
 ``python -m bench.latency_server --model-latency M --tool-latency T --calls K`` serves, on
-one asyncio event loop (HTTP/1.1 with keep-alive, idle connections closed after
-``KEEP_ALIVE_S``):
+one asyncio event loop (HTTP/1.1 with keep-alive, connections idle after an answer closed
+after ``KEEP_ALIVE_S``):
 
 - ``POST /v1/responses`` (the OpenAI Responses API): after ``M`` seconds, a turn asking for
   ``K`` parallel calls of the tool ``slow`` (``--tool-name``) when the input holds no tool
@@ -272,9 +272,11 @@ class Connection(asyncio.Protocol):
         self.idle_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # No idle timer before the first request, as uvicorn: a client whose loop is late
+        # between its connect and its send (thousands of requests in a burst) would have
+        # its request ended unread, an ambiguous outcome, for no fault of the relay's.
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self._idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         # A request still waiting keeps its timer: its route stays counted as open until the
