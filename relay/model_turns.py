@@ -144,6 +144,7 @@ class ModelServer:
             else {**headers, "content-type": "application/json"},
             timeout=MODEL_TIMEOUT_S,
             max_body=self.max_body,
+            repeatable=True,  # a lost turn is retried: it has no effect to settle
         )
         if response.status_code >= 400:
             raise ModelAnswered(response.status_code, _error_message(response), response)
@@ -216,29 +217,26 @@ class ModelExecutor:
         server = self.servers(base_url)
         post = functools.partial(server.post, trace=spans.headers(row))
         outcome = await self._call(row, post, prepared, step_no)
+        # What the call's outcome gains here, in one copy: thousands of turns a second.
+        changes: dict[str, Any] = {
+            "duration_s": time.monotonic() - started,
+            "started_at": started_at,
+            "server": server.base_url,
+            "model": run["model"],
+        }
         if outcome.action == "retry" and choice is not None and choice.fallback_left:
             # The server's Retry-After holds its base URL (``held_until``), and the
             # routing sends the next attempt elsewhere: the turn need not wait as long.
-            outcome = dataclasses.replace(
-                outcome, delay_s=None, fallback="next" if choice.last_here else "if_open"
-            )
+            changes["delay_s"] = None
+            changes["fallback"] = "next" if choice.last_here else "if_open"
         if isinstance(outcome.output, ModelTurnIn):
             route = choice.route if choice is not None else None
-            outcome = dataclasses.replace(
-                outcome,
-                output=outcome.output.model_copy(
-                    update={"model": run["model"], "base_url": server.base_url, "route": route}
-                ),
+            changes["output"] = outcome.output.model_copy(
+                update={"model": run["model"], "base_url": server.base_url, "route": route}
             )
         if outcome.circuit == "answered" and not (choice is not None and choice.dirty):
-            outcome = dataclasses.replace(outcome, circuit=None)  # a clean circuit: nothing
-        return dataclasses.replace(
-            outcome,
-            duration_s=time.monotonic() - started,
-            started_at=started_at,
-            server=server.base_url,
-            model=run["model"],
-        )
+            changes["circuit"] = None  # a clean circuit: nothing to report
+        return dataclasses.replace(outcome, **changes)
 
     async def _call(
         self,
