@@ -138,7 +138,7 @@ class Engine:
         return server
 
     async def _close_idle_connections(self) -> None:
-        while True:  # a connection past IDLE_S is never reused: closed within as long again
+        while True:  # a connection past REPEATABLE_IDLE_S is never reused: closed within IDLE_S
             await asyncio.sleep(IDLE_S)
             self.http.close_idle(time.monotonic())
 

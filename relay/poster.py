@@ -50,6 +50,13 @@ CONNECTING = 64  # connections being opened at once per process (Poster says why
 # may or may not have been read: an ambiguous outcome, which a tool without a lookup waits
 # out for its settle time. A new connection costs a handshake.
 IDLE_S = 1.0
+# A request that is simply sent again when it is lost (``post(repeatable=True)``: a model
+# turn, which has no effect to settle) may take a connection idle this long: under the 5 s
+# after which uvicorn and Node end one (a server that ended it sooner has said so on the
+# socket, ``Connection.usable``). Between a wave of turns and the next, the model's
+# connections wait out the tools: a new connection for each turn cost more relay CPU
+# than the turn's own parsing.
+REPEATABLE_IDLE_S = 4.0
 MAX_HEAD = 64 * 1024  # bytes of status line and headers (or of a chunk line) an answer may have
 # How long a body that holds all its caller needs (``Answer.enough``) may take to end before
 # it is ended here: the connection is kept for the next request when the server ends it at
@@ -529,6 +536,7 @@ class Poster:
         max_body: int | None = None,
         enough: Enough | None = None,
         total: float | None = None,
+        repeatable: bool = False,
     ) -> httpx2.Response:
         """``timeout`` (seconds) bounds the connect, the send, and each wait for bytes of
         the answer; ``total``, if given, the whole request, from its connect to its answer's
@@ -538,7 +546,8 @@ class Poster:
         ``max_body`` bytes comes back cut there, with ``extensions["body_cut_at"] =
         max_body`` (the module docstring). ``enough``: see
         ``Answer``; an answer it ended comes back with ``extensions["ended_early"]``, its
-        connection closed."""
+        connection closed. ``repeatable``: the caller sends the request again when it is
+        lost, so it may take a connection idle up to ``REPEATABLE_IDLE_S`` (else ``IDLE_S``)."""
         origin, line = _target(url)
         sent = dict(headers or {})
         if content is None:
@@ -551,9 +560,9 @@ class Poster:
         data = [line + _headers(sent, len(content)) + content]
         del content, json
         until = math.inf if total is None else asyncio.get_running_loop().time() + total
-        connection = self._kept(origin) or await self._connect(
-            origin, min(timeout, total or timeout)
-        )
+        connection = self._kept(
+            origin, REPEATABLE_IDLE_S if repeatable else IDLE_S
+        ) or await self._connect(origin, min(timeout, total or timeout))
         self.busy.add(connection)
         try:
             answer = await connection.request(data, timeout, max_body, enough, until)
@@ -577,7 +586,8 @@ class Poster:
         )
 
     def close_idle(self, now: float) -> int:
-        """Close the connections idle since before ``now - IDLE_S``; returns how many.
+        """Close the connections idle since before ``now - REPEATABLE_IDLE_S`` (no request
+        may take them); returns how many.
         Servers end idle connections too, but not all do, and a burst's connections would
         otherwise hold their sockets (and the server's) for good."""
         closed = 0
@@ -586,7 +596,7 @@ class Poster:
             for connection in idle:
                 if connection.closed:
                     continue
-                if now - connection.idle_since > IDLE_S:
+                if now - connection.idle_since > REPEATABLE_IDLE_S:
                     connection.close()
                     closed += 1
                 else:
@@ -605,13 +615,19 @@ class Poster:
         for connection in list(self.busy):
             connection.close()
 
-    def _kept(self, origin: tuple[str, int, bool]) -> Connection | None:
+    def _kept(self, origin: tuple[str, int, bool], most_idle_s: float) -> Connection | None:
+        """The connection of ``origin`` used last, if it has been idle under
+        ``most_idle_s`` and is open; one too old for this request but not for a repeatable
+        one stays kept (the others are older still: the list is in order of use)."""
         idle, now = self.idle.get(origin), time.monotonic()
         while idle:
-            connection = idle.pop()
-            if now - connection.idle_since < IDLE_S and connection.usable():
-                return connection
-            connection.close()
+            connection = idle[-1]
+            waited = now - connection.idle_since
+            if waited < most_idle_s and connection.usable():
+                return idle.pop()
+            if waited < REPEATABLE_IDLE_S and connection.usable():
+                return None
+            idle.pop().close()
         return None
 
     async def _connect(self, origin: tuple[str, int, bool], timeout: float) -> Connection:

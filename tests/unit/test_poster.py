@@ -466,9 +466,9 @@ def test_keep_alive_connections_are_reused_until_the_server_says_close():
 
 
 def test_a_connection_idle_for_idle_s_is_not_reused():
-    """A kept-alive connection unused for ``IDLE_S`` is closed rather than sent the next
-    request: its server may be ending it right then, and a request it ends unread is an
-    ambiguous outcome."""
+    """A kept-alive connection unused for ``IDLE_S`` is not sent the next request: its
+    server may be ending it right then, and a request it ends unread is an ambiguous
+    outcome."""
     connections = 0
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -494,6 +494,50 @@ def test_a_connection_idle_for_idle_s_is_not_reused():
             return reused, connections
 
     assert asyncio.run(main()) == (1, 2)
+
+
+def test_a_repeatable_request_takes_a_connection_idle_up_to_repeatable_idle_s():
+    """A model turn (``repeatable``: sent again when lost) takes a connection idle past
+    ``IDLE_S``, which another request leaves to it; past ``REPEATABLE_IDLE_S`` no request
+    takes it, and it is closed."""
+    connections: list[int] = []  # requests served, per connection
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(0)
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            connections[-1] += 1
+            writer.write(answer(b'{"ok": true}'))
+            await writer.drain()
+        writer.close()
+
+    def age(poster: Poster, seconds: float) -> None:
+        for idle in poster.idle.values():
+            for connection in idle:
+                connection.idle_since -= seconds  # as if unused for that much longer
+
+    async def main() -> tuple[list[int], list[int], list[int], int]:
+        async with served(handler) as (poster, url):
+            await poster.post(url, json={}, timeout=5, repeatable=True)
+            age(poster, poster_module.IDLE_S + 0.1)
+            await poster.post(url, json={}, timeout=5)  # not the idle one: a new connection
+            first = list(connections)
+            age(poster, poster_module.IDLE_S + 0.1)  # both idle past IDLE_S, under 4 s
+            await poster.post(url, json={}, timeout=5, repeatable=True)  # the one used last
+            await poster.post(url, json={}, timeout=5, repeatable=True)  # the same, again
+            second = list(connections)
+            age(poster, poster_module.REPEATABLE_IDLE_S)
+            await poster.post(url, json={}, timeout=5, repeatable=True)
+            kept = [c for idle in poster.idle.values() for c in idle]
+            return first, second, list(connections), len(kept)
+
+    first, second, third, kept = asyncio.run(main())
+    assert first == [1, 1]
+    assert second == [1, 3]
+    assert third == [1, 3, 1] and kept == 1  # the two old ones closed, the new one kept
 
 
 def test_the_read_timeout_counts_from_the_latest_bytes():
@@ -579,9 +623,9 @@ def test_concurrent_requests_get_a_connection_each_and_later_ones_reuse_them():
 
 
 def test_idle_connections_are_closed_after_a_while_and_busy_ones_never():
-    """``close_idle`` (the engine calls it every few seconds) closes what nobody used for
-    ``IDLE_S``, so a burst's sockets do not stay open for good; a connection carrying a
-    request is not idle, however old."""
+    """``close_idle`` (the engine calls it every second) closes what no request may take
+    (idle for ``REPEATABLE_IDLE_S``), so a burst's sockets do not stay open for good; a
+    connection carrying a request is not idle, however old."""
 
     async def main() -> tuple[int, int, int, int]:
         ended: list[bytes] = []
@@ -606,7 +650,7 @@ def test_idle_connections_are_closed_after_a_while_and_busy_ones_never():
             held = asyncio.create_task(poster.post(url, json={"hold": True}, timeout=5))
             while not poster.busy:  # the held request is on its connection
                 await asyncio.sleep(0.001)
-            later = time.monotonic() + poster_module.IDLE_S + 1
+            later = time.monotonic() + poster_module.REPEATABLE_IDLE_S + 1
             idle_later = poster.close_idle(later)
             release.set()
             status = (await held).status_code
