@@ -235,6 +235,25 @@ def test_the_provider_settings_are_checked_and_the_secret_comes_from_the_environ
         oidc_settings(None, "console", None)
 
 
+def test_serve_refuses_console_options_that_do_not_fit_before_it_starts(monkeypatch):
+    from click.testing import CliRunner
+
+    import cli
+
+    monkeypatch.delenv("NO_SUCH_SECRET", raising=False)
+    runner = CliRunner()
+    alone = runner.invoke(cli.main, ["serve", "--no-password-sign-in"])
+    assert alone.exit_code == 2 and "needs --oidc-issuer" in alone.output
+    unset = runner.invoke(
+        cli.main,
+        ["serve", "--oidc-issuer", "https://idp.example", "--oidc-client-id", "c",
+         "--oidc-client-secret-env", "NO_SUCH_SECRET"],
+    )  # fmt: skip
+    assert unset.exit_code == 2 and "export NO_SUCH_SECRET=" in unset.output
+    template = runner.invoke(cli.main, ["serve", "--trace-url-template", "https://t.example/"])
+    assert template.exit_code == 2 and "has no {trace_id}" in template.output
+
+
 def test_users_add_with_an_oidc_subject_asks_no_password(db_url, monkeypatch):
     from click.testing import CliRunner
 
