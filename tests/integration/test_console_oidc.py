@@ -153,6 +153,14 @@ def test_a_replayed_code_is_refused_with_no_second_session(db_url, console, prov
     assert len(sessions(db_url)) == 1
 
 
+def test_a_sign_in_the_provider_refused_is_said_so(db_url, console, provider):
+    client = httpx2.Client(base_url=console, timeout=30)
+    answer = client.get(to_provider(client))  # nobody scripted: the person cancelled
+    assert answer.status_code == 401
+    assert "Fake IdP did not sign you in: access_denied" in html.unescape(answer.text)
+    assert provider.token_requests == 0 and sessions(db_url) == []
+
+
 def test_an_unknown_subject_is_refused_with_what_the_operator_must_run(db_url, console, provider):
     client, answer = oidc_sign_in(console, provider, "sub-nobody")
     assert answer.status_code == 403
