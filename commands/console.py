@@ -2,7 +2,9 @@
 
 A password is read from a prompt (asked twice) or, with ``--password-stdin``, from the first
 line of standard input (for scripts); it is never an argument, so it stays out of shell
-histories and process listings. Only its argon2 hash is stored (outbox.accounts).
+histories and process listings. Only its argon2 hash is stored (outbox.accounts). A person
+given ``--oidc-subject`` signs in through the OpenID Connect provider of ``outbox serve
+--oidc-issuer`` and is asked for no password (unless ``--password-stdin`` gives one too).
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ def users_group() -> None:
     """People who sign in to the console: add, list, remove."""
 
 
-USER_COLUMNS = ["name", "tenant_id", "role", "failed_attempts", "locked_until", "created_at"]
+USER_COLUMNS = [
+    "name",
+    "tenant_id",
+    "role",
+    "oidc_subject",
+    "failed_attempts",
+    "locked_until",
+    "created_at",
+]
 
 
 @users_group.command("add")
@@ -44,26 +54,48 @@ USER_COLUMNS = ["name", "tenant_id", "role", "failed_attempts", "locked_until", 
     help="reviewer: decides approvals; operator: acts on runs; viewer: changes nothing.",
 )
 @click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+@click.option(
+    "--oidc-subject",
+    metavar="SUB",
+    help="They sign in through the OpenID Connect provider of `outbox serve --oidc-issuer`: "
+    "the sub claim of their ID tokens (the console's refusal page shows it). No password "
+    "is asked for then.",
+)
 @actor_option
 @json_option
 def users_add(
-    name: str, tenant: str, role: str, password_stdin: bool, actor: str, as_json: bool
+    name: str,
+    tenant: str,
+    role: str,
+    password_stdin: bool,
+    oidc_subject: str | None,
+    actor: str,
+    as_json: bool,
 ) -> None:
-    """Add NAME, who signs in to the console with a password (asked for)."""
+    """Add NAME, who signs in to the console with a password (asked for), or through the
+    OpenID Connect provider with --oidc-subject."""
     from outbox import accounts
 
+    password: str | None = None
     if password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
-    else:
+    elif oidc_subject is None:
         password = click.prompt("Password", hide_input=True, confirmation_prompt=True)
     with connection() as conn:
         row = accounts.add_user(
-            conn, name, tenant_id=tenant, role=role, password=password, actor=actor
+            conn,
+            name,
+            tenant_id=tenant,
+            role=role,
+            password=password,
+            oidc_subject=oidc_subject,
+            actor=actor,
         )
     if as_json:
         echo_json(row)
         return
-    click.echo(f"console user {row['name']}: {row['role']} of tenant {row['tenant_id']}")
+    how = f", signs in as {row['oidc_subject']} at the provider" if row["oidc_subject"] else ""
+    click.echo(f"console user {row['name']}: {row['role']} of tenant {row['tenant_id']}{how}")
 
 
 @users_group.command("list")

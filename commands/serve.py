@@ -101,6 +101,44 @@ RELAY_STOP_S = 30.0  # seconds `serve --with-relay` gives its relay to drain bef
     help="Serve a console where nobody approves, denies or changes anything, whatever "
     "their role: people read (docs/console.md).",
 )
+@click.option(
+    "--oidc-issuer",
+    metavar="URL",
+    help="Console: people may also sign in through this OpenID Connect provider (its "
+    "issuer, exactly as its discovery document names it; https). Who they are (tenant, "
+    "role) is the console user an operator gave their subject: `outbox console users add "
+    "NAME --tenant T --role R --oidc-subject SUB` (docs/console.md).",
+)
+@click.option("--oidc-client-id", metavar="ID", help="The console's client id at the provider.")
+@click.option(
+    "--oidc-client-secret-env",
+    metavar="VAR",
+    help="The environment variable that holds the client secret (never the secret itself: "
+    "it would show in process listings). Without it, a public client (PKCE only).",
+)
+@click.option(
+    "--oidc-name",
+    metavar="NAME",
+    help="The provider's name on the sign-in page: 'Sign in with NAME'.  [default: the issuer]",
+)
+@click.option(
+    "--oidc-redirect-url",
+    metavar="URL",
+    help="Where the provider sends people back, as registered there (behind a proxy). "
+    "[default: the URL the browser used + /console/sign-in/oidc/callback]",
+)
+@click.option(
+    "--no-password-sign-in",
+    is_flag=True,
+    help="Console: sign in through the --oidc-issuer provider only; no password form.",
+)
+@click.option(
+    "--trace-url-template",
+    metavar="URL",
+    help="Console: a run's timeline links to its trace there, e.g. "
+    "'https://jaeger.example/trace/{trace_id}' ({span_id} too, for each turn's and call's "
+    "span). Only these hex ids are substituted.",
+)
 @click.option("--log-level", default="info", show_default=True)
 def serve_command(
     host: str,
@@ -117,6 +155,13 @@ def serve_command(
     metrics_host: str,
     no_console: bool,
     console_read_only: bool,
+    oidc_issuer: str | None,
+    oidc_client_id: str | None,
+    oidc_client_secret_env: str | None,
+    oidc_name: str | None,
+    oidc_redirect_url: str | None,
+    no_password_sign_in: bool,
+    trace_url_template: str | None,
     log_level: str,
 ) -> None:
     """Serve OpenAI's Assistants protocol and the run event stream over HTTP.
@@ -130,6 +175,9 @@ def serve_command(
     A run a request starts continues the request's traceparent header; with
     OTEL_EXPORTER_OTLP_ENDPOINT set, each request is a span exported over OTLP/HTTP
     (docs/operations.md, "Traces").
+
+    The web console at /console (docs/console.md): people sign in with a console password
+    (`outbox console users add`), or through an OpenID Connect provider with --oidc-issuer.
     """
     import signal
     import subprocess
@@ -139,6 +187,7 @@ def serve_command(
     from outbox import logs
     from outbox.schemas import url_problem
     from outbox.server import app as server_app
+    from outbox.server.console import trace_links
 
     if model_base_url is not None and (problem := url_problem(model_base_url)):
         raise click.BadParameter(problem, param_hint="--model-base-url")
@@ -152,6 +201,18 @@ def serve_command(
             "(several `outbox serve --workers 1` behind a load balancer)",
             param_hint="--metrics-port",
         )
+    try:
+        oidc = server_app.oidc_settings(
+            oidc_issuer, oidc_client_id, oidc_client_secret_env, oidc_name, oidc_redirect_url
+        )
+        if no_password_sign_in and oidc is None:
+            raise ValueError("--no-password-sign-in needs --oidc-issuer: nobody could sign in")
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    if trace_url_template is not None and (
+        problem := trace_links.template_problem(trace_url_template)
+    ):
+        raise click.BadParameter(problem, param_hint="--trace-url-template")
     url = db.database_url()
     with db.connect(url) as conn:
         db.check_schema_current(conn)
@@ -177,6 +238,9 @@ def serve_command(
                 queue_timeout_s=queue_timeout_s,
                 console=not no_console,
                 console_read_only=console_read_only,
+                oidc=oidc,
+                password_sign_in=not no_password_sign_in,
+                trace_url_template=trace_url_template,
             )
             logs.setup(log_level, "server")
             if metrics_port is not None:
@@ -199,6 +263,13 @@ def serve_command(
                     server_app.ENV_QUEUE_TIMEOUT_S: str(queue_timeout_s),
                     server_app.ENV_NO_CONSOLE: "1" if no_console else "",
                     server_app.ENV_CONSOLE_READ_ONLY: "1" if console_read_only else "",
+                    server_app.ENV_OIDC_ISSUER: oidc_issuer or "",
+                    server_app.ENV_OIDC_CLIENT_ID: oidc_client_id or "",
+                    server_app.ENV_OIDC_CLIENT_SECRET_ENV: oidc_client_secret_env or "",
+                    server_app.ENV_OIDC_NAME: oidc_name or "",
+                    server_app.ENV_OIDC_REDIRECT_URL: oidc_redirect_url or "",
+                    server_app.ENV_NO_PASSWORD_SIGN_IN: "1" if no_password_sign_in else "",
+                    server_app.ENV_TRACE_URL_TEMPLATE: trace_url_template or "",
                 }
             )
             uvicorn.run(

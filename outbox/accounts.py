@@ -6,6 +6,12 @@ their tenant's runs) or ``viewer`` (changes nothing). Only the argon2id hash of 
 is stored (argon2-cffi, its default parameters), and only the SHA-256 of a session's cookie
 token, so a database dump opens no session and reveals no password.
 
+A person may also sign in through the OpenID Connect provider ``outbox serve`` is configured
+with: an operator gives the account the person's subject there (``oidc_subject``), and the
+server opens its session once it has verified an ID token with that subject
+(``oidc_sign_in``). Such an account needs no password. The provider names a subject, never
+a tenant or a role: those are the account's.
+
 Signing in happens before any tenant is known, so the server reads accounts and sessions
 through SECURITY DEFINER functions (``console_account_v1`` and its siblings) that
 ``outbox_api`` may call, as it reads API keys; the count of failed sign-ins and the lockout
@@ -16,6 +22,7 @@ these functions run on the caller's connection and never commit.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +41,7 @@ ROLES = ("reviewer", "operator", "viewer")
 EVERY_TENANT = "*"
 SESSION_S = 8 * 3600  # how long a session lasts after its sign-in
 MIN_PASSWORD = 12  # characters a password needs at least
+SUBJECT = re.compile(r"[\x21-\x7e]{1,255}")  # an OpenID Connect sub claim, as stored
 _HASHER = PasswordHasher()
 # Checked when a name is unknown, so that an unknown name costs a sign-in as long as a
 # wrong password and does not tell itself apart by its answer's time.
@@ -76,11 +84,13 @@ def add_user(
     *,
     tenant_id: str,
     role: str,
-    password: str,
+    password: str | None,
+    oidc_subject: str | None = None,
     actor: str = "",
 ) -> Row:
     """A new console account; journaled as ``console.user_added``. ``*`` as the tenant is
-    for operators only (a platform operator)."""
+    for operators only (a platform operator). It signs in with ``password``, through the
+    OpenID Connect provider as ``oidc_subject`` (the ``sub`` of its ID tokens), or both."""
     if role not in ROLES:
         raise InvalidInput(f"role {role!r} is not one of {', '.join(ROLES)}")
     if tenant_id == EVERY_TENANT:
@@ -91,8 +101,19 @@ def add_user(
             )
     else:
         check_tenant(tenant_id)
-    if len(password) < MIN_PASSWORD:
+    if password is None and oidc_subject is None:
+        raise InvalidInput(
+            f"console user {name} needs a password or an OpenID Connect subject to sign in",
+            hint="give a password, or --oidc-subject SUB (the sub claim of their ID tokens)",
+        )
+    if password is not None and len(password) < MIN_PASSWORD:
         raise InvalidInput(f"a console password needs at least {MIN_PASSWORD} characters")
+    if oidc_subject is not None and not SUBJECT.fullmatch(oidc_subject):
+        raise InvalidInput(
+            f"OpenID Connect subject {oidc_subject!r} is not valid",
+            hint="give the sub claim exactly as the provider sends it: 1-255 printable "
+            "ASCII characters, no space",
+        )
     try:
         row = fetch_one(
             conn,
@@ -101,17 +122,26 @@ def add_user(
                 "name": name,
                 "tenant_id": tenant_id,
                 "role": role,
-                "password_hash": _HASHER.hash(password),
+                "password_hash": None if password is None else _HASHER.hash(password),
+                "oidc_subject": oidc_subject,
             },
         )
-    except psycopg.errors.UniqueViolation:
+    except psycopg.errors.UniqueViolation as err:
+        if err.diag.constraint_name == "console_users_oidc_subject":
+            raise InvalidInput(
+                f"another console user has the OpenID Connect subject {oidc_subject}",
+                hint="`outbox console users list` shows who; one subject is one person",
+            ) from None
         raise InvalidInput(f"console user {name} exists already") from None
     except psycopg.errors.CheckViolation:
         raise InvalidInput(
             f"console user name {name!r} is not valid", hint="use 1-128 letters, digits or _.@-"
         ) from None
     assert row is not None
-    journal(conn, "console.user_added", tenant_id, actor=actor, detail={"name": name, "role": role})
+    detail = {"name": name, "role": role, "password": password is not None}
+    if oidc_subject is not None:
+        detail["oidc_subject"] = oidc_subject
+    journal(conn, "console.user_added", tenant_id, actor=actor, detail=detail)
     return row
 
 
@@ -159,7 +189,10 @@ def sign_in(conn: psycopg.Connection[Any], name: str, password: str) -> SignIn:
         return SignIn(None)
     if account["locked"]:
         return SignIn(None, locked=True)
-    right = _verify(account["password_hash"], password)
+    # An account without a password (it signs in through the provider) takes none: the
+    # same check and answer as a wrong one.
+    stored = account["password_hash"]
+    right = _verify(stored or _DUMMY_HASH, password) and stored is not None
     token = secrets.token_urlsafe(32) if right else None
     row = fetch_one(
         conn,
@@ -176,6 +209,24 @@ def sign_in(conn: psycopg.Connection[Any], name: str, password: str) -> SignIn:
         return SignIn(token)
     locked = fetch_one(conn, Q.account, {"name": name})
     return SignIn(None, locked=bool(locked and locked["locked"]))
+
+
+def oidc_sign_in(conn: psycopg.Connection[Any], subject: str) -> tuple[Row, str] | None:
+    """A session for the person whose subject at the OpenID Connect provider is
+    ``subject`` (the caller verified the ID token that names it): their name and tenant,
+    and the session token for the cookie; None (no session) when no person has it."""
+    token = secrets.token_urlsafe(32)
+    row = fetch_one(
+        conn,
+        Q.oidc_signed_in,
+        {
+            "subject": subject,
+            "token_hash": digest(token),
+            "csrf_token": secrets.token_urlsafe(32),
+            "ttl_s": SESSION_S,
+        },
+    )
+    return None if row is None else (row, token)
 
 
 def _verify(password_hash: str, password: str) -> bool:

@@ -1078,10 +1078,17 @@ class ApiKey(Base):
 
 class ConsoleUser(Base):
     """A person who signs in to the console of ``outbox serve``: only the argon2 hash of the
-    password is kept; failed sign-ins are counted and lock the account."""
+    password is kept; failed sign-ins are counted and lock the account. A person with an
+    ``oidc_subject`` signs in through the OpenID Connect provider (and needs no password)."""
 
     __tablename__ = "console_users"
     __table_args__ = (
+        Index(
+            "console_users_oidc_subject",
+            "oidc_subject",
+            unique=True,
+            postgresql_where=text("oidc_subject IS NOT NULL"),
+        ),
         {
             "comment": "people who sign in to the console of outbox serve: a role in one "
             "tenant, or operator of every tenant (*); only the argon2 hash of a password is "
@@ -1092,10 +1099,15 @@ class ConsoleUser(Base):
     name: Mapped[str] = mapped_column(Text, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(Text)
     role: Mapped[str] = mapped_column(Text)
-    password_hash: Mapped[str] = mapped_column(Text)
+    password_hash: Mapped[str | None] = mapped_column(Text)
     failed_attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     locked_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _now()
+    oidc_subject: Mapped[str | None] = mapped_column(
+        Text,
+        comment="the person's subject (sub) at the console's OpenID Connect provider, set by "
+        "an operator; NULL: signs in with a password only",
+    )
 
 
 class ConsoleSession(Base):

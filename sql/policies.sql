@@ -407,7 +407,8 @@ CREATE POLICY audit_read ON {s}.api_keys FOR SELECT TO outbox_auditor USING (tru
 
 -- console_users, console_sessions: the console's accounts and sessions; the owner only (the
 -- server reads them through the console_*_v1 functions); outbox_auditor reads who may sign
--- in, not their password hashes or sessions.
+-- in (and their subject at the OpenID Connect provider), not their password hashes or
+-- sessions.
 ALTER TABLE {s}.console_users ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON {s}.console_users;
 CREATE POLICY tenant_isolation ON {s}.console_users TO PUBLIC
@@ -425,7 +426,7 @@ CREATE POLICY tenant_isolation ON {s}.console_sessions TO PUBLIC
 DROP POLICY IF EXISTS all_tenants ON {s}.console_sessions;
 CREATE POLICY all_tenants ON {s}.console_sessions TO CURRENT_USER
     USING (true) WITH CHECK (true);
-GRANT SELECT (name, tenant_id, role, failed_attempts, locked_until, created_at)
+GRANT SELECT (name, tenant_id, role, failed_attempts, locked_until, created_at, oidc_subject)
     ON {s}.console_users TO outbox_auditor;
 
 -- assistants: a tenant's assistants (Assistants protocol).

@@ -142,6 +142,24 @@ REVOKE ALL ON FUNCTION {s}.console_signed_in_v1(text, text, text, interval, inte
 GRANT EXECUTE ON FUNCTION {s}.console_signed_in_v1(text, text, text, interval, integer, interval)
     TO outbox_api;
 
+-- console_oidc_signed_in_v1: open a session for the person whose subject at the provider
+-- the console verified (an ID token whose signature, issuer, audience, expiry and nonce it
+-- checked). Returns the person's name and tenant, or no row (no session) when no person
+-- has that subject: who a person is in the console is the operator's decision, never the provider's.
+CREATE OR REPLACE FUNCTION {s}.console_oidc_signed_in_v1(
+    p_subject text, p_token_hash text, p_csrf_token text, p_ttl interval
+) RETURNS TABLE (name text, tenant_id text)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO {s}.console_sessions AS s
+        (token_hash, user_name, tenant_id, csrf_token, expires_at)
+    SELECT p_token_hash, u.name, u.tenant_id, p_csrf_token, now() + p_ttl
+    FROM {s}.console_users u WHERE u.oidc_subject = p_subject
+    RETURNING s.user_name, s.tenant_id
+$$;
+REVOKE ALL ON FUNCTION {s}.console_oidc_signed_in_v1(text, text, text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {s}.console_oidc_signed_in_v1(text, text, text, interval)
+    TO outbox_api;
+
 -- console_session_v1: "who holds this cookie?" The person of an unexpired session (by the
 -- SHA-256 of its token), with the session's CSRF token; no row otherwise.
 CREATE OR REPLACE FUNCTION {s}.console_session_v1(p_token_hash text)

@@ -1,12 +1,13 @@
 -- name: insert_user
--- A new console account (the argon2 hash of its password only).
-INSERT INTO {s}.console_users (name, tenant_id, role, password_hash)
-VALUES (%(name)s, %(tenant_id)s, %(role)s, %(password_hash)s)
-RETURNING name, tenant_id, role, created_at
+-- A new console account (the argon2 hash of its password only; its subject at the OpenID
+-- Connect provider, if it signs in there).
+INSERT INTO {s}.console_users (name, tenant_id, role, password_hash, oidc_subject)
+VALUES (%(name)s, %(tenant_id)s, %(role)s, %(password_hash)s, %(oidc_subject)s)
+RETURNING name, tenant_id, role, oidc_subject, created_at
 
 -- name: list_users
 -- Every console account (optionally of one tenant), by name; never the hash.
-SELECT name, tenant_id, role, failed_attempts, locked_until, created_at
+SELECT name, tenant_id, role, oidc_subject, failed_attempts, locked_until, created_at
 FROM {s}.console_users
 WHERE %(tenant_id)s::text IS NULL OR tenant_id = %(tenant_id)s
 ORDER BY name
@@ -24,6 +25,13 @@ SELECT name, tenant_id, role, password_hash, locked FROM {s}.console_account_v1(
 -- The outcome of a checked sign-in: a session opened (token hash given) or a failure counted.
 SELECT {s}.console_signed_in_v1(%(name)s, %(token_hash)s, %(csrf_token)s,
                                 make_interval(secs => %(ttl_s)s)) AS opened
+
+-- name: oidc_signed_in
+-- A session for the person with a verified subject at the OpenID Connect provider; their
+-- name and tenant, or no row (no session) when no person has it.
+SELECT name, tenant_id
+FROM {s}.console_oidc_signed_in_v1(%(subject)s, %(token_hash)s, %(csrf_token)s,
+                                   make_interval(secs => %(ttl_s)s))
 
 -- name: session
 -- The person holding an unexpired session, by the SHA-256 of its token.

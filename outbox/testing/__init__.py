@@ -6,6 +6,8 @@ A supported module (docs/testing.md), used by this project's own tests and demo 
   answering from scripts, as strict as OpenAI about tool-call pairing, with faults;
 - ``FakeToolService`` / ``FakeTool``: HTTP tools that keep an audit of every delivery and
   side effect (idempotency keys honoured, looked up or ignored), with faults;
+- ``FakeOIDCProvider``: an OpenID Connect provider that signs in whom a test scripts
+  (the console's sign-in), with spoilt ID tokens on demand;
 - ``relay_process`` / ``wait_for_run``: run ``outbox relay`` on your test database and
   wait for a run to end.
 
@@ -20,12 +22,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from outbox.testing.oidc import FakeOIDCProvider
     from outbox.testing.relay import relay_process, wait_for_run
     from outbox.testing.scripted_model import ModelFaults, ScriptedModel
     from outbox.testing.server import FakeServer
     from outbox.testing.tools import FakeTool, FakeToolService, fingerprint
 
 __all__ = [
+    "FakeOIDCProvider",
     "FakeServer",
     "FakeTool",
     "FakeToolService",
@@ -37,6 +41,7 @@ __all__ = [
 ]
 
 _HOMES = {
+    "FakeOIDCProvider": "outbox.testing.oidc",
     "FakeServer": "outbox.testing.server",
     "FakeTool": "outbox.testing.tools",
     "FakeToolService": "outbox.testing.tools",

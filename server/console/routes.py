@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import secrets
+import shlex
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -44,8 +46,9 @@ from starlette.staticfiles import StaticFiles
 from outbox import accounts, approvals, constants, lifecycle, limits, ops, policy, registry
 from outbox.accounts import Person
 from outbox.errors import NotFound, OutboxError
+from outbox.logs import log
 from outbox.server import QUERIES, events
-from outbox.server.console import STATIC, TEMPLATES, auth, redact
+from outbox.server.console import STATIC, TEMPLATES, auth, oidc, redact, trace_links
 from outbox.server.db_pool import Row, Store
 from outbox.server.errors import APIError
 from outbox.server.routes import Config, config
@@ -54,6 +57,7 @@ from outbox.sql import Queries
 from outbox.statements import fetch_all, fetch_one
 
 Q = Queries(QUERIES / "console.sql")
+logger = logging.getLogger("server.console")  # JSON lines as every server log (outbox.logs)
 
 INBOX_LIMIT = 200  # waiting approvals a page shows at most
 CONTEXT_MESSAGES = 6  # messages of the run's thread an approval shows, up to the call's
@@ -112,17 +116,43 @@ async def sign_in_page(request: Request) -> Response:
     return _sign_in_form(request, 200, "")
 
 
-def _sign_in_form(request: Request, status: int, message: str) -> Response:
+def _sign_in_form(request: Request, status: int, message: str, command: str = "") -> Response:
+    """The sign-in page: the password form (unless ``--no-password-sign-in``) and the
+    provider's button (with ``--oidc-issuer``); ``command``: what an operator must run."""
     token = secrets.token_urlsafe(32)
-    response = page("sign_in.html", status, csrf_token=token, message=message, person=None)
+    provider = _provider(request)
+    response = page(
+        "sign_in.html",
+        status,
+        csrf_token=token,
+        message=message,
+        command=command,
+        person=None,
+        passwords=_passwords(request),
+        provider=provider.settings.label if provider is not None else None,
+    )
     auth.set_cookie(request, response, auth.SIGN_IN_COOKIE, token, SIGN_IN_S)
     return response
+
+
+def _provider(request: Request) -> oidc.Provider | None:
+    provider: oidc.Provider | None = getattr(request.app.state, "console_oidc", None)
+    return provider
+
+
+def _passwords(request: Request) -> bool:
+    """Whether people sign in with a password here (not ``--no-password-sign-in``)."""
+    return bool(getattr(request.app.state, "console_passwords", True))
 
 
 async def sign_in(request: Request) -> Response:
     fields = await auth.form(request)
     if not auth.csrf_ok(request.cookies.get(auth.SIGN_IN_COOKIE), fields.get("csrf_token")):
         return problem(403, "This form has expired or did not come from this console.")
+    if not _passwords(request):
+        return problem(
+            403, "This console signs people in through its provider only, never with a password."
+        )
     name, password = fields.get("name", ""), fields.get("password", "")
     outcome = await in_thread(_sign_in, config(request).store, name, password)
     if outcome.token is None:
@@ -139,6 +169,92 @@ async def sign_in(request: Request) -> Response:
 def _sign_in(store: Store, name: str, password: str) -> accounts.SignIn:
     with auth.as_api(store) as conn:
         return accounts.sign_in(conn, name, password)
+
+
+# -- sign-in through an OpenID Connect provider (server.console.oidc) -------------------
+
+
+async def oidc_start(request: Request) -> Response:
+    """Send the browser to the provider, with a new flow (state, nonce, PKCE verifier) in
+    this browser's flow cookie."""
+    provider = _provider(request)
+    if provider is None:
+        return problem(404, "This console signs in with no provider (outbox serve --oidc-issuer).")
+    flow = oidc.Flow.new()
+    try:
+        url = await provider.authorization_url(flow, _redirect_uri(request, provider))
+    except oidc.Refused as err:
+        return _oidc_refused(request, err)
+    response = RedirectResponse(url, status_code=303)
+    auth.set_cookie(request, response, oidc.FLOW_COOKIE, flow.cookie(), SIGN_IN_S)
+    return response
+
+
+async def oidc_callback(request: Request) -> Response:
+    """Where the provider sends the browser back: a session for the console account with
+    the verified subject, or the sign-in page saying why not (and no session). The flow
+    cookie is spent either way: a callback replayed in this browser finds none."""
+    provider = _provider(request)
+    if provider is None:
+        return problem(404, "This console signs in with no provider (outbox serve --oidc-issuer).")
+    flow = oidc.Flow.from_cookie(request.cookies.get(oidc.FLOW_COOKIE))
+    if flow is None:
+        message = (
+            "This sign-in was not started in this browser, or more than 10 minutes ago. "
+            "Start it again."
+        )
+        return _oidc_refused(request, oidc.Refused(message, 400))
+    query = dict(request.query_params)
+    try:
+        subject = await provider.subject(flow, query, _redirect_uri(request, provider))
+    except oidc.Refused as err:
+        return _oidc_refused(request, err)
+    opened = await in_thread(_oidc_sign_in, config(request).store, subject)
+    if opened is None:
+        log(logger, logging.WARNING, "console.oidc_unknown_subject", subject=subject)
+        label = provider.settings.label
+        message = (
+            f"You signed in at {label} as subject {subject}, but no console user of this "
+            "server has that subject, so you have no tenant or role here. Ask an operator "
+            "to run:"
+        )
+        command = (
+            "outbox console users add YOUR_NAME --tenant TENANT --role reviewer "
+            f"--oidc-subject {shlex.quote(subject)}"
+        )
+        return _oidc_refused(request, oidc.Refused(message, 403), command)
+    who, token = opened
+    log(
+        logger,
+        logging.INFO,
+        "console.signed_in",
+        tenant_id=who["tenant_id"],
+        person=who["name"],
+        method="oidc",
+    )
+    response = RedirectResponse("/console/approvals", status_code=303)
+    auth.set_cookie(request, response, auth.COOKIE, token, accounts.SESSION_S)
+    auth.clear_cookie(request, response, oidc.FLOW_COOKIE)
+    return response
+
+
+def _redirect_uri(request: Request, provider: oidc.Provider) -> str:
+    """Where the provider sends the browser back: ``--oidc-redirect-url``, or this
+    console's callback at the URL the browser used."""
+    given = provider.settings.redirect_url
+    return given or str(request.base_url).rstrip("/") + oidc.CALLBACK
+
+
+def _oidc_refused(request: Request, err: oidc.Refused, command: str = "") -> Response:
+    log(logger, logging.WARNING, "console.oidc_refused", reason=str(err), status=err.status)
+    response = _sign_in_form(request, err.status, str(err), command)
+    auth.clear_cookie(request, response, oidc.FLOW_COOKIE)
+    return response
+
+
+def _oidc_sign_in(store: Store, subject: str) -> tuple[Row, str] | None:
+    with auth.as_api(store) as conn:
+        return accounts.oidc_sign_in(conn, subject)
 
 
 async def sign_out(request: Request) -> Response:
@@ -773,8 +889,9 @@ OPERATIONS = ("disable", "enable", "pause", "resume")
 # -- a run's timeline ---------------------------------------------------------------------
 
 
-def run_state(store: Store, person: Person, run_id: uuid.UUID) -> tuple[str, str]:
-    """The run's tenant and status, if the person may see the run (NotFound otherwise)."""
+def run_row(store: Store, person: Person, run_id: uuid.UUID) -> Row:
+    """The run's tenant, status and trace context, if the person may see the run
+    (NotFound otherwise)."""
     if person.every_tenant:
         with store.pool.connection() as conn:
             row = fetch_one(conn, Q.run_state, {"run_id": run_id})
@@ -783,18 +900,46 @@ def run_state(store: Store, person: Person, run_id: uuid.UUID) -> tuple[str, str
             row = fetch_one(conn, Q.run_state, {"run_id": run_id})
     if row is None:
         raise NotFound(f"run {run_id} does not exist")
+    return row
+
+
+def run_state(store: Store, person: Person, run_id: uuid.UUID) -> tuple[str, str]:
+    """The run's tenant and status, if the person may see the run (NotFound otherwise)."""
+    row = run_row(store, person, run_id)
     return str(row["tenant_id"]), str(row["status"])
 
 
-def timeline(store: Store, person: Person, run_id: uuid.UUID) -> tuple[str, events.Poll]:
-    """The run's tenant and its status and journal events (the first ``events.BATCH``)."""
-    tenant = person.tenant_id
-    if person.every_tenant:
-        tenant, _status = run_state(store, person, run_id)
+def timeline(
+    store: Store, person: Person, run_id: uuid.UUID, traced: bool = False
+) -> tuple[str, events.Poll, str | None]:
+    """The run's tenant, its status and journal events (the first ``events.BATCH``), and
+    when ``traced`` its trace id (server.console.trace_links)."""
+    tenant, trace_id = person.tenant_id, None
+    if person.every_tenant or traced:
+        row = run_row(store, person, run_id)
+        tenant = str(row["tenant_id"])
+        trace_id = trace_links.run_trace(run_id, row["traceparent"], row["tracestate"])
     try:
-        return tenant, events.read(store, tenant, run_id, 0)
+        return tenant, events.read(store, tenant, run_id, 0), trace_id
     except APIError as err:
         raise NotFound(f"run {run_id} does not exist") from err
+
+
+def trace_of(
+    template: str | None, run_id: uuid.UUID, trace_id: str | None, poll: events.Poll
+) -> dict[str, Any] | None:
+    """The links of a timeline to its run's trace (``--trace-url-template``): the run's,
+    and with ``{span_id}`` in the template each event's that completed an attempt (a model
+    turn's or a call's span)."""
+    if template is None or trace_id is None:
+        return None
+    spans: dict[int, str] = {}
+    if "{span_id}" in template:
+        for event in poll.events:
+            if span := trace_links.event_span(event.get("detail")):
+                spans[event["id"]] = trace_links.link(template, trace_id, span)
+    run = trace_links.link(template, trace_id, trace_links.run_span(run_id))
+    return {"run": run, "spans": spans}
 
 
 def _run_id(request: Request) -> uuid.UUID | None:
@@ -811,12 +956,17 @@ async def run_page(request: Request, fragment: bool = False) -> Response:
     run_id = _run_id(request)
     if run_id is None:
         return problem(404, "No such run.", person)
+    template: str | None = getattr(request.app.state, "console_trace_url", None)
+    store = config(request).store
     try:
-        tenant, poll = await read_in_thread(timeline, config(request).store, person, run_id)
+        tenant, poll, trace_id = await read_in_thread(
+            timeline, store, person, run_id, template is not None
+        )
     except NotFound:
         return problem(404, f"No run {run_id} in your tenant.", person)
     name = "_timeline.html" if fragment else "run.html"
-    return page(name, person=person, run_id=run_id, tenant=tenant, poll=poll)
+    trace = trace_of(template, run_id, trace_id, poll)
+    return page(name, person=person, run_id=run_id, tenant=tenant, poll=poll, trace=trace)
 
 
 async def run_fragment(request: Request) -> Response:
@@ -875,6 +1025,8 @@ MOUNT = Mount(
         Route("/", home),
         Route("/sign-in", sign_in_page, methods=["GET"]),
         Route("/sign-in", sign_in, methods=["POST"]),
+        Route("/sign-in/oidc", oidc_start, methods=["GET"]),
+        Route("/sign-in/oidc/callback", oidc_callback, methods=["GET"]),
         Route("/sign-out", sign_out, methods=["POST"]),
         Route("/approvals", inbox, methods=["GET"]),
         Route("/approvals/list", inbox_list, methods=["GET"]),

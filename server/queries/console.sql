@@ -1,7 +1,8 @@
 -- name: run_state
--- The tenant and status of a run (under row-level security: none for another tenant's; as
--- the pool's own login, for a platform operator, every tenant's).
-SELECT tenant_id, status FROM {s}.runs WHERE id = %(run_id)s
+-- The tenant and status of a run, and the trace context it continues (under row-level
+-- security: none for another tenant's; as the pool's own login, for a platform operator,
+-- every tenant's).
+SELECT tenant_id, status, traceparent, tracestate FROM {s}.runs WHERE id = %(run_id)s
 
 -- name: runs_page
 -- One page of runs, newest first, optionally of one tenant, status and model, created

@@ -3,8 +3,10 @@
 A reviewer signs in, sees a call that waits for approval appear without a reload (made
 after the page loaded), approves it, and follows the run to its end on its timeline while
 the relay runs it; a call whose arguments hold markup renders inert; a wrong password is
-refused. The rules behind these (tenancy, CSRF, lockout, headers) are also tested over
-plain HTTP in tests/integration/test_console.py, where no browser is needed.
+refused; a person signs in through the fake OpenID Connect provider with one click. The
+rules behind these (tenancy, CSRF, lockout, headers, the provider's checks) are also tested
+over plain HTTP in tests/integration/test_console.py and test_console_oidc.py, where no
+browser is needed.
 
 No browser is downloaded: the system's chromium is used; without one these tests skip
 with the command that installs it. ``DOCS_SHOTS=1`` also writes the screenshots of
@@ -209,3 +211,28 @@ def test_markup_in_arguments_renders_inert_and_a_wrong_password_is_refused(
 def test_no_chromium_skips_with_the_install_command() -> None:
     """The skip message names the one command that installs the browser."""
     assert "apt-get install -y chromium" in pytestmark.kwargs["reason"]
+
+
+def test_a_person_signs_in_through_the_provider_with_one_click(db_url: str, browser: Any) -> None:
+    """The provider's button leads through the fake provider and back into the inbox: the
+    console's headers (its CSP's form-action among them) let the redirects through."""
+    from playwright.sync_api import expect
+
+    from outbox import accounts
+    from outbox.server.console.oidc import Settings
+    from outbox.testing.oidc import CLIENT_ID, CLIENT_SECRET, FakeOIDCProvider
+
+    with psycopg.connect(db_url) as conn:
+        accounts.add_user(
+            conn, "rita", tenant_id="acme", role="reviewer", password=None, oidc_subject="sub-r"
+        )
+    with FakeOIDCProvider() as provider:
+        settings = Settings(provider.issuer, CLIENT_ID, CLIENT_SECRET, "Fake IdP")
+        with serve(db_url, oidc=settings) as base:
+            provider.sign_in_as("sub-r")
+            page = browser.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(base.removesuffix("/v1") + "/console/approvals")
+            page.get_by_role("link", name="Sign in with Fake IdP").click()
+            expect(page.get_by_role("heading", name="Waiting approvals")).to_be_visible()
+            expect(page.locator(".who")).to_contain_text("rita · reviewer")

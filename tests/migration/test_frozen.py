@@ -140,6 +140,9 @@ PINNED = {
     "0058_results_read_batches_once.py": "e1c43b4ad103819a",
     "0058_results_read_batches_once.sql": "efa7e460c3ac7ce6",
     "0058_results_read_batches_once_down.sql": "b7181158a010a7bc",
+    "0059_console_oidc.py": "6f1934e0ce581dfb",
+    "0059_console_oidc.sql": "0402de096d4e6eef",
+    "0059_console_oidc_down.sql": "a05c55efc0581ea0",
 }
 
 
