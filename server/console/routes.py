@@ -451,7 +451,10 @@ async def confirm_then_run(
     """A bulk action's two posts (``server.console.bulk``): the first answers the count to
     confirm; one that confirms the count the server counts again now runs it."""
     store = config(request).store
-    count = await read_in_thread(bulk.count, store, person, action)
+    try:
+        count = await read_in_thread(bulk.count, store, person, action)
+    except (InvalidInput, NotFound) as err:  # an item of the form that is not valid
+        return problem(400, str(err), person)
     context: dict[str, Any] = {
         "person": person,
         "count": count,

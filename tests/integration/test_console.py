@@ -308,7 +308,7 @@ def test_fifty_open_inboxes_share_the_one_listening_connection(db_url, console):
 
 
 def test_the_runs_list_filters_and_pages_by_keyset(db_url, console, monkeypatch):
-    from outbox.server.console import bulk
+    from outbox.server.console import routes
 
     monkeypatch.setattr(routes, "RUNS_PAGE", 3)
     add_user(db_url, "rita", "acme", "reviewer")
@@ -336,7 +336,7 @@ def test_the_runs_list_filters_on_tool_and_metadata_and_counts_what_matches(
     """Runs that called a tool, runs whose thread's metadata holds key=value pairs, of the
     person's tenant only; the count is exact while the planner expects few runs, its
     estimate (marked so) above."""
-    from outbox.server.console import bulk
+    from outbox.server.console import routes
 
     add_user(db_url, "rita", "acme", "reviewer")
     sent = [waiting_call(db_url, {"n": n})[0] for n in range(3)]
@@ -486,7 +486,7 @@ def test_a_timeline_follows_its_run_on_notifications_and_reads_no_journal_while_
     """An open timeline is told of each journal event of its run by the server's listener
     (``NOTIFY outbox_journal``): while the run is quiet its stream checks the session and
     reads nothing of the journal; an event written then reaches it at once."""
-    from outbox.server.console import bulk
+    from outbox.server.console import routes
 
     add_user(db_url, "rita", "acme", "reviewer")
     run, _approval = waiting_call(db_url, {"amount": 1})
@@ -511,7 +511,7 @@ def test_a_timeline_follows_its_run_on_notifications_and_reads_no_journal_while_
 def test_an_ended_session_ends_its_open_streams(db_url, console, monkeypatch):
     """A stream checks its session: once it expired (or was signed out), the inbox's and
     the timeline's streams say ``signed_out`` and end."""
-    from outbox.server.console import bulk
+    from outbox.server.console import routes
 
     add_user(db_url, "rita", "acme", "reviewer")
     run, _approval = waiting_call(db_url, {"amount": 1})
