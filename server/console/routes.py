@@ -1,21 +1,26 @@
 """The console's pages, forms and live streams, mounted at ``/console`` (``MOUNT``).
 
 Pages: the sign-in, the approvals inbox (``/console/approvals``), the runs list
-(``/console/runs``, keyset-paginated), a run's timeline (``/console/runs/{id}``) and the
-parked calls (``/console/parked``, with release, requeue and a bulk requeue). The inbox and
-the timeline are also served alone as fragments (``.../list``, ``.../timeline``) that the
-page's script fetches again when the page's event stream says something changed
-(``.../events``); without the script a reload shows the same truth.
+(``/console/runs``, keyset-paginated, with a bulk cancel), a run's timeline
+(``/console/runs/{id}``), the parked calls (``/console/parked``: release, requeue and
+reconcile one call, or a selection or everything the list's filters match) and the
+operations page (``/console/operations``: kill switches, pauses, budgets and limits, and
+tenants and tools switched in bulk). The inbox and the timeline are also served alone as
+fragments (``.../list``, ``.../timeline``) that the page's script fetches again when the
+page's event stream says something changed (``.../events``); without the script a reload
+shows the same truth. Bulk actions share one engine (``server.console.bulk``).
 
 Rules: a GET without a session is sent to the sign-in; a POST without one, or without the
 session's CSRF token, is refused (403). A person sees and acts in their own tenant only,
 through the server's tenant-scoped transactions (row-level security): another tenant's
 approval, run or call is a 404, as in the API. A viewer decides nothing, only operators act
-on calls (403). Decisions go through ``outbox.approvals.decide`` and call actions through
-``outbox.ops`` with the person's name as the actor, journaled as the CLI's are. A platform
-operator (tenant ``*``) reads and acts through the pool's own login, which sees every
-tenant; so do call actions once the call is found in the person's tenant (``outbox_api``
-may not change the queue).
+on calls, runs, tools and tenants (403), and a platform's settings (a tool's limits) are a
+platform operator's. Decisions go through ``outbox.approvals.decide``, actions through
+``outbox.ops``, ``outbox.lifecycle``, ``outbox.policy``, ``outbox.budgets`` and
+``outbox.limits`` with the person's name as the actor, journaled as the CLI's are. A
+platform operator (tenant ``*``) reads and acts through the pool's own login, which sees
+every tenant; so do actions once their item is found in the person's tenant (``outbox_api``
+may not change the queue or the settings).
 """
 
 from __future__ import annotations
