@@ -13,6 +13,7 @@ import click
 
 from outbox import limits
 from outbox.commands.common import connection, echo_json, json_option
+from outbox.errors import InvalidInput
 
 
 class LimitValue(click.ParamType[Any]):
@@ -24,15 +25,11 @@ class LimitValue(click.ParamType[Any]):
         self.kind = kind
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if str(value).lower() == "none":
-            return "none"
         try:
-            number = self.kind(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is neither a number nor 'none'", param, ctx)
-        if number <= 0:
-            self.fail(f"{value!r} must be over 0 (or 'none' to remove the limit)", param, ctx)
-        return number
+            number = limits.parse_limit(value, self.kind)
+        except InvalidInput as err:
+            self.fail(err.args[0], param, ctx)
+        return "none" if number is None else number
 
 
 def merged_limit(current: Any, given: Any) -> Any:

@@ -38,16 +38,17 @@ def tenants_group() -> None:
     type=str,
     help="Money over all the tenant's runs, by each model's price (`outbox prices set`).",
 )
+@actor_option
 @json_option
 def tenants_budget(
-    tenant: str, max_tokens: int | None, max_cost: str | None, as_json: bool
+    tenant: str, max_tokens: int | None, max_cost: str | None, actor: str, as_json: bool
 ) -> None:
     """Set TENANT's budget in tokens and/or money: once one is used up, no new model turns
     start for it (its runs fail with `budget`). An option left out means no limit of that
-    kind."""
+    kind. Journaled (tenant.budget_set) with the actor."""
     cost = None if max_cost is None else budgets.money(max_cost, "--max-cost")
     with connection() as conn:
-        row = writer.set_tenant_budget(conn, tenant, max_tokens, cost)
+        row = writer.set_tenant_budget(conn, tenant, max_tokens, cost, actor=actor)
     if as_json:
         echo_json(row)
         return

@@ -50,6 +50,14 @@ def money(value: Any, what: str) -> Decimal:
     return amount
 
 
+def tokens(value: Any, what: str) -> int:
+    """A whole number of tokens, as an operator typed it (the console's budget form)."""
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise InvalidInput(f"{what} must be a whole number of tokens, got {value!r}") from None
+
+
 def money_text(amount: Decimal) -> str:
     """Money spent, as its prices give it: a turn's cost is a quotient that PostgreSQL keeps
     with twenty decimals (0.60000000000000000000), shown without the zeros it added. A
@@ -97,10 +105,16 @@ def remove_price(conn: psycopg.Connection[Any], model: str, *, actor: str | None
 
 
 def set_tenant_budget(
-    db: Any, tenant_id: str, max_tokens: int | None, max_cost: Decimal | None = None
+    db: Any,
+    tenant_id: str,
+    max_tokens: int | None,
+    max_cost: Decimal | None = None,
+    *,
+    actor: str | None = None,
 ) -> Row:
     """Set a tenant's budget over all its runs, in tokens and/or in money (by
-    ``model_prices``); what was used already stays counted. None: no limit of that kind."""
+    ``model_prices``); what was used already stays counted. None: no limit of that kind.
+    Journaled (``tenant.budget_set``) with ``actor``."""
     conn = pg(db)
     calls.check_tenant(tenant_id)
     if max_tokens is None and max_cost is None:
@@ -116,7 +130,7 @@ def set_tenant_budget(
     )
     assert row is not None
     detail = {"max_tokens": max_tokens, "max_cost": None if max_cost is None else str(max_cost)}
-    journal(conn, "tenant.budget_set", tenant_id, detail=detail)
+    journal(conn, "tenant.budget_set", tenant_id, actor=actor, detail=detail)
     return row
 
 

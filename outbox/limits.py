@@ -30,6 +30,21 @@ Scope = Literal["tool", "tenant"]
 ALL_TENANTS = "*"  # the journal's tenant for a tool's lane, which is every tenant's
 
 
+def parse_limit(text: Any, kind: type[int] | type[float]) -> int | float | None:
+    """A limit as an operator writes it (``outbox tools limit``, the console's forms): a
+    number over 0, or 'none' for no limit (None). ``InvalidInput`` says what is allowed."""
+    if str(text).strip().lower() == "none":
+        return None
+    try:
+        number = kind(text)
+    except (TypeError, ValueError):
+        allowed = "a whole number" if kind is int else "a number"
+        raise InvalidInput(f"{text!r} is neither {allowed} nor 'none'") from None
+    if not number > 0:  # also refuses NaN
+        raise InvalidInput(f"{text!r} must be over 0 (or 'none' to remove the limit)")
+    return number
+
+
 def get(conn: psycopg.Connection[Any], scope: Scope, name: str) -> Row | None:
     """The lane's limits, or None when it has none."""
     return fetch_one(conn, Q.get, {"scope": scope, "name": name})

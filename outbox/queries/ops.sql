@@ -119,16 +119,20 @@ WHERE tc.id = %(id)s
 FOR UPDATE OF tc
 
 -- name: lock_outbox
--- An outbox row, locked for an operator action.
-SELECT o.*, o.available_at > now() AS delayed, r.status AS run_status
+-- An outbox row, locked for an operator action. Whether it is delayed is read on the clock
+-- once the row is locked, not at the start of the transaction: a row another operator made
+-- due while this one waited for its lock (due at their transaction's start, later than this
+-- one's) is due, not delayed, so it is not requeued a second time.
+SELECT o.*, o.available_at > clock_timestamp() AS delayed, r.status AS run_status
 FROM {s}.outbox o
 LEFT JOIN {s}.runs r ON r.id = o.run_id
 WHERE o.id = %(id)s
 FOR UPDATE OF o
 
 -- name: lock_outbox_of_call
--- The outbox row that executes a tool call, if one is queued, locked.
-SELECT o.*, o.available_at > now() AS delayed, r.status AS run_status
+-- The outbox row that executes a tool call, if one is queued, locked (delayed: as in
+-- lock_outbox).
+SELECT o.*, o.available_at > clock_timestamp() AS delayed, r.status AS run_status
 FROM {s}.outbox o
 LEFT JOIN {s}.runs r ON r.id = o.run_id
 WHERE o.kind = 'tool_call' AND o.tool_call_ref = %(tool_call_ref)s

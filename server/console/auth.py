@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -73,6 +73,12 @@ def as_api(store: Store) -> Iterator[psycopg.Connection[Any]]:
     with store.pool.connection() as conn:
         conn.execute(Q.act_as_api)
         yield conn
+
+
+def reading(store: Store, person: Person) -> AbstractContextManager[psycopg.Connection[Any]]:
+    """A transaction that reads what the person may see: the pool's own login for ``*``,
+    their tenant's row-level security otherwise."""
+    return store.pool.connection() if person.every_tenant else store.tenant(person.tenant_id)
 
 
 def person_of(store: Store, token: str | None) -> Person | None:

@@ -1,21 +1,26 @@
 """The console's pages, forms and live streams, mounted at ``/console`` (``MOUNT``).
 
 Pages: the sign-in, the approvals inbox (``/console/approvals``), the runs list
-(``/console/runs``, keyset-paginated), a run's timeline (``/console/runs/{id}``) and the
-parked calls (``/console/parked``, with release, requeue and a bulk requeue). The inbox and
-the timeline are also served alone as fragments (``.../list``, ``.../timeline``) that the
-page's script fetches again when the page's event stream says something changed
-(``.../events``); without the script a reload shows the same truth.
+(``/console/runs``, keyset-paginated, with a bulk cancel), a run's timeline
+(``/console/runs/{id}``), the parked calls (``/console/parked``: release, requeue and
+reconcile one call, or a selection or everything the list's filters match) and the
+operations page (``/console/operations``: kill switches, pauses, budgets and limits, and
+tenants and tools switched in bulk). The inbox and the timeline are also served alone as
+fragments (``.../list``, ``.../timeline``) that the page's script fetches again when the
+page's event stream says something changed (``.../events``); without the script a reload
+shows the same truth. Bulk actions share one engine (``server.console.bulk``).
 
 Rules: a GET without a session is sent to the sign-in; a POST without one, or without the
 session's CSRF token, is refused (403). A person sees and acts in their own tenant only,
 through the server's tenant-scoped transactions (row-level security): another tenant's
 approval, run or call is a 404, as in the API. A viewer decides nothing, only operators act
-on calls (403). Decisions go through ``outbox.approvals.decide`` and call actions through
-``outbox.ops`` with the person's name as the actor, journaled as the CLI's are. A platform
-operator (tenant ``*``) reads and acts through the pool's own login, which sees every
-tenant; so do call actions once the call is found in the person's tenant (``outbox_api``
-may not change the queue).
+on calls, runs, tools and tenants (403), and a platform's settings (a tool's limits) are a
+platform operator's. Decisions go through ``outbox.approvals.decide``, actions through
+``outbox.ops``, ``outbox.lifecycle``, ``outbox.policy``, ``outbox.budgets`` and
+``outbox.limits`` with the person's name as the actor, journaled as the CLI's are. A
+platform operator (tenant ``*``) reads and acts through the pool's own login, which sees
+every tenant; so do actions once their item is found in the person's tenant (``outbox_api``
+may not change the queue or the settings).
 """
 
 from __future__ import annotations
@@ -27,8 +32,7 @@ import secrets
 import shlex
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -43,12 +47,23 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from outbox import accounts, approvals, constants, lifecycle, limits, ops, policy, registry
+from outbox import (
+    accounts,
+    approvals,
+    budgets,
+    calls,
+    constants,
+    lifecycle,
+    limits,
+    ops,
+    policy,
+    registry,
+)
 from outbox.accounts import Person
-from outbox.errors import NotFound, OutboxError
+from outbox.errors import InvalidInput, NotFound, OutboxError
 from outbox.logs import log
 from outbox.server import QUERIES, events
-from outbox.server.console import STATIC, TEMPLATES, auth, oidc, redact, trace_links
+from outbox.server.console import STATIC, TEMPLATES, auth, bulk, oidc, redact, trace_links
 from outbox.server.db_pool import Row, Store
 from outbox.server.errors import APIError
 from outbox.server.routes import Config, config
@@ -65,7 +80,6 @@ CONTEXT_CHARS = 2000  # characters of each of them
 RUNS_PAGE = 50  # runs a page of the list shows
 EXACT_COUNT = 10_000  # the most runs counted exactly; the planner's estimate above
 COUNT_TIMEOUT = "SET LOCAL statement_timeout = '100ms'"  # an exact count's longest time
-BULK_CHUNK = 200  # calls a bulk action changes in one transaction
 RUN_STATUSES = (*constants.ACTIVE, *constants.ENDED)
 SESSION_CHECK_S = 15.0  # a stream's longest quiet wait before it checks its session again
 UNLISTENED_S = 2.0  # how often a page is told to look again while the listener is down
@@ -465,7 +479,7 @@ def runs_page(
     """One page of runs (``RUNS_PAGE``) of the person's tenant (any for ``*``), and how many
     runs the filters match (``runs_matched``)."""
     params = _in_scope(person, params)
-    with _reading(store, person) as conn:
+    with auth.reading(store, person) as conn:
         rows = fetch_all(conn, Q.runs_page, {**params, "limit": RUNS_PAGE})
         return rows, runs_matched(conn, params)
 
@@ -475,10 +489,9 @@ def _in_scope(person: Person, params: dict[str, Any]) -> dict[str, Any]:
     return params if person.every_tenant else {**params, "tenant_id": person.tenant_id}
 
 
-def _reading(store: Store, person: Person) -> AbstractContextManager[Any]:
-    """A transaction that reads what the person may see: the pool's own login for ``*``,
-    their tenant's row-level security otherwise."""
-    return store.pool.connection() if person.every_tenant else store.tenant(person.tenant_id)
+def _scope(person: Person) -> str | None:
+    """The person's tenant; None for a platform operator, who sees every tenant."""
+    return None if person.every_tenant else person.tenant_id
 
 
 def runs_matched(conn: Any, params: dict[str, Any]) -> tuple[int, bool]:
@@ -530,96 +543,133 @@ async def runs(request: Request) -> Response:
     )
 
 
+# -- bulk actions -------------------------------------------------------------------------
+
+
+async def operator_form(
+    request: Request, what: str
+) -> tuple[Person, dict[str, list[str]]] | Response:
+    """The person and the fields (every value of each) of an operator's form; a refusal
+    instead without a session or its CSRF token (403), or for someone who is no operator
+    or on a read-only console (403: ``what`` says what they may not do)."""
+    person = await signed_in(request)
+    values = await auth.form_values(request)
+    token = values.get("csrf_token", [""])[0]
+    if person is None or not auth.csrf_ok(person.csrf_token, token):
+        return problem(403, "This form did not come from your session.")
+    if not person.may_operate:
+        return refused(person, what)
+    return person, values
+
+
+async def confirm_then_run(
+    request: Request,
+    person: Person,
+    values: dict[str, list[str]],
+    action: bulk.Bulk,
+    words: bulk.Wording,
+) -> Response:
+    """A bulk action's two posts (``server.console.bulk``): the first answers the count to
+    confirm; one that confirms the count the server counts again now runs it."""
+    store = config(request).store
+    try:
+        count = await read_in_thread(bulk.count, store, person, action)
+    except (InvalidInput, NotFound) as err:  # an item of the form that is not valid
+        return problem(400, str(err), person)
+    context: dict[str, Any] = {
+        "person": person,
+        "count": count,
+        "words": words,
+        "by_filter": values.get("scope") == ["filter"],
+        "fields": bulk.repost(values),
+        "url": request.url.path,
+    }
+    if values.get("confirm") != [str(count)] or count == 0:
+        return page("confirm.html", **context)
+    done, skipped = await in_thread(bulk.run, store, person, action)
+    message = words.did.format(n=done) + (
+        f"; {skipped} skipped: they changed meanwhile." if skipped else "."
+    )
+    return page("confirm.html", **context, done=message)
+
+
 # -- bulk cancel of runs ------------------------------------------------------------------
 
 
 async def bulk_cancel(request: Request) -> Response:
     """Cancel the active runs of a selection (``scope=selection``: the ``run`` checkboxes)
-    or of everything the list's filters match (``scope=filter``). The first post answers the
-    count to confirm; a post that confirms the count the server counts again now runs, in
-    chunks (``BULK_CHUNK`` runs a transaction), each run through ``lifecycle.cancel_run``
-    with the person as actor (journaled as ``outbox runs cancel``), each once."""
-    person = await signed_in(request)
-    values = await auth.form_values(request)
-    fields = {name: given[0] for name, given in values.items()}
-    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
-        return problem(403, "This form did not come from your session.")
-    if not person.may_operate:
-        return refused(person, "Only an operator cancels runs.")
-    selected: list[uuid.UUID] | None = None
-    params: dict[str, Any] | None = None
-    if fields.get("scope") == "selection":
+    or of everything the list's filters match (``scope=filter``), each run through
+    ``lifecycle.cancel_run`` with the person as actor (journaled as ``outbox runs
+    cancel``), confirmed with the count and run in chunks (``confirm_then_run``)."""
+    asked = await operator_form(request, "Only an operator cancels runs.")
+    if isinstance(asked, Response):
+        return asked
+    person, values = asked
+    if values.get("scope") == ["selection"]:
         try:
-            selected = sorted({uuid.UUID(v) for v in values.get("run", [])})
+            runs = bulk.selected(values, "run", uuid.UUID)
         except ValueError:
             return problem(400, "A selected run is not a run id.", person)
-        if not selected:
+        if not runs:
             return problem(400, "Select the runs to cancel first.", person)
+        action = _cancel_selected(person, runs)
     else:
-        params = _filters(fields)
+        params = _filters({name: given[0] for name, given in values.items()})
         if params is None:
             return problem(400, "A filter of this list is not valid.", person)
-        params = _in_scope(person, params)
-    store = config(request).store
-    count = await read_in_thread(_count_cancellable, store, person, params, selected)
-    context: dict[str, Any] = {"person": person, "count": count, "selected": selected}
-    context["fields"] = fields
-    if fields.get("confirm") != str(count) or count == 0:
-        return page("bulk_cancel.html", **context)
-    done, skipped = await in_thread(_cancel_all, store, person, params, selected)
-    message = f"Cancelled {done} runs" + (f"; {skipped} had ended meanwhile." if skipped else ".")
-    return page("bulk_cancel.html", **context, done=message)
+        action = _cancel_matching(person, _in_scope(person, params))
+    return await confirm_then_run(request, person, values, action, CANCEL_WORDS)
 
 
-def _count_cancellable(
-    store: Store, person: Person, params: dict[str, Any] | None, selected: list[uuid.UUID] | None
-) -> int:
-    """How many active runs the selection or the filters take (that the person may see)."""
-    with _reading(store, person) as conn:
-        if selected is not None:
-            row = fetch_one(conn, Q.active_runs_count, {"ids": selected, "active": ACTIVE})
-        else:
-            every = {**(params or {}), "before_at": None, "before_id": None, "limit": None}
-            query = (
-                "SELECT count(*) AS n FROM (" + Q.runs_page + ") m WHERE m.status = ANY(%(active)s)"
-            )
-            row = fetch_one(conn, query, {**every, "active": ACTIVE})
-    return int(row["n"]) if row else 0
+CANCEL_WORDS = bulk.Wording(
+    title="Cancel runs",
+    verb="cancels",
+    noun="active runs",
+    effect="no new work is claimed for them, calls already running finish and their "
+    "results are kept aside, each run journaled with your name. It cannot be undone.",
+    button="Cancel {n} runs",
+    did="Cancelled {n} runs",
+    back="/console/runs",
+)
 
 
-def _cancel_all(
-    store: Store, person: Person, params: dict[str, Any] | None, selected: list[uuid.UUID] | None
-) -> tuple[int, int]:
-    """Cancel in chunks of ``BULK_CHUNK`` runs, one transaction each: a selection in the
-    order of its ids, a filter newest first by its keyset (a cancel changes neither key, so
-    each run is taken once). The runs are read as the person may see them; the cancel runs
-    as the pool's own login, as the command line's. (cancelled, skipped)."""
-    done = skipped = position = 0
-    cursor: tuple[Any, Any] = (None, None)
-    while True:
-        with _reading(store, person) as conn:
-            if selected is not None:
-                chunk = selected[position : position + BULK_CHUNK]
-                position += BULK_CHUNK
-                rows = fetch_all(conn, Q.active_runs_of, {"ids": chunk, "active": ACTIVE})
-                more = bool(chunk)
-            else:
-                keyset = {"before_at": cursor[0], "before_id": cursor[1], "limit": BULK_CHUNK}
-                rows = fetch_all(conn, Q.runs_page, {**(params or {}), **keyset})
-                more = bool(rows)
-                if rows:
-                    cursor = (rows[-1]["created_at"], rows[-1]["id"])
-        if not more:
-            return done, skipped
-        with store.pool.connection() as conn:
-            for row in rows:
-                if row["status"] not in ACTIVE:
-                    continue
-                try:
-                    lifecycle.cancel_run(conn, row["id"], row["tenant_id"], actor=person.name)
-                    done += 1
-                except OutboxError:
-                    skipped += 1  # it ended meanwhile
+def _cancel(person: Person) -> Callable[[Any, Row], object]:
+    def act(conn: Any, run: Row) -> object:
+        return lifecycle.cancel_run(conn, run["id"], run["tenant_id"], actor=person.name)
+
+    return act
+
+
+def _cancel_selected(person: Person, runs: list[uuid.UUID]) -> bulk.Bulk:
+    """The selected runs that are active, in the order of their ids."""
+
+    def count(conn: Any) -> int:
+        row = fetch_one(conn, Q.active_runs_count, {"ids": runs, "active": ACTIVE})
+        return int(row["n"]) if row else 0
+
+    def read(conn: Any, part: list[uuid.UUID]) -> list[Row]:
+        return fetch_all(conn, Q.active_runs_of, {"ids": part, "active": ACTIVE})
+
+    return bulk.Bulk(count=count, chunk=bulk.positions(runs, read), act=_cancel(person))
+
+
+def _cancel_matching(person: Person, params: dict[str, Any]) -> bulk.Bulk:
+    """The active runs the filters match, newest first by the list's keyset (a cancel
+    changes neither key, so each run is taken once)."""
+
+    def count(conn: Any) -> int:
+        every = {**params, "before_at": None, "before_id": None, "limit": None}
+        query = "SELECT count(*) AS n FROM (" + Q.runs_page + ") m WHERE m.status = ANY(%(active)s)"
+        row = fetch_one(conn, query, {**every, "active": ACTIVE})
+        return int(row["n"]) if row else 0
+
+    def chunk(conn: Any, cursor: tuple[Any, Any]) -> tuple[list[Row], Any]:
+        keyset = {"before_at": cursor[0], "before_id": cursor[1], "limit": bulk.CHUNK}
+        rows = fetch_all(conn, Q.runs_page, {**params, **keyset})
+        following = (rows[-1]["created_at"], rows[-1]["id"]) if len(rows) == bulk.CHUNK else None
+        return [r for r in rows if r["status"] in ACTIVE], following
+
+    return bulk.Bulk(count=count, chunk=chunk, act=_cancel(person), start=(None, None))
 
 
 ACTIVE = list(constants.ACTIVE)
@@ -627,163 +677,348 @@ ACTIVE = list(constants.ACTIVE)
 
 # -- parked calls -------------------------------------------------------------------------
 
+PARKED = ("quarantined", "outcome_unknown")
+PARKED_FILTERS = ("tool", "status", "tenant")
 
-def parked_calls(store: Store, person: Person) -> list[Row]:
-    """The person's tenant's calls parked for an operator (every tenant's for ``*``)."""
-    if person.every_tenant:
-        with store.pool.connection() as conn:
-            return fetch_all(conn, Q.parked_calls, {"tenant_id": None, "limit": INBOX_LIMIT})
-    with store.tenant(person.tenant_id) as conn:
-        params = {"tenant_id": person.tenant_id, "limit": INBOX_LIMIT}
-        return fetch_all(conn, Q.parked_calls, params)
+
+def _parked_filters(person: Person, query: Mapping[str, str]) -> dict[str, Any] | None:
+    """The parked calls' filters (tool, status, and tenant for ``*``), of the person's
+    tenant only; None when the status is not one a parked call has."""
+    status = query.get("status") or None
+    if status is not None and status not in PARKED:
+        return None
+    tenant = (query.get("tenant") or None) if person.every_tenant else person.tenant_id
+    return {"tool": query.get("tool") or None, "status": status, "tenant_id": tenant}
+
+
+def parked_calls(store: Store, person: Person, filters: dict[str, Any]) -> list[Row]:
+    """The calls parked for an operator that the filters match, of the person's tenant
+    (every tenant's for ``*``)."""
+    with auth.reading(store, person) as conn:
+        return fetch_all(conn, Q.parked_calls, {**filters, "limit": INBOX_LIMIT})
+
+
+PARKED_FILTER_PROBLEM = (
+    "A filter of this list is not valid: the status is quarantined or outcome_unknown."
+)
 
 
 async def parked(request: Request) -> Response:
     person = await signed_in(request)
     if person is None:
         return to_sign_in()
-    rows = await read_in_thread(parked_calls, config(request).store, person)
-    return page("parked.html", person=person, calls=rows, message="")
+    filters = _parked_filters(person, request.query_params)
+    if filters is None:
+        return problem(400, PARKED_FILTER_PROBLEM, person)
+    return await _parked_page(request, person, filters)
+
+
+async def _parked_page(
+    request: Request, person: Person, filters: dict[str, Any], status: int = 200, message: str = ""
+) -> Response:
+    rows = await read_in_thread(parked_calls, config(request).store, person, filters)
+    chosen = {k: v for k, v in request.query_params.items() if k in PARKED_FILTERS and v}
+    return page("parked.html", status, person=person, calls=rows, message=message, chosen=chosen)
 
 
 async def act_on_call(request: Request) -> Response:
-    person = await signed_in(request)
-    fields = await auth.form(request)
-    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
-        return problem(403, "This form did not come from your session.")
-    if not person.may_operate:
-        return refused(person, "Only an operator acts on calls.")
+    asked = await operator_form(request, "Only an operator acts on calls.")
+    if isinstance(asked, Response):
+        return asked
+    person, values = asked
+    fields = {name: given[0] for name, given in values.items()}
     action = request.path_params["action"]
-    if action not in (*OPERATOR_ACTIONS, "reconcile"):
-        return problem(404, "No such action.", person)
-    ref = int(request.path_params["ref"])
-    settled: tuple[bool, Any] | None = None
     if action == "reconcile":
-        settled = _settlement(fields)
-        if settled is None:
-            message = (
-                "Say whether the call's side effect happened and, if it did, give what the "
-                'tool answered as JSON (for example {"refund_id": "r-7"}).'
-            )
-            return problem(400, message, person)
-    store = config(request).store
+        action = {"yes": "happened", "no": "not-happened"}.get(fields.get("happened", ""), "")
+        if not action:
+            return problem(400, SETTLE_PROBLEM, person)
+    elif action not in ("requeue", "release"):
+        return problem(404, "No such action.", person)
     try:
-        await in_thread(_act_on_call, store, person, ref, action, settled)
+        result = _answer(action, fields)
+    except ValueError:
+        return problem(400, SETTLE_PROBLEM, person)
+    ref = int(request.path_params["ref"])
+    try:
+        await in_thread(_act_on_call, config(request).store, person, ref, action, result)
     except NotFound:
         return problem(404, f"No tool call {ref} in your tenant.", person)
     except OutboxError as err:
-        rows = await read_in_thread(parked_calls, store, person)
-        message = err.args[0] if err.args else str(err)
-        return page("parked.html", 409, person=person, calls=rows, message=message)
+        filters = _parked_filters(person, {}) or {}
+        return await _parked_page(request, person, filters, 409, str(err))
     return RedirectResponse("/console/parked", status_code=303)
 
 
-def _settlement(fields: dict[str, str]) -> tuple[bool, Any] | None:
-    """A reconcile form's word: (happened, the call's output); None when it is not valid."""
-    happened = fields.get("happened")
-    if happened == "no":
-        return False, None
-    if happened != "yes":
-        return None
-    try:
-        return True, json.loads(fields.get("result", ""))
-    except ValueError:
-        return None
+SETTLE_PROBLEM = (
+    "Say whether the call's side effect happened and, if it did, give what the tool "
+    'answered as JSON (for example {"refund_id": "r-7"}).'
+)
 
 
-def _act_on_call(
-    store: Store, person: Person, ref: int, action: str, settled: tuple[bool, Any] | None
-) -> None:
-    """``ops.requeue``, ``ops.release`` or ``ops.reconcile`` (``settled``: whether the side
-    effect happened, and its output) of the call, journaled with the person as actor, as
-    ``outbox requeue``, ``release`` and ``reconcile``. The call must be the person's
-    tenant's (read under its row-level security); the action then runs as the pool's own
-    login, as the command line's (``outbox_api`` may not change the queue)."""
+def _answer(action: str, fields: Mapping[str, str]) -> Any:
+    """What the tool answered, for an action that says the side effect happened: the
+    form's ``result`` as JSON (``ValueError`` when it is not)."""
+    return json.loads(fields.get("result", "")) if action == "happened" else None
+
+
+def on_call(conn: Any, ref: int, action: str, actor: str, result: Any = None) -> object:
+    """``ops.requeue``, ``ops.release`` or ``ops.reconcile`` (``happened``: with
+    ``result`` as the call's output; ``not-happened``: it runs again) of the call with the
+    person as actor, journaled as ``outbox requeue``, ``release`` and ``reconcile``."""
+    ident = f"call:{ref}"
+    if action in ("happened", "not-happened"):
+        happened = action == "happened"
+        return ops.reconcile(conn, ident, happened=happened, result=result, actor=actor)
+    if action == "release":
+        return ops.release(conn, ident, actor=actor)
+    return ops.requeue(conn, ident, actor=actor)
+
+
+def _act_on_call(store: Store, person: Person, ref: int, action: str, result: Any) -> None:
+    """``on_call``, once the call is found the person's tenant's (read under its row-level
+    security); the action then runs as the pool's own login, as the command line's
+    (``outbox_api`` may not change the queue)."""
     if not person.every_tenant:
         with store.tenant(person.tenant_id) as conn:
             if fetch_one(conn, Q.call_tenant, {"id": ref}) is None:
                 raise NotFound(f"tool call {ref} does not exist")
     with store.pool.connection() as conn:
-        if settled is not None:
-            happened, result = settled
-            ops.reconcile(conn, f"call:{ref}", happened=happened, result=result, actor=person.name)
-        else:
-            OPERATOR_ACTIONS[action](conn, f"call:{ref}", actor=person.name)
+        on_call(conn, ref, action, person.name, result)
 
 
-OPERATOR_ACTIONS: dict[str, Any] = {"requeue": ops.requeue, "release": ops.release}
+async def bulk_calls(request: Request) -> Response:
+    """Requeue, release or reconcile the parked calls of a selection (``scope=selection``:
+    the ``call`` checkboxes) or of everything the list's filters match (``scope=filter``),
+    each through ``on_call`` with the person as actor, confirmed with the count and run in
+    chunks (``confirm_then_run``). A requeue or release takes quarantined calls, a
+    reconcile those whose outcome is unknown."""
+    asked = await operator_form(request, "Only an operator acts on calls.")
+    if isinstance(asked, Response):
+        return asked
+    person, values = asked
+    fields = {name: given[0] for name, given in values.items()}
+    action = fields.get("action", "")
+    if action not in CALL_WORDS:
+        return problem(400, "Choose requeue, release, or reconcile as happened or not.", person)
+    try:
+        result = _answer(action, fields)
+    except ValueError:
+        return problem(400, SETTLE_PROBLEM, person)
+    filters = _parked_filters(person, fields)
+    if filters is None:
+        return problem(400, PARKED_FILTER_PROBLEM, person)
+    ids: list[int] | None = None
+    if fields.get("scope") == "selection":
+        try:
+            ids = bulk.selected(values, "call", int)
+        except ValueError:
+            return problem(400, "A selected call is not a call reference.", person)
+        if not ids:
+            return problem(400, "Select the calls to act on first.", person)
+    wanted = "quarantined" if action in ("requeue", "release") else "outcome_unknown"
+    params = {**filters, "wanted": wanted, "ids": ids}
+
+    def count(conn: Any) -> int:
+        query = "SELECT count(*) AS n FROM (" + Q.parked_chunk + ") c"
+        row = fetch_one(conn, query, {**params, "after": 0, "limit": None})
+        return int(row["n"]) if row else 0
+
+    def chunk(conn: Any, after: int) -> tuple[list[Row], Any]:
+        rows = fetch_all(conn, Q.parked_chunk, {**params, "after": after, "limit": bulk.CHUNK})
+        return rows, rows[-1]["id"] if len(rows) == bulk.CHUNK else None
+
+    def act(conn: Any, call: Row) -> object:
+        return on_call(conn, call["id"], action, person.name, result)
+
+    action_of = bulk.Bulk(count=count, chunk=chunk, act=act)
+    return await confirm_then_run(request, person, values, action_of, CALL_WORDS[action])
 
 
-async def bulk_requeue(request: Request) -> Response:
-    """Requeue every quarantined call of the tenant (of one tool, when given). The first
-    post answers the count to confirm; a post that confirms the count the server counts
-    again now runs, in chunks (``BULK_CHUNK`` calls a transaction), each call through
-    ``ops.requeue`` (journaled with the person), each once."""
-    person = await signed_in(request)
-    fields = await auth.form(request)
-    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
-        return problem(403, "This form did not come from your session.")
-    if not person.may_operate:
-        return refused(person, "Only an operator acts on calls.")
-    tool = fields.get("tool") or None
-    store = config(request).store
-    count = await read_in_thread(_count_quarantined, store, person, tool)
-    if fields.get("confirm") != str(count) or count == 0:
-        return page("bulk.html", person=person, tool=tool, count=count)
-    done, skipped = await in_thread(_requeue_all, store, person, tool)
-    rows = await read_in_thread(parked_calls, store, person)
-    message = f"Requeued {done} calls" + (f"; {skipped} could not be requeued." if skipped else ".")
-    return page("parked.html", person=person, calls=rows, message="", done=message)
+def _call_words(
+    title: str, verb: str, noun: str, effect: str, button: str, did: str
+) -> bulk.Wording:
+    return bulk.Wording(title, verb, noun, effect, button, did, back="/console/parked")
 
 
-def _scope(person: Person) -> str | None:
-    return None if person.every_tenant else person.tenant_id
+CALL_WORDS = {
+    "requeue": _call_words(
+        "Requeue parked calls",
+        "requeues",
+        "quarantined calls",
+        "each is due at once, its attempts kept, journaled with your name.",
+        "Requeue {n} calls",
+        "Requeued {n} calls",
+    ),
+    "release": _call_words(
+        "Release parked calls",
+        "releases",
+        "quarantined calls",
+        "each leaves its quarantine, due at once, its attempts kept, journaled with your name.",
+        "Release {n} calls",
+        "Released {n} calls",
+    ),
+    "not-happened": _call_words(
+        "Reconcile parked calls",
+        "reconciles",
+        "calls whose outcome is unknown",
+        "you say their side effect did not happen: each runs again, its attempts kept, "
+        "journaled with your name.",
+        "Run {n} calls again",
+        "Queued {n} calls again",
+    ),
+    "happened": _call_words(
+        "Reconcile parked calls",
+        "reconciles",
+        "calls whose outcome is unknown",
+        "you say their side effect happened: the answer you gave is recorded as each "
+        "one's result (source operator) and its batch goes on, journaled with your name.",
+        "Record {n} calls as done",
+        "Recorded {n} calls as done",
+    ),
+}
 
 
-def _count_quarantined(store: Store, person: Person, tool: str | None) -> int:
-    params = {"tenant_id": _scope(person), "tool": tool}
-    if person.every_tenant:
-        with store.pool.connection() as conn:
-            row = fetch_one(conn, Q.count_quarantined, params)
+async def bulk_tenants(request: Request) -> Response:
+    """Pause or resume the selected tenants (the ``tenant`` checkboxes), each through
+    ``policy.pause_tenant`` or ``resume_tenant`` with the person as actor, confirmed with
+    the count (``confirm_then_run``). A tenant's operator selects their own tenant only."""
+    asked = await operator_form(request, "Only an operator pauses and resumes tenants.")
+    if isinstance(asked, Response):
+        return asked
+    person, values = asked
+    fields = {name: given[0] for name, given in values.items()}
+    pausing = fields.get("action") == "pause"
+    if fields.get("action") not in ("pause", "resume"):
+        return problem(400, "Choose pause or resume.", person)
+    tenants = bulk.selected(values, "tenant", str)
+    if not tenants:
+        return problem(400, "Select the tenants first.", person)
+    if not person.every_tenant and tenants != [person.tenant_id]:
+        return problem(403, f"You act on tenant {person.tenant_id} only.", person)
+    try:
+        for tenant in tenants:
+            calls.check_tenant(tenant)
+    except InvalidInput as err:
+        return problem(400, str(err), person)
+    reason = fields.get("reason", "")
+
+    def to_change(conn: Any, part: list[str]) -> list[Row]:
+        paused = {p["tenant_id"] for p in policy.pauses(conn)}
+        return [{"tenant_id": t} for t in part if (t in paused) != pausing]
+
+    def act(conn: Any, row: Row) -> object:
+        if pausing:
+            return policy.pause_tenant(conn, row["tenant_id"], actor=person.name, reason=reason)
+        return policy.resume_tenant(conn, row["tenant_id"], actor=person.name)
+
+    action = bulk.Bulk(
+        count=lambda conn: len(to_change(conn, tenants)),
+        chunk=bulk.positions(tenants, to_change),
+        act=act,
+        own_reads=True,
+    )
+    words = PAUSE_WORDS if pausing else RESUME_WORDS
+    return await confirm_then_run(request, person, values, action, words)
+
+
+PAUSE_WORDS = bulk.Wording(
+    title="Pause tenants",
+    verb="pauses",
+    noun="tenants",
+    effect="no relay claims their work until they are resumed: effects in flight finish, "
+    "nothing new starts, nothing is lost; each journaled with your name and the reason.",
+    button="Pause {n} tenants",
+    did="Paused {n} tenants",
+    back="/console/operations",
+)
+RESUME_WORDS = bulk.Wording(
+    title="Resume tenants",
+    verb="resumes",
+    noun="paused tenants",
+    effect="their runs go on from where they held, each journaled with your name.",
+    button="Resume {n} tenants",
+    did="Resumed {n} tenants",
+    back="/console/operations",
+)
+
+
+async def bulk_tools(request: Request) -> Response:
+    """Switch the selected tools (the ``tool`` checkboxes) off or on for a tenant (``*``:
+    every tenant, for a platform operator), each through ``policy.disable_tool`` or
+    ``enable_tool`` with the person as actor, confirmed with the count
+    (``confirm_then_run``)."""
+    asked = await operator_form(request, "Only an operator switches tools off and on.")
+    if isinstance(asked, Response):
+        return asked
+    person, values = asked
+    fields = {name: given[0] for name, given in values.items()}
+    disabling = fields.get("action") == "disable"
+    if fields.get("action") not in ("disable", "enable"):
+        return problem(400, "Choose disable or enable.", person)
+    tools = bulk.selected(values, "tool", str)
+    if not tools:
+        return problem(400, "Select the tools first.", person)
+    tenant = fields.get("tenant") or person.tenant_id
+    if not person.every_tenant and tenant != person.tenant_id:
+        return problem(403, f"You act on tenant {person.tenant_id} only.", person)
+    reason = fields.get("reason", "")
+
+    def to_change(conn: Any, part: list[str]) -> list[Row]:
+        off = {s["tool_name"] for s in policy.switches(conn) if s["tenant_id"] == tenant}
+        return [{"name": t} for t in part if (t in off) != disabling]
+
+    def count(conn: Any) -> int:
+        known = {t["name"] for t in registry.list_tools(conn)}
+        if unknown := [t for t in tools if t not in known]:
+            raise NotFound(f"tool {unknown[0]!r} is not registered", hint="`outbox tools list`")
+        return len(to_change(conn, tools))
+
+    def act(conn: Any, row: Row) -> object:
+        if disabling:
+            return policy.disable_tool(conn, row["name"], tenant, actor=person.name, reason=reason)
+        return policy.enable_tool(conn, row["name"], tenant, actor=person.name)
+
+    action = bulk.Bulk(count=count, chunk=bulk.positions(tools, to_change), act=act, own_reads=True)
+    where = "every tenant" if tenant == policy.ALL_TENANTS else f"tenant {tenant}"
+    if disabling:
+        effect = (
+            f'for {where}, their calls not yet dispatched are answered "disabled" instead '
+            "of running (the model sees it, with the reason); calls already running finish. "
+            "Each is journaled with your name and the reason."
+        )
+        words = bulk.Wording(
+            "Switch tools off",
+            "switches off",
+            "tools",
+            effect,
+            "Switch {n} tools off",
+            "Switched {n} tools off",
+            "/console/operations",
+        )
     else:
-        with store.tenant(person.tenant_id) as conn:
-            row = fetch_one(conn, Q.count_quarantined, params)
-    return int(row["n"]) if row else 0
-
-
-def _requeue_all(store: Store, person: Person, tool: str | None) -> tuple[int, int]:
-    """Requeue the quarantined calls in chunks of ``BULK_CHUNK``, one transaction each, in
-    the order of their references: (requeued, skipped)."""
-    done = skipped = after = 0
-    while True:
-        params = {"tenant_id": _scope(person), "tool": tool, "after": after, "limit": BULK_CHUNK}
-        if person.every_tenant:
-            with store.pool.connection() as conn:
-                chunk = [r["id"] for r in fetch_all(conn, Q.quarantined_chunk, params)]
-        else:
-            with store.tenant(person.tenant_id) as conn:  # only the tenant's calls
-                chunk = [r["id"] for r in fetch_all(conn, Q.quarantined_chunk, params)]
-        if not chunk:
-            return done, skipped
-        with store.pool.connection() as conn:
-            for ref in chunk:
-                try:
-                    ops.requeue(conn, f"call:{ref}", actor=person.name)
-                    done += 1
-                except OutboxError:
-                    skipped += 1  # no longer quarantined, or its run ended meanwhile
-        after = chunk[-1]
+        effect = f"for {where}, their calls run again; each journaled with your name."
+        words = bulk.Wording(
+            "Switch tools on",
+            "switches on",
+            "tools switched off",
+            effect,
+            "Switch {n} tools on",
+            "Switched {n} tools on",
+            "/console/operations",
+        )
+    return await confirm_then_run(request, person, values, action, words)
 
 
 # -- operations ---------------------------------------------------------------------------
 
 
-def operations_view(store: Store, person: Person) -> dict[str, Any]:
+def operations_view(store: Store, person: Person, shown: str | None = None) -> dict[str, Any]:
     """What an operator watches, of the person's tenant (every tenant's for ``*``): stuck
     runs, the queue, the tools with their switches and limits, the tenants with their
-    pauses and budgets. Read as the pool's own login, as the command line reads them (the
-    views run with their owner's rights; no tenant role is granted them), each filtered to
-    the person's tenant; the budgets under the tenant's row-level security."""
+    pauses, budgets and limits (and ``shown``, a tenant a platform operator named). Read as
+    the pool's own login, as the command line reads them (the views run with their owner's
+    rights; no tenant role is granted them), each filtered to the person's tenant; the
+    budgets under the tenant's row-level security."""
     scope = _scope(person)
 
     def mine(tenant_id: str) -> bool:
@@ -805,7 +1040,7 @@ def operations_view(store: Store, person: Person) -> dict[str, Any]:
     tenants = sorted(
         {*(p["tenant_id"] for p in pauses), *(b["tenant_id"] for b in tenant_budgets)}
         | {name for kind, name in lanes if kind == "tenant" and mine(name)}
-        | ({scope} if scope is not None else set())
+        | {t for t in (scope, shown if scope is None else None) if t is not None}
     )
     return {
         "stuck": stuck,
@@ -835,55 +1070,112 @@ async def operations(request: Request) -> Response:
     person = await signed_in(request)
     if person is None:
         return to_sign_in()
-    view = await read_in_thread(operations_view, config(request).store, person)
+    shown = request.query_params.get("tenant") or None
+    if shown is not None:
+        try:
+            calls.check_tenant(shown)
+        except InvalidInput as err:
+            return problem(400, str(err), person)
+    view = await read_in_thread(operations_view, config(request).store, person, shown)
     return page("operations.html", person=person, message="", **view)
 
 
 async def operate(request: Request) -> Response:
-    """A tool's kill switch (``disable``, ``enable``) or a tenant's pause (``pause``,
-    ``resume``): ``outbox.policy``'s functions, as ``outbox tools disable`` and ``outbox
-    tenants pause`` call them, journaled with the person as the actor. Only an operator
-    acts, a tenant's operator only on their tenant (a tool: for their tenant only)."""
-    person = await signed_in(request)
-    fields = await auth.form(request)
-    if person is None or not auth.csrf_ok(person.csrf_token, fields.get("csrf_token")):
-        return problem(403, "This form did not come from your session.")
-    if not person.may_operate:
-        return refused(person, "Only an operator changes switches and pauses.")
+    """A tool's kill switch (``disable``, ``enable``) or limits (``tool-limit``), a
+    tenant's pause (``pause``, ``resume``), budget (``budget``) or limit
+    (``tenant-limit``): the library's functions, as ``outbox tools disable|enable|limit``
+    and ``outbox tenants pause|resume|budget|limit`` call them, journaled with the person as
+    the actor. Only an operator acts, a tenant's operator on their tenant only (a tool's
+    switch: for their tenant only); a tool's limits hold for every tenant's calls, so only a
+    platform operator sets them. A value that is not valid is refused (400) naming the field
+    and what it may be, and nothing changes."""
+    asked = await operator_form(request, "Only an operator changes switches, pauses and limits.")
+    if isinstance(asked, Response):
+        return asked
+    person, values = asked
+    fields = {name: given[0] for name, given in values.items()}
     action = request.path_params["action"]
     if action not in OPERATIONS:
         return problem(404, "No such action.", person)
     tenant = fields.get("tenant") or person.tenant_id
     if not person.every_tenant and tenant != person.tenant_id:
         return problem(403, f"You act on tenant {person.tenant_id} only.", person)
-    if action in ("pause", "resume") and tenant == policy.ALL_TENANTS:
-        return problem(400, "Name the tenant to pause or resume.", person)
+    if action in TENANT_OPERATIONS and tenant == policy.ALL_TENANTS:
+        return problem(400, "Name the tenant to act on.", person)
+    if action == "tool-limit" and not person.every_tenant:
+        message = (
+            "A tool's limits hold for every tenant's calls: only a platform operator sets them."
+        )
+        return problem(403, message, person)
     store = config(request).store
     try:
-        await in_thread(_operate, store, person, action, tenant, fields)
+        settings = _settings(action, fields)
+        await in_thread(_operate, store, person, action, tenant, fields, settings)
     except OutboxError as err:
+        status = 400 if isinstance(err, InvalidInput | NotFound) else 409
         view = await read_in_thread(operations_view, store, person)
-        message = err.args[0] if err.args else str(err)
-        return page("operations.html", 409, person=person, message=message, **view)
+        return page("operations.html", status, person=person, message=str(err), **view)
     return RedirectResponse("/console/operations", status_code=303)
 
 
+def _settings(action: str, fields: Mapping[str, str]) -> dict[str, Any]:
+    """The numbers of a budget's or a limit's form, checked as the command line checks
+    them; a blank field is no limit of that kind (``InvalidInput`` names the field)."""
+    if action == "budget":
+        tokens, cost = fields.get("max_tokens", "").strip(), fields.get("max_cost", "").strip()
+        if not tokens and not cost:
+            raise InvalidInput("a budget needs a limit: a token budget, a budget in money or both")
+        return {
+            "max_tokens": budgets.tokens(tokens, "the token budget") if tokens else None,
+            "max_cost": budgets.money(cost, "the budget in money") if cost else None,
+        }
+    if action == "tenant-limit":
+        return {"max_concurrency": _limit(fields, "max_concurrency", int, "At once")}
+    if action == "tool-limit":
+        return {
+            "max_concurrency": _limit(fields, "max_concurrency", int, "At once"),
+            "rate": _limit(fields, "rate", float, "A second"),
+        }
+    return {}
+
+
+def _limit(fields: Mapping[str, str], name: str, kind: type[int] | type[float], label: str) -> Any:
+    try:
+        return limits.parse_limit(fields.get(name, "").strip() or "none", kind)
+    except InvalidInput as err:
+        raise InvalidInput(f"{label}: {err.args[0]}") from None
+
+
 def _operate(
-    store: Store, person: Person, action: str, tenant: str, fields: dict[str, str]
+    store: Store,
+    person: Person,
+    action: str,
+    tenant: str,
+    fields: Mapping[str, str],
+    settings: dict[str, Any],
 ) -> None:
-    reason, tool = fields.get("reason", ""), fields.get("tool", "")
+    reason, tool, actor = fields.get("reason", ""), fields.get("tool", ""), person.name
     with store.pool.connection() as conn:
         if action == "disable":
-            policy.disable_tool(conn, tool, tenant, actor=person.name, reason=reason)
+            policy.disable_tool(conn, tool, tenant, actor=actor, reason=reason)
         elif action == "enable":
-            policy.enable_tool(conn, tool, tenant, actor=person.name)
+            policy.enable_tool(conn, tool, tenant, actor=actor)
         elif action == "pause":
-            policy.pause_tenant(conn, tenant, actor=person.name, reason=reason)
+            policy.pause_tenant(conn, tenant, actor=actor, reason=reason)
+        elif action == "resume":
+            policy.resume_tenant(conn, tenant, actor=actor)
+        elif action == "budget":
+            budgets.set_tenant_budget(conn, tenant, **settings, actor=actor)
+        elif action == "tenant-limit":
+            limits.set_limits(conn, "tenant", tenant, **settings, actor=actor)
         else:
-            policy.resume_tenant(conn, tenant, actor=person.name)
+            if not any(t["name"] == tool for t in registry.list_tools(conn)):
+                raise NotFound(f"tool {tool!r} is not registered", hint="`outbox tools list`")
+            limits.set_limits(conn, "tool", tool, **settings, actor=actor)
 
 
-OPERATIONS = ("disable", "enable", "pause", "resume")
+TENANT_OPERATIONS = ("pause", "resume", "budget", "tenant-limit")
+OPERATIONS = ("disable", "enable", "tool-limit", *TENANT_OPERATIONS)
 
 
 # -- a run's timeline ---------------------------------------------------------------------
@@ -1033,9 +1325,11 @@ MOUNT = Mount(
         Route("/approvals/events", inbox_events, methods=["GET"]),
         Route("/approvals/{approval_id:int}/decide", decide, methods=["POST"]),
         Route("/parked", parked, methods=["GET"]),
-        Route("/parked/bulk-requeue", bulk_requeue, methods=["POST"]),
+        Route("/parked/bulk", bulk_calls, methods=["POST"]),
         Route("/parked/{ref:int}/{action}", act_on_call, methods=["POST"]),
         Route("/operations", operations, methods=["GET"]),
+        Route("/operations/bulk-tenants", bulk_tenants, methods=["POST"]),
+        Route("/operations/bulk-tools", bulk_tools, methods=["POST"]),
         Route("/operations/{action}", operate, methods=["POST"]),
         Route("/runs", runs, methods=["GET"]),
         Route("/runs/bulk-cancel", bulk_cancel, methods=["POST"]),

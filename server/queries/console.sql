@@ -32,12 +32,15 @@ LIMIT %(limit)s
 
 -- name: parked_calls
 -- Tool calls parked for an operator, oldest first: quarantined (no worker claims them until
--- released) or outcome_unknown (the relay cannot tell whether the tool acted).
+-- released) or outcome_unknown (the relay cannot tell whether the tool acted); of one
+-- tenant, tool and status when given.
 SELECT tc.id, tc.tenant_id, tc.run_id, tc.tool_call_id, tc.tool_name, tc.status, tc.attempts,
        tc.last_error, tc.updated_at
 FROM {s}.tool_calls tc
 WHERE tc.status IN ('quarantined', 'outcome_unknown')
   AND (%(tenant_id)s::text IS NULL OR tc.tenant_id = %(tenant_id)s)
+  AND (%(tool)s::text IS NULL OR tc.tool_name = %(tool)s)
+  AND (%(status)s::text IS NULL OR tc.status = %(status)s)
 ORDER BY tc.id
 LIMIT %(limit)s
 
@@ -45,18 +48,15 @@ LIMIT %(limit)s
 -- The tenant of a tool call (under row-level security: none for another tenant's).
 SELECT tenant_id FROM {s}.tool_calls WHERE id = %(id)s
 
--- name: count_quarantined
--- How many calls a bulk requeue of quarantined calls (optionally of one tool) would take.
-SELECT count(*) AS n FROM {s}.tool_calls tc
-WHERE tc.status = 'quarantined'
-  AND (%(tenant_id)s::text IS NULL OR tc.tenant_id = %(tenant_id)s)
-  AND (%(tool)s::text IS NULL OR tc.tool_name = %(tool)s)
-
--- name: quarantined_chunk
--- The next chunk of a bulk requeue: quarantined calls (optionally of one tool) above the
--- last reference done, in order, so each is taken once.
+-- name: parked_chunk
+-- The next chunk of a bulk action on parked calls: the calls in %(wanted)s (quarantined for
+-- a requeue or a release, outcome_unknown for a reconcile) and in the list's filters, among
+-- the selected ones (NULL: all), above the last reference done, in order, so each is taken
+-- once. LIMIT NULL and %(after)s 0: every one of them (the count to confirm).
 SELECT tc.id FROM {s}.tool_calls tc
-WHERE tc.status = 'quarantined' AND tc.id > %(after)s
+WHERE tc.status = %(wanted)s AND tc.id > %(after)s
+  AND (%(status)s::text IS NULL OR tc.status = %(status)s)
+  AND (%(ids)s::bigint[] IS NULL OR tc.id = ANY(%(ids)s))
   AND (%(tenant_id)s::text IS NULL OR tc.tenant_id = %(tenant_id)s)
   AND (%(tool)s::text IS NULL OR tc.tool_name = %(tool)s)
 ORDER BY tc.id

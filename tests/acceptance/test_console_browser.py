@@ -27,7 +27,7 @@ from outbox import writer
 from outbox.schemas import StartRun
 from outbox.testing.scripted_model import ScriptedModel
 from outbox.testing.tools import FakeToolService
-from tests.console_harness import PASSWORD, add_user, waiting_call
+from tests.console_harness import PASSWORD, add_user, quarantined_call, waiting_call
 from tests.helpers import look
 from tests.relay_harness import REPO, register_tool, relay_thread
 from tests.serve_harness import ALL_KINDS, serve
@@ -172,7 +172,6 @@ def test_a_reviewer_sees_a_call_arrive_live_approves_it_and_the_run_completes(
             timeline.goto(f"{console}/operations")
             expect(timeline.get_by_role("heading", name="Stuck runs")).to_be_visible()
             expect(timeline.locator('tr[data-tool="send_email"]')).to_have_count(1)
-            shoot(timeline, "operations.png")
 
         # The other tenant's reviewer saw nothing of it, live or on a reload.
         other.reload()
@@ -206,6 +205,43 @@ def test_markup_in_arguments_renders_inert_and_a_wrong_password_is_refused(
     stranger.get_by_label("Password").fill("not the password")
     stranger.get_by_role("button", name="Sign in").click()
     expect(stranger.get_by_role("alert")).to_have_text("Wrong name or password.")
+
+
+def test_an_operator_acts_on_a_selection_and_sets_a_budget_without_javascript(
+    db_url: str, console: str, browser: Any
+) -> None:
+    """The checkboxes stand outside the bulk form (each row has forms of its own) and join
+    it by their ``form`` attribute: the browser posts them with it, no script needed."""
+    from playwright.sync_api import expect
+
+    add_user(db_url, "otto", "acme", "operator")
+    refs = [quarantined_call(db_url) for _ in range(3)]
+    context = browser.new_context(java_script_enabled=False)
+    page = signed_in_page(context, console, "otto")
+    page.goto(console + "/parked")
+    for ref in refs[:2]:
+        page.get_by_label(f"Select call {ref}").check()
+    page.get_by_label("Action").select_option("requeue")
+    page.get_by_role("button", name="Act on the selected calls…").click()
+    expect(page.locator("main strong")).to_have_text("2")
+    page.get_by_role("button", name="Requeue 2 calls").click()
+    expect(page.get_by_role("status")).to_have_text("Requeued 2 calls.")
+
+    page.goto(console + "/operations")
+    budget = page.locator('tr[data-tenant="acme"] td.budget')
+    budget.get_by_label("Token budget").fill("5000")
+    budget.get_by_role("button", name="Set budget").click()
+    expect(page.locator('tr[data-tenant="acme"] td.budget')).to_contain_text("0 of 5000 tokens")
+    shoot(page, "operations.png")
+    context.close()
+    assert look(db_url, "SELECT id, status FROM outbox.tool_calls ORDER BY id") == [
+        (refs[0], "pending"),
+        (refs[1], "pending"),
+        (refs[2], "quarantined"),
+    ]
+    assert look(db_url, "SELECT actor FROM outbox.journal WHERE event = 'tenant.budget_set'") == [
+        ("otto",)
+    ]
 
 
 def test_no_chromium_skips_with_the_install_command() -> None:

@@ -420,12 +420,13 @@ def test_a_bulk_requeue_of_a_thousand_parked_calls_acts_on_each_once(db_url, con
     operator, _ = sign_in(console, "otto")
     token = csrf_of(operator.get("/parked").text)
 
-    asked = operator.post("/parked/bulk-requeue", data={"csrf_token": token})
+    every = {"csrf_token": token, "action": "requeue", "scope": "filter"}
+    asked = operator.post("/parked/bulk", data=every)
     assert asked.status_code == 200 and "<strong>1000</strong> quarantined calls" in asked.text
     assert look(db_url, "SELECT count(*) FROM outbox.tool_calls WHERE status = 'pending'") == [(0,)]
-    stale = operator.post("/parked/bulk-requeue", data={"csrf_token": token, "confirm": "999"})
+    stale = operator.post("/parked/bulk", data={**every, "confirm": "999"})
     assert "<strong>1000</strong>" in stale.text  # a count that is not today's asks again
-    done = operator.post("/parked/bulk-requeue", data={"csrf_token": token, "confirm": "1000"})
+    done = operator.post("/parked/bulk", data={**every, "confirm": "1000"})
     assert done.status_code == 200 and "Requeued 1000 calls." in done.text
     assert look(
         db_url,
@@ -576,7 +577,7 @@ def test_operations_show_stuck_runs_and_switch_tools_and_pause_tenants_by_role(d
     ]
     page = otto.get("/operations").text
     assert 'data-scope="acme"' in page and 'data-tenant="acme" data-paused="yes"' in page
-    assert act(otto, "disable", token, tool="no_such_tool", tenant="acme") == 409
+    assert act(otto, "disable", token, tool="no_such_tool", tenant="acme") == 400
     olga, _ = sign_in(console, "olga")
     everything = olga.get("/operations").text
     assert act(olga, "disable", csrf_of(everything), tool="lookup_order", tenant="*") == 303
@@ -653,7 +654,9 @@ def test_a_read_only_console_changes_nothing(db_url):
         posts = [
             (f"/approvals/{approval}/decide", {"decision": "approve"}),
             (f"/parked/{ref}/release", {}),
-            ("/parked/bulk-requeue", {}),
+            ("/parked/bulk", {"action": "requeue", "scope": "filter"}),
+            ("/operations/budget", {"tenant": "acme", "max_tokens": "5"}),
+            ("/operations/bulk-tenants", {"action": "pause", "tenant": "acme"}),
             ("/operations/pause", {"tenant": "acme"}),
         ]
         for path, fields in posts:
@@ -664,6 +667,7 @@ def test_a_read_only_console_changes_nothing(db_url):
         ("quarantined",)
     ]
     assert look(db_url, "SELECT count(*) FROM outbox.tenant_pauses") == [(0,)]
+    assert look(db_url, "SELECT count(*) FROM outbox.tenant_budgets") == [(0,)]
 
 
 def test_users_unlock_lets_a_locked_account_sign_in_again(db_url, console, monkeypatch):
@@ -693,9 +697,9 @@ def test_a_bulk_cancel_of_a_filter_or_a_selection_confirms_its_count_and_cancels
     """Everything a filter matches, or the runs selected, of the person's tenant only:
     first the count to confirm, then, once the count confirmed is the server's, each active
     run cancelled once through ``lifecycle.cancel_run`` with the person, in chunks."""
-    from outbox.server.console import routes
+    from outbox.server.console import bulk
 
-    monkeypatch.setattr(routes, "BULK_CHUNK", 3)
+    monkeypatch.setattr(bulk, "CHUNK", 3)
     add_user(db_url, "otto", "acme", "operator")
     add_user(db_url, "vic", "acme", "viewer")
     wired = [waiting_call(db_url, {"n": n}, tool="wire_money")[0].id for n in range(7)]
