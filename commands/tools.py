@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from outbox import limits, policy, registry
+from outbox import context, limits, policy, registry
 from outbox.commands.common import (
     OutboxGroup,
     actor_option,
@@ -191,15 +191,28 @@ TOOL_COLUMNS = [
     "idempotency_mode",
     "enabled",
     "endpoint",
+    "model_result_cap",
 ]
 
 
 @tools_group.command("list")
 @json_option
 def tools_list(as_json: bool) -> None:
-    """List every tool's newest version."""
+    """List every tool's newest version.
+
+    MODEL_RESULT_CAP is the most bytes of a result the model is given (`register
+    --model-result-cap`): "none" for no cap, "(default)" after the platform's default."""
     with connection() as conn:
-        emit(registry.list_tools(conn), as_json, TOOL_COLUMNS)
+        rows = registry.list_tools(conn)
+    if not as_json:
+        rows = [{**row, "model_result_cap": _cap_text(row["model_result_cap"])} for row in rows]
+    emit(rows, as_json, TOOL_COLUMNS)
+
+
+def _cap_text(cap: int | None) -> str:
+    if cap is None:
+        return f"{context.RESULT_CAP_BYTES} (default)"
+    return "none" if cap == 0 else str(cap)
 
 
 @tools_group.command("show")

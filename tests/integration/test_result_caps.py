@@ -255,6 +255,11 @@ def test_a_cap_of_none_sends_the_whole_result_and_offers_no_read_result(db_url, 
             env={"OUTBOX_DATABASE_URL": db_url},
         )
         assert bad.exit_code == 2 and "--model-result-cap" in bad.output
+        listed = runner.invoke(cli.main, ["tools", "list"], env={"OUTBOX_DATABASE_URL": db_url})
+        header, *lines = listed.output.splitlines()
+        assert header.split()[-1] == "model_result_cap"
+        [line] = [line for line in lines if "fetch_report" in line]
+        assert line.split()[-1] == "none"
         model.add_script(
             "once", [{"tool_calls": [{"name": "fetch_report", "arguments": {}}]}, {"text": "ok"}]
         )
