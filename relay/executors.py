@@ -73,7 +73,7 @@ from outbox.relay.outcomes import (
     retry_after_s,
     secret_of,
 )
-from outbox.relay.poster import Poster
+from outbox.relay.poster import Answered, Poster
 
 RESPONSE_PREVIEW_CHARS = 500
 
@@ -330,7 +330,7 @@ def settling(row: Claimed, wait_s: float) -> Outcome:
 
 
 def normalise(
-    row: Claimed, response: httpx2.Response, secret: credentials.Secret | None = None
+    row: Claimed, response: Answered, secret: credentials.Secret | None = None
 ) -> Outcome:
     """What an HTTP tool's answer means (the module docstring's failure classes).
     ``secret``: the call's credential, cut from an error body before it is shortened."""
@@ -381,7 +381,7 @@ def describe(err: Exception) -> str:
     return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
-def preview(response: httpx2.Response, secret: credentials.Secret | None = None) -> str:
+def preview(response: Answered, secret: credentials.Secret | None = None) -> str:
     """The start of a response body for an error message. The secret, in each of its
     forms, is cut out before the body is shortened: cut after, a body shortened inside the
     secret (or its base64) would keep its start, which no later redaction recognises."""

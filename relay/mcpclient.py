@@ -71,7 +71,7 @@ from outbox.relay.outcomes import (
     retry,
     retry_after_s,
 )
-from outbox.relay.poster import Answer, Poster
+from outbox.relay.poster import Answer, Answered, Poster
 
 if TYPE_CHECKING:  # the SDK is imported where a stdio server or a listing needs it
     from mcp.client.session import ClientSession
@@ -285,7 +285,7 @@ class NotAnAnswer(Exception):
         self.answered = answered
 
 
-def answer_of(response: httpx2.Response, request_id: int) -> dict[str, Any]:
+def answer_of(response: Answered, request_id: int) -> dict[str, Any]:
     """The JSON-RPC answer to ``request_id`` in a POST's answer: its body (application/json)
     or an event of its stream (text/event-stream), where the server may send notifications
     and requests of its own before it. Raises ``NotAnAnswer``."""
@@ -498,7 +498,7 @@ class HttpSession:
     def _outcome(
         self,
         row: Claimed,
-        response: httpx2.Response,
+        response: Answered,
         request_id: int,
         where: str,
         found: dict[str, Any] | None = None,
@@ -567,7 +567,7 @@ class OpenFailed(Exception):
     with what is not an answer."""
 
 
-def _text(response: httpx2.Response) -> str:
+def _text(response: Answered) -> str:
     """The start of an answer's body, for an error message."""
     return response.content[:300].decode(errors="replace") or "(empty body)"
 

@@ -59,7 +59,7 @@ from outbox import failpoints, providers, routing, storable
 from outbox.errors import OutboxError
 from outbox.relay import compaction, spans
 from outbox.relay.outcomes import Claimed, Outcome, retry, retry_after_s
-from outbox.relay.poster import Poster
+from outbox.relay.poster import Answered, Poster
 from outbox.relay.preparer import Turn, step_of
 from outbox.schemas import ModelTurnIn
 
@@ -72,7 +72,7 @@ class ModelAnswered(Exception):
     """The model's server answered with an HTTP error (``status_code``); ``message`` is
     its error's message (OpenAI's ``{"error": {"message"}}``) or the start of its body."""
 
-    def __init__(self, status_code: int, message: str, response: httpx2.Response) -> None:
+    def __init__(self, status_code: int, message: str, response: Answered) -> None:
         super().__init__(f"HTTP {status_code}: {message}")
         self.status_code = status_code
         self.message = message
@@ -156,7 +156,7 @@ class ModelServer:
         return decoded
 
 
-def _error_message(response: httpx2.Response) -> str:
+def _error_message(response: Answered) -> str:
     try:
         message = storable.loads(response.content, "error")["error"]["message"]
     except (ValueError, KeyError, TypeError, storable.NotStorable):

@@ -13,11 +13,12 @@ here is an ``asyncio.Protocol`` that parses the answer as its bytes arrive (stat
 headers, then the body by ``content-length``, ``chunked``, or up to the server's end)
 and hands it over when complete; there are no layers of events, locks or streams per
 request. To the executors ``Poster.post`` looks like ``httpx2.AsyncClient.post``: the
-answer is an ``httpx2.Response`` and the errors are ``httpx2``'s classes, which the
-executors' failure classes are built on: ``ConnectError``/``ConnectTimeout`` only when
-the request was certainly not sent, ``ReadTimeout``/``WriteTimeout`` and
-``RemoteProtocolError``/``ReadError`` when it was (or may have been) sent and no whole
-answer came.
+answer (``Answered``) has the fields of an ``httpx2.Response`` they read (``status_code``,
+``headers``, ``content``, ``text``, ``json()``, ``extensions``) and the errors are
+``httpx2``'s classes, which the executors' failure classes are built on:
+``ConnectError``/``ConnectTimeout`` only when the request was certainly not sent,
+``ReadTimeout``/``WriteTimeout`` and ``RemoteProtocolError``/``ReadError`` when it was
+(or may have been) sent and no whole answer came.
 
 A request may bound the answer's body (``max_body``): past it the body is not read further,
 the connection is closed, and the answer comes back with what was read and
@@ -279,6 +280,47 @@ def _fields(
     return headers, length, chunked, close
 
 
+class Answered:
+    """An answer, as the fields of ``httpx2.Response`` the relay reads. One is made for every
+    model turn and tool call, and an ``httpx2.Response`` of a body already read still takes
+    it through its decoding chain, most of what making one costs: only a body sent with a
+    ``content-encoding`` goes through it here, to be decoded."""
+
+    __slots__ = ("content", "extensions", "headers", "status_code")
+
+    def __init__(
+        self,
+        status_code: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        extensions: dict[str, Any] | None = None,
+    ) -> None:
+        self.status_code = status_code
+        self.headers = httpx2.Headers(headers)
+        encoding = self.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":
+            body = httpx2.Response(status_code, headers=self.headers, content=body).content
+        self.content = body
+        self.extensions = extensions or {}
+
+    @property
+    def text(self) -> str:
+        """The body as text, in the charset its content type names (else UTF-8), a byte
+        that is not of it replaced, as ``httpx2.Response.text``."""
+        charset = _CHARSET.search(self.headers.get("content-type", ""))
+        name = charset.group(1).strip("'\"") if charset else "utf-8"
+        try:
+            return self.content.decode(name, errors="replace")
+        except LookupError:  # a charset Python does not know
+            return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return jsonlib.loads(self.content)
+
+
+_CHARSET = re.compile(r";\s*charset=([^;\s]+)", re.IGNORECASE)
+
+
 class Connection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection, one request at a time. The server's end closes
     it at once: asyncio would keep the socket half-open (it might still be written to),
@@ -537,7 +579,7 @@ class Poster:
         enough: Enough | None = None,
         total: float | None = None,
         repeatable: bool = False,
-    ) -> httpx2.Response:
+    ) -> Answered:
         """``timeout`` (seconds) bounds the connect, the send, and each wait for bytes of
         the answer; ``total``, if given, the whole request, from its connect to its answer's
         end (an event stream that trickles). Neither ends a request before what its socket
@@ -581,9 +623,7 @@ class Poster:
             extensions = {"body_cut_at": max_body}
         elif answer.early:
             extensions = {"ended_early": True}
-        return httpx2.Response(
-            answer.status, headers=answer.headers, content=bytes(answer.body), extensions=extensions
-        )
+        return Answered(answer.status, answer.headers, bytes(answer.body), extensions)
 
     def close_idle(self, now: float) -> int:
         """Close the connections idle since before ``now - REPEATABLE_IDLE_S`` (no request

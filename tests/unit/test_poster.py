@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import gzip
 import ipaddress
 import itertools
 import json
@@ -25,7 +26,7 @@ from cryptography.x509.oid import NameOID
 from hypothesis import strategies as st
 
 from outbox.relay import poster as poster_module
-from outbox.relay.poster import Poster
+from outbox.relay.poster import Answered, Poster
 from tests.helpers import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -67,7 +68,7 @@ async def served(handler: Handler) -> AsyncIterator[tuple[Poster, str]]:
         server.close()
 
 
-async def post_once(handler: Handler, **post: Any) -> httpx2.Response:
+async def post_once(handler: Handler, **post: Any) -> Answered:
     """One POST through a new poster to a server running ``handler``."""
     async with served(handler) as (poster, url):
         return await poster.post(url, **post)
@@ -80,7 +81,7 @@ def test_posts_json_and_reads_the_answer_with_its_headers():
         await writer.drain()
         writer.close()
 
-    async def main() -> httpx2.Response:
+    async def main() -> Answered:
         return await post_once(handler, json={"n": "é"}, headers={"x-a": "1"}, timeout=5)
 
     response = asyncio.run(main())
@@ -333,7 +334,7 @@ def test_an_answer_in_any_framing_is_read_whole(framing, piecewise):
         await reader.read()  # keep-alive: until the client goes
         writer.close()
 
-    async def main() -> httpx2.Response:
+    async def main() -> Answered:
         return await post_once(handler, json={}, timeout=5)
 
     response = asyncio.run(main())
@@ -540,6 +541,31 @@ def test_a_repeatable_request_takes_a_connection_idle_up_to_repeatable_idle_s():
     assert third == [1, 3, 1] and kept == 1  # the two old ones closed, the new one kept
 
 
+@pytest.mark.parametrize(
+    ("head", "body", "content", "text"),
+    [
+        # a server may encode what it sends (no accept-encoding: any coding is acceptable)
+        (b"content-encoding: gzip\r\n", gzip.compress(b'{"ok": 1}'), b'{"ok": 1}', '{"ok": 1}'),
+        (b"content-type: text/plain; charset=latin-1\r\n", b"caf\xe9", b"caf\xe9", "café"),
+        (b"content-type: text/plain\r\n", b"caf\xc3\xa9 \xff", b"caf\xc3\xa9 \xff", "café \ufffd"),
+        (b"content-type: text/plain; charset=nonesuch\r\n", b"ok", b"ok", "ok"),
+    ],
+)
+def test_an_answer_s_content_and_text_are_as_httpx2_s(head, body, content, text):
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n" + head + b"content-length: %d\r\n\r\n" % len(body))
+        writer.write(body)
+        await writer.drain()
+        writer.close()
+
+    response = asyncio.run(post_once(handler, json={}, timeout=5))
+    assert (response.content, response.text) == (content, text)
+    reference = httpx2.Response(200, headers=response.headers, content=body)
+    if b"nonesuch" not in head:  # (httpx2 refuses a charset Python does not know)
+        assert (reference.content, reference.text) == (content, text)
+
+
 def test_the_read_timeout_counts_from_the_latest_bytes():
     """``timeout`` bounds each wait for bytes, as ``httpx2``'s read timeout: an answer
     trickling in for longer than the timeout, but never silent for that long, is read."""
@@ -556,7 +582,7 @@ def test_the_read_timeout_counts_from_the_latest_bytes():
         await reader.read()
         writer.close()
 
-    async def main() -> httpx2.Response:
+    async def main() -> Answered:
         async with served(handler) as (poster, url):
             return await poster.post(url, json={}, timeout=2)  # 2.4 s in all
 
@@ -758,7 +784,7 @@ def test_a_body_past_max_body_is_cut_and_its_connection_dropped(framing):
                 await writer.drain()
         writer.close()
 
-    async def main() -> tuple[httpx2.Response, httpx2.Response]:
+    async def main() -> tuple[Answered, Answered]:
         async with served(handler) as (poster, url):
             first = await poster.post(url, json={}, timeout=5, max_body=100_000)
             return first, await poster.post(url, json={}, timeout=5, max_body=100_000)
@@ -883,7 +909,7 @@ def test_an_answer_in_the_socket_when_the_deadline_passes_is_read_not_a_timeout(
         await reader.read()
         writer.close()
 
-    async def main() -> httpx2.Response:
+    async def main() -> Answered:
         async with served(handler) as (poster, url):
             bounds = {"timeout": timeout} if total is None else {"timeout": timeout, "total": total}
             return await poster.post(url, json={}, **bounds)
@@ -923,7 +949,7 @@ def test_an_answer_that_reaches_the_socket_as_the_deadline_fires_is_read_not_a_t
         await reader.read()
         writer.close()
 
-    async def main() -> httpx2.Response:
+    async def main() -> Answered:
         async with served(handler) as (poster, url):
             sent = asyncio.ensure_future(poster.post(url, json={}, timeout=0.3))
             writer = await writers.get()
