@@ -53,15 +53,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup(level: str = "INFO", name: str = "relay") -> None:
-    """JSON lines on stderr for the loggers under ``name``.
-
-    A line names no source file, thread or process (its identities say where it comes
-    from), so the record does not look them up: the logging HOWTO's "Optimization"
-    switches."""
-    logging._srcfile = None  # no caller lookup (the HOWTO's)
-    logging.logThreads = False
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
+    """JSON lines on stderr for the loggers under ``name``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger(name)
@@ -72,4 +64,10 @@ def setup(level: str = "INFO", name: str = "relay") -> None:
 
 def log(logger: logging.Logger, level: int, event: str, **context: Any) -> None:
     if logger.isEnabledFor(level):
-        logger.log(level, event, extra={"ctx": context})
+        # The record is made here rather than by ``logger.log``, which would walk the stack
+        # for the caller's file and line: no line names them (its identities say where it
+        # comes from), and a relay writes a line per outcome.
+        record = logger.makeRecord(
+            logger.name, level, "", 0, event, (), None, extra={"ctx": context}
+        )
+        logger.handle(record)
