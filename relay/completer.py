@@ -197,6 +197,11 @@ class Completer:
                 self._set_based(conn, outcomes, positions, applied, kind, write_all)
         self._report_circuits(conn, [o for o in outcomes if o.circuit and o.server])
         outcomes = self._to_fallbacks_at_once(conn, outcomes)
+        retries = [
+            i for i, o in enumerate(outcomes) if applied[i] is None and _puts_back(o) is not None
+        ]
+        if retries:
+            self._retry_many(conn, outcomes, retries, applied)
         return [
             what if what is not None else self.apply(conn, outcome)
             for outcome, what in zip(outcomes, applied, strict=True)
@@ -228,6 +233,66 @@ class Completer:
             else o
             for o in outcomes
         ]
+
+    def _retry_many(
+        self,
+        conn: psycopg.Connection[Any],
+        outcomes: list[Outcome],
+        positions: list[int],
+        applied: list[str | None],
+    ) -> None:
+        """Put the rows at ``positions`` back for a later attempt together
+        (``retry_later_many``: fenced, dropped if their run is over, the calls' state and
+        the journal in the one statement); ``applied`` stays None for a row fenced off,
+        which ``apply`` journals."""
+        chosen = [outcomes[i] for i in positions]
+        delays = []
+        charges = []
+        for o in chosen:
+            charge = _puts_back(o)
+            assert charge is not None
+            charges.append(charge)
+            # An uncharged retry backs off by the attempts made: failures do not grow.
+            step = o.row.attempt if uncharged(o) else o.row.failures + 1
+            delays.append(o.delay_s if o.delay_s is not None else self._backoff(step))
+        kept = {
+            r[0]
+            for r in conn.execute(
+                self.q.retry_later_many,
+                {
+                    "ids": [o.row.id for o in chosen],
+                    "attempts": [o.row.attempt for o in chosen],
+                    "errors": [o.error for o in chosen],
+                    "delays": delays,
+                    "charges": charges,
+                    "deadlines": [
+                        o.row.deadline_in_s if deadline_left_s(o.row) is not None else None
+                        for o in chosen
+                    ],
+                    "unsent": [o.unsent for o in chosen],
+                    "answered": [o.answered for o in chosen],
+                    "tool_call_ids": [o.row.tool_call_id for o in chosen],
+                    "details": [
+                        Jsonb(
+                            _with_span(
+                                {"error": o.error, "delay_s": round(delay, 3)}
+                                | ({"base_url": o.server} if o.server else {}),
+                                o,
+                            )
+                        )
+                        for o, delay in zip(chosen, delays, strict=True)
+                    ],
+                    "worker": self.cfg.worker_id,
+                },
+            ).fetchall()
+        }
+        for o, i in zip(chosen, positions, strict=True):
+            if o.row.id in kept:
+                applied[i] = "retry_scheduled"
+            else:
+                self._refused(conn, o)
+                applied[i] = "fenced"
+        self.metrics.retried.inc(len(kept))
 
     def _report_circuits(self, conn: psycopg.Connection[Any], outcomes: list[Outcome]) -> None:
         """Report what the model calls of this transaction said about their servers to
@@ -431,6 +496,13 @@ class Completer:
         params = {"id": row.id, "worker": self.cfg.worker_id, "attempt": row.attempt, **extra}
         if conn.execute(query, params).fetchone() is not None:
             return True
+        self._refused(conn, outcome)
+        return False
+
+    def _refused(self, conn: psycopg.Connection[Any], outcome: Outcome) -> None:
+        """Journal a write the fence refused (the row's lease is another's, or its run is
+        over and the row dropped); a result is kept as an orphan."""
+        row = outcome.row
         self.metrics.fenced.inc()
         statements.journal(
             conn,
@@ -459,7 +531,6 @@ class Completer:
                     "attempt": row.attempt,
                 },
             )
-        return False
 
     def _ids(self, row: Claimed) -> dict[str, Any]:
         return {
@@ -493,36 +564,7 @@ class Completer:
             )
             self.metrics.succeeded.labels(row.kind).inc()
             return write(conn, [outcome])[0]
-        free = outcome.action == "defer" or uncharged(outcome)
-        if free or (outcome.action == "retry" and row.failures + 1 < row.max_attempts):
-            charge = int(not free)
-            # An uncharged retry backs off by the attempts made: failures do not grow.
-            step = row.attempt if uncharged(outcome) else row.failures + 1
-            delay = outcome.delay_s if outcome.delay_s is not None else self._backoff(step)
-            if not self._fence(
-                conn,
-                self.q.retry_later,
-                outcome,
-                error=outcome.error,
-                delay_s=delay,
-                charge=charge,
-                deadline_in_s=row.deadline_in_s if deadline_left_s(row) is not None else None,
-            ):
-                return "fenced"
-            self._call_status(conn, outcome, "pending")
-            self.metrics.retried.inc()
-            statements.journal(
-                conn,
-                f"{row.kind}.retry_scheduled",
-                row.tenant_id,
-                **self._ids(row),
-                detail=_with_span(
-                    {"error": outcome.error, "delay_s": round(delay, 3)}
-                    | ({"base_url": outcome.server} if outcome.server else {}),
-                    outcome,
-                ),
-            )
-            return "retry_scheduled"
+        assert _puts_back(outcome) is None, "apply_all puts rows back (_retry_many)"
         reason = "outcome_unknown" if outcome.action == "unknown" else "max_attempts"
         if not self._fence(conn, self.q.quarantine, outcome, error=outcome.error):
             return "fenced"
@@ -691,6 +733,17 @@ class Held:
             outcomes.task_done()
         self.gauge.dec(len(self.outcomes))
         self.outcomes = []
+
+
+def _puts_back(outcome: Outcome) -> int | None:
+    """For an outcome that puts its row back for a later attempt, its charge: 1 when the
+    attempt counts against ``max_attempts``, 0 when it does not (a hold, a defer, an
+    ``uncharged`` retry); None for any other outcome."""
+    free = outcome.action == "defer" or uncharged(outcome)
+    row = outcome.row
+    if free or (outcome.action == "retry" and row.failures + 1 < row.max_attempts):
+        return int(not free)
+    return None
 
 
 def uncharged(outcome: Outcome) -> bool:

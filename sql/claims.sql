@@ -29,7 +29,7 @@ GRANT EXECUTE ON FUNCTION {s}.lane_loads_v1() TO outbox_relay;
 
 
 -- drop_if_run_over_v1: "this leased row's run is over: drop it instead". The relay's
--- retry_later and quarantine (relay/queries/relay.sql) call it before they put a row back
+-- retry_later_many and quarantine (relay/queries/relay.sql) call it before they put a row back
 -- or park it, so a row whose run is over (run_over_v1) is never started again nor parked
 -- for an operator. Only for the lease's holder (p_worker at p_attempt: the fence). The row
 -- leaves the queue; its call keeps the attempt and says why ('its run is over: ' ||

@@ -171,7 +171,7 @@ WITH RECURSIVE loads AS (
               o.correlation_id, o.attempts, o.failures, o.max_attempts, o.payload,
               o.available_at, o.tool_name
 ), dropped AS (
-    -- It leaves the queue instead, as in retry_later, quarantine and rescue_expired: its
+    -- It leaves the queue instead, as in retry_later_many, quarantine and rescue_expired: its
     -- call keeps the attempts made (its tool message says what is known), the drop is
     -- journaled, and it takes no lane's place or rate token.
     DELETE FROM {s}.outbox o
@@ -324,30 +324,62 @@ DELETE FROM {s}.outbox
 WHERE id = %(id)s AND lease_owner = %(worker)s AND attempts = %(attempt)s
 RETURNING id
 
--- name: retry_later
--- Put a row back for a later attempt, only for the current lease holder. ``charge`` is 1
--- when the attempt's effect failed by the tool's or model's doing (it counts against
--- max_attempts), 0 when it never started (a hold asked for by Retry-After elsewhere).
--- A row whose run is over is dropped instead (drop_if_run_over_v1, sql/claims.sql) and
--- nothing is returned, so the worker journals its write as refused.
-WITH over AS (
-    SELECT {s}.drop_if_run_over_v1(%(id)s::bigint, %(worker)s::text, %(attempt)s::integer,
-                                   'retry_later', 'not retried', %(error)s::text) AS dropped
+-- name: retry_later_many
+-- Put rows back for a later attempt (Completer._retry_many), each only for its current lease
+-- holder and attempt. ``charges``: 1 when the attempt's effect failed by the tool's or
+-- model's doing (it counts against max_attempts), 0 when it never started (a hold asked for
+-- by Retry-After elsewhere). A row whose run is over is dropped instead (drop_if_run_over_v1,
+-- sql/claims.sql) and not returned, so the worker journals its write as refused. In the same
+-- statement: what call_status records of each tool call put back ('pending'), and each
+-- row's <kind>.retry_scheduled event with its ``details``. One statement for a failed wave
+-- of a thousand model turns, not three a turn.
+WITH f AS (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(errors)s::text[],
+                %(delays)s::float8[], %(charges)s::int[], %(deadlines)s::float8[],
+                %(unsent)s::bool[], %(answered)s::bool[], %(tool_call_ids)s::text[],
+                %(details)s::jsonb[])
+        AS f(id, attempt, error, delay_s, charge, deadline_in_s, unsent, answered,
+             tool_call_id, detail)
+), over AS (
+    SELECT f.id, {s}.drop_if_run_over_v1(f.id, %(worker)s::text, f.attempt, 'retry_later',
+                                          'not retried', f.error) AS dropped
+    FROM f
+), moved AS (
+    UPDATE {s}.outbox o
+    SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, last_error = f.error,
+        available_at = CASE WHEN f.deadline_in_s IS NULL
+                            THEN now() + make_interval(secs => f.delay_s)
+                            ELSE least(now() + make_interval(secs => f.delay_s),
+                                       greatest(now(), o.claimed_at + make_interval(
+                                           secs => f.deadline_in_s))) END,
+        failures = o.failures + f.charge
+    FROM f JOIN over ON over.id = f.id
+    WHERE o.id = f.id AND o.lease_owner = %(worker)s AND o.attempts = f.attempt
+      AND NOT over.dropped
+    RETURNING o.id, o.tenant_id, o.kind, o.thread_id, o.run_id, o.batch_id, o.tool_call_ref,
+              o.correlation_id
+), calls AS (
+    UPDATE {s}.tool_calls tc
+    SET status = 'pending', attempts = f.attempt, last_error = f.error, updated_at = now(),
+        dispatched_attempt = CASE WHEN f.unsent AND tc.dispatched_attempt = f.attempt
+                                  THEN NULL ELSE tc.dispatched_attempt END,
+        dispatched_at = CASE WHEN (f.unsent OR f.answered) AND tc.dispatched_attempt = f.attempt
+                             THEN NULL ELSE tc.dispatched_at END,
+        gave_up_at = CASE WHEN tc.dispatched_attempt IS DISTINCT FROM f.attempt THEN tc.gave_up_at
+                          WHEN f.unsent OR f.answered THEN NULL
+                          ELSE now() END
+    FROM moved m JOIN f ON f.id = m.id
+    WHERE tc.id = m.tool_call_ref
+), journaled AS (
+    INSERT INTO {s}.journal (tenant_id, event, thread_id, run_id, batch_id, tool_call_ref,
+                             tool_call_id, outbox_id, correlation_id, attempt, worker, detail)
+    SELECT m.tenant_id, m.kind || '.retry_scheduled', m.thread_id, m.run_id, m.batch_id,
+           m.tool_call_ref, f.tool_call_id, m.id, m.correlation_id, f.attempt, %(worker)s,
+           f.detail
+    FROM moved m JOIN f ON f.id = m.id
 )
-UPDATE {s}.outbox o
-SET status = 'ready', lease_owner = NULL, lease_expires_at = NULL, last_error = %(error)s,
-    -- Never due after the call's deadline (the claim's now() + deadline_in_s): the attempt
-    -- due then sends nothing and ends the call (relay.executors.past_deadline).
-    available_at = CASE WHEN %(deadline_in_s)s::float8 IS NULL
-                        THEN now() + make_interval(secs => %(delay_s)s)
-                        ELSE least(now() + make_interval(secs => %(delay_s)s),
-                                   greatest(now(), o.claimed_at + make_interval(
-                                       secs => %(deadline_in_s)s::float8))) END,
-    failures = o.failures + %(charge)s
-FROM over
-WHERE o.id = %(id)s AND o.lease_owner = %(worker)s AND o.attempts = %(attempt)s
-  AND NOT over.dropped
-RETURNING o.id
+SELECT id FROM moved
 
 -- name: quarantine
 -- Park a row for an operator, only for the current lease holder; the attempt that ended

@@ -258,3 +258,77 @@ def test_a_turn_that_cannot_be_recorded_does_not_stop_the_others(db_url: str) ->
     assert [scalar(db_url, recorded, (run.id,)) for run in runs] == [1, 0, 1]
     leased = "SELECT count(*) FROM outbox.outbox WHERE kind = 'model_turn' AND status = 'leased'"
     assert scalar(db_url, leased) == 1
+
+
+def test_many_retries_in_one_transaction_keep_every_invariant(db_url: str) -> None:
+    """Rows put back for a later attempt are written together (``retry_later_many``) and
+    as the per-row path wrote them: each only for its lease holder (another's refused and
+    journaled ``write.fenced``), one whose run is over dropped, a charged retry counted
+    against the row's attempts and a defer not, each call back to ``pending`` with its own
+    attempt's dispatch mark taken back only when that attempt never reached the tool, each
+    row journaled ``retry_scheduled`` with its delay."""
+    from outbox import lifecycle
+
+    with psycopg.connect(db_url) as conn:
+        register_tool_stub(conn)
+        conn.commit()
+    refs = seed(db_url, ["stub"], runs=3, calls_per_batch=2, args=lambda n: {"n": n})
+    claimed = lease(db_url, WORKER)
+    charged, unsent, deferred, elsewhere, over_1, over_2 = refs
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            "UPDATE outbox.tool_calls SET status = 'running', dispatched_attempt = 1,"
+            " dispatched_at = now() WHERE id = ANY(%s)",
+            [[charged, unsent]],
+        )
+        conn.execute(
+            "UPDATE outbox.outbox SET lease_owner = 'someone-else' WHERE tool_call_ref = %s",
+            [elsewhere],
+        )
+        lifecycle.cancel_run(conn, claimed[over_1].run_id, TENANT, actor="test")
+        conn.commit()
+    outcomes = [
+        Outcome(claimed[charged], "retry", error="HTTP 500 from stub", delay_s=30.0),
+        Outcome(claimed[unsent], "retry", error="refused", delay_s=30.0, unsent=True),
+        Outcome(claimed[deferred], "defer", error="over its limit", delay_s=60.0),
+        Outcome(claimed[elsewhere], "retry", error="HTTP 500 from stub", delay_s=30.0),
+        Outcome(claimed[over_1], "retry", error="HTTP 500 from stub", delay_s=30.0),
+        Outcome(claimed[over_2], "retry", error="HTTP 500 from stub", delay_s=30.0),
+    ]
+    applied = dict(zip(refs, write(db_url, outcomes), strict=True))
+
+    assert [applied[r] for r in (charged, unsent, deferred)] == ["retry_scheduled"] * 3
+    assert [applied[r] for r in (elsewhere, over_1, over_2)] == ["fenced"] * 3
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        rows = {
+            ref: (status, failures, round(delay))
+            for ref, status, failures, delay in conn.execute(
+                "SELECT tool_call_ref, status, failures,"
+                " extract(epoch FROM available_at - now()) FROM outbox.outbox"
+            ).fetchall()
+        }
+        calls = {
+            ref: (status, dispatched)
+            for ref, status, dispatched in conn.execute(
+                "SELECT id, status, dispatched_attempt FROM outbox.tool_calls"
+            ).fetchall()
+        }
+        retried = conn.execute(
+            "SELECT tool_call_ref, attempt, worker, detail FROM outbox.journal"
+            " WHERE event = 'tool_call.retry_scheduled' ORDER BY tool_call_ref"
+        ).fetchall()
+    assert rows[charged] == ("ready", 1, 30)
+    assert rows[unsent] == ("ready", 1, 30)  # unsent, but no deadline: charged
+    assert rows[deferred] == ("ready", 0, 60)
+    assert rows[elsewhere][0] == "leased"
+    assert over_1 not in rows and over_2 not in rows  # their run is over: dropped
+    assert calls[charged] == ("pending", 1)  # the attempt may have reached the tool
+    assert calls[unsent] == ("pending", None)  # it never did: its mark taken back
+    assert calls[over_1][0] == calls[over_2][0] == "cancelled"
+    assert retried == [
+        (charged, 1, WORKER, {"error": "HTTP 500 from stub", "delay_s": 30.0}),
+        (unsent, 1, WORKER, {"error": "refused", "delay_s": 30.0}),
+        (deferred, 1, WORKER, {"error": "over its limit", "delay_s": 60.0}),
+    ]
+    seen = events(db_url)
+    assert seen["write.fenced"] == 3 and seen["tool_call.dropped"] == 2

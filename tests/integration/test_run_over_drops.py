@@ -1,5 +1,5 @@
 """A call whose run is over is never started again nor parked for an operator, whichever
-write of the relay meets it: the claim (``test_deadlines.py``), a retry (``retry_later``),
+write of the relay meets it: the claim (``test_deadlines.py``), a retry (``retry_later_many``),
 a park (``quarantine``) or the rescue of an expired lease (``rescue_expired``). Its queue
 row leaves, its call keeps the attempts made and says why (so its tool message says
 "outcome unknown", never "not executed"), and the drop is journaled with what it was
@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from outbox import history, lifecycle, registry, writer
 from outbox.sql import Queries
@@ -28,10 +29,16 @@ RESCUER = "relay:2:test"
 ERROR = "HTTP 500 from keyed"
 # What each write is given, and what it leaves of a call whose run is over: the call's
 # last error, the journal's event and its detail.
+RETRY = {"attempts": [1], "errors": [ERROR], "delays": [1.0], "charges": [1]} | {
+    "deadlines": [None],
+    "unsent": [False],
+    "answered": [True],
+    "tool_call_ids": ["k1"],
+    "details": [Jsonb({"error": ERROR, "delay_s": 1.0})],
+}
 WRITES: dict[str, tuple[dict[str, Any], str, str, dict[str, Any]]] = {
-    "retry_later": (
-        {"worker": WORKER, "attempt": 1, "error": ERROR, "delay_s": 1.0, "charge": 1}
-        | {"deadline_in_s": None},
+    "retry_later_many": (
+        {"worker": WORKER, **RETRY},
         f"its run is over: not retried; {ERROR}",
         "tool_call.dropped",
         {"reason": "run_over", "instead_of": "retry_later", "error": ERROR, "worker": WORKER},
@@ -86,7 +93,7 @@ def test_a_write_that_meets_a_call_whose_run_is_over_drops_it(db_url, write):
         run, ident = a_leased_call(conn, lease="-1 second")  # run out: the rescue takes it
         lifecycle.cancel_run(conn, run.id, TENANT, actor="test")  # the call in flight
         conn.commit()
-        returned = conn.execute(getattr(Q, write), params | {"id": ident}).fetchall()
+        returned = conn.execute(getattr(Q, write), params | _ident(write, ident)).fetchall()
         # Nothing for the worker to report as written; the rescue names the row it dropped.
         assert returned == (
             [(ident, "tool_call", "dropped", WORKER)] if write == "rescue_expired" else []
@@ -107,12 +114,17 @@ def test_a_write_that_meets_a_call_whose_run_is_over_drops_it(db_url, write):
         assert json.loads(tool["content"])["error"].startswith("outcome unknown: ")
 
 
-@pytest.mark.parametrize("write", ["retry_later", "quarantine"])
+def _ident(write: str, ident: int) -> dict[str, Any]:
+    return {"ids": [ident]} if write == "retry_later_many" else {"id": ident}
+
+
+@pytest.mark.parametrize("write", ["retry_later_many", "quarantine"])
 def test_the_same_write_on_a_live_run_retries_or_parks_the_call_as_ever(db_url, write):
     params = WRITES[write][0]
     with psycopg.connect(db_url) as conn:
         _, ident = a_leased_call(conn, lease="1 minute")
-        assert conn.execute(getattr(Q, write), params | {"id": ident}).fetchall() == [(ident,)]
+        returned = conn.execute(getattr(Q, write), params | _ident(write, ident)).fetchall()
+        assert returned == [(ident,)]
         status = conn.execute("SELECT status FROM outbox.outbox WHERE id = %s", [ident]).fetchone()
-        assert status == ("ready" if write == "retry_later" else "quarantined",)
+        assert status == ("ready" if write == "retry_later_many" else "quarantined",)
         assert journaled(conn, "tool_call.dropped") == []
