@@ -51,12 +51,17 @@ def synopsis() -> list[tuple[list[str], list[str]]]:
         tokens = line.split()[1:]
         options = re.findall(r"--[a-z][a-z-]*", line)
         subs = []
+        alternatives = False  # "list|show NAME": subcommands side by side, not nested
         for token in tokens[1:]:
             if token.startswith(("-", "[-")):
                 break
+            alternatives = alternatives or "|" in token
             subs += [w for w in token.strip("[]").split("|") if re.fullmatch(r"[a-z][a-z-]*", w)]
         for top in tokens[0].split("|"):
-            paths = [[top, sub] for sub in subs] or [[top]]
+            if not alternatives and len(subs) > 1:  # "console users add": one nested command
+                paths = [[top, *subs]]
+            else:
+                paths = [[top, sub] for sub in subs] or [[top]]
             for path in paths:
                 found.append((path, options if len(paths) == 1 else []))
     return found

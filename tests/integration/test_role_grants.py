@@ -150,6 +150,14 @@ CALLS: dict[str, Call] = {
     "console_account_v1": lambda c, s: _is(
         one(c, "SELECT count(*) FROM outbox.console_account_v1('nobody')"), 0
     ),
+    "console_oidc_signed_in_v1": lambda c, s: _is(
+        one(
+            c,
+            "SELECT count(*) FROM outbox.console_oidc_signed_in_v1("
+            "'nobody', repeat('0', 64), 'x', interval '1 hour')",
+        ),
+        0,
+    ),
     "console_session_v1": lambda c, s: _is(
         one(c, "SELECT count(*) FROM outbox.console_session_v1(repeat('0', 64))"), 0
     ),
