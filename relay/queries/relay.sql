@@ -216,6 +216,12 @@ WITH RECURSIVE loads AS (
     -- The calls claimed, in one scan of their ids (not a probe per row).
     SELECT * FROM {s}.tool_calls
     WHERE id = ANY(ARRAY(SELECT tool_call_ref FROM claimed WHERE tool_call_ref IS NOT NULL))
+), approved AS MATERIALIZED (
+    -- The calls' approvals, if they needed one (read by stop and by the approval columns),
+    -- in one scan of the unique tool_call_ref.
+    SELECT a.tool_call_ref, a.id, a.status, a.decided_by, a.reason, a.deadline,
+           a.arguments_digest, a.decided_at, a.created_at
+    FROM {s}.approvals a WHERE a.tool_call_ref = ANY(ARRAY(SELECT id FROM calls))
 ), tools_used AS MATERIALIZED (
     -- Each tool version the calls use, with its tenant's switch, looked up once (a claim
     -- of hundreds of rows names a few tools: a probe of tools and of tool_switches per row
@@ -311,13 +317,7 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
            extract(epoch FROM a.decided_at - a.created_at)::float8 END AS approval_wait_s
 FROM claimed c
 LEFT JOIN calls tc ON tc.id = c.tool_call_ref
-LEFT JOIN LATERAL (
-    -- The call's approval, if it needed one (one lookup by the unique tool_call_ref: read by
-    -- stop and by the approval columns).
-    SELECT a.id, a.status, a.decided_by, a.reason, a.deadline, a.arguments_digest,
-           a.decided_at, a.created_at
-    FROM {s}.approvals a WHERE a.tool_call_ref = tc.id OFFSET 0
-) a ON true
+LEFT JOIN approved a ON a.tool_call_ref = tc.id
 JOIN judged r ON r.id = c.id  -- the row's run, as judged read it
 LEFT JOIN tools_used t
        ON t.used_name = tc.tool_name AND t.used_version IS NOT DISTINCT FROM tc.tool_version
