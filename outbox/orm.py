@@ -358,7 +358,9 @@ class ToolCall(Base):
             ["messages.id", "messages.thread_id", "messages.tenant_id"],
             name="tool_calls_message_fk",
         ),
-        Index("tool_calls_batch", "batch_id"),
+        # the key tool_results references (a result names its own call's batch and run);
+        # batch_id first, so it also serves the lookups of a batch's calls
+        UniqueConstraint("batch_id", "id", "run_id", "tenant_id", name="tool_calls_batch_call_key"),
         Index("tool_calls_message", "message_id"),
         ForeignKeyConstraint(
             ["arguments_ref", "tenant_id"],
@@ -416,17 +418,13 @@ class ToolResult(Base):
     __tablename__ = "tool_results"
     __mapper_args__ = {"primary_key": ["tool_call_ref"]}  # noqa: RUF012 (SQLAlchemy's declarative attribute)
     __table_args__ = (
+        # One key for the call, its batch and its run: one check a result stored, and the
+        # batch exists by the call's own key (tool_calls_batch_fk).
         ForeignKeyConstraint(
-            ["tool_call_ref", "tenant_id"],
-            ["tool_calls.id", "tool_calls.tenant_id"],
-            name="tool_results_call_fk",
+            ["batch_id", "tool_call_ref", "run_id", "tenant_id"],
+            ["tool_calls.batch_id", "tool_calls.id", "tool_calls.run_id", "tool_calls.tenant_id"],
+            name="tool_results_call_batch_fk",
         ),
-        ForeignKeyConstraint(
-            ["batch_id", "run_id", "tenant_id"],
-            ["tool_batches.id", "tool_batches.run_id", "tool_batches.tenant_id"],
-            name="tool_results_batch_fk",
-        ),
-        Index("tool_results_batch", "batch_id"),
         ForeignKeyConstraint(
             ["output_ref", "tenant_id"],
             ["payloads.digest", "payloads.tenant_id"],

@@ -212,6 +212,35 @@ WITH RECURSIVE loads AS (
           WHERE tool_name IS NOT NULL GROUP BY tool_name) used
     WHERE l.scope = used.scope AND l.name = used.name
       AND r.scope = l.scope AND r.name = l.name
+), calls AS MATERIALIZED (
+    -- The calls claimed, in one scan of their ids (not a probe per row).
+    SELECT * FROM {s}.tool_calls
+    WHERE id = ANY(ARRAY(SELECT tool_call_ref FROM claimed WHERE tool_call_ref IS NOT NULL))
+), approved AS MATERIALIZED (
+    -- The calls' approvals, if they needed one (read by stop and by the approval columns),
+    -- in one scan of the unique tool_call_ref.
+    SELECT a.tool_call_ref, a.id, a.status, a.decided_by, a.reason, a.deadline,
+           a.arguments_digest, a.decided_at, a.created_at
+    FROM {s}.approvals a WHERE a.tool_call_ref = ANY(ARRAY(SELECT id FROM calls))
+), tools_used AS MATERIALIZED (
+    -- Each tool version the calls use, with its tenant's switch, looked up once (a claim
+    -- of hundreds of rows names a few tools: a probe of tools and of tool_switches per row
+    -- was a good part of a claim's reads).
+    SELECT k.tool_name AS used_name, k.tool_version AS used_version,
+           k.tenant_id AS used_by, t.*,
+           (SELECT jsonb_build_object('switch', w.tenant_id, 'by', w.switched_by,
+                                      'reason', w.reason)
+            FROM {s}.tool_switches w
+            WHERE w.tool_name = k.tool_name AND w.tenant_id IN (k.tenant_id, '*')
+            ORDER BY w.tenant_id = '*' LIMIT 1) AS switch
+    FROM (SELECT DISTINCT tool_name, tool_version, tenant_id FROM calls) k
+    LEFT JOIN LATERAL (
+        SELECT * FROM {s}.tools t
+        WHERE t.name = k.tool_name AND t.version = k.tool_version
+          AND t.tenant_id IN (k.tenant_id, '*')
+        ORDER BY t.tenant_id = '*'
+        LIMIT 1
+    ) t ON true
 )
 -- The columns of relay.outcomes.Claimed, in its order.
 -- A tool call's payload is left out: its call row holds what it needs, and decoding JSON is
@@ -242,11 +271,7 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
        coalesce(t.refuses_key_in_use, false) AS refuses_key_in_use,
        t.endpoint, t.lookup_endpoint, t.callable, t.timeout_s, t.credential_ref,
        CASE WHEN c.kind = 'tool_call' THEN coalesce(
-           (SELECT jsonb_build_object('switch', w.tenant_id, 'by', w.switched_by,
-                                      'reason', w.reason)
-            FROM {s}.tool_switches w
-            WHERE w.tool_name = tc.tool_name AND w.tenant_id IN (tc.tenant_id, '*')
-            ORDER BY w.tenant_id = '*' LIMIT 1),
+           t.switch,
            CASE WHEN NOT t.enabled THEN jsonb_build_object('disabled_version', t.version) END,
            CASE WHEN a.status <> 'approved' OR a.arguments_digest <> tc.arguments_hash THEN
                jsonb_build_object('approval', a.id, 'status', a.status, 'by', a.decided_by,
@@ -291,27 +316,12 @@ SELECT c.id, c.kind, c.tenant_id, c.thread_id, c.run_id, c.batch_id, c.tool_call
        CASE WHEN a.status = 'approved' THEN
            extract(epoch FROM a.decided_at - a.created_at)::float8 END AS approval_wait_s
 FROM claimed c
-LEFT JOIN (
-    -- The calls claimed, in one scan of their ids (OFFSET 0: not a probe per row).
-    SELECT * FROM {s}.tool_calls
-    WHERE id = ANY(ARRAY(SELECT tool_call_ref FROM claimed WHERE tool_call_ref IS NOT NULL))
-    OFFSET 0
-) tc ON tc.id = c.tool_call_ref
-LEFT JOIN LATERAL (
-    -- The call's approval, if it needed one (one lookup by the unique tool_call_ref: read by
-    -- stop and by the approval columns).
-    SELECT a.id, a.status, a.decided_by, a.reason, a.deadline, a.arguments_digest,
-           a.decided_at, a.created_at
-    FROM {s}.approvals a WHERE a.tool_call_ref = tc.id OFFSET 0
-) a ON true
+LEFT JOIN calls tc ON tc.id = c.tool_call_ref
+LEFT JOIN approved a ON a.tool_call_ref = tc.id
 JOIN judged r ON r.id = c.id  -- the row's run, as judged read it
-LEFT JOIN LATERAL (
-    SELECT * FROM {s}.tools t
-    WHERE t.name = tc.tool_name AND t.version = tc.tool_version
-      AND t.tenant_id IN (tc.tenant_id, '*')
-    ORDER BY t.tenant_id = '*'
-    LIMIT 1
-) t ON true
+LEFT JOIN tools_used t
+       ON t.used_name = tc.tool_name AND t.used_version IS NOT DISTINCT FROM tc.tool_version
+      AND t.used_by = tc.tenant_id
 ORDER BY c.available_at, c.id
 
 -- name: finish

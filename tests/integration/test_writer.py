@@ -252,6 +252,25 @@ def test_tool_result_for_missing_call_is_refused_by_the_database(conn):
         )
 
 
+def test_tool_result_must_name_its_own_calls_batch_and_run(conn):
+    add_tool(conn)
+    mine = writer.record_model_turn(
+        conn,
+        turn(new_run(conn, tools=["lookup_order"]), 1, ("c1", "lookup_order", {"order_id": "1"})),
+    )
+    other_run = new_run(conn, tools=["lookup_order"])
+    other = writer.record_model_turn(
+        conn, turn(other_run, 1, ("c1", "lookup_order", {"order_id": "1"}))
+    )
+    # The call exists and so does the batch named, but it is another call's.
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match="tool_results_call_batch_fk"):
+        conn.execute(
+            "INSERT INTO outbox.tool_results (tool_call_ref, tenant_id, run_id, batch_id, status, "
+            "source) VALUES (%s, %s, %s, %s, 'ok', 'relay')",
+            [mine.tool_call_refs[0], TENANT, other_run.id, other.batch_id],
+        )
+
+
 def test_tool_message_must_answer_a_call_of_the_same_thread(conn):
     add_tool(conn)
     run = new_run(conn, tools=["lookup_order"])

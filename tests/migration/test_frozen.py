@@ -143,6 +143,9 @@ PINNED = {
     "0059_console_oidc.py": "6f1934e0ce581dfb",
     "0059_console_oidc.sql": "0402de096d4e6eef",
     "0059_console_oidc_down.sql": "a05c55efc0581ea0",
+    "0060_results_one_reference.py": "7e3638933cd707ae",
+    "0060_results_one_reference.sql": "49fc10b0dc853b80",
+    "0060_results_one_reference_down.sql": "566cdb36f6c55dd0",
 }
 
 
