@@ -284,11 +284,11 @@ class Connection(asyncio.Protocol):
         "answer",
         "checked",
         "closed",
+        "fd",
         "grace",
         "idle_since",
         "last",
         "loop",
-        "poller",
         "timeout",
         "timer",
         "transport",
@@ -299,7 +299,7 @@ class Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.poller: Any = None
+        self.fd = -1  # its socket's, polled before it is reused (-1: no poll here)
         self.closed = False
         self.answer: Answer | None = None
         self.waiter: asyncio.Future[Answer] | None = None
@@ -316,8 +316,7 @@ class Connection(asyncio.Protocol):
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None and hasattr(select, "poll"):
-            self.poller = select.poll()
-            self.poller.register(sock.fileno(), select.POLLIN)
+            self.fd = sock.fileno()
 
     def data_received(self, data: bytes) -> None:
         answer, waiter = self.answer, self.waiter
@@ -392,11 +391,17 @@ class Connection(asyncio.Protocol):
 
     def usable(self) -> bool:
         """Whether it can carry a request: open, and nothing (the server's end, which asyncio
-        has not read yet) waiting on its socket. Polled as httpcore's backends poll."""
+        has not read yet) waiting on its socket. Polled as httpcore's backends poll, with a
+        poll object made for the check: one kept per connection would be kept for each
+        request in flight too, thousands at once."""
         if self.closed or self.transport is None or self.transport.is_closing():
             return False
+        if self.fd < 0:
+            return True
         try:
-            return self.poller is None or not self.poller.poll(0)
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+            return not poller.poll(0)
         except (OSError, ValueError):
             return False
 
@@ -547,9 +552,9 @@ class Poster:
                 sent["content-type"] = "application/json"
         # The request's bytes are held by the connection only until they are written:
         # while a request waits for its answer (a model turn: seconds to minutes), neither
-        # its encoded body nor the whole request stays alive in this frame.
+        # its encoded body, its headers nor the whole request stays alive in this frame.
         data = [line + _headers(sent, len(content)) + content]
-        del content, json
+        del content, json, headers, sent
         until = math.inf if total is None else asyncio.get_running_loop().time() + total
         connection = self._kept(origin) or await self._connect(
             origin, min(timeout, total or timeout)
