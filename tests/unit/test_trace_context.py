@@ -28,6 +28,16 @@ def test_a_runs_context_is_the_same_in_every_call_and_continues_the_callers():
     }
 
 
+def test_a_runs_headers_are_kept_without_its_context():
+    """With tracing off a request costs a look-up of its run's headers; the run's context
+    behind them is not kept as well (thousands of runs in flight would keep both)."""
+    trace_context.run_context.cache_clear()
+    run = uuid.uuid4()
+    headers = trace_context.run_headers(run, CALLER, None)
+    assert trace_context.run_headers(run, CALLER, None) is headers
+    assert trace_context.run_context.cache_info().currsize == 0
+
+
 def test_a_ratio_sampler_keeps_about_its_share_of_runs_of_their_own(monkeypatch):
     """A run's own trace id is spread over the bits a ratio sampler reads (a uuid4's own
     bits are not: every run would be kept, or none)."""
