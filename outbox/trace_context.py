@@ -130,15 +130,15 @@ def _root_flags(trace_id: int) -> trace.TraceFlags:
     """Whether a run of its own trace is sampled: as the installed sampler decides, else as
     the one ``OTEL_TRACES_SAMPLER`` names when traces are wanted (a relay that only names
     the spans the trace exporter builds decides as the exporter will: the samplers decide
-    by trace id alone), else sampled (for the tools' and models' own spans)."""
-    from opentelemetry.sdk.trace.sampling import Decision
-
+    by trace id alone), else sampled (for the tools' and models' own spans). With no
+    sampler the SDK is not imported: a relay with traces off never needs it (a megabyte)."""
     sampler = _provider.sampler if _provider is not None else _env_sampler()
-    sampled = (
-        sampler is None
-        or sampler.should_sample(otel_context.Context(), trace_id, "invoke_agent").decision
-        is Decision.RECORD_AND_SAMPLE
-    )
+    sampled = sampler is None
+    if not sampled:
+        from opentelemetry.sdk.trace.sampling import Decision
+
+        decision = sampler.should_sample(otel_context.Context(), trace_id, "invoke_agent")
+        sampled = decision.decision is Decision.RECORD_AND_SAMPLE
     return trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else trace.TraceFlags.DEFAULT)
 
 
