@@ -405,20 +405,21 @@ class Connection(asyncio.Protocol):
         except (OSError, ValueError):
             return False
 
-    async def request(
+    def send(
         self,
         data: list[bytes],
         timeout: float,
         max_body: int | None = None,
         enough: Enough | None = None,
         until: float = math.inf,
-    ) -> Answer:
+    ) -> asyncio.Future[Answer]:
         """Send ``data`` (a whole request, taken out of the list so that nothing keeps it
-        while the answer is awaited) and wait for its whole answer (or the first
-        ``max_body`` bytes of its body, or what ``enough`` says is enough: ``Answer``); no
-        bytes may arrive for ``timeout`` seconds, and the answer must be in by ``until``
-        (the loop's time). Either passed is a timeout only once what the connection holds
-        has been read (``_expire``)."""
+        while the answer is awaited); the future of its whole answer (or of the first
+        ``max_body`` bytes of its body, or of what ``enough`` says is enough: ``Answer``),
+        to await, then ``release`` in any case. No bytes may arrive for ``timeout``
+        seconds, and the answer must be in by ``until`` (the loop's time). Either passed is
+        a timeout only once what the connection holds has been read (``_expire``). A
+        function, not a coroutine: one more frame kept by every request in flight."""
         if self.closed or self.transport is None:  # ended by the server since it was opened
             raise httpx2.ConnectError("the server closed the connection before the request")
         loop = self.loop = asyncio.get_running_loop()
@@ -427,16 +428,18 @@ class Connection(asyncio.Protocol):
         self.last = loop.time()
         self.timer = loop.call_at(min(self.last + timeout, until), self._expire)
         self.transport.write(data.pop())  # the transport copies what it cannot send at once
-        try:
-            return await self.waiter
-        finally:  # the answer is the caller's now, not the idle connection's to keep
-            self.answer = self.waiter = None
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
-            if self.grace is not None:
-                self.grace.cancel()
-                self.grace = None
+        return self.waiter
+
+    def release(self) -> None:
+        """The request is over (answered, failed or cancelled): its answer is the caller's
+        now, not the idle connection's to keep, and its timers end."""
+        self.answer = self.waiter = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.grace is not None:
+            self.grace.cancel()
+            self.grace = None
 
     def settled(self) -> bool:
         """Open, with the whole request sent: a server may answer before it has read the
@@ -561,7 +564,10 @@ class Poster:
         )
         self.busy.add(connection)
         try:
-            answer = await connection.request(data, timeout, max_body, enough, until)
+            try:
+                answer = await connection.send(data, timeout, max_body, enough, until)
+            finally:
+                connection.release()
         except BaseException:
             connection.close()
             raise

@@ -54,6 +54,16 @@ def awaited_locals(task: asyncio.Task[Any]) -> list[Any]:
     return found
 
 
+def awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """The coroutines of ``task``'s chain of awaits, outermost first."""
+    names = []
+    awaited: Any = task.get_coro()
+    while getattr(awaited, "cr_frame", None) is not None:
+        names.append(awaited.__qualname__)
+        awaited = awaited.cr_await
+    return names
+
+
 def request_parts(values: list[Any]) -> list[Any]:
     """Of ``values``, the request's encoded parts: its bytes (the body holds the history's
     ``"hi"``) and its headers (a dict with ``authorization``)."""
@@ -107,6 +117,9 @@ async def held_while_waiting(window: context.Window | None) -> list[bool]:
         gc.collect()
         held = [ref() is not None for ref in watched]
         assert request_parts(awaited_locals(call)) == []
+        # The poster awaits the answer's future itself: each coroutine is a frame more,
+        # kept by every request in flight.
+        assert awaiting(call)[-1] == "Poster.post"
         release.set()
         answer, compacted = await asyncio.wait_for(call, 10)
         assert (answer.content, compacted) == ("done", None)
