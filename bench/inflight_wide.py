@@ -21,9 +21,11 @@ each fake's count of idempotency keys seen twice (must be 0).
 ``--curve`` runs one case per point and writes a PNG of CPU per run (relays, PostgreSQL)
 against runs in flight. ``--tracemalloc FRAMES`` traces the relays' Python heap
 (``bench.relay_heap``) and prints what it held per run in flight, by traceback (the case's
-CPU and memory figures are then not the relay's). Without ``OUTBOX_DATABASE_URL`` the cases run on an embedded server
-of this bench's own (``$OUTBOX_HOME``, default ``.outbox-wide``), started with
-``max_connections`` for every relay (``MAX_CONNECTIONS``).
+CPU and memory figures are then not the relay's).
+
+Without ``OUTBOX_DATABASE_URL`` the cases run on an embedded server of this bench's own
+(``$OUTBOX_HOME``, default ``.outbox-wide``), started with ``max_connections`` for every
+relay (``MAX_CONNECTIONS``).
 """
 
 from __future__ import annotations
