@@ -19,9 +19,13 @@ flight (the peak less the relays' memory at the first lease, over N); and duplic
 each fake's count of idempotency keys seen twice (must be 0).
 
 ``--curve`` runs one case per point and writes a PNG of CPU per run (relays, PostgreSQL)
-against runs in flight. Without ``OUTBOX_DATABASE_URL`` the cases run on an embedded server
-of this bench's own (``$OUTBOX_HOME``, default ``.outbox-wide``), started with
-``max_connections`` for every relay (``MAX_CONNECTIONS``).
+against runs in flight. ``--tracemalloc FRAMES`` traces the relays' Python heap
+(``bench.relay_heap``) and prints what it held per run in flight, by traceback (the case's
+CPU and memory figures are then not the relay's).
+
+Without ``OUTBOX_DATABASE_URL`` the cases run on an embedded server of this bench's own
+(``$OUTBOX_HOME``, default ``.outbox-wide``), started with ``max_connections`` for every
+relay (``MAX_CONNECTIONS``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import json
 import math
 import os
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -44,7 +49,7 @@ import psutil
 import psycopg
 
 from bench import db as bdb
-from bench import inflight, report, seed
+from bench import inflight, relay_heap, report, seed
 from bench.throughput import REPO, stderr
 from outbox import writer
 from outbox.schemas import ModelOptions, StartRun
@@ -183,15 +188,63 @@ def start_runs(
         raise errors[0]
 
 
-def start_relays(url: str, relays: int, concurrency: int, log_path: Path) -> list[Any]:
+def start_relays(
+    url: str, relays: int, concurrency: int, log_path: Path, heap: HeapTrace | None = None
+) -> list[Any]:
+    """``relays`` relay processes; with ``heap``, each traced (``bench.relay_heap``)."""
     env = {**os.environ, "OUTBOX_DATABASE_URL": url, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "outbox.commands", "relay", "--processes", "1"]
-    command += ["--concurrency", str(concurrency), "--log-level", "WARNING"]
+    options = ["relay", "--processes", "1", "--concurrency", str(concurrency)]
+    options += ["--log-level", "WARNING"]
     started = []
     with open(log_path, "ab") as log:
-        for _ in range(relays):
+        for n in range(relays):
+            command = [sys.executable, "-m", "outbox.commands", *options]
+            if heap is not None:
+                command = [sys.executable, "-m", "bench.relay_heap", str(heap.directory(n))]
+                command += [str(heap.frames), *options]
             started.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=log))
     return started
+
+
+class HeapTrace:
+    """The relays' heaps traced (``--tracemalloc``): snapshots at the first lease, once
+    every first model turn was sent (all runs waiting for their model), once every tool
+    call was (waiting for their tools), and at the peak, in ``root``."""
+
+    SNAPSHOT_WAIT_S = 120.0  # a snapshot of a heap of a few hundred MB takes seconds
+
+    def __init__(self, root: Path, frames: int) -> None:
+        self.root, self.frames = root, frames
+
+    def directory(self, relay: int) -> Path:
+        return self.root / f"relay-{relay}"
+
+    def take(self, relays: list[Any], number: int) -> None:
+        """Snapshot ``number`` of every relay (a SIGUSR1 each), once written."""
+        for relay in relays:
+            relay.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + self.SNAPSHOT_WAIT_S
+        for n in range(len(relays)):
+            while not (self.directory(n) / f"{number}.snap").exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"relay {n} wrote no heap snapshot {number}")
+                time.sleep(0.05)
+
+    def report(self, relays: int, runs: int) -> str:
+        """Each relay's breakdown: all runs waiting, and the peak, against the first lease."""
+        parts = []
+        for n in range(relays):
+            where = self.directory(n)
+            share = math.ceil(runs / relays)
+            for title, name in (
+                ("every first turn sent", "2.snap"),
+                ("every tool call sent", "3.snap"),
+                ("peak", "peak.snap"),
+            ):
+                if (where / name).exists():
+                    parts.append(f"relay {n}, {title}, against the first lease ({where}):")
+                    parts.append(relay_heap.breakdown(where / "1.snap", where / name, share))
+        return "\n".join(parts)
 
 
 def measure(
@@ -204,8 +257,10 @@ def measure(
     log_path: Path,
     message_kb: float = 0,
     truncation: str = "auto",
+    heap: HeapTrace | None = None,
 ) -> dict[str, Any]:
-    """One case; its figures (the module docstring)."""
+    """One case; its figures (the module docstring); with ``heap``, the relays' heaps
+    traced (their CPU and memory figures are then not theirs)."""
     ideal = 2 * model_s + tool_s
     concurrency = inflight.concurrency_for(math.ceil(runs / relays), CALLS)
     inflight.settle_sockets()
@@ -216,9 +271,9 @@ def measure(
                 endpoint = f"{fake.url}/tools/{tool_of(shard)}"
                 seed.register_http_tool(url, tool_of(shard), endpoint, timeout_s=120)
             start_runs(url, runs, fakes, message_kb, truncation)
-            processes = start_relays(url, relays, concurrency, log_path)
+            processes = start_relays(url, relays, concurrency, log_path, heap)
             try:
-                figures = watch(url, processes, fakes, runs, ideal, log_path)
+                figures = watch(url, processes, fakes, runs, ideal, log_path, heap)
             finally:
                 for relay in processes:
                     if relay.poll() is None:
@@ -259,8 +314,10 @@ def watch(
     runs: int,
     ideal: float,
     log_path: Path,
+    heap: HeapTrace | None = None,
 ) -> dict[str, Any]:
-    """The figures of the runs' drain, clocked from the first lease to the last run done."""
+    """The figures of the runs' drain, clocked from the first lease to the last run done;
+    with ``heap``, the relays' heap snapshots taken on the way."""
     processes = [psutil.Process(relay.pid) for relay in relays]
 
     def relay_cpu() -> float:
@@ -280,6 +337,9 @@ def watch(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no relay leased a row; see {log_path}")
             time.sleep(0.01)
+        if heap is not None:
+            heap.take(relays, 1)
+        taken = 1 if heap is not None else 3  # the snapshots taken (HeapTrace)
         started = time.perf_counter()
         idle_rss = sum(inflight.rss(process) for process in processes)
         postmaster = inflight.postmaster_of(conn)
@@ -296,6 +356,15 @@ def watch(
             check_relays()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the runs did not complete in time; see {log_path}")
+            if taken < 3:
+                assert heap is not None
+                stats = fakes.stats()
+                if taken == 1 and stats["model_requests"] >= runs:
+                    taken = 2  # every run waits in its first model turn
+                    heap.take(relays, taken)
+                elif taken == 2 and stats["tool_requests"] >= CALLS * runs:
+                    taken = 3  # ... then in its tool calls
+                    heap.take(relays, taken)
             if time.monotonic() - shown >= PROGRESS_S:
                 shown = time.monotonic()
                 stats = fakes.stats()
@@ -404,12 +473,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="the runs' truncation option (auto: compacted when over the window, and a "
         "waiting turn keeps its history to send again; disabled: it lets go of it)",
     )
+    parser.add_argument(
+        "--tracemalloc",
+        type=int,
+        metavar="FRAMES",
+        help="trace the relays' Python heap (FRAMES frames an allocation) and print what it "
+        "held per run once every first turn was sent, and at its peak, against the first "
+        "lease; the case's CPU and memory figures are then not the relay's",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--chart", type=Path, help="the PNG of --curve (bench/results/...)")
     args = parser.parse_args(argv)
     args.points = [int(n) for n in args.curve.split(",")] if args.curve else [args.runs]
     if any(n < 1 for n in args.points):
         parser.error("runs in flight must be at least 1")
+    if args.tracemalloc is not None and args.tracemalloc < 1:
+        parser.error("--tracemalloc FRAMES must be at least 1 (25 shows the callers well)")
     return args
 
 
@@ -432,9 +511,23 @@ def main(argv: list[str] | None = None) -> int:
             f"{runs:,} runs in flight: M={model_s:g} s, T={tool_s:g} s, {relays} relay(s), "
             f"{fakes} fake(s); relay log {log}"
         )
+        heap = None
+        if args.tracemalloc:
+            heap = HeapTrace(report.RESULTS / f"relay-heap-{stamp}-{runs}", args.tracemalloc)
         figures = measure(
-            server, runs, relays, fakes, model_s, tool_s, log, args.message_kb, args.truncation
+            server,
+            runs,
+            relays,
+            fakes,
+            model_s,
+            tool_s,
+            log,
+            args.message_kb,
+            args.truncation,
+            heap,
         )
+        if heap is not None:
+            stderr(heap.report(relays, runs))
         stderr(
             f"  {figures['vs_ideal']}x ideal, CPU per run: relay "
             f"{figures['relay_cpu_ms_per_run']} ms, PostgreSQL "

@@ -96,7 +96,7 @@ READ_RESULT_TOOL: dict[str, Any] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Window:
     """What a turn of a run may send, and what the relay needs to compact it.
 

@@ -102,7 +102,7 @@ class Step:
     tokens_left: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Target:
     """Where a turn is sent: a model, the base URL of its server, the API it speaks."""
 
@@ -126,7 +126,7 @@ class Circuit:
         return self.state != "closed"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Choice:
     """Where a turn goes (``target``; None: every server of its chain is behind an open
     circuit, wait ``wait_s``) and why (``route``: None for the run's own model on a first

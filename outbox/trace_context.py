@@ -101,6 +101,12 @@ def caller_span(traceparent: str | None, tracestate: str | None) -> trace.SpanCo
 
 @functools.lru_cache(maxsize=16_384)
 def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> Any:
+    """``new_run_context``, kept for the runs of the moment (every span of a run has the
+    same parent): a span costs a look-up, not a parse."""
+    return new_run_context(run_id, traceparent, tracestate)
+
+
+def new_run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | None) -> Any:
     """The context whose current span is the run's ``invoke_agent`` span (remote: another
     process records it): the parent of every span of the run.
 
@@ -108,8 +114,7 @@ def run_context(run_id: uuid.UUID, traceparent: str | None, tracestate: str | No
     that starts its own is sampled as this process's sampler decides for its trace id,
     which every process decides alike (``OTEL_TRACES_SAMPLER``: a ratio samples by trace
     id), so with sampling on, all of a run's spans are kept or none; off, tools and models
-    are told it is sampled, for their own spans' sake. Kept for the runs of the moment
-    (every span of a run has the same parent): a span costs a look-up, not a parse."""
+    are told it is sampled, for their own spans' sake."""
     parent = _parent(traceparent, tracestate)
     span = trace.SpanContext(
         trace_id=parent.trace_id if parent else own_trace_id(run_id),
@@ -125,15 +130,15 @@ def _root_flags(trace_id: int) -> trace.TraceFlags:
     """Whether a run of its own trace is sampled: as the installed sampler decides, else as
     the one ``OTEL_TRACES_SAMPLER`` names when traces are wanted (a relay that only names
     the spans the trace exporter builds decides as the exporter will: the samplers decide
-    by trace id alone), else sampled (for the tools' and models' own spans)."""
-    from opentelemetry.sdk.trace.sampling import Decision
-
+    by trace id alone), else sampled (for the tools' and models' own spans). With no
+    sampler the SDK is not imported: a relay with traces off never needs it (a megabyte)."""
     sampler = _provider.sampler if _provider is not None else _env_sampler()
-    sampled = (
-        sampler is None
-        or sampler.should_sample(otel_context.Context(), trace_id, "invoke_agent").decision
-        is Decision.RECORD_AND_SAMPLE
-    )
+    sampled = sampler is None
+    if not sampled:
+        from opentelemetry.sdk.trace.sampling import Decision
+
+        decision = sampler.should_sample(otel_context.Context(), trace_id, "invoke_agent")
+        sampled = decision.decision is Decision.RECORD_AND_SAMPLE
     return trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else trace.TraceFlags.DEFAULT)
 
 
@@ -188,8 +193,10 @@ def run_headers(
 ) -> dict[str, str]:
     """``headers`` of the run's own context, the same for every request of the run: what
     tools and models receive with tracing off (kept for the runs of the moment, so a
-    request costs a look-up; never change the dict returned)."""
-    return headers(run_context(run_id, traceparent, tracestate))
+    request costs a look-up; never change the dict returned). Its context is not kept
+    too: with tracing off nothing else asks for it, and a relay with thousands of runs in
+    flight would keep both for each (half a kilobyte a run)."""
+    return headers(new_run_context(run_id, traceparent, tracestate))
 
 
 def headers(context: Any) -> dict[str, str]:

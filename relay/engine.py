@@ -62,7 +62,10 @@ class Engine:
         self.affinity_headers = affinity_headers or {}
         self.finished = finished
         self.started = started
-        self.tasks: set[asyncio.Task[None]] = set()
+        # The effects running, each with its row: a task of the executor's coroutine itself,
+        # no coroutine of ours around it (its frame would be kept by every effect in flight).
+        self.tasks: dict[asyncio.Task[Outcome], Claimed] = {}
+        self._when_done = self._done  # one bound method for every task's callback
         self.http = Poster()
         self.models: dict[tuple[str | None, str], ModelServer] = {}
         self.tools = ToolExecutor(self.http, preparer.mark, threads, preparer.read)
@@ -104,23 +107,26 @@ class Engine:
 
     def _spawn(self, rows: list[Claimed]) -> None:
         for row in rows:
-            task = self.loop.create_task(self._perform(row))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            if not self.started(row):  # the worker is stopping: released unrun
+                self.finished(row, None)
+                continue
+            task = self.loop.create_task(self.executors[row.kind](row))
+            self.tasks[task] = row
+            task.add_done_callback(self._when_done)
 
-    async def _perform(self, row: Claimed) -> None:
-        if not self.started(row):  # the worker is stopping: released unrun
+    def _done(self, task: asyncio.Task[Outcome]) -> None:
+        """An effect ended: its outcome, or a retry if its executor crashed, to ``finished``;
+        cancelled (shutdown after the grace period), its row is released (None)."""
+        row = self.tasks.pop(task)
+        if task.cancelled():
             self.finished(row, None)
             return
-        try:
-            outcome = await self.executors[row.kind](row)
-        except asyncio.CancelledError:
-            self.finished(row, None)  # shutdown after the grace period: released
-            raise
-        except Exception as err:
+        err = task.exception()
+        if err is None:
+            self.finished(row, task.result())
+        elif isinstance(err, Exception):
             log(logger, logging.ERROR, "executor.crashed", error=repr(err), **row.context())
-            outcome = retry(row, f"executor crashed: {type(err).__name__}: {err}")
-        self.finished(row, outcome)
+            self.finished(row, retry(row, f"executor crashed: {type(err).__name__}: {err}"))
 
     def _model_server(self, base_url: str | None) -> ModelServer:
         """The OpenAI-compatible server at ``base_url`` (else ``OPENAI_BASE_URL``, else

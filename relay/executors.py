@@ -265,12 +265,11 @@ class ToolExecutor:
         self, row: Claimed, secret: credentials.Secret | None, trace: dict[str, str]
     ) -> Outcome:
         assert row.endpoint is not None
-        headers = request_headers(row, secret, trace)
         try:
-            response = await self.http.post(
+            response = await self.http.post(  # its headers are let go once sent (Poster)
                 row.endpoint,
                 json=row.arguments,
-                headers=headers,
+                headers=request_headers(row, secret, trace),
                 timeout=row.timeout_s or 30.0,
                 max_body=outbox_config.MAX_PAYLOAD_BYTES,  # read no further than the cap
             )

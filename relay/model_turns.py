@@ -128,24 +128,21 @@ class ModelServer:
         HTTP error, ``httpx2.HTTPError`` when no answer came, ``ModelAnswerTooLarge`` past
         the cap, ``storable.NotStorable`` for JSON PostgreSQL cannot store (``ValueError``
         for no JSON at all)."""
-        headers = {**self.headers, **trace} if trace else self.headers
-        if self.affinity_header and isinstance(body.get("prompt_cache_key"), str):
-            headers = {**headers, self.affinity_header: body["prompt_cache_key"]}
-        # Sent as bytes, and the body let go before the answer is awaited: a turn waits for
-        # seconds to minutes, and its request's dict (the history it posts) is the largest
-        # thing a waiting turn would keep.
-        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-        del body
-        response = await self.poster.post(
+        # Sent as bytes, and the body, its bytes and the headers let go before the answer is
+        # awaited: a turn waits for seconds to minutes, and its request (the history it
+        # posts) is the largest thing a waiting turn would keep. Only the poster's frame
+        # gets them (the coroutine is made here, awaited below), and it lets go of them
+        # once they are handed to the connection.
+        sending = self.poster.post(
             self.base_url + path,
-            content=content,
-            headers=headers
-            if any(name.lower() == "content-type" for name in headers)
-            else {**headers, "content-type": "application/json"},
+            content=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(),
+            headers=self._headers(body, trace),
             timeout=MODEL_TIMEOUT_S,
             max_body=self.max_body,
             repeatable=True,  # a lost turn is retried: it has no effect to settle
         )
+        del body, trace
+        response = await sending
         if response.status_code >= 400:
             raise ModelAnswered(response.status_code, _error_message(response), response)
         if "body_cut_at" in response.extensions:
@@ -154,6 +151,16 @@ class ModelServer:
         if not isinstance(decoded, dict):
             raise ValueError(f"the model answered {type(decoded).__name__}, not a JSON object")
         return decoded
+
+    def _headers(self, body: dict[str, Any], trace: dict[str, str] | None) -> dict[str, str]:
+        """A request's headers: the server's, the trace context, the affinity header, and
+        the body's type."""
+        headers = {**self.headers, **trace} if trace else {**self.headers}
+        if self.affinity_header and isinstance(body.get("prompt_cache_key"), str):
+            headers[self.affinity_header] = body["prompt_cache_key"]
+        if not any(name.lower() == "content-type" for name in headers):
+            headers["content-type"] = "application/json"
+        return headers
 
 
 def _error_message(response: Answered) -> str:

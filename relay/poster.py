@@ -333,11 +333,11 @@ class Connection(asyncio.Protocol):
         "answer",
         "checked",
         "closed",
+        "fd",
         "grace",
         "idle_since",
         "last",
         "loop",
-        "poller",
         "timeout",
         "timer",
         "transport",
@@ -348,7 +348,7 @@ class Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.poller: Any = None
+        self.fd = -1  # its socket's, polled before it is reused (-1: no poll here)
         self.closed = False
         self.answer: Answer | None = None
         self.waiter: asyncio.Future[Answer] | None = None
@@ -365,8 +365,7 @@ class Connection(asyncio.Protocol):
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None and hasattr(select, "poll"):
-            self.poller = select.poll()
-            self.poller.register(sock.fileno(), select.POLLIN)
+            self.fd = sock.fileno()
 
     def data_received(self, data: bytes) -> None:
         answer, waiter = self.answer, self.waiter
@@ -441,28 +440,35 @@ class Connection(asyncio.Protocol):
 
     def usable(self) -> bool:
         """Whether it can carry a request: open, and nothing (the server's end, which asyncio
-        has not read yet) waiting on its socket. Polled as httpcore's backends poll."""
+        has not read yet) waiting on its socket. Polled as httpcore's backends poll, with a
+        poll object made for the check: one kept per connection would be kept for each
+        request in flight too, thousands at once."""
         if self.closed or self.transport is None or self.transport.is_closing():
             return False
+        if self.fd < 0:
+            return True
         try:
-            return self.poller is None or not self.poller.poll(0)
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+            return not poller.poll(0)
         except (OSError, ValueError):
             return False
 
-    async def request(
+    def send(
         self,
         data: list[bytes],
         timeout: float,
         max_body: int | None = None,
         enough: Enough | None = None,
         until: float = math.inf,
-    ) -> Answer:
+    ) -> asyncio.Future[Answer]:
         """Send ``data`` (a whole request, taken out of the list so that nothing keeps it
-        while the answer is awaited) and wait for its whole answer (or the first
-        ``max_body`` bytes of its body, or what ``enough`` says is enough: ``Answer``); no
-        bytes may arrive for ``timeout`` seconds, and the answer must be in by ``until``
-        (the loop's time). Either passed is a timeout only once what the connection holds
-        has been read (``_expire``)."""
+        while the answer is awaited); the future of its whole answer (or of the first
+        ``max_body`` bytes of its body, or of what ``enough`` says is enough: ``Answer``),
+        to await, then ``release`` in any case. No bytes may arrive for ``timeout``
+        seconds, and the answer must be in by ``until`` (the loop's time). Either passed is
+        a timeout only once what the connection holds has been read (``_expire``). A
+        function, not a coroutine: one more frame kept by every request in flight."""
         if self.closed or self.transport is None:  # ended by the server since it was opened
             raise httpx2.ConnectError("the server closed the connection before the request")
         loop = self.loop = asyncio.get_running_loop()
@@ -471,16 +477,18 @@ class Connection(asyncio.Protocol):
         self.last = loop.time()
         self.timer = loop.call_at(min(self.last + timeout, until), self._expire)
         self.transport.write(data.pop())  # the transport copies what it cannot send at once
-        try:
-            return await self.waiter
-        finally:  # the answer is the caller's now, not the idle connection's to keep
-            self.answer = self.waiter = None
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
-            if self.grace is not None:
-                self.grace.cancel()
-                self.grace = None
+        return self.waiter
+
+    def release(self) -> None:
+        """The request is over (answered, failed or cancelled): its answer is the caller's
+        now, not the idle connection's to keep, and its timers end."""
+        self.answer = self.waiter = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.grace is not None:
+            self.grace.cancel()
+            self.grace = None
 
     def settled(self) -> bool:
         """Open, with the whole request sent: a server may answer before it has read the
@@ -598,16 +606,19 @@ class Poster:
                 sent["content-type"] = "application/json"
         # The request's bytes are held by the connection only until they are written:
         # while a request waits for its answer (a model turn: seconds to minutes), neither
-        # its encoded body nor the whole request stays alive in this frame.
+        # its encoded body, its headers nor the whole request stays alive in this frame.
         data = [line + _headers(sent, len(content)) + content]
-        del content, json
+        del content, json, headers, sent
         until = math.inf if total is None else asyncio.get_running_loop().time() + total
         connection = self._kept(
             origin, REPEATABLE_IDLE_S if repeatable else IDLE_S
         ) or await self._connect(origin, min(timeout, total or timeout))
         self.busy.add(connection)
         try:
-            answer = await connection.request(data, timeout, max_body, enough, until)
+            try:
+                answer = await connection.send(data, timeout, max_body, enough, until)
+            finally:
+                connection.release()
         except BaseException:
             connection.close()
             raise

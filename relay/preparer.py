@@ -45,7 +45,7 @@ logger = logging.getLogger("relay.preparer")
 BATCH_MAX = 512  # most requests served by one round of statements
 
 
-@dataclass
+@dataclass(slots=True)
 class Turn:
     """What a model call needs: the run (its ``model``, ``base_url`` and ``api`` those of the
     chosen target), its history in that API's format, its tools (registry rows by name;

@@ -44,6 +44,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -409,7 +410,7 @@ class Worker:
             # An older claim query (bench.claim_cost) may leave the last columns out.
             missing = Claimed._fields[len(found[0]) : -1] if found else ()
             fill = tuple(Claimed._field_defaults[name] for name in missing)
-            rows = [Claimed._make((*r, *fill, now)) for r in found]
+            rows = [Claimed._make(_shared((*r, *fill, now))) for r in found]
         if rows:
             failpoints.hit("claim.after_commit")
         io_rows = sum(1 for row in rows if not runs_in_chunks(row))
@@ -588,6 +589,24 @@ class Worker:
             log(logger, logging.WARNING, "relay.release_failed", error=str(err))
         finally:
             link.close()
+
+
+# Columns of a claimed row that take few values (a kind, a tenant, a tool and its mode,
+# executor and endpoint, a model): each row a string of its own otherwise, kept by every
+# effect in flight.
+SHARED = ("kind", "tenant_id", "tool_name", "idempotency_mode", "executor", "endpoint", "model")
+SHARED_COLUMNS = tuple(Claimed._fields.index(name) for name in SHARED)
+
+
+def _shared(values: tuple[Any, ...]) -> list[Any]:
+    """A claimed row's values with the strings of ``SHARED_COLUMNS`` interned: a row of
+    thousands in flight shares them with the others (hundreds of bytes a tool call)."""
+    row = list(values)
+    for i in SHARED_COLUMNS:
+        value = row[i]
+        if value.__class__ is str:
+            row[i] = sys.intern(value)
+    return row
 
 
 # The collector's thresholds in a relay worker process (gc.set_threshold): a young

@@ -175,6 +175,24 @@ def test_a_result_updates_its_call_without_writing_an_index_entry(db_url, python
     assert hot == 20  # an index on a column the update changes would make this 0
 
 
+def test_claimed_rows_share_the_strings_of_few_values(db_url):
+    """Every effect in flight keeps its claimed row, thousands at once: its kind, tenant,
+    tool, mode, executor and endpoint are one string for all rows, not one a row."""
+    with psycopg.connect(db_url) as conn:
+        spec = registry.ToolSpec(name="remote", executor="http", endpoint="http://127.0.0.1:9")
+        registry.register(conn, spec)
+        conn.commit()
+    seed(db_url, ["remote"], runs=2, calls_per_batch=2, args=lambda n: {"n": n})
+    worker = Worker(config(db_url))
+    link = worker.claim_link()
+    first, *others = worker._claim(link, 10)
+    link.close()
+    assert len(others) == 3
+    for name in ("kind", "tenant_id", "tool_name", "idempotency_mode", "executor", "endpoint"):
+        assert getattr(first, name) is not None
+        assert all(getattr(row, name) is getattr(first, name) for row in others), name
+
+
 def test_claims_never_hold_more_than_both_capacities(db_url, python_tool):
     seed(db_url, [python_tool], runs=3, calls_per_batch=10, args=lambda n: {"n": n})
     worker = Worker(config(db_url, concurrency=2, inprocess_slots=4))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -26,6 +29,28 @@ def test_a_runs_context_is_the_same_in_every_call_and_continues_the_callers():
         f"{trace_context.agent_span_id(run):016x}-01",
         "tracestate": "k=v",
     }
+
+
+def test_a_runs_headers_are_kept_without_its_context():
+    """With tracing off a request costs a look-up of its run's headers; the run's context
+    behind them is not kept as well (thousands of runs in flight would keep both)."""
+    trace_context.run_context.cache_clear()
+    run = uuid.uuid4()
+    headers = trace_context.run_headers(run, CALLER, None)
+    assert trace_context.run_headers(run, CALLER, None) is headers
+    assert trace_context.run_context.cache_info().currsize == 0
+
+
+def test_a_relay_with_traces_off_never_imports_the_sdk():
+    """A megabyte of a relay's memory, which its runs in flight would seem to hold."""
+    code = (
+        "import sys, uuid\n"
+        "from outbox import trace_context\n"
+        "trace_context.run_headers(uuid.uuid4(), None, None)\n"
+        "assert 'opentelemetry.sdk.trace' not in sys.modules\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
 def test_a_ratio_sampler_keeps_about_its_share_of_runs_of_their_own(monkeypatch):

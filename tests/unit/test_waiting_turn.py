@@ -42,9 +42,44 @@ class Watched(dict[str, Any]):
     cannot)."""
 
 
+def awaited_locals(task: asyncio.Task[Any]) -> list[Any]:
+    """The local variables of every frame of ``task``'s chain of awaits, outermost first."""
+    found = []
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None)
+        if frame is not None:
+            found += list(frame.f_locals.values())
+        awaited = getattr(awaited, "cr_await", None)
+    return found
+
+
+def awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """The coroutines of ``task``'s chain of awaits, outermost first."""
+    names = []
+    awaited: Any = task.get_coro()
+    while getattr(awaited, "cr_frame", None) is not None:
+        names.append(awaited.__qualname__)
+        awaited = awaited.cr_await
+    return names
+
+
+def request_parts(values: list[Any]) -> list[Any]:
+    """Of ``values``, the request's encoded parts: its bytes (the body holds the history's
+    ``"hi"``) and its headers (a dict with ``authorization``)."""
+    return [
+        value
+        for value in values
+        if (isinstance(value, bytes | bytearray) and b'"hi"' in value)
+        or (isinstance(value, dict) and "authorization" in value)
+        or (isinstance(value, list) and any(isinstance(v, bytes) for v in value))
+    ]
+
+
 async def held_while_waiting(window: context.Window | None) -> list[bool]:
     """Whether the turn's history or its tools are still alive while its model holds the
-    answer back."""
+    answer back; and that no frame awaiting the answer holds the request's bytes or
+    headers (what it sent, encoded)."""
     received = asyncio.Event()
     release = asyncio.Event()
 
@@ -81,6 +116,10 @@ async def held_while_waiting(window: context.Window | None) -> list[bool]:
         await asyncio.wait_for(received.wait(), 10)
         gc.collect()
         held = [ref() is not None for ref in watched]
+        assert request_parts(awaited_locals(call)) == []
+        # The poster awaits the answer's future itself: each coroutine is a frame more,
+        # kept by every request in flight.
+        assert awaiting(call)[-1] == "Poster.post"
         release.set()
         answer, compacted = await asyncio.wait_for(call, 10)
         assert (answer.content, compacted) == ("done", None)
