@@ -29,7 +29,9 @@ def test_the_heap_of_runs_in_flight_is_broken_down_by_traceback(server_url):
         assert f"relay 0, {moment}, against the first lease" in done.stderr
     assert "bytes a run" in done.stderr
     assert "-- by traceback, bytes a run" in done.stderr
-    assert "relay/poster.py" in done.stderr  # a connection per request in flight
+    # the relay's own lines among them (which ones lead at 20 runs moves with the timing)
+    tracebacks = done.stderr.split("-- by traceback, bytes a run", 1)[1]
+    assert "relay/" in tracebacks
 
 
 def test_tracemalloc_needs_a_frame(server_url):
