@@ -216,6 +216,8 @@ class Completer:
         is open as this transaction's reports left it (``"if_open"``: one read, only when
         such a turn failed). A circuit that closes before the attempt is prepared sends it
         back to its server, which has just answered a probe."""
+        if not any(o.action == "retry" and o.fallback for o in outcomes):
+            return outcomes  # the common completion: nothing to look at again
         maybe = {
             o.server
             for o in outcomes
