@@ -212,6 +212,38 @@ def postgres_cpu_s(postmaster: psutil.Process | None) -> float:
     return float(total)
 
 
+def postgres_cpu_by_kind(postmaster: psutil.Process | None) -> dict[str, float]:
+    """``postgres_cpu_s`` apart by what spent it, from each process's title: the backends
+    (the statements), autovacuum, the checkpointer, WAL writer and background writer, I/O
+    workers, and the processes that ended since the server started (reaped: autovacuum
+    workers above all, and the backends of closed connections)."""
+    if postmaster is None:
+        return {}
+    times = postmaster.cpu_times()
+    kinds = {
+        "postmaster": times.user + times.system,
+        "ended": times.children_user + times.children_system,
+    }
+    for child in postmaster.children():
+        try:
+            title = " ".join(child.cmdline())
+            child_times = child.cpu_times()
+        except psutil.Error:
+            continue
+        kinds[_postgres_kind(title)] = (
+            kinds.get(_postgres_kind(title), 0.0) + child_times.user + child_times.system
+        )
+    return kinds
+
+
+def _postgres_kind(title: str) -> str:
+    name = title.removeprefix("postgres: ")
+    for kind in ("autovacuum", "checkpointer", "walwriter", "background writer", "io worker"):
+        if name.startswith(kind):
+            return kind
+    return "backends" if "(" in name or "[local]" in name else "other"
+
+
 def cpu_s(process: psutil.Process) -> float:
     """The relay's CPU seconds: its process and its workers, not the trace exporter it may
     have started beside it (``exporter_cpu_s``)."""

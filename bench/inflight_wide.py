@@ -49,7 +49,7 @@ import psutil
 import psycopg
 
 from bench import db as bdb
-from bench import inflight, relay_heap, report, seed
+from bench import inflight, relay_heap, report, seed, statements
 from bench.throughput import REPO, stderr
 from outbox import writer
 from outbox.schemas import ModelOptions, StartRun
@@ -88,7 +88,7 @@ def server_url() -> str:
     if url:
         return url
     home = Path(os.environ.get("OUTBOX_HOME") or REPO / ".outbox-wide")
-    return bdb.own_server(home, {"max_connections": MAX_CONNECTIONS})
+    return bdb.own_server(home, {"max_connections": MAX_CONNECTIONS, **statements.SETTINGS})
 
 
 def tool_of(shard: int) -> str:
@@ -258,9 +258,11 @@ def measure(
     message_kb: float = 0,
     truncation: str = "auto",
     heap: HeapTrace | None = None,
+    top: int | None = None,
 ) -> dict[str, Any]:
     """One case; its figures (the module docstring); with ``heap``, the relays' heaps
-    traced (their CPU and memory figures are then not theirs)."""
+    traced (their CPU and memory figures are then not theirs); with ``top``, the costs of
+    the statements run from the first lease (``statements``)."""
     ideal = 2 * model_s + tool_s
     concurrency = inflight.concurrency_for(math.ceil(runs / relays), CALLS)
     inflight.settle_sockets()
@@ -273,7 +275,7 @@ def measure(
             start_runs(url, runs, fakes, message_kb, truncation)
             processes = start_relays(url, relays, concurrency, log_path, heap)
             try:
-                figures = watch(url, processes, fakes, runs, ideal, log_path, heap)
+                figures = watch(url, processes, fakes, runs, ideal, log_path, heap, top)
             finally:
                 for relay in processes:
                     if relay.poll() is None:
@@ -315,9 +317,11 @@ def watch(
     ideal: float,
     log_path: Path,
     heap: HeapTrace | None = None,
+    top: int | None = None,
 ) -> dict[str, Any]:
     """The figures of the runs' drain, clocked from the first lease to the last run done;
-    with ``heap``, the relays' heap snapshots taken on the way."""
+    with ``heap``, the relays' heap snapshots taken on the way; with ``top``, the
+    statements' costs over that time."""
     processes = [psutil.Process(relay.pid) for relay in relays]
 
     def relay_cpu() -> float:
@@ -339,11 +343,14 @@ def watch(
             time.sleep(0.01)
         if heap is not None:
             heap.take(relays, 1)
+        if top is not None:
+            statements.reset(url)
         taken = 1 if heap is not None else 3  # the snapshots taken (HeapTrace)
         started = time.perf_counter()
         idle_rss = sum(inflight.rss(process) for process in processes)
         postmaster = inflight.postmaster_of(conn)
         relay_before, pg_before = relay_cpu(), inflight.postgres_cpu_s(postmaster)
+        kinds_before = inflight.postgres_cpu_by_kind(postmaster)
         fakes_before = fakes.cpu_s()
         sampler = inflight.Sampler(url, processes)
         sampler.start()
@@ -378,14 +385,21 @@ def watch(
         wall = time.perf_counter() - started
         relay_s = relay_cpu() - relay_before
         pg_s = inflight.postgres_cpu_s(postmaster) - pg_before
+        kinds = inflight.postgres_cpu_by_kind(postmaster)
         fakes_s = fakes.cpu_s() - fakes_before
         sampler.stop.set()
         sampler.join()
+    costs = statements.costs(list(statements.snapshot(url)), runs) if top is not None else []
     return {
+        "statements": costs,
         "wall_s": round(wall, 2),
         "relay_cpu_ms_per_run": round(1000 * relay_s / runs, 3),
         "postgres_cpu_ms_per_run": round(1000 * pg_s / runs, 3),
         "fakes_cpu_ms_per_run": round(1000 * fakes_s / runs, 3),
+        "postgres_cpu_ms_per_run_by_kind": {
+            kind: round(1000 * (spent - kinds_before.get(kind, 0.0)) / runs, 3)
+            for kind, spent in sorted(kinds.items())
+        },
         "max_db_connections": sampler.max_connections,
         "peak_relay_rss_mb": round(sampler.max_rss / 2**20, 1),
         "kb_per_run_in_flight": round(max(0, sampler.max_rss - idle_rss) / 1024 / runs, 2),
@@ -407,6 +421,22 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"{r['postgres_cpu_ms_per_run']} · {r['fakes_cpu_ms_per_run']} ms | "
             f"{r['peak_relay_rss_mb']} MB · {r['kb_per_run_in_flight']} kB | "
             f"{r['duplicates']} |"
+        )
+    return "\n".join(lines)
+
+
+def statements_table(costs: list[dict[str, Any]], top: int) -> str:
+    """The ``top`` statements by execution time a run: calls, buffers and time."""
+    lines = [
+        f"  {'statement':<48} {'top':>3} {'calls/run':>9} {'buf/call':>8} "
+        f"{'ms/call':>8} {'ms/run':>7}"
+    ]
+    for s in sorted(costs, key=lambda s: -float(s["exec_ms_per_run"]))[:top]:
+        calls = float(s["calls_per_run"])
+        per_call = float(s["exec_ms_per_run"]) / calls if calls else 0.0
+        lines.append(
+            f"  {s['statement'][:48]:<48} {'y' if s['toplevel'] else 'n':>3} {calls:>9} "
+            f"{s['buffers_per_call']:>8} {per_call:>8.3f} {s['exec_ms_per_run']:>7}"
         )
     return "\n".join(lines)
 
@@ -481,6 +511,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "held per run once every first turn was sent, and at its peak, against the first "
         "lease; the case's CPU and memory figures are then not the relay's",
     )
+    parser.add_argument(
+        "--statements",
+        type=int,
+        metavar="TOP",
+        help="also print the TOP statements by execution time a run, with their calls, "
+        "buffers and time a call (pg_stat_statements, reset at the first lease; the bench's "
+        "own server loads it)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--chart", type=Path, help="the PNG of --curve (bench/results/...)")
     args = parser.parse_args(argv)
@@ -525,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
             args.message_kb,
             args.truncation,
             heap,
+            args.statements,
         )
         if heap is not None:
             stderr(heap.report(relays, runs))
@@ -535,6 +574,14 @@ def main(argv: list[str] | None = None) -> int:
             f"ms; {figures['kb_per_run_in_flight']} kB per run in flight; "
             f"{figures['duplicates']} duplicates"
         )
+        stderr(
+            "  PostgreSQL CPU per run by process: "
+            + ", ".join(
+                f"{kind} {ms} ms" for kind, ms in figures["postgres_cpu_ms_per_run_by_kind"].items()
+            )
+        )
+        if args.statements:
+            stderr(statements_table(figures["statements"], args.statements))
         results.append(figures)
     print(markdown(results))
     if args.curve:

@@ -103,7 +103,7 @@ def measure_case(
                 relay,
                 log,
             )
-            conn.execute("SELECT pg_stat_statements_reset()")
+        reset(url)
         figures = watch(url, relay, *args, **kwargs)
         taken.extend(snapshot(url))
         return figures
@@ -114,6 +114,20 @@ def measure_case(
         figures = inflight.measure(server_url, runs, model_s, tool_s, calls, concurrency, log)
     finally:
         inflight._watch = watch
+    return {"figures": figures, "statements": costs(taken, runs)}
+
+
+def reset(url: str) -> None:
+    """Statistics from now on (the extension made if it is not)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("SELECT pg_stat_statements_reset()")
+
+
+def costs(
+    taken: list[tuple[str, bool, int, int, int, int, float]], runs: int
+) -> list[dict[str, Any]]:
+    """Per statement (by name), what it cost per run and per call, the most buffers first."""
     known = names()
     rows: dict[tuple[str, bool], list[float]] = {}
     for query, toplevel, n, blocks, returned, wal, ms in taken:
@@ -134,7 +148,7 @@ def measure_case(
         for (name, toplevel), (n, blocks, returned, wal, ms) in rows.items()
     ]
     statements.sort(key=lambda s: -float(s["buffers_per_call"]) * float(s["calls_per_run"]))
-    return {"figures": figures, "statements": statements}
+    return statements
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,11 @@
 """Maintenance: the side thread that keeps leases alive and takes back what others lost.
 
-Every ``min(lease / 3, rescue interval)`` it heartbeats the leases of every row this worker
-holds in one statement, extending those with less than two thirds of their term and one
-round left (rows a completion holds are skipped, not waited for), and every
+Every ``min(lease / 3, rescue interval)`` it heartbeats, in one statement, the leases of
+the rows this worker holds with less than two thirds of their term and one round left
+(rows a completion holds are skipped, not waited for): the worker keeps when each lease
+ends by its own clock, counted from before the statement that set it, so it never thinks
+a lease ends later than the database does, and it names only those that may be due
+rather than every row it holds. Every
 rescue interval it takes back expired leases of any worker (``rescue_expired``: ready
 again with no attempt charged, or quarantined once leases of a row were lost
 ``max_lost_leases`` times), re-enqueues deliveries of complete batches that never happened,
@@ -50,9 +53,11 @@ T = TypeVar("T")
 
 
 class Maintenance:
-    """``loop()`` is the thread's body. ``in_flight()`` lists the ids of rows this worker
-    holds; ``wake`` is set when rows became due; ``tick()`` runs first on every round (the
-    worker's own checks); the loop ends when ``finished`` is set."""
+    """``loop()`` is the thread's body. ``due(seconds)`` lists the ids of rows this worker
+    holds whose lease may end within that time; ``extended(ids, sent)`` tells it which a
+    heartbeat sent at ``sent`` (monotonic) extended; ``wake`` is set when rows became due;
+    ``tick()`` runs first on every round (the worker's own checks); the loop ends when
+    ``finished`` is set."""
 
     def __init__(
         self,
@@ -60,7 +65,8 @@ class Maintenance:
         q: Queries,
         metrics: Metrics,
         make_link: Callable[..., Link],
-        in_flight: Callable[[], list[int]],
+        due: Callable[[float], list[int]],
+        extended: Callable[[list[int], float], None],
         wake: threading.Event,
         finished: threading.Event,
         tick: Callable[[], None],
@@ -74,7 +80,8 @@ class Maintenance:
             cfg.lease_s, cfg.lease_s * RENEW_BELOW_SHARE_OF_LEASE + self.interval
         )
         self.make_link = make_link
-        self.in_flight = in_flight
+        self.due = due
+        self.extended = extended
         self.wake = wake
         self.finished = finished
         self.tick = tick
@@ -187,12 +194,13 @@ class Maintenance:
             self.metrics.spans_lag.set(lag_s or 0.0)
 
     def _heartbeat(self, link: Link) -> None:
-        ids = self.in_flight()
+        sent = time.monotonic()
+        ids = self.due(self.renew_below_s)
         if not ids:
             return
         conn = link.get()
         with conn.transaction():
-            conn.execute(
+            extended = conn.execute(
                 self.q.heartbeat,
                 {
                     "ids": ids,
@@ -200,8 +208,9 @@ class Maintenance:
                     "lease_s": self.cfg.lease_s,
                     "renew_below_s": self.renew_below_s,
                 },
-            )
+            ).fetchall()
             failpoints.hit("heartbeat.before_commit")
+        self.extended([row_id for (row_id,) in extended], sent)
 
     def _sweep(self, link: Link, name: str, work: Callable[[], list[T]]) -> list[T]:
         """One sweep in a transaction of its own that waits at most ``sweep_lock_wait_s``

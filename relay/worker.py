@@ -98,6 +98,9 @@ class Worker:
         self.io_executing = 0  # of which on the engine (the rest are in-process tool calls)
         self.claims_inprocess = False  # did the last claim hold in-process tool calls?
         self.inflight: dict[int, Claimed] = {}  # claimed, outcome not yet written
+        # When each of their leases ends by this process's clock, never later than by the
+        # database's: counted from before the statement that set it (``_due``).
+        self.lease_ends: dict[int, float] = {}
         self.held: collections.Counter[str] = collections.Counter()  # of inflight, by tenant
         # One queue per completer; a run's outcomes always go to the same one, so completers
         # of one process never wait for each other's run and batch locks.
@@ -121,7 +124,15 @@ class Worker:
         )
         self.completer = Completer(cfg, self.q, self.metrics, self.link, self._written, self.done)
         self.maintenance = Maintenance(
-            cfg, self.q, self.metrics, self.link, self._in_flight, self.wake, self.done, self._tick
+            cfg,
+            self.q,
+            self.metrics,
+            self.link,
+            self._due,
+            self._extended,
+            self.wake,
+            self.done,
+            self._tick,
         )
         self.wedged_since: float | None = None  # monotonic; see _tick
         # Saturation (``_watch_saturation``), all monotonic and touched by the claim loop only.
@@ -393,6 +404,7 @@ class Worker:
             tenant_cap = self.capacity.tenant_cap(self.claims_inprocess)
         if kinds is DELIVERIES:  # they take no place: no tenant's cap binds them
             held, tenant_cap = {}, limit
+        sent = time.monotonic()
         with conn.cursor() as cur:
             cur.execute(
                 self.q.claim,
@@ -414,9 +426,11 @@ class Worker:
         if rows:
             failpoints.hit("claim.after_commit")
         io_rows = sum(1 for row in rows if not runs_in_chunks(row))
+        lease_end = sent + self.cfg.lease_s
         with self.lock:
             for row in rows:
                 self.inflight[row.id] = row
+                self.lease_ends[row.id] = lease_end
                 if row.kind != DELIVERY:
                     self.held[row.tenant_id] += 1
             self.executing += len(rows)
@@ -513,9 +527,23 @@ class Worker:
         finally:
             self._finished(len(rows), 0)
 
-    def _in_flight(self) -> list[int]:
+    def _due(self, within_s: float) -> list[int]:
+        """The rows held whose lease may end within ``within_s`` (by the database's clock:
+        ours says they end no later): the only ones the heartbeat reads. Reading every row
+        held at every round cost PostgreSQL more than anything else a run did at 10,000
+        runs in flight a relay (docs/how-it-works.md)."""
+        before = time.monotonic() + within_s
         with self.lock:
-            return list(self.inflight)
+            return [row_id for row_id, end in self.lease_ends.items() if end < before]
+
+    def _extended(self, ids: list[int], sent: float) -> None:
+        """``ids`` were extended by a heartbeat sent at ``sent`` (monotonic, before its
+        transaction began: their new lease ends no sooner than a lease from then)."""
+        lease_end = sent + self.cfg.lease_s
+        with self.lock:
+            for row_id in ids:
+                if row_id in self.lease_ends:
+                    self.lease_ends[row_id] = lease_end
 
     def _tick(self) -> None:
         """Maintenance's round: when every in-process tool thread has stayed kept by a call
@@ -569,6 +597,7 @@ class Worker:
         with self.lock:
             for outcome in outcomes:
                 row = self.inflight.pop(outcome.row.id, None)
+                self.lease_ends.pop(outcome.row.id, None)
                 if row is not None and row.kind != DELIVERY:
                     self.held[row.tenant_id] -= 1
                     if not self.held[row.tenant_id]:

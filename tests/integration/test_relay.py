@@ -536,7 +536,7 @@ def test_a_heartbeat_extends_only_the_leases_a_third_of_their_term_into_it(db_ur
     def heartbeat() -> tuple[str, Any]:
         link = worker.link("maintenance", prepare=False)
         try:
-            worker.maintenance.in_flight = lambda: [row_id]
+            worker.maintenance.due = lambda within_s: [row_id]
             worker.maintenance._heartbeat(link)
         finally:
             link.close()
@@ -553,6 +553,70 @@ def test_a_heartbeat_extends_only_the_leases_a_third_of_their_term_into_it(db_ur
     lease_for(lease_s / 2)
     written, left = heartbeat()
     assert written != before[0] and left > lease_s * 0.9  # half spent: extended
+
+
+def test_a_relay_never_thinks_a_lease_ends_later_than_the_database_and_heartbeats_only_those_due(
+    db_url, tools
+):
+    """The heartbeat names only the rows whose lease may be due by the relay's clock, so
+    that clock must never put a lease's end later than the database's: it counts from
+    before the claim was sent. A claim held up on a lock (its now() taken before the wait)
+    would show an end counted from its answer as later than the database's."""
+    import time
+
+    from outbox.relay.worker import Worker
+    from tests.relay_harness import config
+
+    seed(db_url, ["keyed"], runs=3, calls_per_batch=1, args=args)
+    worker = Worker(config(db_url, worker_id="w1"))
+    renew_below_s = worker.maintenance.renew_below_s
+    assert renew_below_s < worker.cfg.lease_s  # else every lease is due at every round
+    claim_link, link = worker.claim_link(), worker.link("maintenance", prepare=False)
+    claimer = claim_link.get().info.backend_pid
+    held = threading.Event()
+
+    def hold_the_table() -> None:
+        with psycopg.connect(db_url) as holder:
+            holder.execute("LOCK TABLE outbox.outbox IN SHARE MODE")
+            held.set()
+            wait_until(
+                lambda: scalar(
+                    db_url,
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                    [claimer],
+                ),
+                what="the claim waiting for the table",
+            )
+            holder.execute("SELECT pg_sleep(0.5)")  # the claim stays held up this long
+
+    holder = threading.Thread(target=hold_the_table)
+    holder.start()
+    try:
+        assert held.wait(10)
+        rows = worker._claim(claim_link, 3)
+        holder.join()
+        assert len(rows) == 3
+        ids = [row.id for row in rows]
+        left = (
+            "SELECT extract(epoch FROM lease_expires_at - now()) FROM outbox.outbox WHERE id = %s"
+        )
+        for row_id in ids:
+            in_the_database = float(scalar(db_url, left, [row_id]))
+            assert worker.lease_ends[row_id] - time.monotonic() <= in_the_database
+        assert worker._due(renew_below_s) == []  # fresh: none read by the next heartbeat
+
+        # One of them as if claimed a term ago, in the database and by the relay's clock.
+        due = ids[0]
+        worker._extended([due], time.monotonic() - worker.cfg.lease_s)
+        with psycopg.connect(db_url) as conn:
+            conn.execute("UPDATE outbox.outbox SET lease_expires_at = now() WHERE id = %s", [due])
+        assert worker._due(renew_below_s) == [due]
+        worker.maintenance._heartbeat(link)
+        assert float(scalar(db_url, left, [due])) > renew_below_s  # extended
+        assert worker._due(renew_below_s) == []  # and known to be
+    finally:
+        claim_link.close()
+        link.close()
 
 
 def test_prepare_turns_finds_each_run_by_its_key_however_many_runs_there_are(db_url):
