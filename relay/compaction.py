@@ -18,10 +18,16 @@ summary is recorded by the completer in the transaction that records the turn
 nothing recorded) asks again on the next attempt and exactly one summary is kept. The
 summary's tokens are added to the turn's usage, so budgets, metrics and the turn's span
 count them; the ``compactions`` row keeps them apart, with the estimates before and after.
+
+A turn sent without a compaction keeps nothing of its request while it waits (seconds to
+minutes, thousands of runs at once): after a context-length refusal its history is read
+again (``again``: the preparer's batched read), which is what it would have kept. The
+thread does not change meanwhile: its run is active and this turn's step not recorded.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,34 +76,63 @@ def too_long(err: Exception) -> bool:
 
 
 async def call(
-    post: providers.Post, turn: Turn, step_no: int
+    post: providers.Post,
+    turn: Turn,
+    step_no: int,
+    again: Callable[[], Awaitable[Turn | str]],
 ) -> tuple[ModelTurnIn, Compacted | None]:
     """The turn's model call (``providers.call``), compacted first when it would pass its
-    budget, or again once when the model says it is too long; the compaction made.
+    budget, or once when the model says it is too long (its history read again with
+    ``again``); the compaction made.
 
-    A turn that is not compacted is sent once: its history and tools are taken out of
-    ``turn`` (``Turn.take_request``), so that nothing holds them while the answer is
-    awaited (the largest part of what a run in flight would keep, for seconds to minutes)."""
-    if turn.window is None or turn.window.mode != "compact":
-        return await providers.call(post, turn.run, step_no, *turn.take_request()), None
-    run, messages, tools, window = turn.run, turn.messages, turn.tools, turn.window
-    compacted = None
-    counted = context.reported(messages, window.last_input_tokens) or 0
-    if counted > window.budget or not context.surely_within(messages, window.budget):
-        body = providers.ADAPTERS[run["api"]].request(run, messages, tools)
-        before = max(counted, context.estimate(body))
-        if before > window.budget:
-            messages, compacted = await _compact(post, turn, step_no, before)
+    The turn's history and tools are taken out of ``turn`` (``Turn.take_request``) as its
+    request is sent, so that nothing holds them while the answer is awaited (the largest
+    part of what a run in flight would keep, for seconds to minutes)."""
+    window = turn.window
+    compacts = window is not None and window.mode == "compact"
+    if window is not None and compacts:
+        run, messages, tools = turn.run, turn.messages, turn.tools
+        counted = context.reported(messages, window.last_input_tokens) or 0
+        if counted > window.budget or not context.surely_within(messages, window.budget):
+            body = providers.ADAPTERS[run["api"]].request(run, messages, tools)
+            before = max(counted, context.estimate(body))
+            if before > window.budget:
+                return await _compacted_call(post, turn, step_no, before)
+        del messages, tools
+    del window
     try:
-        answer = await providers.call(post, run, step_no, messages, tools)
+        return await providers.call(post, turn.run, step_no, *turn.take_request()), None
     except Exception as err:
-        if not (compacted is None and too_long(err)):
+        if not compacts or not too_long(err):
             raise
-        before = context.estimate(providers.ADAPTERS[run["api"]].request(run, messages, tools))
-        messages, compacted = await _compact(post, turn, step_no, before)
-        if compacted is None:  # nothing older than the latest turn to summarise
+        read = await again()
+        if isinstance(read, str) or read.window is None:  # the run ended meanwhile
             raise
-        answer = await providers.call(post, run, step_no, messages, tools)
+        # The history as this turn's target takes it (a read routed elsewhere is not sent
+        # there: the refusal came from here).
+        chat = read.window.messages
+        if read.window.summary is not None:
+            chat = [context.summary_item(read.window.summary), *chat]
+        messages, _ = history.for_provider(chat, turn.run["api"])
+        turn = Turn(turn.run, messages, read.tools, turn.choice, read.window)
+        request = providers.ADAPTERS[turn.run["api"]].request(turn.run, messages, read.tools)
+        return await _compacted_call(post, turn, step_no, context.estimate(request), err)
+
+
+async def _compacted_call(
+    post: providers.Post,
+    turn: Turn,
+    step_no: int,
+    before: int,
+    refusal: Exception | None = None,
+) -> tuple[ModelTurnIn, Compacted | None]:
+    """The turn's call with its oldest turns summarised first, its usage counting the
+    summary's; after a ``refusal``, that refusal again when there is nothing to summarise."""
+    messages, compacted = await _compact(post, turn, step_no, before)
+    if compacted is None and refusal is not None:  # nothing older than the latest turn
+        raise refusal
+    tools = turn.take_request()[1]
+    answer = await providers.call(post, turn.run, step_no, messages, tools)
     if compacted is not None:
         answer = answer.model_copy(
             update={

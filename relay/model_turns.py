@@ -256,7 +256,9 @@ class ModelExecutor:
         ``relay.compaction``): the outcome of its answer (or of none)."""
         base_url = prepared.run["base_url"]
         try:
-            turn, compacted = await compaction.call(post, prepared, step_no)
+            turn, compacted = await compaction.call(
+                post, prepared, step_no, functools.partial(self.prepare, row)
+            )
         except httpx2.HTTPError as err:  # no answer: refused, timed out, cut
             error = f"model call failed: {type(err).__name__}: {err}"
             return self._retry(row, base_url, error, err)

@@ -2,9 +2,9 @@
 
 A run in flight spends most of its life waiting for its model (seconds to minutes, with
 thousands of others), so the history and the tools it posted must not be held by anything
-once its request is encoded: not the prepared turn, not the frames awaiting the answer. A
-turn whose run compacts keeps them (a context-length refusal compacts it and sends it
-again).
+once its request is encoded: not the prepared turn, not the frames awaiting the answer,
+whether or not its run compacts (a context-length refusal reads them again:
+``relay.compaction``).
 """
 
 from __future__ import annotations
@@ -112,7 +112,10 @@ async def held_while_waiting(window: context.Window | None) -> list[bool]:
         turn = Turn(run, [message], {"lookup": tool}, None, window)
         del message, tool
         models = ModelServer(poster, f"http://127.0.0.1:{port}/v1", "key")
-        call = asyncio.create_task(compaction.call(models.post, turn, 1))
+        async def again() -> Turn:
+            raise AssertionError("read again without a refusal")
+
+        call = asyncio.create_task(compaction.call(models.post, turn, 1, again))
         await asyncio.wait_for(received.wait(), 10)
         gc.collect()
         held = [ref() is not None for ref in watched]
@@ -135,6 +138,6 @@ def test_a_waiting_turn_holds_neither_its_history_nor_its_tools():
     assert asyncio.run(held_while_waiting(window)) == [False, False]
 
 
-def test_a_turn_that_may_be_compacted_keeps_them_to_send_again():
+def test_a_turn_that_may_be_compacted_holds_them_no_more():
     window = context.Window(budget=100_000, mode="compact")
-    assert asyncio.run(held_while_waiting(window)) == [True, True]
+    assert asyncio.run(held_while_waiting(window)) == [False, False]
