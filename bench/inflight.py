@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -45,7 +46,9 @@ TOOL = "slow"
 SAMPLE_S = 0.25  # how often connections and memory are sampled
 SEED_COMMIT_EVERY = 500  # runs started per writer transaction
 TIMEOUT_FACTOR = 20  # give up after this many ideal walls (and at least two minutes)
-MAX_CONCURRENCY = 12_000  # sockets the relay may hold, well within its 20,000 files here
+# The share of the open-files limit the relay's places may take (each may hold a socket):
+# 12,000 of the 20,000 files a process may open here.
+CONCURRENCY_SHARE_OF_FILES = 0.6
 LISTENING = (  # the relay's listener is connected and waits for new rows
     "EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
     " AND application_name = 'outbox-relay-listen' AND state = 'idle')"
@@ -469,9 +472,22 @@ def concurrency_for(runs: int, calls: int) -> int:
     """The relay's ``--concurrency`` for a case: every step of every run in flight at once.
     One tenant may hold only ``tenant_share`` of it (the rest is kept for other tenants'
     rows), so at 10,000 places 500 of 10,000 model turns waited for a whole turn of others
-    (5 s of the case's wall). At most ``MAX_CONCURRENCY``: each place may hold a socket."""
+    (5 s of the case's wall). At most ``max_concurrency()``: each place may hold a socket."""
     wanted = math.ceil(runs * calls / RelayConfig.tenant_share)
-    return min(wanted, MAX_CONCURRENCY)
+    return min(wanted, max_concurrency())
+
+
+def open_files() -> int:
+    """The files a process of this bench may open: its hard limit, which the bench raises
+    its own to and its relays and fakes inherit (``ulimit -Hn``, raised by root or by the
+    service manager's ``LimitNOFILE``)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return 1 << 20 if hard == resource.RLIM_INFINITY else int(hard)
+
+
+def max_concurrency() -> int:
+    """The most places a relay of this bench takes: a share of ``open_files()``."""
+    return int(open_files() * CONCURRENCY_SHARE_OF_FILES)
 
 
 def run_cases(server: str, cases: list[tuple[int, float, float, int]], log: Path) -> list[Any]:

@@ -55,8 +55,11 @@ from outbox import writer
 from outbox.schemas import ModelOptions, StartRun
 
 CALLS = 2  # parallel tool calls of a run's first turn
-RUNS_PER_RELAY = 10_000  # the default --relays: one process per this many runs
-OPEN_PER_FAKE = 15_000  # requests a fake may hold open (each a socket; about 20,000 files here)
+# Shares of the open-files limit (inflight.open_files: 20,000 here unless raised): the
+# default --relays, one process per half of it in runs (two sockets a run at most: its
+# calls), and the default --fakes, one per three quarters of it in requests held open.
+RUNS_PER_RELAY_SHARE_OF_FILES = 0.5
+OPEN_PER_FAKE_SHARE_OF_FILES = 0.75
 SEED_CONNECTIONS = 4  # writer connections starting the runs, a thread each
 MAX_CONNECTIONS = "400"  # the embedded server's, for up to ~40 relay processes of 8
 PROGRESS_S = 10.0  # seconds between progress lines while a case runs
@@ -75,11 +78,19 @@ def latencies(runs: int) -> tuple[float, float]:
 
 
 def default_relays(runs: int) -> int:
-    return max(1, math.ceil(runs / RUNS_PER_RELAY))
+    return max(1, math.ceil(runs / runs_per_relay()))
 
 
 def default_fakes(runs: int) -> int:
-    return max(1, math.ceil(runs * CALLS / OPEN_PER_FAKE))
+    return max(1, math.ceil(runs * CALLS / open_per_fake()))
+
+
+def runs_per_relay() -> int:
+    return int(inflight.open_files() * RUNS_PER_RELAY_SHARE_OF_FILES)
+
+
+def open_per_fake() -> int:
+    return int(inflight.open_files() * OPEN_PER_FAKE_SHARE_OF_FILES)
 
 
 def server_url() -> str:
@@ -477,12 +488,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--relays",
         type=int,
-        help=f"relay processes (default: one per {RUNS_PER_RELAY:,} runs)",
+        help=f"relay processes (default: one per {runs_per_relay():,} runs, half the "
+        "open-files limit)",
     )
     parser.add_argument(
         "--fakes",
         type=int,
-        help=f"fake model/tool processes (default: one per {OPEN_PER_FAKE:,} tool calls)",
+        help=f"fake model/tool processes (default: one per {open_per_fake():,} tool calls, "
+        "three quarters of the open-files limit)",
     )
     parser.add_argument(
         "--model-s", type=float, help="model latency, seconds (default: by runs, 1 to 60)"
