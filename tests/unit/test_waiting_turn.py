@@ -112,6 +112,7 @@ async def held_while_waiting(window: context.Window | None) -> list[bool]:
         turn = Turn(run, [message], {"lookup": tool}, None, window)
         del message, tool
         models = ModelServer(poster, f"http://127.0.0.1:{port}/v1", "key")
+
         async def again() -> Turn:
             raise AssertionError("read again without a refusal")
 
