@@ -1,7 +1,7 @@
 """Maintenance: the side thread that keeps leases alive and takes back what others lost.
 
 Every ``min(lease / 3, rescue interval)`` it heartbeats, in one statement, the leases of
-the rows this worker holds with less than two thirds of their term and one round left
+the rows this worker holds with less than half their term and one round left
 (rows a completion holds are skipped, not waited for): the worker keeps when each lease
 ends by its own clock, counted from before the statement that set it, so it never thinks
 a lease ends later than the database does, and it names only those that may be due
@@ -41,14 +41,15 @@ logger = logging.getLogger("relay.maintenance")
 DEPTH_INTERVAL_S = 2.0  # how often the queue-depth gauges are refreshed (with metrics on)
 RETENTION_ROUND_S = 2.0  # longest retention round, seconds (beyond it: the next round)
 JOURNAL_PARTITIONS_S = 600.0  # how often the journal's days ahead are made (retention or not)
-# Four sweeps a round, each waiting at most a twelfth of the lease for a lock: a round
-# delays the next heartbeat by a third of the lease at most, however the locks fall.
-SWEEPS_SHARE_OF_LEASE = 1 / 12
+# Four sweeps a round, each waiting at most a twenty-fourth of the lease for a lock: a round
+# delays the next heartbeat by a sixth of the lease at most, however the locks fall.
+SWEEPS_SHARE_OF_LEASE = 1 / 24
 # A lease is extended once less than this share of its term and one round are left, not at
-# every round: each extension rewrites the row (a new entry in each of its indexes). A round
-# is late by a third of the lease at most (the sweeps above), so the next one comes with at
+# every round: each extension rewrites the row (a new entry in each of its indexes; at
+# 50,000 runs in flight with minute-long model turns, the largest write a run made). A round
+# is late by a sixth of the lease at most (the sweeps above), so the next one comes with at
 # least a third of the term left.
-RENEW_BELOW_SHARE_OF_LEASE = 2 / 3
+RENEW_BELOW_SHARE_OF_LEASE = 1 / 2
 T = TypeVar("T")
 
 

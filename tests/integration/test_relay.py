@@ -512,9 +512,9 @@ def test_log_lines_carry_every_identity(db_url, tools, tmp_path):
         assert all(line[f] is not None for f in IDENTITY_FIELDS), line
 
 
-def test_a_heartbeat_extends_only_the_leases_a_third_of_their_term_into_it(db_url, tools):
+def test_a_heartbeat_extends_only_the_leases_about_half_their_term_into_it(db_url, tools):
     """Each extension writes a new version of the row (an entry in every index of the
-    outbox): a lease with more than two thirds of its term and a round left is left as it
+    outbox): a lease with more than half its term and a round left is left as it
     is, and extended once it has less."""
     seed(db_url, ["keyed"], runs=1, calls_per_batch=1, args=args)
     from outbox.relay.worker import Worker
