@@ -6,6 +6,7 @@ import contextlib
 import re
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -562,8 +563,6 @@ def test_a_relay_never_thinks_a_lease_ends_later_than_the_database_and_heartbeat
     that clock must never put a lease's end later than the database's: it counts from
     before the claim was sent. A claim held up on a lock (its now() taken before the wait)
     would show an end counted from its answer as later than the database's."""
-    import time
-
     from outbox.relay.worker import Worker
     from tests.relay_harness import config
 
