@@ -233,9 +233,8 @@ def postgres_cpu_by_kind(postmaster: psutil.Process | None) -> dict[str, float]:
             child_times = child.cpu_times()
         except psutil.Error:
             continue
-        kinds[_postgres_kind(title)] = (
-            kinds.get(_postgres_kind(title), 0.0) + child_times.user + child_times.system
-        )
+        kind = _postgres_kind(title)
+        kinds[kind] = kinds.get(kind, 0.0) + child_times.user + child_times.system
     return kinds
 
 

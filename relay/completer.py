@@ -257,37 +257,33 @@ class Completer:
             # An uncharged retry backs off by the attempts made: failures do not grow.
             step = o.row.attempt if uncharged(o) else o.row.failures + 1
             delays.append(o.delay_s if o.delay_s is not None else self._backoff(step))
-        kept = {
-            r[0]
-            for r in conn.execute(
-                self.q.retry_later_many,
-                {
-                    "ids": [o.row.id for o in chosen],
-                    "attempts": [o.row.attempt for o in chosen],
-                    "errors": [o.error for o in chosen],
-                    "delays": delays,
-                    "charges": charges,
-                    "deadlines": [
-                        o.row.deadline_in_s if deadline_left_s(o.row) is not None else None
-                        for o in chosen
-                    ],
-                    "unsent": [o.unsent for o in chosen],
-                    "answered": [o.answered for o in chosen],
-                    "tool_call_ids": [o.row.tool_call_id for o in chosen],
-                    "details": [
-                        Jsonb(
-                            _with_span(
-                                {"error": o.error, "delay_s": round(delay, 3)}
-                                | ({"base_url": o.server} if o.server else {}),
-                                o,
-                            )
+        kept = self._fenced(
+            conn,
+            self.q.retry_later_many,
+            chosen,
+            {
+                "errors": [o.error for o in chosen],
+                "delays": delays,
+                "charges": charges,
+                "deadlines": [
+                    o.row.deadline_in_s if deadline_left_s(o.row) is not None else None
+                    for o in chosen
+                ],
+                "unsent": [o.unsent for o in chosen],
+                "answered": [o.answered for o in chosen],
+                "tool_call_ids": [o.row.tool_call_id for o in chosen],
+                "details": [
+                    Jsonb(
+                        _with_span(
+                            {"error": o.error, "delay_s": round(delay, 3)}
+                            | ({"base_url": o.server} if o.server else {}),
+                            o,
                         )
-                        for o, delay in zip(chosen, delays, strict=True)
-                    ],
-                    "worker": self.cfg.worker_id,
-                },
-            ).fetchall()
-        }
+                    )
+                    for o, delay in zip(chosen, delays, strict=True)
+                ],
+            },
+        )
         for o, i in zip(chosen, positions, strict=True):
             if o.row.id in kept:
                 applied[i] = "retry_scheduled"
@@ -340,18 +336,26 @@ class Completer:
         """Finish the rows at ``positions`` where this worker still holds their lease; the
         outcomes (and positions) that passed. The others are left to ``_apply``."""
         chosen = [outcomes[i] for i in positions]
-        kept = {
-            r[0]
-            for r in conn.execute(
-                self.q.finish_many,
-                {
-                    "ids": [o.row.id for o in chosen],
-                    "attempts": [o.row.attempt for o in chosen],
-                    "worker": self.cfg.worker_id,
-                },
-            ).fetchall()
-        }
+        kept = self._fenced(conn, self.q.finish_many, chosen, {})
         return [(o, i) for o, i in zip(chosen, positions, strict=True) if o.row.id in kept]
+
+    def _fenced(
+        self,
+        conn: psycopg.Connection[Any],
+        query: str,
+        chosen: list[Outcome],
+        columns: dict[str, Any],
+    ) -> set[int]:
+        """Run a set-based statement fenced by lease holder and attempt (``finish_many``,
+        ``retry_later_many``) over the rows of ``chosen``, with their other ``columns``;
+        the ids of the rows it wrote (the others' leases are no longer this worker's)."""
+        params = {
+            "ids": [o.row.id for o in chosen],
+            "attempts": [o.row.attempt for o in chosen],
+            "worker": self.cfg.worker_id,
+            **columns,
+        }
+        return {r[0] for r in conn.execute(query, params).fetchall()}
 
     def _set_based(
         self,
